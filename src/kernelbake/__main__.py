@@ -1,0 +1,3 @@
+from kernelbake.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The GPU and engine catalogues (data files in ``kernelbake/data``), as frozen dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from kernelbake._suggest import did_you_mean
+from kernelbake.errors import UnknownName
+from kernelbake.key import NONE, Engine
+
+CPU = "cpu"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gpu:
+    name: str
+    device_name: str
+    gfd_product: tuple[str, ...]
+    family: str
+    compute_capability: str
+    arch: str
+    cdi: str
+    min_driver: str
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == CPU
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineRelease:
+    engine: Engine
+    version: str
+    python: str
+    torch: str
+    triton: str
+    cuda: str
+    flashinfer: str
+    transformers: str
+    base_image: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalogue:
+    gpus: Mapping[str, Gpu]
+    cuda_min_driver: Mapping[str, str]
+    engines: Mapping[tuple[Engine, str], EngineRelease]
+
+    def gpu(self, name: str, *, where: str = "--gpu") -> Gpu:
+        try:
+            return self.gpus[name.lower()]
+        except KeyError:
+            raise UnknownName(f"{where}: unknown GPU {name!r}{did_you_mean(name, self.gpus)}") from None
+
+    def gpu_by_device_name(self, device_name: str) -> Gpu | None:
+        return next((g for g in self.gpus.values() if g.device_name == device_name), None)
+
+    def gpu_by_product(self, product: str) -> Gpu | None:
+        return next((g for g in self.gpus.values() if product in g.gfd_product), None)
+
+    def engine(self, engine: Engine, version: str, *, where: str) -> EngineRelease:
+        try:
+            return self.engines[(engine, version)]
+        except KeyError:
+            known = [v for (e, v) in self.engines if e is engine]
+            raise UnknownName(
+                f"{where}: kernelbake has no data for {engine.value} {version!r}{did_you_mean(version, known)}"
+            ) from None
+
+    def driver_floor(self, gpu: Gpu, cuda: str) -> str:
+        """The higher of the chip's and the CUDA version's minimum driver."""
+        floors = [v for v in (gpu.min_driver, self.cuda_min_driver.get(cuda, NONE)) if v != NONE]
+        if cuda != NONE and cuda not in self.cuda_min_driver:
+            raise UnknownName(
+                f"no minimum driver known for CUDA {cuda!r}{did_you_mean(cuda, self.cuda_min_driver)}"
+            )
+        if not floors:
+            return NONE
+        return max(floors, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def _load(name: str) -> Any:
+    text = resources.files("kernelbake").joinpath("data", name).read_text()
+    return yaml.safe_load(text)
+
+
+@functools.cache
+def load_catalogue() -> Catalogue:
+    gpus_doc = _load("gpus.yaml")
+    gpus = {
+        name: Gpu(
+            name=name,
+            device_name=str(entry["device_name"]),
+            gfd_product=tuple(entry["gfd_product"]),
+            family=str(entry["family"]),
+            compute_capability=str(entry["compute_capability"]),
+            arch=str(entry["arch"]),
+            cdi=str(entry["cdi"]),
+            min_driver=str(entry["min_driver"]),
+        )
+        for name, entry in gpus_doc["gpus"].items()
+    }
+    engines: dict[tuple[Engine, str], EngineRelease] = {}
+    for engine_name, releases in _load("engines.yaml").items():
+        engine = Engine(engine_name)
+        for version, entry in releases.items():
+            engines[(engine, str(version))] = EngineRelease(
+                engine=engine, version=str(version), **{k: str(v) for k, v in entry.items()}
+            )
+    cuda = {str(k): str(v) for k, v in gpus_doc["cuda_min_driver"].items()}
+    return Catalogue(gpus=gpus, cuda_min_driver=cuda, engines=engines)

@@ -1,0 +1,40 @@
+"""``kernelbake`` command line. Each area registers its subcommands from its own module;
+``main`` is the one place that turns a ``KernelbakeError`` into one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kernelbake import __version__
+from kernelbake.errors import KernelbakeError
+
+# Modules with ``register(subparsers)``; each sets ``func(args) -> int`` on its parsers.
+_AREAS = ("kernelbake.cli.planning",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kernelbake", description="Bake compiled kernels into serving images."
+    )
+    parser.add_argument("--version", action="version", version=f"kernelbake {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for area in _AREAS:
+        importlib.import_module(area).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except KernelbakeError as exc:
+        print(f"kernelbake {args.command}: error: {exc}", file=sys.stderr)
+        return exc.return_code
+    except KeyboardInterrupt:
+        print(f"kernelbake {args.command}: interrupted", file=sys.stderr)
+        return 130

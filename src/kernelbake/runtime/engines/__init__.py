@@ -1,0 +1,73 @@
+"""Engines behind one small Protocol; the registry is a dict from ``Engine`` to a factory."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kernelbake.key import Engine
+from kernelbake.runtime.bundle import CacheKind
+from kernelbake.runtime.config import TargetConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What a probe of the running environment found; ``none`` where not applicable."""
+
+    engine_version: str
+    torch: str
+    triton: str
+    cuda: str
+    flashinfer: str
+    python: str
+    arch: str
+    device: str
+    driver: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompileResult:
+    kinds: tuple[CacheKind, ...]
+    hashed_env: Mapping[str, str]
+    report: Mapping[str, Any]
+
+
+class EngineRuntime(Protocol):
+    engine: Engine
+    # Cache kinds this engine may produce; each gets its own layer in the final image.
+    cache_kinds: tuple[CacheKind, ...]
+
+    def probe(self) -> Facts: ...
+
+    def cache_env(self, root: Path) -> dict[str, str]:
+        """Environment variables that point the engine at the caches under ``root``."""
+        ...
+
+    def hashed_env_names(self) -> tuple[str, ...]:
+        """Environment variables the engine folds into its compile hash."""
+        ...
+
+    def compile(self, target: TargetConfig, root: Path) -> CompileResult: ...
+
+    def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        """The engine's command line for serving this target, with the user's extra args."""
+        ...
+
+    def shape_args(self, user_args: Sequence[str]) -> list[str]:
+        """User arguments that would change compiled shapes (to warn about)."""
+        ...
+
+
+_FACTORIES: dict[Engine, str] = {
+    Engine.TORCH: "kernelbake.runtime.engines.torch_engine:TorchEngine",
+    Engine.VLLM: "kernelbake.runtime.engines.vllm:VllmEngine",
+}
+
+
+def get_engine(engine: Engine) -> EngineRuntime:
+    module, _, attr = _FACTORIES[engine].partition(":")
+    factory: Callable[[], EngineRuntime] = getattr(importlib.import_module(module), attr)
+    return factory()
