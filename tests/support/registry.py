@@ -1,0 +1,62 @@
+"""A real Debian docker-registry (distribution 2.8) on 127.0.0.1, one per test session."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+REGISTRY_BIN = "/usr/bin/docker-registry"
+
+CONFIG = """\
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {root}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_registry(workdir: Path, port: int | None = None) -> Iterator[str]:
+    """Start a registry storing under ``workdir``; yields ``127.0.0.1:<port>``."""
+    if not shutil.which(REGISTRY_BIN):
+        raise RuntimeError(f"{REGISTRY_BIN} missing: apt-get install docker-registry (make deps does)")
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "config.yml"
+    config.write_text(CONFIG.format(root=workdir / "data", port=port))
+    log = (workdir / "registry.log").open("w")
+    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    addr = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{addr}/v2/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"registry did not start; see {workdir / 'registry.log'}") from None
+                time.sleep(0.1)
+        yield addr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernelbake.compat import Severity, check, rank
+from kernelbake.key import CacheKey, Engine, InvalidKey, key_from_labels, parse_key
+from kernelbake.plan import plan
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30)
+ints = st.integers(min_value=0, max_value=2**20)
+
+
+@st.composite
+def keys(draw: st.DrawFn) -> CacheKey:
+    kw: dict[str, object] = {}
+    for name in CacheKey.field_order():
+        if name == "engine":
+            kw[name] = draw(st.sampled_from(list(Engine)))
+        elif name in ("tp", "pp", "ep", "max_model_len", "max_num_batched_tokens"):
+            kw[name] = draw(ints)
+        elif name == "model_path":
+            kw[name] = "/" + draw(text)
+        else:
+            kw[name] = draw(text)
+    return CacheKey(**kw)  # type: ignore[arg-type]
+
+
+@given(keys())
+def test_canonical_string_round_trips(key: CacheKey) -> None:
+    assert parse_key(str(key)) == key
+    assert str(parse_key(str(key))) == str(key)
+
+
+@given(keys())
+def test_labels_round_trip(key: CacheKey) -> None:
+    assert key_from_labels(key.labels()) == key
+
+
+@given(keys())
+def test_tag_is_a_valid_oci_tag(key: CacheKey) -> None:
+    import re
+
+    tag = key.tag("h100")
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag), tag
+    assert key.short_digest[:8] in tag or len(tag) == 128
+
+
+def _qwen_h100() -> CacheKey:
+    return plan(load_spec(REPO / "images/qwen3-8b.yaml"), ["h100"])[0].key
+
+
+def test_edited_label_is_caught() -> None:
+    labels = _qwen_h100().labels()
+    labels["dev.kernelbake.device"] = "NVIDIA H100 PCIe"
+    with pytest.raises(InvalidKey, match="device"):
+        key_from_labels(labels)
+
+
+def test_bad_strings_quote_the_input() -> None:
+    with pytest.raises(InvalidKey, match="'nope'"):
+        parse_key("nope")
+    good = str(_qwen_h100())
+    with pytest.raises(InvalidKey, match="missing fields"):
+        parse_key(good.replace(";tp=1", ""))
+    with pytest.raises(InvalidKey, match="not an integer"):
+        parse_key(good.replace(";tp=1", ";tp=x"))
+
+
+def test_check_gives_reasons_and_driver_is_a_floor() -> None:
+    baked = _qwen_h100()
+    runtime = baked.replace(driver_floor="590.10.01")
+    assert check(baked, runtime).reasons == ()
+    old = check(baked, baked.replace(driver_floor="550.1"))
+    assert [r.field for r in old.blocking] == ["driver_floor"]
+    pcie = check(baked, baked.replace(device="NVIDIA H100 PCIe", driver_floor="590.1"))
+    assert [r.field for r in pcie.reasons] == ["device"]
+    assert pcie.reasons[0].severity is Severity.BLOCKING
+    assert "device name" in str(pcie.reasons[0])
+
+
+def test_rank_puts_exact_match_first() -> None:
+    exact = _qwen_h100()
+    other = exact.replace(device="NVIDIA H200")
+    newer_kb = exact.replace(kernelbake="9.9.9")
+    found = exact.replace(driver_floor="600.0")
+    ranked = rank([other, newer_kb, exact], found)
+    assert [m.key for m in ranked] == [exact, newer_kb, other]
+    assert ranked[0].usable and ranked[1].usable and not ranked[2].usable
