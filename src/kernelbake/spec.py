@@ -77,6 +77,9 @@ class ServeArgs:
     expert_parallel_size: int = 1
     max_model_len: int = 4096
     max_num_batched_tokens: int = 8192
+    # Not in vLLM's compile hash, but it sizes the buffers its Triton kernels are specialised
+    # on, so compile and serve pin the same value instead of each taking a context default.
+    max_num_seqs: int = 256
     # Canonical JSON (sorted keys, no spaces), so equal configs digest equally.
     compilation_config: str = "{}"
     # Engine env pinned in the image and hashed by the engine.
@@ -136,6 +139,7 @@ _SERVE = {
     "expert_parallel_size",
     "max_model_len",
     "max_num_batched_tokens",
+    "max_num_seqs",
     "compilation_config",
     "env",
     "extra_args",
@@ -265,6 +269,7 @@ def _serve(doc: _Doc, raw: Any) -> ServeArgs:
         "expert_parallel_size",
         "max_model_len",
         "max_num_batched_tokens",
+        "max_num_seqs",
     ):
         if f in s:
             kw[f] = _positive_int(doc, s[f], f"serve.{f}")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kernelbake.key import Engine
+from kernelbake.key import CacheKey, Engine
 from kernelbake.runtime.bundle import CacheKind
 from kernelbake.runtime.config import TargetConfig
 
@@ -26,6 +26,21 @@ class Facts:
     arch: str
     device: str
     driver: str
+
+    def apply_to(self, key: CacheKey) -> CacheKey:
+        """The key of this environment for the same model and serve arguments as ``key``;
+        ``driver_floor`` holds the installed driver, as ``compat.check`` expects."""
+        return key.replace(
+            engine_version=self.engine_version,
+            torch=self.torch,
+            triton=self.triton,
+            cuda=self.cuda,
+            flashinfer=self.flashinfer,
+            python=self.python,
+            arch=self.arch,
+            device=self.device,
+            driver_floor=self.driver,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,8 +71,8 @@ class EngineRuntime(Protocol):
         """The engine's command line for serving this target, with the user's extra args."""
         ...
 
-    def shape_args(self, user_args: Sequence[str]) -> list[str]:
-        """User arguments that would change compiled shapes (to warn about)."""
+    def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        """User arguments that would change what was compiled, each with why (to warn about)."""
         ...
 
 

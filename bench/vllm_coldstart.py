@@ -1,0 +1,411 @@
+"""vLLM cold start vs a start from a kernelbake bundle, on one GPU machine, in one run.
+
+    PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out DIR [--deadline 480]
+
+For each model (the reference tiny Llama and the Qwen3-8B config, dummy weights):
+  cold      a start with every cache directory empty;
+  compile   kernelbake's compile-only run (fake weights) into a bundle, through the same
+            code the image build stage runs (plan → TargetConfig → VllmEngine.compile →
+            manifest);
+  baked     a start from that bundle, at the paths it was built at (as an image keeps them);
+  tc_only   a start with only the torch.compile part of the bundle (copied elsewhere: it
+            is relocatable), for comparison.
+Each run is its own process, with its own HOME and cache directories. Runs are spread over
+four lanes of four CPU cores each (sched_setaffinity) and share the one GPU; the schedule is
+in the result, so the concurrency behind every number is on record.
+
+"Start" is the LLMEngine construction time, as ``vllm serve`` configures it (same parser and
+usage context), with --load-format dummy and a fixed KV-cache size (vLLM then skips memory
+profiling, which other processes on the same GPU would disturb; neither setting enters
+vLLM's compile hash). Every run then generates 16 greedy tokens from a fixed prompt.
+
+Writes DIR/vllm-0.26.0-h200.json, DIR/logs.tar.gz, and prints the summary JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+sys.path.insert(0, str(SRC))
+
+MODELS = {
+    "tiny-llama-ref": REPO / "bench/specs/tiny-llama-ref.yaml",
+    "qwen3-8b-dummy": REPO / "bench/specs/qwen3-8b-dummy.yaml",
+}
+WORK = Path("/opt/kernelbake-bench")
+PROMPT = list(range(1, 17))
+MAX_TOKENS = 16
+SERVE_KV_BYTES = 2 << 30
+SERVE_GPU_UTIL = 0.15
+CORE_GROUPS = [list(range(i, i + 4)) for i in range(0, 16, 4)]
+TARGETS = {"tiny-llama-ref": 10.0, "qwen3-8b-dummy": 8.0}
+PEAK_LIMIT = {"tiny-llama-ref": 1 << 30, "qwen3-8b-dummy": 2 << 30}
+ALLOCATED_LIMIT = 64 << 20
+
+
+def _target(model: str) -> Any:
+    from kernelbake.plan import plan
+    from kernelbake.runtime.config import TargetConfig
+    from kernelbake.spec import load_spec
+
+    spec = load_spec(MODELS[model])
+    t = plan(spec, ["h200"])[0]
+    return TargetConfig(key=t.key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes)
+
+
+def _roots(model: str) -> dict[str, Path]:
+    base = WORK / model
+    return {
+        "cold": base / "cold" / "cache",
+        "compile": base / "bundle" / "cache",
+        "baked": base / "bundle" / "cache",
+        "tc_only": base / "tc-only" / "cache",
+    }
+
+
+# -- lanes (each runs in its own process) ---------------------------------------------------
+
+
+def lane_compile(model: str, out: Path) -> dict[str, Any]:
+    from kernelbake.compat import check
+    from kernelbake.runtime.bundle import write_manifest
+    from kernelbake.runtime.engines.vllm import VllmEngine
+
+    target = _target(model)
+    root = _roots(model)["compile"]
+    engine = VllmEngine()
+    facts = engine.probe()
+    verdict = check(target.key, facts.apply_to(target.key))
+    started = time.monotonic()
+    result = engine.compile(target, root)
+    wall = time.monotonic() - started
+    manifest = write_manifest(
+        root,
+        target.key,
+        result.kinds,
+        hashed_env=result.hashed_env,
+        report={**result.report, "builder": {"device": facts.device, "driver": facts.driver}},
+    )
+    return {
+        "wall_s": round(wall, 2),
+        "report": dict(result.report),
+        "caches": manifest.totals(),
+        "key": str(target.key),
+        "measured_key_reasons": [str(r) for r in verdict.reasons],
+        "facts": facts.__dict__,
+    }
+
+
+def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
+    from kernelbake.runtime.engines.vllm import cache_env
+    from kernelbake.runtime.engines.vllm.args import serve_argv
+    from kernelbake.runtime.engines.vllm.evidence import snapshot
+
+    target = _target(model)
+    root = _roots(model)[kind]
+    env = cache_env(root)
+    os.environ.update(env)
+    dirs = {k: Path(v) for k, v in env.items() if k.endswith(("_DIR", "_ROOT", "_BASE"))}
+    before = snapshot(dirs)
+    t0 = time.monotonic()
+    import torch  # noqa: F401
+    from vllm import SamplingParams
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+
+    t_import = time.monotonic() - t0
+    args = parse_serve_argv(serve_argv(target.key.model_path, target.serve)[2:])
+    args.load_format = "dummy"
+    args.kv_cache_memory_bytes = SERVE_KV_BYTES
+    args.gpu_memory_utilization = SERVE_GPU_UTIL
+    args.seed = 0
+    t1 = time.monotonic()
+    engine = LLMEngine.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+    start_s = time.monotonic() - t1
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False, seed=0)
+    t2 = time.monotonic()
+    engine.add_request("bench-0", {"prompt_token_ids": PROMPT}, params)
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens = list(output.outputs[0].token_ids)
+    first_request_s = time.monotonic() - t2
+    after = snapshot(dirs)
+    added = {k: sorted(after[k] - before[k]) for k in dirs}
+    engine.engine_core.shutdown()
+    return {
+        "start_s": round(start_s, 2),
+        "import_s": round(t_import, 2),
+        "first_request_s": round(first_request_s, 2),
+        "tokens": tokens,
+        "files_added": {k: len(v) for k, v in added.items()},
+        "triton_kernels_added": sorted(
+            {
+                Path(p).name.rsplit(".", 1)[0]
+                for p in added.get("TRITON_CACHE_DIR", [])
+                if p.endswith(".json") and not Path(p).name.startswith("__grp__")
+            }
+        ),
+    }
+
+
+# -- orchestration -------------------------------------------------------------------------
+
+
+def _prepare() -> None:
+    for model, spec in MODELS.items():
+        src = spec.parent / "../models" / model / "config.json"
+        dst = Path("/models") / model
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src.resolve(), dst / "config.json")
+        base = WORK / model
+        if base.exists():
+            shutil.rmtree(base)
+        for kind, root in _roots(model).items():
+            if kind != "baked":
+                root.mkdir(parents=True, exist_ok=True)
+
+
+def _stray(home: Path) -> dict[str, int]:
+    """Files a run left under its HOME, by top-level directory: caches kernelbake missed."""
+    counts: dict[str, int] = {}
+    if home.is_dir():
+        for p in home.rglob("*"):
+            if p.is_file():
+                top = p.relative_to(home).parts[0]
+                counts[top] = counts.get(top, 0) + 1
+    return counts
+
+
+def _copy_tc_only(model: str) -> None:
+    roots = _roots(model)
+    src = roots["compile"] / "vllm"
+    dst = roots["tc_only"] / "vllm"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=True)
+
+
+_TIMING = re.compile(
+    r"(Model loading took [^\n]*|torch\.compile took [^\n]*|Directly load[^\n]*|Graph capturing finished in [^\n]*|"
+    r"init engine \(profile, create kv cache, warmup model\) took [^\n]*|Compiling a graph for [^\n]*|"
+    r"[Ll]oading JIT ops?[^\n]*|Building[^\n]*ninja[^\n]*|Dynamo bytecode transform time[^\n]*|"
+    r"Compile and warming up[^\n]*|Capturing CUDA graphs[^\n]*|Warming up[^\n]*)"
+)
+
+
+def _log_facts(log: Path) -> dict[str, Any]:
+    from kernelbake.runtime.engines.vllm.evidence import LogEvidence
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    ev = LogEvidence().feed_all(text.splitlines())
+    timings = []
+    for m in _TIMING.finditer(text):
+        line = m.group(1).strip()
+        if line not in timings:
+            timings.append(line[:200])
+    return {"evidence": ev.to_json(), "timeline": timings[:40]}
+
+
+def orchestrate(out: Path, deadline: float) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    _prepare()
+    t_start = time.monotonic()
+    jobs: list[dict[str, Any]] = []
+    # Priority order: longest chains first.
+    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
+        jobs.append({"name": f"compile-{model}", "model": model, "kind": "compile", "deps": []})
+    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
+        jobs.append({"name": f"cold-{model}", "model": model, "kind": "cold", "deps": []})
+    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
+        jobs.append({"name": f"baked-{model}", "model": model, "kind": "baked", "deps": [f"compile-{model}"]})
+    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
+        jobs.append(
+            {"name": f"tc_only-{model}", "model": model, "kind": "tc_only", "deps": [f"compile-{model}"]}
+        )
+    free = list(range(len(CORE_GROUPS)))
+    running: dict[str, tuple[subprocess.Popen[bytes], int, Any]] = {}
+    done: dict[str, dict[str, Any]] = {}
+    while len(done) < len(jobs):
+        now = time.monotonic() - t_start
+        for name, (proc, group, fh) in list(running.items()):
+            rc = proc.poll()
+            killed = False
+            if rc is None and now > deadline:
+                proc.kill()
+                rc = proc.wait()
+                killed = True
+            if rc is None:
+                continue
+            fh.close()
+            job = next(j for j in jobs if j["name"] == name)
+            result_file = logs / f"{name}.json"
+            if killed:
+                entry: dict[str, Any] = {"error": f"killed at the bench deadline ({deadline:.0f}s)"}
+            elif result_file.exists():
+                entry = json.loads(result_file.read_text())
+            else:
+                entry = {"error": f"exit {rc} without a result"}
+            entry.update(job_times={"start_s": job["t0"], "end_s": round(now, 1)}, cores=CORE_GROUPS[group])
+            entry.update(_log_facts(logs / f"{name}.log"))
+            entry["stray_files_in_home"] = _stray(WORK / job["model"] / f"home-{job['kind']}")
+            if job["kind"] == "compile" and "error" not in entry:
+                # Before any start writes into the bundle.
+                _copy_tc_only(job["model"])
+            done[name] = entry
+            free.append(group)
+            del running[name]
+        for job in jobs:
+            if job["name"] in done or job["name"] in running or not free:
+                continue
+            if any(d in done and "error" in done[d] for d in job["deps"]):
+                done[job["name"]] = {"error": "skipped: a dependency failed"}
+                continue
+            if not all(d in done for d in job["deps"]):
+                continue
+            if now > deadline:
+                done[job["name"]] = {"error": "not started before the bench deadline"}
+                continue
+            group = free.pop(0)
+            home = WORK / job["model"] / f"home-{job['kind']}"
+            home.mkdir(parents=True, exist_ok=True)
+            env = {
+                **os.environ,
+                "HOME": str(home),
+                "PYTHONPATH": f"{SRC}:{os.environ.get('PYTHONPATH', '')}",
+                "PYTHONUNBUFFERED": "1",
+            }
+            fh = (logs / f"{job['name']}.log").open("wb")
+            cores = CORE_GROUPS[group]
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--lane",
+                    job["kind"],
+                    "--model",
+                    job["model"],
+                    "--result",
+                    str(logs / f"{job['name']}.json"),
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=lambda c=cores: os.sched_setaffinity(0, c),
+            )
+            job["t0"] = round(now, 1)
+            running[job["name"]] = (proc, group, fh)
+        time.sleep(0.5)
+    return {"wall_s": round(time.monotonic() - t_start, 1), "runs": done}
+
+
+def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for model in MODELS:
+        cold, comp, baked, tc = (
+            runs.get(f"{k}-{model}", {}) for k in ("cold", "compile", "baked", "tc_only")
+        )
+        s: dict[str, Any] = {
+            "cold_start_s": cold.get("start_s"),
+            "baked_start_s": baked.get("start_s"),
+            "tc_only_start_s": tc.get("start_s"),
+            "compile_wall_s": comp.get("wall_s"),
+        }
+        if cold.get("start_s") and baked.get("start_s"):
+            s["speedup_baked"] = round(cold["start_s"] / baked["start_s"], 2)
+            s["speedup_target"] = TARGETS[model]
+            s["speedup_ok"] = s["speedup_baked"] >= TARGETS[model]
+        if cold.get("start_s") and tc.get("start_s"):
+            s["speedup_tc_only"] = round(cold["start_s"] / tc["start_s"], 2)
+        rep = comp.get("report", {})
+        if rep:
+            peak = rep.get("peak_at_aot_save_bytes")
+            s["compile_peak_torch_compile_mib"] = round(peak / 2**20, 1) if peak else None
+            s["compile_allocated_at_aot_save_mib"] = round(
+                rep.get("allocated_at_aot_save_bytes", 0) / 2**20, 1
+            )
+            s["compile_peak_whole_run_mib"] = round(rep.get("peak_total_bytes", 0) / 2**20, 1)
+            s["compile_allocated_after_mib"] = round(rep.get("allocated_after_bytes", 0) / 2**20, 1)
+            s["peak_ok"] = bool(peak) and peak <= PEAK_LIMIT[model]
+            s["allocated_after_ok"] = rep.get("allocated_after_bytes", 1 << 40) <= ALLOCATED_LIMIT
+        s["caches"] = comp.get("caches")
+        if cold.get("tokens") and baked.get("tokens"):
+            s["tokens_identical"] = cold["tokens"] == baked["tokens"]
+        s["baked_hits"] = {
+            "torch_compile": baked.get("evidence", {}).get("torch_compile_hit"),
+            "files_added_at_start": baked.get("files_added"),
+            "triton_kernels_compiled_at_start": baked.get("triton_kernels_added"),
+        }
+        summary[model] = s
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--deadline", type=float, default=480.0)
+    ap.add_argument("--lane", choices=["compile", "cold", "baked", "tc_only"])
+    ap.add_argument("--model", choices=sorted(MODELS))
+    ap.add_argument("--result", type=Path)
+    a = ap.parse_args()
+    if a.lane:
+        try:
+            result = (
+                lane_compile(a.model, a.result)
+                if a.lane == "compile"
+                else lane_serve(a.model, a.lane, a.result)
+            )
+        except BaseException as exc:
+            import traceback
+
+            traceback.print_exc()
+            result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        a.result.write_text(json.dumps(result, indent=1, default=str))
+        os._exit(0)
+    assert a.out is not None
+    env_info = {}
+    for cmd in (
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        ["nproc"],
+    ):
+        try:
+            env_info[cmd[0]] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except OSError as exc:
+            env_info[cmd[0]] = str(exc)
+    result = orchestrate(a.out, a.deadline)
+    doc = {
+        "bench": "vllm_coldstart",
+        "command": "PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out $OUT",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": env_info,
+        "method": __doc__,
+        "summary": summarise(result["runs"]),
+        **result,
+    }
+    (a.out / "vllm-0.26.0-h200.json").write_text(json.dumps(doc, indent=1, default=str))
+    with tarfile.open(a.out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(a.out / "logs", arcname="logs")
+    shutil.rmtree(a.out / "logs")
+    print(json.dumps(doc["summary"], indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

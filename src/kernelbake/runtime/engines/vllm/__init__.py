@@ -1,0 +1,152 @@
+"""The ``vllm`` engine: compile-only with fake weights at build time, plain ``vllm serve`` at
+run time, with every JIT cache vLLM and its libraries fill pointed into the bundle."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kernelbake.errors import BuildFailed
+from kernelbake.key import NONE, Engine
+from kernelbake.runner import run
+from kernelbake.runtime import probe
+from kernelbake.runtime.bundle import CacheKind, kind_dir
+from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines.vllm import args as vargs
+from kernelbake.runtime.engines.vllm.compile_only import UNSET
+
+# Report fields worth keeping in the manifest (the rest is debugging detail).
+_REPORT_KEYS = (
+    "wall_s",
+    "engine_ready_s",
+    "peak_at_aot_save_bytes",
+    "allocated_at_aot_save_bytes",
+    "peak_total_bytes",
+    "allocated_after_bytes",
+    "aot_saved",
+    "aot_loaded",
+    "compiled_modules",
+    "fake_tensors",
+    "extra_jit",
+    "vllm_config_hash",
+)
+
+
+def cache_env(root: Path) -> dict[str, str]:
+    """Where vLLM and each library it uses keeps its JIT cache, all under ``root``."""
+    return {
+        # torch.compile artifacts (AOT + Inductor) and FlashInfer's autotune results.
+        "VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM)),
+        "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
+        # torch.compile outside the model (vLLM sets its own per-model Inductor dir).
+        "TORCHINDUCTOR_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)),
+        # JIT modules and downloaded cubins; not relocatable (absolute paths in build.ninja).
+        "FLASHINFER_WORKSPACE_BASE": str(kind_dir(root, CacheKind.FLASHINFER)),
+        "DG_JIT_CACHE_DIR": str(kind_dir(root, CacheKind.DEEPGEMM)),
+        "TILELANG_CACHE_DIR": str(kind_dir(root, CacheKind.TILELANG)),
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
+        "CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
+    }
+
+
+def compile_argv(target: TargetConfig) -> list[str]:
+    """The compile-only command: the same flags ``vllm serve`` gets, minus ``vllm serve``."""
+    serve = vargs.serve_argv(target.key.model_path, target.serve)
+    return [
+        sys.executable,
+        "-m",
+        "kernelbake.runtime.engines.vllm.compile_only",
+        "--report",
+        "{report}",
+        "--",
+        *serve[2:],
+    ]
+
+
+class VllmEngine:
+    engine = Engine.VLLM
+    cache_kinds = (
+        CacheKind.VLLM,
+        CacheKind.TRITON,
+        CacheKind.INDUCTOR,
+        CacheKind.FLASHINFER,
+        CacheKind.DEEPGEMM,
+        CacheKind.TILELANG,
+        CacheKind.CUTE_DSL,
+    )
+
+    def probe(self) -> Facts:
+        device, arch, cuda = probe.cuda_device()
+        return Facts(
+            engine_version=probe.package_version("vllm"),
+            torch=probe.package_version("torch"),
+            triton=probe.package_version("triton"),
+            cuda=cuda,
+            flashinfer=probe.package_version("flashinfer-python"),
+            python=probe.python_version(),
+            arch=arch,
+            device=device,
+            driver=probe.driver_version(),
+        )
+
+    def cache_env(self, root: Path) -> dict[str, str]:
+        return cache_env(root)
+
+    def hashed_env_names(self) -> tuple[str, ...]:
+        import vllm.envs as envs
+
+        return tuple(sorted(envs.compile_factors()))
+
+    def compile(
+        self, target: TargetConfig, root: Path, *, environ: Mapping[str, str] | None = None
+    ) -> CompileResult:
+        import os
+
+        env = dict(os.environ if environ is None else environ)
+        env.update(dict(target.serve.env))
+        env.update(cache_env(root))
+        for kind in self.cache_kinds:
+            kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            report_path = Path(tmp) / "report.json"
+            argv = [a.replace("{report}", str(report_path)) for a in compile_argv(target)]
+            result = run(argv, env=env, log=root.parent / "compile-vllm.log")
+            if result.returncode != 0:
+                raise BuildFailed(
+                    f"vLLM compile-only failed (exit {result.returncode})",
+                    hint=f"see {root.parent / 'compile-vllm.log'}",
+                )
+            report = json.loads(report_path.read_text())
+        hashed = {k: v for k, v in report.get("hashed_env", {}).items()}
+        return CompileResult(
+            kinds=self.cache_kinds,
+            hashed_env=hashed,
+            report={k: report[k] for k in _REPORT_KEYS if k in report},
+        )
+
+    def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        return vargs.serve_argv(target.key.model_path, target.serve, user_args)
+
+    def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        return vargs.shape_overrides(user_args, target.serve)
+
+
+def env_drift(baked: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """Hashed vLLM variables whose value now differs from the build's (each a reason vLLM
+    will not find its compiled graphs)."""
+    drift = []
+    for name, value in sorted(baked.items()):
+        now = current.get(name, UNSET)
+        if now != value:
+            shown_then = "unset" if value == UNSET else repr(value)
+            shown_now = "unset" if now == UNSET else repr(now)
+            drift.append(f"{name} was {shown_then} at build time, is {shown_now} now")
+    return drift
+
+
+__all__ = ["NONE", "VllmEngine", "cache_env", "compile_argv", "env_drift"]

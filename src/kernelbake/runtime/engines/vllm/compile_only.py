@@ -1,0 +1,125 @@
+"""The vLLM compile-only run, in a process of its own so that the cache environment is set
+before torch or vLLM is imported and GPU memory can be measured for this run alone.
+
+    python -m kernelbake.runtime.engines.vllm.compile_only --report R.json -- <vllm serve flags>
+
+It starts vLLM in-process exactly as ``vllm serve`` would configure it (the same parser,
+the same usage context), with the weights faked (see ``_v0_26``), then stops. Every cache
+vLLM and its libraries fill during start-up lands in the directories the caller chose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
+
+UNSET = "<unset>"
+# Enough for the warm-up batch (max_num_seqs requests of one block each, plus the null
+# block): the warm-up then runs the batch size a real start runs, so Triton specialises its
+# kernels the same way.
+_EXTRA_BLOCKS = 1
+
+
+def parse_serve_argv(argv: Sequence[str]) -> Any:
+    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
+    if getattr(ns, "model_tag", None):
+        ns.model = ns.model_tag
+    return AsyncEngineArgs.from_cli_args(ns)
+
+
+def hashed_env() -> dict[str, str]:
+    """Raw values of every variable vLLM folds into its compile hash (``<unset>`` if unset)."""
+    import vllm.envs as envs
+
+    return {name: os.environ.get(name, UNSET) for name in sorted(envs.compile_factors())}
+
+
+def _bake_extra_jit() -> list[str]:
+    """JIT modules a first request needs that start-up may not have built."""
+    built: list[str] = []
+    try:
+        import flashinfer.sampling
+    except ImportError:
+        return built
+    flashinfer.sampling.get_sampling_module()
+    built.append("flashinfer.sampling")
+    return built
+
+
+def run(serve_argv: Sequence[str]) -> dict[str, Any]:
+    os.environ[COMPILE_ONLY_ENV] = "1"
+    # In-process engine core: the patches and the memory counters live in this process.
+    # vLLM leaves this variable out of its compile hash.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    started = time.monotonic()
+
+    import torch
+
+    from kernelbake.runtime.engines.vllm import plugin
+    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT
+
+    plugin.register()
+    report = plugin.REPORT
+    import vllm.envs as envs
+
+    if not envs.VLLM_USE_AOT_COMPILE:
+        raise SystemExit(
+            "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
+        )
+
+    engine_args = parse_serve_argv(serve_argv)
+    # None of these enter vLLM's compile hash; they keep the build small.
+    engine_args.load_format = LOAD_FORMAT
+    engine_args.gpu_memory_utilization = 0.05
+    engine_args.kv_cache_memory_bytes = 1 << 30
+    engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
+
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    torch.cuda.reset_peak_memory_stats()
+    engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
+    report["engine_ready_s"] = round(time.monotonic() - started, 2)
+    report["extra_jit"] = _bake_extra_jit()
+    report["peak_total_bytes"] = torch.cuda.max_memory_allocated()
+    vllm_config = engine.vllm_config
+    report["vllm_config_hash"] = vllm_config.compute_hash()
+    report["hashed_env"] = hashed_env()
+
+    engine.engine_core.shutdown()
+    del engine
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    report["allocated_after_bytes"] = torch.cuda.memory_allocated()
+    report["wall_s"] = round(time.monotonic() - started, 2)
+    return dict(report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kernelbake-vllm-compile-only")
+    parser.add_argument("--report", required=True, type=Path)
+    parser.add_argument("serve_argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    serve_argv = args.serve_argv[1:] if args.serve_argv[:1] == ["--"] else args.serve_argv
+    report = run(serve_argv)
+    args.report.write_text(json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

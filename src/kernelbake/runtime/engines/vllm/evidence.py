@@ -1,0 +1,101 @@
+"""What vLLM says about its caches, and what a start added to each cache directory.
+
+Two independent kinds of evidence: vLLM's own log lines (it says when it loads a compiled
+graph instead of compiling one), and the files a start writes into each cache kind — a
+start that writes nothing into the Triton or FlashInfer directories compiled nothing there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+
+class Signal(enum.Enum):
+    AOT_LOADED = "aot_loaded"
+    GRAPH_LOADED = "graph_loaded"
+    COMPILED = "compiled"
+    AOT_SAVED = "aot_saved"
+    LOAD_FAILED = "load_failed"
+    FLASHINFER_BUILD = "flashinfer_build"
+
+
+# vLLM 0.26 log lines (compilation/decorators.py, compilation/backends.py) and FlashInfer's
+# JIT logger. Matched loosely so a reworded prefix or a changed path still counts.
+_PATTERNS: tuple[tuple[Signal, re.Pattern[str]], ...] = (
+    (Signal.AOT_LOADED, re.compile(r"Directly load AOT compilation from path")),
+    (Signal.GRAPH_LOADED, re.compile(r"Directly load the compiled graph\(s\)")),
+    (
+        Signal.COMPILED,
+        re.compile(r"Compiling a graph for (dynamic|compile range|general) shape|torch\.compile took"),
+    ),
+    (Signal.AOT_SAVED, re.compile(r"saved AOT compiled function to")),
+    (Signal.LOAD_FAILED, re.compile(r"Compiling model again due to a load failure")),
+    (
+        Signal.FLASHINFER_BUILD,
+        re.compile(r"flashinfer\.jit: (Building|Compiling)|ninja: .*build", re.IGNORECASE),
+    ),
+)
+
+
+def scan_line(line: str) -> Signal | None:
+    for signal, pattern in _PATTERNS:
+        if pattern.search(line):
+            return signal
+    return None
+
+
+@dataclasses.dataclass
+class LogEvidence:
+    counts: dict[Signal, int] = dataclasses.field(default_factory=dict)
+    examples: dict[Signal, str] = dataclasses.field(default_factory=dict)
+
+    def feed(self, line: str) -> Signal | None:
+        signal = scan_line(line)
+        if signal is not None:
+            self.counts[signal] = self.counts.get(signal, 0) + 1
+            self.examples.setdefault(signal, line.strip()[:300])
+        return signal
+
+    def feed_all(self, lines: Iterable[str]) -> LogEvidence:
+        for line in lines:
+            self.feed(line)
+        return self
+
+    @property
+    def torch_compile_hit(self) -> bool | None:
+        """True when vLLM loaded its compiled model and compiled nothing; None when it said neither."""
+        loaded = self.counts.get(Signal.AOT_LOADED, 0) + self.counts.get(Signal.GRAPH_LOADED, 0)
+        compiled = self.counts.get(Signal.COMPILED, 0) + self.counts.get(Signal.LOAD_FAILED, 0)
+        if not loaded and not compiled:
+            return None
+        return loaded > 0 and compiled == 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "torch_compile_hit": self.torch_compile_hit,
+            "counts": {s.value: n for s, n in sorted(self.counts.items(), key=lambda kv: kv[0].value)},
+            "examples": {s.value: e for s, e in sorted(self.examples.items(), key=lambda kv: kv[0].value)},
+        }
+
+
+def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Relative paths of the files under each named directory."""
+    out: dict[str, set[str]] = {}
+    for name, root in dirs.items():
+        files: set[str] = set()
+        if root.is_dir():
+            for dirpath, _d, names in os.walk(root):
+                for n in names:
+                    files.add((Path(dirpath) / n).relative_to(root).as_posix())
+        out[name] = files
+    return out
+
+
+def added(before: Mapping[str, set[str]], after: Mapping[str, set[str]]) -> dict[str, int]:
+    """Files each start added per directory: 0 means everything it needed was there."""
+    return {name: len(after.get(name, set()) - before.get(name, set())) for name in after}

@@ -1,0 +1,21 @@
+"""``vllm.general_plugins`` entry point. vLLM calls it in every process it starts (engine
+core, each tensor-parallel worker), which is how compile-only reaches workers that kernelbake
+does not start itself. Outside compile-only it does nothing, so serving is plain vLLM."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+COMPILE_ONLY_ENV = "KERNELBAKE_COMPILE_ONLY"
+
+# Filled by the patches; read by the compile-only driver in the same process.
+REPORT: dict[str, Any] = {}
+
+
+def register() -> None:
+    if os.environ.get(COMPILE_ONLY_ENV) != "1":
+        return
+    from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm
+
+    patches_for_installed_vllm().install(REPORT)
