@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from kernelbake.errors import BuildFailed
 from kernelbake.key import NONE, Engine
@@ -18,6 +19,7 @@ from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm.compile_only import UNSET
+from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
 _REPORT_KEYS = (
@@ -33,6 +35,7 @@ _REPORT_KEYS = (
     "fake_tensors",
     "extra_jit",
     "vllm_config_hash",
+    "weights_mode",
 )
 
 
@@ -112,22 +115,41 @@ class VllmEngine:
         env.update(cache_env(root))
         for kind in self.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            report_path = Path(tmp) / "report.json"
-            argv = [a.replace("{report}", str(report_path)) for a in compile_argv(target)]
-            result = run(argv, env=env, log=root.parent / "compile-vllm.log")
-            if result.returncode != 0:
-                raise BuildFailed(
-                    f"vLLM compile-only failed (exit {result.returncode})",
-                    hint=f"see {root.parent / 'compile-vllm.log'}",
-                )
-            report = json.loads(report_path.read_text())
+        log = root.parent / "compile-vllm.log"
+        report = self._compile_only(target, env, log, WeightsMode.FAKE)
+        if report is None:
+            print(
+                f"kernelbake: compile-only with fake weights failed (see {log}); retrying with uninitialised "
+                "weights on the GPU, which needs the weights' memory",
+                file=sys.stderr,
+                flush=True,
+            )
+            report = self._compile_only(
+                target, env, log.with_name("compile-vllm-empty.log"), WeightsMode.EMPTY
+            )
+        if report is None:
+            raise BuildFailed(
+                "vLLM compile-only failed with fake and with uninitialised weights", hint=f"see {log}"
+            )
         hashed = {k: v for k, v in report.get("hashed_env", {}).items()}
         return CompileResult(
             kinds=self.cache_kinds,
             hashed_env=hashed,
             report={k: report[k] for k in _REPORT_KEYS if k in report},
         )
+
+    @staticmethod
+    def _compile_only(
+        target: TargetConfig, env: dict[str, str], log: Path, weights: WeightsMode
+    ) -> dict[str, Any] | None:
+        with tempfile.TemporaryDirectory() as tmp:
+            report_path = Path(tmp) / "report.json"
+            argv = [a.replace("{report}", str(report_path)) for a in compile_argv(target)]
+            result = run(argv, env={**env, WEIGHTS_ENV: weights.value}, log=log)
+            if result.returncode != 0 or not report_path.exists():
+                return None
+            report: dict[str, Any] = json.loads(report_path.read_text())
+            return report
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)

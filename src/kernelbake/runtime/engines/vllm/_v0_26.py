@@ -19,12 +19,14 @@ would at serve time, with four changes that take the weights out:
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import os
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import torch
+
+from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 LOAD_FORMAT = "kernelbake_meta"
 
@@ -49,11 +51,11 @@ def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
-                fake: torch.Tensor = convert(param.data)
-                # A bare FakeTensor in _parameters traces the same way if Parameter refuses it.
-                with contextlib.suppress(TypeError, RuntimeError):
-                    fake = torch.nn.Parameter(fake, requires_grad=False)
-                fake.__dict__.update({k: v for k, v in param.__dict__.items() if k != "_is_param"})
+                # A bare FakeTensor: nn.Parameter() around one loses its shape.
+                fake = convert(param.data)
+                for attr, value in param.__dict__.items():
+                    if attr not in fake.__dict__ and attr != "_is_param":
+                        setattr(fake, attr, value)
                 module._parameters[name] = fake
                 count += 1
         for name, buf in list(module._buffers.items()):
@@ -125,10 +127,14 @@ def install(report: MutableMapping[str, Any]) -> None:
             device = torch.device(vllm_config.device_config.device)
             if device.index is None and device.type == "cuda":
                 device = torch.device("cuda", torch.cuda.current_device())
-            with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
+            weights = WeightsMode(os.environ.get(WEIGHTS_ENV, WeightsMode.FAKE.value))
+            report["weights_mode"] = weights.value
+            init_device = torch.device("meta") if weights is WeightsMode.FAKE else device
+            with set_default_torch_dtype(model_config.dtype), init_device:
                 model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
-            process_weights_after_loading(model, model_config, torch.device("meta"))
-            report["fake_tensors"] = _fakeify(model, device)
+            process_weights_after_loading(model, model_config, init_device)
+            if weights is WeightsMode.FAKE:
+                report["fake_tensors"] = _fakeify(model, device)
             stub = _zeros_forward(model_config.get_hidden_size(), model_config.dtype)
             report["compiled_modules"] = _stub_after_save(model, stub, report)
             report["allocated_after_load_bytes"] = torch.cuda.memory_allocated()

@@ -4,10 +4,22 @@ does not start itself. Outside compile-only it does nothing, so serving is plain
 
 from __future__ import annotations
 
+import enum
 import os
 from typing import Any
 
 COMPILE_ONLY_ENV = "KERNELBAKE_COMPILE_ONLY"
+WEIGHTS_ENV = "KERNELBAKE_VLLM_WEIGHTS"
+
+
+class WeightsMode(enum.Enum):
+    # FakeTensors: no weight memory at all (the default).
+    FAKE = "fake"
+    # Uninitialised GPU tensors: for models whose weight post-processing cannot run on the
+    # meta device (some quantized kernels repack weights with CUDA ops). Needs the weights'
+    # memory, still never reads them.
+    EMPTY = "empty"
+
 
 # Filled by the patches; read by the compile-only driver in the same process.
 REPORT: dict[str, Any] = {}
