@@ -109,7 +109,8 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
 
 
 def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
-    from kernelbake.runtime.engines.vllm import cache_env
+    from kernelbake.runtime.bundle import kind_dir
+    from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
     from kernelbake.runtime.engines.vllm.args import serve_argv
     from kernelbake.runtime.engines.vllm.evidence import snapshot
 
@@ -117,7 +118,7 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
     root = _roots(model)[kind]
     env = cache_env(root)
     os.environ.update(env)
-    dirs = {k: Path(v) for k, v in env.items() if k.endswith(("_DIR", "_ROOT", "_BASE"))}
+    dirs = {kind.value: kind_dir(root, kind) for kind in VllmEngine.cache_kinds}
     before = snapshot(dirs)
     t0 = time.monotonic()
     import torch  # noqa: F401
@@ -157,7 +158,7 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
         "triton_kernels_added": sorted(
             {
                 Path(p).name.rsplit(".", 1)[0]
-                for p in added.get("TRITON_CACHE_DIR", [])
+                for p in added.get("triton", [])
                 if p.endswith(".json") and not Path(p).name.startswith("__grp__")
             }
         ),
@@ -341,13 +342,19 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             s["compile_allocated_at_aot_save_mib"] = round(
                 rep.get("allocated_at_aot_save_bytes", 0) / 2**20, 1
             )
-            s["compile_peak_whole_run_mib"] = round(rep.get("peak_total_bytes", 0) / 2**20, 1)
+            after = rep.get("peak_after_aot_save_bytes", 0)
+            s["compile_peak_warmup_mib"] = round(after / 2**20, 1)
+            peak = max(peak or 0, after)
+            s["compile_peak_whole_run_mib"] = round(peak / 2**20, 1)
+            s["weights_mode"] = rep.get("weights_mode")
             s["compile_allocated_after_mib"] = round(rep.get("allocated_after_bytes", 0) / 2**20, 1)
             s["peak_ok"] = bool(peak) and peak <= PEAK_LIMIT[model]
             s["allocated_after_ok"] = rep.get("allocated_after_bytes", 1 << 40) <= ALLOCATED_LIMIT
         s["caches"] = comp.get("caches")
         if cold.get("tokens") and baked.get("tokens"):
             s["tokens_identical"] = cold["tokens"] == baked["tokens"]
+        s["import_vllm_s"] = {"cold": cold.get("import_s"), "baked": baked.get("import_s")}
+        s["tc_only_torch_compile_hit"] = tc.get("evidence", {}).get("torch_compile_hit")
         s["baked_hits"] = {
             "torch_compile": baked.get("evidence", {}).get("torch_compile_hit"),
             "files_added_at_start": baked.get("files_added"),

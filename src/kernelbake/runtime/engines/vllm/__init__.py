@@ -18,7 +18,6 @@ from kernelbake.runtime.bundle import CacheKind, kind_dir
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
-from kernelbake.runtime.engines.vllm.compile_only import UNSET
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
@@ -27,7 +26,7 @@ _REPORT_KEYS = (
     "engine_ready_s",
     "peak_at_aot_save_bytes",
     "allocated_at_aot_save_bytes",
-    "peak_total_bytes",
+    "peak_after_aot_save_bytes",
     "allocated_after_bytes",
     "aot_saved",
     "aot_loaded",
@@ -54,6 +53,19 @@ def cache_env(root: Path) -> dict[str, str]:
         "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
         "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
         "CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
+        **pinned_hashed_env(root),
+    }
+
+
+def pinned_hashed_env(root: Path) -> dict[str, str]:
+    """Hashed vLLM variables whose *default* depends on the process, not the image: left
+    unset, a serving pod with another HOME (runAsUser) or one CPU computes another compile
+    hash and never finds the baked graphs (measured: HOME alone forced a full recompile).
+    Pinned to the same value at build and serve time; none of them changes generated code."""
+    return {
+        "VLLM_CONFIG_ROOT": str(root.parent / "vllm-config"),
+        "VLLM_XLA_CACHE_PATH": str(root.parent / "xla-cache"),
+        "VLLM_MAX_AUDIO_PREPROCESS_WORKERS": "2",
     }
 
 
@@ -101,9 +113,12 @@ class VllmEngine:
         return cache_env(root)
 
     def hashed_env_names(self) -> tuple[str, ...]:
-        import vllm.envs as envs
+        return tuple(self.hashed_env_now())
 
-        return tuple(sorted(envs.compile_factors()))
+    def hashed_env_now(self) -> dict[str, str]:
+        from kernelbake.runtime.engines.vllm.compile_only import hashed_env
+
+        return hashed_env()
 
     def compile(
         self, target: TargetConfig, root: Path, *, environ: Mapping[str, str] | None = None
@@ -159,15 +174,13 @@ class VllmEngine:
 
 
 def env_drift(baked: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """Hashed vLLM variables whose value now differs from the build's (each a reason vLLM
-    will not find its compiled graphs)."""
+    """Hashed vLLM variables whose value now differs from the build's, each a reason vLLM
+    will not find its compiled graphs. Values are as vLLM derives them (defaults included)."""
     drift = []
-    for name, value in sorted(baked.items()):
-        now = current.get(name, UNSET)
-        if now != value:
-            shown_then = "unset" if value == UNSET else repr(value)
-            shown_now = "unset" if now == UNSET else repr(now)
-            drift.append(f"{name} was {shown_then} at build time, is {shown_now} now")
+    for name in sorted(set(baked) | set(current)):
+        then, now = baked.get(name), current.get(name)
+        if then != now:
+            drift.append(f"{name} was {then!r} at build time, is {now!r} now")
     return drift
 
 

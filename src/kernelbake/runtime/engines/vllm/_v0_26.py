@@ -40,19 +40,22 @@ def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     converter = mode.fake_tensor_converter
-    memo: dict[int, torch.Tensor] = {}
+    # Keyed by the original tensor object, which stays referenced here so its id cannot be
+    # reused: tied weights (one Parameter in two modules) get one FakeTensor.
+    memo: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     count = 0
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in memo:
-            memo[id(t)] = converter.from_meta_and_device(mode, t, device)
-        return memo[id(t)]
+            data = t.data
+            memo[id(t)] = (t, data, converter.from_meta_and_device(mode, data, device))
+        return memo[id(t)][2]
 
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
                 # A bare FakeTensor: nn.Parameter() around one loses its shape.
-                fake = convert(param.data)
+                fake = convert(param)
                 for attr, value in param.__dict__.items():
                     if attr not in fake.__dict__ and attr != "_is_param":
                         setattr(fake, attr, value)
@@ -96,6 +99,8 @@ def _stub_after_save(
             report["aot_saved"] = report.get("aot_saved", 0) + 1
             report["allocated_at_aot_save_bytes"] = torch.cuda.memory_allocated()
             report["peak_at_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+            # From here on the peak counter measures the warm-up (KV cache, sampler, graphs).
+            torch.cuda.reset_peak_memory_stats()
             _m.aot_compiled_fn = stub
 
         module.save_aot_compiled_function = save_then_stub

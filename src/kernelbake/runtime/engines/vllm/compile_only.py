@@ -22,7 +22,6 @@ from typing import Any
 
 from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 
-UNSET = "<unset>"
 # Enough for the warm-up batch (max_num_seqs requests of one block each, plus the null
 # block): the warm-up then runs the batch size a real start runs, so Triton specialises its
 # kernels the same way.
@@ -42,10 +41,11 @@ def parse_serve_argv(argv: Sequence[str]) -> Any:
 
 
 def hashed_env() -> dict[str, str]:
-    """Raw values of every variable vLLM folds into its compile hash (``<unset>`` if unset)."""
+    """Every variable vLLM folds into its compile hash, with the value vLLM derives for it
+    (defaults included: several depend on HOME or the CPU count, not just on the variable)."""
     import vllm.envs as envs
 
-    return {name: os.environ.get(name, UNSET) for name in sorted(envs.compile_factors())}
+    return {name: str(value) for name, value in sorted(envs.compile_factors().items())}
 
 
 def _bake_extra_jit() -> list[str]:
@@ -95,13 +95,15 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
     report["extra_jit"] = _bake_extra_jit()
-    report["peak_total_bytes"] = torch.cuda.max_memory_allocated()
-    vllm_config = engine.vllm_config
-    report["vllm_config_hash"] = vllm_config.compute_hash()
+    report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+    report["vllm_config_hash"] = engine.vllm_config.compute_hash()
     report["hashed_env"] = hashed_env()
 
     engine.engine_core.shutdown()
     del engine
+    # Dynamo's code cache and guards keep the compiled module (and through it the KV cache)
+    # alive; the build should end holding nothing.
+    torch._dynamo.reset()
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
