@@ -223,7 +223,52 @@ def _log_facts(log: Path) -> dict[str, Any]:
     return {"evidence": ev.to_json(), "timeline": timings[:40]}
 
 
-def orchestrate(out: Path, deadline: float) -> dict[str, Any]:
+def _frame_label(frames: list[dict[str, Any]]) -> str:
+    """Where an allocation came from: the innermost frame in vLLM, FlashInfer or Inductor."""
+    for f in frames:
+        name = f.get("filename", "")
+        for marker in ("vllm/", "flashinfer/", "torch/_inductor/", "kernelbake/", "triton/"):
+            if marker in name:
+                return f"{name[name.index(marker) :]}:{f.get('line')} {f.get('name')}"
+    return f"{frames[0].get('filename', '?')}:{frames[0].get('line')}" if frames else "(no frames)"
+
+
+def _peak_breakdown(snapshot_path: Path, top: int = 12) -> dict[str, Any]:
+    """Replay a CUDA memory snapshot's allocation trace to the peak; group what was alive."""
+    import pickle
+
+    with snapshot_path.open("rb") as fh:
+        snap = pickle.load(fh)
+    events = [e for trace in snap.get("device_traces", []) for e in trace]
+    cur = peak = peak_at = 0
+    sizes: dict[int, int] = {}
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            sizes[e["addr"]] = e["size"]
+            cur += e["size"]
+            if cur > peak:
+                peak, peak_at = cur, i
+        elif e["action"] == "free_completed":
+            cur -= sizes.pop(e["addr"], 0)
+    alive: dict[int, dict[str, Any]] = {}
+    for e in events[: peak_at + 1]:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            alive.pop(e["addr"], None)
+    groups: dict[str, int] = {}
+    for e in alive.values():
+        label = _frame_label(e.get("frames", []))
+        groups[label] = groups.get(label, 0) + e["size"]
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "traced_peak_mib": round(peak / 2**20, 1),
+        "events": len(events),
+        "alive_at_peak": [{"mib": round(n / 2**20, 1), "where": w} for w, n in ranked],
+    }
+
+
+def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
@@ -270,6 +315,13 @@ def orchestrate(out: Path, deadline: float) -> dict[str, Any]:
             if job["kind"] == "compile" and "error" not in entry:
                 # Before any start writes into the bundle.
                 _copy_tc_only(job["model"])
+                snapshot = logs / f"{name}.snapshot.pickle"
+                if snapshot.exists():
+                    try:
+                        entry["memory_at_compile_peak"] = _peak_breakdown(snapshot)
+                    except Exception as exc:
+                        entry["memory_at_compile_peak"] = {"error": repr(exc)[:300]}
+                    snapshot.unlink()
             done[name] = entry
             free.append(group)
             del running[name]
@@ -347,9 +399,16 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             peak = max(peak or 0, after)
             s["compile_peak_whole_run_mib"] = round(peak / 2**20, 1)
             s["weights_mode"] = rep.get("weights_mode")
-            s["compile_allocated_after_mib"] = round(rep.get("allocated_after_bytes", 0) / 2**20, 1)
+            s["compile_allocated_after_teardown_mib"] = round(rep.get("allocated_after_bytes", 0) / 2**20, 1)
+            if rep.get("alive_after"):
+                s["alive_after_teardown"] = rep["alive_after"]
             s["peak_ok"] = bool(peak) and peak <= PEAK_LIMIT[model]
-            s["allocated_after_ok"] = rep.get("allocated_after_bytes", 1 << 40) <= ALLOCATED_LIMIT
+            # "Once compilation is done": when vLLM has saved its compiled artifact.
+            s["allocated_at_end_of_compile_ok"] = (
+                rep.get("allocated_at_aot_save_bytes", 1 << 40) <= ALLOCATED_LIMIT
+            )
+            if comp.get("memory_at_compile_peak"):
+                s["memory_at_compile_peak"] = comp["memory_at_compile_peak"]
         s["caches"] = comp.get("caches")
         if cold.get("tokens") and baked.get("tokens"):
             s["tokens_identical"] = cold["tokens"] == baked["tokens"]
@@ -364,6 +423,21 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def resummarise(results_json: Path, out: Path) -> int:
+    """Re-derive log evidence and the summary from a result file and its unpacked logs
+    (``logs/`` beside it), e.g. after a fix to the evidence patterns."""
+    doc = json.loads(results_json.read_text())
+    logs = results_json.parent / "logs"
+    for name, entry in doc["runs"].items():
+        if (logs / f"{name}.log").exists():
+            entry.update(_log_facts(logs / f"{name}.log"))
+    doc["summary"] = summarise(doc["runs"])
+    doc["resummarised"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(json.dumps(doc["summary"], indent=1, default=str))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
@@ -371,6 +445,8 @@ def main() -> int:
     ap.add_argument("--lane", choices=["compile", "cold", "baked", "tc_only"])
     ap.add_argument("--model", choices=sorted(MODELS))
     ap.add_argument("--result", type=Path)
+    ap.add_argument("--runs", default="compile,cold,baked,tc_only", help="which kinds of run to make")
+    ap.add_argument("--resummarise", type=Path, help="rebuild the result from an unpacked logs/ dir")
     a = ap.parse_args()
     if a.lane:
         try:
@@ -396,7 +472,9 @@ def main() -> int:
             env_info[cmd[0]] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
         except OSError as exc:
             env_info[cmd[0]] = str(exc)
-    result = orchestrate(a.out, a.deadline)
+    if a.resummarise:
+        return resummarise(a.resummarise, a.out)
+    result = orchestrate(a.out, a.deadline, set(a.runs.split(",")))
     doc = {
         "bench": "vllm_coldstart",
         "command": "PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out $OUT",

@@ -35,6 +35,10 @@ _REPORT_KEYS = (
     "extra_jit",
     "vllm_config_hash",
     "weights_mode",
+    "lent_bytes",
+    "allocated_after_load_bytes",
+    "alive_after",
+    "stopped_after_compile",
 )
 
 
@@ -53,20 +57,20 @@ def cache_env(root: Path) -> dict[str, str]:
         "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
         "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
         "CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
-        **pinned_hashed_env(root),
+        **PINNED_HASHED_ENV,
     }
 
 
-def pinned_hashed_env(root: Path) -> dict[str, str]:
-    """Hashed vLLM variables whose *default* depends on the process, not the image: left
-    unset, a serving pod with another HOME (runAsUser) or one CPU computes another compile
-    hash and never finds the baked graphs (measured: HOME alone forced a full recompile).
-    Pinned to the same value at build and serve time; none of them changes generated code."""
-    return {
-        "VLLM_CONFIG_ROOT": str(root.parent / "vllm-config"),
-        "VLLM_XLA_CACHE_PATH": str(root.parent / "xla-cache"),
-        "VLLM_MAX_AUDIO_PREPROCESS_WORKERS": "2",
-    }
+# Hashed vLLM variables whose *default* depends on the process, not the image: left unset,
+# a serving pod with another HOME (runAsUser) or one CPU computes another compile hash and
+# never finds the baked graphs (measured on vLLM 0.26: HOME alone forced a full recompile).
+# Pinned to constants, the same at build and serve time and independent of where the bundle
+# lives, so the torch.compile part stays relocatable. None of them changes generated code.
+PINNED_HASHED_ENV = {
+    "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
+    "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
+    "VLLM_MAX_AUDIO_PREPROCESS_WORKERS": "2",
+}
 
 
 def compile_argv(target: TargetConfig) -> list[str]:

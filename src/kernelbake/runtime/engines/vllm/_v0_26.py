@@ -29,6 +29,17 @@ import torch
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 LOAD_FORMAT = "kernelbake_meta"
+# Where to dump a CUDA memory snapshot at the end of torch.compile (for finding what the
+# compile-time peak is made of); unset in builds.
+SNAPSHOT_ENV = "KERNELBAKE_MEMORY_SNAPSHOT"
+# Stop once the torch.compile artifact is saved, skipping the warm-up (Triton, FlashInfer):
+# for measuring the torch.compile part alone. Unset in builds.
+STOP_ENV = "KERNELBAKE_STOP_AFTER_COMPILE"
+
+
+class CompileDone(BaseException):
+    """Raised through vLLM's start-up (a BaseException, so no ``except Exception`` there
+    swallows it) when only the torch.compile artifact was wanted."""
 
 
 def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
@@ -99,6 +110,10 @@ def _stub_after_save(
             report["aot_saved"] = report.get("aot_saved", 0) + 1
             report["allocated_at_aot_save_bytes"] = torch.cuda.memory_allocated()
             report["peak_at_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+            if snapshot := os.environ.get(SNAPSHOT_ENV):
+                torch.cuda.memory._dump_snapshot(snapshot)
+            if os.environ.get(STOP_ENV) == "1":
+                raise CompileDone
             # From here on the peak counter measures the warm-up (KV cache, sampler, graphs).
             torch.cuda.reset_peak_memory_stats()
             _m.aot_compiled_fn = stub
@@ -173,3 +188,35 @@ def install(report: MutableMapping[str, Any]) -> None:
         return None
 
     kv_cache_utils._check_enough_kv_cache_memory = skip_admission_check
+
+    _lean_profile_run(report)
+
+
+def _lean_profile_run(report: MutableMapping[str, Any]) -> None:
+    """During the compile (vLLM's profile run), lend out the sampler's penalty counts.
+
+    ``output_bin_counts`` is max_num_seqs x vocab int32 (148 MiB for Qwen3-8B), allocated at
+    start-up for serving and untouched by the profile run's dummy batch, which has no
+    penalties. Freed for the compile and re-created, zeroed as vLLM makes it, for the warm-up.
+    """
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    original = GPUModelRunner.profile_run
+
+    @functools.wraps(original)
+    def profile_run(self: Any) -> None:
+        penalties: Any = getattr(getattr(self, "sampler", None), "penalties_state", None)
+        counts = getattr(penalties, "output_bin_counts", None)
+        if not isinstance(counts, torch.Tensor):
+            original(self)
+            return
+        shape, dtype, device = counts.shape, counts.dtype, counts.device
+        penalties.output_bin_counts = torch.empty(0, dtype=dtype, device=device)
+        del counts
+        report["lent_bytes"] = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
+        try:
+            original(self)
+        finally:
+            penalties.output_bin_counts = torch.zeros(shape, dtype=dtype, device=device)
+
+    GPUModelRunner.profile_run = profile_run
