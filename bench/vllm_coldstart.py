@@ -223,51 +223,6 @@ def _log_facts(log: Path) -> dict[str, Any]:
     return {"evidence": ev.to_json(), "timeline": timings[:40]}
 
 
-def _frame_label(frames: list[dict[str, Any]]) -> str:
-    """Where an allocation came from: the innermost frame in vLLM, FlashInfer or Inductor."""
-    for f in frames:
-        name = f.get("filename", "")
-        for marker in ("vllm/", "flashinfer/", "torch/_inductor/", "kernelbake/", "triton/"):
-            if marker in name:
-                return f"{name[name.index(marker) :]}:{f.get('line')} {f.get('name')}"
-    return f"{frames[0].get('filename', '?')}:{frames[0].get('line')}" if frames else "(no frames)"
-
-
-def _peak_breakdown(snapshot_path: Path, top: int = 12) -> dict[str, Any]:
-    """Replay a CUDA memory snapshot's allocation trace to the peak; group what was alive."""
-    import pickle
-
-    with snapshot_path.open("rb") as fh:
-        snap = pickle.load(fh)
-    events = [e for trace in snap.get("device_traces", []) for e in trace]
-    cur = peak = peak_at = 0
-    sizes: dict[int, int] = {}
-    for i, e in enumerate(events):
-        if e["action"] == "alloc":
-            sizes[e["addr"]] = e["size"]
-            cur += e["size"]
-            if cur > peak:
-                peak, peak_at = cur, i
-        elif e["action"] == "free_completed":
-            cur -= sizes.pop(e["addr"], 0)
-    alive: dict[int, dict[str, Any]] = {}
-    for e in events[: peak_at + 1]:
-        if e["action"] == "alloc":
-            alive[e["addr"]] = e
-        elif e["action"] == "free_completed":
-            alive.pop(e["addr"], None)
-    groups: dict[str, int] = {}
-    for e in alive.values():
-        label = _frame_label(e.get("frames", []))
-        groups[label] = groups.get(label, 0) + e["size"]
-    ranked = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
-    return {
-        "traced_peak_mib": round(peak / 2**20, 1),
-        "events": len(events),
-        "alive_at_peak": [{"mib": round(n / 2**20, 1), "where": w} for w, n in ranked],
-    }
-
-
 def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
@@ -286,6 +241,7 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
         jobs.append(
             {"name": f"tc_only-{model}", "model": model, "kind": "tc_only", "deps": [f"compile-{model}"]}
         )
+    jobs = [j for j in jobs if j["kind"] in kinds]
     free = list(range(len(CORE_GROUPS)))
     running: dict[str, tuple[subprocess.Popen[bytes], int, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
@@ -315,13 +271,6 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
             if job["kind"] == "compile" and "error" not in entry:
                 # Before any start writes into the bundle.
                 _copy_tc_only(job["model"])
-                snapshot = logs / f"{name}.snapshot.pickle"
-                if snapshot.exists():
-                    try:
-                        entry["memory_at_compile_peak"] = _peak_breakdown(snapshot)
-                    except Exception as exc:
-                        entry["memory_at_compile_peak"] = {"error": repr(exc)[:300]}
-                    snapshot.unlink()
             done[name] = entry
             free.append(group)
             del running[name]
@@ -407,8 +356,6 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             s["allocated_at_end_of_compile_ok"] = (
                 rep.get("allocated_at_aot_save_bytes", 1 << 40) <= ALLOCATED_LIMIT
             )
-            if comp.get("memory_at_compile_peak"):
-                s["memory_at_compile_peak"] = comp["memory_at_compile_peak"]
         s["caches"] = comp.get("caches")
         if cold.get("tokens") and baked.get("tokens"):
             s["tokens_identical"] = cold["tokens"] == baked["tokens"]

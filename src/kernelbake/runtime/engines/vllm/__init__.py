@@ -12,12 +12,13 @@ from typing import Any
 
 from kernelbake.errors import BuildFailed
 from kernelbake.key import NONE, Engine
-from kernelbake.runner import run
+from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
 from kernelbake.runtime.bundle import CacheKind, kind_dir
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
+from kernelbake.runtime.engines.vllm import compat_layer
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
@@ -37,8 +38,6 @@ _REPORT_KEYS = (
     "weights_mode",
     "lent_bytes",
     "allocated_after_load_bytes",
-    "alive_after",
-    "stopped_after_compile",
 )
 
 
@@ -89,6 +88,10 @@ def compile_argv(target: TargetConfig) -> list[str]:
 
 class VllmEngine:
     engine = Engine.VLLM
+
+    def __init__(self, runner: Runner = run) -> None:
+        self._run = runner
+
     cache_kinds = (
         CacheKind.VLLM,
         CacheKind.TRITON,
@@ -135,6 +138,21 @@ class VllmEngine:
         for kind in self.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
+        if compat_layer.native_compile_available():
+            # vLLM's own compile-only (upstream PR #38675: `vllm compile <model> [serve
+            # options]`) fills the torch.compile cache the supported way; kernelbake's run
+            # below then loads that artifact and bakes what `vllm compile` leaves out
+            # (Triton, FlashInfer, the warm-up kernels).
+            native = self._run(
+                ["vllm", "compile", *vargs.serve_argv(target.key.model_path, target.serve)[2:]],
+                env=env,
+                log=log.with_name("compile-vllm-native.log"),
+            )
+            if native.returncode != 0:
+                raise BuildFailed(
+                    f"vllm compile failed (exit {native.returncode})",
+                    hint=f"see {log.with_name('compile-vllm-native.log')}",
+                )
         report = self._compile_only(target, env, log, WeightsMode.FAKE)
         if report is None:
             print(
@@ -157,14 +175,13 @@ class VllmEngine:
             report={k: report[k] for k in _REPORT_KEYS if k in report},
         )
 
-    @staticmethod
     def _compile_only(
-        target: TargetConfig, env: dict[str, str], log: Path, weights: WeightsMode
+        self, target: TargetConfig, env: dict[str, str], log: Path, weights: WeightsMode
     ) -> dict[str, Any] | None:
         with tempfile.TemporaryDirectory() as tmp:
             report_path = Path(tmp) / "report.json"
             argv = [a.replace("{report}", str(report_path)) for a in compile_argv(target)]
-            result = run(argv, env={**env, WEIGHTS_ENV: weights.value}, log=log)
+            result = self._run(argv, env={**env, WEIGHTS_ENV: weights.value}, log=log)
             if result.returncode != 0 or not report_path.exists():
                 return None
             report: dict[str, Any] = json.loads(report_path.read_text())

@@ -29,17 +29,6 @@ import torch
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 LOAD_FORMAT = "kernelbake_meta"
-# Where to dump a CUDA memory snapshot at the end of torch.compile (for finding what the
-# compile-time peak is made of); unset in builds.
-SNAPSHOT_ENV = "KERNELBAKE_MEMORY_SNAPSHOT"
-# Stop once the torch.compile artifact is saved, skipping the warm-up (Triton, FlashInfer):
-# for measuring the torch.compile part alone. Unset in builds.
-STOP_ENV = "KERNELBAKE_STOP_AFTER_COMPILE"
-
-
-class CompileDone(BaseException):
-    """Raised through vLLM's start-up (a BaseException, so no ``except Exception`` there
-    swallows it) when only the torch.compile artifact was wanted."""
 
 
 def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
@@ -110,10 +99,6 @@ def _stub_after_save(
             report["aot_saved"] = report.get("aot_saved", 0) + 1
             report["allocated_at_aot_save_bytes"] = torch.cuda.memory_allocated()
             report["peak_at_aot_save_bytes"] = torch.cuda.max_memory_allocated()
-            if snapshot := os.environ.get(SNAPSHOT_ENV):
-                torch.cuda.memory._dump_snapshot(snapshot)
-            if os.environ.get(STOP_ENV) == "1":
-                raise CompileDone
             # From here on the peak counter measures the warm-up (KV cache, sampler, graphs).
             torch.cuda.reset_peak_memory_stats()
             _m.aot_compiled_fn = stub

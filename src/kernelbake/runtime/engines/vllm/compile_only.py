@@ -11,7 +11,6 @@ vLLM and its libraries fill during start-up lands in the directories the caller 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -61,22 +60,6 @@ def _bake_extra_jit() -> list[str]:
     return built
 
 
-def _alive_cuda_tensors(limit: int = 8) -> list[str]:
-    """The largest CUDA tensors still referenced after shutdown, with who holds them."""
-    import torch
-
-    found = []
-    for obj in gc.get_objects():
-        with contextlib.suppress(Exception):
-            if isinstance(obj, torch.Tensor) and obj.is_cuda:
-                holders = sorted({type(r).__name__ for r in gc.get_referrers(obj)} - {"list", "frame"})
-                found.append(
-                    (obj.untyped_storage().nbytes(), f"{tuple(obj.shape)} {obj.dtype} held by {holders}")
-                )
-    found.sort(reverse=True)
-    return [f"{n >> 20} MiB {desc}" for n, desc in found[:limit]]
-
-
 def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     os.environ[COMPILE_ONLY_ENV] = "1"
     # In-process engine core: the patches and the memory counters live in this process.
@@ -87,7 +70,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     import torch
 
     from kernelbake.runtime.engines.vllm import plugin
-    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT, SNAPSHOT_ENV, CompileDone
+    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT
 
     plugin.register()
     report = plugin.REPORT
@@ -109,22 +92,14 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from vllm.v1.engine.llm_engine import LLMEngine
 
     torch.cuda.reset_peak_memory_stats()
-    if os.environ.get(SNAPSHOT_ENV):
-        with contextlib.suppress(Exception):
-            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-    try:
-        engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
-    except CompileDone:
-        report["stopped_after_compile"] = True
-        report["hashed_env"] = hashed_env()
-    else:
-        report["engine_ready_s"] = round(time.monotonic() - started, 2)
-        report["extra_jit"] = _bake_extra_jit()
-        report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
-        report["vllm_config_hash"] = engine.vllm_config.compute_hash()
-        report["hashed_env"] = hashed_env()
-        engine.engine_core.shutdown()
-        del engine
+    engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
+    report["engine_ready_s"] = round(time.monotonic() - started, 2)
+    report["extra_jit"] = _bake_extra_jit()
+    report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+    report["vllm_config_hash"] = engine.vllm_config.compute_hash()
+    report["hashed_env"] = hashed_env()
+    engine.engine_core.shutdown()
+    del engine
     # Dynamo's code cache and guards keep the compiled module (and through it the KV cache)
     # alive; the build should end holding nothing.
     torch._dynamo.reset()
@@ -132,8 +107,6 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     report["allocated_after_bytes"] = torch.cuda.memory_allocated()
-    if report["allocated_after_bytes"] > 64 << 20:
-        report["alive_after"] = _alive_cuda_tensors()
     report["wall_s"] = round(time.monotonic() - started, 2)
     return dict(report)
 

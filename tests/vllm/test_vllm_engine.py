@@ -1,0 +1,210 @@
+"""The vLLM engine's CPU-testable parts: flag mapping, evidence, env pinning, compile driver.
+
+vLLM itself only runs on the GPU machine (bench/vllm_coldstart.py); these tests cover what
+decides whether the compile-time and serve-time configurations hash alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from kernelbake.errors import BuildFailed, KeyMismatch
+from kernelbake.plan import plan
+from kernelbake.runner import Result
+from kernelbake.runtime.bundle import CacheKind
+from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.engines.vllm import (
+    PINNED_HASHED_ENV,
+    VllmEngine,
+    cache_env,
+    compat_layer,
+    compile_argv,
+    env_drift,
+)
+from kernelbake.runtime.engines.vllm.args import serve_argv, serve_flags, shape_overrides
+from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, snapshot
+from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+
+
+def _target(spec: str = "images/qwen3-8b.yaml", gpu: str = "h100") -> TargetConfig:
+    s = load_spec(REPO / spec)
+    t = plan(s, [gpu])[0]
+    return TargetConfig(key=t.key, gpu=gpu, serve=s.serve, shapes=s.compile.shapes)
+
+
+def test_serve_flags_carry_every_hashed_serve_argument() -> None:
+    t = _target()
+    argv = serve_argv(t.key.model_path, t.serve)
+    assert argv[:3] == ["vllm", "serve", "/models/qwen3-8b"]
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert flags["--dtype"] == "bfloat16"
+    assert flags["--max-model-len"] == "32768"
+    assert flags["--max-num-batched-tokens"] == "8192"
+    assert flags["--max-num-seqs"] == "256"
+    assert json.loads(flags["--compilation-config"]) == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert "--quantization" not in argv
+
+
+def test_quantization_and_extra_args_are_passed_through() -> None:
+    t = _target("images/gpt-oss-20b.yaml")
+    flags = serve_flags(t.serve)
+    assert flags[flags.index("--quantization") + 1] == "mxfp4"
+    assert serve_argv(t.key.model_path, t.serve, ["--port", "9000"])[-3:] == [
+        "--async-scheduling",
+        "--port",
+        "9000",
+    ]
+
+
+def test_compile_only_gets_exactly_the_serve_flags() -> None:
+    """The compile-time config hashes like the serve-time one only if the flags are equal."""
+    t = _target()
+    argv = compile_argv(t)
+    assert argv[argv.index("--") + 1 :] == serve_argv(t.key.model_path, t.serve)[2:]
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        (["--port", "8000", "--served-model-name", "x"], []),
+        (["--max-model-len", "32768"], []),
+        (["--max-model-len=4096"], ["--max-model-len 4096 changes the max_model_len"]),
+        (["-tp", "2"], ["-tp 2 changes the tensor parallel size"]),
+        (["--enforce-eager"], ["--enforce-eager changes the eager mode (no compiled graphs at all)"]),
+        (
+            ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8"],
+            ["--kv-cache-dtype fp8 changes the KV cache dtype"],
+        ),
+    ],
+)
+def test_shape_overrides(user: list[str], expected: list[str]) -> None:
+    assert shape_overrides(user, _target().serve) == expected
+
+
+def test_log_evidence_from_vllm_lines() -> None:
+    baked = [
+        "INFO [backends.py:292] Directly load the compiled graph(s) for compile range (1, 16384) from the cache, took 1.092 s",
+        "INFO [decorators.py:311] Directly load AOT compilation from path /opt/kernelbake/cache/vllm/x/model",
+        "INFO [monitor.py:53] torch.compile took 3.19 s in total",
+    ]
+    ev = LogEvidence().feed_all(baked)
+    assert ev.torch_compile_hit is True
+    assert ev.counts == {Signal.GRAPH_LOADED: 1, Signal.AOT_LOADED: 1}
+    cold = ["INFO [backends.py:393] Compiling a graph for compile range (1, 16384) takes 9.99 s", baked[2]]
+    assert LogEvidence().feed_all(cold).torch_compile_hit is False
+    assert LogEvidence().feed_all(["nothing about compilation"]).torch_compile_hit is None
+    failed = [baked[1], "WARNING Compiling model again due to a load failure from /x, reason: boom"]
+    assert LogEvidence().feed_all(failed).torch_compile_hit is False
+
+
+def test_cache_dir_snapshots_count_what_a_start_added(tmp_path: Path) -> None:
+    dirs = {"triton": tmp_path / "triton", "vllm": tmp_path / "vllm"}
+    (dirs["triton"] / "a").mkdir(parents=True)
+    (dirs["triton"] / "a" / "k.cubin").write_bytes(b"x")
+    before = snapshot(dirs)
+    (dirs["triton"] / "b").mkdir()
+    (dirs["triton"] / "b" / "k2.cubin").write_bytes(b"y")
+    assert added(before, snapshot(dirs)) == {"triton": 1, "vllm": 0}
+
+
+def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_defaults() -> None:
+    root = Path("/opt/kernelbake/cache")
+    env = cache_env(root)
+    assert env["VLLM_CACHE_ROOT"] == "/opt/kernelbake/cache/vllm"
+    assert env["TRITON_CACHE_DIR"] == "/opt/kernelbake/cache/triton"
+    assert env["FLASHINFER_WORKSPACE_BASE"] == "/opt/kernelbake/cache/flashinfer"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/opt/kernelbake/cache/inductor"
+    # Independent of the bundle root, so a relocated torch.compile cache still hashes alike.
+    assert cache_env(Path("/elsewhere/cache"))["VLLM_CONFIG_ROOT"] == env["VLLM_CONFIG_ROOT"]
+    assert PINNED_HASHED_ENV.items() <= env.items()
+    covered = {Path(v).name for k, v in env.items() if v.startswith(str(root))}
+    assert {k.value for k in VllmEngine.cache_kinds} <= covered
+
+
+def test_env_drift_names_each_variable() -> None:
+    baked = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_USE_V2_MODEL_RUNNER": "None"}
+    now = {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_USE_V2_MODEL_RUNNER": "None", "VLLM_NEW": "1"}
+    assert env_drift(baked, now) == [
+        "VLLM_LOGGING_LEVEL was 'INFO' at build time, is 'DEBUG' now",
+        "VLLM_NEW was None at build time, is '1' now",
+    ]
+    assert env_drift(baked, dict(baked)) == []
+
+
+class _FakeCompileOnly:
+    """Stands in for the compile-only subprocess: fails for the weight modes listed."""
+
+    def __init__(self, fail: set[str]) -> None:
+        self.fail = fail
+        self.calls: list[tuple[str, Mapping[str, str]]] = []
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **_: object) -> Result:
+        assert env is not None
+        if list(argv[:2]) == ["vllm", "compile"]:
+            self.calls.append(("native", env))
+            return Result(tuple(argv), 0)
+        mode = env[WEIGHTS_ENV]
+        self.calls.append((mode, env))
+        if mode in self.fail:
+            return Result(tuple(argv), 1)
+        report = Path(argv[argv.index("--report") + 1])
+        report.write_text(
+            json.dumps({"weights_mode": mode, "hashed_env": {"VLLM_X": "1"}, "wall_s": 1.0, "junk": 1})
+        )
+        return Result(tuple(argv), 0)
+
+
+def test_compile_uses_fake_weights_and_the_bundle_env(tmp_path: Path) -> None:
+    fake = _FakeCompileOnly(fail=set())
+    result = VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={"HOME": "/root"})
+    assert [m for m, _ in fake.calls] == ["fake"]
+    env = fake.calls[0][1]
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+    assert env["HOME"] == "/root"
+    assert result.report == {"weights_mode": "fake", "wall_s": 1.0}
+    assert result.hashed_env == {"VLLM_X": "1"}
+    assert CacheKind.FLASHINFER in result.kinds
+    assert all((tmp_path / "cache" / k.value).is_dir() for k in result.kinds)
+
+
+def test_compile_falls_back_to_uninitialised_weights_then_fails_clearly(tmp_path: Path) -> None:
+    fake = _FakeCompileOnly(fail={"fake"})
+    result = VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})
+    assert [m for m, _ in fake.calls] == ["fake", "empty"]
+    assert result.report["weights_mode"] == "empty"
+    with pytest.raises(BuildFailed, match="fake and with uninitialised weights"):
+        VllmEngine(runner=_FakeCompileOnly(fail={"fake", "empty"})).compile(
+            _target(), tmp_path / "c2", environ={}
+        )
+
+
+def test_unsupported_vllm_version_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compat_layer, "package_version", lambda name: "0.31.2")
+    with pytest.raises(KeyMismatch, match=r"supports vLLM 0\.26"):
+        compat_layer.patches_for_installed_vllm()
+
+
+def test_native_compile_is_detected_only_when_vllm_ships_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert compat_layer.native_compile_available() is False
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: object() if name == "vllm.entrypoints.cli.compile" else None
+    )
+    assert compat_layer.native_compile_available() is True
+
+
+def test_native_vllm_compile_runs_first_when_available(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compat_layer, "native_compile_available", lambda: True)
+    fake = _FakeCompileOnly(fail=set())
+    VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})
+    assert [m for m, _ in fake.calls] == ["native", "fake"]
