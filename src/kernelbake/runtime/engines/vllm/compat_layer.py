@@ -17,7 +17,10 @@ _PATCHES = {"0.26": "kernelbake.runtime.engines.vllm._v0_26"}
 def native_compile_available() -> bool:
     """True when vLLM ships its own compile-only entry point (``vllm compile``), which
     kernelbake then prefers to its own patches. No release up to 0.33 has one."""
-    return importlib.util.find_spec("vllm.entrypoints.cli.compile") is not None
+    try:
+        return importlib.util.find_spec("vllm.entrypoints.cli.compile") is not None
+    except ModuleNotFoundError:  # no vLLM at all
+        return False
 
 
 def patches_for_installed_vllm() -> ModuleType:
