@@ -25,7 +25,7 @@ CACHE_ROOT = "opt/kernelbake/cache"
 
 
 @dataclasses.dataclass(frozen=True)
-class TestImage:
+class PushedImage:
     ref: Reference  # with tag
     digest: str
     key: CacheKey
@@ -74,7 +74,7 @@ def push_image(
     builder: object = "cpu",
     last_layer_extra: Mapping[str, bytes] | None = None,
     salt: str = "",
-) -> TestImage:
+) -> PushedImage:
     """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it."""
     target = tiny_llama_target()
     key = target.key
@@ -115,9 +115,9 @@ def push_image(
         }
     )
     pushed = client.put_manifest(ref, manifest, mt.OCI_MANIFEST)
-    return TestImage(ref, pushed.digest, key, image_labels, manifest_json)
+    return PushedImage(ref, pushed.digest, key, image_labels, manifest_json)
 
 
-def config_labels(client: RegistryClient, image: TestImage) -> dict[str, str]:
+def config_labels(client: RegistryClient, image: PushedImage) -> dict[str, str]:
     m = client.get_manifest(image.ref.with_digest(image.digest))
     return json.loads(client.get_blob(image.ref, m.config.digest))["config"]["Labels"]

@@ -9,11 +9,11 @@ from typing import Any
 from kernelbake.oci import Reference, RegistryClient, RegistryNotFound, fallback_tag
 from kernelbake.oci import types as mt
 from kernelbake.signing import formats
-from tests.signing.images import TestImage
+from tests.signing.images import PushedImage
 
 
 def _rewrite_referrers(
-    client: RegistryClient, image: TestImage, edit_blob: Callable[[bytes], bytes]
+    client: RegistryClient, image: PushedImage, edit_blob: Callable[[bytes], bytes]
 ) -> list[str]:
     """Replace every bundle referrer of ``image`` by one whose bundle blob is ``edit_blob(old)``,
     and point the fallback index at the replacements. Returns the new manifest digests."""
@@ -35,16 +35,16 @@ def _rewrite_referrers(
 
 
 def rewrite_bundles(
-    client: RegistryClient, image: TestImage, edit: Callable[[dict[str, Any]], dict[str, Any]]
+    client: RegistryClient, image: PushedImage, edit: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> None:
     _rewrite_referrers(client, image, lambda b: json.dumps(edit(json.loads(b))).encode())
 
 
-def replace_bundles(client: RegistryClient, image: TestImage, data: bytes) -> None:
+def replace_bundles(client: RegistryClient, image: PushedImage, data: bytes) -> None:
     _rewrite_referrers(client, image, lambda _b: data)
 
 
-def copy_signatures(client: RegistryClient, source: TestImage, target: TestImage) -> None:
+def copy_signatures(client: RegistryClient, source: PushedImage, target: PushedImage) -> None:
     """List ``source``'s referrers (and legacy tags) as if they were ``target``'s."""
     src = source.ref.with_digest(source.digest)
     dst = target.ref.with_digest(target.digest)

@@ -225,12 +225,32 @@ class _RulesPolicy:
             raise VerificationError(f"certificate identity {certs.describe(cert)} is not trusted")
 
 
+def _proto3_defaults(data: bytes) -> bytes:
+    """Fill the zero values protobuf JSON may omit (sigstore-go omits ``logIndex: 0`` and empty
+    ``hashes`` in an inclusion proof) and sigstore-python's models require."""
+    try:
+        doc = json.loads(data)
+        entries = doc["verificationMaterial"]["tlogEntries"]
+    except (ValueError, KeyError, TypeError):
+        return data  # let the real parser report what is wrong
+    if not isinstance(entries, list):
+        return data
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry.setdefault("logIndex", "0")
+            proof = entry.get("inclusionProof")
+            if isinstance(proof, dict):
+                proof.setdefault("logIndex", "0")
+                proof.setdefault("hashes", [])
+    return json.dumps(doc).encode()
+
+
 def verify_bundle(
     data: bytes, rules: Sequence[IdentityRule], trusted_root: str, *, source: str
 ) -> tuple[str, str, bytes]:
     """(signer, payload type, payload) of a keyless DSSE bundle that satisfies ``rules``."""
     try:
-        bundle = Bundle.from_json(data)
+        bundle = Bundle.from_json(_proto3_defaults(data))
     except (InvalidBundle, ValueError, Error) as exc:
         raise MalformedSignature(
             f"{source}: not a valid Sigstore bundle ({str(exc).splitlines()[0]})"
