@@ -28,8 +28,8 @@ INSECURE = "--allow-insecure-registry"
 
 
 def ok(result: object) -> str:
-    assert getattr(result, "returncode") == 0, f"cosign failed:\n{getattr(result, 'stderr')}"
-    return str(getattr(result, "stdout"))
+    assert result.returncode == 0, f"cosign failed:\n{result.stderr}"
+    return str(result.stdout)
 
 
 def attested_predicates(stdout: str) -> list[dict]:  # type: ignore[type-arg]
