@@ -145,3 +145,35 @@ def test_blob_size_limit(make_image: ImageFactory, client: RegistryClient) -> No
     layer = client.get_manifest(image.ref.with_digest(image.digest)).layers[0]
     with pytest.raises(RegistryProtocolError, match="limit"):
         client.get_blob(image.ref, layer.digest, max_bytes=16)
+
+
+def test_digest_addressed_content_is_cached_tags_are_not(
+    registry: str, make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    image = make_image()
+    sign_image(image.tagged, keys.signer, client=client, legacy=True)
+    paths: list[str] = []
+
+    def record(method: str, path: str) -> None:
+        paths.append(path)
+        return None
+
+    with fault_proxy(registry, record) as proxy:
+        proxied = RegistryClient(client.settings)
+        ref = f"{proxy}/{image.ref.repository}:v1"
+        verify_image(ref, keys.policy(), client=proxied)
+        first = list(paths)
+        paths.clear()
+        verify_image(ref, keys.policy(), client=proxied)
+    # Again: the tag, the fallback index and the legacy tags are asked afresh (signatures may
+    # have been added or removed); nothing named by a digest is fetched twice.
+    assert sorted(p.rsplit("/", 1)[-1] for p in paths) == sorted(
+        [
+            "v1",
+            fallback_tag(image.digest),
+            fallback_tag(image.digest) + ".sig",
+            fallback_tag(image.digest) + ".att",
+        ]
+    )
+    assert len(first) > len(paths)
+    assert not any("/blobs/" in p for p in paths)
