@@ -58,3 +58,22 @@ def copy_signatures(client: RegistryClient, source: PushedImage, target: PushedI
         except RegistryNotFound:
             continue
         client.put_manifest(dst.with_tag(formats.legacy_tag(target.digest, suffix)), m.data, m.media_type)
+
+
+def drop_bundles(client: RegistryClient, image: PushedImage) -> None:
+    """Empty the fallback index: only the legacy .sig/.att tags remain."""
+    ref = image.ref.with_digest(image.digest)
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": []})
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
+
+
+def rewrite_legacy_annotations(
+    client: RegistryClient, image: PushedImage, suffix: str, edit: Callable[[dict[str, str]], dict[str, str]]
+) -> None:
+    """Rewrite the annotations of every layer of the ``.sig``/``.att`` image."""
+    ref = image.ref.with_digest(image.digest)
+    tag_ref = ref.with_tag(formats.legacy_tag(image.digest, suffix))
+    manifest = client.get_manifest(tag_ref)
+    doc = dict(manifest.doc)
+    doc["layers"] = [{**d.to_json(), "annotations": edit(dict(d.annotations))} for d in manifest.layers]
+    client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)

@@ -19,7 +19,16 @@ from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, predicate_for
 from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image
-from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, cosign, make_token
+from tests.signing.conftest import (
+    ISSUER,
+    SUBJECT,
+    ImageFactory,
+    KeyPair,
+    MockSigstore,
+    cosign,
+    make_token,
+    mock_sigstore,
+)
 from tests.signing.images import PushedImage
 
 pytestmark = [pytest.mark.cosign, pytest.mark.registry]
@@ -287,3 +296,46 @@ def test_kernelbake_verifies_cosign3_keyless_bundles(
     verified = verify_image(image.tagged, policy, client=client)
     assert verified.signer == f"{SUBJECT} (issuer {ISSUER})"
     assert verified.key == image.key
+
+
+@pytest.mark.sigstore
+def test_kernelbake_verifies_cosign2_keyless_legacy(
+    make_image: ImageFactory, client: RegistryClient, cosign2: str, tmp_path: Path
+) -> None:
+    image = make_image()
+    with mock_sigstore(tmp_path / "sigstore") as server:
+        env = _cosign2_trust_env(server.trusted_root, tmp_path)
+        token = tmp_path / "token"
+        token.write_text(make_token())
+        keyless = [
+            "--fulcio-url",
+            server.url,
+            "--rekor-url",
+            server.url,
+            "--identity-token",
+            str(token),
+            INSECURE,
+        ]
+        ok(cosign(cosign2, "sign", *keyless, image.pinned, env=env))
+        predicate = str(_predicate_file(client, image, tmp_path))
+        ok(
+            cosign(
+                cosign2,
+                "attest",
+                *keyless,
+                "--type",
+                PREDICATE_TYPE,
+                "--predicate",
+                predicate,
+                image.pinned,
+                env=env,
+            )
+        )
+    assert client.referrers(image.ref.with_digest(image.digest)) == []  # legacy tags only
+    policy = VerifyPolicy.from_mapping(
+        {"identities": [{"issuer": ISSUER, "subject": SUBJECT}], "trusted_root": str(server.trusted_root)},
+        source="keyless-policy",
+    )
+    verified = verify_image(image.tagged, policy, client=client)  # offline: the server is gone
+    assert verified.signer == f"{SUBJECT} (issuer {ISSUER})"
+    assert verified.attestation["keyDigest"] == image.key.digest

@@ -168,7 +168,10 @@ def _claim(outcome: _Outcome) -> _Claim:
     return _Claim("other", digests, v, origin)
 
 
-def _pick(where: str, digest: str, claims: list[_Claim], kind: str, what: str) -> _Claim:
+def _pick(
+    where: str, digest: str, claims: list[_Claim], kind: str, what: str, outcomes: list[_Outcome]
+) -> _Claim:
+    """The trusted claim of ``kind`` for ``digest``; otherwise the most telling reason why not."""
     mine = [c for c in claims if c.kind == kind and digest in c.digests]
     if mine:
         return mine[0]
@@ -179,6 +182,12 @@ def _pick(where: str, digest: str, claims: list[_Claim], kind: str, what: str) -
             f"{where}: the trusted {what} at {c.origin} was made for {', '.join(c.digests) or 'no digest'}, "
             f"not {digest}"
         )
+    failed = [o for o in outcomes if o.failure is not None]
+    if kind == "signature" and failed:
+        raise _nothing_verified(where, failed, what)
+    tampered = [o for o in failed if isinstance(o.failure, InvalidSignature | MalformedSignature)]
+    if tampered:
+        raise _nothing_verified(where, tampered, what)
     raise (MissingAttestation if kind == "attestation" else Unsigned)(
         f"{where}: no trusted {what} for {digest}"
     )
@@ -289,7 +298,7 @@ def verify_image(
     if not verified:
         raise _nothing_verified(where, outcomes, "signature")
     claims = [_claim(o) for o in verified]
-    signature = _pick(where, digest, claims, "signature", "signature")
+    signature = _pick(where, digest, claims, "signature", "signature", outcomes)
 
     key = _labels_key(where, facts.labels)
     if not policy.require_attestation and not any(c.kind == "attestation" for c in claims):
@@ -303,7 +312,7 @@ def verify_image(
             signer=signature.verified.signer,
             attestation={},
         )
-    attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation")
+    attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes)
     predicate = _check_predicate(where, facts, key, attestation)
     layer_digest, data = _cache_manifest(where, client, facts, key)
     manifest_digest = _check_cache_manifest(where, predicate, layer_digest, data)

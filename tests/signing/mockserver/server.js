@@ -109,7 +109,25 @@ async function main() {
     return result.statusCode === 201 ? { ...result, statusCode: 200 } : result;
   }
 
+  // Fulcio's v1 API (cosign 2): the public key as base64 DER in the body, the chain as PEM text.
+  async function signingCertV1(body, headers) {
+    const request = JSON.parse(body);
+    const auth = headers.authorization || '';
+    // The key arrives base64-encoded, as PEM text (cosign 2) or DER.
+    const raw = Buffer.from(request.publicKey.content, 'base64');
+    const pem = raw.toString().startsWith('-----BEGIN') ? raw.toString() : request.publicKey.content;
+    const v2 = {
+      credentials: { oidcIdentityToken: auth.slice('Bearer '.length) },
+      publicKeyRequest: { publicKey: { content: pem } },
+    };
+    const result = await fulcio.fn(JSON.stringify(v2));
+    if (result.statusCode !== 201) return result;
+    const chain = JSON.parse(result.response).signedCertificateEmbeddedSct.chain.certificates;
+    return { statusCode: 201, response: chain.join(''), contentType: 'application/pem-certificate-chain' };
+  }
+
   const routes = {
+    'POST /api/v1/signingCert': signingCertV1,
     'POST /api/v2/signingCert': signingCert,
     'POST /api/v1/log/entries': rekor,
   };
