@@ -12,10 +12,18 @@ from __future__ import annotations
 from kernelbake.errors import KernelbakeError
 
 
+def _one_line(text: str) -> str:
+    # Causes quoted from sigstore, cryptography or a registry may span lines; ours never do.
+    return " ".join(text.split())
+
+
 class VerificationFailed(KernelbakeError):
     """Base of every verification failure; never means "verified"."""
 
     return_code = 10
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
 
 
 class Unsigned(VerificationFailed):
@@ -124,6 +132,9 @@ class SigningFailed(KernelbakeError):
     """Base of signing failures."""
 
     return_code = 30
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
 
 
 class TokenMissing(SigningFailed):
