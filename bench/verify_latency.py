@@ -29,6 +29,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.signing.conftest import ISSUER, SUBJECT, make_token, mock_sigstore  # noqa: E402
+from tests.signing.images import push_image  # noqa: E402
+from tests.support.registry import running_registry  # noqa: E402
+
 from kernelbake import __version__  # noqa: E402
 from kernelbake.oci import RegistryClient  # noqa: E402
 from kernelbake.settings import Settings  # noqa: E402
@@ -38,9 +42,6 @@ from kernelbake.signing.policy import VerifyPolicy  # noqa: E402
 from kernelbake.signing.sign import sign_image  # noqa: E402
 from kernelbake.signing.signer import KeySigner  # noqa: E402
 from kernelbake.signing.verify import verify_image  # noqa: E402
-from tests.signing.conftest import ISSUER, SUBJECT, make_token, mock_sigstore  # noqa: E402
-from tests.signing.images import push_image  # noqa: E402
-from tests.support.registry import running_registry  # noqa: E402
 
 RESULTS = REPO / "bench/results/verify_latency.json"
 
