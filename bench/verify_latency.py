@@ -69,7 +69,9 @@ def cold(image: str, policy: Path, n: int, env: dict[str, str]) -> dict[str, flo
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
-        result = subprocess.run([exe, "verify", image, "--policy", str(policy)], capture_output=True, text=True, env=env)
+        result = subprocess.run(
+            [exe, "verify", image, "--policy", str(policy)], capture_output=True, text=True, env=env
+        )
         samples.append(time.perf_counter() - t0)
         if result.returncode != 0:
             raise SystemExit(f"verify failed during the benchmark: {result.stderr.strip()}")
@@ -103,13 +105,20 @@ def main() -> None:
 
         _, pub = generate_key_pair(work / "keys")
         key_image = push_image(client, f"{addr}/bench/key-signed:v1", work / "img-key", salt="key")
-        sign_image(key_image.tagged, KeySigner(load_private_key(work / "keys/kernelbake.key")), client=client, legacy=True)
+        sign_image(
+            key_image.tagged,
+            KeySigner(load_private_key(work / "keys/kernelbake.key")),
+            client=client,
+            legacy=True,
+        )
         key_policy_file = work / "key-policy.yaml"
         key_policy_file.write_text(f"verify:\n  keys: [{pub}]\n")
         key_policy = VerifyPolicy.from_mapping({"keys": [str(pub)]}, source="bench")
 
         with mock_sigstore(work / "sigstore") as server:
-            keyless_image = push_image(client, f"{addr}/bench/keyless:v1", work / "img-keyless", salt="keyless")
+            keyless_image = push_image(
+                client, f"{addr}/bench/keyless:v1", work / "img-keyless", salt="keyless"
+            )
             signer = KeylessSigner(load_trust_config(str(server.trust_config)), make_token())
             sign_image(keyless_image.tagged, signer, client=client, legacy=True)
         # Verification is offline: the Sigstore server is stopped from here on.
