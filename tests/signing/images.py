@@ -15,7 +15,7 @@ from kernelbake.key import CacheKey
 from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.oci.types import Descriptor, encode_json, sha256_digest
-from kernelbake.plan import plan
+from kernelbake.plan import BuildTarget, plan
 from kernelbake.runtime.bundle import CacheKind, write_manifest
 from kernelbake.signing.image import CACHE_MANIFEST_PATH
 from kernelbake.spec import load_spec
@@ -41,7 +41,7 @@ class PushedImage:
         return f"{self.ref.name}@{self.digest}"
 
 
-def tiny_llama_target():  # type: ignore[no-untyped-def]
+def tiny_llama_target() -> BuildTarget:
     return plan(load_spec(REPO / "images/tiny-llama.yaml"), ["cpu"], registry="test")[0]
 
 
@@ -120,4 +120,5 @@ def push_image(
 
 def config_labels(client: RegistryClient, image: PushedImage) -> dict[str, str]:
     m = client.get_manifest(image.ref.with_digest(image.digest))
-    return json.loads(client.get_blob(image.ref, m.config.digest))["config"]["Labels"]
+    labels: dict[str, str] = json.loads(client.get_blob(image.ref, m.config.digest))["config"]["Labels"]
+    return labels

@@ -8,11 +8,12 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kernelbake.cli import main
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, KernelbakeError
 from kernelbake.key import LABEL_DIGEST, LABEL_KEY
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import errors as E
@@ -20,7 +21,7 @@ from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import attach_statement, sign_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, make_token
 from tests.signing.faults import fault_proxy, silent_registry
-from tests.signing.images import push_image, tiny_llama_target
+from tests.signing.images import PushedImage, push_image, tiny_llama_target
 from tests.signing.tamper import copy_signatures, replace_bundles, rewrite_bundles
 
 pytestmark = pytest.mark.registry
@@ -36,7 +37,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def rejected(
-    capsys: pytest.CaptureFixture[str], argv: list[str], expected: type[Exception], match: str = ""
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: type[KernelbakeError], match: str = ""
 ) -> str:
     """Run the CLI; assert the exit code of ``expected``, one line on stderr, no "verified"."""
     rc = main(argv)
@@ -173,7 +174,7 @@ def test_bundle_corrupted(
     flipped = make_image()
     sign_image(flipped.tagged, keys.signer, client=client)
 
-    def flip(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def flip(bundle: dict[str, Any]) -> dict[str, Any]:
         sig = bytearray(base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"]))
         sig[-2] ^= 0x40
         bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
@@ -185,7 +186,7 @@ def test_bundle_corrupted(
     payload_edit = make_image()
     sign_image(payload_edit.tagged, keys.signer, client=client)
 
-    def retarget(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def retarget(bundle: dict[str, Any]) -> dict[str, Any]:
         statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
         statement["predicate"] = {"sneaky": True}
         bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
@@ -226,7 +227,7 @@ def test_cache_manifest_not_the_attested_one(
     rejected(capsys, verify_argv(extra.tagged, keys), E.CacheManifestMismatch, "smuggled.so")
 
 
-def _last_layer(client: RegistryClient, image) -> str:  # type: ignore[no-untyped-def]
+def _last_layer(client: RegistryClient, image: PushedImage) -> str:
     return client.get_manifest(image.ref.with_digest(image.digest)).layers[-1].digest
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,12 +38,12 @@ pytestmark = [pytest.mark.cosign, pytest.mark.registry]
 INSECURE = "--allow-insecure-registry"
 
 
-def ok(result: object) -> str:
+def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"cosign failed:\n{result.stderr}"
-    return str(result.stdout)
+    return result.stdout
 
 
-def attested_predicates(stdout: str) -> list[dict]:  # type: ignore[type-arg]
+def attested_predicates(stdout: str) -> list[dict[str, Any]]:
     """Predicates from `cosign verify-attestation` output (one DSSE envelope per line)."""
     out = []
     for line in stdout.splitlines():

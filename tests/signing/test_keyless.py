@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_tampered_keyless_bundle_is_invalid(
     signer = KeylessSigner(load_trust_config(str(sigstore_mock.trust_config)), make_token())
     sign_image(image.tagged, signer, client=client)
 
-    def flip_signature(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def flip_signature(bundle: dict[str, Any]) -> dict[str, Any]:
         sig = bytearray(base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"]))
         sig[-3] ^= 0x01
         bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()

@@ -28,8 +28,8 @@ from tests.signing.images import push_image
 pytestmark = pytest.mark.registry
 
 
-def _client(docker_config: Path, **kw: object) -> RegistryClient:
-    return RegistryClient(Settings(docker_config=docker_config), **kw)  # type: ignore[arg-type]
+def _client(docker_config: Path) -> RegistryClient:
+    return RegistryClient(Settings(docker_config=docker_config))
 
 
 def test_basic_auth_from_docker_config(tmp_path: Path, keys: KeyPair) -> None:

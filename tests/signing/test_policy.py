@@ -14,7 +14,13 @@ SRC = "admission.yaml: verify"
 
 
 def test_empty_trust_fails_closed() -> None:
-    for data in ({}, {"keys": []}, {"identities": [], "keys": []}, {"require_attestation": False}):
+    cases: list[dict[str, object]] = [
+        {},
+        {"keys": []},
+        {"identities": [], "keys": []},
+        {"require_attestation": False},
+    ]
+    for data in cases:
         with pytest.raises(BadInput, match="trusts no identity and no key"):
             VerifyPolicy.from_mapping(data, source=SRC)
     with pytest.raises(BadInput, match="trusts no identity"):
@@ -58,7 +64,7 @@ def test_identity_rules() -> None:
     assert not regex.matches("https://b.example.evil", ["repo:acme/img:ref:refs/heads/main"])  # fullmatch
     for bad in ({"subject": "s"}, {"issuer": "i", "issuer_regex": "i", "subject": "s"}, {"issuer": "i"}):
         with pytest.raises(BadInput, match="exactly one of"):
-            IdentityRule(**bad)  # type: ignore[arg-type]
+            IdentityRule(**bad)
     with pytest.raises(BadInput, match="does not compile"):
         IdentityRule(issuer="i", subject_regex="(")
 

@@ -144,7 +144,7 @@ def test_unsigned_is_refused_not_verified(
 def test_cli_generate_sign_verify(
     make_image: ImageFactory,
     registry: str,
-    tmp_path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -68,7 +68,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
+__all__ = ["RegistryUnavailable", "VerificationFailed", "VerifiedImage", "unavailable", "verify_image"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
