@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -214,14 +214,17 @@ class RegistryClient:
         """One API call under ``/v2/<repo>/``; authenticates on a challenge and retries once."""
         host, key = ref.api_host, (ref.api_host, ref.repository)
         url = path if path.startswith("http") else f"{self._base(host)}/v2/{ref.repository}/{path}"
+        # Credentials for this registry go to this registry only (an upload Location may not).
+        ours = urlsplit(url).netloc == host
         hdrs = dict(headers or {})
-        if key in self._auth:
+        if ours and key in self._auth:
             hdrs["Authorization"] = self._auth[key]
         resp = self._send(method, url, what=what, headers=hdrs, **kw)
-        if resp.status_code == 401:
+        if resp.status_code == 401 and ours:
             challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
             header = challenge and self._authorize(challenge, host, what=what)
             if header:
+                resp.close()
                 self._auth[key] = header
                 hdrs["Authorization"] = header
                 resp = self._send(method, url, what=what, headers=hdrs, **kw)
