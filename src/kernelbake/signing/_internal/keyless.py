@@ -19,10 +19,12 @@ from typing import Any
 import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from sigstore._internal.fulcio.client import ExpiredCertificate, FulcioClientError
+from sigstore._internal.rekor import RekorClientError
 from sigstore.dsse import Statement
 from sigstore.errors import CertValidationError, Error, VerificationError
 from sigstore.models import Bundle, ClientTrustConfig, InvalidBundle, TrustedRoot
-from sigstore.oidc import IdentityToken
+from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
@@ -42,6 +44,16 @@ from kernelbake.signing.policy import PUBLIC_GOOD, IdentityRule
 from kernelbake.signing.signer import LegacySignature, SignedStatement
 
 STAGING = "sigstore-staging"
+# What sigstore-python raises when Fulcio, Rekor or the network let signing down.
+_SERVICE_ERRORS = (
+    Error,
+    FulcioClientError,
+    RekorClientError,
+    ExpiredCertificate,
+    ExpiredIdentity,
+    requests.RequestException,
+    ValueError,
+)
 AUDIENCE = "sigstore"
 _REQUIRED_CLAIMS = ("iss", "sub", "aud", "iat", "exp")
 
@@ -173,13 +185,12 @@ class KeylessSigner:
         ]
         try:
             self._ctx = SigningContext.from_trust_config(trust_config)
-            self._fulcio_url = trust_config.signing_config.get_fulcio().url
             with self._ctx.signer(identity, cache=True) as signer:
                 self._signer = signer
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("get a signing certificate", exc) from None
 
-    def _service_error(self, doing: str, exc: Exception) -> SigningServiceError:
+    def _service_error(self, doing: str, exc: BaseException) -> SigningServiceError:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, requests.RequestException):
             detail = f"unreachable ({type(exc).__name__})"
@@ -201,7 +212,7 @@ class KeylessSigner:
     def sign_statement(self, statement: bytes) -> SignedStatement:
         try:
             bundle = self._signer.sign_dsse(Statement(statement))
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the statement", exc) from None
         text = bundle.to_json()
         doc = json.loads(text)
@@ -211,7 +222,7 @@ class KeylessSigner:
     def sign_payload(self, payload: bytes) -> LegacySignature:
         try:
             bundle = self._signer.sign_artifact(payload)
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the payload", exc) from None
         doc = json.loads(bundle.to_json())
         return LegacySignature(doc["messageSignature"]["signature"], self._legacy_annotations(doc))
