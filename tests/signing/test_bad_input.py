@@ -364,3 +364,29 @@ def test_push_helper_builds_labels_from_plan() -> None:
     target = tiny_llama_target()
     assert dict(target.labels)[LABEL_KEY] == str(target.key)
     assert push_image is not None
+
+
+@pytest.mark.sigstore
+def test_signing_service_down(
+    make_image: ImageFactory,
+    sigstore_mock: MockSigstore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.support.registry import free_port
+
+    config = json.loads(sigstore_mock.trust_config.read_text())
+    dead = f"http://127.0.0.1:{free_port()}"
+    for name in ("caUrls", "rekorTlogUrls"):
+        config["signingConfig"][name][0]["url"] = dead
+    trust_config = tmp_path / "trust_config.json"
+    trust_config.write_text(json.dumps(config))
+    image = make_image()
+    monkeypatch.setenv("KERNELBAKE_OIDC_TOKEN", make_token())
+    rejected(
+        capsys,
+        ["sign", "--keyless", "--trust-config", str(trust_config), image.tagged],
+        E.SigningServiceError,
+        "unreachable",
+    )
