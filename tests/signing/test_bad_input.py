@@ -330,7 +330,9 @@ def test_no_token(make_image: ImageFactory, keyless_env: None, capsys: pytest.Ca
 def test_bad_reference_and_policy_are_bad_input(
     registry: str, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rejected(capsys, verify_argv(f"{registry}/Kb/UPPER:v1", keys), BadInput, "bad repository")
+    rejected(capsys, verify_argv(f"{registry}/Kb/UPPER:v1", keys), E.InvalidImageReference, "bad repository")
+    assert issubclass(E.InvalidImageReference, BadInput)
+    assert issubclass(E.InvalidImageReference, E.VerificationFailed)
     empty = tmp_path / "empty.yaml"
     empty.write_text("verify:\n  keys: []\n")
     rejected(
@@ -348,7 +350,11 @@ def test_every_failure_class_has_its_own_exit_code() -> None:
         errors.RegistryError,
         errors.KeyMismatch,
     ]
-    classes += [c for c in vars(E).values() if isinstance(c, type) and issubclass(c, errors.KernelbakeError)]
+    classes += [
+        c
+        for c in vars(E).values()
+        if isinstance(c, type) and issubclass(c, errors.KernelbakeError) and c.__module__ == E.__name__
+    ]
     codes = [c.return_code for c in classes]
     assert len(codes) == len(set(codes)), sorted(zip(codes, [c.__name__ for c in classes], strict=True))
     assert all(0 < c < 126 for c in codes)

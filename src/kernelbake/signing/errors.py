@@ -9,7 +9,7 @@ only. A registry that answers with content that does not match its digest is *no
 
 from __future__ import annotations
 
-from kernelbake.errors import KernelbakeError
+from kernelbake.errors import BadInput, KernelbakeError
 
 
 def _one_line(text: str) -> str:
@@ -126,6 +126,12 @@ class RegistryMisbehaved(VerificationFailed):
     """The registry sent content that does not match its digest, or nonsense."""
 
     return_code = 27
+
+
+class InvalidImageReference(VerificationFailed, BadInput):
+    """The image reference does not parse (so nothing was verified); also a ``BadInput``."""
+
+    return_code = 28
 
 
 class SigningFailed(KernelbakeError):

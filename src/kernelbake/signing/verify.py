@@ -20,6 +20,7 @@ from typing import Any
 from kernelbake.errors import BadInput
 from kernelbake.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
 from kernelbake.oci import (
+    InvalidReference,
     Reference,
     RegistryClient,
     RegistryDenied,
@@ -36,6 +37,7 @@ from kernelbake.signing.discover import Artifact, Kind, find_artifacts
 from kernelbake.signing.errors import (
     CacheManifestMismatch,
     ImageNotFound,
+    InvalidImageReference,
     InvalidSignature,
     LabelMismatch,
     MalformedSignature,
@@ -276,14 +278,17 @@ def verify_image(
 ) -> VerifiedImage:
     """Verify ``reference`` (``host/repo:tag``, ``host/repo@sha256:…`` or both) against ``policy``.
 
-    Raises a ``VerificationFailed`` subclass (or ``BadInput`` for a malformed reference); returns
-    only when every check passed.
+    Raises a ``VerificationFailed`` subclass for every failure, a malformed reference included
+    (``InvalidImageReference``, also a ``BadInput``); returns only when every check passed.
     """
-    ref = parse_reference(reference)
     if not isinstance(policy, VerifyPolicy):
-        raise BadInput(
+        raise TypeError(
             "verify_image: policy must be a VerifyPolicy (load_policy or VerifyPolicy.from_mapping)"
         )
+    try:
+        ref = parse_reference(reference)
+    except InvalidReference as exc:
+        raise InvalidImageReference(str(exc)) from None
     client = client or RegistryClient()
     pinned, facts = _resolve(client, ref)
     digest = facts.top.digest
