@@ -393,19 +393,18 @@ class RegistryClient:
     ) -> list[Descriptor] | None:
         what = f"referrers of {subject.name}@{digest}"
         params = {"artifactType": artifact_type} if artifact_type else None
-        try:
-            resp = self._request(
-                "GET",
-                subject,
-                f"referrers/{digest}",
-                what=what,
-                headers={"Accept": OCI_INDEX},
-                params=params,
-                stream=True,
-            )
-        except RegistryNotFound:
-            return None  # OCI 1.1: a registry without the API answers 404
-        if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+        # OCI 1.1 says a registry without the API answers 404; some answer 400 or 405 instead.
+        resp = self._request(
+            "GET",
+            subject,
+            f"referrers/{digest}",
+            what=what,
+            ok=(200, 400, 404, 405),
+            headers={"Accept": OCI_INDEX},
+            params=params,
+            stream=True,
+        )
+        if resp.status_code != 200 or resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
             resp.close()
             return None
         index = Manifest.from_bytes(self._read(resp, MAX_MANIFEST_BYTES, what=what), OCI_INDEX, source=what)
