@@ -3,6 +3,7 @@ COPYed last) and pushed by ``docker push``: signed and verified like any kernelb
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import uuid
@@ -34,8 +35,15 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@dataclasses.dataclass
+class Built:
+    tag: str
+    labels: dict[str, str]
+    image_ids: list[str]  # everything this test made in the shared daemon, removed afterwards
+
+
 @pytest.fixture
-def built(registry: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def built(registry: str, tmp_path: Path) -> Iterator[Built]:
     need(shutil.which("docker"), "docker")
     target = tiny_llama_target()
     context = tmp_path / "ctx"
@@ -52,18 +60,16 @@ def built(registry: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]
     labels = dict(target.labels)
     tag = f"{registry}/kb/docker-{uuid.uuid4().hex[:8]}:v1"
     label_args = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
-    docker("build", "-q", "-t", tag, *label_args, str(context))
+    result = Built(tag, labels, [docker("build", "-q", "-t", tag, *label_args, str(context)).stdout.strip()])
     try:
         docker("push", "-q", tag)
-        yield tag, labels
+        yield result
     finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rmi", "-f", tag, *result.image_ids], capture_output=True, timeout=60)
 
 
-def test_docker_built_image_signs_and_verifies(
-    built: tuple[str, dict[str, str]], client: RegistryClient, keys: KeyPair
-) -> None:
-    tag, labels = built
+def test_docker_built_image_signs_and_verifies(built: Built, client: RegistryClient, keys: KeyPair) -> None:
+    tag, labels = built.tag, built.labels
     signed = sign_image(tag, keys.signer, client=client, legacy=True)
     assert signed.predicate is not None
     assert signed.predicate.builder == {"device": "cpu", "driver": "none"}
@@ -74,9 +80,9 @@ def test_docker_built_image_signs_and_verifies(
 
 
 def test_docker_relabel_after_signing_is_caught(
-    built: tuple[str, dict[str, str]], client: RegistryClient, keys: KeyPair, tmp_path: Path
+    built: Built, client: RegistryClient, keys: KeyPair, tmp_path: Path
 ) -> None:
-    tag, _ = built
+    tag = built.tag
     signed = sign_image(tag, keys.signer, client=client)
     assert signed.predicate is not None
     # Rebuild on top of the signed image with one label changed, as `docker build --label` would.
