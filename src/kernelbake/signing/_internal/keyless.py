@@ -1,0 +1,466 @@
+"""Keyless signing and verification through sigstore-python.
+
+Imported only when keyless is used: sigstore-python costs ~0.3 s to import, which key-based
+verification (the admission hot path for air-gapped fleets) should not pay.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from sigstore._internal.fulcio.client import ExpiredCertificate, FulcioClientError
+from sigstore._internal.rekor import RekorClientError
+from sigstore.dsse import Statement
+from sigstore.errors import CertValidationError, Error, VerificationError
+from sigstore.models import Bundle, ClientTrustConfig, InvalidBundle, TrustedRoot
+from sigstore.oidc import ExpiredIdentity, IdentityToken
+from sigstore.sign import SigningContext
+from sigstore.verify import Verifier
+
+from kernelbake.errors import BadInput
+from kernelbake.signing import formats
+from kernelbake.signing._internal import certs
+from kernelbake.signing.errors import (
+    InvalidSignature,
+    MalformedSignature,
+    SigningServiceError,
+    TokenExpired,
+    TokenMalformed,
+    TrustRootUnavailable,
+    UntrustedSigner,
+)
+from kernelbake.signing.policy import PUBLIC_GOOD, IdentityRule
+from kernelbake.signing.signer import LegacySignature, SignedStatement
+
+STAGING = "sigstore-staging"
+# What sigstore-python raises when Fulcio, Rekor or the network let signing down.
+_SERVICE_ERRORS = (
+    Error,
+    FulcioClientError,
+    RekorClientError,
+    ExpiredCertificate,
+    ExpiredIdentity,
+    requests.RequestException,
+    ValueError,
+)
+AUDIENCE = "sigstore"
+_REQUIRED_CLAIMS = ("iss", "sub", "aud", "iat", "exp")
+
+
+# -- trust --------------------------------------------------------------------------------
+
+
+def load_trust_config(value: str) -> ClientTrustConfig:
+    """``sigstore-public-good``, ``sigstore-staging`` (both through TUF) or a trust config file."""
+    try:
+        if value == PUBLIC_GOOD:
+            return ClientTrustConfig.production()
+        if value == STAGING:
+            return ClientTrustConfig.staging()
+    except (Error, OSError, requests.RequestException) as exc:
+        raise SigningServiceError(f"cannot fetch the {value} trust config through TUF: {exc}") from None
+    path = Path(value)
+    try:
+        return ClientTrustConfig.from_json(path.read_text())
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read trust config ({exc.strerror})") from None
+    except (ValueError, Error) as exc:
+        raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
+
+
+_roots: dict[tuple[str, float], tuple[TrustedRoot, Verifier]] = {}
+
+
+def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
+    """The trusted root and a sigstore Verifier for it, cached (reloaded when the file changes)."""
+    try:
+        if trusted_root == PUBLIC_GOOD:
+            key = (trusted_root, 0.0)
+            if key not in _roots:
+                root = ClientTrustConfig.production().trusted_root
+                _roots[key] = (root, Verifier(trusted_root=root))
+            return _roots[key]
+        key = (trusted_root, Path(trusted_root).stat().st_mtime)
+        if key not in _roots:
+            root = TrustedRoot.from_file(trusted_root)
+            _roots[key] = (root, Verifier(trusted_root=root))
+        return _roots[key]
+    except (OSError, ValueError, Error, requests.RequestException) as exc:
+        raise TrustRootUnavailable(f"cannot load trusted root {trusted_root}: {exc}") from None
+
+
+def verifier_for(trusted_root: str) -> Verifier:
+    return _root(trusted_root)[1]
+
+
+# -- identity tokens ----------------------------------------------------------------------
+
+
+def _b64url_json(part: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (binascii.Error, ValueError):
+        raise TokenMalformed(f"OIDC token: {what} is not base64url JSON") from None
+    if not isinstance(doc, dict):
+        raise TokenMalformed(f"OIDC token: {what} is not a JSON object")
+    return doc
+
+
+def check_token(raw: str, *, now: float | None = None) -> dict[str, Any]:
+    """Claims of an identity token, after the checks Fulcio would make on their shape and dates.
+
+    We do this before sigstore-python so that "expired" and "malformed" are told apart by
+    type, not by parsing its messages; the signature is Fulcio's to check.
+    """
+    parts = raw.strip().split(".")
+    if len(parts) != 3 or not all(parts[:2]):
+        raise TokenMalformed("OIDC token is not a JWT (expected header.payload.signature)")
+    _b64url_json(parts[0], "header")
+    claims = _b64url_json(parts[1], "payload")
+    missing = [c for c in _REQUIRED_CLAIMS if c not in claims]
+    if missing:
+        raise TokenMalformed(f"OIDC token lacks claims {', '.join(missing)}")
+    aud = claims["aud"]
+    if AUDIENCE not in (aud if isinstance(aud, list) else [aud]):
+        raise TokenMalformed(f"OIDC token audience {aud!r} does not include {AUDIENCE!r}")
+    for name in ("exp", "iat") + (("nbf",) if "nbf" in claims else ()):
+        if not isinstance(claims[name], int | float) or isinstance(claims[name], bool):
+            raise TokenMalformed(f"OIDC token claim {name}={claims[name]!r} is not a number")
+    t = time.time() if now is None else now
+    if claims["exp"] <= t:
+        raise TokenExpired(
+            f"OIDC token for {claims.get('sub')!r} expired {int(t - claims['exp'])}s ago",
+            hint="fetch a fresh token",
+        )
+    if claims.get("nbf", 0) > t + 5:
+        raise TokenExpired(f"OIDC token for {claims.get('sub')!r} is not valid yet (nbf in the future)")
+    return claims
+
+
+# -- signing ------------------------------------------------------------------------------
+
+
+def _tlog_annotation(bundle_doc: Mapping[str, Any]) -> str:
+    """cosign's legacy ``dev.sigstore.cosign/bundle`` annotation (the Rekor SET and entry)."""
+    entry = bundle_doc["verificationMaterial"]["tlogEntries"][0]
+    return json.dumps(
+        {
+            "SignedEntryTimestamp": entry["inclusionPromise"]["signedEntryTimestamp"],
+            "Payload": {
+                "body": entry["canonicalizedBody"],
+                "integratedTime": int(entry["integratedTime"]),
+                "logIndex": int(entry["logIndex"]),
+                "logID": base64.b64decode(entry["logId"]["keyId"]).hex(),
+            },
+        },
+        separators=(",", ":"),
+    )
+
+
+class KeylessSigner:
+    """Signs with a short-lived Fulcio certificate for the token's identity; every signature is
+    logged in Rekor. The certificate is requested once and reused while it is valid."""
+
+    def __init__(self, trust_config: ClientTrustConfig, token: str) -> None:
+        claims = check_token(token)
+        try:
+            identity = IdentityToken(token.strip())
+        except Error as exc:
+            raise TokenMalformed(f"OIDC token rejected: {exc}") from None
+        self._identity = f"{identity.identity} (issuer {claims['iss']})"
+        self._chain = [
+            c.public_bytes(serialization.Encoding.PEM).decode()
+            for c in trust_config.trusted_root.get_fulcio_certs()
+        ]
+        try:
+            self._ctx = SigningContext.from_trust_config(trust_config)
+            with self._ctx.signer(identity, cache=True) as signer:
+                self._signer = signer
+        except _SERVICE_ERRORS as exc:
+            raise self._service_error("get a signing certificate", exc) from None
+
+    def _service_error(self, doing: str, exc: BaseException) -> SigningServiceError:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, requests.RequestException):
+            detail = f"unreachable ({type(exc).__name__})"
+        return SigningServiceError(f"keyless signing: could not {doing}: {detail}")
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    def _legacy_annotations(self, bundle_doc: Mapping[str, Any]) -> dict[str, str]:
+        raw = base64.b64decode(bundle_doc["verificationMaterial"]["certificate"]["rawBytes"])
+        cert = x509.load_der_x509_certificate(raw).public_bytes(serialization.Encoding.PEM).decode()
+        return {
+            formats.ANN_CERTIFICATE: cert,
+            formats.ANN_CHAIN: "".join(self._chain),
+            formats.ANN_REKOR_BUNDLE: _tlog_annotation(bundle_doc),
+        }
+
+    def sign_statement(self, statement: bytes) -> SignedStatement:
+        try:
+            bundle = self._signer.sign_dsse(Statement(statement))
+        except _SERVICE_ERRORS as exc:
+            raise self._service_error("sign and log the statement", exc) from None
+        text = bundle.to_json()
+        doc = json.loads(text)
+        envelope = json.dumps(doc["dsseEnvelope"], separators=(",", ":")).encode()
+        return SignedStatement(text.encode(), envelope, self._legacy_annotations(doc))
+
+    def sign_payload(self, payload: bytes) -> LegacySignature:
+        try:
+            bundle = self._signer.sign_artifact(payload)
+        except _SERVICE_ERRORS as exc:
+            raise self._service_error("sign and log the payload", exc) from None
+        doc = json.loads(bundle.to_json())
+        return LegacySignature(doc["messageSignature"]["signature"], self._legacy_annotations(doc))
+
+
+# -- verification -------------------------------------------------------------------------
+
+
+class _RulesPolicy:
+    """sigstore VerificationPolicy: the certificate matches one of the policy's identities."""
+
+    def __init__(self, rules: Sequence[IdentityRule]) -> None:
+        self._rules = list(rules)
+
+    def verify(self, cert: x509.Certificate) -> None:
+        if not self._rules or not any(
+            r.matches(certs.issuer(cert), certs.subjects(cert)) for r in self._rules
+        ):
+            raise VerificationError(f"certificate identity {certs.describe(cert)} is not trusted")
+
+
+def _proto3_defaults(data: bytes) -> bytes:
+    """Fill the zero values protobuf JSON may omit (sigstore-go omits ``logIndex: 0`` and empty
+    ``hashes`` in an inclusion proof) and sigstore-python's models require."""
+    try:
+        doc = json.loads(data)
+        entries = doc["verificationMaterial"]["tlogEntries"]
+    except (ValueError, KeyError, TypeError):
+        return data  # let the real parser report what is wrong
+    if not isinstance(entries, list):
+        return data
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry.setdefault("logIndex", "0")
+            proof = entry.get("inclusionProof")
+            if isinstance(proof, dict):
+                proof.setdefault("logIndex", "0")
+                proof.setdefault("hashes", [])
+    return json.dumps(doc).encode()
+
+
+def verify_bundle(
+    data: bytes, rules: Sequence[IdentityRule], trusted_root: str, *, source: str
+) -> tuple[str, str, bytes]:
+    """(signer, payload type, payload) of a keyless DSSE bundle that satisfies ``rules``."""
+    try:
+        bundle = Bundle.from_json(_proto3_defaults(data))
+    except (InvalidBundle, ValueError, Error) as exc:
+        raise MalformedSignature(
+            f"{source}: not a valid Sigstore bundle ({str(exc).splitlines()[0]})"
+        ) from None
+    cert = bundle.signing_certificate
+    matching = [r for r in rules if r.matches(certs.issuer(cert), certs.subjects(cert))]
+    if not matching:
+        trusted = "; ".join(str(r) for r in rules) or "no identities"
+        raise UntrustedSigner(f"{source}: signed by {certs.describe(cert)}; the policy trusts {trusted}")
+    verifier = verifier_for(trusted_root)
+    try:
+        payload_type, payload = verifier.verify_dsse(bundle, _RulesPolicy(matching))
+    except CertValidationError as exc:
+        raise UntrustedSigner(
+            f"{source}: certificate for {certs.describe(cert)} does not chain to the trusted root ({exc})"
+        ) from None
+    except (VerificationError, Error, ValueError) as exc:
+        raise InvalidSignature(
+            f"{source}: keyless signature does not verify: {str(exc).splitlines()[0]}"
+        ) from None
+    return f"{certs.describe(cert)}", payload_type, payload
+
+
+# -- legacy (cosign 2) keyless: certificate, chain and Rekor SET in layer annotations -------
+
+
+def _legacy_material(
+    annotations: Mapping[str, str], *, source: str
+) -> tuple[x509.Certificate, list[x509.Certificate], dict[str, Any], bytes]:
+    """(leaf, chain, Rekor payload, SET) from a legacy layer's annotations."""
+    try:
+        leaf = x509.load_pem_x509_certificate(annotations[formats.ANN_CERTIFICATE].encode())
+        chain_pem = annotations.get(formats.ANN_CHAIN, "")
+        chain = x509.load_pem_x509_certificates(chain_pem.encode()) if chain_pem.strip() else []
+    except (KeyError, ValueError):
+        raise MalformedSignature(f"{source}: certificate annotations are not PEM certificates") from None
+    raw = annotations.get(formats.ANN_REKOR_BUNDLE)
+    if not raw:
+        raise MalformedSignature(f"{source}: keyless signature without a Rekor bundle annotation")
+    try:
+        doc = json.loads(raw)
+        payload, entry_set = doc["Payload"], base64.b64decode(doc["SignedEntryTimestamp"], validate=True)
+        for name, kind in (("body", str), ("integratedTime", int), ("logIndex", int), ("logID", str)):
+            if not isinstance(payload[name], kind):
+                raise TypeError(name)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise MalformedSignature(f"{source}: Rekor bundle annotation is malformed") from None
+    return leaf, chain, payload, entry_set
+
+
+def _verify_chain(
+    leaf: x509.Certificate,
+    chain: Sequence[x509.Certificate],
+    roots: list[x509.Certificate],
+    when: float,
+    *,
+    source: str,
+) -> list[x509.Certificate]:
+    from cryptography.x509 import ExtendedKeyUsage
+    from cryptography.x509.verification import Criticality, ExtensionPolicy, PolicyBuilder, Store
+    from cryptography.x509.verification import VerificationError as X509Error
+
+    # Fulcio certificates are code-signing, not client-auth: allow any EKU here, check it below.
+    ca = ExtensionPolicy.webpki_defaults_ca().may_be_present(ExtendedKeyUsage, Criticality.NON_CRITICAL, None)
+    ee = ExtensionPolicy.webpki_defaults_ee().may_be_present(ExtendedKeyUsage, Criticality.NON_CRITICAL, None)
+    verifier = (
+        PolicyBuilder()
+        .store(Store(roots))
+        .time(dt.datetime.fromtimestamp(when, dt.UTC))
+        .extension_policies(ca_policy=ca, ee_policy=ee)
+        .build_client_verifier()
+    )
+    try:
+        return verifier.verify(leaf, [c for c in chain if c not in roots]).chain[1:]
+    except (X509Error, x509.UnsupportedGeneralNameType) as exc:
+        raise UntrustedSigner(
+            f"{source}: certificate for {certs.describe(leaf)} does not chain to the trusted root ({exc})"
+        ) from None
+
+
+def verify_legacy(
+    annotations: Mapping[str, str],
+    rules: Sequence[IdentityRule],
+    trusted_root: str,
+    *,
+    signed: bytes,
+    signature: bytes,
+    entry_matches: Callable[[dict[str, Any], x509.Certificate], bool],
+    source: str,
+) -> str:
+    """Verify a cosign 2 keyless signature: ``signature`` over ``signed`` by the certificate in
+    the annotations, the certificate chained to the Fulcio root at the Rekor integrated time,
+    its SCT, the Rekor SET, and a log entry body that matches. Returns the signer."""
+    from cryptography.exceptions import InvalidSignature as CryptoInvalid
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from sigstore._internal.sct import verify_sct
+    from sigstore._internal.trust import KeyringPurpose
+    from sigstore._utils import KeyID
+
+    leaf, chain, payload, entry_set = _legacy_material(annotations, source=source)
+    if not any(r.matches(certs.issuer(leaf), certs.subjects(leaf)) for r in rules):
+        trusted = "; ".join(str(r) for r in rules) or "no identities"
+        raise UntrustedSigner(f"{source}: signed by {certs.describe(leaf)}; the policy trusts {trusted}")
+    root = _root(trusted_root)[0]
+    path = _verify_chain(leaf, chain, root.get_fulcio_certs(), payload["integratedTime"], source=source)
+    try:
+        verify_sct(leaf, path, root.ct_keyring(KeyringPurpose.VERIFY))
+        usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        if ExtendedKeyUsageOID.CODE_SIGNING not in usage:
+            raise VerificationError("certificate is not for code signing")
+        canonical = json.dumps(
+            {k: payload[k] for k in ("body", "integratedTime", "logID", "logIndex")},
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        root.rekor_keyring(KeyringPurpose.VERIFY).verify(
+            key_id=KeyID(bytes.fromhex(payload["logID"])), signature=entry_set, data=canonical
+        )
+    except (VerificationError, Error, ValueError, x509.ExtensionNotFound) as exc:
+        raise InvalidSignature(
+            f"{source}: keyless signature does not verify: {str(exc).splitlines()[0]}"
+        ) from None
+    key = leaf.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise InvalidSignature(f"{source}: certificate key is not ECDSA")
+    try:
+        key.verify(signature, signed, ec.ECDSA(hashes.SHA256()))
+    except CryptoInvalid:
+        raise InvalidSignature(
+            f"{source}: signature does not verify with {certs.describe(leaf)}'s certificate"
+        ) from None
+    try:
+        body = json.loads(base64.b64decode(payload["body"]))
+    except (ValueError, binascii.Error):
+        raise InvalidSignature(f"{source}: Rekor entry body is not JSON") from None
+    if not entry_matches(body, leaf):
+        raise InvalidSignature(f"{source}: the Rekor entry does not record this signature")
+    return certs.describe(leaf)
+
+
+def _same_cert(b64_pem: Any, cert: x509.Certificate) -> bool:
+    try:
+        return x509.load_pem_x509_certificate(base64.b64decode(b64_pem)) == cert
+    except (ValueError, TypeError, binascii.Error):
+        return False
+
+
+def hashedrekord_matches(
+    payload: bytes, signature: bytes
+) -> Callable[[dict[str, Any], x509.Certificate], bool]:
+    """The log entry of a legacy .sig: hashedrekord of sha256(payload), this signature and cert."""
+
+    def check(body: dict[str, Any], cert: x509.Certificate) -> bool:
+        try:
+            spec = body["spec"]
+            return bool(
+                body["kind"] == "hashedrekord"
+                and spec["data"]["hash"]
+                == {"algorithm": "sha256", "value": hashlib.sha256(payload).hexdigest()}
+                and base64.b64decode(spec["signature"]["content"]) == signature
+                and _same_cert(spec["signature"]["publicKey"]["content"], cert)
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return False
+
+    return check
+
+
+def dsse_matches(
+    payload: bytes, signatures: Sequence[bytes]
+) -> Callable[[dict[str, Any], x509.Certificate], bool]:
+    """The log entry of a legacy .att: dsse with sha256(payload) and these signatures by cert."""
+
+    def check(body: dict[str, Any], cert: x509.Certificate) -> bool:
+        try:
+            spec = body["spec"]
+            logged = {
+                base64.b64decode(s["signature"])
+                for s in spec["signatures"]
+                if _same_cert(s["verifier"], cert)
+            }
+            return bool(
+                body["kind"] == "dsse"
+                and spec["payloadHash"]
+                == {"algorithm": "sha256", "value": hashlib.sha256(payload).hexdigest()}
+                and logged
+                and logged <= set(signatures)
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return False
+
+    return check

@@ -1,0 +1,140 @@
+"""Signers: something that turns an in-toto statement into a Sigstore bundle, and a payload into
+a legacy cosign signature. ``KeySigner`` signs with a local ECDSA P-256 key (no transparency
+log, a public-key hint in the bundle); ``kernelbake.signing._internal.keyless.KeylessSigner``
+signs with a Fulcio certificate and a Rekor entry through sigstore-python."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from kernelbake.errors import BadInput
+from kernelbake.settings import Settings
+from kernelbake.signing.errors import TokenMissing
+from kernelbake.signing.formats import BUNDLE_V03
+from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
+from kernelbake.signing.keys import PrivateKey, generate_key_pair, load_private_key
+
+
+@dataclasses.dataclass(frozen=True)
+class SignedStatement:
+    bundle: bytes  # Sigstore bundle JSON (DSSE envelope + verification material)
+    envelope: bytes  # the DSSE envelope alone, for the legacy .att layer
+    # Legacy-format annotations carrying the verification material (keyless: cert, chain, SET).
+    legacy_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LegacySignature:
+    signature: str  # base64 of the signature over the payload bytes
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Signer(Protocol):
+    @property
+    def identity(self) -> str: ...
+
+    def sign_statement(self, statement: bytes) -> SignedStatement: ...
+
+    def sign_payload(self, payload: bytes) -> LegacySignature: ...
+
+
+def _json(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class KeySigner:
+    """Key-based signing for air-gapped builders: nothing leaves the machine."""
+
+    def __init__(self, key: PrivateKey) -> None:
+        self._key = key
+
+    @property
+    def identity(self) -> str:
+        return f"key {self._key.public.fingerprint}"
+
+    def sign_statement(self, statement: bytes) -> SignedStatement:
+        envelope = Envelope(PAYLOAD_TYPE, statement, ())
+        envelope = dataclasses.replace(envelope, signatures=(self._key.sign(envelope.pae()),))
+        env_doc = envelope.to_json()
+        bundle = {
+            "mediaType": BUNDLE_V03,
+            "verificationMaterial": {"publicKey": {"hint": self._key.public.hint}},
+            "dsseEnvelope": env_doc,
+        }
+        return SignedStatement(bundle=_json(bundle), envelope=_json(env_doc))
+
+    def sign_payload(self, payload: bytes) -> LegacySignature:
+        return LegacySignature(base64.b64encode(self._key.sign(payload)).decode())
+
+
+# -- choosing a signer from settings (CLI, `make image`, the build driver) -----------------
+
+
+def local_key_path(settings: Settings) -> Path:
+    """$KERNELBAKE_SIGNING_KEY, else the key `make image` generates under the build dir."""
+    return settings.signing_key or settings.build_dir / "signing" / "kernelbake.key"
+
+
+def ensure_local_key(settings: Settings) -> Path:
+    """The local signing key, generated (with its .pub) on first use."""
+    path = local_key_path(settings)
+    if not path.exists():
+        generate_key_pair(
+            path.parent, name=path.name.removesuffix(".key"), password=settings.signing_key_password
+        )
+    return path
+
+
+def identity_token(settings: Settings, token_file: Path | None = None) -> str:
+    """The OIDC token for keyless signing: a file, $KERNELBAKE_OIDC_TOKEN/$SIGSTORE_ID_TOKEN, a
+    token file from settings, or ambient CI credentials (GitHub Actions, GitLab, GCP, …)."""
+    path = token_file or settings.oidc_token_file
+    if path:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
+    if settings.oidc_token:
+        return settings.oidc_token
+    from sigstore.oidc import IdentityError, detect_credential
+
+    try:
+        token = detect_credential()
+    except IdentityError as exc:
+        raise TokenMissing(f"keyless signing: ambient credential detection failed: {exc}") from None
+    if not token:
+        raise TokenMissing(
+            "keyless signing needs an OIDC identity token",
+            hint="set KERNELBAKE_OIDC_TOKEN (or SIGSTORE_ID_TOKEN), --identity-token-file, "
+            "or run in CI with id-token access",
+        )
+    return token
+
+
+def signer_from_settings(
+    settings: Settings,
+    *,
+    keyless: bool = False,
+    key: Path | None = None,
+    trust_config: str | None = None,
+    token_file: Path | None = None,
+) -> Signer:
+    """Keyless (Fulcio + Rekor per the trust config) or key-based (``key``, else the local key)."""
+    if keyless:
+        from kernelbake.signing._internal.keyless import KeylessSigner, check_token, load_trust_config
+
+        token = identity_token(settings, token_file)
+        check_token(token)  # a bad token fails before any trust material is fetched
+        return KeylessSigner(load_trust_config(trust_config or settings.trust_config), token)
+    path = key or local_key_path(settings)
+    if not path.exists():
+        raise BadInput(
+            f"{path}: no signing key",
+            hint="run `kernelbake generate-key-pair` (or `make signing-key`), pass --key, or use --keyless",
+        )
+    return KeySigner(load_private_key(path, settings.signing_key_password))
