@@ -28,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # ``serve`` and ``check`` pass whatever they do not know to the engine, options included.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "passthrough", False):
+        args.engine_args = extra[1:] if extra[:1] == ["--"] else extra
     try:
         rc: int = args.func(args)
         return rc

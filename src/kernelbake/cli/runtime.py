@@ -39,8 +39,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     env = RuntimeEnv.from_env()
     user_args = list(args.engine_args)
-    if user_args[:1] == ["--"]:
-        user_args = user_args[1:]
     verdict = preflight(env, user_args)
     _say(verdict.lines())
     argv = get_engine(verdict.target.key.engine).serve_argv(verdict.target, user_args)
@@ -86,15 +84,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--chown", type=_owner, help="give the bundle to UID:GID afterwards (two-phase builds)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("serve", help="(inside the image) preflight, then exec the engine")
-    p.add_argument("engine_args", nargs=argparse.REMAINDER, help="passed to the engine")
-    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser(
+        "serve",
+        help="(inside the image) preflight, then exec the engine",
+        usage="kernelbake serve [ENGINE ARGS...]",
+    )
+    p.set_defaults(func=cmd_serve, passthrough=True)
 
-    p = sub.add_parser("check", help="(inside the image) preflight only: would serve start warm?")
+    p = sub.add_parser(
+        "check",
+        help="(inside the image) preflight only: would serve start warm?",
+        usage="kernelbake check [--json] [--fast] [SERVE ARGS...]",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--fast", action="store_true", help="check sizes only, not every file's sha256")
-    p.add_argument("engine_args", nargs=argparse.REMAINDER, help="the serve arguments to judge")
-    p.set_defaults(func=cmd_check)
+    p.set_defaults(func=cmd_check, passthrough=True)
 
     p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")
     p.set_defaults(func=cmd_fetch_model)

@@ -17,6 +17,7 @@ Keeping the caches writable at their own path needs no privileges: mount a writa
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.compat import Match, check
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime.bundle import Manifest, kind_dir, read_manifest, verify
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
@@ -83,11 +84,15 @@ class Verdict:
         return head + [f"WARNING: {n}" for n in self.notes]
 
 
-def _writable(paths: Sequence[Path]) -> bool:
+def _usable(paths: Sequence[Path]) -> bool:
+    """Writable, and compiled kernels there can be loaded: Docker mounts ``--tmpfs`` noexec,
+    and Inductor then can neither load its .so files nor probe the CPU's vector ISA."""
     for p in paths:
         try:
             with tempfile.NamedTemporaryFile(dir=p, prefix=".kernelbake-probe-"):
                 pass
+            if os.statvfs(p).f_flag & os.ST_NOEXEC:
+                return False
         except OSError:
             return False
     return True
@@ -126,15 +131,18 @@ def _hashed_env_notes(
     return notes
 
 
-def _fresh_dir(scratch: Path, prefix: str) -> Path:
+def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
     try:
         scratch.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
-    except OSError as exc:
-        raise BadInput(
-            f"no writable directory for caches: {scratch}: {exc.strerror}",
-            hint="mount a tmpfs there or set KERNELBAKE_SCRATCH to a writable directory",
-        ) from None
+    except OSError:
+        pass
+    if not _usable([scratch]):
+        raise EnvironmentProblem(
+            f"{why}, and {scratch} is not a writable directory that allows executing compiled kernels",
+            hint=f"{READ_ONLY_RECIPE.format(root=root)}; for cold starts mount {scratch} with exec "
+            "(docker run --tmpfs /tmp:exec) or set KERNELBAKE_SCRATCH",
+        )
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
 
 
 def preflight(
@@ -159,11 +167,11 @@ def preflight(
         )
     kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
     if problems:
-        root = _fresh_dir(env.scratch, "kernelbake-cold-")
-    elif _writable([baked, *kinds]):
+        root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
+    elif _usable([baked, *kinds]):
         root = baked
     else:
-        root = _fresh_dir(env.scratch, "kernelbake-cache-")
+        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
         shutil.copytree(baked, root, dirs_exist_ok=True)
         notes.append(
             f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
