@@ -16,6 +16,7 @@ Keeping the caches writable at their own path needs no privileges: mount a writa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -132,10 +133,8 @@ def _hashed_env_notes(
 
 
 def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
-    try:
+    with contextlib.suppress(OSError):
         scratch.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
     if not _usable([scratch]):
         raise EnvironmentProblem(
             f"{why}, and {scratch} is not a writable directory that allows executing compiled kernels",
