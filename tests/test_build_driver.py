@@ -54,7 +54,9 @@ def test_push_happens_last_and_reports_the_digest(
     assert built.pushed == f"{target.repository}@sha256:{'ab' * 32}"
 
 
-@pytest.mark.parametrize(("suffix", "stage"), [("-runtime", "runtime"), ("-compile", "compile"), ("", "final")])
+@pytest.mark.parametrize(
+    ("suffix", "stage"), [("-runtime", "runtime"), ("-compile", "compile"), ("", "final")]
+)
 def test_a_failing_stage_is_named_with_its_log_and_nothing_is_pushed(
     target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str, stage: str
 ) -> None:
@@ -68,7 +70,9 @@ def test_a_failing_stage_is_named_with_its_log_and_nothing_is_pushed(
     assert not any(c[0] == "push" for c in rec.calls)
 
 
-def test_label_mismatch_is_not_pushed(target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_label_mismatch_is_not_pushed(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
     other = target.key.replace(torch="2.12.0")
     rec = Recorder(labels={**dict(target.labels), **other.labels()})
@@ -89,7 +93,8 @@ def test_two_phase_needs_buildx(target: BuildTarget, tmp_path: Path) -> None:
     rec = Recorder(buildx=False)
     with pytest.raises(EnvironmentProblem, match="needs docker buildx"):
         _driver(rec).build(
-            [target], BuildOptions(out=tmp_path, mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder")
+            [target],
+            BuildOptions(out=tmp_path, mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder"),
         )
 
 
@@ -106,5 +111,9 @@ def test_two_phase_compiles_with_docker_run_device_into_the_named_context(
     assert run[run.index("--device") + 1] == "kernelbake.dev/test=builder"
     assert run[run.index("-v") + 1] == f"{tmp_path / n / 'caches'}:/opt/kernelbake/cache"
     assert run[-3:-1] == ("compile", "--chown")
-    order = [c[-1] if c[0] == "buildx" else "run" for c in rec.calls if c[0] in ("run",) or c[:2] == ("buildx", "bake")]
+    order = [
+        c[-1] if c[0] == "buildx" else "run"
+        for c in rec.calls
+        if c[0] in ("run",) or c[:2] == ("buildx", "bake")
+    ]
     assert order == [f"{n}-runtime", "run", n]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kernelbake.runner import Result
 
+
 class Recorder:
     def __init__(
         self, *, buildx: bool = True, fail_bake: str | None = None, labels: Mapping[str, str] = {}
