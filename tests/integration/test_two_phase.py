@@ -3,8 +3,6 @@ that the final build takes as the named context `caches`."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 
 import pytest
