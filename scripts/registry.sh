@@ -5,7 +5,7 @@ set -euo pipefail
 PORT=${1:-5000}
 DIR=${2:-build/registry}
 ADDR=127.0.0.1:$PORT
-if curl -fsS -o /dev/null "http://$ADDR/v2/"; then
+if curl -fs -o /dev/null "http://$ADDR/v2/"; then
   echo "registry: $ADDR is up"
   exit 0
 fi
@@ -26,7 +26,7 @@ CONF
 setsid docker-registry serve "$DIR/config.yml" > "$DIR/registry.log" 2>&1 < /dev/null &
 echo $! > "$DIR/registry.pid"
 for _ in $(seq 1 50); do
-  if curl -fsS -o /dev/null "http://$ADDR/v2/"; then
+  if curl -fs -o /dev/null "http://$ADDR/v2/"; then
     echo "registry: started on $ADDR (pid $(cat "$DIR/registry.pid"), data $DIR/data)"
     exit 0
   fi

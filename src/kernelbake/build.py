@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -198,7 +199,7 @@ class Driver:
             groups[r.target.name] = bake.bake_targets(r, layout, push=push_from_builder, secrets=secrets)
         bake_file = out / "docker-bake.json"
         bake_file.write_text(bake.dumps(bake.bake_document(groups)))
-        print(f"kernelbake build: bake file {bake_file}", flush=True)
+        print(f"kernelbake build: bake file {bake_file}", file=sys.stderr, flush=True)
         return [
             self._build_one(r, layouts[r.target.name], bake_file, builders, options, has_buildx)
             for r in rendered
@@ -221,7 +222,7 @@ class Driver:
                 if self._compile_two_phase(rendered, layout, log).returncode != 0:
                     raise self._fail(target, "compile", log)
             log = layout.logs / f"{stage}.log"
-            print(f"kernelbake build: {target.name}: stage {stage} (log {log})", flush=True)
+            print(f"kernelbake build: {target.name}: stage {stage} (log {log})", file=sys.stderr, flush=True)
             if has_buildx:
                 res = self._bake(bake_file, bake_target, builder, log, layout.metadata)
             else:
