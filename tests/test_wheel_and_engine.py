@@ -87,3 +87,36 @@ def test_torch_engine_host_side() -> None:
     (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
     argv = engine.serve_argv(target_config(t), ["--port", "9000"])
     assert argv[1:] == ["-m", "kernelbake.runtime.engines.torch_serve", "--port", "9000"]
+
+
+@pytest.mark.parametrize(
+    ("text", "driver"),
+    [
+        # An H200 host with the open kernel module (read on a real machine).
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \n",
+            "580.159.04",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
+            "535.104.05",
+        ),
+        ("garbage\n", "none"),
+    ],
+)
+def test_nvidia_driver_version(
+    text: str, driver: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelbake.runtime import probe
+
+    version = tmp_path / "version"
+    version.write_text(text)
+    monkeypatch.setattr(probe, "_NVIDIA_VERSION", version)
+    assert probe.nvidia_driver() == driver
+
+
+def test_gpu_arch_uses_the_catalogue() -> None:
+    from kernelbake.runtime import probe
+
+    assert probe.gpu_arch("NVIDIA H200", (9, 0)) == "sm_90a"
+    assert probe.gpu_arch("NVIDIA Unknown", (8, 6)) == "sm_86"
