@@ -117,3 +117,48 @@ def test_two_phase_compiles_with_docker_run_device_into_the_named_context(
         if c[0] in ("run",) or c[:2] == ("buildx", "bake")
     ]
     assert order == [f"{n}-runtime", "run", n]
+
+
+@pytest.fixture
+def vllm_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM engine module belongs to another area; its declarations are all render needs."""
+    from kernelbake.key import Engine
+    from kernelbake.runtime import engines
+
+    monkeypatch.setitem(engines._FACTORIES, Engine.VLLM, "tests.support.fake_engine:FakeVllmEngine")
+
+
+def test_render_cli_handles_vllm_gpu_targets(
+    vllm_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelbake.cli import main
+
+    assert (
+        main(["render", str(REPO / "images" / "qwen3-8b.yaml"), "--gpu", "h100", "--out", str(tmp_path)]) == 0
+    )
+    dockerfile = (tmp_path / "qwen3-8b-h100" / "context" / "Dockerfile").read_text()
+    assert "RUN --device=nvidia.com/gpu=all python3 -m kernelbake compile" in dockerfile
+    assert 'VLLM_CACHE_ROOT="/opt/kernelbake/cache/vllm"' in dockerfile
+    for kind in ("vllm", "inductor", "triton", "flashinfer"):
+        assert f"COPY --from=caches /{kind}/ /opt/kernelbake/cache/{kind}/" in dockerfile
+    assert not (tmp_path / "qwen3-8b-h100" / "context" / "model").exists()
+    assert (tmp_path / "docker-bake.json").is_file()
+
+
+def test_gpu_target_on_its_family_builder_is_pushed_by_the_builder(
+    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"], registry="ghcr.io/acme/models")
+    rec = Recorder(builders=("kernelbake-hopper",))
+    (built,) = _driver(rec).build([t], BuildOptions(out=tmp_path, push=True))
+    bakes = [c for c in rec.calls if c[:2] == ("buildx", "bake")]
+    assert all(c[c.index("--builder") + 1] == "kernelbake-hopper" for c in bakes)
+    assert [c[-1] for c in bakes] == [f"{t.name}-runtime", f"{t.name}-compile", t.name]
+    assert built.pushed == f"ghcr.io/acme/models/qwen3-8b@sha256:{'cd' * 32}"
+    # The builder pushed the complete image itself; no docker push, no image loaded.
+    assert not any(c[0] in ("push", "image") for c in rec.calls)
+    import json
+
+    doc = json.loads((tmp_path / "docker-bake.json").read_text())
+    assert doc["target"][t.name]["output"] == ["type=image,push=true"]

@@ -59,3 +59,16 @@ class FakeEngine:
 
     def shape_args(self, user_args: Sequence[str]) -> list[str]:
         return [a for a in user_args if a.startswith("--shapes")]
+
+
+class FakeVllmEngine(FakeEngine):
+    """Stands in for the vLLM engine module (another area) where only its declarations matter."""
+
+    engine = Engine.VLLM
+    cache_kinds = (CacheKind.VLLM, CacheKind.INDUCTOR, CacheKind.TRITON, CacheKind.FLASHINFER)
+
+    def __init__(self) -> None:
+        super().__init__(facts=None)  # type: ignore[arg-type]
+
+    def cache_env(self, root: Path) -> dict[str, str]:
+        return {"VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM))}

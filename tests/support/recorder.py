@@ -11,8 +11,15 @@ from kernelbake.runner import Result
 
 class Recorder:
     def __init__(
-        self, *, buildx: bool = True, fail_bake: str | None = None, labels: Mapping[str, str] = {}
+        self,
+        *,
+        buildx: bool = True,
+        fail_bake: str | None = None,
+        labels: Mapping[str, str] = {},
+        builders: tuple[str, ...] = (),
     ) -> None:
+        # Names of existing buildx builders (container builders for GPU families).
+        self.builders = builders
         self.calls: list[tuple[str, ...]] = []
         self.logs: list[Path] = []
         self.buildx = buildx
@@ -42,7 +49,12 @@ class Recorder:
         if args[:2] == ("buildx", "version"):
             return Result(tuple(argv), 0 if self.buildx else 1)
         if args[:2] == ("buildx", "inspect"):
-            return Result(tuple(argv), 1)
+            return Result(tuple(argv), 0 if args[2] in self.builders else 1)
+        if args[:2] == ("buildx", "bake") and "--metadata-file" in args:
+            # A container builder pushing the final image writes its digest there.
+            meta = Path(args[args.index("--metadata-file") + 1])
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_text(json.dumps({args[-1]: {"containerimage.digest": "sha256:" + "cd" * 32}}))
         if args[:1] == ("version",):
             return Result(tuple(argv), 0, "26.1.5\n")
         if args[:2] == ("image", "inspect") and "{{json .Config.Labels}}" in args:

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../../.."
 ENGINE_VERSION=${1:-2.13.0}
 VENV=${VENV:-.venv}
 WORK=${WORK:-.cache/cpu-base}
-ROOTFS_IMAGE=kernelbake/debian-rootfs:bookworm
+ROOTFS_IMAGE=${ROOTFS_IMAGE:-kernelbake/debian-rootfs:bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # Versions and the image name come from the catalogue, the one place that states them.
@@ -24,6 +24,7 @@ r = load_catalogue().engine(Engine.TORCH, sys.argv[1], where="images/base/cpu/bu
 print(r.torch, r.transformers, r.base_image)
 PY
 )
+IMAGE=${CPU_BASE_IMAGE:-$IMAGE}
 TORCH_WHEEL=${TORCH_WHEEL:-/opt/wheels/torch-${TORCH_VERSION}+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}
 
 if docker image inspect "$IMAGE" >/dev/null 2>&1 && [ -z "${FORCE:-}" ]; then
