@@ -81,8 +81,12 @@ class Docker:
         self.runner = runner
         self.env: Mapping[str, str] = dict(settings.environ)
 
-    def __call__(self, *args: str, log: Path | None = None, capture: bool = False) -> Result:
-        return self.runner([self.settings.docker, *args], env=self.env, log=log, capture=capture)
+    def __call__(
+        self, *args: str, log: Path | None = None, capture: bool = False, env: Mapping[str, str] | None = None
+    ) -> Result:
+        return self.runner(
+            [self.settings.docker, *args], env={**self.env, **(env or {})}, log=log, capture=capture
+        )
 
     def check(self) -> bool:
         """Raise when Docker is missing or its daemon is down; True when buildx is there."""
@@ -141,8 +145,7 @@ class Driver:
             args += ["-t", rendered.target.ref]
         if rendered.target.spec.model.local_dir is None and "HF_TOKEN" in self.docker.env:
             args += ["--secret", bake.HF_TOKEN_SECRET]
-        self.docker.env = {**self.docker.env, "DOCKER_BUILDKIT": "1"}
-        return self.docker(*args, str(layout.context), log=log)
+        return self.docker(*args, str(layout.context), log=log, env={"DOCKER_BUILDKIT": "1"})
 
     def _compile_two_phase(self, rendered: Rendered, layout: bake.Layout, log: Path) -> Result:
         if layout.caches.exists():

@@ -31,6 +31,7 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1 && [ -z "${FORCE:-}" ]; then
   echo "cpu-base: $IMAGE exists (FORCE=1 rebuilds it)"
   exit 0
 fi
+mkdir -p "$WORK"
 if [ ! -f "$TORCH_WHEEL" ]; then
   echo "cpu-base: the torch $TORCH_VERSION CPU wheel is missing: $TORCH_WHEEL (set TORCH_WHEEL)" >&2
   exit 3
