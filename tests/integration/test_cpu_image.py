@@ -168,3 +168,26 @@ def test_a_failing_stage_is_named_and_nothing_is_pushed(
     assert str(log) in err and log.is_file()
     with urllib.request.urlopen(f"http://{registry}/v2/_catalog") as r:
         assert not any(repo.startswith("failing/") for repo in json.loads(r.read())["repositories"])
+
+
+USER_SCRIPT = """
+from kernelbake.runtime.engines.torch_engine import use_baked_caches
+verdict = use_baked_caches()
+import json, torch, transformers
+from torch._dynamo.utils import counters
+config = transformers.AutoConfig.from_pretrained("/models/tiny-llama")
+model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+for layer in model.model.layers:
+    layer.compile()
+with torch.inference_mode():
+    model(input_ids=torch.randint(0, config.vocab_size, (1, 32)), use_cache=False)
+print(json.dumps({"warm": verdict.warm, **counters["inductor"]}))
+"""
+
+
+def test_users_own_torch_compile_hits_the_baked_caches(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    res = docker("run", "--rm", "--entrypoint", "python3", single_image.pushed, "-c", USER_SCRIPT)
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["warm"] is True
+    assert doc["fxgraph_cache_hit"] >= 1 and doc.get("fxgraph_cache_miss", 0) == 0

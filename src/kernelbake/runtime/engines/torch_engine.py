@@ -11,12 +11,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelbake.key import NONE, Engine
 from kernelbake.runtime import probe
 from kernelbake.runtime.bundle import CacheKind, kind_dir
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.preflight import Verdict
 
 # Options of torch_serve that change what gets compiled.
 _SHAPE_OPTIONS = ("--shapes",)
@@ -33,8 +37,8 @@ _HASHED_ENV = (
 
 
 class TorchEngine:
-    engine = Engine.TORCH
-    cache_kinds = (CacheKind.INDUCTOR, CacheKind.TRITON)
+    engine: Engine = Engine.TORCH
+    cache_kinds: tuple[CacheKind, ...] = (CacheKind.INDUCTOR, CacheKind.TRITON)
 
     def probe(self) -> Facts:
         import torch
@@ -92,3 +96,21 @@ class TorchEngine:
 
     def shape_args(self, user_args: Sequence[str]) -> list[str]:
         return [a for a in user_args if a.split("=", 1)[0] in _SHAPE_OPTIONS]
+
+
+def use_baked_caches(user_args: Sequence[str] = ()) -> Verdict:
+    """For your own scripts in a torch image: run the preflight and point this process at the
+    caches it chose (the baked ones when they fit, else a fresh directory), so that your own
+    ``torch.compile`` of the same model and shapes loads the baked graphs and kernels.
+
+    Call it before importing torch: Inductor reads some of these variables at import.
+    """
+    from kernelbake.runtime import env as runtime_env
+    from kernelbake.runtime.env import RuntimeEnv
+    from kernelbake.runtime.preflight import preflight
+
+    verdict = preflight(RuntimeEnv.from_env(), user_args, engine=TorchEngine())
+    for line in verdict.lines():
+        print(f"kernelbake: {line}", file=sys.stderr, flush=True)
+    runtime_env.apply(verdict.env)
+    return verdict
