@@ -16,6 +16,7 @@ from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.engines import Facts
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
@@ -187,3 +188,14 @@ def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     assert pf.seed(root, tmp_path / "seed") == 2
     assert read_manifest(tmp_path / "seed") == read_manifest(root)
+
+
+def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:
+    class Broken(FakeEngine):
+        def probe(self) -> Facts:
+            raise ImportError("libtorch_cpu.so: cannot open shared object file")
+
+    with pytest.raises(
+        EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
+    ):
+        pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))

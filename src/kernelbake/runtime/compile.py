@@ -17,7 +17,7 @@ from kernelbake.runtime.bundle import MANIFEST, Manifest, kind_dir, write_manife
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import EngineRuntime, get_engine
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.facts import builder_entry, found_key
+from kernelbake.runtime.facts import builder_entry, found_key, probe
 
 
 def _prepare_root(root: Path, engine: EngineRuntime) -> None:
@@ -49,7 +49,7 @@ def run_compile(
 ) -> Manifest:
     target = TargetConfig.load(env.target_file)
     engine = engine or get_engine(target.key.engine)
-    facts = engine.probe()
+    facts = probe(engine)
     match = check(target.key, found_key(target.key, facts))
     if not match.usable:
         reasons = "; ".join(str(r) for r in match.blocking)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from kernelbake.errors import EnvironmentProblem
 from kernelbake.key import CacheKey
-from kernelbake.runtime.engines import Facts
+from kernelbake.runtime.engines import EngineRuntime, Facts
 
 
 def found_key(baked: CacheKey, facts: Facts) -> CacheKey:
@@ -31,3 +32,14 @@ def builder_entry(facts: Facts, host: str) -> dict[str, str]:
     if host:
         entry["host"] = host
     return entry
+
+
+def probe(engine: EngineRuntime) -> Facts:
+    """The engine's probe; a broken engine install becomes one line, not a traceback."""
+    try:
+        return engine.probe()
+    except Exception as exc:
+        raise EnvironmentProblem(
+            f"probing the {engine.engine.value} engine failed: {type(exc).__name__}: {exc}",
+            hint="is the engine installed in this image?",
+        ) from None

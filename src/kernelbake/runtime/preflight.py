@@ -31,7 +31,7 @@ from kernelbake.runtime.bundle import Manifest, kind_dir, read_manifest, verify
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
-from kernelbake.runtime.facts import found_key
+from kernelbake.runtime.facts import found_key, probe
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -149,7 +149,7 @@ def preflight(
 ) -> Verdict:
     target = TargetConfig.load(env.target_file)
     engine = engine or get_engine(target.key.engine)
-    facts = engine.probe()
+    facts = probe(engine)
     match = check(target.key, found_key(target.key, facts))
     baked = Path(target.cache_root)
     problems = [str(r) for r in match.blocking]
