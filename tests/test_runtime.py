@@ -199,3 +199,39 @@ def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> No
         EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
     ):
         pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))
+
+
+def test_fetch_model_downloads_config_files_at_the_pinned_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    from kernelbake.runtime.fetch import fetch_model
+
+    (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"])
+    key = t.key.replace(model_path=str(tmp_path / "models" / "qwen3-8b"))
+    config = dataclasses.replace(target_config(t), key=key)
+    (tmp_path / "target.json").write_text(config.to_json())
+    calls: list[dict[str, object]] = []
+
+    def snapshot_download(**kw: object) -> str:
+        calls.append(kw)
+        dest = Path(str(kw["local_dir"]))
+        (dest / "config.json").write_text("{}")
+        (dest / ".cache").mkdir()
+        return str(dest)
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download)
+    )
+    dest = fetch_model(_env(tmp_path, HF_TOKEN="hf_x"))
+    assert dest == tmp_path / "models" / "qwen3-8b"
+    (call,) = calls
+    assert (
+        call["repo_id"] == "Qwen/Qwen3-8B" and call["revision"] == "b968826d9c46dd6066d109eabc6255188de91218"
+    )
+    assert call["token"] == "hf_x"
+    assert "*.safetensors" in call["ignore_patterns"]  # type: ignore[operator]
+    assert not any("safetensors" in p for p in call["allow_patterns"])  # type: ignore[attr-defined]
+    assert not (dest / ".cache").exists()
