@@ -82,12 +82,13 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
     from kernelbake.compat import check
     from kernelbake.runtime.bundle import write_manifest
     from kernelbake.runtime.engines.vllm import VllmEngine
+    from kernelbake.runtime.facts import found_key
 
     target = _target(model)
     root = _roots(model)["compile"]
     engine = VllmEngine()
     facts = engine.probe()
-    verdict = check(target.key, facts.apply_to(target.key))
+    verdict = check(target.key, found_key(target.key, facts))
     started = time.monotonic()
     result = engine.compile(target, root)
     wall = time.monotonic() - started
@@ -122,11 +123,11 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
     before = snapshot(dirs)
     t0 = time.monotonic()
     import torch  # noqa: F401
-    from vllm import SamplingParams
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
     from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+    from vllm import SamplingParams
 
     t_import = time.monotonic() - t0
     args = parse_serve_argv(serve_argv(target.key.model_path, target.serve)[2:])

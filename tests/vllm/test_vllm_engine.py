@@ -23,7 +23,6 @@ from kernelbake.runtime.engines.vllm import (
     cache_env,
     compat_layer,
     compile_argv,
-    env_drift,
 )
 from kernelbake.runtime.engines.vllm.args import serve_argv, serve_flags, shape_overrides
 from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, snapshot
@@ -127,16 +126,6 @@ def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_
     assert {k.value for k in VllmEngine.cache_kinds} <= covered
 
 
-def test_env_drift_names_each_variable() -> None:
-    baked = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_USE_V2_MODEL_RUNNER": "None"}
-    now = {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_USE_V2_MODEL_RUNNER": "None", "VLLM_NEW": "1"}
-    assert env_drift(baked, now) == [
-        "VLLM_LOGGING_LEVEL was 'INFO' at build time, is 'DEBUG' now",
-        "VLLM_NEW was None at build time, is '1' now",
-    ]
-    assert env_drift(baked, dict(baked)) == []
-
-
 class _FakeCompileOnly:
     """Stands in for the compile-only subprocess: fails for the weight modes listed."""
 
@@ -185,7 +174,7 @@ def test_compile_falls_back_to_uninitialised_weights_then_fails_clearly(tmp_path
 
 
 def test_unsupported_vllm_version_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compat_layer, "package_version", lambda name: "0.31.2")
+    monkeypatch.setattr(compat_layer, "dist_version", lambda name: "0.31.2")
     with pytest.raises(KeyMismatch, match=r"supports vLLM 0\.26"):
         compat_layer.patches_for_installed_vllm()
 

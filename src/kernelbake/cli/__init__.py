@@ -12,7 +12,12 @@ from kernelbake import __version__
 from kernelbake.errors import KernelbakeError
 
 # Modules with ``register(subparsers)``; each sets ``func(args) -> int`` on its parsers.
-_AREAS = ("kernelbake.cli.planning", "kernelbake.cli.signing")
+_AREAS = (
+    "kernelbake.cli.planning",
+    "kernelbake.cli.building",
+    "kernelbake.cli.runtime",
+    "kernelbake.cli.signing",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # ``serve`` and ``check`` pass whatever they do not know to the engine, options included.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "passthrough", False):
+        args.engine_args = extra[1:] if extra[:1] == ["--"] else extra
     try:
         rc: int = args.func(args)
         return rc

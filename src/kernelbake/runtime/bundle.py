@@ -23,6 +23,8 @@ from kernelbake.errors import BadInput
 from kernelbake.key import CacheKey, parse_key
 
 MANIFEST = "manifest.json"
+# A hashed variable that was not set at compile time (so setting it later is a change).
+UNSET = "<unset>"
 SCHEMA = 1
 
 

@@ -1,47 +1,49 @@
-"""Probes of the machine a container runs on. Each is a tiny function tests can replace."""
+"""Small probes of the running system, shared by engines; tests monkeypatch them."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 import re
-from importlib import metadata
+import sys
 from pathlib import Path
 
 from kernelbake.key import NONE
 
+_NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
+_KERNEL_MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 # Architecture-specific ("a") targets are what Hopper and Blackwell kernels are built for
-# (wgmma, TMA); their cubins do not run on other capabilities, so the key says so.
+# (wgmma, TMA); their cubins run on no other capability, so an unknown chip of these
+# capabilities still gets the suffix.
 _ARCH_SPECIFIC = {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
 
 
-def arch_for_capability(major: int, minor: int) -> str:
-    suffix = "a" if (major, minor) in _ARCH_SPECIFIC else ""
-    return f"sm_{major}{minor}{suffix}"
-
-
-def package_version(name: str) -> str:
-    """Installed version without a local tag (``2.11.0+cu130`` → ``2.11.0``), or ``none``."""
-    try:
-        return metadata.version(name).split("+", 1)[0]
-    except metadata.PackageNotFoundError:
-        return NONE
-
-
 def python_version() -> str:
-    return ".".join(platform.python_version_tuple()[:2])
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def cpu_arch() -> str:
+def machine() -> str:
     return platform.machine()
 
 
-_NVRM = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")
+def public_version(version: str) -> str:
+    """``2.13.0+cpu`` → ``2.13.0``: the local part names the wheel variant, which the key
+    records separately (cuda)."""
+    return version.split("+", 1)[0]
 
 
-def driver_version(proc: Path = Path("/proc/driver/nvidia/version")) -> str:
-    """The NVIDIA driver version, from the kernel module or NVML; ``none`` without a GPU."""
+def dist_version(name: str) -> str:
     try:
-        m = _NVRM.search(proc.read_text())
+        return public_version(importlib.metadata.version(name))
+    except importlib.metadata.PackageNotFoundError:
+        return NONE
+
+
+def nvidia_driver() -> str:
+    """The loaded NVIDIA kernel module's version, as the container sees it, else NVML's
+    answer (sandboxed runtimes may hide /proc/driver), else ``none``."""
+    try:
+        m = _KERNEL_MODULE.search(_NVIDIA_VERSION.read_text())
         if m:
             return m.group(1)
     except OSError:
@@ -59,6 +61,17 @@ def driver_version(proc: Path = Path("/proc/driver/nvidia/version")) -> str:
         return NONE
 
 
+def gpu_arch(device_name: str, capability: tuple[int, int]) -> str:
+    """The catalogue's arch for a known device (``sm_90a`` for Hopper), else ``sm_XY[a]``."""
+    from kernelbake.catalogue import load_catalogue
+
+    gpu = load_catalogue().gpu_by_device_name(device_name)
+    if gpu is not None:
+        return gpu.arch
+    suffix = "a" if capability in _ARCH_SPECIFIC else ""
+    return f"sm_{capability[0]}{capability[1]}{suffix}"
+
+
 def cuda_device() -> tuple[str, str, str]:
     """(device name, arch, torch's CUDA version) of GPU 0, or ``none``s without one."""
     import torch
@@ -67,4 +80,5 @@ def cuda_device() -> tuple[str, str, str]:
     if not torch.cuda.is_available():
         return NONE, NONE, cuda
     major, minor = torch.cuda.get_device_capability(0)
-    return torch.cuda.get_device_name(0), arch_for_capability(major, minor), cuda
+    name = torch.cuda.get_device_name(0)
+    return name, gpu_arch(name, (int(major), int(minor))), cuda

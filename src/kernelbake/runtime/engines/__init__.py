@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kernelbake.key import CacheKey, Engine
+from kernelbake.key import Engine
 from kernelbake.runtime.bundle import CacheKind
 from kernelbake.runtime.config import TargetConfig
 
@@ -26,21 +26,6 @@ class Facts:
     arch: str
     device: str
     driver: str
-
-    def apply_to(self, key: CacheKey) -> CacheKey:
-        """The key of this environment for the same model and serve arguments as ``key``;
-        ``driver_floor`` holds the installed driver, as ``compat.check`` expects."""
-        return key.replace(
-            engine_version=self.engine_version,
-            torch=self.torch,
-            triton=self.triton,
-            cuda=self.cuda,
-            flashinfer=self.flashinfer,
-            python=self.python,
-            arch=self.arch,
-            device=self.device,
-            driver_floor=self.driver,
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.errors import BuildFailed
-from kernelbake.key import NONE, Engine
+from kernelbake.key import Engine
 from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
 from kernelbake.runtime.bundle import CacheKind, kind_dir
@@ -87,12 +87,12 @@ def compile_argv(target: TargetConfig) -> list[str]:
 
 
 class VllmEngine:
-    engine = Engine.VLLM
+    engine: Engine = Engine.VLLM
 
     def __init__(self, runner: Runner = run) -> None:
         self._run = runner
 
-    cache_kinds = (
+    cache_kinds: tuple[CacheKind, ...] = (
         CacheKind.VLLM,
         CacheKind.TRITON,
         CacheKind.INDUCTOR,
@@ -105,34 +105,33 @@ class VllmEngine:
     def probe(self) -> Facts:
         device, arch, cuda = probe.cuda_device()
         return Facts(
-            engine_version=probe.package_version("vllm"),
-            torch=probe.package_version("torch"),
-            triton=probe.package_version("triton"),
+            engine_version=probe.dist_version("vllm"),
+            torch=probe.dist_version("torch"),
+            triton=probe.dist_version("triton"),
             cuda=cuda,
-            flashinfer=probe.package_version("flashinfer-python"),
+            flashinfer=probe.dist_version("flashinfer-python"),
             python=probe.python_version(),
             arch=arch,
             device=device,
-            driver=probe.driver_version(),
+            driver=probe.nvidia_driver(),
         )
 
     def cache_env(self, root: Path) -> dict[str, str]:
         return cache_env(root)
 
     def hashed_env_names(self) -> tuple[str, ...]:
-        return tuple(self.hashed_env_now())
-
-    def hashed_env_now(self) -> dict[str, str]:
         from kernelbake.runtime.engines.vllm.compile_only import hashed_env
 
-        return hashed_env()
+        return tuple(hashed_env())
 
     def compile(
         self, target: TargetConfig, root: Path, *, environ: Mapping[str, str] | None = None
     ) -> CompileResult:
-        import os
+        if environ is None:
+            from kernelbake.runtime.env import RuntimeEnv
 
-        env = dict(os.environ if environ is None else environ)
+            environ = RuntimeEnv.from_env().environ
+        env = dict(environ)
         env.update(dict(target.serve.env))
         env.update(cache_env(root))
         for kind in self.cache_kinds:
@@ -194,15 +193,4 @@ class VllmEngine:
         return vargs.shape_overrides(user_args, target.serve)
 
 
-def env_drift(baked: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """Hashed vLLM variables whose value now differs from the build's, each a reason vLLM
-    will not find its compiled graphs. Values are as vLLM derives them (defaults included)."""
-    drift = []
-    for name in sorted(set(baked) | set(current)):
-        then, now = baked.get(name), current.get(name)
-        if then != now:
-            drift.append(f"{name} was {then!r} at build time, is {now!r} now")
-    return drift
-
-
-__all__ = ["NONE", "VllmEngine", "cache_env", "compile_argv", "env_drift"]
+__all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]

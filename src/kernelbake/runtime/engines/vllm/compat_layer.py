@@ -7,7 +7,7 @@ import importlib.util
 from types import ModuleType
 
 from kernelbake.errors import KeyMismatch
-from kernelbake.runtime.probe import package_version
+from kernelbake.runtime.probe import dist_version
 
 # vLLM minor version → module with ``install(report)``. A release kernelbake has not been
 # validated against fails the build rather than baking caches that might never be hit.
@@ -24,7 +24,7 @@ def native_compile_available() -> bool:
 
 
 def patches_for_installed_vllm() -> ModuleType:
-    version = package_version("vllm")
+    version = dist_version("vllm")
     minor = ".".join(version.split(".")[:2])
     try:
         return importlib.import_module(_PATCHES[minor])

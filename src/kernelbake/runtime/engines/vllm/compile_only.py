@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.runtime.bundle import UNSET
 from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 
 # Enough for the warm-up batch (max_num_seqs requests of one block each, plus the null
@@ -41,11 +42,12 @@ def parse_serve_argv(argv: Sequence[str]) -> Any:
 
 
 def hashed_env() -> dict[str, str]:
-    """Every variable vLLM folds into its compile hash, with the value vLLM derives for it
-    (defaults included: several depend on HOME or the CPU count, not just on the variable)."""
+    """Every variable vLLM folds into its compile hash, as set in this process (``UNSET`` if
+    not). Defaults that depend on the process (HOME, CPU count) are pinned by the engine's
+    cache env, so comparing what is set is enough to spot a change at serve time."""
     import vllm.envs as envs
 
-    return {name: str(value) for name, value in sorted(envs.compile_factors().items())}
+    return {name: os.environ.get(name, UNSET) for name in sorted(envs.compile_factors())}
 
 
 def _bake_extra_jit() -> list[str]:

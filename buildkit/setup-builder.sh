@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create the buildx builder kernelbake uses for one GPU family: kernelbake-<family>.
+#   buildkit/setup-builder.sh hopper            # on an H100/H200 build host
+#   buildkit/setup-builder.sh blackwell nvidia.com/gpu=0
+# Needs: the NVIDIA driver, nvidia-container-toolkit (for `nvidia-ctk cdi generate`), Docker
+# with buildx ≥ 0.22. `kernelbake build` picks the builder by the target's GPU family and,
+# when it is absent, builds with the default builder instead.
+set -euo pipefail
+FAMILY=${1:?usage: setup-builder.sh FAMILY [CDI_DEVICE]}
+DEVICE=${2:-nvidia.com/gpu=all}
+NAME=kernelbake-$FAMILY
+IMAGE=${BUILDKIT_IMAGE:-moby/buildkit:buildx-stable-1-gpu}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+if [ ! -s /etc/cdi/nvidia.yaml ]; then
+  echo "setup-builder: generating /etc/cdi/nvidia.yaml"
+  nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml
+fi
+nvidia-ctk cdi list | grep -qxF "$DEVICE" || {
+  echo "setup-builder: CDI device $DEVICE not found (nvidia-ctk cdi list)" >&2
+  exit 3
+}
+if docker buildx inspect "$NAME" >/dev/null 2>&1; then
+  echo "setup-builder: $NAME exists; remove it with: docker buildx rm $NAME"
+  exit 0
+fi
+docker buildx create --name "$NAME" --driver docker-container \
+  --driver-opt "image=$IMAGE" \
+  --buildkitd-config "$HERE/buildkitd.toml" \
+  --bootstrap
+# The worker must list the device, or RUN --device fails at build time.
+docker buildx inspect "$NAME" | grep -F "${DEVICE%%=*}" >/dev/null || {
+  echo "setup-builder: $NAME does not list CDI devices of kind ${DEVICE%%=*}; check buildkitd.toml" >&2
+  exit 3
+}
+echo "setup-builder: $NAME ready; kernelbake build --gpu <a $FAMILY GPU> uses it"

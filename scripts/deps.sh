@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Install and start what kernelbake's build and tests need on a Debian 12 root machine:
+# Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
+# debootstrap, a running dockerd with CDI enabled, the test CDI device, and the venv.
+# Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TRIXIE_PACKAGES=(docker.io docker-buildx cosign)
+
+say() { echo "deps: $*"; }
+need_root() { [ "$(id -u)" = 0 ] || { echo "deps: $1 needs root" >&2; exit 3; }; }
+
+docker_is_new() {
+  # The engine, not the client: the host may have a newer client on PATH.
+  local v
+  v=$(dpkg-query -W -f '${Version}' docker.io 2>/dev/null || true)
+  [ -n "$v" ] && dpkg --compare-versions "$v" ge 26
+}
+
+install_apt() {
+  local missing=()
+  command -v docker-registry >/dev/null || missing+=(docker-registry)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  command -v curl >/dev/null || missing+=(curl)
+  "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  docker_is_new || missing+=(docker.io)
+  if [ ${#missing[@]} -gt 0 ]; then
+    need_root "apt-get install ${missing[*]}"
+    say "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+install_trixie() {
+  if docker_is_new && docker buildx version >/dev/null 2>&1 && command -v cosign >/dev/null; then
+    return
+  fi
+  need_root "installing docker/buildx/cosign from trixie"
+  local dir
+  dir=$(mktemp -d)
+  mkdir -p "$dir/lists/partial" "$dir/debs"
+  echo "deb http://deb.debian.org/debian trixie main" > "$dir/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=-" -o "Dir::State::Lists=$dir/lists")
+  say "downloading ${TRIXIE_PACKAGES[*]} from trixie"
+  apt-get "${opts[@]}" update -qq
+  (cd "$dir/debs" && apt-get "${opts[@]}" download "${TRIXIE_PACKAGES[@]}")
+  DEBIAN_FRONTEND=noninteractive dpkg -i "$dir"/debs/*.deb >/dev/null
+  rm -rf "$dir"
+}
+
+configure_docker() {
+  if [ ! -f /etc/docker/daemon.json ]; then
+    need_root "writing /etc/docker/daemon.json"
+    mkdir -p /etc/docker
+    echo '{"features": {"cdi": true}}' > /etc/docker/daemon.json
+  fi
+  # A CDI device for tests: it only sets an environment variable, so the two-phase build's
+  # `docker run --device` is exercised for real on machines without a GPU.
+  if ! cmp -s buildkit/cdi/kernelbake-test.yaml /etc/cdi/kernelbake-test.yaml; then
+    need_root "installing the test CDI spec"
+    mkdir -p /etc/cdi
+    cp buildkit/cdi/kernelbake-test.yaml /etc/cdi/kernelbake-test.yaml
+  fi
+}
+
+start_docker() {
+  if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    return
+  fi
+  need_root "starting dockerd"
+  say "starting dockerd (log /tmp/dockerd.log)"
+  setsid dockerd > /tmp/dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 1 60); do
+    docker version --format '{{.Server.Version}}' >/dev/null 2>&1 && return
+    sleep 1
+  done
+  echo "deps: dockerd did not start; see /tmp/dockerd.log" >&2
+  exit 3
+}
+
+make_venv() {
+  if [ ! -x "$VENV/bin/kernelbake" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -e '.[dev]'
+    touch "$VENV/.installed"
+  fi
+}
+
+install_apt
+install_trixie
+configure_docker
+start_docker
+make_venv
+say "ok ($(docker version --format 'docker {{.Server.Version}}'), $(docker buildx version | cut -d' ' -f1-2))"

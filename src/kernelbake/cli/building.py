@@ -1,0 +1,132 @@
+"""``render``, ``build`` and ``inspect``: the host side of an image's life."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from kernelbake import bake
+from kernelbake._wheel import build_wheel
+from kernelbake.build import BuildOptions, Driver, render_target
+from kernelbake.cli.planning import add_spec_args
+from kernelbake.key import key_from_labels
+from kernelbake.plan import plan
+from kernelbake.registry import inspect_remote
+from kernelbake.render import BuildMode, write_context
+from kernelbake.settings import Settings
+from kernelbake.spec import load_spec
+
+
+def _add_build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        type=BuildMode,
+        choices=list(BuildMode),
+        default=BuildMode.SINGLE,
+        help="single: one build, GPU compile via RUN --device (labs frontend); "
+        "two-phase: compile in docker run --device, final build takes the result as a named context",
+    )
+    p.add_argument("--cdi-device", help="CDI device for the compile step instead of the GPU catalogue's")
+    p.add_argument("--out", type=Path, help="build directory (default: $KERNELBAKE_BUILD_DIR or build/)")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    out: Path = (args.out or settings.build_dir).resolve()
+    targets = plan(load_spec(args.spec), args.gpu, registry=args.registry or settings.registry)
+    wheel = build_wheel(out / "wheels")
+    groups = {}
+    for t in targets:
+        rendered = render_target(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
+        layout = bake.Layout(out / t.name)
+        write_context(rendered, layout.context, wheel)
+        groups[t.name] = bake.bake_targets(rendered, layout, push=False)
+        print(f"{t.name}\t{layout.context / 'Dockerfile'}")
+    bake_file = out / "docker-bake.json"
+    bake_file.write_text(bake.dumps(bake.bake_document(groups)))
+    print(f"bake file\t{bake_file}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    registry = args.push or args.registry or settings.registry
+    targets = plan(load_spec(args.spec), args.gpu, registry=registry)
+    options = BuildOptions(
+        out=args.out or settings.build_dir, push=bool(args.push), mode=args.mode, device=args.cdi_device
+    )
+    for built in Driver(settings).build(targets, options):
+        print(f"built\t{built.ref}")
+        if built.pushed:
+            print(f"pushed\t{built.pushed}")
+    return 0
+
+
+def _summary(image: Any) -> dict[str, Any]:
+    key = key_from_labels(image.labels)
+    doc: dict[str, Any] = {
+        "ref": str(image.ref),
+        "digest": image.digest,
+        "pullable": f"{image.ref.registry}/{image.ref.repository}@{image.digest}",
+        "key": str(key),
+        "key_digest": key.digest,
+        "gpu": image.labels.get("dev.kernelbake.gpu"),
+        "labels": {k: v for k, v in sorted(image.labels.items()) if k.startswith("dev.kernelbake.")},
+        "layers": len(image.layers),
+        "cache_manifest": None,
+    }
+    m = image.cache_manifest
+    if m is not None:
+        doc["cache_manifest"] = {
+            "digest": image.cache_manifest_digest,
+            "layer": image.layers[-1],
+            "key_matches_labels": m.key == key,
+            "files": len(m.files),
+            "kinds": m.totals(),
+            "builder": dict(m.compile_report).get("builder"),
+        }
+    return doc
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    doc = _summary(inspect_remote(args.ref))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"image:      {doc['ref']}")
+    print(f"pullable:   {doc['pullable']}")
+    print(f"gpu:        {doc['gpu']}")
+    print(f"key digest: {doc['key_digest']} (labels consistent)")
+    print(f"key:        {doc['key']}")
+    cm = doc["cache_manifest"]
+    if cm is None:
+        print("cache:      no cache manifest in the last layer")
+        return 1
+    match = "matches" if cm["key_matches_labels"] else "DIFFERS FROM"
+    print(f"cache:      manifest {cm['digest']} ({cm['files']} files; key {match} the labels)")
+    for kind, t in sorted(cm["kinds"].items()):
+        print(f"  {kind:<12} {t['files']:>6} files {t['bytes'] / 1e6:>10.2f} MB")
+    print(f"builder:    {json.dumps(cm['builder'], sort_keys=True)}")
+    return 0 if cm["key_matches_labels"] else 1
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("render", help="write the Dockerfile, build context and bake file (no build)")
+    add_spec_args(p)
+    p.add_argument("--registry", help="repository prefix for tags (default: $KERNELBAKE_REGISTRY)")
+    _add_build_args(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("build", help="render and build with Docker; push only complete images")
+    add_spec_args(p)
+    p.add_argument("--push", metavar="REGISTRY", help="push to REGISTRY (e.g. 127.0.0.1:5000/kernelbake)")
+    p.add_argument("--registry", help="repository prefix for local tags when not pushing")
+    _add_build_args(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("inspect", help="labels, key and cache manifest of a pushed image")
+    p.add_argument("ref", help="REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:...")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)

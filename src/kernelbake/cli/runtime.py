@@ -1,0 +1,108 @@
+"""Commands that run inside images: ``compile``, ``serve``, ``check``, ``fetch-model``, ``seed-cache``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from kernelbake.errors import KeyMismatch
+from kernelbake.runtime.env import RuntimeEnv
+
+
+def _owner(text: str) -> tuple[int, int]:
+    uid, _, gid = text.partition(":")
+    try:
+        return int(uid), int(gid or uid)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected UID:GID, got {text!r}") from None
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.compile import run_compile
+
+    run_compile(RuntimeEnv.from_env(), owner=args.chown)
+    return 0
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        print(f"kernelbake serve: {line}", file=sys.stderr, flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.engines import get_engine
+    from kernelbake.runtime.preflight import preflight
+
+    env = RuntimeEnv.from_env()
+    user_args = list(args.engine_args)
+    verdict = preflight(env, user_args)
+    _say(verdict.lines())
+    argv = get_engine(verdict.target.key.engine).serve_argv(verdict.target, user_args)
+    _say([f"exec {' '.join(argv)}"])
+    os.execvpe(argv[0], argv, verdict.env)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.env import VerifyMode
+    from kernelbake.runtime.preflight import preflight
+
+    # A check has the time to hash everything, which serve skips by default.
+    mode = VerifyMode.SIZE if args.fast else VerifyMode.DEEP
+    env = dataclasses.replace(RuntimeEnv.from_env(), verify=mode)
+    verdict = preflight(env, args.engine_args)
+    if args.json:
+        print(json.dumps(verdict.to_json(), indent=2))
+    else:
+        for line in verdict.lines():
+            print(line)
+    return 0 if verdict.warm else KeyMismatch.return_code
+
+
+def cmd_fetch_model(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.fetch import fetch_model
+
+    print(f"kernelbake fetch-model: {fetch_model(RuntimeEnv.from_env())}")
+    return 0
+
+
+def cmd_seed_cache(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.config import TargetConfig
+    from kernelbake.runtime.preflight import seed
+
+    target = TargetConfig.load(RuntimeEnv.from_env().target_file)
+    count = seed(Path(target.cache_root), args.dest)
+    print(f"kernelbake seed-cache: {count} files copied from {target.cache_root} to {args.dest}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("compile", help="(inside the image) compile and write the cache bundle")
+    p.add_argument("--chown", type=_owner, help="give the bundle to UID:GID afterwards (two-phase builds)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "serve",
+        help="(inside the image) preflight, then exec the engine",
+        usage="kernelbake serve [ENGINE ARGS...]",
+    )
+    p.set_defaults(func=cmd_serve, passthrough=True)
+
+    p = sub.add_parser(
+        "check",
+        help="(inside the image) preflight only: would serve start warm?",
+        usage="kernelbake check [--json] [--fast] [SERVE ARGS...]",
+    )
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--fast", action="store_true", help="check sizes only, not every file's sha256")
+    p.set_defaults(func=cmd_check, passthrough=True)
+
+    p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")
+    p.set_defaults(func=cmd_fetch_model)
+
+    p = sub.add_parser("seed-cache", help="(inside the image) copy the baked caches to DEST")
+    p.add_argument("dest", type=Path)
+    p.set_defaults(func=cmd_seed_cache)

@@ -1,0 +1,162 @@
+"""Build target → Dockerfile and build context. Rendering is pure; ``write_context`` writes.
+
+One template serves every target: CPU targets compile in a plain ``RUN``; GPU targets either
+request their CDI device in the ``RUN`` (``single`` mode, labs frontend) or compile in a
+``docker run --device`` whose output directory replaces the ``caches`` stage (``two-phase``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import jinja2
+
+from kernelbake import __version__
+from kernelbake._wheel import templates_dir
+from kernelbake.errors import BadInput
+from kernelbake.plan import BuildTarget
+from kernelbake.runtime.bundle import CacheKind
+from kernelbake.runtime.config import CACHE_ROOT, TARGET_FILE, TargetConfig
+
+NO_DEVICE = "none"
+# Dockerfile stages, in build order; the driver builds them one at a time to name the failing one.
+STAGES = ("runtime", "compile", "final")
+
+
+class BuildMode(enum.Enum):
+    SINGLE = "single"
+    TWO_PHASE = "two-phase"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rendered:
+    target: BuildTarget
+    mode: BuildMode
+    # The CDI device the compile step requests (None on CPU without an override).
+    device: str | None
+    kinds: tuple[CacheKind, ...]
+    wheel: str
+    dockerfile: str
+    target_json: str
+
+
+def _dq(value: object) -> str:
+    """A double-quoted Dockerfile word: no variable expansion, no line breaks."""
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise BadInput(f"value {text[:40]!r}... contains a line break; labels and env must be one line")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def _assignments(pairs: Sequence[tuple[str, str]], indent: int) -> str:
+    """``A="1" \\⏎    B="2"``: one name=value per line, for ENV and LABEL."""
+    return f" \\\n{' ' * indent}".join(f"{name}={_dq(value)}" for name, value in pairs)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["dq"] = _dq
+    env.filters["assignments"] = _assignments
+    return env
+
+
+def target_config(target: BuildTarget) -> TargetConfig:
+    spec = target.spec
+    return TargetConfig(key=target.key, gpu=target.gpu.name, serve=spec.serve, shapes=spec.compile.shapes)
+
+
+def device_for(target: BuildTarget, override: str | None = None) -> str | None:
+    if override:
+        return override
+    return None if target.gpu.cdi == NO_DEVICE else target.gpu.cdi
+
+
+def render(
+    target: BuildTarget,
+    *,
+    kinds: Sequence[CacheKind],
+    cache_env: Sequence[tuple[str, str]] = (),
+    wheel: str,
+    mode: BuildMode = BuildMode.SINGLE,
+    device: str | None = None,
+) -> Rendered:
+    """``kinds`` and ``cache_env`` come from the engine (``EngineRuntime.cache_kinds`` and
+    ``cache_env(CACHE_ROOT)``), passed in so that rendering needs no engine installed."""
+    if not kinds:
+        raise BadInput(f"{target.name}: the engine declares no cache kinds")
+    dev = device_for(target, device)
+    if mode is BuildMode.TWO_PHASE and dev is None:
+        raise BadInput(
+            f"{target.name}: a two-phase build runs the compile step with a CDI device, "
+            f"and {target.gpu.name} has none; pass --cdi-device or use --mode single"
+        )
+    config = target_config(target)
+    env = sorted({**dict(target.spec.serve.env), **dict(cache_env)}.items())
+    text = (
+        _environment()
+        .get_template("Dockerfile.j2")
+        .render(
+            version=__version__,
+            name=target.name,
+            mode=mode.value,
+            key=str(target.key),
+            key_digest=target.key.digest,
+            device=dev,
+            base_image=target.base_image,
+            wheel=wheel,
+            target_file=TARGET_FILE,
+            cache_root=config.cache_root,
+            local_model=target.spec.model.local_dir is not None,
+            model_path=target.key.model_path,
+            env=env,
+            kinds=[k.value for k in kinds],
+            labels=list(target.labels),
+        )
+    )
+    return Rendered(
+        target=target,
+        mode=mode,
+        device=dev,
+        kinds=tuple(kinds),
+        wheel=wheel,
+        dockerfile=text,
+        target_json=config.to_json(),
+    )
+
+
+def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path:
+    """Write ``Dockerfile``, ``target.json``, ``wheels/`` and (local models) ``model/``."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    (directory / "Dockerfile").write_text(rendered.dockerfile)
+    (directory / "target.json").write_text(rendered.target_json)
+    (directory / "wheels").mkdir()
+    shutil.copy2(wheel_path, directory / "wheels" / rendered.wheel)
+    local = rendered.target.spec.model.local_dir
+    if local is not None:
+        shutil.copytree(local, directory / "model")
+    return directory
+
+
+__all__ = [
+    "CACHE_ROOT",
+    "STAGES",
+    "BuildMode",
+    "Rendered",
+    "device_for",
+    "render",
+    "target_config",
+    "write_context",
+]

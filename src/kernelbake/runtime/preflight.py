@@ -1,0 +1,204 @@
+"""The runtime preflight behind ``kernelbake serve`` and ``kernelbake check``.
+
+Probe the GPU and software, compare with the baked key (reasons, not a bool), verify the
+bundle against its manifest, and decide where the engine's caches point:
+
+- everything matches and the cache root is writable: the baked caches, in place;
+- it matches but the root is read-only (``--read-only`` without the mount recipe below): a
+  writable copy elsewhere, with a loud warning, since caches that embed absolute paths
+  (FlashInfer's ninja files) rebuild when moved;
+- anything else: a fresh empty directory, so the engine starts cold and never reads a cache
+  it was not built for.
+
+Keeping the caches writable at their own path needs no privileges: mount a writable volume
+*over* the cache root that starts as a copy of it (``READ_ONLY_RECIPE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelbake.compat import Match, check
+from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.runtime.bundle import UNSET, Manifest, kind_dir, read_manifest, verify
+from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
+from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
+from kernelbake.runtime.facts import found_key, probe
+
+READ_ONLY_RECIPE = (
+    "keep the cache root writable at its own path: "
+    "docker run --read-only -v {root} ... (an anonymous volume starts as a copy of the image's caches); "
+    "Kubernetes: an initContainer running 'python3 -m kernelbake seed-cache /seed' into an emptyDir "
+    "mounted at /seed, and the same emptyDir mounted at {root} in the serving container "
+    "(see README, 'Read-only root filesystems')"
+)
+_MAX_LISTED = 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+    target: TargetConfig
+    facts: Facts
+    match: Match
+    # Why the baked caches are not used (empty when starting warm).
+    problems: tuple[str, ...]
+    # Worth a warning, but not a reason to start cold.
+    notes: tuple[str, ...]
+    manifest_files: int
+    cache_root: Path
+    env: dict[str, str]
+
+    @property
+    def warm(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": "warm" if self.warm else "cold",
+            "key": str(self.target.key),
+            "key_digest": self.target.key.digest,
+            "found": dataclasses.asdict(self.facts),
+            "match": self.match.summary(),
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "manifest_files": self.manifest_files,
+            "cache_root": str(self.cache_root),
+        }
+
+    def lines(self) -> list[str]:
+        if self.warm:
+            head = [
+                f"baked caches valid ({self.match.summary()}): {self.manifest_files} files, "
+                f"engine caches at {self.cache_root}"
+            ]
+        else:
+            head = [f"WARNING: starting COLD; the baked caches are not used (caches at {self.cache_root}):"]
+            head += [f"  - {p}" for p in self.problems]
+        return head + [f"WARNING: {n}" for n in self.notes]
+
+
+def _usable(paths: Sequence[Path]) -> bool:
+    """Writable, and compiled kernels there can be loaded: Docker mounts ``--tmpfs`` noexec,
+    and Inductor then can neither load its .so files nor probe the CPU's vector ISA."""
+    for p in paths:
+        try:
+            with tempfile.NamedTemporaryFile(dir=p, prefix=".kernelbake-probe-"):
+                pass
+            if os.statvfs(p).f_flag & os.ST_NOEXEC:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _integrity(root: Path, target: TargetConfig, mode: VerifyMode) -> tuple[Manifest | None, list[str]]:
+    try:
+        manifest = read_manifest(root)
+    except BadInput as exc:
+        return None, [str(exc)]
+    if manifest.key != target.key:
+        return manifest, [
+            f"the cache manifest was built for key {manifest.key.digest}, "
+            f"target.json says {target.key.digest}"
+        ]
+    bad = verify(root, manifest, deep=mode is VerifyMode.DEEP)
+    problems = [f"cache integrity: {p}" for p in bad[:_MAX_LISTED]]
+    if len(bad) > _MAX_LISTED:
+        problems.append(f"cache integrity: {len(bad) - _MAX_LISTED} more files differ")
+    return manifest, problems
+
+
+def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> list[str]:
+    """Hashed variables whose value differs from the compile step's. The manifest lists every
+    variable the engine hashed (unset ones as ``UNSET``), so this needs no engine import."""
+    if manifest is None:
+        return []
+    notes = []
+    for name, then in manifest.hashed_env:
+        now = effective.get(name, UNSET)
+        if now != then:
+            shown_now = "unset" if now == UNSET else repr(now)
+            shown_then = "unset" if then == UNSET else repr(then)
+            notes.append(
+                f"${name} is {shown_now} but was {shown_then} at compile time; the engine hashes it, "
+                "so affected graphs compile at startup (unset it or rebuild with it pinned in serve.env)"
+            )
+    return notes
+
+
+def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
+    with contextlib.suppress(OSError):
+        scratch.mkdir(parents=True, exist_ok=True)
+    if not _usable([scratch]):
+        raise EnvironmentProblem(
+            f"{why}, and {scratch} is not a writable directory that allows executing compiled kernels",
+            hint=f"{READ_ONLY_RECIPE.format(root=root)}; for cold starts mount {scratch} with exec "
+            "(docker run --tmpfs /tmp:exec) or set KERNELBAKE_SCRATCH",
+        )
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
+
+
+def preflight(
+    env: RuntimeEnv, user_args: Sequence[str] = (), *, engine: EngineRuntime | None = None
+) -> Verdict:
+    target = TargetConfig.load(env.target_file)
+    engine = engine or get_engine(target.key.engine)
+    facts = probe(engine)
+    match = check(target.key, found_key(target.key, facts))
+    baked = Path(target.cache_root)
+    problems = [str(r) for r in match.blocking]
+    if env.cache is CacheMode.OFF:
+        problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
+    manifest, integrity = _integrity(baked, target, env.verify)
+    problems += integrity
+    pinned = dict(target.serve.env)
+    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
+    if shape := engine.shape_args(target, user_args):
+        notes.append(
+            f"serve arguments change what was compiled ({'; '.join(shape)}): "
+            "those graphs compile at startup instead of loading from the baked caches"
+        )
+    kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
+    if problems:
+        root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
+    elif _usable([baked, *kinds]):
+        root = baked
+    else:
+        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
+        shutil.copytree(baked, root, dirs_exist_ok=True)
+        notes.append(
+            f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
+            f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
+        )
+    for kind in engine.cache_kinds:
+        kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+    return Verdict(
+        target=target,
+        facts=facts,
+        match=match,
+        problems=tuple(problems),
+        notes=tuple(notes),
+        manifest_files=len(manifest.files) if manifest else 0,
+        cache_root=root,
+        env={**env.environ, **pinned, **engine.cache_env(root)},
+    )
+
+
+def seed(root: Path, dest: Path) -> int:
+    """Copy the baked bundle into ``dest`` (an emptyDir in a Kubernetes initContainer) so it
+    can be mounted writable at the cache root's own path. Returns the number of files."""
+    manifest = read_manifest(root)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(root, dest, dirs_exist_ok=True)
+    problems = verify(dest, manifest, deep=False)
+    if problems:
+        raise BadInput(f"seed-cache: copy into {dest} is incomplete: {problems[0]}")
+    return len(manifest.files)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelbake.build import BuildOptions, Built, Driver
+from kernelbake.plan import plan
+from kernelbake.render import BuildMode
+from kernelbake.settings import Settings
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+from tests.support.docker import require_cpu_base
+
+TEST_CDI = REPO / "buildkit" / "cdi" / "kernelbake-test.yaml"
+INSTALLED_CDI = Path("/etc/cdi/kernelbake-test.yaml")
+TEST_DEVICE = "kernelbake.dev/test=builder"
+
+
+def build_tiny(out: Path, registry: str, **options: object) -> Built:
+    require_cpu_base()
+    targets = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"], registry=registry)
+    (built,) = Driver(Settings.from_env()).build(targets, BuildOptions(out=out, push=True, **options))  # type: ignore[arg-type]
+    return built
+
+
+@pytest.fixture(scope="session")
+def single_image(registry: str, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """tiny-llama built in one build (compile stage inside BuildKit) and pushed."""
+    return build_tiny(tmp_path_factory.mktemp("single"), f"{registry}/single")
+
+
+@pytest.fixture(scope="session")
+def test_cdi_device() -> str:
+    """The hardware-free CDI device that make deps installs (installed here when missing)."""
+    if not INSTALLED_CDI.is_file() or INSTALLED_CDI.read_bytes() != TEST_CDI.read_bytes():
+        INSTALLED_CDI.parent.mkdir(parents=True, exist_ok=True)
+        INSTALLED_CDI.write_bytes(TEST_CDI.read_bytes())
+    return TEST_DEVICE
+
+
+@pytest.fixture(scope="session")
+def two_phase_image(registry: str, tmp_path_factory: pytest.TempPathFactory, test_cdi_device: str) -> Built:
+    """tiny-llama compiled by `docker run --device <test CDI device>`, then built and pushed."""
+    return build_tiny(
+        tmp_path_factory.mktemp("two-phase"),
+        f"{registry}/two-phase",
+        mode=BuildMode.TWO_PHASE,
+        device=test_cdi_device,
+    )

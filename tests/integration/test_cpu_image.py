@@ -1,0 +1,193 @@
+"""The tiny-llama CPU image for real: build, push, pull, run; cache hits and cold fallback."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kernelbake.build import Built
+from kernelbake.cli import main
+from kernelbake.key import parse_key
+from kernelbake.registry import RegistryClient, parse_reference
+from tests.conftest import REPO
+from tests.support.docker import docker, ready_line
+from tests.support.registry import free_port
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+
+
+def test_pulled_image_hits_the_baked_inductor_cache(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    # Drop the local copy so that what runs is what the registry serves.
+    docker("image", "rm", single_image.ref)
+    docker("pull", single_image.pushed)
+    res = docker("run", "--rm", single_image.pushed, "--warmup-only")
+    assert "baked caches valid (exact match)" in res.stderr
+    counters = ready_line(res.stdout)["counters"]
+    assert counters["fxgraph_cache_hit"] >= 1 and counters["fxgraph_cache_miss"] == 0
+    assert counters["autograd_cache_hit"] >= 1 and counters["autograd_cache_miss"] == 0
+
+
+def _baked_files(image: str, tmp_path: Path) -> tuple[Path, Path]:
+    target = json.loads(
+        docker("run", "--rm", "--entrypoint", "cat", image, "/opt/kernelbake/target.json").stdout
+    )
+    manifest = json.loads(
+        docker("run", "--rm", "--entrypoint", "cat", image, "/opt/kernelbake/cache/manifest.json").stdout
+    )
+    # A consistent bundle that claims another torch: as if baked with a different base image.
+    other = str(parse_key(target["key"]).replace(torch="2.12.0"))
+    target["key"] = manifest["key"] = other
+    (tmp_path / "target.json").write_text(json.dumps(target))
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path / "target.json", tmp_path / "manifest.json"
+
+
+def test_mismatched_key_falls_back_to_a_clean_cold_start(single_image: Built, tmp_path: Path) -> None:
+    assert single_image.pushed is not None
+    target, manifest = _baked_files(single_image.pushed, tmp_path)
+    res = docker(
+        "run",
+        "--rm",
+        "-v",
+        f"{target}:/opt/kernelbake/target.json:ro",
+        "-v",
+        f"{manifest}:/opt/kernelbake/cache/manifest.json:ro",
+        single_image.pushed,
+        "--warmup-only",
+    )
+    assert "WARNING: starting COLD" in res.stderr
+    assert (
+        "torch: baked '2.12.0', found '2.13.0' (Inductor caches are keyed by the torch version)" in res.stderr
+    )
+    assert "Traceback" not in res.stderr
+    counters = ready_line(res.stdout)["counters"]
+    assert counters["fxgraph_cache_hit"] == 0 and counters["fxgraph_cache_miss"] >= 1
+
+
+def test_read_only_root_with_a_volume_at_the_cache_path_stays_warm(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    res = docker(
+        "run",
+        "--rm",
+        "--read-only",
+        "-v",
+        "/opt/kernelbake/cache",
+        "--tmpfs",
+        "/tmp:exec",
+        single_image.pushed,
+        "--warmup-only",
+    )
+    assert "engine caches at /opt/kernelbake/cache" in res.stderr
+    assert ready_line(res.stdout)["counters"]["fxgraph_cache_hit"] >= 1
+
+
+def test_check_reports_a_warm_verdict(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    res = docker(
+        "run", "--rm", "--entrypoint", "python3", single_image.pushed, "-m", "kernelbake", "check", "--json"
+    )
+    verdict = json.loads(res.stdout)
+    assert verdict["verdict"] == "warm" and verdict["match"] == "exact match"
+    assert verdict["found"]["device"] == "cpu" and verdict["found"]["torch"] == "2.13.0"
+
+
+def test_serves_http(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    port = free_port()
+    cid = docker("run", "-d", "--rm", "-p", f"127.0.0.1:{port}:8000", single_image.pushed).stdout.strip()
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        body = json.dumps({"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 3}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/generate", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out = json.loads(r.read())
+        assert len(out["output_ids"][0]) == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as r:
+            assert json.loads(r.read())["counters"]["fxgraph_cache_hit"] >= 1
+    finally:
+        docker("rm", "-f", cid, check=False)
+
+
+def _layer_files(client: RegistryClient, image: str, digest: str) -> list[str]:
+    blob = client.blob(parse_reference(image), digest)
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
+        return sorted(m.name for m in tar.getmembers() if m.isfile())
+
+
+def test_layers_end_with_one_per_cache_kind_then_the_manifest(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    ref = parse_reference(single_image.pushed)
+    client = RegistryClient(ref.registry)
+    doc, _ = client.manifest(ref)
+    layers = [layer["digest"] for layer in doc["layers"]]
+    assert _layer_files(client, single_image.pushed, layers[-1]) == ["opt/kernelbake/cache/manifest.json"]
+    assert _layer_files(client, single_image.pushed, layers[-2]) == []  # triton: empty on the CPU
+    inductor = _layer_files(client, single_image.pushed, layers[-3])
+    assert inductor and all(f.startswith("opt/kernelbake/cache/inductor/") for f in inductor)
+    model = _layer_files(client, single_image.pushed, layers[-4])
+    assert model == ["models/tiny-llama/config.json"]
+    assert _layer_files(client, single_image.pushed, layers[-5]) == ["opt/kernelbake/target.json"]
+
+
+def test_inspect_shows_key_and_cache_manifest(
+    single_image: Built, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert single_image.pushed is not None
+    assert main(["inspect", single_image.pushed, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["key"] == str(single_image.target.key)
+    assert doc["pullable"] == single_image.pushed
+    cm = doc["cache_manifest"]
+    assert cm["key_matches_labels"] and cm["files"] > 0 and cm["kinds"]["inductor"]["files"] > 0
+    assert cm["builder"]["device"] == "cpu" and cm["builder"]["driver"] == "none"
+
+
+def test_a_failing_stage_is_named_and_nothing_is_pushed(
+    registry: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = REPO / "tests" / "specs" / "missing-base.yaml"
+    rc = main(["build", str(spec), "--push", f"{registry}/failing", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    log = tmp_path / "missing-base-cpu" / "logs" / "runtime.log"
+    assert rc == 4
+    assert err.startswith("kernelbake build: error: missing-base-cpu: stage 'runtime'")
+    assert str(log) in err and log.is_file()
+    with urllib.request.urlopen(f"http://{registry}/v2/_catalog") as r:
+        assert not any(repo.startswith("failing/") for repo in json.loads(r.read())["repositories"])
+
+
+USER_SCRIPT = """
+from kernelbake.runtime.engines.torch_engine import use_baked_caches
+verdict = use_baked_caches()
+import json, torch, transformers
+from torch._dynamo.utils import counters
+config = transformers.AutoConfig.from_pretrained("/models/tiny-llama")
+model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+for layer in model.model.layers:
+    layer.compile()
+with torch.inference_mode():
+    model(input_ids=torch.randint(0, config.vocab_size, (1, 32)), use_cache=False)
+print(json.dumps({"warm": verdict.warm, **counters["inductor"]}))
+"""
+
+
+def test_users_own_torch_compile_hits_the_baked_caches(single_image: Built) -> None:
+    assert single_image.pushed is not None
+    res = docker("run", "--rm", "--entrypoint", "python3", single_image.pushed, "-c", USER_SCRIPT)
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["warm"] is True
+    assert doc["fxgraph_cache_hit"] >= 1 and doc.get("fxgraph_cache_miss", 0) == 0

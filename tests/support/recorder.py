@@ -1,0 +1,68 @@
+"""A recording runner for the build driver: answers docker commands from a script."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kernelbake.runner import Result
+
+
+class Recorder:
+    def __init__(
+        self,
+        *,
+        buildx: bool = True,
+        fail_bake: str | None = None,
+        labels: Mapping[str, str] = {},
+        builders: tuple[str, ...] = (),
+    ) -> None:
+        # Names of existing buildx builders (container builders for GPU families).
+        self.builders = builders
+        self.calls: list[tuple[str, ...]] = []
+        self.logs: list[Path] = []
+        self.buildx = buildx
+        # The bake target whose build fails.
+        self.fail_bake = fail_bake
+        self.labels = dict(labels)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        capture: bool = False,
+        log: Path | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        args = tuple(argv[1:])
+        self.calls.append(args)
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(" ".join(argv) + "\n")
+            self.logs.append(log)
+        if args[:2] == ("buildx", "bake") and args[-1] == self.fail_bake:
+            return Result(tuple(argv), 1, "", "boom")
+        if args[:2] == ("buildx", "version"):
+            return Result(tuple(argv), 0 if self.buildx else 1)
+        if args[:2] == ("buildx", "inspect"):
+            return Result(tuple(argv), 0 if args[2] in self.builders else 1)
+        if args[:2] == ("buildx", "bake") and "--metadata-file" in args:
+            # A container builder pushing the final image writes its digest there.
+            meta = Path(args[args.index("--metadata-file") + 1])
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_text(json.dumps({args[-1]: {"containerimage.digest": "sha256:" + "cd" * 32}}))
+        if args[:1] == ("version",):
+            return Result(tuple(argv), 0, "26.1.5\n")
+        if args[:2] == ("image", "inspect") and "{{json .Config.Labels}}" in args:
+            return Result(tuple(argv), 0, json.dumps(self.labels))
+        if args[:2] == ("image", "inspect") and "{{json .RepoDigests}}" in args:
+            repo = args[-1].rsplit(":", 1)[0]
+            return Result(tuple(argv), 0, json.dumps([f"{repo}@sha256:{'ab' * 32}"]))
+        return Result(tuple(argv), 0)
+
+    def commands(self) -> list[str]:
+        return [" ".join(c[:2]) for c in self.calls]

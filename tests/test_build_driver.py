@@ -1,0 +1,164 @@
+"""The build driver with a recording runner: stage order, failures, push rules. No Docker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelbake.build import BuildOptions, Driver
+from kernelbake.errors import BuildFailed, EnvironmentProblem
+from kernelbake.plan import BuildTarget, plan
+from kernelbake.render import BuildMode
+from kernelbake.settings import Settings
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+from tests.support.recorder import Recorder
+
+
+@pytest.fixture
+def target() -> BuildTarget:
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"], registry="127.0.0.1:5999/kb")
+    return t
+
+
+def _driver(rec: Recorder) -> Driver:
+    return Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec)
+
+
+def _bake_targets(rec: Recorder) -> list[str]:
+    return [c[-1] for c in rec.calls if c[:2] == ("buildx", "bake")]
+
+
+def test_single_mode_builds_stage_by_stage_and_verifies_labels(target: BuildTarget, tmp_path: Path) -> None:
+    rec = Recorder(labels=dict(target.labels))
+    (built,) = _driver(rec).build([target], BuildOptions(out=tmp_path))
+    n = target.name
+    assert _bake_targets(rec) == [f"{n}-runtime", f"{n}-compile", n]
+    assert built.ref == target.ref and built.pushed is None
+    assert not any(c[0] == "push" for c in rec.calls)
+    assert (tmp_path / n / "context" / "Dockerfile").is_file()
+    assert (tmp_path / "docker-bake.json").is_file()
+    assert [p.name for p in rec.logs] == ["runtime.log", "compile.log", "final.log"]
+
+
+def test_push_happens_last_and_reports_the_digest(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    rec = Recorder(labels=dict(target.labels))
+    (built,) = _driver(rec).build([target], BuildOptions(out=tmp_path, push=True))
+    pushes = [i for i, c in enumerate(rec.calls) if c[0] == "push"]
+    bakes = [i for i, c in enumerate(rec.calls) if c[:2] == ("buildx", "bake")]
+    assert len(pushes) == 1 and pushes[0] > max(bakes)
+    assert built.pushed == f"{target.repository}@sha256:{'ab' * 32}"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "stage"), [("-runtime", "runtime"), ("-compile", "compile"), ("", "final")]
+)
+def test_a_failing_stage_is_named_with_its_log_and_nothing_is_pushed(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str, stage: str
+) -> None:
+    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    rec = Recorder(fail_bake=target.name + suffix, labels=dict(target.labels))
+    with pytest.raises(BuildFailed) as info:
+        _driver(rec).build([target], BuildOptions(out=tmp_path, push=True))
+    log = tmp_path / target.name / "logs" / f"{stage}.log"
+    assert f"stage {stage!r}" in str(info.value) and str(log) in str(info.value)
+    assert "nothing was pushed" in str(info.value)
+    assert not any(c[0] == "push" for c in rec.calls)
+
+
+def test_label_mismatch_is_not_pushed(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    other = target.key.replace(torch="2.12.0")
+    rec = Recorder(labels={**dict(target.labels), **other.labels()})
+    with pytest.raises(BuildFailed, match="differ from the planned key; not pushing"):
+        _driver(rec).build([target], BuildOptions(out=tmp_path, push=True))
+    assert not any(c[0] == "push" for c in rec.calls)
+
+
+def test_without_buildx_falls_back_to_docker_build(target: BuildTarget, tmp_path: Path) -> None:
+    rec = Recorder(buildx=False, labels=dict(target.labels))
+    _driver(rec).build([target], BuildOptions(out=tmp_path))
+    builds = [c for c in rec.calls if c[0] == "build"]
+    assert [c[c.index("--target") + 1] for c in builds] == ["runtime", "compile", "final"]
+    assert "-t" in builds[-1] and target.ref in builds[-1]
+
+
+def test_two_phase_needs_buildx(target: BuildTarget, tmp_path: Path) -> None:
+    rec = Recorder(buildx=False)
+    with pytest.raises(EnvironmentProblem, match="needs docker buildx"):
+        _driver(rec).build(
+            [target],
+            BuildOptions(out=tmp_path, mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder"),
+        )
+
+
+def test_two_phase_compiles_with_docker_run_device_into_the_named_context(
+    target: BuildTarget, tmp_path: Path
+) -> None:
+    rec = Recorder(labels=dict(target.labels))
+    options = BuildOptions(out=tmp_path, mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder")
+    _driver(rec).build([target], options)
+    n = target.name
+    runs = [c for c in rec.calls if c[0] == "run"]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run[run.index("--device") + 1] == "kernelbake.dev/test=builder"
+    assert run[run.index("-v") + 1] == f"{tmp_path / n / 'caches'}:/opt/kernelbake/cache"
+    assert run[-3:-1] == ("compile", "--chown")
+    order = [
+        c[-1] if c[0] == "buildx" else "run"
+        for c in rec.calls
+        if c[0] in ("run",) or c[:2] == ("buildx", "bake")
+    ]
+    assert order == [f"{n}-runtime", "run", n]
+
+
+@pytest.fixture
+def vllm_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM engine module belongs to another area; its declarations are all render needs."""
+    from kernelbake.key import Engine
+    from kernelbake.runtime import engines
+
+    monkeypatch.setitem(engines._FACTORIES, Engine.VLLM, "tests.support.fake_engine:FakeVllmEngine")
+
+
+def test_render_cli_handles_vllm_gpu_targets(
+    vllm_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelbake.cli import main
+
+    assert (
+        main(["render", str(REPO / "images" / "qwen3-8b.yaml"), "--gpu", "h100", "--out", str(tmp_path)]) == 0
+    )
+    dockerfile = (tmp_path / "qwen3-8b-h100" / "context" / "Dockerfile").read_text()
+    assert "RUN --device=nvidia.com/gpu=all python3 -m kernelbake compile" in dockerfile
+    assert 'VLLM_CACHE_ROOT="/opt/kernelbake/cache/vllm"' in dockerfile
+    for kind in ("vllm", "inductor", "triton", "flashinfer"):
+        assert f"COPY --from=caches /{kind}/ /opt/kernelbake/cache/{kind}/" in dockerfile
+    assert not (tmp_path / "qwen3-8b-h100" / "context" / "model").exists()
+    assert (tmp_path / "docker-bake.json").is_file()
+
+
+def test_gpu_target_on_its_family_builder_is_pushed_by_the_builder(
+    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"], registry="ghcr.io/acme/models")
+    rec = Recorder(builders=("kernelbake-hopper",))
+    (built,) = _driver(rec).build([t], BuildOptions(out=tmp_path, push=True))
+    bakes = [c for c in rec.calls if c[:2] == ("buildx", "bake")]
+    assert all(c[c.index("--builder") + 1] == "kernelbake-hopper" for c in bakes)
+    assert [c[-1] for c in bakes] == [f"{t.name}-runtime", f"{t.name}-compile", t.name]
+    assert built.pushed == f"ghcr.io/acme/models/qwen3-8b@sha256:{'cd' * 32}"
+    # The builder pushed the complete image itself; no docker push, no image loaded.
+    assert not any(c[0] in ("push", "image") for c in rec.calls)
+    import json
+
+    doc = json.loads((tmp_path / "docker-bake.json").read_text())
+    assert doc["target"][t.name]["output"] == ["type=image,push=true"]

@@ -1,0 +1,237 @@
+"""The compile step and the runtime preflight, with a fake engine and a temporary cache root."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kernelbake.errors import BuildFailed, EnvironmentProblem, KeyMismatch
+from kernelbake.plan import plan
+from kernelbake.render import target_config
+from kernelbake.runtime import preflight as pf
+from kernelbake.runtime.bundle import read_manifest
+from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.engines import Facts
+from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+from tests.support.fake_engine import FakeEngine, facts_for
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> TargetConfig:
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
+    config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
+    (tmp_path / "target.json").write_text(config.to_json())
+    return config
+
+
+def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
+    scratch = tmp_path / "scratch"
+    return RuntimeEnv.from_env(
+        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(scratch), **environ}
+    )
+
+
+def _baked(tmp_path: Path, target: TargetConfig) -> Path:
+    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(facts_for(target.key)))
+    return Path(target.cache_root)
+
+
+# -- compile ---------------------------------------------------------------------------------
+
+
+def test_compile_writes_the_bundle_with_a_builder_entry(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    manifest = read_manifest(root)
+    assert manifest.key == target.key
+    assert manifest.totals() == {"inductor": {"files": 2, "bytes": 201}}
+    report = dict(manifest.compile_report)
+    assert report["builder"] == {
+        "device": "cpu",
+        "driver": "none",
+        "arch": "x86_64",
+        "cuda": "none",
+        "host": "test-host",
+    }
+    assert report["graphs"] == 2
+    assert dict(manifest.hashed_env) == {"FAKE_HASHED": "1"}
+    # Every declared kind has its directory, even when empty: the final stage COPYs each.
+    assert (root / "triton").is_dir()
+
+
+def test_compile_refuses_a_builder_that_differs_from_the_plan(tmp_path: Path, target: TargetConfig) -> None:
+    engine = FakeEngine(facts_for(target.key, torch="2.12.0", python="3.12"))
+    with pytest.raises(KeyMismatch) as info:
+        run_compile(_env(tmp_path), engine=engine)
+    assert "torch: baked '2.13.0', found '2.12.0'" in str(info.value)
+    assert "python: baked '3.11', found '3.12'" in str(info.value)
+    assert engine.compiled_into is None
+    assert not (Path(target.cache_root) / "manifest.json").exists()
+
+
+def test_compile_refuses_a_gpu_builder_below_the_driver_floor(tmp_path: Path) -> None:
+    (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"])
+    config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
+    (tmp_path / "target.json").write_text(config.to_json())
+    with pytest.raises(KeyMismatch, match=re.escape("driver_floor: baked '580.65.06', found '535.104.05'")):
+        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, driver="535.104.05")))
+    with pytest.raises(KeyMismatch, match="device: baked 'NVIDIA H100 80GB HBM3', found 'NVIDIA H100 PCIe'"):
+        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, device="NVIDIA H100 PCIe")))
+
+
+def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target: TargetConfig) -> None:
+    with pytest.raises(BuildFailed, match="left no cache files"):
+        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key), files=0))
+    stale = Path(target.cache_root) / "inductor" / "old.bin"
+    stale.write_bytes(b"x")
+    with pytest.raises(BuildFailed, match="refusing to bake caches that this compile did not produce"):
+        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+
+
+# -- preflight ------------------------------------------------------------------------------
+
+
+def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    assert v.warm and v.problems == () and v.notes == ()
+    assert v.cache_root == root
+    assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
+    assert v.manifest_files == 2
+
+
+def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key, torch="2.12.0")))
+    assert not v.warm
+    assert v.problems == (
+        "torch: baked '2.13.0', found '2.12.0' (Inductor caches are keyed by the torch version)",
+    )
+    assert v.cache_root != root and v.cache_root.parent == tmp_path / "scratch"
+    assert list(v.cache_root.rglob("*.bin")) == []
+    assert v.env["FAKE_CACHE_DIR"].startswith(str(tmp_path / "scratch"))
+    assert "WARNING: starting COLD" in v.lines()[0]
+
+
+def test_tampered_or_missing_files_start_cold(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    (root / "inductor" / "g0" / "graph.bin").write_bytes(b"short")
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    assert v.problems == ("cache integrity: inductor/g0/graph.bin: size 5 != 100",)
+    (root / "inductor" / "g0" / "graph.bin").write_bytes(b"\x01" * 100)
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_VERIFY="deep"), engine=FakeEngine(facts_for(target.key)))
+    assert v.problems == ("cache integrity: inductor/g0/graph.bin: sha256 differs",)
+    (root / "manifest.json").unlink()
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    assert not v.warm and "cannot read cache manifest" in v.problems[0]
+
+
+def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["key"] = str(target.key.replace(max_model_len=4096))
+    (root / "manifest.json").write_text(json.dumps(doc))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    assert not v.warm and "the cache manifest was built for key" in v.problems[0]
+
+
+def test_cache_off_starts_cold_on_purpose(tmp_path: Path, target: TargetConfig) -> None:
+    _baked(tmp_path, target)
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(facts_for(target.key)))
+    assert v.problems == ("KERNELBAKE_CACHE=off: starting cold on purpose",)
+
+
+def test_changed_hashed_env_and_shape_args_warn_but_stay_warm(tmp_path: Path, target: TargetConfig) -> None:
+    _baked(tmp_path, target)
+
+    class Engine(FakeEngine):
+        def cache_env(self, root: Path) -> dict[str, str]:
+            return {"FAKE_CACHE_DIR": str(root / "inductor")}
+
+    v = pf.preflight(
+        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(facts_for(target.key))
+    )
+    assert v.warm
+    assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
+    assert v.notes[1].startswith("serve arguments change what was compiled (--shapes changes the shapes)")
+
+
+def test_read_only_root_copies_with_a_loud_warning(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _baked(tmp_path, target)
+    real = pf._usable
+    monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    assert v.warm and v.cache_root != root
+    assert (v.cache_root / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
+    assert "is read-only, so the caches were copied" in v.notes[0]
+    assert "docker run --read-only -v" in v.notes[0]
+
+
+def test_no_usable_scratch_is_a_clear_error(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _baked(tmp_path, target)
+    monkeypatch.setattr(pf, "_usable", lambda paths: False)
+    with pytest.raises(EnvironmentProblem, match="allows executing compiled kernels"):
+        pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+
+
+def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    assert pf.seed(root, tmp_path / "seed") == 2
+    assert read_manifest(tmp_path / "seed") == read_manifest(root)
+
+
+def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:
+    class Broken(FakeEngine):
+        def probe(self) -> Facts:
+            raise ImportError("libtorch_cpu.so: cannot open shared object file")
+
+    with pytest.raises(
+        EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
+    ):
+        pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))
+
+
+def test_fetch_model_downloads_config_files_at_the_pinned_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    from kernelbake.runtime.fetch import fetch_model
+
+    (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"])
+    key = t.key.replace(model_path=str(tmp_path / "models" / "qwen3-8b"))
+    config = dataclasses.replace(target_config(t), key=key)
+    (tmp_path / "target.json").write_text(config.to_json())
+    calls: list[dict[str, object]] = []
+
+    def snapshot_download(**kw: object) -> str:
+        calls.append(kw)
+        dest = Path(str(kw["local_dir"]))
+        (dest / "config.json").write_text("{}")
+        (dest / ".cache").mkdir()
+        return str(dest)
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download)
+    )
+    dest = fetch_model(_env(tmp_path, HF_TOKEN="hf_x"))
+    assert dest == tmp_path / "models" / "qwen3-8b"
+    (call,) = calls
+    assert (
+        call["repo_id"] == "Qwen/Qwen3-8B" and call["revision"] == "b968826d9c46dd6066d109eabc6255188de91218"
+    )
+    assert call["token"] == "hf_x"
+    assert "*.safetensors" in call["ignore_patterns"]  # type: ignore[operator]
+    assert not any("safetensors" in p for p in call["allow_patterns"])  # type: ignore[attr-defined]
+    assert not (dest / ".cache").exists()
