@@ -6,15 +6,21 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kernelbake.oci import RegistryClient
 from kernelbake.settings import Settings
-from kernelbake.signing.keys import generate_key_pair, load_public_key_file
-from kernelbake.signing.policy import VerifyPolicy, load_policy
-from kernelbake.signing.signer import Signer, signer_from_settings
+
+# Host-side dependencies (requests, cryptography, sigstore) are imported by the commands
+# that need them: the same CLI runs inside images, which have none of them.
+if TYPE_CHECKING:
+    from kernelbake.oci import RegistryClient
+    from kernelbake.signing.policy import VerifyPolicy
+    from kernelbake.signing.signer import Signer
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
+    from kernelbake.oci import RegistryClient
+
     insecure = (*settings.insecure_registries, *args.insecure_registry)
     return RegistryClient(settings, timeout=args.timeout, insecure_hosts=insecure)
 
@@ -31,6 +37,8 @@ def _add_registry_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate_key_pair(args: argparse.Namespace) -> int:
+    from kernelbake.signing.keys import generate_key_pair, load_public_key_file
+
     settings = Settings.from_env()
     private, public = generate_key_pair(
         Path(args.dir), name=args.name, password=settings.signing_key_password or None, overwrite=args.force
@@ -41,6 +49,8 @@ def cmd_generate_key_pair(args: argparse.Namespace) -> int:
 
 
 def _signer(args: argparse.Namespace, settings: Settings) -> Signer:
+    from kernelbake.signing.signer import signer_from_settings
+
     return signer_from_settings(
         settings,
         keyless=args.keyless,
@@ -80,6 +90,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> VerifyPolicy:
+    from kernelbake.signing.policy import VerifyPolicy, load_policy
+
     if args.policy:
         return load_policy(args.policy)
     return VerifyPolicy.from_mapping({"keys": list(args.key)}, source="--key")

@@ -1,0 +1,39 @@
+"""Inside an image kernelbake has only PyYAML and Jinja2: the CLI must load without the
+host-side dependencies (requests, cryptography, sigstore), or every image's entrypoint breaks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+_BLOCK_HOST_DEPS = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"requests", "cryptography", "sigstore", "sigstore_models", "urllib3"}:
+            raise ImportError(f"{name} is not in images")
+sys.meta_path.insert(0, Block())
+from kernelbake.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK_HOST_DEPS, *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+
+
+def test_runtime_commands_load_without_host_dependencies() -> None:
+    for command in ("compile", "serve", "check", "seed-cache"):
+        result = _cli(command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "usage:" in result.stdout
+
+
+def test_host_commands_say_what_is_missing_only_when_run() -> None:
+    result = _cli("plan", "images/tiny-llama.yaml", "--gpu", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "tiny-llama-cpu" in result.stdout
