@@ -5,11 +5,13 @@ Tests pass a recorder instead of ``run``; nothing else in the package calls ``su
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -35,7 +37,22 @@ class Runner(Protocol):
         log: Path | None = None,
         input: str | None = None,
         timeout: float | None = None,
+        on_line: Callable[[str], None] | None = None,
+        forward_signals: bool = False,
     ) -> Result: ...
+
+
+@contextlib.contextmanager
+def _forwarding(proc: subprocess.Popen[str]) -> Iterator[None]:
+    def forward(signum: int, _frame: object) -> None:
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def format_cmd(argv: Sequence[str]) -> str:
@@ -52,11 +69,16 @@ def run(
     input: str | None = None,
     timeout: float | None = None,
     echo: IO[str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    forward_signals: bool = False,
 ) -> Result:
     """Run ``argv``; never raises on a non-zero exit (callers decide what a failure means).
 
     With ``log``, output streams to the terminal and to the file, so a failed build can be
-    pointed at by path. ``env`` is the complete environment, built by the caller.
+    pointed at by path. With ``on_line``, each line of output is also handed to it as it
+    comes (``serve`` reads the engine's own cache evidence this way). ``forward_signals``
+    passes SIGTERM/SIGINT/SIGHUP on to the child, for a supervisor standing in for it as a
+    container's main process. ``env`` is the complete environment, built by the caller.
     """
     print(format_cmd(argv), file=echo or sys.stderr, flush=True)
     try:
@@ -65,12 +87,13 @@ def run(
                 list(argv), env=env, cwd=cwd, input=input, capture_output=True, text=True, timeout=timeout
             )
             return Result(tuple(argv), cp.returncode, cp.stdout, cp.stderr)
-        if log is None:
+        if log is None and on_line is None and not forward_signals:
             cp = subprocess.run(list(argv), env=env, cwd=cwd, input=input, text=True, timeout=timeout)
             return Result(tuple(argv), cp.returncode)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
         with (
-            log.open("w") as fh,
+            log.open("w") if log is not None else contextlib.nullcontext() as fh,
             subprocess.Popen(
                 list(argv),
                 env=env,
@@ -80,6 +103,7 @@ def run(
                 text=True,
                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             ) as proc,
+            _forwarding(proc) if forward_signals else contextlib.nullcontext(),
         ):
             if input is not None and proc.stdin:
                 proc.stdin.write(input)
@@ -87,7 +111,10 @@ def run(
             assert proc.stdout is not None
             for line in proc.stdout:
                 sys.stderr.write(line)
-                fh.write(line)
+                if fh is not None:
+                    fh.write(line)
+                if on_line is not None:
+                    on_line(line)
             rc = proc.wait(timeout=timeout)
         return Result(tuple(argv), rc)
     except FileNotFoundError:

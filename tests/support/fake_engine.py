@@ -57,6 +57,9 @@ class FakeEngine:
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return ["fake-serve", *user_args]
 
+    def serve_watcher(self) -> None:
+        return None
+
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]
 

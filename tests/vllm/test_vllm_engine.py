@@ -197,3 +197,19 @@ def test_native_vllm_compile_runs_first_when_available(
     fake = _FakeCompileOnly(fail=set())
     VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})
     assert [m for m, _ in fake.calls] == ["native", "fake"]
+
+
+def test_serve_watcher_reports_each_kind_of_evidence_once() -> None:
+    watch = VllmEngine().serve_watcher()
+    lines = [
+        "INFO [decorators.py:311] Directly load AOT compilation from path /opt/kernelbake/cache/vllm/x/model",
+        "INFO [decorators.py:311] Directly load AOT compilation from path /opt/kernelbake/cache/vllm/y/model",
+        "INFO [monitor.py:53] torch.compile took 3.19 s in total",
+        "WARNING Compiling model again due to a load failure from /x, reason: EOF",
+    ]
+    reports = [r for r in map(watch, lines) if r]
+    assert len(reports) == 2
+    assert reports[0].startswith(
+        "cache HIT: vLLM loaded the baked torch.compile artifact (INFO [decorators.py"
+    )
+    assert reports[1].startswith("WARNING: vLLM could not load the baked artifact")

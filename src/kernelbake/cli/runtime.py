@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kernelbake.errors import KeyMismatch
+from kernelbake.runner import run
 from kernelbake.runtime.env import RuntimeEnv
 
 
@@ -41,9 +42,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     user_args = list(args.engine_args)
     verdict = preflight(env, user_args)
     _say(verdict.lines())
-    argv = get_engine(verdict.target.key.engine).serve_argv(verdict.target, user_args)
-    _say([f"exec {' '.join(argv)}"])
-    os.execvpe(argv[0], argv, verdict.env)
+    engine = get_engine(verdict.target.key.engine)
+    argv = engine.serve_argv(verdict.target, user_args)
+    watch = engine.serve_watcher()
+    if watch is None:
+        _say([f"exec {' '.join(argv)}"])
+        os.execvpe(argv[0], argv, verdict.env)
+
+    def report(line: str) -> None:
+        if message := watch(line):
+            _say([message])
+
+    # Supervised rather than exec'd, to read the engine's own word on the caches.
+    return run(argv, env=verdict.env, on_line=report, forward_signals=True).returncode
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from kernelbake.runtime.bundle import CacheKind, kind_dir
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
-from kernelbake.runtime.engines.vllm import compat_layer
+from kernelbake.runtime.engines.vllm import compat_layer, evidence
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
@@ -188,6 +188,9 @@ class VllmEngine:
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
+
+    def serve_watcher(self) -> Callable[[str], str | None]:
+        return evidence.watcher()
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.shape_overrides(user_args, target.serve)

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 
@@ -79,6 +79,29 @@ class LogEvidence:
             "counts": {s.value: n for s, n in sorted(self.counts.items(), key=lambda kv: kv[0].value)},
             "examples": {s.value: e for s, e in sorted(self.examples.items(), key=lambda kv: kv[0].value)},
         }
+
+
+_REPORTS = {
+    Signal.AOT_LOADED: "cache HIT: vLLM loaded the baked torch.compile artifact",
+    Signal.GRAPH_LOADED: "cache HIT: vLLM loaded the baked compiled graphs",
+    Signal.COMPILED: "WARNING: cache MISS: vLLM is compiling graphs; see the preflight notes above for why",
+    Signal.LOAD_FAILED: "WARNING: vLLM could not load the baked artifact and recompiles",
+    Signal.FLASHINFER_BUILD: "WARNING: FlashInfer is JIT-compiling a module that was not baked",
+}
+
+
+def watcher() -> Callable[[str], str | None]:
+    """For ``kernelbake serve``: the first time vLLM says each thing, a line to report."""
+    seen: set[Signal] = set()
+
+    def watch(line: str) -> str | None:
+        signal = scan_line(line)
+        if signal is None or signal in seen or signal not in _REPORTS:
+            return None
+        seen.add(signal)
+        return f"{_REPORTS[signal]} ({line.strip()[:160]})"
+
+    return watch
 
 
 def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
