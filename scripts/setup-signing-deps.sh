@@ -14,8 +14,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-COSIGN2_VERSION="${COSIGN2_VERSION:-2.5.0}"
-COSIGN3_VERSION="${COSIGN3_VERSION:-3.1.1}"
+COSIGN2_VERSION="${COSIGN2_VERSION:-2.}"  # trixie ships 2.5.0; accept its point releases
+# Any 3.x: sid moves, and a pinned patch release disappears from it (3.1.1 was verified).
+COSIGN3_VERSION="${COSIGN3_VERSION:-3.}"
 COSIGN3_DIR="${COSIGN3_DIR:-/opt/kernelbake/cosign3}"
 APT_STATE="${APT_STATE:-/var/cache/kernelbake-apt}"
 
