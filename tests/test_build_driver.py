@@ -45,7 +45,7 @@ def test_single_mode_builds_stage_by_stage_and_verifies_labels(target: BuildTarg
 def test_push_happens_last_and_reports_the_digest(
     target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     rec = Recorder(labels=dict(target.labels))
     (built,) = _driver(rec).build([target], BuildOptions(out=tmp_path, push=True))
     pushes = [i for i, c in enumerate(rec.calls) if c[0] == "push"]
@@ -60,7 +60,7 @@ def test_push_happens_last_and_reports_the_digest(
 def test_a_failing_stage_is_named_with_its_log_and_nothing_is_pushed(
     target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str, stage: str
 ) -> None:
-    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     rec = Recorder(fail_bake=target.name + suffix, labels=dict(target.labels))
     with pytest.raises(BuildFailed) as info:
         _driver(rec).build([target], BuildOptions(out=tmp_path, push=True))
@@ -73,7 +73,7 @@ def test_a_failing_stage_is_named_with_its_log_and_nothing_is_pushed(
 def test_label_mismatch_is_not_pushed(
     target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     other = target.key.replace(torch="2.12.0")
     rec = Recorder(labels={**dict(target.labels), **other.labels()})
     with pytest.raises(BuildFailed, match="differ from the planned key; not pushing"):
@@ -148,7 +148,7 @@ def test_render_cli_handles_vllm_gpu_targets(
 def test_gpu_target_on_its_family_builder_is_pushed_by_the_builder(
     vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kernelbake.registry.RegistryClient.ping", lambda self: None)
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"], registry="ghcr.io/acme/models")
     rec = Recorder(builders=("kernelbake-hopper",))
     (built,) = _driver(rec).build([t], BuildOptions(out=tmp_path, push=True))

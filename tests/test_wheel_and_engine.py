@@ -1,4 +1,4 @@
-"""The self-built wheel, the registry reference parser, and the torch engine's host-side parts."""
+"""The self-built wheel and the torch engine's host-side parts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 
 from kernelbake import __version__
 from kernelbake._wheel import build_wheel
-from kernelbake.errors import BadInput
 from kernelbake.plan import plan
-from kernelbake.registry import Reference, base_url, parse_reference
 from kernelbake.render import target_config
 from kernelbake.runtime.engines import get_engine
 from kernelbake.runtime.engines.torch_engine import TorchEngine
@@ -43,36 +41,6 @@ def test_wheel_is_reproducible_and_complete(tmp_path: Path) -> None:
             data = zf.read(name)
             expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert digest == f"sha256={expected}" and int(size) == len(data)
-
-
-@pytest.mark.parametrize(
-    ("text", "ref"),
-    [
-        ("127.0.0.1:5000/kb/tiny:t1", Reference("127.0.0.1:5000", "kb/tiny", "t1")),
-        (
-            "ghcr.io/acme/models/qwen3-8b@sha256:" + "a" * 64,
-            Reference("ghcr.io", "acme/models/qwen3-8b", None, "sha256:" + "a" * 64),
-        ),
-        ("localhost:5000/x", Reference("localhost:5000", "x")),
-        ("vllm/vllm-openai:v0.26.0", Reference("docker.io", "vllm/vllm-openai", "v0.26.0")),
-        ("ubuntu", Reference("docker.io", "library/ubuntu")),
-    ],
-)
-def test_parse_reference(text: str, ref: Reference) -> None:
-    assert parse_reference(text) == ref
-
-
-@pytest.mark.parametrize("text", ["127.0.0.1:5000/Kb/x:t", "r.io/x@sha256:abc", "r.io/"])
-def test_bad_reference(text: str) -> None:
-    with pytest.raises(BadInput):
-        parse_reference(text)
-
-
-def test_plain_http_only_for_loopback() -> None:
-    assert base_url("127.0.0.1:5000") == "http://127.0.0.1:5000"
-    assert base_url("localhost:5000") == "http://localhost:5000"
-    assert base_url("ghcr.io") == "https://ghcr.io"
-    assert base_url("127.0.0.1.evil.example") == "https://127.0.0.1.evil.example"
 
 
 def test_torch_engine_host_side() -> None:

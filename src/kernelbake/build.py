@@ -20,7 +20,6 @@ from kernelbake._wheel import build_wheel
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, RegistryError
 from kernelbake.key import key_from_labels
 from kernelbake.plan import BuildTarget
-from kernelbake.registry import RegistryClient, parse_reference
 from kernelbake.render import BuildMode, Rendered, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.runtime.bundle import CacheKind
@@ -71,6 +70,19 @@ def engine_layout(target: BuildTarget) -> tuple[tuple[CacheKind, ...], tuple[tup
 def render_target(target: BuildTarget, *, wheel: str, mode: BuildMode, device: str | None) -> Rendered:
     kinds, cache_env = engine_layout(target)
     return render(target, kinds=kinds, cache_env=cache_env, wheel=wheel, mode=mode, device=device)
+
+
+def _ping_registries(targets: Sequence[BuildTarget], settings: Settings) -> None:
+    """Stop before a long build when a registry to push to does not answer."""
+    # Host-only (requests): the CLI imports this module, and the CLI also runs inside images.
+    from kernelbake.oci import RegistryClient, parse_reference
+    from kernelbake.remote import registry_reachable
+
+    client = RegistryClient(settings, timeout=10)
+    refs = {ref.registry: ref for ref in (parse_reference(t.ref) for t in targets)}
+    for registry, ref in sorted(refs.items()):
+        with registry_reachable(registry):
+            client.ping(ref)
 
 
 class Docker:
@@ -181,8 +193,7 @@ class Driver:
                 hint="install docker-buildx (make deps does)",
             )
         if options.push:
-            for registry in sorted({parse_reference(t.ref).registry for t in targets}):
-                RegistryClient(registry, timeout=10).ping()
+            _ping_registries(targets, self.settings)
         out = options.out.resolve()
         wheel = build_wheel(out / "wheels")
         rendered = [

@@ -15,7 +15,8 @@ import pytest
 from kernelbake.build import Built
 from kernelbake.cli import main
 from kernelbake.key import parse_key
-from kernelbake.registry import RegistryClient, parse_reference
+from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.remote import inspect_remote
 from tests.conftest import REPO
 from tests.support.docker import docker, ready_line
 from tests.support.registry import free_port
@@ -123,17 +124,15 @@ def test_serves_http(single_image: Built) -> None:
 
 
 def _layer_files(client: RegistryClient, image: str, digest: str) -> list[str]:
-    blob = client.blob(parse_reference(image), digest)
+    blob = client.get_blob(parse_reference(image), digest)
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
         return sorted(m.name for m in tar.getmembers() if m.isfile())
 
 
 def test_layers_end_with_one_per_cache_kind_then_the_manifest(single_image: Built) -> None:
     assert single_image.pushed is not None
-    ref = parse_reference(single_image.pushed)
-    client = RegistryClient(ref.registry)
-    doc, _ = client.manifest(ref)
-    layers = [layer["digest"] for layer in doc["layers"]]
+    client = RegistryClient()
+    layers = inspect_remote(single_image.pushed, client=client).layers
     assert _layer_files(client, single_image.pushed, layers[-1]) == ["opt/kernelbake/cache/manifest.json"]
     assert _layer_files(client, single_image.pushed, layers[-2]) == []  # triton: empty on the CPU
     inductor = _layer_files(client, single_image.pushed, layers[-3])

@@ -9,7 +9,7 @@ import pytest
 
 from kernelbake.build import Built
 from kernelbake.errors import BuildFailed
-from kernelbake.registry import inspect_remote
+from kernelbake.remote import inspect_remote
 from kernelbake.render import BuildMode
 from tests.integration.conftest import build_tiny
 from tests.support.docker import docker, ready_line

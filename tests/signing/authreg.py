@@ -7,12 +7,8 @@ import base64
 import contextlib
 import datetime as dt
 import json
-import shutil
-import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,56 +21,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from tests.support.registry import REGISTRY_BIN, free_port
+from tests.support.registry import running_registry
 
 USER, PASSWORD = "kb", "s3cret"
 # bcrypt of PASSWORD (docker-registry's htpasswd accepts bcrypt only).
 HTPASSWD = f"{USER}:$2b$05$B0E84kDWqRZObZ6B4Slyn.tHPxNlBcS51cDeEpSDJhFakxcY62XiG\n"
 SERVICE, ISSUER = "kernelbake-tests", "kernelbake-test-tokens"
-
-BASE = """\
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: {root}
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:{port}
-  secret: kernelbake-tests
-"""
-
-
-@contextlib.contextmanager
-def _registry(workdir: Path, auth: str) -> Iterator[str]:
-    if not shutil.which(REGISTRY_BIN):
-        raise RuntimeError(f"{REGISTRY_BIN} missing: apt-get install docker-registry")
-    port = free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
-    config = workdir / "config.yml"
-    config.write_text(BASE.format(root=workdir / "data", port=port) + auth)
-    log = (workdir / "registry.log").open("w")
-    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    addr = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{addr}/v2/", timeout=1)
-                break
-            except urllib.error.HTTPError:
-                break  # 401: it is up
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"registry did not start; see {workdir / 'registry.log'}") from None
-                time.sleep(0.1)
-        yield addr
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 @contextlib.contextmanager
@@ -82,7 +34,7 @@ def basic_auth_registry(workdir: Path) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "htpasswd").write_text(HTPASSWD)
     auth = f"auth:\n  htpasswd:\n    realm: {SERVICE}\n    path: {workdir / 'htpasswd'}\n"
-    with _registry(workdir, auth) as addr:
+    with running_registry(workdir, auth=auth) as addr:
         yield addr
 
 
@@ -171,7 +123,7 @@ def token_auth_registry(workdir: Path) -> Iterator[tuple[str, _TokenIssuer]]:
         f"    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {bundle}\n"
     )
     try:
-        with _registry(workdir, auth) as addr:
+        with running_registry(workdir, auth=auth) as addr:
             yield addr, issuer
     finally:
         server.shutdown()

@@ -16,8 +16,8 @@ from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.oci.types import Descriptor, encode_json, sha256_digest
 from kernelbake.plan import BuildTarget, plan
+from kernelbake.remote import CACHE_MANIFEST_PATH
 from kernelbake.runtime.bundle import CacheKind, write_manifest
-from kernelbake.signing.image import CACHE_MANIFEST_PATH
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 
@@ -73,9 +73,11 @@ def push_image(
     cache_files: Mapping[str, bytes] | None = None,
     builder: object = "cpu",
     last_layer_extra: Mapping[str, bytes] | None = None,
+    last_layer_files: Mapping[str, bytes] | None = None,
     salt: str = "",
 ) -> PushedImage:
-    """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it."""
+    """Push a kernelbake-shaped image; ``labels``, ``last_layer_extra`` (added to the cache
+    manifest) and ``last_layer_files`` (instead of it) let tests break it."""
     target = tiny_llama_target()
     key = target.key
     root = workdir / "cache"
@@ -89,7 +91,8 @@ def push_image(
     write_manifest(root, key, [CacheKind.INDUCTOR, CacheKind.TRITON], report={"builder": builder})
     manifest_json = (root / "manifest.json").read_bytes()
     cache_layer = _tar({f"{CACHE_ROOT}/{rel}": data for rel, data in files.items()})
-    last_layer = _tar({CACHE_MANIFEST_PATH: manifest_json, **(last_layer_extra or {})})
+    last_files = {CACHE_MANIFEST_PATH: manifest_json, **(last_layer_extra or {})}
+    last_layer = _tar(last_files if last_layer_files is None else last_layer_files)
     image_labels = dict(target.labels) if labels is None else dict(labels)
     ref = parse_reference(reference)
     layers = []

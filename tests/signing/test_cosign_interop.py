@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from kernelbake.oci import RegistryClient
+from kernelbake.remote import read_cache_manifest, read_image
 from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config
 from kernelbake.signing.errors import UntrustedSigner
-from kernelbake.signing.image import read_cache_manifest, read_image
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, predicate_for
 from kernelbake.signing.sign import sign_image

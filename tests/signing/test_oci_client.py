@@ -35,6 +35,7 @@ def _client(docker_config: Path) -> RegistryClient:
 def test_basic_auth_from_docker_config(tmp_path: Path, keys: KeyPair) -> None:
     with basic_auth_registry(tmp_path / "reg") as addr:
         anonymous = _client(tmp_path / "empty")
+        anonymous.ping(parse_reference(f"{addr}/kb/x:v1"))  # a 401 is an answer: the registry is there
         with pytest.raises(RegistryDenied, match="run docker login"):
             anonymous.get_manifest(parse_reference(f"{addr}/kb/x:v1"))
         client = _client(write_docker_config(tmp_path / "docker", addr))

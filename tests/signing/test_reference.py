@@ -1,4 +1,4 @@
-"""Image references parse into one value type and print back."""
+"""Image references parse into one value type and print back; only loopback gets plain HTTP."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernelbake.oci import InvalidReference, parse_reference
+from kernelbake.errors import BadInput
+from kernelbake.oci import InvalidReference, Reference, base_url, parse_reference
 from kernelbake.oci.client import fallback_tag
 
 DIGEST = "sha256:" + "ab" * 32
@@ -44,6 +45,39 @@ def test_invalid_references_quote_the_input(text: str, match: str) -> None:
     with pytest.raises(InvalidReference, match=match) as exc:
         parse_reference(text)
     assert repr(text) in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "ref"),
+    [
+        ("127.0.0.1:5000/kb/tiny:t1", Reference("127.0.0.1:5000", "kb/tiny", "t1")),
+        (
+            "ghcr.io/acme/models/qwen3-8b@sha256:" + "a" * 64,
+            Reference("ghcr.io", "acme/models/qwen3-8b", None, "sha256:" + "a" * 64),
+        ),
+        # No tag and no digest is ``latest``, spelled out in the value.
+        ("localhost:5000/x", Reference("localhost:5000", "x", "latest")),
+        ("vllm/vllm-openai:v0.26.0", Reference("docker.io", "vllm/vllm-openai", "v0.26.0")),
+        ("ubuntu", Reference("docker.io", "library/ubuntu", "latest")),
+    ],
+)
+def test_parse_reference(text: str, ref: Reference) -> None:
+    assert parse_reference(text) == ref
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:5000/Kb/x:t", "r.io/x@sha256:abc", "r.io/"])
+def test_bad_reference(text: str) -> None:
+    with pytest.raises(BadInput):
+        parse_reference(text)
+
+
+def test_plain_http_only_for_loopback() -> None:
+    assert base_url("127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert base_url("localhost:5000") == "http://localhost:5000"
+    assert base_url("ghcr.io") == "https://ghcr.io"
+    assert base_url("127.0.0.1.evil.example") == "https://127.0.0.1.evil.example"
+    assert base_url("[::1]:5000") == "http://[::1]:5000"
+    assert base_url("registry.internal:5000", {"registry.internal:5000"}) == "http://registry.internal:5000"
 
 
 def test_fallback_tag_scheme() -> None:

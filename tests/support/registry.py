@@ -7,12 +7,14 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
+# A fixed http.secret: otherwise docker-registry makes a random one and warns about it.
 CONFIG = """\
 version: 0.1
 log:
@@ -24,6 +26,7 @@ storage:
     enabled: true
 http:
   addr: 127.0.0.1:{port}
+  secret: kernelbake-tests
 """
 
 
@@ -34,14 +37,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_registry(workdir: Path, port: int | None = None) -> Iterator[str]:
-    """Start a registry storing under ``workdir``; yields ``127.0.0.1:<port>``."""
+def running_registry(workdir: Path, port: int | None = None, *, auth: str = "") -> Iterator[str]:
+    """Start a registry storing under ``workdir``; yields ``127.0.0.1:<port>``.
+
+    ``auth`` is the config's ``auth:`` section (YAML), for a registry that demands credentials.
+    """
     if not shutil.which(REGISTRY_BIN):
         raise RuntimeError(f"{REGISTRY_BIN} missing: apt-get install docker-registry (make deps does)")
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
-    config.write_text(CONFIG.format(root=workdir / "data", port=port))
+    config.write_text(CONFIG.format(root=workdir / "data", port=port) + auth)
     log = (workdir / "registry.log").open("w")
     proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     addr = f"127.0.0.1:{port}"
@@ -51,6 +57,9 @@ def running_registry(workdir: Path, port: int | None = None) -> Iterator[str]:
             try:
                 with urllib.request.urlopen(f"http://{addr}/v2/", timeout=1):
                     break
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                break  # 401 from a registry with auth: it is up
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"registry did not start; see {workdir / 'registry.log'}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
@@ -13,10 +13,14 @@ from kernelbake.build import BuildOptions, Driver, render_target
 from kernelbake.cli.planning import add_spec_args
 from kernelbake.key import key_from_labels
 from kernelbake.plan import plan
-from kernelbake.registry import inspect_remote
 from kernelbake.render import BuildMode, write_context
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
+
+# kernelbake.remote needs requests (host only); ``inspect`` imports it when it runs, so that
+# this module loads inside images too.
+if TYPE_CHECKING:
+    from kernelbake.remote import RemoteImage
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +68,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(image: Any) -> dict[str, Any]:
+def _summary(image: RemoteImage) -> dict[str, Any]:
     key = key_from_labels(image.labels)
     doc: dict[str, Any] = {
         "ref": str(image.ref),
@@ -91,7 +95,11 @@ def _summary(image: Any) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    doc = _summary(inspect_remote(args.ref))
+    from kernelbake.oci import RegistryClient
+    from kernelbake.remote import inspect_remote
+
+    client = RegistryClient(Settings.from_env(), timeout=30.0)
+    doc = _summary(inspect_remote(args.ref, client=client))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

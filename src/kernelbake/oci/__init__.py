@@ -1,6 +1,6 @@
 """OCI registry access: references, manifests as exact bytes, blobs, referrers."""
 
-from kernelbake.oci.client import PushResult, RegistryClient, fallback_tag
+from kernelbake.oci.client import PushResult, RegistryClient, base_url, fallback_tag
 from kernelbake.oci.errors import (
     RegistryDenied,
     RegistryNotFound,
@@ -23,6 +23,7 @@ __all__ = [
     "RegistryProtocolError",
     "RegistryServerError",
     "RegistryUnreachable",
+    "base_url",
     "fallback_tag",
     "parse_reference",
 ]

@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -95,6 +95,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def base_url(host: str, insecure_hosts: Collection[str] = ()) -> str:
+    """``http://`` for loopback hosts and those named insecure (docker's rule), else ``https://``.
+
+    Loopback is decided on the address, not the name's prefix: ``127.0.0.1.evil.example`` is
+    someone else's host and gets HTTPS.
+    """
+    scheme = "http" if host in insecure_hosts or _is_loopback(host) else "https"
+    return f"{scheme}://{host}"
+
+
 def _reason(exc: BaseException) -> str:
     """The OS-level cause inside requests' and urllib3's wrappers, in words."""
     seen: set[int] = set()
@@ -148,8 +158,7 @@ class RegistryClient:
     # -- plumbing -----------------------------------------------------------------------
 
     def _base(self, host: str) -> str:
-        scheme = "http" if host in self._insecure or _is_loopback(host) else "https"
-        return f"{scheme}://{host}"
+        return base_url(host, self._insecure)
 
     def _creds(self, host: str) -> Credentials | None:
         if host not in self._credentials:
@@ -261,6 +270,14 @@ class RegistryClient:
         finally:
             resp.close()
         return b"".join(chunks)
+
+    def ping(self, ref: Reference) -> None:
+        """Raise ``RegistryUnreachable`` unless a registry answers at ``ref``'s host.
+
+        Any HTTP answer from ``/v2/`` counts, 401 included: the question is whether something
+        is there before a long build, not whether we may push yet.
+        """
+        self._send("GET", f"{self._base(ref.api_host)}/v2/", what="ping").close()
 
     # -- manifests ----------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ from typing import Any
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, parse_reference
 from kernelbake.oci import types as mt
+from kernelbake.remote import read_cache_manifest, read_image
 from kernelbake.signing import formats, intoto
-from kernelbake.signing.image import read_cache_manifest, read_image
 from kernelbake.signing.predicate import PREDICATE_TYPE, KernelCachePredicate, predicate_for
 from kernelbake.signing.signer import Signer
 

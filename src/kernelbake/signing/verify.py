@@ -31,6 +31,13 @@ from kernelbake.oci import (
     parse_reference,
 )
 from kernelbake.oci.types import sha256_digest
+from kernelbake.remote import (
+    CACHE_MANIFEST_PATH,
+    ImageFacts,
+    ImageLayoutError,
+    read_cache_manifest,
+    read_image,
+)
 from kernelbake.runtime.bundle import Manifest as CacheManifest
 from kernelbake.signing import intoto
 from kernelbake.signing.discover import Artifact, Kind, find_artifacts
@@ -53,13 +60,6 @@ from kernelbake.signing.errors import (
     Unsigned,
     UntrustedSigner,
     VerificationFailed,
-)
-from kernelbake.signing.image import (
-    CACHE_MANIFEST_PATH,
-    ImageFacts,
-    ImageLayoutError,
-    read_cache_manifest,
-    read_image,
 )
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import BASE_NAME_LABEL, PREDICATE_TYPE, BadPredicate, KernelCachePredicate
