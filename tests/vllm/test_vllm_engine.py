@@ -213,3 +213,63 @@ def test_serve_watcher_reports_each_kind_of_evidence_once() -> None:
         "cache HIT: vLLM loaded the baked torch.compile artifact (INFO [decorators.py"
     )
     assert reports[1].startswith("WARNING: vLLM could not load the baked artifact")
+
+
+def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbake.compat import check
+    from kernelbake.runtime import probe
+    from kernelbake.runtime.facts import found_key
+
+    versions = {"vllm": "0.26.0", "torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.14"}
+    monkeypatch.setattr(probe, "dist_version", versions.__getitem__)
+    monkeypatch.setattr(probe, "cuda_device", lambda: ("NVIDIA H100 PCIe", "sm_90a", "13.0"))
+    monkeypatch.setattr(probe, "nvidia_driver", lambda: "570.86.10")
+    monkeypatch.setattr(probe, "python_version", lambda: "3.12")
+    facts = VllmEngine().probe()
+    assert facts.engine_version == "0.26.0" and facts.flashinfer == "0.6.14" and facts.cuda == "13.0"
+    target = _target()  # planned for an H100 SXM
+    match = check(target.key, found_key(target.key, facts))
+    assert [r.field for r in match.blocking] == ["device", "driver_floor"]
+    assert "NVIDIA H100 PCIe" in str(match.blocking[0])
+
+
+class _WritesCaches(_FakeCompileOnly):
+    """A compile-only that leaves files where vLLM would, under the env it was given."""
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kw: object) -> Result:
+        assert env is not None
+        for var, name in (
+            ("VLLM_CACHE_ROOT", "torch_compile_cache/x/model"),
+            ("TRITON_CACHE_DIR", "abc/k.cubin"),
+        ):
+            p = Path(env[var]) / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"kernel")
+        return super().__call__(argv, env=env, **kw)
+
+
+def test_compile_step_collects_the_caches_into_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from kernelbake.runtime import compile as compile_step
+    from kernelbake.runtime.bundle import read_manifest
+    from kernelbake.runtime.env import RuntimeEnv
+    from tests.support.fake_engine import facts_for
+
+    target = dataclasses.replace(_target(), cache_root=str(tmp_path / "cache"))
+    (tmp_path / "target.json").write_text(target.to_json())
+    engine = VllmEngine(runner=_WritesCaches(fail=set()))
+    monkeypatch.setattr(engine, "probe", lambda: facts_for(target.key, driver="580.95.05"))
+    monkeypatch.setattr(engine, "hashed_env_names", lambda: ("VLLM_LOGGING_LEVEL", "VLLM_X"))
+    monkeypatch.setattr(compile_step.runtime_env, "apply", lambda variables: None)
+    manifest = compile_step.run_compile(
+        RuntimeEnv.from_env({"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "VLLM_X": "1"}),
+        engine=engine,
+    )
+    assert manifest.totals() == {"triton": {"files": 1, "bytes": 6}, "vllm": {"files": 1, "bytes": 6}}
+    assert dict(manifest.hashed_env) == {"VLLM_LOGGING_LEVEL": "<unset>", "VLLM_X": "1"}
+    report = dict(read_manifest(tmp_path / "cache").compile_report)
+    assert report["builder"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert report["weights_mode"] == "fake"
