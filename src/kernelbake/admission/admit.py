@@ -1,0 +1,184 @@
+"""The decision, in two pure halves around the gateway's I/O.
+
+``plan`` reads the request: which containers run governed images, what is wrong before any
+registry is asked (a reference without tag or digest, an unparseable one), or a final answer
+when there is nothing to check. ``decide`` turns verification outcomes into the response:
+signatures, GPU matching for every way the pod can schedule, and in the mutating endpoint a
+JSONPatch pinning each governed image to the digest that was verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kernelbake.admission import gpus
+from kernelbake.admission.gateway import Accepted, Outcome, Rejected, Unavailable
+from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
+from kernelbake.admission.references import ImageRef, InvalidReference, loose_name, parse_reference
+from kernelbake.admission.review import Code, Operation, Request, Response
+from kernelbake.admission.scheduling import Way, ways
+from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
+from kernelbake.catalogue import Catalogue
+
+# Subresources whose object is a Pod that can change what runs; others (status, binding,
+# eviction …) cannot change images.
+_CHECKED_SUBRESOURCES = ("", "ephemeralcontainers")
+
+
+class Endpoint(enum.Enum):
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+@dataclasses.dataclass(frozen=True)
+class Governed:
+    container: Container
+    ref: ImageRef
+
+    @property
+    def target(self) -> str:
+        """What is verified: the digest when one is given (it wins over a tag)."""
+        return self.ref.by_digest() if self.ref.digest else str(self.ref)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    request: Request
+    governed: tuple[Governed, ...] = ()
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    ways: tuple[Way, ...] = ()
+    # Set when the answer needs no verification.
+    final: Response | None = None
+
+    @property
+    def refs(self) -> dict[str, ImageRef]:
+        return {g.target: g.ref for g in self.governed}
+
+
+def plan(request: Request, policy: AdmissionPolicy) -> Plan:
+    allow = Response(uid=request.uid, api_version=request.api_version, allowed=True)
+    if request.operation not in (Operation.CREATE, Operation.UPDATE) or request.object is None:
+        return Plan(request, final=allow)
+    if request.sub_resource not in _CHECKED_SUBRESOURCES:
+        return Plan(request, final=allow)
+    metadata = request.object.get("metadata")
+    if isinstance(metadata, Mapping) and metadata.get("deletionTimestamp"):
+        # Being deleted: denying now would only block finalizers and garbage collection.
+        return Plan(request, final=allow)
+    try:
+        found = pod_spec(request.kind, request.object)
+        if found is None:
+            message = (
+                f"kernelbake admission does not review {request.kind} objects (it reviews {known_kinds()}); "
+                "check the webhook's rules"
+            )
+            return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
+        spec_path, spec = found
+        governed: list[Governed] = []
+        problems: list[str] = []
+        notes: list[str] = []
+        for c in containers(spec_path, spec):
+            try:
+                ref = parse_reference(c.image)
+            except InvalidReference as exc:
+                name = loose_name(c.image)
+                if name is not None and policy.governs(name):
+                    problems.append(f"{c.where}: {exc}")
+                continue
+            if not policy.governs(ref.name):
+                continue
+            if ref.tag is None and ref.digest is None:
+                problems.append(
+                    f"{c.where}: image {c.image} has no tag or digest; name the tag kernelbake built "
+                    "(kernelbake plan shows it) or pin a digest"
+                )
+                continue
+            if ref.tag is not None and ref.digest is not None:
+                notes.append(
+                    f"{c.where}: image {c.image} names a tag and a digest; the digest wins and is what was verified"
+                )
+            governed.append(Governed(c, ref))
+        found_ways = tuple(ways(spec)) if governed else ()
+    except MalformedObject as exc:
+        return Plan(
+            request,
+            final=_problems(
+                request, policy, [f"malformed {request.kind}: {exc}"], (), Code.BAD_REQUEST, always_deny=True
+            ),
+        )
+    if not governed and not problems:
+        return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
+    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
+
+
+def decide(
+    plan: Plan,
+    outcomes: Mapping[str, Outcome],
+    policy: AdmissionPolicy,
+    catalogue: Catalogue,
+    endpoint: Endpoint,
+) -> Response:
+    if plan.final is not None:
+        return plan.final
+    problems = list(plan.problems)
+    notes = list(plan.notes)
+    patch: list[dict[str, Any]] = []
+    unavailable = 0
+    for g in plan.governed:
+        outcome = outcomes.get(g.target) or Unavailable(
+            f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
+        )
+        subject = f"{g.container.where}: image {g.container.image}"
+        if isinstance(outcome, Rejected):
+            problems.append(f"{subject} was rejected: {outcome.reason}")
+        elif isinstance(outcome, Unavailable):
+            if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
+                notes.append(
+                    f"{subject} was admitted UNVERIFIED (registry_errors: unsafe-allow): {outcome.reason}"
+                )
+            else:
+                unavailable += 1
+                problems.append(f"{subject} could not be verified: {outcome.reason}")
+        elif isinstance(outcome, Accepted):
+            image = outcome.image
+            if g.ref.digest is not None and image.digest != g.ref.digest:
+                problems.append(f"{subject}: verification returned {image.digest}, not the digest asked for")
+                continue
+            verdict = gpus.judge(image.key, plan.ways, catalogue, policy.gpu_match)
+            if not verdict.ok:
+                problems.append(
+                    f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
+                    f"{'; '.join(verdict.problems)}; {verdict.hint}"
+                )
+            notes += [f"{subject}: {n}" for n in verdict.notes]
+            pinned = g.ref.rewritten(image.digest)
+            if endpoint is Endpoint.MUTATE and pinned != g.container.image:
+                patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
+    code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
+    response = _problems(plan.request, policy, problems, notes, code)
+    if response.allowed and patch:
+        response = dataclasses.replace(response, patch=tuple(patch))
+    return response
+
+
+def _problems(
+    request: Request,
+    policy: AdmissionPolicy,
+    problems: Sequence[str],
+    notes: Sequence[str],
+    code: Code,
+    *,
+    always_deny: bool = False,
+) -> Response:
+    base = Response(uid=request.uid, api_version=request.api_version, allowed=True, warnings=tuple(notes))
+    if not problems:
+        return base
+    if policy.mode is Mode.WARN and not always_deny:
+        warned = tuple(f"kernelbake (warn mode) would deny: {p}" for p in problems)
+        return dataclasses.replace(base, warnings=warned + tuple(notes))
+    message = "kernelbake admission: " + "; ".join(problems)
+    return dataclasses.replace(base, allowed=False, code=code, message=message)
