@@ -77,8 +77,9 @@ def ways(spec: Mapping[str, Any]) -> list[Way]:
     selector = _node_selector(spec.get("nodeSelector"))
     terms = _required_terms(spec.get("affinity"))
     if terms is None:
-        return [Way("nodeSelector" if selector else "no node constraint", selector)]
-    prefix = "nodeSelector + " if selector else ""
+        source = "its nodeSelector" if selector else "the pod (no nodeSelector, no required node affinity)"
+        return [Way(source, selector)]
+    prefix = "its nodeSelector + " if selector else "its "
     out = []
     for i, term in enumerate(terms):
         expressions = _expressions(term.get("matchExpressions"), f"nodeSelectorTerms[{i}].matchExpressions")

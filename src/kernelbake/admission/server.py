@@ -78,6 +78,8 @@ class AdmissionServer:
         self._cert_mtimes = self._mtimes()
         self._slots = asyncio.Semaphore(max_inflight)
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._busy = 0
 
     async def start(self) -> int:
         """Bind and return the port (useful with port 0)."""
@@ -98,13 +100,22 @@ class AdmissionServer:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         reloader = asyncio.create_task(self._watch_certificate())
-        async with self._server:
-            await stop.wait()
-            log.info("stopping: no new connections, finishing reviews in flight")
-            reloader.cancel()
+        await stop.wait()
+        log.info("stopping: no new connections, finishing reviews in flight")
+        reloader.cancel()
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop listening, let reviews in flight end (they end by their deadline), drop idle
+        connections, stop the verification pool."""
+        if self._server is not None:
             self._server.close()
-            # Let reviews in flight finish (they end by their deadline).
-            await asyncio.sleep(min(1.0, self.admitter.policy.deadline_seconds))
+        deadline = time.monotonic() + self.admitter.policy.deadline_seconds
+        while self._busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
         self.admitter.gateway.close()
 
     def _mtimes(self) -> tuple[float, float]:
@@ -125,6 +136,10 @@ class AdmissionServer:
                 log.warning("serving certificate not reloaded: %s", exc)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
         try:
             while True:
                 try:
@@ -135,6 +150,7 @@ class AdmissionServer:
                     await self._send(writer, 431, {"error": "request headers too large"}, close=True)
                     return
                 started = time.monotonic()
+                self._busy += 1
                 try:
                     method, target, headers = _parse_head(head)
                     body = await asyncio.wait_for(_read_body(reader, headers), HEADER_SECONDS)
@@ -142,6 +158,8 @@ class AdmissionServer:
                 except _BadRequest as exc:
                     await self._send(writer, exc.status, {"error": exc.message}, close=True)
                     return
+                finally:
+                    self._busy -= 1
                 keep = headers.get("connection", "").lower() != "close"
                 await self._send(writer, status, payload, close=not keep)
                 if not keep:
