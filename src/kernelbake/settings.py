@@ -9,22 +9,50 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     # Where images go when no --push/--registry is given.
     registry: str = "127.0.0.1:5000/kernelbake"
     docker: str = "docker"
     build_dir: Path = Path("build")
+    # Registry auth: the folder holding config.json, as docker reads it ($DOCKER_CONFIG).
+    docker_config: Path = Path.home() / ".docker"
+    # Registries spoken to over plain HTTP besides loopback (docker's --insecure-registry).
+    insecure_registries: tuple[str, ...] = ()
+    # Signing: a key file (key-based), or keyless with an OIDC identity token.
+    signing_key: Path | None = None
+    signing_key_password: str | None = dataclasses.field(default=None, repr=False)
+    oidc_token: str | None = dataclasses.field(default=None, repr=False)
+    oidc_token_file: Path | None = None
+    # Sigstore client trust config (trusted root + signing config) for keyless signing: a path,
+    # or "sigstore-public-good" / "sigstore-staging".
+    trust_config: str = "sigstore-public-good"
     # The whole environment, passed through to the subprocesses we start (docker needs
     # DOCKER_HOST, DOCKER_CONFIG, proxies …), never read field by field elsewhere.
-    environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = dict(os.environ if environ is None else environ)
+        home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+        key = env.get("KERNELBAKE_SIGNING_KEY")
+        token_file = env.get("KERNELBAKE_OIDC_TOKEN_FILE")
         return cls(
             registry=env.get("KERNELBAKE_REGISTRY", cls.registry),
             docker=env.get("KERNELBAKE_DOCKER", cls.docker),
             build_dir=Path(env.get("KERNELBAKE_BUILD_DIR", str(cls.build_dir))),
+            docker_config=Path(env.get("DOCKER_CONFIG") or home / ".docker"),
+            insecure_registries=_split(env.get("KERNELBAKE_INSECURE_REGISTRIES", "")),
+            signing_key=Path(key) if key else None,
+            # COSIGN_PASSWORD is what users of cosign keys already export.
+            signing_key_password=env.get("KERNELBAKE_SIGNING_KEY_PASSWORD", env.get("COSIGN_PASSWORD")),
+            # SIGSTORE_ID_TOKEN is the name sigstore-python and CI docs use.
+            oidc_token=env.get("KERNELBAKE_OIDC_TOKEN") or env.get("SIGSTORE_ID_TOKEN") or None,
+            oidc_token_file=Path(token_file) if token_file else None,
+            trust_config=env.get("KERNELBAKE_TRUST_CONFIG", cls.trust_config),
             environ=env,
         )

@@ -1,0 +1,181 @@
+"""``generate-key-pair``, ``sign`` and ``verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kernelbake.errors import BadInput
+from kernelbake.oci import RegistryClient
+from kernelbake.settings import Settings
+from kernelbake.signing.errors import TokenMissing
+from kernelbake.signing.keys import generate_key_pair, load_private_key, load_public_key_file
+from kernelbake.signing.policy import VerifyPolicy, load_policy
+from kernelbake.signing.signer import KeySigner, Signer
+
+
+def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
+    insecure = (*settings.insecure_registries, *args.insecure_registry)
+    return RegistryClient(settings, timeout=args.timeout, insecure_hosts=insecure)
+
+
+def _add_registry_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per registry request (default 10)")
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="talk plain HTTP to HOST (loopback registries always are); repeatable",
+    )
+
+
+def cmd_generate_key_pair(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    private, public = generate_key_pair(
+        Path(args.dir), name=args.name, password=settings.signing_key_password or None, overwrite=args.force
+    )
+    key = load_public_key_file(public)
+    print(f"private key: {private}\npublic key:  {public}\nfingerprint: {key.fingerprint}")
+    return 0
+
+
+def _identity_token(args: argparse.Namespace, settings: Settings) -> str:
+    path = args.identity_token_file or settings.oidc_token_file
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
+    if settings.oidc_token:
+        return settings.oidc_token
+    # Ambient CI credentials (GitHub Actions, GitLab, Buildkite, GCP …), via sigstore's `id`.
+    from sigstore.oidc import IdentityError, detect_credential
+
+    try:
+        token = detect_credential()
+    except IdentityError as exc:
+        raise TokenMissing(f"keyless signing: ambient credential detection failed: {exc}") from None
+    if not token:
+        raise TokenMissing(
+            "keyless signing needs an OIDC identity token",
+            hint="set KERNELBAKE_OIDC_TOKEN (or SIGSTORE_ID_TOKEN), --identity-token-file, or run in CI with id-token access",
+        )
+    return token
+
+
+def _signer(args: argparse.Namespace, settings: Settings) -> Signer:
+    if args.keyless:
+        from kernelbake.signing._internal.keyless import KeylessSigner, check_token, load_trust_config
+
+        token = _identity_token(args, settings)
+        check_token(token)  # fail on a bad token before fetching trust material
+        return KeylessSigner(load_trust_config(args.trust_config or settings.trust_config), token)
+    key = args.key or settings.signing_key
+    if key is None:
+        raise BadInput(
+            "sign: no signing key",
+            hint="pass --key PATH (see `kernelbake generate-key-pair`), set KERNELBAKE_SIGNING_KEY, or use --keyless",
+        )
+    return KeySigner(load_private_key(Path(key), settings.signing_key_password))
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from kernelbake.signing.sign import sign_image
+
+    settings = Settings.from_env()
+    signer = _signer(args, settings)
+    result = sign_image(
+        args.image, signer, client=_client(args, settings), attest=not args.no_attest, legacy=args.legacy
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "reference": result.reference,
+                    "digest": result.digest,
+                    "signer": result.signer,
+                    "referrers": list(result.referrers),
+                    "legacy_tags": list(result.legacy_tags),
+                    "predicate": result.predicate.to_json() if result.predicate else None,
+                },
+                indent=2,
+            )
+        )
+    else:
+        what = "signed and attested" if result.predicate else "signed"
+        legacy = f" (+ {', '.join(result.legacy_tags)})" if result.legacy_tags else ""
+        print(f"{what} {result.reference} by {result.signer}{legacy}")
+    return 0
+
+
+def _policy(args: argparse.Namespace) -> VerifyPolicy:
+    if args.policy:
+        return load_policy(args.policy)
+    return VerifyPolicy.from_mapping({"keys": list(args.key)}, source="--key")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from kernelbake.signing.verify import verify_image
+
+    settings = Settings.from_env()
+    policy = _policy(args)
+    result = verify_image(args.image, policy, client=_client(args, settings))
+    if args.json:
+        doc = {
+            "verified": True,
+            "reference": result.reference,
+            "repository": result.repository,
+            "digest": result.digest,
+            "key": str(result.key),
+            "key_digest": result.key.digest,
+            "cache_manifest_digest": result.manifest_digest,
+            "signer": result.signer,
+            "attestation": dict(result.attestation),
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(
+            f"verified {result.pinned()}: signed by {result.signer}; key {result.key.digest}; "
+            f"cache manifest {result.manifest_digest}",
+            file=sys.stdout,
+        )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("generate-key-pair", help="create an ECDSA P-256 signing key pair")
+    p.add_argument("--dir", default="build/signing", help="where to write <name>.key and <name>.pub")
+    p.add_argument("--name", default="kernelbake", help="file name stem (default kernelbake)")
+    p.add_argument("--force", action="store_true", help="replace an existing key pair")
+    p.set_defaults(func=cmd_generate_key_pair)
+
+    p = sub.add_parser("sign", help="sign an image digest and attach a kernelbake attestation")
+    p.add_argument("image", help="host/repo:tag or host/repo@sha256:… (the digest is what gets signed)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--key", help="private key (default $KERNELBAKE_SIGNING_KEY)")
+    how.add_argument(
+        "--keyless", action="store_true", help="sign with a Fulcio certificate for an OIDC identity"
+    )
+    p.add_argument(
+        "--trust-config",
+        help="Sigstore client trust config for --keyless: a file, sigstore-public-good or sigstore-staging "
+        "(default $KERNELBAKE_TRUST_CONFIG or sigstore-public-good)",
+    )
+    p.add_argument("--identity-token-file", help="file holding the OIDC token for --keyless")
+    p.add_argument("--no-attest", action="store_true", help="sign only; attach no kernelbake attestation")
+    p.add_argument("--legacy", action="store_true", help="also write cosign 2's .sig/.att tags")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_registry_args(p)
+    p.set_defaults(func=cmd_sign)
+
+    p = sub.add_parser("verify", help="verify an image's signature and kernelbake attestation")
+    p.add_argument("image", help="host/repo:tag, host/repo@sha256:… or host/repo:tag@sha256:…")
+    trust = p.add_mutually_exclusive_group(required=True)
+    trust.add_argument("--policy", help="policy YAML (trusted identities, keys, trusted_root)")
+    trust.add_argument("--key", action="append", help="trust this public key (PEM); repeatable")
+    p.add_argument("--json", action="store_true", help="print the verified facts as JSON")
+    _add_registry_args(p)
+    p.set_defaults(func=cmd_verify)

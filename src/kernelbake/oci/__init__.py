@@ -1,0 +1,28 @@
+"""OCI registry access: references, manifests as exact bytes, blobs, referrers."""
+
+from kernelbake.oci.client import PushResult, RegistryClient, fallback_tag
+from kernelbake.oci.errors import (
+    RegistryDenied,
+    RegistryNotFound,
+    RegistryProtocolError,
+    RegistryServerError,
+    RegistryUnreachable,
+)
+from kernelbake.oci.reference import InvalidReference, Reference, parse_reference
+from kernelbake.oci.types import Descriptor, Manifest
+
+__all__ = [
+    "Descriptor",
+    "InvalidReference",
+    "Manifest",
+    "PushResult",
+    "Reference",
+    "RegistryClient",
+    "RegistryDenied",
+    "RegistryNotFound",
+    "RegistryProtocolError",
+    "RegistryServerError",
+    "RegistryUnreachable",
+    "fallback_tag",
+    "parse_reference",
+]

@@ -1,0 +1,373 @@
+"""A small OCI distribution client on ``requests``.
+
+Manifests travel as the exact bytes the registry holds (never re-serialized), every blob and
+manifest fetched by digest is checked against that digest, and referrers are found through the
+OCI 1.1 referrers API or, on registries without it (Debian's docker-registry), through the
+fallback tag ``sha256-<hex>`` that points at an index of referrers.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import ipaddress
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from kernelbake.oci.auth import Challenge, Credentials, docker_credentials, parse_challenge
+from kernelbake.oci.errors import (
+    RegistryDenied,
+    RegistryNotFound,
+    RegistryProtocolError,
+    RegistryServerError,
+    RegistryUnreachable,
+)
+from kernelbake.oci.reference import Reference, check_digest
+from kernelbake.oci.types import (
+    MANIFEST_TYPES,
+    OCI_INDEX,
+    Descriptor,
+    Manifest,
+    encode_json,
+    sha256_digest,
+)
+from kernelbake.runner import Runner, run
+from kernelbake.settings import Settings
+
+MAX_MANIFEST_BYTES = 4 << 20
+DEFAULT_MAX_BLOB_BYTES = 64 << 20
+
+
+def fallback_tag(digest: str) -> str:
+    """The OCI 1.1 referrers tag schema: ``sha256:<hex>`` → ``sha256-<hex>``."""
+    return check_digest(digest).replace(":", "-")
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class PushResult:
+    digest: str
+    # The registry indexed the subject itself (OCI-Subject header): no fallback tag needed.
+    subject_indexed: bool = False
+
+
+class RegistryClient:
+    """Talks to registries over HTTPS, or HTTP for loopback and ``insecure_hosts`` (as docker does)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        timeout: float = 10.0,
+        insecure_hosts: Iterable[str] | None = None,
+        session: requests.Session | None = None,
+        runner: Runner = run,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.timeout = timeout
+        hosts = self.settings.insecure_registries if insecure_hosts is None else insecure_hosts
+        self._insecure = frozenset(hosts)
+        self._session = session or requests.Session()
+        self._runner = runner
+        self._credentials: dict[str, Credentials | None] = {}
+        # Authorization header per (host, repository), learnt from the last challenge.
+        self._auth: dict[tuple[str, str], str] = {}
+        self._referrers_api: dict[str, bool] = {}
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _base(self, host: str) -> str:
+        scheme = "http" if host in self._insecure or _is_loopback(host) else "https"
+        return f"{scheme}://{host}"
+
+    def _creds(self, host: str) -> Credentials | None:
+        if host not in self._credentials:
+            self._credentials[host] = docker_credentials(host, self.settings.docker_config, self._runner)
+        return self._credentials[host]
+
+    def _send(self, method: str, url: str, *, what: str, **kw: Any) -> requests.Response:
+        try:
+            return self._session.request(method, url, timeout=self.timeout, allow_redirects=True, **kw)
+        except requests.Timeout:
+            raise RegistryUnreachable(f"{what}: no answer within {self.timeout:g}s from {url}") from None
+        except requests.ConnectionError as exc:
+            reason = type(exc.__context__ or exc).__name__
+            raise RegistryUnreachable(f"{what}: cannot connect to {url} ({reason})") from None
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"{what}: request to {url} failed ({type(exc).__name__})") from None
+
+    def _authorize(self, challenge: Challenge, host: str, *, what: str) -> str | None:
+        creds = self._creds(host)
+        if challenge.scheme == "basic":
+            if not creds or not creds.username:
+                return None
+            return "Basic " + base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+        if challenge.scheme != "bearer" or "realm" not in challenge.params:
+            return None
+        params = {k: v for k, v in challenge.params.items() if k in ("service", "scope")}
+        if creds and creds.identity_token:
+            resp = self._send(
+                "POST",
+                challenge.params["realm"],
+                what=what,
+                data={**params, "grant_type": "refresh_token", "refresh_token": creds.identity_token},
+            )
+        else:
+            auth = (creds.username, creds.password) if creds and creds.username else None
+            resp = self._send("GET", challenge.params["realm"], what=what, params=params, auth=auth)
+        if resp.status_code in (401, 403):
+            raise RegistryDenied(f"{what}: token service {challenge.params['realm']} refused the credentials")
+        if resp.status_code != 200:
+            raise RegistryServerError(
+                f"{what}: token service {challenge.params['realm']} answered {resp.status_code}"
+            )
+        try:
+            doc = resp.json()
+            token = doc.get("token") or doc.get("access_token")
+        except ValueError:
+            token = None
+        if not isinstance(token, str) or not token:
+            raise RegistryProtocolError(f"{what}: token service gave no token")
+        return f"Bearer {token}"
+
+    def _request(
+        self,
+        method: str,
+        ref: Reference,
+        path: str,
+        *,
+        what: str,
+        ok: tuple[int, ...] = (200,),
+        headers: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> requests.Response:
+        """One API call under ``/v2/<repo>/``; authenticates on a challenge and retries once."""
+        host, key = ref.api_host, (ref.api_host, ref.repository)
+        url = path if path.startswith("http") else f"{self._base(host)}/v2/{ref.repository}/{path}"
+        hdrs = dict(headers or {})
+        if key in self._auth:
+            hdrs["Authorization"] = self._auth[key]
+        resp = self._send(method, url, what=what, headers=hdrs, **kw)
+        if resp.status_code == 401:
+            challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+            header = challenge and self._authorize(challenge, host, what=what)
+            if header:
+                self._auth[key] = header
+                hdrs["Authorization"] = header
+                resp = self._send(method, url, what=what, headers=hdrs, **kw)
+        if resp.status_code in ok:
+            return resp
+        status = resp.status_code
+        resp.close()
+        if status in (401, 403):
+            hint = (
+                "run docker login" if self._creds(host) is None else "check the credentials in docker config"
+            )
+            raise RegistryDenied(f"{what}: {host} refused access ({status}); {hint}")
+        if status == 404:
+            raise RegistryNotFound(f"{what}: not found ({method} {url} → 404)")
+        if status >= 500:
+            raise RegistryServerError(f"{what}: {host} failed ({method} {url} → {status})")
+        raise RegistryProtocolError(f"{what}: unexpected {status} from {method} {url}")
+
+    @staticmethod
+    def _read(resp: requests.Response, limit: int, *, what: str) -> bytes:
+        declared = resp.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            resp.close()
+            raise RegistryProtocolError(f"{what}: {declared} bytes is over the {limit}-byte limit")
+        chunks, total = [], 0
+        try:
+            for chunk in resp.iter_content(1 << 16):
+                total += len(chunk)
+                if total > limit:
+                    raise RegistryProtocolError(f"{what}: more than the {limit}-byte limit")
+                chunks.append(chunk)
+        except requests.RequestException as exc:
+            raise RegistryUnreachable(f"{what}: transfer broke off ({type(exc).__name__})") from None
+        finally:
+            resp.close()
+        return b"".join(chunks)
+
+    # -- manifests ----------------------------------------------------------------------
+
+    def get_manifest(self, ref: Reference, *, accept: Iterable[str] = MANIFEST_TYPES) -> Manifest:
+        """The manifest ``ref`` names, by digest when it has one (checked), else by tag.
+
+        A tag is resolved by this one GET: the digest is computed from the bytes received, so
+        what is returned is exactly what the digest names.
+        """
+        target = ref.digest or ref.tag
+        if target is None:
+            raise RegistryProtocolError(f"{ref}: neither tag nor digest")
+        what = f"manifest {ref.name}{'@' if ref.digest else ':'}{target}"
+        resp = self._request(
+            "GET", ref, f"manifests/{target}", what=what, headers={"Accept": ", ".join(accept)}, stream=True
+        )
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        data = self._read(resp, MAX_MANIFEST_BYTES, what=what)
+        if media_type not in MANIFEST_TYPES:
+            try:
+                declared = json.loads(data).get("mediaType")
+            except (ValueError, AttributeError):
+                declared = None
+            if declared not in MANIFEST_TYPES:
+                raise RegistryProtocolError(f"{what}: not a manifest (Content-Type {media_type!r})")
+            media_type = declared
+        manifest = Manifest.from_bytes(data, media_type, source=what)
+        if ref.digest and manifest.digest != ref.digest:
+            raise RegistryProtocolError(f"{what}: registry sent content with digest {manifest.digest}")
+        return manifest
+
+    def resolve(self, ref: Reference) -> str:
+        """Digest of the manifest ``ref`` names (one GET)."""
+        return self.get_manifest(ref).digest
+
+    def put_manifest(self, ref: Reference, data: bytes, media_type: str) -> PushResult:
+        """Push ``data`` under ``ref``'s tag, or by its own digest when ``ref`` has no tag."""
+        digest = sha256_digest(data)
+        target = ref.tag if ref.tag and not ref.digest else digest
+        what = f"push manifest {ref.name}:{target}"
+        resp = self._request(
+            "PUT",
+            ref,
+            f"manifests/{target}",
+            what=what,
+            ok=(200, 201, 202),
+            headers={"Content-Type": media_type},
+            data=data,
+        )
+        got = resp.headers.get("Docker-Content-Digest")
+        resp.close()
+        if got and got != digest:
+            raise RegistryProtocolError(f"{what}: registry stored digest {got}, expected {digest}")
+        return PushResult(digest, subject_indexed=bool(resp.headers.get("OCI-Subject")))
+
+    # -- blobs --------------------------------------------------------------------------
+
+    def get_blob(self, ref: Reference, digest: str, *, max_bytes: int = DEFAULT_MAX_BLOB_BYTES) -> bytes:
+        check_digest(digest)
+        what = f"blob {ref.name}@{digest}"
+        resp = self._request("GET", ref, f"blobs/{digest}", what=what, stream=True)
+        data = self._read(resp, max_bytes, what=what)
+        if sha256_digest(data) != digest:
+            raise RegistryProtocolError(f"{what}: registry sent content with digest {sha256_digest(data)}")
+        return data
+
+    def has_blob(self, ref: Reference, digest: str) -> bool:
+        try:
+            self._request("HEAD", ref, f"blobs/{check_digest(digest)}", what=f"blob {ref.name}@{digest}")
+        except RegistryNotFound:
+            return False
+        return True
+
+    def put_blob(self, ref: Reference, data: bytes) -> str:
+        """Upload ``data`` (monolithic POST+PUT) unless the registry has it; returns its digest."""
+        digest = sha256_digest(data)
+        if self.has_blob(ref, digest):
+            return digest
+        what = f"upload blob {ref.name}@{digest}"
+        resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
+        location = resp.headers.get("Location")
+        resp.close()
+        if not location:
+            raise RegistryProtocolError(f"{what}: no upload Location")
+        url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
+        sep = "&" if "?" in url else "?"
+        resp = self._request(
+            "PUT",
+            ref,
+            f"{url}{sep}digest={digest}",
+            what=what,
+            ok=(201, 204),
+            headers={"Content-Type": "application/octet-stream"},
+            data=data,
+        )
+        resp.close()
+        return digest
+
+    # -- referrers ----------------------------------------------------------------------
+
+    def referrers(self, subject: Reference, *, artifact_type: str | None = None) -> list[Descriptor]:
+        """Manifests whose ``subject`` is ``subject.digest``, from the API or the fallback tag."""
+        digest = subject.digest
+        if digest is None:
+            raise RegistryProtocolError(f"referrers of {subject}: a digest is needed")
+        host = subject.api_host
+        entries: list[Descriptor] | None = None
+        if self._referrers_api.get(host, True):
+            entries = self._referrers_from_api(subject, digest, artifact_type)
+            self._referrers_api[host] = entries is not None
+        if entries is None:
+            entries = self._referrers_from_tag(subject, digest)
+        if artifact_type:
+            entries = [e for e in entries if e.artifact_type == artifact_type]
+        return entries
+
+    def _referrers_from_api(
+        self, subject: Reference, digest: str, artifact_type: str | None
+    ) -> list[Descriptor] | None:
+        what = f"referrers of {subject.name}@{digest}"
+        params = {"artifactType": artifact_type} if artifact_type else None
+        try:
+            resp = self._request(
+                "GET",
+                subject,
+                f"referrers/{digest}",
+                what=what,
+                headers={"Accept": OCI_INDEX},
+                params=params,
+                stream=True,
+            )
+        except RegistryNotFound:
+            return None  # OCI 1.1: a registry without the API answers 404
+        if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+            resp.close()
+            return None
+        index = Manifest.from_bytes(self._read(resp, MAX_MANIFEST_BYTES, what=what), OCI_INDEX, source=what)
+        return index.manifests
+
+    def _referrers_from_tag(self, subject: Reference, digest: str) -> list[Descriptor]:
+        try:
+            index = self.get_manifest(subject.with_tag(fallback_tag(digest)), accept=(OCI_INDEX,))
+        except RegistryNotFound:
+            return []
+        if index.media_type != OCI_INDEX:
+            raise RegistryProtocolError(f"{index.source}: fallback tag does not hold an OCI index")
+        return index.manifests
+
+    def push_referrer(self, subject: Reference, data: bytes, media_type: str) -> str:
+        """Push a manifest whose ``subject`` is ``subject.digest``, and list it in the fallback
+        index when the registry did not index it itself. Returns the manifest's digest."""
+        digest = subject.digest
+        if digest is None:
+            raise RegistryProtocolError(f"push referrer of {subject}: a digest is needed")
+        manifest = Manifest.from_bytes(data, media_type, source=f"referrer of {subject.pinned()}")
+        pushed = self.put_manifest(dataclasses.replace(subject, tag=None, digest=None), data, media_type)
+        if pushed.subject_indexed:
+            return pushed.digest
+        tag_ref = subject.with_tag(fallback_tag(digest))
+        try:
+            current = self.get_manifest(tag_ref, accept=(OCI_INDEX,))
+            entries = [d.to_json() for d in current.manifests if d.digest != pushed.digest]
+            doc: dict[str, Any] = dict(current.doc)
+        except RegistryNotFound:
+            entries, doc = [], {"schemaVersion": 2, "mediaType": OCI_INDEX}
+        entries.append(manifest.descriptor().to_json())
+        doc["manifests"] = entries
+        self.put_manifest(tag_ref, encode_json(doc), OCI_INDEX)
+        return pushed.digest

@@ -1,0 +1,1 @@
+"""Sigstore service plumbing (sigstore-python, certificates); not a public API."""

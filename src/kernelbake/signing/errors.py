@@ -1,0 +1,150 @@
+"""Why signing or verification failed. One class per cause, each with its own exit code, and a
+one-line message naming the image (``repo@digest``) and what to do.
+
+Verification codes are 10-29, signing codes 30-39. ``RegistryUnavailable`` and its subclasses
+mean "could not ask", not "asked and it was bad": admission may choose to fail open on those
+only. A registry that answers with content that does not match its digest is *not* unavailable
+(``RegistryMisbehaved``): that is an integrity failure.
+"""
+
+from __future__ import annotations
+
+from kernelbake.errors import KernelbakeError
+
+
+class VerificationFailed(KernelbakeError):
+    """Base of every verification failure; never means "verified"."""
+
+    return_code = 10
+
+
+class Unsigned(VerificationFailed):
+    """No signature of any format is attached to the digest."""
+
+    return_code = 11
+
+
+class UntrustedSigner(VerificationFailed):
+    """Signatures exist, but none is by a key or identity the policy trusts."""
+
+    return_code = 12
+
+
+class InvalidSignature(VerificationFailed):
+    """A signature claims a trusted signer but does not verify: corrupted or tampered."""
+
+    return_code = 13
+
+
+class MalformedSignature(VerificationFailed):
+    """A signature artifact (bundle, envelope, payload) cannot be parsed."""
+
+    return_code = 14
+
+
+class SubjectMismatch(VerificationFailed):
+    """A trusted signature is attached, but it was made for another digest."""
+
+    return_code = 15
+
+
+class TagMoved(VerificationFailed):
+    """``repo:tag@digest`` was given and the tag now points elsewhere."""
+
+    return_code = 16
+
+
+class MissingAttestation(VerificationFailed):
+    """Signed, but no trusted kernelbake attestation for this digest."""
+
+    return_code = 17
+
+
+class LabelMismatch(VerificationFailed):
+    """The image's labels disagree with each other or with the attested key."""
+
+    return_code = 18
+
+
+class CacheManifestMismatch(VerificationFailed):
+    """The cache manifest in the image is not the one attested."""
+
+    return_code = 19
+
+
+class RegistryUnavailable(VerificationFailed):
+    """The registry could not be asked (base of the registry-trouble classes)."""
+
+    return_code = 20
+
+
+class ImageNotFound(RegistryUnavailable):
+    """The registry answered 404 for the image."""
+
+    return_code = 21
+
+
+class RegistryServerFailure(RegistryUnavailable):
+    """The registry answered 5xx."""
+
+    return_code = 22
+
+
+class RegistryTimeout(RegistryUnavailable):
+    """No answer from the registry: timeout or connection refused."""
+
+    return_code = 23
+
+
+class RegistryAccessDenied(RegistryUnavailable):
+    """The registry refused our credentials (401/403)."""
+
+    return_code = 24
+
+
+class NotKernelbakeImage(VerificationFailed):
+    """The image carries no kernelbake key label: not built by kernelbake."""
+
+    return_code = 25
+
+
+class TrustRootUnavailable(VerificationFailed):
+    """The Sigstore trusted root named by the policy could not be loaded."""
+
+    return_code = 26
+
+
+class RegistryMisbehaved(VerificationFailed):
+    """The registry sent content that does not match its digest, or nonsense."""
+
+    return_code = 27
+
+
+class SigningFailed(KernelbakeError):
+    """Base of signing failures."""
+
+    return_code = 30
+
+
+class TokenMissing(SigningFailed):
+    """Keyless signing without an OIDC identity token."""
+
+    return_code = 31
+
+
+class TokenExpired(SigningFailed):
+    """The OIDC identity token is expired or not yet valid."""
+
+    return_code = 32
+
+
+class TokenMalformed(SigningFailed):
+    """The OIDC identity token is not a JWT Sigstore accepts."""
+
+    return_code = 33
+
+
+class SigningServiceError(SigningFailed):
+    """Fulcio or Rekor refused the request or could not be reached."""
+
+    return_code = 34

@@ -1,0 +1,97 @@
+"""How signatures sit in a registry, byte-compatible with cosign.
+
+* Bundle format (cosign ``--new-bundle-format``, the default): one OCI manifest per signature
+  or attestation, ``artifactType`` = the Sigstore bundle media type, the bundle as its only
+  layer, ``subject`` = the signed image; found through the referrers API or the fallback tag.
+* Legacy format (cosign 2 default): tag ``sha256-<hex>.sig`` holds one layer per signature (a
+  simple-signing payload, the signature in an annotation); tag ``sha256-<hex>.att`` holds one
+  layer per attestation (a DSSE envelope).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+
+from kernelbake.oci import types as mt
+from kernelbake.oci.reference import check_digest
+from kernelbake.oci.types import Descriptor, encode_json
+
+BUNDLE_V03 = "application/vnd.dev.sigstore.bundle.v0.3+json"
+BUNDLE_MEDIA_TYPES = (
+    BUNDLE_V03,
+    "application/vnd.dev.sigstore.bundle+json;version=0.3",
+    "application/vnd.dev.sigstore.bundle+json;version=0.2",
+    "application/vnd.dev.sigstore.bundle+json;version=0.1",
+)
+ANN_BUNDLE_CONTENT = "dev.sigstore.bundle.content"
+ANN_BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
+ANN_CREATED = "org.opencontainers.image.created"
+
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
+ANN_SIGNATURE = "dev.cosignproject.cosign/signature"
+ANN_CERTIFICATE = "dev.sigstore.cosign/certificate"
+ANN_CHAIN = "dev.sigstore.cosign/chain"
+ANN_REKOR_BUNDLE = "dev.sigstore.cosign/bundle"
+ANN_PREDICATE_TYPE = "predicateType"
+
+SIG_SUFFIX = ".sig"
+ATT_SUFFIX = ".att"
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def legacy_tag(digest: str, suffix: str) -> str:
+    return check_digest(digest).replace(":", "-") + suffix
+
+
+def bundle_referrer(
+    subject: Descriptor, bundle: bytes, predicate_type: str, *, created: str
+) -> tuple[bytes, bytes]:
+    """(manifest bytes, bundle bytes) of one bundle referrer, laid out as cosign 3 writes it."""
+    layer = Descriptor.of(bundle, BUNDLE_V03)
+    empty = Descriptor.of(mt.EMPTY_JSON, mt.OCI_EMPTY)
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": mt.OCI_MANIFEST,
+        "artifactType": BUNDLE_V03,
+        "config": empty.to_json(),
+        "layers": [layer.to_json()],
+        "subject": Descriptor(
+            media_type=subject.media_type, digest=subject.digest, size=subject.size
+        ).to_json(),
+        "annotations": {
+            ANN_BUNDLE_CONTENT: "dsse-envelope",
+            ANN_BUNDLE_PREDICATE: predicate_type,
+            ANN_CREATED: created,
+        },
+    }
+    return encode_json(doc), bundle
+
+
+def legacy_layer(data: bytes, media_type: str, annotations: Mapping[str, str]) -> Descriptor:
+    return Descriptor.of(data, media_type, annotations=annotations)
+
+
+def legacy_manifest(layers: Sequence[Descriptor]) -> tuple[bytes, bytes]:
+    """(manifest bytes, config bytes) of a ``.sig``/``.att`` image, with cosign's config shape."""
+    config = encode_json(
+        {
+            "architecture": "",
+            "created": "0001-01-01T00:00:00Z",
+            "history": [{"created": "0001-01-01T00:00:00Z"}],
+            "os": "",
+            "rootfs": {"type": "layers", "diff_ids": [d.digest for d in layers]},
+            "config": {},
+        }
+    )
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": mt.OCI_MANIFEST,
+        "config": Descriptor.of(config, mt.OCI_CONFIG).to_json(),
+        "layers": [d.to_json() for d in layers],
+    }
+    return encode_json(doc), config

@@ -1,0 +1,107 @@
+"""kernelbake's attestation predicate: what kernels an image holds and what they were built for."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kernelbake import __version__
+from kernelbake.errors import BadInput
+from kernelbake.key import CacheKey, InvalidKey, key_from_labels, parse_key
+from kernelbake.oci.reference import is_digest
+from kernelbake.oci.types import sha256_digest
+from kernelbake.runtime.bundle import Manifest as CacheManifest
+from kernelbake.signing.image import CACHE_MANIFEST_PATH, ImageFacts
+
+PREDICATE_TYPE = "https://kernelbake.dev/attestation/kernel-cache/v1"
+BASE_NAME_LABEL = "org.opencontainers.image.base.name"
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
+
+
+class BadPredicate(BadInput):
+    """A predicate that does not have our shape."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelCachePredicate:
+    key: CacheKey
+    cache_manifest_digest: str
+    cache_layer_digest: str
+    base_image: str | None
+    base_digest: str | None
+    # compile_report.builder from the cache manifest: the builder's GPU + driver, or "cpu".
+    builder: Any
+    kernelbake_version: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": str(self.key),
+            "keyDigest": self.key.digest,
+            "keyFields": self.key.as_dict(),
+            "cacheManifest": {
+                "path": "/" + CACHE_MANIFEST_PATH,
+                "digest": self.cache_manifest_digest,
+                "layerDigest": self.cache_layer_digest,
+            },
+            "baseImage": {"name": self.base_image, "digest": self.base_digest},
+            "builder": self.builder,
+            "kernelbakeVersion": self.kernelbake_version,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], *, source: str) -> KernelCachePredicate:
+        try:
+            key = parse_key(doc["key"])
+            if doc.get("keyDigest") != key.digest:
+                raise BadPredicate(f"{source}: keyDigest {doc.get('keyDigest')!r} is not the key's digest")
+            if doc.get("keyFields") != key.as_dict():
+                raise BadPredicate(f"{source}: keyFields disagree with key")
+            cache, base = doc["cacheManifest"], doc.get("baseImage") or {}
+            digest, layer = cache["digest"], cache["layerDigest"]
+            if not (
+                isinstance(digest, str) and is_digest(digest) and isinstance(layer, str) and is_digest(layer)
+            ):
+                raise BadPredicate(f"{source}: cacheManifest digests are not sha256:<hex>")
+            version = doc["kernelbakeVersion"]
+            if not isinstance(version, str):
+                raise BadPredicate(f"{source}: kernelbakeVersion is not a string")
+            return cls(
+                key=key,
+                cache_manifest_digest=digest,
+                cache_layer_digest=layer,
+                base_image=_opt_str(base.get("name")),
+                base_digest=_opt_str(base.get("digest")),
+                builder=doc.get("builder"),
+                kernelbake_version=version,
+            )
+        except InvalidKey as exc:
+            raise BadPredicate(f"{source}: {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise BadPredicate(
+                f"{source}: not a {PREDICATE_TYPE} predicate ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def predicate_for(facts: ImageFacts, layer_digest: str, cache_manifest: bytes) -> KernelCachePredicate:
+    """The predicate a signer attests, read from the image itself; refuses an inconsistent image."""
+    where = facts.ref.pinned()
+    key = key_from_labels(facts.labels)
+    source = f"{where}: /{CACHE_MANIFEST_PATH}"
+    parsed = CacheManifest.from_json(cache_manifest.decode("utf-8", "replace"), source=source)
+    if parsed.key != key:
+        raise BadInput(f"{source}: built for key {parsed.key.digest}, but the labels say {key.digest}")
+    return KernelCachePredicate(
+        key=key,
+        cache_manifest_digest=sha256_digest(cache_manifest),
+        cache_layer_digest=layer_digest,
+        base_image=facts.labels.get(BASE_NAME_LABEL),
+        base_digest=facts.labels.get(BASE_DIGEST_LABEL),
+        builder=json.loads(json.dumps(dict(parsed.compile_report).get("builder"))),
+        kernelbake_version=__version__,
+    )
