@@ -74,9 +74,11 @@ def push_image(
     builder: object = "cpu",
     last_layer_extra: Mapping[str, bytes] | None = None,
     salt: str = "",
+    target: object = None,
 ) -> TestImage:
-    """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it."""
-    target = tiny_llama_target()
+    """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it;
+    ``target`` (a ``BuildTarget``, default tiny-llama on cpu) gives the key and labels."""
+    target = target or tiny_llama_target()
     key = target.key
     root = workdir / "cache"
     files = dict(

@@ -99,7 +99,8 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                 continue
             if ref.tag is not None and ref.digest is not None:
                 notes.append(
-                    f"{c.where}: image {c.image} names a tag and a digest; the digest wins and is what was verified"
+                    f"{c.where}: image {c.image} names a tag and a digest; the digest wins: it is what "
+                    "was verified, and the tag is dropped"
                 )
             governed.append(Governed(c, ref))
         found_ways = tuple(ways(spec)) if governed else ()

@@ -1,36 +1,24 @@
-"""Image references as Kubernetes and the registry understand them (distribution's grammar).
+"""Image references as admission needs them, on top of ``kernelbake.oci``'s parser.
 
-``parse_reference("127.0.0.1:5000/kb/qwen3:tag")`` gives the registry host, the repository path,
-the tag and the digest; ``docker.io`` names are normalised (``ubuntu`` → ``docker.io/library/ubuntu``)
-so that policy patterns see one spelling. The text the user wrote for the name is kept, so a
-rewritten reference changes only what must change.
+Two things admission needs beyond it: whether a tag was *written* (the registry reads a bare
+name as ``:latest``, admission denies it), and the name exactly as written, so a rewritten
+reference changes only what must change. ``docker.io`` names are normalised
+(``ubuntu`` → ``docker.io/library/ubuntu``) so that policy patterns see one spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import re
 from collections.abc import Sequence
 
-from kernelbake.errors import BadInput
+from kernelbake import oci
+from kernelbake.oci import InvalidReference
+
+__all__ = ["ImageRef", "InvalidReference", "loose_name", "matches", "normalise_pattern", "parse_reference"]
 
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = ("index.docker.io", "registry-1.docker.io")
-
-_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-    r"|\[[0-9A-Fa-f:.]+\])(?::[0-9]+)?"
-)
-_TAG = re.compile(r"[\w][\w.-]{0,127}")
-_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}")
-_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
-_MAX_NAME = 255
-
-
-class InvalidReference(BadInput, ValueError):
-    """Not an image reference the container runtime could pull; quotes the input."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +35,6 @@ class ImageRef:
         """``host/repository``, normalised."""
         return f"{self.domain}/{self.path}"
 
-    @property
-    def pinned(self) -> bool:
-        return self.digest is not None
-
     def __str__(self) -> str:
         return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
 
@@ -61,56 +45,30 @@ class ImageRef:
         return f"{self.name}@{self.digest}"
 
     def rewritten(self, digest: str) -> str:
-        """The reference to run: the user's name and tag, pinned to ``digest``.
+        """The reference to run: the name as the user wrote it, pinned to ``digest``.
 
-        The tag stays for people reading ``kubectl get pods``; container runtimes pull by the
-        digest when both are present.
+        The tag is dropped: ``name:tag@digest`` would make every later review (and every pod a
+        controller creates from the template) carry a "tag and digest" warning, and the tag
+        no longer decides anything.
         """
-        return self.written_name + (f":{self.tag}" if self.tag else "") + f"@{digest}"
+        return f"{self.written_name}@{digest}"
 
 
 def parse_reference(text: str) -> ImageRef:
     if not isinstance(text, str) or not text or text != text.strip():
         raise InvalidReference(f"image {text!r} is empty or has surrounding whitespace")
-    rest, at, digest = text.partition("@")
-    if at:
-        if not _DIGEST.fullmatch(digest):
-            raise InvalidReference(f"image {text!r}: {digest!r} is not a digest (algorithm:hex)")
-        if digest.startswith("sha256:") and not _SHA256.fullmatch(digest):
-            raise InvalidReference(f"image {text!r}: a sha256 digest is 64 lowercase hex characters")
-    name, tag = rest, None
-    slash, colon = rest.rfind("/"), rest.rfind(":")
-    if colon > slash:
-        name, tag = rest[:colon], rest[colon + 1 :]
-        if not _TAG.fullmatch(tag):
-            raise InvalidReference(f"image {text!r}: {tag!r} is not a valid tag")
-    if len(name) > _MAX_NAME:
-        raise InvalidReference(f"image {text!r}: the name is longer than {_MAX_NAME} characters")
-    domain, path = _split_domain(name, text)
-    for component in path.split("/"):
-        if not _COMPONENT.fullmatch(component):
-            raise InvalidReference(
-                f"image {text!r}: repository component {component!r} is not lowercase letters, digits and separators"
-            )
-    return ImageRef(domain, path, tag, digest or None, name)
-
-
-def _split_domain(name: str, text: str) -> tuple[str, str]:
-    first, slash, remainder = name.partition("/")
-    # distribution's rule: the first component is a registry host when it looks like one.
-    if slash and ("." in first or ":" in first or first == "localhost" or first.lower() != first):
-        if not _HOST.fullmatch(first):
-            raise InvalidReference(f"image {text!r}: {first!r} is not a registry host[:port]")
-        domain, path = first, remainder
-    else:
-        domain, path = DOCKER_HUB, name
-    if domain in _HUB_ALIASES:
-        domain = DOCKER_HUB
-    if domain == DOCKER_HUB and "/" not in path:
-        path = f"library/{path}"
-    if not path:
-        raise InvalidReference(f"image {text!r} names no repository")
-    return domain, path
+    ref = oci.parse_reference(text)
+    rest = text.partition("@")[0]
+    colon = rest.rfind(":")
+    written_tag = colon > rest.rfind("/")
+    domain = DOCKER_HUB if ref.registry in _HUB_ALIASES else ref.registry
+    return ImageRef(
+        domain=domain,
+        path=ref.repository,
+        tag=ref.tag if written_tag else None,
+        digest=ref.digest,
+        written_name=rest[:colon] if written_tag else rest,
+    )
 
 
 def normalise_pattern(pattern: str) -> str:

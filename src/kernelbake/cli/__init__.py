@@ -12,7 +12,7 @@ from kernelbake import __version__
 from kernelbake.errors import KernelbakeError
 
 # Modules with ``register(subparsers)``; each sets ``func(args) -> int`` on its parsers.
-_AREAS = ("kernelbake.cli.planning", "kernelbake.cli.signing")
+_AREAS = ("kernelbake.cli.planning", "kernelbake.cli.signing", "kernelbake.cli.admission")
 
 
 def build_parser() -> argparse.ArgumentParser:

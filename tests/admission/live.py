@@ -1,0 +1,109 @@
+"""The real parts for integration tests and the benchmark: kernelbake-shaped images for GPU
+targets pushed to the local docker-registry and signed by ``kernelbake sign``, an admission
+policy trusting the signing key, and ``kernelbake admission`` running as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from kernelbake.oci import RegistryClient
+from kernelbake.plan import plan
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+from tests.signing.images import PushedImage, push_image
+
+KERNELBAKE = [sys.executable, "-m", "kernelbake"]
+SPEC = REPO / "images" / "qwen3-0.6b.yaml"
+
+
+def kernelbake(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KERNELBAKE, *args], capture_output=True, text=True, check=check, input=stdin, timeout=120
+    )
+
+
+def generate_key(directory: Path, name: str) -> tuple[Path, Path]:
+    kernelbake("generate-key-pair", "--dir", str(directory), "--name", name)
+    return directory / f"{name}.key", directory / f"{name}.pub"
+
+
+def push_target(
+    registry: str, repository: str, tag: str, gpu: str, workdir: Path, *, salt: str = ""
+) -> PushedImage:
+    """Push a kernelbake-shaped image of qwen3-0.6b for ``gpu`` (labels and key from ``plan``)."""
+    target = next(t for t in plan(load_spec(SPEC), [gpu], registry=registry) if t.gpu.name == gpu)
+    client = RegistryClient(timeout=30)
+    return push_image(client, f"{registry}/{repository}:{tag}", workdir, target=target, salt=salt or tag)
+
+
+def sign(image: PushedImage, key: Path) -> None:
+    kernelbake("sign", "--key", str(key), image.tagged)
+
+
+def write_policy(path: Path, patterns: Sequence[str], public_key: Path, **extra: object) -> Path:
+    lines = ["images:"] + [f"  - {p!r}" for p in patterns]
+    lines += ["verify:", "  keys:", f"    - {str(public_key)!r}"]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@dataclasses.dataclass
+class Served:
+    port: int
+    process: subprocess.Popen[str]
+    log: list[str]
+
+
+@contextlib.contextmanager
+def serving(policy: Path, certs: Path, *, log_level: str = "info") -> Iterator[Served]:
+    """``kernelbake admission`` on 127.0.0.1, a free port; stops it with SIGTERM."""
+    proc = subprocess.Popen(
+        [
+            *KERNELBAKE,
+            "admission",
+            "--policy",
+            str(policy),
+            "--tls-cert",
+            str(certs / "tls.crt"),
+            "--tls-key",
+            str(certs / "tls.key"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-level",
+            log_level,
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    log: list[str] = []
+    port = None
+    for line in proc.stderr:
+        log.append(line)
+        found = re.search(r"listening on https://127\.0\.0\.1:(\d+)", line)
+        if found:
+            port = int(found.group(1))
+            break
+    if port is None:
+        proc.wait(10)
+        raise RuntimeError("kernelbake admission did not start:\n" + "".join(log))
+    stderr = proc.stderr
+    drain = threading.Thread(target=lambda: log.extend(stderr), daemon=True)
+    drain.start()
+    try:
+        yield Served(port, proc, log)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        drain.join(5)
