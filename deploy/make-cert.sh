@@ -49,8 +49,8 @@ echo "wrote $out/ca.crt $out/tls.crt $out/tls.key (SANs: $san)"
 
 bundle=$(base64 < "$out/ca.crt" | tr -d '\n')
 secret="kubectl -n $ns create secret tls $svc-tls --cert=$out/tls.crt --key=$out/tls.key --dry-run=client -o yaml | kubectl apply -f -"
-patch_v="kubectl patch validatingwebhookconfiguration $svc --type=json -p '[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$bundle\"}]'"
-patch_m="kubectl patch mutatingwebhookconfiguration $svc --type=json -p '[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$bundle\"}]'"
+patch_v="kubectl patch validatingwebhookconfiguration $svc --type=json -p '[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$bundle\"}]'"
+patch_m="kubectl patch mutatingwebhookconfiguration $svc --type=json -p '[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$bundle\"}]'"
 if [ "$apply" = 1 ]; then
   sh -c "$secret" && sh -c "$patch_m" && sh -c "$patch_v"
 else
