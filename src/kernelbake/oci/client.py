@@ -12,6 +12,8 @@ import base64
 import dataclasses
 import ipaddress
 import json
+import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urljoin
@@ -56,6 +58,25 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS-level cause inside requests' and urllib3's wrappers, in words."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return "unknown host"
+        if isinstance(e, ssl.SSLError):
+            return f"TLS error: {e.reason or e}"
+        todo += [getattr(e, "reason", None), e.__cause__, e.__context__, *e.args]
+    return type(exc).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +126,7 @@ class RegistryClient:
         except requests.Timeout:
             raise RegistryUnreachable(f"{what}: no answer within {self.timeout:g}s from {url}") from None
         except requests.ConnectionError as exc:
-            reason = type(exc.__context__ or exc).__name__
-            raise RegistryUnreachable(f"{what}: cannot connect to {url} ({reason})") from None
+            raise RegistryUnreachable(f"{what}: cannot connect to {url} ({_reason(exc)})") from None
         except requests.RequestException as exc:
             raise RegistryUnreachable(f"{what}: request to {url} failed ({type(exc).__name__})") from None
 

@@ -4,6 +4,8 @@ stored where cosign and admission controllers look for them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, parse_reference
@@ -33,12 +35,31 @@ def _push_bundle(
     return client.push_referrer(ref, manifest, mt.OCI_MANIFEST)
 
 
+def attach_statement(
+    reference: str,
+    signer: Signer,
+    predicate_type: str,
+    predicate: Mapping[str, Any],
+    *,
+    client: RegistryClient | None = None,
+) -> str:
+    """Sign an in-toto statement about ``reference``'s digest and attach it as a bundle referrer
+    (e.g. another attestation type); returns the referrer manifest's digest."""
+    ref = parse_reference(reference)
+    client = client or RegistryClient()
+    top = client.get_manifest(ref)
+    pinned = Reference(ref.registry, ref.repository, digest=top.digest)
+    signed = signer.sign_statement(intoto.make_statement(pinned.name, top.digest, predicate_type, predicate))
+    return _push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type)
+
+
 def _append_legacy(client: RegistryClient, ref: Reference, tag: str, layer: Descriptor, data: bytes) -> None:
     """Add ``layer`` to the ``.sig``/``.att`` image at ``tag`` (created if absent), as cosign does."""
     tag_ref = ref.with_tag(tag)
     try:
         current = client.get_manifest(tag_ref, accept=mt.IMAGE_MANIFESTS)
-        layers = [d for d in current.layers if d.digest != layer.digest]
+        # Same payload signed by another key is another layer; only an identical one is replaced.
+        layers = [d for d in current.layers if (d.digest, d.annotations) != (layer.digest, layer.annotations)]
     except RegistryNotFound:
         layers = []
     layers.append(layer)

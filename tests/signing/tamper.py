@@ -1,0 +1,60 @@
+"""Edit what is in the registry the way an attacker (or a broken mirror) would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kernelbake.oci import Reference, RegistryClient, RegistryNotFound, fallback_tag
+from kernelbake.oci import types as mt
+from kernelbake.signing import formats
+from tests.signing.images import TestImage
+
+
+def _rewrite_referrers(
+    client: RegistryClient, image: TestImage, edit_blob: Callable[[bytes], bytes]
+) -> list[str]:
+    """Replace every bundle referrer of ``image`` by one whose bundle blob is ``edit_blob(old)``,
+    and point the fallback index at the replacements. Returns the new manifest digests."""
+    ref = image.ref.with_digest(image.digest)
+    new_entries = []
+    for desc in client.referrers(ref):
+        manifest = client.get_manifest(ref.with_digest(desc.digest))
+        layer = manifest.layers[0]
+        blob = edit_blob(client.get_blob(ref, layer.digest))
+        client.put_blob(ref, blob)
+        doc = dict(manifest.doc)
+        doc["layers"] = [{**layer.to_json(), "digest": mt.sha256_digest(blob), "size": len(blob)}]
+        data = mt.encode_json(doc)
+        pushed = client.put_manifest(Reference(ref.registry, ref.repository), data, mt.OCI_MANIFEST)
+        new_entries.append({**desc.to_json(), "digest": pushed.digest, "size": len(data)})
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": new_entries})
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
+    return [e["digest"] for e in new_entries]
+
+
+def rewrite_bundles(
+    client: RegistryClient, image: TestImage, edit: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    _rewrite_referrers(client, image, lambda b: json.dumps(edit(json.loads(b))).encode())
+
+
+def replace_bundles(client: RegistryClient, image: TestImage, data: bytes) -> None:
+    _rewrite_referrers(client, image, lambda _b: data)
+
+
+def copy_signatures(client: RegistryClient, source: TestImage, target: TestImage) -> None:
+    """List ``source``'s referrers (and legacy tags) as if they were ``target``'s."""
+    src = source.ref.with_digest(source.digest)
+    dst = target.ref.with_digest(target.digest)
+    assert src.name == dst.name, "copy within one repository (blobs are per repository)"
+    entries = [d.to_json() for d in client.referrers(src)]
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": entries})
+    client.put_manifest(dst.with_tag(fallback_tag(target.digest)), index, mt.OCI_INDEX)
+    for suffix in (formats.SIG_SUFFIX, formats.ATT_SUFFIX):
+        try:
+            m = client.get_manifest(src.with_tag(formats.legacy_tag(source.digest, suffix)))
+        except RegistryNotFound:
+            continue
+        client.put_manifest(dst.with_tag(formats.legacy_tag(target.digest, suffix)), m.data, m.media_type)

@@ -1,0 +1,167 @@
+"""Key-based signing and verification against the real docker-registry, both formats."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from kernelbake.cli import main
+from kernelbake.oci import RegistryClient, fallback_tag, parse_reference
+from kernelbake.oci import types as mt
+from kernelbake.signing import formats, intoto
+from kernelbake.signing.errors import Unsigned
+from kernelbake.signing.predicate import PREDICATE_TYPE
+from kernelbake.signing.sign import sign_image
+from kernelbake.signing.verify import VerifiedImage, verify_image
+from tests.signing.conftest import ImageFactory, KeyPair
+
+pytestmark = pytest.mark.registry
+
+
+def test_sign_then_verify_by_tag_digest_and_both(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    image = make_image()
+    result = sign_image(image.tagged, keys.signer, client=client)
+    assert result.digest == image.digest
+    assert result.signer == f"key {keys.public.fingerprint}"
+    assert len(result.referrers) == 2 and result.legacy_tags == ()
+
+    for ref in (image.tagged, image.pinned, f"{image.tagged}@{image.digest}"):
+        verified = verify_image(ref, keys.policy(), client=client)
+        assert isinstance(verified, VerifiedImage)
+        assert verified.reference == ref
+        assert verified.repository == image.ref.name
+        assert verified.digest == image.digest
+        assert verified.key == image.key
+        assert verified.manifest_digest == mt.sha256_digest(image.cache_manifest)
+        assert verified.signer == f"key {keys.public.fingerprint}"
+        assert verified.attestation["key"] == str(image.key)
+        assert verified.attestation["builder"] == "cpu"
+
+
+def test_signatures_are_stored_as_referrers_through_the_fallback_tag(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    image = make_image()
+    sign_image(image.tagged, keys.signer, client=client)
+    ref = image.ref.with_digest(image.digest)
+    # Debian's docker-registry has no referrers API: the fallback index is what lists them.
+    index = client.get_manifest(ref.with_tag(fallback_tag(image.digest)))
+    assert index.media_type == mt.OCI_INDEX
+    referrers = client.referrers(ref)
+    assert [d.digest for d in referrers] == [d.digest for d in index.manifests]
+    predicate_types = set()
+    for desc in referrers:
+        manifest = client.get_manifest(ref.with_digest(desc.digest))
+        assert manifest.artifact_type == formats.BUNDLE_V03
+        assert manifest.subject is not None and manifest.subject.digest == image.digest
+        bundle = json.loads(client.get_blob(ref, manifest.layers[0].digest))
+        assert bundle["verificationMaterial"] == {"publicKey": {"hint": keys.public.hint}}
+        statement = intoto.parse_statement(base64.b64decode(bundle["dsseEnvelope"]["payload"]), source="t")
+        assert statement.covers(image.digest)
+        predicate_types.add(statement.predicate_type)
+        assert manifest.annotations[formats.ANN_BUNDLE_PREDICATE] == statement.predicate_type
+    assert predicate_types == {intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE}
+
+
+def test_manifests_keep_their_exact_bytes(registry: str, client: RegistryClient) -> None:
+    ref = parse_reference(f"{registry}/kb/raw-bytes:odd")
+    config = b'{"config":{}}'
+    client.put_blob(ref, config)
+    # Whitespace and key order that a re-serializer would change.
+    data = (
+        f'{{\n  "schemaVersion": 2,   "mediaType": "{mt.OCI_MANIFEST}",\n "layers": [],\n'
+        f'  "config": {{"size": {len(config)}, "digest": "{mt.sha256_digest(config)}", '
+        f'"mediaType": "{mt.OCI_CONFIG}"}}\n}}\n'
+    ).encode()
+    pushed = client.put_manifest(ref, data, mt.OCI_MANIFEST)
+    assert pushed.digest == mt.sha256_digest(data)
+    by_tag = client.get_manifest(ref)
+    by_digest = client.get_manifest(ref.with_digest(pushed.digest))
+    assert by_tag.data == by_digest.data == data
+    assert client.resolve(ref) == pushed.digest
+
+
+def test_legacy_only_image_verifies(make_image: ImageFactory, client: RegistryClient, keys: KeyPair) -> None:
+    image = make_image()
+    result = sign_image(image.tagged, keys.signer, client=client, legacy=True)
+    assert result.legacy_tags == (
+        formats.legacy_tag(image.digest, ".sig"),
+        formats.legacy_tag(image.digest, ".att"),
+    )
+    # Remove the bundle referrers: only cosign 2's tags remain.
+    ref = image.ref.with_digest(image.digest)
+    empty_index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": []})
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), empty_index, mt.OCI_INDEX)
+    assert client.referrers(ref) == []
+    verified = verify_image(image.pinned, keys.policy(), client=client)
+    assert verified.signer == f"key {keys.public.fingerprint}"
+    assert verified.manifest_digest == mt.sha256_digest(image.cache_manifest)
+
+
+def test_signing_twice_appends(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair, other_keys: KeyPair
+) -> None:
+    image = make_image()
+    sign_image(image.tagged, other_keys.signer, client=client, legacy=True)
+    sign_image(image.tagged, keys.signer, client=client, legacy=True)
+    ref = image.ref.with_digest(image.digest)
+    assert len(client.referrers(ref)) == 4
+    sig = client.get_manifest(ref.with_tag(formats.legacy_tag(image.digest, ".sig")))
+    assert len(sig.layers) == 2
+    # Either signer alone is enough for a policy trusting only that signer.
+    assert verify_image(image.pinned, keys.policy(), client=client).signer.endswith(keys.public.fingerprint)
+    assert verify_image(image.pinned, other_keys.policy(), client=client).signer.endswith(
+        other_keys.public.fingerprint
+    )
+
+
+def test_without_attestation_requirement(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    image = make_image()
+    sign_image(image.tagged, keys.signer, client=client, attest=False)
+    verified = verify_image(image.tagged, keys.policy(require_attestation=False), client=client)
+    assert verified.attestation == {}
+    assert verified.key == image.key
+    assert verified.manifest_digest == mt.sha256_digest(image.cache_manifest)
+
+
+def test_unsigned_is_refused_not_verified(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    image = make_image()
+    with pytest.raises(Unsigned, match=image.digest):
+        verify_image(image.tagged, keys.policy(), client=client)
+
+
+def test_cli_generate_sign_verify(
+    make_image: ImageFactory,
+    registry: str,
+    tmp_path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    monkeypatch.delenv("KERNELBAKE_SIGNING_KEY_PASSWORD", raising=False)
+    monkeypatch.delenv("COSIGN_PASSWORD", raising=False)
+    image = make_image()
+    assert main(["generate-key-pair", "--dir", str(tmp_path / "k")]) == 0
+    out = capsys.readouterr().out
+    assert "fingerprint: sha256:" in out
+    assert main(["sign", "--key", str(tmp_path / "k/kernelbake.key"), "--legacy", image.tagged]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"signed and attested {image.pinned} by key sha256:")
+    assert main(["verify", image.tagged, "--key", str(tmp_path / "k/kernelbake.pub")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"verified {image.pinned}: signed by key sha256:")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("verify:\n  keys: [k/kernelbake.pub]\n")
+    assert main(["verify", image.pinned, "--policy", str(policy), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verified"] is True and doc["digest"] == image.digest
+    assert doc["key_digest"] == image.key.digest
+    assert doc["attestation"]["cacheManifest"]["digest"] == mt.sha256_digest(image.cache_manifest)
