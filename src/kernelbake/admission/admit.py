@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
 from kernelbake.admission.gateway import Accepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
-from kernelbake.admission.references import ImageRef, InvalidReference, loose_name, parse_reference
+from kernelbake.admission.references import ImageRef, InvalidReference, loose_name, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
 from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
-from kernelbake.catalogue import Catalogue
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
 # eviction …) cannot change images.
@@ -82,14 +82,11 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
         problems: list[str] = []
         notes: list[str] = []
         for c in containers(spec_path, spec):
-            try:
-                ref = parse_reference(c.image)
-            except InvalidReference as exc:
-                name = loose_name(c.image)
-                if name is not None and policy.governs(name):
-                    problems.append(f"{c.where}: {exc}")
+            ref = _classify(c.image, policy.images)
+            if ref is None:
                 continue
-            if not policy.governs(ref.name):
+            if isinstance(ref, InvalidReference):
+                problems.append(f"{c.where}: {ref}")
                 continue
             if ref.tag is None and ref.digest is None:
                 problems.append(
@@ -116,11 +113,23 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
     return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
 
 
+@functools.lru_cache(maxsize=4096)
+def _classify(image: str, patterns: tuple[str, ...]) -> ImageRef | InvalidReference | None:
+    """The parsed reference if ``patterns`` govern it, the parse error if it is broken but
+    points into a governed repository, else None. Memoised: a cluster runs few images."""
+    try:
+        ref = parse_reference(image)
+    except InvalidReference as exc:
+        name = loose_name(image)
+        return exc if name is not None and any(matches(name, p) for p in patterns) else None
+    return ref if any(matches(ref.name, p) for p in patterns) else None
+
+
 def decide(
     plan: Plan,
     outcomes: Mapping[str, Outcome],
     policy: AdmissionPolicy,
-    catalogue: Catalogue,
+    judge: gpus.Judge,
     endpoint: Endpoint,
 ) -> Response:
     if plan.final is not None:
@@ -149,7 +158,7 @@ def decide(
             if g.ref.digest is not None and image.digest != g.ref.digest:
                 problems.append(f"{subject}: verification returned {image.digest}, not the digest asked for")
                 continue
-            verdict = gpus.judge(image.key, plan.ways, catalogue, policy.gpu_match)
+            verdict = judge(image.key, plan.ways)
             if not verdict.ok:
                 problems.append(
                     f"{subject} was baked for {image.key.device} ({image.key.arch}) but "

@@ -19,7 +19,9 @@ Decisions, documented in the README:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 
 from kernelbake.admission.policy import GpuMatch
@@ -94,6 +96,37 @@ def judge(key: CacheKey, ways: Sequence[Way], catalogue: Catalogue, match: GpuMa
     if not satisfiable:
         problems.append("no GPU node can satisfy its node constraints")
     return GpuVerdict(tuple(problems), tuple(notes), hint)
+
+
+class Judge:
+    """``judge`` for one catalogue and match mode, memoised: the verdict depends only on the
+    key and the ways, and a cluster runs few distinct (image, placement) pairs, so a warm
+    review skips the comparisons entirely. Bounded, thread-safe."""
+
+    def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
+        self.catalogue, self.match = catalogue, match
+        # Keyed by the key's identity: verified images come from the gateway's cache, so the
+        # same key object recurs, and hashing a 23-field key on every review is what this saves.
+        self._memo: collections.OrderedDict[tuple[int, tuple[Way, ...]], tuple[CacheKey, GpuVerdict]] = (
+            collections.OrderedDict()
+        )
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+        memo_key = (id(key), tuple(ways))
+        with self._lock:
+            hit = self._memo.get(memo_key)
+            if hit is not None and hit[0] is key:
+                self._memo.move_to_end(memo_key)
+                return hit[1]
+        verdict = judge(key, ways, self.catalogue, self.match)
+        with self._lock:
+            # Holding the key keeps its id from being reused while the entry lives.
+            self._memo[memo_key] = (key, verdict)
+            while len(self._memo) > self._max:
+                self._memo.popitem(last=False)
+        return verdict
 
 
 def _judge_way(

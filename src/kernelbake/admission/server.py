@@ -34,6 +34,7 @@ HEADER_LIMIT = 64 * 1024
 IDLE_SECONDS = 120.0
 HEADER_SECONDS = 30.0
 CERT_CHECK_SECONDS = 60.0
+CLOSE_SECONDS = 5.0
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -80,6 +81,7 @@ class AdmissionServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._busy = 0
+        self._closing = False
 
     async def start(self) -> int:
         """Bind and return the port (useful with port 0)."""
@@ -113,6 +115,7 @@ class AdmissionServer:
         deadline = time.monotonic() + self.admitter.policy.deadline_seconds
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        self._closing = True
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -143,7 +146,9 @@ class AdmissionServer:
         try:
             while True:
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_SECONDS)
+                    # asyncio.timeout, not wait_for: no extra task per request.
+                    async with asyncio.timeout(IDLE_SECONDS):
+                        head = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 except asyncio.LimitOverrunError:
@@ -153,7 +158,8 @@ class AdmissionServer:
                 self._busy += 1
                 try:
                     method, target, headers = _parse_head(head)
-                    body = await asyncio.wait_for(_read_body(reader, headers), HEADER_SECONDS)
+                    async with asyncio.timeout(HEADER_SECONDS):
+                        body = await _read_body(reader, headers)
                     status, payload = await self._route(method, target, body, started)
                 except _BadRequest as exc:
                     await self._send(writer, exc.status, {"error": exc.message}, close=True)
@@ -169,9 +175,14 @@ class AdmissionServer:
         except Exception:
             log.exception("connection handler failed")
         finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            if self._closing:
+                # No TLS close_notify exchange on the way out: a peer that does not answer
+                # it would hold the shutdown for asyncio's 30 s SSL shutdown timeout.
+                writer.transport.abort()
+            else:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
 
     async def _route(self, method: str, target: str, body: bytes, started: float) -> tuple[int, Any]:
         path = target.split("?", 1)[0]
@@ -188,7 +199,8 @@ class AdmissionServer:
             return 400, {"error": f"the body is not JSON: {exc}"}
         remaining = self.admitter.policy.deadline_seconds - (time.monotonic() - started)
         try:
-            await asyncio.wait_for(self._slots.acquire(), max(0.0, remaining))
+            async with asyncio.timeout(max(0.0, remaining)):
+                await self._slots.acquire()
         except TimeoutError:
             busy = Response(
                 uid=_uid(doc),

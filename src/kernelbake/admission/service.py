@@ -13,6 +13,7 @@ from typing import Any
 
 from kernelbake.admission.admit import Endpoint, Plan, decide, plan
 from kernelbake.admission.gateway import Gateway, Outcome
+from kernelbake.admission.gpus import Judge
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import Code, MalformedReview, Response, parse_review
 from kernelbake.catalogue import Catalogue, load_catalogue
@@ -24,7 +25,7 @@ class Admitter:
     def __init__(self, policy: AdmissionPolicy, gateway: Gateway, catalogue: Catalogue | None = None) -> None:
         self.policy = policy
         self.gateway = gateway
-        self.catalogue = catalogue or load_catalogue()
+        self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
 
     def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
         """Answer one parsed AdmissionReview document, waiting for verification at most until
@@ -33,21 +34,38 @@ class Admitter:
         first = self._plan(doc)
         if isinstance(first, Response):
             return self._answer(first, None)
-        futures = {t: self.gateway.submit(r) for t, r in first.refs.items()}
-        remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-        concurrent.futures.wait(futures.values(), timeout=remaining)
-        return self._decide(first, _done(futures), endpoint)
+        outcomes, futures = self._lookup(first)
+        if futures:
+            remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+            concurrent.futures.wait(futures.values(), timeout=remaining)
+            outcomes.update(_done(futures))
+        return self._decide(first, outcomes, endpoint)
 
     async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
         first = self._plan(doc)
         if isinstance(first, Response):
             return self._answer(first, None)
-        futures = {t: self.gateway.submit(r) for t, r in first.refs.items()}
+        outcomes, futures = self._lookup(first)
         pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
         if pending:
             remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
             await asyncio.wait(pending, timeout=remaining)
-        return self._decide(first, _done(futures), endpoint)
+        outcomes.update(_done(futures))
+        return self._decide(first, outcomes, endpoint)
+
+    def _lookup(
+        self, first: Plan
+    ) -> tuple[dict[str, Outcome], dict[str, concurrent.futures.Future[Outcome]]]:
+        """Cached verdicts at once (the common case, no future, no thread); the rest submitted."""
+        outcomes: dict[str, Outcome] = {}
+        futures: dict[str, concurrent.futures.Future[Outcome]] = {}
+        for target, ref in first.refs.items():
+            hit = self.gateway.cached(ref)
+            if hit is not None:
+                outcomes[target] = hit
+            else:
+                futures[target] = self.gateway.submit(ref)
+        return outcomes, futures
 
     def _plan(self, doc: Any) -> Plan | Response:
         try:
@@ -60,7 +78,7 @@ class Admitter:
 
     def _decide(self, first: Plan, outcomes: Mapping[str, Outcome], endpoint: Endpoint) -> dict[str, Any]:
         try:
-            response = decide(first, outcomes, self.policy, self.catalogue, endpoint)
+            response = decide(first, outcomes, self.policy, self.judge, endpoint)
         except Exception:
             log.exception("deciding a review failed")
             response = Response(
