@@ -296,3 +296,26 @@ def test_several_problems_are_all_reported(verifier: FakeVerifier, keys: dict[st
     message = answer(verifier, doc)["status"]["message"]
     assert 'init container "preflight"' in message and 'container "vllm"' in message
     assert message.count("; ") >= 1
+
+
+def test_an_update_that_changes_nothing_that_runs_is_allowed_without_checks(verifier: FakeVerifier) -> None:
+    doc = documents.as_update(
+        documents.load("deployment-create", f"{REPO}:unsigned"), old_image=f"{REPO}:unsigned"
+    )
+    doc["request"]["object"]["spec"]["replicas"] = 5
+    doc["request"]["object"]["metadata"]["labels"]["team"] = "serving"
+    assert answer(verifier, doc) == {"uid": doc["request"]["uid"], "allowed": True}
+    assert verifier.calls == []
+
+
+def test_an_unchanged_image_in_a_changed_pod_is_checked_but_not_rewritten(verifier: FakeVerifier) -> None:
+    doc = documents.as_update(documents.load("pod-create", TAG), old_image=TAG)
+    doc["request"]["object"]["spec"]["activeDeadlineSeconds"] = 3600
+    response = answer(verifier, doc)
+    # Rewriting the image of a running pod would restart its container.
+    assert response == {"uid": doc["request"]["uid"], "allowed": True}
+    assert verifier.calls == [TAG]
+    verifier.wrong_signer.add(TAG)
+    doc = documents.as_update(doc, old_image=TAG)
+    doc["request"]["object"]["spec"]["activeDeadlineSeconds"] = 60
+    assert answer(verifier, doc)["allowed"] is False

@@ -37,6 +37,9 @@ class Endpoint(enum.Enum):
 class Governed:
     container: Container
     ref: ImageRef
+    # UPDATE that leaves this container's image as it was: checked, never rewritten (on a
+    # running Pod a new image string restarts the container).
+    unchanged: bool = False
 
     @property
     def target(self) -> str:
@@ -78,6 +81,15 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
             )
             return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
         spec_path, spec = found
+        old_images: dict[tuple[str, int], str] = {}
+        if request.operation is Operation.UPDATE and request.old_object is not None:
+            old = _old_spec(request)
+            if old == spec:
+                # Nothing that runs or where it runs changed (labels, annotations, replicas …):
+                # re-checking would only turn a registry outage into failed updates.
+                return Plan(request, final=allow)
+            if old is not None:
+                old_images = _images(spec_path, old)
         governed: list[Governed] = []
         problems: list[str] = []
         notes: list[str] = []
@@ -99,7 +111,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                     f"{c.where}: image {c.image} names a tag and a digest; the digest wins: it is what "
                     "was verified, and the tag is dropped"
                 )
-            governed.append(Governed(c, ref))
+            governed.append(Governed(c, ref, unchanged=old_images.get((c.field, c.index)) == c.image))
         found_ways = tuple(ways(spec)) if governed else ()
     except MalformedObject as exc:
         return Plan(
@@ -111,6 +123,22 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
     if not governed and not problems:
         return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
     return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
+
+
+def _old_spec(request: Request) -> Mapping[str, Any] | None:
+    assert request.old_object is not None
+    try:
+        found = pod_spec(request.kind, request.old_object)
+    except MalformedObject:
+        return None
+    return found[1] if found else None
+
+
+def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    try:
+        return {(c.field, c.index): c.image for c in containers(spec_path, spec)}
+    except MalformedObject:
+        return {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -166,7 +194,7 @@ def decide(
                 )
             notes += [f"{subject}: {n}" for n in verdict.notes]
             pinned = g.ref.rewritten(image.digest)
-            if endpoint is Endpoint.MUTATE and pinned != g.container.image:
+            if endpoint is Endpoint.MUTATE and pinned != g.container.image and not g.unchanged:
                 patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     response = _problems(plan.request, policy, problems, notes, code)

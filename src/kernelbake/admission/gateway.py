@@ -166,7 +166,13 @@ class Gateway:
             running = self._inflight.get(target)
             if running is not None:
                 return running
-            future = self._pool.submit(self._run, ref, target)
+            try:
+                future = self._pool.submit(self._run, ref, target)
+            except RuntimeError:
+                # The pool is shut down: the server is stopping.
+                stopped: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+                stopped.set_result(Unavailable("the webhook is shutting down"))
+                return stopped
             self._inflight[target] = future
         future.add_done_callback(lambda _: self._forget(target))
         return future

@@ -30,7 +30,20 @@ class Admitter:
     def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
         """Answer one parsed AdmissionReview document, waiting for verification at most until
         the policy's deadline."""
-        started = time.monotonic() if started is None else started
+        try:
+            return self._review(doc, endpoint, time.monotonic() if started is None else started)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+
+    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
+        try:
+            return await self._review_async(doc, endpoint, started)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+
+    def _review(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
         first = self._plan(doc)
         if isinstance(first, Response):
             return self._answer(first, None)
@@ -41,7 +54,7 @@ class Admitter:
             outcomes.update(_done(futures))
         return self._decide(first, outcomes, endpoint)
 
-    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
+    async def _review_async(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
         first = self._plan(doc)
         if isinstance(first, Response):
             return self._answer(first, None)
