@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import re
 import subprocess
 import sys
@@ -24,10 +26,16 @@ KERNELBAKE = [sys.executable, "-m", "kernelbake"]
 SPEC = REPO / "images" / "qwen3-0.6b.yaml"
 
 
-def kernelbake(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KERNELBAKE, *args], capture_output=True, text=True, check=check, input=stdin, timeout=120
+def kernelbake(
+    *args: str, check: bool = True, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, **(env or {})}
+    done = subprocess.run(
+        [*KERNELBAKE, *args], capture_output=True, text=True, input=stdin, timeout=120, env=environ
     )
+    if check and done.returncode:
+        raise RuntimeError(f"kernelbake {' '.join(args)} failed ({done.returncode}): {done.stderr}")
+    return done
 
 
 def generate_key(directory: Path, name: str) -> tuple[Path, Path]:
@@ -48,11 +56,14 @@ def sign(image: PushedImage, key: Path) -> None:
     kernelbake("sign", "--key", str(key), image.tagged)
 
 
-def write_policy(path: Path, patterns: Sequence[str], public_key: Path, **extra: object) -> Path:
-    lines = ["images:"] + [f"  - {p!r}" for p in patterns]
-    lines += ["verify:", "  keys:", f"    - {str(public_key)!r}"]
-    lines += [f"{k}: {v}" for k, v in extra.items()]
-    path.write_text("\n".join(lines) + "\n")
+def write_policy(
+    path: Path, patterns: Sequence[str], trust: Path | dict[str, object], **extra: object
+) -> Path:
+    """An admission policy governing ``patterns``, trusting a public key file or a ``verify:``
+    mapping (identities)."""
+    verify = {"keys": [str(trust)]} if isinstance(trust, Path) else trust
+    doc = {"images": list(patterns), "verify": verify, **extra}
+    path.write_text(json.dumps(doc, indent=2))  # JSON is YAML
     return path
 
 
