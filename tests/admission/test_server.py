@@ -142,3 +142,23 @@ def test_only_clients_trusting_the_ca_get_through(port: int) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
         c = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(), timeout=30)
         c.request("GET", "/healthz")
+
+
+def test_idle_and_stalled_connections_are_dropped(
+    verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelbake.admission import server
+
+    monkeypatch.setattr(server, "IDLE_SECONDS", 0.3)
+    monkeypatch.setattr(server, "HEADER_SECONDS", 0.3)
+    monkeypatch.setattr(server, "REAP_SECONDS", 0.05)
+    with running_server(make_admitter(verifier), certs) as p:
+        for data in (b"", b"POST /mutate HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"):
+            sock = socket.create_connection(("127.0.0.1", p), timeout=30)
+            with client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+                tls.sendall(data)
+                # The server hangs up (reset): the read ends instead of timing out after 30 s.
+                try:
+                    assert tls.recv(1024) == b""
+                except ConnectionResetError:
+                    pass

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
+import math
 import signal
 import ssl
 import time
@@ -36,6 +38,7 @@ IDLE_SECONDS = 120.0
 HEADER_SECONDS = 30.0
 CERT_CHECK_SECONDS = 60.0
 CLOSE_SECONDS = 5.0
+REAP_SECONDS = 1.0
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -46,6 +49,13 @@ _REASONS = {
     505: "HTTP Version Not Supported",
 }
 _ROUTES = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE}
+
+
+@dataclasses.dataclass(eq=False)
+class _Conn:
+    transport: asyncio.WriteTransport
+    deadline: float
+    reaped: bool = False
 
 
 class _BadRequest(Exception):
@@ -81,6 +91,8 @@ class AdmissionServer:
         self._slots = asyncio.Semaphore(max_inflight)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._conns: set[_Conn] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._busy = 0
         self._closing = False
 
@@ -89,6 +101,7 @@ class AdmissionServer:
         self._server = await asyncio.start_server(
             self._connection, self.host, self.port, ssl=self.tls, limit=HEADER_LIMIT, backlog=1024
         )
+        self._reaper = asyncio.create_task(self._reap())
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
@@ -121,6 +134,8 @@ class AdmissionServer:
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self._closing = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -148,23 +163,27 @@ class AdmissionServer:
         if task is not None:
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
+        # One deadline per connection, enforced by the reaper: cheaper than a timeout around
+        # every read, which is most of the cost of a cached review.
+        conn = _Conn(writer.transport, time.monotonic() + IDLE_SECONDS)
+        self._conns.add(conn)
         try:
             while True:
                 try:
-                    # asyncio.timeout, not wait_for: no extra task per request.
-                    async with asyncio.timeout(IDLE_SECONDS):
-                        head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, TimeoutError):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
                     return
                 except asyncio.LimitOverrunError:
                     await self._send(writer, 431, {"error": "request headers too large"}, close=True)
                     return
                 started = time.monotonic()
+                conn.deadline = started + HEADER_SECONDS
                 self._busy += 1
                 try:
                     method, target, headers = _parse_head(head)
-                    async with asyncio.timeout(HEADER_SECONDS):
-                        body = await _read_body(reader, headers)
+                    body = await _read_body(reader, headers)
+                    # Reviews end by the policy's deadline on their own.
+                    conn.deadline = math.inf
                     status, payload = await self._route(method, target, body, started)
                 except _BadRequest as exc:
                     await self._send(writer, exc.status, {"error": exc.message}, close=True)
@@ -175,12 +194,14 @@ class AdmissionServer:
                 await self._send(writer, status, payload, close=not keep)
                 if not keep:
                     return
-        except (ConnectionError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
+                conn.deadline = time.monotonic() + IDLE_SECONDS
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             return
         except Exception:
             log.exception("connection handler failed")
         finally:
-            if self._closing:
+            self._conns.discard(conn)
+            if self._closing or conn.reaped:
                 # No TLS close_notify exchange on the way out: a peer that does not answer
                 # it would hold the shutdown for asyncio's 30 s SSL shutdown timeout.
                 writer.transport.abort()
@@ -188,6 +209,15 @@ class AdmissionServer:
                 writer.close()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
+
+    async def _reap(self) -> None:
+        """Drop connections idle past IDLE_SECONDS or stuck sending a request (slow clients)."""
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            now = time.monotonic()
+            for conn in [c for c in self._conns if c.deadline < now]:
+                conn.reaped = True
+                conn.transport.abort()
 
     async def _route(self, method: str, target: str, body: bytes, started: float) -> tuple[int, Any]:
         path = target.split("?", 1)[0]
