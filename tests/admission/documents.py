@@ -7,11 +7,14 @@ for a change to an existing object (oldObject with uid, resourceVersion and stat
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import uuid
 from pathlib import Path
 from typing import Any
+
+import jsonpatch
 
 REQUESTS = Path(__file__).parent / "requests"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -108,3 +111,12 @@ def as_update(doc: dict[str, Any], *, old_image: str) -> dict[str, Any]:
         "fieldManager": "kubectl-set",
     }
     return doc
+
+
+def apply_patch(doc: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The request's object after the response's patch, applied by an independent RFC 6902
+    implementation (``jsonpatch``): proves the patch is valid, not just well-meant."""
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    out: dict[str, Any] = jsonpatch.JsonPatch(ops).apply(copy.deepcopy(doc["request"]["object"]))
+    return out

@@ -4,8 +4,6 @@ documents as the API server sends them."""
 
 from __future__ import annotations
 
-import base64
-import copy
 import dataclasses
 import http.client
 import json
@@ -15,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import pytest
 
 from tests.admission import documents, live
@@ -107,18 +104,11 @@ def world(registry: str, certs: Path, tmp_path_factory: pytest.TempPathFactory) 
         slow_sock.close()
 
 
-def apply_patch(doc: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    assert response["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(response["patch"]))
-    out: dict[str, Any] = jsonpatch.JsonPatch(ops).apply(copy.deepcopy(doc["request"]["object"]))
-    return out
-
-
 def test_signed_pod_on_its_gpu_is_admitted_and_pinned_to_the_signed_digest(world: World) -> None:
     doc = documents.load("pod-create", world.h100.tagged)
     response = world.post("/mutate", doc)
     assert response["allowed"] is True, response
-    pod = apply_patch(doc, response)
+    pod = documents.apply_patch(doc, response)
     assert pod["spec"]["containers"][0]["image"] == world.h100.pinned
     # What the pod now runs is what the validating webhook sees after mutation.
     doc["request"]["object"] = pod
@@ -129,7 +119,7 @@ def test_deployment_create_and_update(world: World) -> None:
     doc = documents.load("deployment-create", world.h100.tagged)
     response = world.post("/mutate", doc)
     assert response["allowed"] is True, response
-    spec = apply_patch(doc, response)["spec"]["template"]["spec"]
+    spec = documents.apply_patch(doc, response)["spec"]["template"]["spec"]
     pinned = world.h100.pinned
     assert [c["image"] for c in spec["initContainers"] + spec["containers"]] == [
         pinned,
@@ -157,7 +147,9 @@ def test_pod_update_to_a_signed_image_on_its_gpu(world: World) -> None:
     update = documents.as_update(doc, old_image=world.h100.tagged)
     response = world.post("/mutate", update)
     assert response["allowed"] is True, response
-    assert apply_patch(update, response)["spec"]["containers"][0]["image"].endswith(world.a100.digest)
+    assert documents.apply_patch(update, response)["spec"]["containers"][0]["image"].endswith(
+        world.a100.digest
+    )
 
 
 def test_unsigned_and_wrong_signer_are_denied(world: World) -> None:
@@ -184,7 +176,7 @@ def test_digest_pinned_references(world: World) -> None:
     doc = documents.load("pod-create", both)
     response = world.post("/mutate", doc)
     assert response["allowed"] is True, response
-    assert apply_patch(doc, response)["spec"]["containers"][0]["image"] == world.h100.pinned
+    assert documents.apply_patch(doc, response)["spec"]["containers"][0]["image"] == world.h100.pinned
     assert any("the digest wins" in w for w in response["warnings"])
     response = world.post(
         "/mutate", documents.load("pod-create", f"{world.registry}/{REPOSITORY}@sha256:{'0' * 64}")
