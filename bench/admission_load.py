@@ -79,7 +79,9 @@ def review(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def workload(registry: str, h100: Any, unsigned: Any) -> list[tuple[str, Callable[[], dict[str, Any]], Check]]:
+def workload(
+    registry: str, h100: Any, unsigned: Any
+) -> list[tuple[str, Callable[[], dict[str, Any]], Check]]:
     """(path, document factory, check of the response) for the mix of reviews."""
     tag, pinned = h100.tagged, h100.pinned
 
@@ -96,15 +98,31 @@ def workload(registry: str, h100: Any, unsigned: Any) -> list[tuple[str, Callabl
         ("/mutate", lambda: review(documents.load("pod-create", tag)), allowed_with_patch),
         ("/mutate", lambda: review(documents.load("deployment-create", tag)), allowed_with_patch),
         ("/validate", lambda: review(documents.load("pod-create", pinned)), allowed_plain),
-        ("/mutate", lambda: review(documents.as_update(documents.load("pod-create", pinned), old_image=tag)), allowed_plain),
         (
             "/mutate",
-            lambda: review(documents.schedule(documents.load("pod-create", tag), node_selector={"nvidia.com/gpu.product": "NVIDIA-L4"})),
+            lambda: review(documents.as_update(documents.load("pod-create", pinned), old_image=tag)),
+            allowed_plain,
+        ),
+        (
+            "/mutate",
+            lambda: review(
+                documents.schedule(
+                    documents.load("pod-create", tag), node_selector={"nvidia.com/gpu.product": "NVIDIA-L4"}
+                )
+            ),
             denied(403),
         ),
         ("/validate", lambda: review(documents.load("pod-create", unsigned.tagged)), denied(403)),
         ("/mutate", lambda: review(documents.load("pod-create", f"{registry}/{REPOSITORY}")), denied(403)),
-        ("/mutate", lambda: {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": str(uuid.uuid4())}}, denied(400)),
+        (
+            "/mutate",
+            lambda: {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {"uid": str(uuid.uuid4())},
+            },
+            denied(400),
+        ),
     ]
 
 
@@ -117,7 +135,7 @@ def rss_kib(pid: int) -> int:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
@@ -159,7 +177,11 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
     certs = work / "certs"
     import subprocess
 
-    subprocess.run([str(REPO / "deploy/make-cert.sh"), "--out", str(certs), "--ip", "127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [str(REPO / "deploy/make-cert.sh"), "--out", str(certs), "--ip", "127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
     key, pub = live.generate_key(work / "keys", "bench")
     h100 = live.push_target(registry, REPOSITORY, "h100", "h100", work / "h100")
     live.sign(h100, key)
@@ -181,11 +203,17 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
             first_errors = []
             for image in fresh:
                 doc = review(documents.load("pod-create", image.tagged))
-                elapsed, error = await one(clients[0], "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r)
+                elapsed, error = await one(
+                    clients[0], "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r
+                )
                 first.append(elapsed)
                 if error:
                     first_errors.append(error)
-            result["first_review_of_a_new_digest"] = {**summary(first), "errors": len(first_errors), "error_samples": first_errors[:3]}
+            result["first_review_of_a_new_digest"] = {
+                **summary(first),
+                "errors": len(first_errors),
+                "error_samples": first_errors[:3],
+            }
 
             mix = workload(registry, h100, unsigned)
             # Warm the cache: every shape once.
@@ -207,7 +235,10 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
                     doc = make()
                     batch.append((path, doc, json.dumps(doc).encode(), check))
                 answers = await asyncio.gather(
-                    *(timed(client, path, body) for client, (path, _, body, _) in zip(clients, batch, strict=True))
+                    *(
+                        timed(client, path, body)
+                        for client, (path, _, body, _) in zip(clients, batch, strict=True)
+                    )
                 )
                 for (_, doc, _, check), (elapsed, status, payload) in zip(batch, answers, strict=True):
                     warm.append(elapsed)
@@ -266,7 +297,9 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--waves", type=int, default=20, help="waves of 200 concurrent warm reviews")
     parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
