@@ -194,7 +194,7 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
     policy = live.write_policy(work / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
     tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     result: dict[str, Any] = {}
-    with live.serving(policy, certs, log_level="warning") as served:
+    with live.serving(policy, certs) as served:
         pid = served.process.pid
         clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
         try:
@@ -292,7 +292,7 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
         finally:
             for c in clients:
                 c.close()
-        assert served.process.poll() is None, "the server died:\n" + "".join(served.log)
+        assert served.process.poll() is None, "the server died:\n" + served.log
     return result
 
 
@@ -305,6 +305,7 @@ def main() -> int:
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kb-admission-bench-") as tmp:
         work = Path(tmp)
         with running_registry(work / "registry") as registry:
@@ -325,6 +326,9 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            # Other work on the host shows up here (and in the tail latencies).
+            "loadavg_1_5_15_before": [round(v, 2) for v in load_before],
+            "loadavg_1_5_15_after": [round(v, 2) for v in os.getloadavg()],
         },
         "note": "load generator (asyncio, same host) and server share the CPUs",
         **measured,

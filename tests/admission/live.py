@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -70,52 +70,53 @@ def write_policy(
 @dataclasses.dataclass
 class Served:
     port: int
-    process: subprocess.Popen[str]
-    log: list[str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
 
 @contextlib.contextmanager
 def serving(policy: Path, certs: Path, *, log_level: str = "info") -> Iterator[Served]:
-    """``kernelbake admission`` on 127.0.0.1, a free port; stops it with SIGTERM."""
-    proc = subprocess.Popen(
-        [
-            *KERNELBAKE,
-            "admission",
-            "--policy",
-            str(policy),
-            "--tls-cert",
-            str(certs / "tls.crt"),
-            "--tls-key",
-            str(certs / "tls.key"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--log-level",
-            log_level,
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stderr is not None
-    log: list[str] = []
-    port = None
-    for line in proc.stderr:
-        log.append(line)
-        found = re.search(r"listening on https://127\.0\.0\.1:(\d+)", line)
+    """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
+    policy (no reader thread competing with the caller); stops it with SIGTERM."""
+    log_path = policy.with_suffix(".server.log")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                *KERNELBAKE,
+                "admission",
+                "--policy",
+                str(policy),
+                "--tls-cert",
+                str(certs / "tls.crt"),
+                "--tls-key",
+                str(certs / "tls.key"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--log-level",
+                log_level,
+            ],
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+        )
+    served = Served(0, proc, log_path)
+    deadline = time.monotonic() + 60
+    while not served.port:
+        found = re.search(r"listening on https://127\.0\.0\.1:(\d+)", served.log)
         if found:
-            port = int(found.group(1))
-            break
-    if port is None:
-        proc.wait(10)
-        raise RuntimeError("kernelbake admission did not start:\n" + "".join(log))
-    stderr = proc.stderr
-    drain = threading.Thread(target=lambda: log.extend(stderr), daemon=True)
-    drain.start()
+            served.port = int(found.group(1))
+        elif proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("kernelbake admission did not start:\n" + served.log)
+        else:
+            time.sleep(0.05)
     try:
-        yield Served(port, proc, log)
+        yield served
     finally:
         proc.terminate()
         proc.wait(30)
-        drain.join(5)

@@ -98,7 +98,7 @@ def world(registry: str, certs: Path, tmp_path_factory: pytest.TempPathFactory) 
     try:
         with live.serving(policy, certs) as served:
             yield World(registry, certs, policy, served, h100, a100, unsigned, mallory, dead, slow)
-            assert served.process.poll() is None, "".join(served.log)
+            assert served.process.poll() is None, served.log
     finally:
         stop.set()
         slow_sock.close()

@@ -104,9 +104,15 @@ class Admitter:
         return self._answer(response, first)
 
     def _answer(self, response: Response, first: Plan | None) -> dict[str, Any]:
-        if log.isEnabledFor(logging.INFO):
+        # What was refused, changed or warned about is the audit trail (INFO); a plain
+        # "allowed, nothing to change" (most reviews of pinned pods) is DEBUG.
+        level = (
+            logging.INFO if (not response.allowed or response.patch or response.warnings) else logging.DEBUG
+        )
+        if log.isEnabledFor(level):
             request = first.request if first is not None else None
-            log.info(
+            log.log(
+                level,
                 json.dumps(
                     {
                         "uid": response.uid,
@@ -118,7 +124,7 @@ class Admitter:
                         "patched": len(response.patch),
                         "warnings": len(response.warnings),
                     }
-                )
+                ),
             )
         return response.to_document()
 
