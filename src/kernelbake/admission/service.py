@@ -104,11 +104,10 @@ class Admitter:
         return self._answer(response, first)
 
     def _answer(self, response: Response, first: Plan | None) -> dict[str, Any]:
-        # What was refused, changed or warned about is the audit trail (INFO); a plain
-        # "allowed, nothing to change" (most reviews of pinned pods) is DEBUG.
-        level = (
-            logging.INFO if (not response.allowed or response.patch or response.warnings) else logging.DEBUG
-        )
+        # Refusals and warnings (warn mode's "would deny") at INFO; admissions, patched or not,
+        # at DEBUG: the API server's audit log already records each patch, and a log line per
+        # admitted pod costs more than the review itself.
+        level = logging.INFO if (not response.allowed or response.warnings) else logging.DEBUG
         if log.isEnabledFor(level):
             request = first.request if first is not None else None
             log.log(
