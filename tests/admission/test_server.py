@@ -7,6 +7,7 @@ import http.client
 import json
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,30 @@ def test_idle_and_stalled_connections_are_dropped(
                 # The server hangs up (reset): the read ends instead of timing out after 30 s.
                 with contextlib.suppress(ConnectionResetError):
                     assert tls.recv(1024) == b""
+
+
+def test_pipelined_requests_are_answered_in_order_even_when_the_first_waits(
+    verifier: FakeVerifier, certs: Path
+) -> None:
+    verifier.gate = threading.Event()
+    first = json.dumps(documents.load("pod-create", TAG, uid="first")).encode()
+    second = json.dumps(documents.load("pod-create", "nginx:1.27", uid="second")).encode()
+
+    def post_bytes(body: bytes) -> bytes:
+        return b"POST /mutate HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    with running_server(make_admitter(verifier), certs) as p:
+        sock = socket.create_connection(("127.0.0.1", p), timeout=30)
+        with client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            tls.sendall(post_bytes(first) + post_bytes(second))
+            verifier.gate.set()
+            reader = tls.makefile("rb")
+            uids = []
+            for _ in range(2):
+                assert reader.readline().startswith(b"HTTP/1.1 200")
+                length = 0
+                while (line := reader.readline()) != b"\r\n":
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                uids.append(json.loads(reader.read(length))["response"]["uid"])
+    assert uids == ["first", "second"]

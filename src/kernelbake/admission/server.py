@@ -1,19 +1,19 @@
 """The HTTPS endpoint the API server calls: ``POST /mutate``, ``POST /validate``, ``GET /healthz``.
 
-asyncio streams with TLS and a deliberately small HTTP/1.1 reader (Content-Length or chunked
-bodies, keep-alive), because the API server holds connections open and sends many small
-requests: one event loop answers cached reviews without a thread hop, and only verifications
-go to the gateway's pool. No dependency beyond the standard library.
+An ``asyncio.Protocol`` per connection over TLS, with the small HTTP/1.1 reader in ``http``:
+the API server keeps connections open and sends many small requests, and a cached review is
+answered inside ``data_received`` (no task, no thread hop, no stream machinery). Only reviews
+that must wait for a verification become a task, bounded by ``max_inflight``; verifications run
+on the gateway's pool. No dependency beyond the standard library.
 
-Never a crash: a body that is not JSON gets HTTP 400; anything that parses gets an
-AdmissionReview answer (``Admitter`` does not raise).
+Never a crash: broken HTTP gets its 4xx and the connection closes; a body that is not JSON gets
+HTTP 400; anything that parses gets an AdmissionReview answer (``Admitter`` does not raise).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
@@ -21,48 +21,25 @@ import math
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from kernelbake.admission import http
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.review import Code, Response
 from kernelbake.admission.service import Admitter
 
 log = logging.getLogger("kernelbake.admission.server")
 
-# An AdmissionReview carries object and oldObject; etcd caps an object at 1.5 MiB.
-MAX_BODY = 8 * 1024 * 1024
-HEADER_LIMIT = 64 * 1024
 IDLE_SECONDS = 120.0
+# A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
 CERT_CHECK_SECONDS = 60.0
-CLOSE_SECONDS = 5.0
 REAP_SECONDS = 1.0
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    505: "HTTP Version Not Supported",
-}
 _ROUTES = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE}
 
-
-@dataclasses.dataclass(eq=False)
-class _Conn:
-    transport: asyncio.WriteTransport
-    deadline: float
-    reaped: bool = False
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+Answer = tuple[int, Any]
 
 
 def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -70,6 +47,106 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
     return ctx
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: requests answered in order, one at a time."""
+
+    def __init__(self, server: AdmissionServer) -> None:
+        self.server = server
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.paused = False
+        self.closing = False
+        # When the reaper drops this connection; one deadline instead of a timer per read.
+        self.deadline = math.inf
+        self.started = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.deadline = time.monotonic() + IDLE_SECONDS
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.closing = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.buf:
+            self.started = time.monotonic()
+            if self.task is None:
+                self.deadline = self.started + HEADER_SECONDS
+        self.buf += data
+        if len(self.buf) > http.MAX_BODY + http.HEADER_LIMIT and self.transport is not None:
+            # A client piling up requests behind one that waits for the registry.
+            self.transport.pause_reading()
+        try:
+            self._next()
+        except Exception:
+            log.exception("connection handler failed")
+            self.abort()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._next()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _next(self) -> None:
+        while self.buf and self.task is None and not self.paused and not self.closing:
+            try:
+                parsed = http.parse_request(self.buf)
+            except http.BadRequest as exc:
+                self._reply((exc.status, {"error": exc.message}), close=True)
+                return
+            if parsed is None:
+                return
+            request, used = parsed
+            del self.buf[:used]
+            answer = self.server.handle(request, self.started)
+            self.started = time.monotonic()
+            if isinstance(answer, tuple):
+                self._reply(answer, close=not request.keep_alive)
+            else:
+                # Reviews end by the policy's deadline on their own.
+                self.deadline = math.inf
+                self.task = asyncio.get_running_loop().create_task(self._finish(answer, request.keep_alive))
+                return
+        if self.task is None and self.transport is not None and not self.closing:
+            if not self.buf:
+                self.deadline = time.monotonic() + IDLE_SECONDS
+            if not self.transport.is_reading():
+                self.transport.resume_reading()
+
+    async def _finish(self, pending: Coroutine[Any, Any, Answer], keep_alive: bool) -> None:
+        try:
+            answer = await pending
+        except Exception:
+            log.exception("a review failed")
+            self.abort()
+            return
+        self.task = None
+        if not self.closing:
+            self._reply(answer, close=not keep_alive)
+            self._next()
+
+    def _reply(self, answer: Answer, *, close: bool) -> None:
+        if self.transport is None or self.closing:
+            return
+        self.transport.write(http.response(*answer, close=close))
+        if close:
+            self.closing = True
+            self.transport.close()
 
 
 class AdmissionServer:
@@ -90,16 +167,15 @@ class AdmissionServer:
         self._cert_mtimes = self._mtimes()
         self._slots = asyncio.Semaphore(max_inflight)
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self._conns: set[_Conn] = set()
+        self.connections: set[_Connection] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._busy = 0
-        self._closing = False
 
     async def start(self) -> int:
         """Bind and return the port (useful with port 0)."""
-        self._server = await asyncio.start_server(
-            self._connection, self.host, self.port, ssl=self.tls, limit=HEADER_LIMIT, backlog=1024
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), self.host, self.port, ssl=self.tls, backlog=1024
         )
         self._reaper = asyncio.create_task(self._reap())
         port: int = self._server.sockets[0].getsockname()[1]
@@ -133,12 +209,12 @@ class AdmissionServer:
         deadline = time.monotonic() + self.admitter.policy.deadline_seconds
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        # No TLS close_notify exchange on the way out: a peer that does not answer it would
+        # hold the shutdown for asyncio's 30 s SSL shutdown timeout.
+        for conn in list(self.connections):
+            conn.abort()
         self.admitter.gateway.close()
 
     def _mtimes(self) -> tuple[float, float]:
@@ -158,88 +234,40 @@ class AdmissionServer:
             except (OSError, ssl.SSLError) as exc:
                 log.warning("serving certificate not reloaded: %s", exc)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
-        # One deadline per connection, enforced by the reaper: cheaper than a timeout around
-        # every read, which is most of the cost of a cached review.
-        conn = _Conn(writer.transport, time.monotonic() + IDLE_SECONDS)
-        self._conns.add(conn)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return
-                except asyncio.LimitOverrunError:
-                    await self._send(writer, 431, {"error": "request headers too large"}, close=True)
-                    return
-                started = time.monotonic()
-                conn.deadline = started + HEADER_SECONDS
-                self._busy += 1
-                try:
-                    method, target, headers = _parse_head(head)
-                    body = await _read_body(reader, headers)
-                    # Reviews end by the policy's deadline on their own.
-                    conn.deadline = math.inf
-                    status, payload = await self._route(method, target, body, started)
-                except _BadRequest as exc:
-                    await self._send(writer, exc.status, {"error": exc.message}, close=True)
-                    return
-                finally:
-                    self._busy -= 1
-                keep = headers.get("connection", "").lower() != "close"
-                await self._send(writer, status, payload, close=not keep)
-                if not keep:
-                    return
-                conn.deadline = time.monotonic() + IDLE_SECONDS
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
-            return
-        except Exception:
-            log.exception("connection handler failed")
-        finally:
-            self._conns.discard(conn)
-            if self._closing or conn.reaped:
-                # No TLS close_notify exchange on the way out: a peer that does not answer
-                # it would hold the shutdown for asyncio's 30 s SSL shutdown timeout.
-                writer.transport.abort()
-            else:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
-
     async def _reap(self) -> None:
-        """Drop connections idle past IDLE_SECONDS or stuck sending a request (slow clients)."""
+        """Drop connections idle past IDLE_SECONDS or slow to send a request they started."""
         while True:
             await asyncio.sleep(REAP_SECONDS)
             now = time.monotonic()
-            for conn in [c for c in self._conns if c.deadline < now]:
-                conn.reaped = True
-                conn.transport.abort()
+            for conn in [c for c in self.connections if c.deadline < now]:
+                conn.abort()
 
-    async def _route(self, method: str, target: str, body: bytes, started: float) -> tuple[int, Any]:
-        path = target.split("?", 1)[0]
+    def handle(self, request: http.Request, started: float) -> Answer | Coroutine[Any, Any, Answer]:
+        """The answer now, or a coroutine when a review has to wait for a verification."""
+        path = request.path
         if path in ("/healthz", "/readyz"):
             return 200, {"status": "ok"}
         endpoint = _ROUTES.get(path)
         if endpoint is None:
             return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}
-        if method != "POST":
-            return 405, {"error": f"{method} {path}: POST an AdmissionReview"}
+        if request.method != "POST":
+            return 405, {"error": f"{request.method} {path}: POST an AdmissionReview"}
         try:
-            doc = json.loads(body)
+            doc = json.loads(request.body)
         except (ValueError, RecursionError) as exc:
             return 400, {"error": f"the body is not JSON: {exc}"}
+        answer = self.admitter.review_nowait(doc, endpoint, started=started)
+        if isinstance(answer, dict):
+            return 200, answer
+        return self._waiting(doc, answer, started)
+
+    async def _waiting(self, doc: Any, review: Coroutine[Any, Any, dict[str, Any]], started: float) -> Answer:
         remaining = self.admitter.policy.deadline_seconds - (time.monotonic() - started)
         try:
-            if self._slots.locked():
-                async with asyncio.timeout(max(0.0, remaining)):
-                    await self._slots.acquire()
-            else:
+            async with asyncio.timeout(max(0.0, remaining)):
                 await self._slots.acquire()
         except TimeoutError:
+            review.close()
             busy = Response(
                 uid=_uid(doc),
                 allowed=False,
@@ -247,73 +275,12 @@ class AdmissionServer:
                 message="kernelbake admission: too many reviews in flight; try again",
             )
             return 200, busy.to_document()
+        self._busy += 1
         try:
-            return 200, await self.admitter.review_async(doc, endpoint, started=started)
+            return 200, await review
         finally:
+            self._busy -= 1
             self._slots.release()
-
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, status: int, payload: Any, *, close: bool) -> None:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        reason = _REASONS.get(status, "Error")
-        extra = "Connection: close\r\n" if close else ""
-        head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}\r\n"
-        )
-        writer.write(head.encode() + body)
-        await writer.drain()
-
-
-def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
-    try:
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, version = lines[0].split(" ")
-    except ValueError:
-        raise _BadRequest(400, "malformed request line") from None
-    if not version.startswith("HTTP/1."):
-        raise _BadRequest(505, f"{version} is not supported")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise _BadRequest(400, "malformed header line")
-        headers[name.strip().lower()] = value.strip()
-    return method, target, headers
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return await _read_chunked(reader)
-    length = headers.get("content-length", "0")
-    if not length.isdigit():
-        raise _BadRequest(400, "Content-Length is not a number")
-    if int(length) > MAX_BODY:
-        raise _BadRequest(413, f"body larger than {MAX_BODY} bytes")
-    return await reader.readexactly(int(length))
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise _BadRequest(400, "malformed chunk size") from None
-        if size == 0:
-            # Trailers end with an empty line.
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                pass
-            return b"".join(chunks)
-        total += size
-        if total > MAX_BODY:
-            raise _BadRequest(413, f"body larger than {MAX_BODY} bytes")
-        chunks.append(await reader.readexactly(size))
-        await reader.readexactly(2)
 
 
 def _uid(doc: Any) -> str:

@@ -8,7 +8,7 @@ import concurrent.futures
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from kernelbake.admission.admit import Endpoint, Plan, decide, plan
@@ -36,13 +36,6 @@ class Admitter:
             log.exception("a review failed")
             return _internal(doc).to_document()
 
-    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
-        try:
-            return await self._review_async(doc, endpoint, started)
-        except Exception:
-            log.exception("a review failed")
-            return _internal(doc).to_document()
-
     def _review(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
         first = self._plan(doc)
         if isinstance(first, Response):
@@ -54,17 +47,46 @@ class Admitter:
             outcomes.update(_done(futures))
         return self._decide(first, outcomes, endpoint)
 
-    async def _review_async(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
-        first = self._plan(doc)
-        if isinstance(first, Response):
-            return self._answer(first, None)
-        outcomes, futures = self._lookup(first)
-        pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
-        if pending:
-            remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-            await asyncio.wait(pending, timeout=remaining)
-        outcomes.update(_done(futures))
-        return self._decide(first, outcomes, endpoint)
+    def review_nowait(
+        self, doc: Any, endpoint: Endpoint, *, started: float
+    ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        """The answer at once when no verification has to run (the common, cached case: no
+        task, no thread), else a coroutine that waits for it until the policy's deadline."""
+        try:
+            first = self._plan(doc)
+            if isinstance(first, Response):
+                return self._answer(first, None)
+            outcomes, futures = self._lookup(first)
+            if not futures:
+                return self._decide(first, outcomes, endpoint)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+        return self._wait(doc, first, outcomes, futures, endpoint, started)
+
+    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
+        answer = self.review_nowait(doc, endpoint, started=started)
+        return answer if isinstance(answer, dict) else await answer
+
+    async def _wait(
+        self,
+        doc: Any,
+        first: Plan,
+        outcomes: dict[str, Outcome],
+        futures: dict[str, concurrent.futures.Future[Outcome]],
+        endpoint: Endpoint,
+        started: float,
+    ) -> dict[str, Any]:
+        try:
+            pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+            if pending:
+                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+                await asyncio.wait(pending, timeout=remaining)
+            outcomes.update(_done(futures))
+            return self._decide(first, outcomes, endpoint)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
 
     def _lookup(
         self, first: Plan
