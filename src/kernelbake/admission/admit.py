@@ -69,7 +69,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
     if request.sub_resource not in _CHECKED_SUBRESOURCES:
         return Plan(request, final=allow)
     metadata = request.object.get("metadata")
-    if isinstance(metadata, Mapping) and metadata.get("deletionTimestamp"):
+    if isinstance(metadata, dict) and metadata.get("deletionTimestamp"):
         # Being deleted: denying now would only block finalizers and garbage collection.
         return Plan(request, final=allow)
     try:
@@ -197,10 +197,7 @@ def decide(
             if endpoint is Endpoint.MUTATE and pinned != g.container.image and not g.unchanged:
                 patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
-    response = _problems(plan.request, policy, problems, notes, code)
-    if response.allowed and patch:
-        response = dataclasses.replace(response, patch=tuple(patch))
-    return response
+    return _problems(plan.request, policy, problems, notes, code, patch=patch)
 
 
 def _problems(
@@ -210,13 +207,19 @@ def _problems(
     notes: Sequence[str],
     code: Code,
     *,
+    patch: Sequence[Mapping[str, Any]] = (),
     always_deny: bool = False,
 ) -> Response:
-    base = Response(uid=request.uid, api_version=request.api_version, allowed=True, warnings=tuple(notes))
+    """Allowed (with the patch) without problems or in warn mode, else denied with all of them."""
+    uid, version = request.uid, request.api_version
     if not problems:
-        return base
+        return Response(uid=uid, api_version=version, allowed=True, warnings=tuple(notes), patch=tuple(patch))
     if policy.mode is Mode.WARN and not always_deny:
         warned = tuple(f"kernelbake (warn mode) would deny: {p}" for p in problems)
-        return dataclasses.replace(base, warnings=warned + tuple(notes))
+        return Response(
+            uid=uid, api_version=version, allowed=True, warnings=warned + tuple(notes), patch=tuple(patch)
+        )
     message = "kernelbake admission: " + "; ".join(problems)
-    return dataclasses.replace(base, allowed=False, code=code, message=message)
+    return Response(
+        uid=uid, api_version=version, allowed=False, code=code, message=message, warnings=tuple(notes)
+    )

@@ -95,7 +95,7 @@ def ways(spec: Mapping[str, Any]) -> list[Way]:
 def _node_selector(value: Any) -> tuple[Requirement, ...]:
     if value is None:
         return ()
-    if not isinstance(value, Mapping) or not all(
+    if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise MalformedObject("nodeSelector must map label names to strings")
@@ -105,20 +105,20 @@ def _node_selector(value: Any) -> tuple[Requirement, ...]:
 def _required_terms(affinity: Any) -> list[Mapping[str, Any]] | None:
     if affinity is None:
         return None
-    if not isinstance(affinity, Mapping):
+    if not isinstance(affinity, dict):
         raise MalformedObject("affinity must be an object")
     node_affinity = affinity.get("nodeAffinity")
     if node_affinity is None:
         return None
-    if not isinstance(node_affinity, Mapping):
+    if not isinstance(node_affinity, dict):
         raise MalformedObject("affinity.nodeAffinity must be an object")
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         return None
-    if not isinstance(required, Mapping):
+    if not isinstance(required, dict):
         raise MalformedObject("requiredDuringSchedulingIgnoredDuringExecution must be an object")
     terms = required.get("nodeSelectorTerms")
-    if not isinstance(terms, list) or not all(isinstance(t, Mapping) for t in terms):
+    if not isinstance(terms, list) or not all(isinstance(t, dict) for t in terms):
         raise MalformedObject(
             "requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms must be a list of objects"
         )
@@ -132,7 +132,7 @@ def _expressions(value: Any, where: str) -> tuple[Requirement, ...]:
         raise MalformedObject(f"{where} must be a list")
     out = []
     for i, item in enumerate(value):
-        if not isinstance(item, Mapping) or not isinstance(item.get("key"), str):
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
             raise MalformedObject(f"{where}[{i}] must be an object with a key")
         try:
             operator = Operator(item.get("operator"))

@@ -68,8 +68,8 @@ def pod_spec(kind: GroupKind, obj: Mapping[str, Any]) -> tuple[tuple[str, ...], 
         return None
     node: Any = obj
     for i, segment in enumerate(path):
-        node = node.get(segment) if isinstance(node, Mapping) else None
-        if not isinstance(node, Mapping):
+        node = node.get(segment) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
             where = ".".join(path[: i + 1])
             raise MalformedObject(f"{kind.kind} has no object at {where}")
     return path, node
@@ -83,7 +83,7 @@ def containers(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[
         if not isinstance(items, list):
             raise MalformedObject(f"{'.'.join(spec_path)}.{field} must be a list")
         for index, item in enumerate(items):
-            if not isinstance(item, Mapping):
+            if not isinstance(item, dict):
                 raise MalformedObject(f"{'.'.join(spec_path)}.{field}[{index}] must be an object")
             image = item.get("image")
             name = item.get("name")
