@@ -7,8 +7,10 @@
 #                                     it lives beside 2.5.0)   reads/writes sigstore bundles as referrers
 #   @sigstore/mock + deps (npm ci) -> tests/signing/mockserver/node_modules
 #
-# Debian's docker-registry and node/npm are expected to be installed already (apt-get install
-# docker-registry nodejs npm); this script checks for them and says so if they are missing.
+# Debian's docker-registry and node >= 20 with npm are expected to be installed already; this
+# script checks for them and says so if they are missing.
+#
+# Call it from the Makefile (`make signing-deps`, see mk/signing.mk) or .ci/run, before the tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,8 +42,14 @@ suite_download() {  # suite package version-prefix outdir
 }
 
 for tool in /usr/bin/docker-registry node npm; do
-    command -v "$tool" >/dev/null || { say "error: $tool missing (apt-get install docker-registry nodejs npm)" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { say "error: $tool missing (apt-get install docker-registry; node >= 20 with npm)" >&2; exit 1; }
 done
+# @sigstore/mock declares node ^20.17 || >=22.9 (Debian 12's own nodejs is 18: use NodeSource's 20.x).
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if (( node_major < 20 )); then
+    say "error: node $(node --version) is too old for @sigstore/mock; install node 20 or newer" >&2
+    exit 1
+fi
 
 if [[ "$(dpkg-query -W -f '${Version}' cosign 2>/dev/null)" == "$COSIGN2_VERSION"* ]]; then
     say "cosign $COSIGN2_VERSION already installed"

@@ -19,8 +19,7 @@ from kernelbake.oci import RegistryClient
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.signing.images import TestImage as PushedImage
-from tests.signing.images import push_image
+from tests.signing.images import PushedImage, push_image
 
 KERNELBAKE = [sys.executable, "-m", "kernelbake"]
 SPEC = REPO / "images" / "qwen3-0.6b.yaml"

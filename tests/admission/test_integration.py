@@ -18,7 +18,7 @@ import pytest
 from tests.admission import documents, live
 from tests.admission.conftest import client_tls
 from tests.admission.documents import H100
-from tests.signing.images import TestImage as PushedImage
+from tests.signing.images import PushedImage
 from tests.support.registry import free_port
 
 pytestmark = pytest.mark.registry

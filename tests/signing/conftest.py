@@ -34,7 +34,7 @@ from kernelbake.signing.keys import (
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.signer import KeySigner
 from tests.conftest import REPO
-from tests.signing.images import TestImage, push_image
+from tests.signing.images import PushedImage, push_image
 
 SETUP = "scripts/setup-signing-deps.sh"
 MOCKSERVER = REPO / "tests/signing/mockserver"
@@ -79,7 +79,7 @@ def other_keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
     return KeyPair(tmp_path_factory.mktemp("other-keys"), "intruder")
 
 
-ImageFactory = Callable[..., TestImage]
+ImageFactory = Callable[..., PushedImage]
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def make_image(registry: str, client: RegistryClient, tmp_path: Path) -> ImageFa
     """Push a fresh kernelbake-shaped image to its own repository; returns it."""
     counter = iter(range(1000))
 
-    def make(tag: str = "v1", repo: str | None = None, **kw: Any) -> TestImage:
+    def make(tag: str = "v1", repo: str | None = None, **kw: Any) -> PushedImage:
         n = next(counter)
         name = repo or f"kb/{uuid.uuid4().hex[:10]}"
         return push_image(client, f"{registry}/{name}:{tag}", tmp_path / f"img{n}", salt=f"{name}{n}", **kw)

@@ -4,6 +4,7 @@ error status, and a port that accepts connections and never answers."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import urllib.error
@@ -11,23 +12,38 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-Rule = Callable[[str, str], int | None]  # (method, path) -> status to answer instead, or None
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# (method, path) -> a status or a full reply to answer instead of the registry, or None to forward.
+Rule = Callable[[str, str], "int | Reply | None"]
+# (method, path, upstream body) -> headers to add to / body to substitute in the forwarded answer.
+Edit = Callable[[str, str, bytes], "tuple[dict[str, str], bytes]"]
 
 
 @contextlib.contextmanager
-def fault_proxy(upstream: str, rule: Rule) -> Iterator[str]:
-    """``127.0.0.1:<port>`` forwarding to ``upstream`` except where ``rule`` says fail."""
+def fault_proxy(upstream: str, rule: Rule, edit: Edit | None = None) -> Iterator[str]:
+    """``127.0.0.1:<port>`` forwarding to ``upstream`` except where ``rule`` answers instead;
+    ``edit`` may add headers to or change the body of forwarded answers."""
 
     class Handler(BaseHTTPRequestHandler):
         def _handle(self) -> None:
-            status = rule(self.command, self.path)
-            if status is not None:
-                body = b'{"errors":[{"code":"UNKNOWN","message":"injected failure"}]}'
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+            answer = rule(self.command, self.path)
+            if isinstance(answer, int):
+                answer = Reply(answer, b'{"errors":[{"code":"UNKNOWN","message":"injected failure"}]}')
+            if answer is not None:
+                self.send_response(answer.status)
+                headers = {"Content-Type": "application/json", **answer.headers}
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(answer.body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(answer.body)
                 return
             length = int(self.headers.get("Content-Length") or 0)
             data = self.rfile.read(length) if length else None
@@ -40,10 +56,15 @@ def fault_proxy(upstream: str, rule: Rule) -> Iterator[str]:
             except urllib.error.HTTPError as err:
                 resp = err
             body = resp.read()
+            extra: dict[str, str] = {}
+            if edit is not None:
+                extra, body = edit(self.command, self.path, body)
             self.send_response(resp.status)
             for k, v in resp.headers.items():
                 if k.lower() not in ("content-length", "transfer-encoding", "connection"):
                     self.send_header(k, v)
+            for k, v in extra.items():
+                self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command != "HEAD":

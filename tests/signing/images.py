@@ -15,7 +15,7 @@ from kernelbake.key import CacheKey
 from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.oci.types import Descriptor, encode_json, sha256_digest
-from kernelbake.plan import plan
+from kernelbake.plan import BuildTarget, plan
 from kernelbake.runtime.bundle import CacheKind, write_manifest
 from kernelbake.signing.image import CACHE_MANIFEST_PATH
 from kernelbake.spec import load_spec
@@ -25,7 +25,7 @@ CACHE_ROOT = "opt/kernelbake/cache"
 
 
 @dataclasses.dataclass(frozen=True)
-class TestImage:
+class PushedImage:
     ref: Reference  # with tag
     digest: str
     key: CacheKey
@@ -41,7 +41,7 @@ class TestImage:
         return f"{self.ref.name}@{self.digest}"
 
 
-def tiny_llama_target():  # type: ignore[no-untyped-def]
+def tiny_llama_target() -> BuildTarget:
     return plan(load_spec(REPO / "images/tiny-llama.yaml"), ["cpu"], registry="test")[0]
 
 
@@ -75,7 +75,7 @@ def push_image(
     last_layer_extra: Mapping[str, bytes] | None = None,
     salt: str = "",
     target: object = None,
-) -> TestImage:
+) -> PushedImage:
     """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it;
     ``target`` (a ``BuildTarget``, default tiny-llama on cpu) gives the key and labels."""
     target = target or tiny_llama_target()
@@ -117,9 +117,10 @@ def push_image(
         }
     )
     pushed = client.put_manifest(ref, manifest, mt.OCI_MANIFEST)
-    return TestImage(ref, pushed.digest, key, image_labels, manifest_json)
+    return PushedImage(ref, pushed.digest, key, image_labels, manifest_json)
 
 
-def config_labels(client: RegistryClient, image: TestImage) -> dict[str, str]:
+def config_labels(client: RegistryClient, image: PushedImage) -> dict[str, str]:
     m = client.get_manifest(image.ref.with_digest(image.digest))
-    return json.loads(client.get_blob(image.ref, m.config.digest))["config"]["Labels"]
+    labels: dict[str, str] = json.loads(client.get_blob(image.ref, m.config.digest))["config"]["Labels"]
+    return labels

@@ -9,11 +9,11 @@ from typing import Any
 from kernelbake.oci import Reference, RegistryClient, RegistryNotFound, fallback_tag
 from kernelbake.oci import types as mt
 from kernelbake.signing import formats
-from tests.signing.images import TestImage
+from tests.signing.images import PushedImage
 
 
 def _rewrite_referrers(
-    client: RegistryClient, image: TestImage, edit_blob: Callable[[bytes], bytes]
+    client: RegistryClient, image: PushedImage, edit_blob: Callable[[bytes], bytes]
 ) -> list[str]:
     """Replace every bundle referrer of ``image`` by one whose bundle blob is ``edit_blob(old)``,
     and point the fallback index at the replacements. Returns the new manifest digests."""
@@ -35,16 +35,16 @@ def _rewrite_referrers(
 
 
 def rewrite_bundles(
-    client: RegistryClient, image: TestImage, edit: Callable[[dict[str, Any]], dict[str, Any]]
+    client: RegistryClient, image: PushedImage, edit: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> None:
     _rewrite_referrers(client, image, lambda b: json.dumps(edit(json.loads(b))).encode())
 
 
-def replace_bundles(client: RegistryClient, image: TestImage, data: bytes) -> None:
+def replace_bundles(client: RegistryClient, image: PushedImage, data: bytes) -> None:
     _rewrite_referrers(client, image, lambda _b: data)
 
 
-def copy_signatures(client: RegistryClient, source: TestImage, target: TestImage) -> None:
+def copy_signatures(client: RegistryClient, source: PushedImage, target: PushedImage) -> None:
     """List ``source``'s referrers (and legacy tags) as if they were ``target``'s."""
     src = source.ref.with_digest(source.digest)
     dst = target.ref.with_digest(target.digest)
@@ -58,3 +58,22 @@ def copy_signatures(client: RegistryClient, source: TestImage, target: TestImage
         except RegistryNotFound:
             continue
         client.put_manifest(dst.with_tag(formats.legacy_tag(target.digest, suffix)), m.data, m.media_type)
+
+
+def drop_bundles(client: RegistryClient, image: PushedImage) -> None:
+    """Empty the fallback index: only the legacy .sig/.att tags remain."""
+    ref = image.ref.with_digest(image.digest)
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": []})
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
+
+
+def rewrite_legacy_annotations(
+    client: RegistryClient, image: PushedImage, suffix: str, edit: Callable[[dict[str, str]], dict[str, str]]
+) -> None:
+    """Rewrite the annotations of every layer of the ``.sig``/``.att`` image."""
+    ref = image.ref.with_digest(image.digest)
+    tag_ref = ref.with_tag(formats.legacy_tag(image.digest, suffix))
+    manifest = client.get_manifest(tag_ref)
+    doc = dict(manifest.doc)
+    doc["layers"] = [{**d.to_json(), "annotations": edit(dict(d.annotations))} for d in manifest.layers]
+    client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)

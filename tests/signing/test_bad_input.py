@@ -8,11 +8,12 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kernelbake.cli import main
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, KernelbakeError
 from kernelbake.key import LABEL_DIGEST, LABEL_KEY
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import errors as E
@@ -20,7 +21,7 @@ from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import attach_statement, sign_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, make_token
 from tests.signing.faults import fault_proxy, silent_registry
-from tests.signing.images import push_image, tiny_llama_target
+from tests.signing.images import PushedImage, push_image, tiny_llama_target
 from tests.signing.tamper import copy_signatures, replace_bundles, rewrite_bundles
 
 pytestmark = pytest.mark.registry
@@ -36,7 +37,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def rejected(
-    capsys: pytest.CaptureFixture[str], argv: list[str], expected: type[Exception], match: str = ""
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: type[KernelbakeError], match: str = ""
 ) -> str:
     """Run the CLI; assert the exit code of ``expected``, one line on stderr, no "verified"."""
     rc = main(argv)
@@ -173,7 +174,7 @@ def test_bundle_corrupted(
     flipped = make_image()
     sign_image(flipped.tagged, keys.signer, client=client)
 
-    def flip(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def flip(bundle: dict[str, Any]) -> dict[str, Any]:
         sig = bytearray(base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"]))
         sig[-2] ^= 0x40
         bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
@@ -185,7 +186,7 @@ def test_bundle_corrupted(
     payload_edit = make_image()
     sign_image(payload_edit.tagged, keys.signer, client=client)
 
-    def retarget(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def retarget(bundle: dict[str, Any]) -> dict[str, Any]:
         statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
         statement["predicate"] = {"sneaky": True}
         bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
@@ -226,7 +227,7 @@ def test_cache_manifest_not_the_attested_one(
     rejected(capsys, verify_argv(extra.tagged, keys), E.CacheManifestMismatch, "smuggled.so")
 
 
-def _last_layer(client: RegistryClient, image) -> str:  # type: ignore[no-untyped-def]
+def _last_layer(client: RegistryClient, image: PushedImage) -> str:
     return client.get_manifest(image.ref.with_digest(image.digest)).layers[-1].digest
 
 
@@ -329,7 +330,9 @@ def test_no_token(make_image: ImageFactory, keyless_env: None, capsys: pytest.Ca
 def test_bad_reference_and_policy_are_bad_input(
     registry: str, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rejected(capsys, verify_argv(f"{registry}/Kb/UPPER:v1", keys), BadInput, "bad repository")
+    rejected(capsys, verify_argv(f"{registry}/Kb/UPPER:v1", keys), E.InvalidImageReference, "bad repository")
+    assert issubclass(E.InvalidImageReference, BadInput)
+    assert issubclass(E.InvalidImageReference, E.VerificationFailed)
     empty = tmp_path / "empty.yaml"
     empty.write_text("verify:\n  keys: []\n")
     rejected(
@@ -347,7 +350,11 @@ def test_every_failure_class_has_its_own_exit_code() -> None:
         errors.RegistryError,
         errors.KeyMismatch,
     ]
-    classes += [c for c in vars(E).values() if isinstance(c, type) and issubclass(c, errors.KernelbakeError)]
+    classes += [
+        c
+        for c in vars(E).values()
+        if isinstance(c, type) and issubclass(c, errors.KernelbakeError) and c.__module__ == E.__name__
+    ]
     codes = [c.return_code for c in classes]
     assert len(codes) == len(set(codes)), sorted(zip(codes, [c.__name__ for c in classes], strict=True))
     assert all(0 < c < 126 for c in codes)
@@ -363,3 +370,29 @@ def test_push_helper_builds_labels_from_plan() -> None:
     target = tiny_llama_target()
     assert dict(target.labels)[LABEL_KEY] == str(target.key)
     assert push_image is not None
+
+
+@pytest.mark.sigstore
+def test_signing_service_down(
+    make_image: ImageFactory,
+    sigstore_mock: MockSigstore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.support.registry import free_port
+
+    config = json.loads(sigstore_mock.trust_config.read_text())
+    dead = f"http://127.0.0.1:{free_port()}"
+    for name in ("caUrls", "rekorTlogUrls"):
+        config["signingConfig"][name][0]["url"] = dead
+    trust_config = tmp_path / "trust_config.json"
+    trust_config.write_text(json.dumps(config))
+    image = make_image()
+    monkeypatch.setenv("KERNELBAKE_OIDC_TOKEN", make_token())
+    rejected(
+        capsys,
+        ["sign", "--keyless", "--trust-config", str(trust_config), image.tagged],
+        E.SigningServiceError,
+        "unreachable",
+    )

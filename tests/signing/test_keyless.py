@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kernelbake.cli import main
 from kernelbake.oci import RegistryClient
+from kernelbake.signing import formats
 from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config
 from kernelbake.signing.errors import InvalidSignature, UntrustedSigner
 from kernelbake.signing.policy import VerifyPolicy
@@ -97,7 +99,7 @@ def test_tampered_keyless_bundle_is_invalid(
     signer = KeylessSigner(load_trust_config(str(sigstore_mock.trust_config)), make_token())
     sign_image(image.tagged, signer, client=client)
 
-    def flip_signature(bundle: dict) -> dict:  # type: ignore[type-arg]
+    def flip_signature(bundle: dict[str, Any]) -> dict[str, Any]:
         sig = bytearray(base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"]))
         sig[-3] ^= 0x01
         bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
@@ -129,3 +131,42 @@ def test_cli_keyless_sign_with_env_token(
     )
     assert main(["verify", image.tagged, "--policy", str(policy)]) == 0
     assert capsys.readouterr().out.startswith(f"verified {image.pinned}: signed by {SUBJECT}")
+
+
+def test_legacy_keyless_tags_verify_offline_and_tampering_is_caught(
+    make_image: ImageFactory, client: RegistryClient, tmp_path: Path
+) -> None:
+    from tests.signing.tamper import drop_bundles, rewrite_legacy_annotations
+
+    image = make_image()
+    with mock_sigstore(tmp_path / "sigstore") as server:
+        signer = KeylessSigner(load_trust_config(str(server.trust_config)), make_token())
+        sign_image(image.tagged, signer, client=client, legacy=True)
+    drop_bundles(client, image)  # only cosign 2's .sig/.att remain
+    policy = _policy(server.trusted_root)
+    verified = verify_image(image.tagged, policy, client=client)
+    assert verified.signer == f"{SUBJECT} (issuer {ISSUER})"
+    assert verified.key == image.key
+
+    def other_log_time(ann: dict[str, str]) -> dict[str, str]:
+        rekor = json.loads(ann[formats.ANN_REKOR_BUNDLE])
+        rekor["Payload"]["integratedTime"] += 1  # the SET no longer covers it
+        return {**ann, formats.ANN_REKOR_BUNDLE: json.dumps(rekor)}
+
+    rewrite_legacy_annotations(client, image, formats.SIG_SUFFIX, other_log_time)
+    with pytest.raises(InvalidSignature, match="does not verify"):
+        verify_image(image.tagged, policy, client=client)
+
+
+def test_legacy_keyless_certificate_from_another_ca_is_untrusted(
+    make_image: ImageFactory, client: RegistryClient, sigstore_mock: MockSigstore, tmp_path: Path
+) -> None:
+    from tests.signing.tamper import drop_bundles
+
+    image = make_image()
+    with mock_sigstore(tmp_path / "rogue") as rogue:
+        signer = KeylessSigner(load_trust_config(str(rogue.trust_config)), make_token())
+        sign_image(image.tagged, signer, client=client, legacy=True)
+    drop_bundles(client, image)
+    with pytest.raises(UntrustedSigner, match="does not chain to the trusted root"):
+        verify_image(image.tagged, _policy(sigstore_mock.trusted_root), client=client)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
 from kernelbake.cli import main
+from kernelbake.errors import BadInput
 from kernelbake.oci import RegistryClient, fallback_tag, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.signing import formats, intoto
 from kernelbake.signing.errors import Unsigned
+from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import VerifiedImage, verify_image
@@ -141,7 +144,7 @@ def test_unsigned_is_refused_not_verified(
 def test_cli_generate_sign_verify(
     make_image: ImageFactory,
     registry: str,
-    tmp_path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -165,3 +168,23 @@ def test_cli_generate_sign_verify(
     assert doc["verified"] is True and doc["digest"] == image.digest
     assert doc["key_digest"] == image.key.digest
     assert doc["attestation"]["cacheManifest"]["digest"] == mt.sha256_digest(image.cache_manifest)
+
+
+def test_make_image_default_key_is_generated_once_and_used(
+    make_image: ImageFactory, client: RegistryClient, tmp_path: Path
+) -> None:
+    from kernelbake.settings import Settings
+    from kernelbake.signing.keys import load_public_key_file
+    from kernelbake.signing.signer import ensure_local_key, signer_from_settings
+
+    settings = Settings(build_dir=tmp_path / "build", docker_config=tmp_path / "docker")
+    with pytest.raises(BadInput, match="no signing key"):
+        signer_from_settings(settings)
+    key = ensure_local_key(settings)
+    assert key == tmp_path / "build/signing/kernelbake.key"
+    assert ensure_local_key(settings) == key and key.stat().st_mode & 0o777 == 0o600
+    image = make_image()
+    sign_image(image.tagged, signer_from_settings(settings), client=client)
+    pub = load_public_key_file(key.with_suffix(".pub"))
+    policy = VerifyPolicy.from_mapping({"keys": [pub.pem().decode()]}, source="inline")
+    assert verify_image(image.tagged, policy, client=client).signer == f"key {pub.fingerprint}"

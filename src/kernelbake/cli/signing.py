@@ -7,13 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from kernelbake.errors import BadInput
 from kernelbake.oci import RegistryClient
 from kernelbake.settings import Settings
-from kernelbake.signing.errors import TokenMissing
-from kernelbake.signing.keys import generate_key_pair, load_private_key, load_public_key_file
+from kernelbake.signing.keys import generate_key_pair, load_public_key_file
 from kernelbake.signing.policy import VerifyPolicy, load_policy
-from kernelbake.signing.signer import KeySigner, Signer
+from kernelbake.signing.signer import Signer, signer_from_settings
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
@@ -42,44 +40,14 @@ def cmd_generate_key_pair(args: argparse.Namespace) -> int:
     return 0
 
 
-def _identity_token(args: argparse.Namespace, settings: Settings) -> str:
-    path = args.identity_token_file or settings.oidc_token_file
-    if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
-    if settings.oidc_token:
-        return settings.oidc_token
-    # Ambient CI credentials (GitHub Actions, GitLab, Buildkite, GCP …), via sigstore's `id`.
-    from sigstore.oidc import IdentityError, detect_credential
-
-    try:
-        token = detect_credential()
-    except IdentityError as exc:
-        raise TokenMissing(f"keyless signing: ambient credential detection failed: {exc}") from None
-    if not token:
-        raise TokenMissing(
-            "keyless signing needs an OIDC identity token",
-            hint="set KERNELBAKE_OIDC_TOKEN (or SIGSTORE_ID_TOKEN), --identity-token-file, or run in CI with id-token access",
-        )
-    return token
-
-
 def _signer(args: argparse.Namespace, settings: Settings) -> Signer:
-    if args.keyless:
-        from kernelbake.signing._internal.keyless import KeylessSigner, check_token, load_trust_config
-
-        token = _identity_token(args, settings)
-        check_token(token)  # fail on a bad token before fetching trust material
-        return KeylessSigner(load_trust_config(args.trust_config or settings.trust_config), token)
-    key = args.key or settings.signing_key
-    if key is None:
-        raise BadInput(
-            "sign: no signing key",
-            hint="pass --key PATH (see `kernelbake generate-key-pair`), set KERNELBAKE_SIGNING_KEY, or use --keyless",
-        )
-    return KeySigner(load_private_key(Path(key), settings.signing_key_password))
+    return signer_from_settings(
+        settings,
+        keyless=args.keyless,
+        key=Path(args.key) if args.key else None,
+        trust_config=args.trust_config,
+        token_file=Path(args.identity_token_file) if args.identity_token_file else None,
+    )
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
@@ -155,7 +123,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sign", help="sign an image digest and attach a kernelbake attestation")
     p.add_argument("image", help="host/repo:tag or host/repo@sha256:… (the digest is what gets signed)")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--key", help="private key (default $KERNELBAKE_SIGNING_KEY)")
+    how.add_argument(
+        "--key", help="private key (default $KERNELBAKE_SIGNING_KEY, else build/signing/kernelbake.key)"
+    )
     how.add_argument(
         "--keyless", action="store_true", help="sign with a Fulcio certificate for an OIDC identity"
     )

@@ -14,9 +14,11 @@ import ipaddress
 import json
 import socket
 import ssl
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -42,6 +44,39 @@ from kernelbake.settings import Settings
 
 MAX_MANIFEST_BYTES = 4 << 20
 DEFAULT_MAX_BLOB_BYTES = 64 << 20
+# Content fetched by digest is immutable: keep recent small items (admission verifies the same
+# images over and over). Only what a digest names is cached, never tags or referrer listings.
+CACHE_BYTES = 32 << 20
+CACHE_ITEM_BYTES = 4 << 20
+
+
+class _DigestCache:
+    """A byte-bounded LRU of (host, repository, digest) -> content already checked against digest."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._size = 0
+        self._items: OrderedDict[tuple[str, str, str], tuple[bytes, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str]) -> tuple[bytes, str] | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple[str, str, str], data: bytes, media_type: str = "") -> None:
+        if len(data) > CACHE_ITEM_BYTES:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = (data, media_type)
+            self._size += len(data)
+            while self._size > self._limit:
+                _, (old, _) = self._items.popitem(last=False)
+                self._size -= len(old)
 
 
 def fallback_tag(digest: str) -> str:
@@ -108,6 +143,7 @@ class RegistryClient:
         # Authorization header per (host, repository), learnt from the last challenge.
         self._auth: dict[tuple[str, str], str] = {}
         self._referrers_api: dict[str, bool] = {}
+        self._cache = _DigestCache(CACHE_BYTES)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -178,14 +214,17 @@ class RegistryClient:
         """One API call under ``/v2/<repo>/``; authenticates on a challenge and retries once."""
         host, key = ref.api_host, (ref.api_host, ref.repository)
         url = path if path.startswith("http") else f"{self._base(host)}/v2/{ref.repository}/{path}"
+        # Credentials for this registry go to this registry only (an upload Location may not).
+        ours = urlsplit(url).netloc == host
         hdrs = dict(headers or {})
-        if key in self._auth:
+        if ours and key in self._auth:
             hdrs["Authorization"] = self._auth[key]
         resp = self._send(method, url, what=what, headers=hdrs, **kw)
-        if resp.status_code == 401:
+        if resp.status_code == 401 and ours:
             challenge = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
             header = challenge and self._authorize(challenge, host, what=what)
             if header:
+                resp.close()
                 self._auth[key] = header
                 hdrs["Authorization"] = header
                 resp = self._send(method, url, what=what, headers=hdrs, **kw)
@@ -235,8 +274,12 @@ class RegistryClient:
         if target is None:
             raise RegistryProtocolError(f"{ref}: neither tag nor digest")
         what = f"manifest {ref.name}{'@' if ref.digest else ':'}{target}"
+        accepted = tuple(accept)
+        cache_key = (ref.api_host, ref.repository, ref.digest or "")
+        if ref.digest and (hit := self._cache.get(cache_key)) and hit[1] in accepted:
+            return Manifest(hit[1], hit[0], ref.digest, what)
         resp = self._request(
-            "GET", ref, f"manifests/{target}", what=what, headers={"Accept": ", ".join(accept)}, stream=True
+            "GET", ref, f"manifests/{target}", what=what, headers={"Accept": ", ".join(accepted)}, stream=True
         )
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         data = self._read(resp, MAX_MANIFEST_BYTES, what=what)
@@ -251,6 +294,7 @@ class RegistryClient:
         manifest = Manifest.from_bytes(data, media_type, source=what)
         if ref.digest and manifest.digest != ref.digest:
             raise RegistryProtocolError(f"{what}: registry sent content with digest {manifest.digest}")
+        self._cache.put((ref.api_host, ref.repository, manifest.digest), data, media_type)
         return manifest
 
     def resolve(self, ref: Reference) -> str:
@@ -282,10 +326,16 @@ class RegistryClient:
     def get_blob(self, ref: Reference, digest: str, *, max_bytes: int = DEFAULT_MAX_BLOB_BYTES) -> bytes:
         check_digest(digest)
         what = f"blob {ref.name}@{digest}"
+        cache_key = (ref.api_host, ref.repository, digest)
+        if (hit := self._cache.get(cache_key)) is not None:
+            if len(hit[0]) > max_bytes:
+                raise RegistryProtocolError(f"{what}: {len(hit[0])} bytes is over the {max_bytes}-byte limit")
+            return hit[0]
         resp = self._request("GET", ref, f"blobs/{digest}", what=what, stream=True)
         data = self._read(resp, max_bytes, what=what)
         if sha256_digest(data) != digest:
             raise RegistryProtocolError(f"{what}: registry sent content with digest {sha256_digest(data)}")
+        self._cache.put(cache_key, data)
         return data
 
     def has_blob(self, ref: Reference, digest: str) -> bool:
@@ -343,19 +393,18 @@ class RegistryClient:
     ) -> list[Descriptor] | None:
         what = f"referrers of {subject.name}@{digest}"
         params = {"artifactType": artifact_type} if artifact_type else None
-        try:
-            resp = self._request(
-                "GET",
-                subject,
-                f"referrers/{digest}",
-                what=what,
-                headers={"Accept": OCI_INDEX},
-                params=params,
-                stream=True,
-            )
-        except RegistryNotFound:
-            return None  # OCI 1.1: a registry without the API answers 404
-        if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+        # OCI 1.1 says a registry without the API answers 404; some answer 400 or 405 instead.
+        resp = self._request(
+            "GET",
+            subject,
+            f"referrers/{digest}",
+            what=what,
+            ok=(200, 400, 404, 405),
+            headers={"Accept": OCI_INDEX},
+            params=params,
+            stream=True,
+        )
+        if resp.status_code != 200 or resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
             resp.close()
             return None
         index = Manifest.from_bytes(self._read(resp, MAX_MANIFEST_BYTES, what=what), OCI_INDEX, source=what)

@@ -9,13 +9,21 @@ only. A registry that answers with content that does not match its digest is *no
 
 from __future__ import annotations
 
-from kernelbake.errors import KernelbakeError
+from kernelbake.errors import BadInput, KernelbakeError
+
+
+def _one_line(text: str) -> str:
+    # Causes quoted from sigstore, cryptography or a registry may span lines; ours never do.
+    return " ".join(text.split())
 
 
 class VerificationFailed(KernelbakeError):
     """Base of every verification failure; never means "verified"."""
 
     return_code = 10
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
 
 
 class Unsigned(VerificationFailed):
@@ -120,10 +128,19 @@ class RegistryMisbehaved(VerificationFailed):
     return_code = 27
 
 
+class InvalidImageReference(VerificationFailed, BadInput):
+    """The image reference does not parse (so nothing was verified); also a ``BadInput``."""
+
+    return_code = 28
+
+
 class SigningFailed(KernelbakeError):
     """Base of signing failures."""
 
     return_code = 30
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
 
 
 class TokenMissing(SigningFailed):

@@ -9,11 +9,15 @@ import base64
 import dataclasses
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
+from kernelbake.errors import BadInput
+from kernelbake.settings import Settings
+from kernelbake.signing.errors import TokenMissing
 from kernelbake.signing.formats import BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
-from kernelbake.signing.keys import PrivateKey
+from kernelbake.signing.keys import PrivateKey, generate_key_pair, load_private_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,3 +70,71 @@ class KeySigner:
 
     def sign_payload(self, payload: bytes) -> LegacySignature:
         return LegacySignature(base64.b64encode(self._key.sign(payload)).decode())
+
+
+# -- choosing a signer from settings (CLI, `make image`, the build driver) -----------------
+
+
+def local_key_path(settings: Settings) -> Path:
+    """$KERNELBAKE_SIGNING_KEY, else the key `make image` generates under the build dir."""
+    return settings.signing_key or settings.build_dir / "signing" / "kernelbake.key"
+
+
+def ensure_local_key(settings: Settings) -> Path:
+    """The local signing key, generated (with its .pub) on first use."""
+    path = local_key_path(settings)
+    if not path.exists():
+        generate_key_pair(
+            path.parent, name=path.name.removesuffix(".key"), password=settings.signing_key_password
+        )
+    return path
+
+
+def identity_token(settings: Settings, token_file: Path | None = None) -> str:
+    """The OIDC token for keyless signing: a file, $KERNELBAKE_OIDC_TOKEN/$SIGSTORE_ID_TOKEN, a
+    token file from settings, or ambient CI credentials (GitHub Actions, GitLab, GCP, …)."""
+    path = token_file or settings.oidc_token_file
+    if path:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
+    if settings.oidc_token:
+        return settings.oidc_token
+    from sigstore.oidc import IdentityError, detect_credential
+
+    try:
+        token = detect_credential()
+    except IdentityError as exc:
+        raise TokenMissing(f"keyless signing: ambient credential detection failed: {exc}") from None
+    if not token:
+        raise TokenMissing(
+            "keyless signing needs an OIDC identity token",
+            hint="set KERNELBAKE_OIDC_TOKEN (or SIGSTORE_ID_TOKEN), --identity-token-file, "
+            "or run in CI with id-token access",
+        )
+    return token
+
+
+def signer_from_settings(
+    settings: Settings,
+    *,
+    keyless: bool = False,
+    key: Path | None = None,
+    trust_config: str | None = None,
+    token_file: Path | None = None,
+) -> Signer:
+    """Keyless (Fulcio + Rekor per the trust config) or key-based (``key``, else the local key)."""
+    if keyless:
+        from kernelbake.signing._internal.keyless import KeylessSigner, check_token, load_trust_config
+
+        token = identity_token(settings, token_file)
+        check_token(token)  # a bad token fails before any trust material is fetched
+        return KeylessSigner(load_trust_config(trust_config or settings.trust_config), token)
+    path = key or local_key_path(settings)
+    if not path.exists():
+        raise BadInput(
+            f"{path}: no signing key",
+            hint="run `kernelbake generate-key-pair` (or `make signing-key`), pass --key, or use --keyless",
+        )
+    return KeySigner(load_private_key(path, settings.signing_key_password))

@@ -89,32 +89,24 @@ def verify_bundle(data: bytes, policy: VerifyPolicy, *, source: str) -> Verified
             )
         return Verified(f"key {key.fingerprint}", envelope.payload_type, envelope.payload)
     if "certificate" in material or "x509CertificateChain" in material:
-        if not policy.identities or policy.trusted_root is None:
-            raise UntrustedSigner(f"{source}: keyless signature; the policy trusts only keys")
+        root = _keyless_policy(policy, source=source)
         from kernelbake.signing._internal import keyless
 
-        signer, payload_type, payload = keyless.verify_bundle(
-            data, policy.identities, policy.trusted_root, source=source
-        )
+        signer, payload_type, payload = keyless.verify_bundle(data, policy.identities, root, source=source)
         return Verified(signer, payload_type, payload)
     raise MalformedSignature(f"{source}: bundle has neither a public key hint nor a certificate")
 
 
-def _keyless_legacy(annotations: Mapping[str, str], *, source: str) -> None:
-    if formats.ANN_CERTIFICATE in annotations:
-        # cosign 2's legacy keyless layout carries no inclusion proof, which sigstore-python
-        # requires; kernelbake always writes the bundle format beside it, so read that.
-        raise UntrustedSigner(
-            f"{source}: legacy (.sig/.att) keyless signatures are not verified by kernelbake; "
-            "sign with the bundle format (cosign --new-bundle-format, or kernelbake sign)"
-        )
+def _keyless_policy(policy: VerifyPolicy, *, source: str) -> str:
+    if not policy.identities or policy.trusted_root is None:
+        raise UntrustedSigner(f"{source}: keyless signature; the policy trusts only keys")
+    return policy.trusted_root
 
 
 def verify_legacy_signature(
     payload: bytes, annotations: Mapping[str, str], policy: VerifyPolicy, *, source: str
 ) -> Verified:
     """One layer of a ``.sig`` image: the simple-signing payload and its signature annotation."""
-    _keyless_legacy(annotations, source=source)
     raw = annotations.get(formats.ANN_SIGNATURE)
     if not raw:
         raise MalformedSignature(f"{source}: layer has no {formats.ANN_SIGNATURE} annotation")
@@ -122,6 +114,19 @@ def verify_legacy_signature(
         signature = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise MalformedSignature(f"{source}: signature annotation is not base64") from None
+    if formats.ANN_CERTIFICATE in annotations:
+        from kernelbake.signing._internal import keyless
+
+        signer = keyless.verify_legacy(
+            annotations,
+            policy.identities,
+            _keyless_policy(policy, source=source),
+            signed=payload,
+            signature=signature,
+            entry_matches=keyless.hashedrekord_matches(payload, signature),
+            source=source,
+        )
+        return Verified(signer, formats.SIMPLE_SIGNING, payload)
     for key in policy.keys:
         if key.verifies(signature, payload):
             return Verified(f"key {key.fingerprint}", formats.SIMPLE_SIGNING, payload)
@@ -132,10 +137,22 @@ def verify_legacy_attestation(
     data: bytes, annotations: Mapping[str, str], policy: VerifyPolicy, *, source: str
 ) -> Verified:
     """One layer of a ``.att`` image: a DSSE envelope."""
-    _keyless_legacy(annotations, source=source)
     envelope = parse_envelope_bytes(data, source=source)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise MalformedSignature(f"{source}: DSSE payloadType {envelope.payload_type!r} is not in-toto")
+    if formats.ANN_CERTIFICATE in annotations:
+        from kernelbake.signing._internal import keyless
+
+        signer = keyless.verify_legacy(
+            annotations,
+            policy.identities,
+            _keyless_policy(policy, source=source),
+            signed=envelope.pae(),
+            signature=envelope.signatures[0],
+            entry_matches=keyless.dsse_matches(envelope.payload, envelope.signatures),
+            source=source,
+        )
+        return Verified(signer, envelope.payload_type, envelope.payload)
     key = _verify_envelope(envelope, policy.keys)
     if key is None:
         raise UntrustedSigner(f"{source}: no trusted key ({_trusted_keys(policy)}) verifies the attestation")

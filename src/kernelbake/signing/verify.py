@@ -20,6 +20,7 @@ from typing import Any
 from kernelbake.errors import BadInput
 from kernelbake.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
 from kernelbake.oci import (
+    InvalidReference,
     Reference,
     RegistryClient,
     RegistryDenied,
@@ -36,6 +37,7 @@ from kernelbake.signing.discover import Artifact, Kind, find_artifacts
 from kernelbake.signing.errors import (
     CacheManifestMismatch,
     ImageNotFound,
+    InvalidImageReference,
     InvalidSignature,
     LabelMismatch,
     MalformedSignature,
@@ -68,7 +70,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
+__all__ = ["RegistryUnavailable", "VerificationFailed", "VerifiedImage", "unavailable", "verify_image"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,7 +170,10 @@ def _claim(outcome: _Outcome) -> _Claim:
     return _Claim("other", digests, v, origin)
 
 
-def _pick(where: str, digest: str, claims: list[_Claim], kind: str, what: str) -> _Claim:
+def _pick(
+    where: str, digest: str, claims: list[_Claim], kind: str, what: str, outcomes: list[_Outcome]
+) -> _Claim:
+    """The trusted claim of ``kind`` for ``digest``; otherwise the most telling reason why not."""
     mine = [c for c in claims if c.kind == kind and digest in c.digests]
     if mine:
         return mine[0]
@@ -179,6 +184,12 @@ def _pick(where: str, digest: str, claims: list[_Claim], kind: str, what: str) -
             f"{where}: the trusted {what} at {c.origin} was made for {', '.join(c.digests) or 'no digest'}, "
             f"not {digest}"
         )
+    failed = [o for o in outcomes if o.failure is not None]
+    if kind == "signature" and failed:
+        raise _nothing_verified(where, failed, what)
+    tampered = [o for o in failed if isinstance(o.failure, InvalidSignature | MalformedSignature)]
+    if tampered:
+        raise _nothing_verified(where, tampered, what)
     raise (MissingAttestation if kind == "attestation" else Unsigned)(
         f"{where}: no trusted {what} for {digest}"
     )
@@ -267,14 +278,17 @@ def verify_image(
 ) -> VerifiedImage:
     """Verify ``reference`` (``host/repo:tag``, ``host/repo@sha256:…`` or both) against ``policy``.
 
-    Raises a ``VerificationFailed`` subclass (or ``BadInput`` for a malformed reference); returns
-    only when every check passed.
+    Raises a ``VerificationFailed`` subclass for every failure, a malformed reference included
+    (``InvalidImageReference``, also a ``BadInput``); returns only when every check passed.
     """
-    ref = parse_reference(reference)
     if not isinstance(policy, VerifyPolicy):
-        raise BadInput(
+        raise TypeError(
             "verify_image: policy must be a VerifyPolicy (load_policy or VerifyPolicy.from_mapping)"
         )
+    try:
+        ref = parse_reference(reference)
+    except InvalidReference as exc:
+        raise InvalidImageReference(str(exc)) from None
     client = client or RegistryClient()
     pinned, facts = _resolve(client, ref)
     digest = facts.top.digest
@@ -289,7 +303,7 @@ def verify_image(
     if not verified:
         raise _nothing_verified(where, outcomes, "signature")
     claims = [_claim(o) for o in verified]
-    signature = _pick(where, digest, claims, "signature", "signature")
+    signature = _pick(where, digest, claims, "signature", "signature", outcomes)
 
     key = _labels_key(where, facts.labels)
     if not policy.require_attestation and not any(c.kind == "attestation" for c in claims):
@@ -303,7 +317,7 @@ def verify_image(
             signer=signature.verified.signer,
             attestation={},
         )
-    attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation")
+    attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes)
     predicate = _check_predicate(where, facts, key, attestation)
     layer_digest, data = _cache_manifest(where, client, facts, key)
     manifest_digest = _check_cache_manifest(where, predicate, layer_digest, data)

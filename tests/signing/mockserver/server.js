@@ -82,7 +82,14 @@ async function main() {
     let proposed = JSON.parse(body);
     if (proposed.kind === 'dsse') proposed = canonicalDsse(proposed);
     const entry = await tlog.log(proposed);
-    return { statusCode: 201, response: JSON.stringify(entry), contentType: 'application/json' };
+    // Real Rekor names the new entry in ETag and Location; sigstore-go looks it up by ETag.
+    const uuid = Object.keys(entry)[0];
+    return {
+      statusCode: 201,
+      response: JSON.stringify(entry),
+      contentType: 'application/json',
+      headers: { ETag: uuid, Location: `/api/v1/log/entries/${uuid}` },
+    };
   }
 
   // Real Fulcio takes the identity token from the Authorization header and the CSR as base64 of
@@ -97,10 +104,30 @@ async function main() {
     if (csr && !csr.startsWith('-----BEGIN')) {
       request.certificateSigningRequest = Buffer.from(csr, 'base64').toString();
     }
-    return fulcio.fn(JSON.stringify(request));
+    const result = await fulcio.fn(JSON.stringify(request));
+    // Real Fulcio (gRPC gateway) answers 200; sigstore-go insists on it, the mock says 201.
+    return result.statusCode === 201 ? { ...result, statusCode: 200 } : result;
+  }
+
+  // Fulcio's v1 API (cosign 2): the public key as base64 DER in the body, the chain as PEM text.
+  async function signingCertV1(body, headers) {
+    const request = JSON.parse(body);
+    const auth = headers.authorization || '';
+    // The key arrives base64-encoded, as PEM text (cosign 2) or DER.
+    const raw = Buffer.from(request.publicKey.content, 'base64');
+    const pem = raw.toString().startsWith('-----BEGIN') ? raw.toString() : request.publicKey.content;
+    const v2 = {
+      credentials: { oidcIdentityToken: auth.slice('Bearer '.length) },
+      publicKeyRequest: { publicKey: { content: pem } },
+    };
+    const result = await fulcio.fn(JSON.stringify(v2));
+    if (result.statusCode !== 201) return result;
+    const chain = JSON.parse(result.response).signedCertificateEmbeddedSct.chain.certificates;
+    return { statusCode: 201, response: chain.join(''), contentType: 'application/pem-certificate-chain' };
   }
 
   const routes = {
+    'POST /api/v1/signingCert': signingCertV1,
     'POST /api/v2/signingCert': signingCert,
     'POST /api/v1/log/entries': rekor,
   };
@@ -116,8 +143,11 @@ async function main() {
         return;
       }
       try {
-        const { statusCode, response, contentType } = await route(Buffer.concat(chunks).toString(), req.headers);
-        res.writeHead(statusCode, { 'Content-Type': contentType || 'text/plain' });
+        const { statusCode, response, contentType, headers } = await route(
+          Buffer.concat(chunks).toString(),
+          req.headers,
+        );
+        res.writeHead(statusCode, { 'Content-Type': contentType || 'text/plain', ...(headers || {}) });
         res.end(response);
       } catch (e) {
         res.writeHead(400, { 'Content-Type': 'text/plain' });

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
+import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from sigstore._internal.fulcio.client import ExpiredCertificate, FulcioClientError
+from sigstore._internal.rekor import RekorClientError
 from sigstore.dsse import Statement
 from sigstore.errors import CertValidationError, Error, VerificationError
 from sigstore.models import Bundle, ClientTrustConfig, InvalidBundle, TrustedRoot
-from sigstore.oidc import IdentityToken
+from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
@@ -40,6 +44,16 @@ from kernelbake.signing.policy import PUBLIC_GOOD, IdentityRule
 from kernelbake.signing.signer import LegacySignature, SignedStatement
 
 STAGING = "sigstore-staging"
+# What sigstore-python raises when Fulcio, Rekor or the network let signing down.
+_SERVICE_ERRORS = (
+    Error,
+    FulcioClientError,
+    RekorClientError,
+    ExpiredCertificate,
+    ExpiredIdentity,
+    requests.RequestException,
+    ValueError,
+)
 AUDIENCE = "sigstore"
 _REQUIRED_CLAIMS = ("iss", "sub", "aud", "iat", "exp")
 
@@ -65,23 +79,29 @@ def load_trust_config(value: str) -> ClientTrustConfig:
         raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
 
 
-_verifiers: dict[tuple[str, float], Verifier] = {}
+_roots: dict[tuple[str, float], tuple[TrustedRoot, Verifier]] = {}
 
 
-def verifier_for(trusted_root: str) -> Verifier:
-    """A cached sigstore Verifier for a trusted root file (reloaded when the file changes)."""
+def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
+    """The trusted root and a sigstore Verifier for it, cached (reloaded when the file changes)."""
     try:
         if trusted_root == PUBLIC_GOOD:
             key = (trusted_root, 0.0)
-            if key not in _verifiers:
-                _verifiers[key] = Verifier(trusted_root=ClientTrustConfig.production().trusted_root)
-            return _verifiers[key]
+            if key not in _roots:
+                root = ClientTrustConfig.production().trusted_root
+                _roots[key] = (root, Verifier(trusted_root=root))
+            return _roots[key]
         key = (trusted_root, Path(trusted_root).stat().st_mtime)
-        if key not in _verifiers:
-            _verifiers[key] = Verifier(trusted_root=TrustedRoot.from_file(trusted_root))
-        return _verifiers[key]
+        if key not in _roots:
+            root = TrustedRoot.from_file(trusted_root)
+            _roots[key] = (root, Verifier(trusted_root=root))
+        return _roots[key]
     except (OSError, ValueError, Error, requests.RequestException) as exc:
         raise TrustRootUnavailable(f"cannot load trusted root {trusted_root}: {exc}") from None
+
+
+def verifier_for(trusted_root: str) -> Verifier:
+    return _root(trusted_root)[1]
 
 
 # -- identity tokens ----------------------------------------------------------------------
@@ -165,13 +185,12 @@ class KeylessSigner:
         ]
         try:
             self._ctx = SigningContext.from_trust_config(trust_config)
-            self._fulcio_url = trust_config.signing_config.get_fulcio().url
             with self._ctx.signer(identity, cache=True) as signer:
                 self._signer = signer
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("get a signing certificate", exc) from None
 
-    def _service_error(self, doing: str, exc: Exception) -> SigningServiceError:
+    def _service_error(self, doing: str, exc: BaseException) -> SigningServiceError:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, requests.RequestException):
             detail = f"unreachable ({type(exc).__name__})"
@@ -193,7 +212,7 @@ class KeylessSigner:
     def sign_statement(self, statement: bytes) -> SignedStatement:
         try:
             bundle = self._signer.sign_dsse(Statement(statement))
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the statement", exc) from None
         text = bundle.to_json()
         doc = json.loads(text)
@@ -203,7 +222,7 @@ class KeylessSigner:
     def sign_payload(self, payload: bytes) -> LegacySignature:
         try:
             bundle = self._signer.sign_artifact(payload)
-        except Exception as exc:
+        except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the payload", exc) from None
         doc = json.loads(bundle.to_json())
         return LegacySignature(doc["messageSignature"]["signature"], self._legacy_annotations(doc))
@@ -225,12 +244,32 @@ class _RulesPolicy:
             raise VerificationError(f"certificate identity {certs.describe(cert)} is not trusted")
 
 
+def _proto3_defaults(data: bytes) -> bytes:
+    """Fill the zero values protobuf JSON may omit (sigstore-go omits ``logIndex: 0`` and empty
+    ``hashes`` in an inclusion proof) and sigstore-python's models require."""
+    try:
+        doc = json.loads(data)
+        entries = doc["verificationMaterial"]["tlogEntries"]
+    except (ValueError, KeyError, TypeError):
+        return data  # let the real parser report what is wrong
+    if not isinstance(entries, list):
+        return data
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry.setdefault("logIndex", "0")
+            proof = entry.get("inclusionProof")
+            if isinstance(proof, dict):
+                proof.setdefault("logIndex", "0")
+                proof.setdefault("hashes", [])
+    return json.dumps(doc).encode()
+
+
 def verify_bundle(
     data: bytes, rules: Sequence[IdentityRule], trusted_root: str, *, source: str
 ) -> tuple[str, str, bytes]:
     """(signer, payload type, payload) of a keyless DSSE bundle that satisfies ``rules``."""
     try:
-        bundle = Bundle.from_json(data)
+        bundle = Bundle.from_json(_proto3_defaults(data))
     except (InvalidBundle, ValueError, Error) as exc:
         raise MalformedSignature(
             f"{source}: not a valid Sigstore bundle ({str(exc).splitlines()[0]})"
@@ -252,3 +291,176 @@ def verify_bundle(
             f"{source}: keyless signature does not verify: {str(exc).splitlines()[0]}"
         ) from None
     return f"{certs.describe(cert)}", payload_type, payload
+
+
+# -- legacy (cosign 2) keyless: certificate, chain and Rekor SET in layer annotations -------
+
+
+def _legacy_material(
+    annotations: Mapping[str, str], *, source: str
+) -> tuple[x509.Certificate, list[x509.Certificate], dict[str, Any], bytes]:
+    """(leaf, chain, Rekor payload, SET) from a legacy layer's annotations."""
+    try:
+        leaf = x509.load_pem_x509_certificate(annotations[formats.ANN_CERTIFICATE].encode())
+        chain_pem = annotations.get(formats.ANN_CHAIN, "")
+        chain = x509.load_pem_x509_certificates(chain_pem.encode()) if chain_pem.strip() else []
+    except (KeyError, ValueError):
+        raise MalformedSignature(f"{source}: certificate annotations are not PEM certificates") from None
+    raw = annotations.get(formats.ANN_REKOR_BUNDLE)
+    if not raw:
+        raise MalformedSignature(f"{source}: keyless signature without a Rekor bundle annotation")
+    try:
+        doc = json.loads(raw)
+        payload, entry_set = doc["Payload"], base64.b64decode(doc["SignedEntryTimestamp"], validate=True)
+        for name, kind in (("body", str), ("integratedTime", int), ("logIndex", int), ("logID", str)):
+            if not isinstance(payload[name], kind):
+                raise TypeError(name)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise MalformedSignature(f"{source}: Rekor bundle annotation is malformed") from None
+    return leaf, chain, payload, entry_set
+
+
+def _verify_chain(
+    leaf: x509.Certificate,
+    chain: Sequence[x509.Certificate],
+    roots: list[x509.Certificate],
+    when: float,
+    *,
+    source: str,
+) -> list[x509.Certificate]:
+    from cryptography.x509 import ExtendedKeyUsage
+    from cryptography.x509.verification import Criticality, ExtensionPolicy, PolicyBuilder, Store
+    from cryptography.x509.verification import VerificationError as X509Error
+
+    # Fulcio certificates are code-signing, not client-auth: allow any EKU here, check it below.
+    ca = ExtensionPolicy.webpki_defaults_ca().may_be_present(ExtendedKeyUsage, Criticality.NON_CRITICAL, None)
+    ee = ExtensionPolicy.webpki_defaults_ee().may_be_present(ExtendedKeyUsage, Criticality.NON_CRITICAL, None)
+    verifier = (
+        PolicyBuilder()
+        .store(Store(roots))
+        .time(dt.datetime.fromtimestamp(when, dt.UTC))
+        .extension_policies(ca_policy=ca, ee_policy=ee)
+        .build_client_verifier()
+    )
+    try:
+        return verifier.verify(leaf, [c for c in chain if c not in roots]).chain[1:]
+    except (X509Error, x509.UnsupportedGeneralNameType) as exc:
+        raise UntrustedSigner(
+            f"{source}: certificate for {certs.describe(leaf)} does not chain to the trusted root ({exc})"
+        ) from None
+
+
+def verify_legacy(
+    annotations: Mapping[str, str],
+    rules: Sequence[IdentityRule],
+    trusted_root: str,
+    *,
+    signed: bytes,
+    signature: bytes,
+    entry_matches: Callable[[dict[str, Any], x509.Certificate], bool],
+    source: str,
+) -> str:
+    """Verify a cosign 2 keyless signature: ``signature`` over ``signed`` by the certificate in
+    the annotations, the certificate chained to the Fulcio root at the Rekor integrated time,
+    its SCT, the Rekor SET, and a log entry body that matches. Returns the signer."""
+    from cryptography.exceptions import InvalidSignature as CryptoInvalid
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from sigstore._internal.sct import verify_sct
+    from sigstore._internal.trust import KeyringPurpose
+    from sigstore._utils import KeyID
+
+    leaf, chain, payload, entry_set = _legacy_material(annotations, source=source)
+    if not any(r.matches(certs.issuer(leaf), certs.subjects(leaf)) for r in rules):
+        trusted = "; ".join(str(r) for r in rules) or "no identities"
+        raise UntrustedSigner(f"{source}: signed by {certs.describe(leaf)}; the policy trusts {trusted}")
+    root = _root(trusted_root)[0]
+    path = _verify_chain(leaf, chain, root.get_fulcio_certs(), payload["integratedTime"], source=source)
+    try:
+        verify_sct(leaf, path, root.ct_keyring(KeyringPurpose.VERIFY))
+        usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        if ExtendedKeyUsageOID.CODE_SIGNING not in usage:
+            raise VerificationError("certificate is not for code signing")
+        canonical = json.dumps(
+            {k: payload[k] for k in ("body", "integratedTime", "logID", "logIndex")},
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        root.rekor_keyring(KeyringPurpose.VERIFY).verify(
+            key_id=KeyID(bytes.fromhex(payload["logID"])), signature=entry_set, data=canonical
+        )
+    except (VerificationError, Error, ValueError, x509.ExtensionNotFound) as exc:
+        raise InvalidSignature(
+            f"{source}: keyless signature does not verify: {str(exc).splitlines()[0]}"
+        ) from None
+    key = leaf.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise InvalidSignature(f"{source}: certificate key is not ECDSA")
+    try:
+        key.verify(signature, signed, ec.ECDSA(hashes.SHA256()))
+    except CryptoInvalid:
+        raise InvalidSignature(
+            f"{source}: signature does not verify with {certs.describe(leaf)}'s certificate"
+        ) from None
+    try:
+        body = json.loads(base64.b64decode(payload["body"]))
+    except (ValueError, binascii.Error):
+        raise InvalidSignature(f"{source}: Rekor entry body is not JSON") from None
+    if not entry_matches(body, leaf):
+        raise InvalidSignature(f"{source}: the Rekor entry does not record this signature")
+    return certs.describe(leaf)
+
+
+def _same_cert(b64_pem: Any, cert: x509.Certificate) -> bool:
+    try:
+        return x509.load_pem_x509_certificate(base64.b64decode(b64_pem)) == cert
+    except (ValueError, TypeError, binascii.Error):
+        return False
+
+
+def hashedrekord_matches(
+    payload: bytes, signature: bytes
+) -> Callable[[dict[str, Any], x509.Certificate], bool]:
+    """The log entry of a legacy .sig: hashedrekord of sha256(payload), this signature and cert."""
+
+    def check(body: dict[str, Any], cert: x509.Certificate) -> bool:
+        try:
+            spec = body["spec"]
+            return bool(
+                body["kind"] == "hashedrekord"
+                and spec["data"]["hash"]
+                == {"algorithm": "sha256", "value": hashlib.sha256(payload).hexdigest()}
+                and base64.b64decode(spec["signature"]["content"]) == signature
+                and _same_cert(spec["signature"]["publicKey"]["content"], cert)
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return False
+
+    return check
+
+
+def dsse_matches(
+    payload: bytes, signatures: Sequence[bytes]
+) -> Callable[[dict[str, Any], x509.Certificate], bool]:
+    """The log entry of a legacy .att: dsse with sha256(payload) and these signatures by cert."""
+
+    def check(body: dict[str, Any], cert: x509.Certificate) -> bool:
+        try:
+            spec = body["spec"]
+            logged = {
+                base64.b64decode(s["signature"])
+                for s in spec["signatures"]
+                if _same_cert(s["verifier"], cert)
+            }
+            return bool(
+                body["kind"] == "dsse"
+                and spec["payloadHash"]
+                == {"algorithm": "sha256", "value": hashlib.sha256(payload).hexdigest()}
+                and logged
+                and logged <= set(signatures)
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return False
+
+    return check
