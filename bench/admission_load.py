@@ -10,7 +10,7 @@ Measures, and writes bench/results/admission_load.json:
 
 Targets (the issue's): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; memory flat.
 
-    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20]
+    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--workers N]
 """
 
 from __future__ import annotations
@@ -156,10 +156,13 @@ def workload(
 
 
 def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` and its children (the workers, with --workers > 1)."""
+    total = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+            total += int(line.split()[1])
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return total + sum(rss_kib(int(child)) for child in children)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -223,7 +226,7 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
     policy = live.write_policy(work / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
     tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     result: dict[str, Any] = {}
-    with live.serving(policy, certs) as served:
+    with live.serving(policy, certs, workers=args.workers) as served:
         pid = served.process.pid
         clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
         try:
@@ -245,11 +248,16 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
             }
 
             mix = workload(registry, h100, unsigned)
-            # Warm the cache: every shape once.
-            for path, make, check in mix:
-                _, error = await one(clients[0], path, make(), check)
-                if error:
-                    raise RuntimeError(f"warm-up review failed: {error}")
+            # Warm the caches: every shape on every connection (so on every worker), unmeasured.
+            for offset in range(len(mix)):
+                shapes = [mix[(offset + i) % len(mix)] for i in range(len(clients))]
+                warmup = [
+                    one(c, path, make(), check)
+                    for c, (path, make, check) in zip(clients, shapes, strict=True)
+                ]
+                for _, error in await asyncio.gather(*warmup):
+                    if error:
+                        raise RuntimeError(f"warm-up review failed: {error}")
 
             # Waves of 200 concurrent reviews, all sent at once.
             warm: list[float] = []
@@ -332,6 +340,12 @@ def main() -> int:
     parser.add_argument("--waves", type=int, default=20, help="waves of 200 concurrent warm reviews")
     parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="kernelbake admission --workers (default: one per core)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -359,6 +373,7 @@ def main() -> int:
             "loadavg_1_5_15_before": [round(v, 2) for v in load_before],
             "loadavg_1_5_15_after": [round(v, 2) for v in os.getloadavg()],
         },
+        "server": f"kernelbake admission --workers {args.workers} (default log level)",
         "note": "load generator (asyncio, same host) and server share the CPUs",
         **measured,
         "targets": targets,

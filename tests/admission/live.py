@@ -78,7 +78,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(policy: Path, certs: Path, *, log_level: str = "info") -> Iterator[Served]:
+def serving(policy: Path, certs: Path, *, log_level: str = "info", workers: int = 1) -> Iterator[Served]:
     """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
     policy (no reader thread competing with the caller); stops it with SIGTERM."""
     log_path = policy.with_suffix(".server.log")
@@ -99,6 +99,8 @@ def serving(policy: Path, certs: Path, *, log_level: str = "info") -> Iterator[S
                 "0",
                 "--log-level",
                 log_level,
+                "--workers",
+                str(workers),
             ],
             stderr=log,
             stdout=subprocess.DEVNULL,

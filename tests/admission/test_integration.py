@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -221,3 +223,24 @@ def test_cli_review_of_one_file(world: World, tmp_path: Path) -> None:
     request.write_text("{not json")
     done = live.kernelbake("admission", "review", "--policy", str(world.policy), str(request), check=False)
     assert done.returncode == 2 and "not JSON" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_workers_share_the_port_stop_together_and_die_together(world: World, tmp_path: Path) -> None:
+    policy = tmp_path / "workers.yaml"
+    policy.write_text(world.policy.read_text())
+    with live.serving(policy, world.certs, workers=2) as served:
+        probe = dataclasses.replace(world, served=served)
+        # Enough connections that the kernel hands some to each worker (each its own cache).
+        for i in range(16):
+            doc = documents.load("pod-create", world.h100.tagged, uid=f"w-{i}")
+            response = probe.post("/mutate", doc)
+            assert response["allowed"] is True, response
+    assert served.process.returncode == 0, served.log
+    with live.serving(policy, world.certs, workers=2) as served:
+        pid = served.process.pid
+        workers = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        assert len(workers) == 2
+        # A worker that dies on its own takes the pod down (Kubernetes restarts it), not half of it.
+        os.kill(workers[0], signal.SIGKILL)
+        assert served.process.wait(30) == 1
+        assert "exited (-9) on its own" in served.log

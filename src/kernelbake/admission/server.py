@@ -19,9 +19,10 @@ import json
 import logging
 import math
 import signal
+import socket
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -158,9 +159,12 @@ class AdmissionServer:
         key: Path,
         host: str = "0.0.0.0",
         port: int = 8443,
+        sock: socket.socket | None = None,
         max_inflight: int = 512,
     ) -> None:
         self.admitter = admitter
+        # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
+        self.sock = sock
         self.cert, self.key = cert, key
         self.host, self.port = host, port
         self.tls = tls_context(cert, key)
@@ -174,22 +178,24 @@ class AdmissionServer:
     async def start(self) -> int:
         """Bind and return the port (useful with port 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, ssl=self.tls, backlog=1024
-        )
+        if self.sock is not None:
+            self._server = await loop.create_server(lambda: _Connection(self), sock=self.sock, ssl=self.tls)
+        else:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self.host, self.port, ssl=self.tls, backlog=1024
+            )
         self._reaper = asyncio.create_task(self._reap())
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    async def serve(self, on_ready: Callable[[int], None] | None = None) -> None:
-        port = await self.start()
+    async def serve(self) -> None:
+        """Run until SIGTERM/SIGINT, then close gracefully."""
+        await self.start()
         assert self._server is not None
         # Imports, the catalogue and the policy live as long as the process: keep them out of
         # the garbage collector's full passes, which otherwise show up as latency spikes.
         gc.collect()
         gc.freeze()
-        if on_ready:
-            on_ready(port)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,11 +11,13 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
+import ssl
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
 
 if TYPE_CHECKING:
@@ -37,7 +39,11 @@ def _logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelbake.admission.server import AdmissionServer
+    from kernelbake.admission import workers
+    from kernelbake.admission.policy import load_admission_policy
+    from kernelbake.admission.server import AdmissionServer, tls_context
+    from kernelbake.admission.service import Admitter
+    from kernelbake.admission.verifying import build_gateway, verify_policy
 
     missing = [
         flag
@@ -50,34 +56,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise BadInput(f"{', '.join(missing)} required to serve (or use `kernelbake admission review`)")
+    if args.workers < 1:
+        raise BadInput(f"--workers {args.workers}: at least 1")
     _logging(args.log_level)
-    admitter = _admitter(args.policy)
-    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
-        if not Path(path).is_file():
+    # Everything that can be wrong is found here, before a socket is bound or a worker forked.
+    policy = load_admission_policy(args.policy)
+    verify_policy(policy)
+    cert, key = Path(args.tls_cert), Path(args.tls_key)
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not path.is_file():
             raise BadInput(f"{flag} {path}: no such file (deploy/make-cert.sh makes one)")
     try:
-        server = AdmissionServer(
-            admitter, cert=Path(args.tls_cert), key=Path(args.tls_key), host=args.host, port=args.port
-        )
-    except OSError as exc:
+        tls_context(cert, key)
+    except (OSError, ssl.SSLError) as exc:
         raise BadInput(f"--tls-cert/--tls-key: cannot load the certificate: {exc}") from None
-    policy = admitter.policy
-
-    def ready(port: int) -> None:
-        print(
-            f"kernelbake admission: listening on https://{args.host}:{port} "
-            f"(policy {policy.source}: {policy.mode.value}, {len(policy.images)} pattern(s))",
-            file=sys.stderr,
-            flush=True,
-        )
-
     try:
-        asyncio.run(server.serve(ready))
+        sockets = workers.listening_sockets(args.host, args.port, args.workers)
     except OSError as exc:
-        raise BadInput(
+        raise EnvironmentProblem(
             f"--host {args.host} --port {args.port}: cannot listen: {exc.strerror or exc}"
         ) from None
-    return 0
+    print(
+        f"kernelbake admission: listening on https://{args.host}:{sockets[0].getsockname()[1]} "
+        f"(policy {policy.source}: {policy.mode.value}, {len(policy.images)} pattern(s), "
+        f"{args.workers} worker(s))",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def serve(sock: socket.socket) -> int:
+        # Built in the worker: the verification pool's threads must not cross a fork.
+        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
+        server = AdmissionServer(admitter, cert=cert, key=key, sock=sock)
+        asyncio.run(server.serve())
+        return 0
+
+    if args.workers == 1:
+        return serve(sockets[0])
+    return workers.run(sockets, serve)
 
 
 def cmd_review(args: argparse.Namespace) -> int:
@@ -130,6 +146,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tls-key", help="its private key (PEM)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8443, help="port (default 8443; 0 picks a free one)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (SO_REUSEPORT), each with its own cache (default 1)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
