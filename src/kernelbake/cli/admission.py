@@ -21,6 +21,7 @@ from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
 
 if TYPE_CHECKING:
+    from kernelbake.admission.policy import AdmissionPolicy
     from kernelbake.admission.service import Admitter
 
 
@@ -62,6 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Everything that can be wrong is found here, before a socket is bound or a worker forked.
     policy = load_admission_policy(args.policy)
     verify_policy(policy)
+    _say_what_is_permissive(policy)
     cert, key = Path(args.tls_cert), Path(args.tls_key)
     for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
         if not path.is_file():
@@ -94,6 +96,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         return serve(sockets[0])
     return workers.run(sockets, serve)
+
+
+def _say_what_is_permissive(policy: AdmissionPolicy) -> None:
+    from kernelbake.admission.policy import Mode, OnRegistryError
+
+    log = logging.getLogger("kernelbake.admission")
+    if policy.mode is Mode.WARN:
+        log.warning("%s: mode warn: nothing is denied, problems only become warnings", policy.source)
+    if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
+        log.warning(
+            "%s: registry_errors unsafe-allow: when the registry fails, images are admitted unverified",
+            policy.source,
+        )
 
 
 def cmd_review(args: argparse.Namespace) -> int:
