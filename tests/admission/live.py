@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.oci import RegistryClient
@@ -56,7 +56,7 @@ def sign(image: PushedImage, key: Path) -> None:
 
 
 def write_policy(
-    path: Path, patterns: Sequence[str], trust: Path | dict[str, object], **extra: object
+    path: Path, patterns: Sequence[str], trust: Path | Mapping[str, object], **extra: object
 ) -> Path:
     """An admission policy governing ``patterns``, trusting a public key file or a ``verify:``
     mapping (identities)."""

@@ -124,7 +124,7 @@ def test_mismatches_are_denied_with_the_reason(
 
 
 def test_an_affinity_without_a_usable_term_is_denied(keys: dict[str, CacheKey]) -> None:
-    pod = {
+    pod: dict[str, Any] = {
         "affinity": {
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}
         }

@@ -70,7 +70,8 @@ def test_empty_terms_match_no_node_and_fields_only_terms_pin_nothing() -> None:
 
 def test_no_constraint_is_one_unconstrained_way_and_preferred_is_ignored() -> None:
     preferred = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}
-    for spec in ({}, {"affinity": preferred}, {"affinity": {"podAntiAffinity": {}}}):
+    specs: list[dict[str, Any]] = [{}, {"affinity": preferred}, {"affinity": {"podAntiAffinity": {}}}]
+    for spec in specs:
         found = ways(spec)
         assert len(found) == 1 and found[0].requirements == ()
 

@@ -74,7 +74,7 @@ def push_image(
     builder: object = "cpu",
     last_layer_extra: Mapping[str, bytes] | None = None,
     salt: str = "",
-    target: object = None,
+    target: BuildTarget | None = None,
 ) -> PushedImage:
     """Push a kernelbake-shaped image; ``labels``/``last_layer_extra`` let tests break it;
     ``target`` (a ``BuildTarget``, default tiny-llama on cpu) gives the key and labels."""
