@@ -37,6 +37,7 @@ build-image:
 # use (build/signing/kernelbake.key); `make verify` checks the last image built.
 IMAGE ?= $(shell cat $(BUILD)/image.ref 2>/dev/null)
 include mk/signing.mk
+include mk/admission.mk
 
 deps:
 	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/deps.sh

@@ -75,10 +75,12 @@ def push_image(
     last_layer_extra: Mapping[str, bytes] | None = None,
     last_layer_files: Mapping[str, bytes] | None = None,
     salt: str = "",
+    target: BuildTarget | None = None,
 ) -> PushedImage:
     """Push a kernelbake-shaped image; ``labels``, ``last_layer_extra`` (added to the cache
-    manifest) and ``last_layer_files`` (instead of it) let tests break it."""
-    target = tiny_llama_target()
+    manifest) and ``last_layer_files`` (instead of it) let tests break it; ``target`` (a
+    ``BuildTarget``, default tiny-llama on cpu) gives the key and labels."""
+    target = target or tiny_llama_target()
     key = target.key
     root = workdir / "cache"
     files = dict(

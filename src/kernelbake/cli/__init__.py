@@ -17,6 +17,7 @@ _AREAS = (
     "kernelbake.cli.building",
     "kernelbake.cli.runtime",
     "kernelbake.cli.signing",
+    "kernelbake.cli.admission",
 )
 
 

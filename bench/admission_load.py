@@ -1,0 +1,389 @@
+"""Load on the admission webhook, with the real parts: ``kernelbake admission`` as a process
+serving HTTPS (CA from deploy/make-cert.sh), images in a local docker-registry signed by
+``kernelbake sign``, AdmissionReview documents as the API server sends them.
+
+Measures, and writes bench/results/admission_load.json:
+- first review of a new digest (tag resolution + full verification against the registry);
+- waves of 200 concurrent reviews against a warm cache, over 200 kept-alive TLS connections
+  (the API server pools its connections the same way): latency percentiles and errors;
+- the server's resident memory over 10,000 reviews (a mix of admitted, denied, malformed).
+
+Targets (the issue's): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; memory flat.
+
+    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# The bench reuses the test harness's real parts (registry, image pusher, server runner).
+sys.path.insert(0, str(REPO))
+
+from tests.admission import documents, live  # noqa: E402
+from tests.support.registry import running_registry  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "admission_load.json"
+CONCURRENCY = 200
+REPOSITORY = "kernelbake/qwen3-0.6b"
+
+
+class Client(asyncio.Protocol):
+    """One kept-alive HTTPS connection speaking just enough HTTP/1.1, as a protocol (no
+    streams), so that the load generator's own overhead stays small next to the server's."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[float, int, bytes]] | None = None
+        self.started = 0.0
+
+    @classmethod
+    async def open(cls, port: int, tls: ssl.SSLContext) -> Client:
+        loop = asyncio.get_running_loop()
+        _, client = await loop.create_connection(cls, "127.0.0.1", port, ssl=tls)
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"connection lost: {exc!r}"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 or self.waiter is None:
+            return
+        head = bytes(self.buf[:end])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(self.buf) < end + 4 + length:
+            return
+        elapsed = time.perf_counter() - self.started
+        payload = bytes(self.buf[end + 4 : end + 4 + length])
+        del self.buf[: end + 4 + length]
+        self.waiter.set_result((elapsed, int(head.split(b" ", 2)[1]), payload))
+
+    async def post(self, path: str, body: bytes) -> tuple[float, int, bytes]:
+        assert self.transport is not None
+        head = f"POST {path}?timeout=10s HTTP/1.1\r\nHost: kernelbake-admission\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.started = time.perf_counter()
+        self.transport.write(head.encode() + body)
+        try:
+            return await self.waiter
+        finally:
+            self.waiter = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+Check = Callable[[dict[str, Any]], bool]
+
+
+def review(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["request"]["uid"] = str(uuid.uuid4())
+    return doc
+
+
+def workload(
+    registry: str, h100: Any, unsigned: Any
+) -> list[tuple[str, Callable[[], dict[str, Any]], Check]]:
+    """(path, document factory, check of the response) for the mix of reviews."""
+    tag, pinned = h100.tagged, h100.pinned
+
+    def allowed_with_patch(r: dict[str, Any]) -> bool:
+        return r["allowed"] is True and r.get("patchType") == "JSONPatch"
+
+    def allowed_plain(r: dict[str, Any]) -> bool:
+        return r["allowed"] is True and "patch" not in r
+
+    def denied(code: int) -> Check:
+        return lambda r: r["allowed"] is False and r["status"]["code"] == code
+
+    return [
+        ("/mutate", lambda: review(documents.load("pod-create", tag)), allowed_with_patch),
+        ("/mutate", lambda: review(documents.load("deployment-create", tag)), allowed_with_patch),
+        ("/validate", lambda: review(documents.load("pod-create", pinned)), allowed_plain),
+        (
+            "/mutate",
+            lambda: review(documents.as_update(documents.load("pod-create", pinned), old_image=tag)),
+            allowed_plain,
+        ),
+        (
+            "/mutate",
+            lambda: review(
+                documents.schedule(
+                    documents.load("pod-create", tag), node_selector={"nvidia.com/gpu.product": "NVIDIA-L4"}
+                )
+            ),
+            denied(403),
+        ),
+        ("/validate", lambda: review(documents.load("pod-create", unsigned.tagged)), denied(403)),
+        ("/mutate", lambda: review(documents.load("pod-create", f"{registry}/{REPOSITORY}")), denied(403)),
+        (
+            "/mutate",
+            lambda: {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {"uid": str(uuid.uuid4())},
+            },
+            denied(400),
+        ),
+    ]
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` and its children (the workers, with --workers > 1)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            total += int(line.split()[1])
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return total + sum(rss_kib(int(child)) for child in children)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in latencies]
+    return {
+        "count": len(ms),
+        "p50_ms": round(percentile(ms, 0.50), 2),
+        "p90_ms": round(percentile(ms, 0.90), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
+        "max_ms": round(max(ms), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+    }
+
+
+def judge_answer(doc: dict[str, Any], status: int, payload: bytes, check: Check) -> str | None:
+    if status != 200:
+        return f"HTTP {status}: {payload[:200]!r}"
+    response = json.loads(payload).get("response", {})
+    if response.get("uid") != doc["request"]["uid"]:
+        return "uid not echoed"
+    if not check(response):
+        return f"unexpected answer: {json.dumps(response)[:300]}"
+    return None
+
+
+async def timed(client: Client, path: str, body: bytes) -> tuple[float, int, bytes]:
+    try:
+        return await client.post(path, body)
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        return 0.0, 0, repr(exc).encode()
+
+
+async def one(client: Client, path: str, doc: dict[str, Any], check: Check) -> tuple[float, str | None]:
+    elapsed, status, payload = await timed(client, path, json.dumps(doc).encode())
+    return elapsed, judge_answer(doc, status, payload, check)
+
+
+async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, Any]:
+    certs = work / "certs"
+    import subprocess
+
+    subprocess.run(
+        [str(REPO / "deploy/make-cert.sh"), "--out", str(certs), "--ip", "127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    key, pub = live.generate_key(work / "keys", "bench")
+    h100 = live.push_target(registry, REPOSITORY, "h100", "h100", work / "h100")
+    live.sign(h100, key)
+    unsigned = live.push_target(registry, REPOSITORY, "unsigned", "h100", work / "unsigned")
+    fresh = []
+    for i in range(args.fresh):
+        image = live.push_target(registry, REPOSITORY, f"fresh-{i}", "h100", work / f"fresh-{i}")
+        live.sign(image, key)
+        fresh.append(image)
+    policy = live.write_policy(work / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
+    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    result: dict[str, Any] = {}
+    with live.serving(policy, certs, workers=args.workers) as served:
+        pid = served.process.pid
+        clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
+        try:
+            # First review of a new digest: one at a time, tag and full verification.
+            first: list[float] = []
+            first_errors = []
+            for image in fresh:
+                doc = review(documents.load("pod-create", image.tagged))
+                elapsed, error = await one(
+                    clients[0], "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r
+                )
+                first.append(elapsed)
+                if error:
+                    first_errors.append(error)
+            result["first_review_of_a_new_digest"] = {
+                **summary(first),
+                "errors": len(first_errors),
+                "error_samples": first_errors[:3],
+            }
+
+            mix = workload(registry, h100, unsigned)
+            # Warm the caches: every shape on every connection (so on every worker), unmeasured.
+            for offset in range(len(mix)):
+                shapes = [mix[(offset + i) % len(mix)] for i in range(len(clients))]
+                warmup = [
+                    one(c, path, make(), check)
+                    for c, (path, make, check) in zip(clients, shapes, strict=True)
+                ]
+                for _, error in await asyncio.gather(*warmup):
+                    if error:
+                        raise RuntimeError(f"warm-up review failed: {error}")
+
+            # Waves of 200 concurrent reviews, all sent at once.
+            warm: list[float] = []
+            warm_errors: list[str] = []
+            started = time.perf_counter()
+            for wave in range(args.waves):
+                # Bodies are ready before the wave and answers are checked after it, so the
+                # load generator's own JSON work does not sit inside the measured latencies.
+                batch = []
+                for i in range(len(clients)):
+                    path, make, check = mix[(wave + i) % len(mix)]
+                    doc = make()
+                    batch.append((path, doc, json.dumps(doc).encode(), check))
+                answers = await asyncio.gather(
+                    *(
+                        timed(client, path, body)
+                        for client, (path, _, body, _) in zip(clients, batch, strict=True)
+                    )
+                )
+                for (_, doc, _, check), (elapsed, status, payload) in zip(batch, answers, strict=True):
+                    warm.append(elapsed)
+                    error = judge_answer(doc, status, payload, check)
+                    if error:
+                        warm_errors.append(error)
+            wall = time.perf_counter() - started
+            result["warm_cache_200_concurrent"] = {
+                **summary(warm),
+                "waves": args.waves,
+                "concurrency": CONCURRENCY,
+                "reviews_per_second": round(len(warm) / wall, 1),
+                "errors": len(warm_errors),
+                "error_samples": warm_errors[:3],
+            }
+
+            # Memory over N reviews, 200 in flight at a time (closed loop).
+            samples = [{"reviews": 0, "rss_kib": rss_kib(pid)}]
+            done = 0
+            errors: list[str] = []
+            queue: asyncio.Queue[int] = asyncio.Queue()
+            for n in range(args.reviews):
+                queue.put_nowait(n)
+
+            async def worker(client: Client) -> None:
+                nonlocal done
+                while True:
+                    try:
+                        n = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return
+                    path, make, check = mix[n % len(mix)]
+                    _, error = await one(client, path, make(), check)
+                    if error:
+                        errors.append(error)
+                    done += 1
+                    if done % 1000 == 0:
+                        samples.append({"reviews": done, "rss_kib": rss_kib(pid)})
+
+            await asyncio.gather(*(worker(c) for c in clients))
+            baseline = next(s["rss_kib"] for s in samples if s["reviews"] >= 1000)
+            final = samples[-1]["rss_kib"]
+            result["memory_over_reviews"] = {
+                "reviews": args.reviews,
+                "errors": len(errors),
+                "error_samples": errors[:3],
+                "rss_samples": samples,
+                "growth_after_first_1000_kib": final - baseline,
+                "growth_after_first_1000_pct": round(100 * (final - baseline) / baseline, 2),
+            }
+        finally:
+            for c in clients:
+                c.close()
+        assert served.process.poll() is None, "the server died:\n" + served.log
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--waves", type=int, default=20, help="waves of 200 concurrent warm reviews")
+    parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
+    parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="kernelbake admission --workers (default: one per core)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="kb-admission-bench-") as tmp:
+        work = Path(tmp)
+        with running_registry(work / "registry") as registry:
+            measured = asyncio.run(run(args, registry, work))
+    warm = measured["warm_cache_200_concurrent"]
+    first = measured["first_review_of_a_new_digest"]
+    memory = measured["memory_over_reviews"]
+    targets = {
+        "warm_errors_zero": warm["errors"] == 0 and memory["errors"] == 0,
+        "warm_p99_le_50ms": warm["p99_ms"] <= 50,
+        "first_review_le_500ms": first["max_ms"] <= 500 and first["errors"] == 0,
+        # Flat: after the first 1,000 reviews (imports, pools, caches filled) RSS grows < 5 %.
+        "memory_flat": memory["growth_after_first_1000_pct"] < 5,
+    }
+    report = {
+        "bench": "admission_load",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            # Other work on the host shows up here (and in the tail latencies).
+            "loadavg_1_5_15_before": [round(v, 2) for v in load_before],
+            "loadavg_1_5_15_after": [round(v, 2) for v in os.getloadavg()],
+        },
+        "server": f"kernelbake admission --workers {args.workers} (default log level)",
+        "note": "load generator (asyncio, same host) and server share the CPUs",
+        **measured,
+        "targets": targets,
+        "pass": all(targets.values()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+# Admission webhook targets. Include from the top-level Makefile:
+#
+#     include mk/admission.mk
+#
+#   make admission-cert            deploy/make-cert.sh into build/admission/certs (CA + cert for 127.0.0.1 and the Service)
+#   make admission-serve POLICY=p  kernelbake admission on https://127.0.0.1:8443 with that cert
+#   make admission-review POLICY=p REQUEST=r.json    one AdmissionReview through the same code
+#   make admission-check POLICY=p  validate a policy file
+#   make test-admission            tests/admission (needs Debian's docker-registry; keyless test needs make signing-deps)
+#   make bench-admission           bench/admission_load.py -> bench/results/admission_load.json
+
+KERNELBAKE ?= .venv/bin/kernelbake
+BENCH_PYTHON ?= .venv/bin/python
+ADMISSION_DIR ?= build/admission
+ADMISSION_CERTS ?= $(ADMISSION_DIR)/certs
+POLICY ?=
+REQUEST ?=
+need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (see the README's Admission section)))
+
+.PHONY: admission-cert admission-serve admission-review admission-check test-admission bench-admission
+
+$(ADMISSION_CERTS)/tls.crt:
+	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
+
+admission-cert: $(ADMISSION_CERTS)/tls.crt
+
+admission-serve: $(ADMISSION_CERTS)/tls.crt
+	$(need-policy)$(KERNELBAKE) admission --policy $(POLICY) --tls-cert $(ADMISSION_CERTS)/tls.crt \
+		--tls-key $(ADMISSION_CERTS)/tls.key --host 127.0.0.1 --port 8443
+
+admission-review:
+	$(need-policy)$(if $(REQUEST),,$(error REQUEST=request.json is required))$(KERNELBAKE) admission review --policy $(POLICY) $(REQUEST)
+
+admission-check:
+	$(need-policy)$(KERNELBAKE) admission check-policy $(POLICY)
+
+test-admission:
+	$(BENCH_PYTHON) -m pytest tests/admission
+
+bench-admission:
+	$(BENCH_PYTHON) bench/admission_load.py

@@ -1,0 +1,225 @@
+"""The decision, in two pure halves around the gateway's I/O.
+
+``plan`` reads the request: which containers run governed images, what is wrong before any
+registry is asked (a reference without tag or digest, an unparseable one), or a final answer
+when there is nothing to check. ``decide`` turns verification outcomes into the response:
+signatures, GPU matching for every way the pod can schedule, and in the mutating endpoint a
+JSONPatch pinning each governed image to the digest that was verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kernelbake.admission import gpus
+from kernelbake.admission.gateway import Accepted, Outcome, Rejected, Unavailable
+from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
+from kernelbake.admission.references import ImageRef, InvalidReference, loose_name, matches, parse_reference
+from kernelbake.admission.review import Code, Operation, Request, Response
+from kernelbake.admission.scheduling import Way, ways
+from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
+
+# Subresources whose object is a Pod that can change what runs; others (status, binding,
+# eviction …) cannot change images.
+_CHECKED_SUBRESOURCES = ("", "ephemeralcontainers")
+
+
+class Endpoint(enum.Enum):
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+@dataclasses.dataclass(frozen=True)
+class Governed:
+    container: Container
+    ref: ImageRef
+    # UPDATE that leaves this container's image as it was: checked, never rewritten (on a
+    # running Pod a new image string restarts the container).
+    unchanged: bool = False
+
+    @property
+    def target(self) -> str:
+        """What is verified: the digest when one is given (it wins over a tag)."""
+        return self.ref.by_digest() if self.ref.digest else str(self.ref)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    request: Request
+    governed: tuple[Governed, ...] = ()
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    ways: tuple[Way, ...] = ()
+    # Set when the answer needs no verification.
+    final: Response | None = None
+
+    @property
+    def refs(self) -> dict[str, ImageRef]:
+        return {g.target: g.ref for g in self.governed}
+
+
+def plan(request: Request, policy: AdmissionPolicy) -> Plan:
+    allow = Response(uid=request.uid, api_version=request.api_version, allowed=True)
+    if request.operation not in (Operation.CREATE, Operation.UPDATE) or request.object is None:
+        return Plan(request, final=allow)
+    if request.sub_resource not in _CHECKED_SUBRESOURCES:
+        return Plan(request, final=allow)
+    metadata = request.object.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("deletionTimestamp"):
+        # Being deleted: denying now would only block finalizers and garbage collection.
+        return Plan(request, final=allow)
+    try:
+        found = pod_spec(request.kind, request.object)
+        if found is None:
+            message = (
+                f"kernelbake admission does not review {request.kind} objects (it reviews {known_kinds()}); "
+                "check the webhook's rules"
+            )
+            return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
+        spec_path, spec = found
+        old_images: dict[tuple[str, int], str] = {}
+        if request.operation is Operation.UPDATE and request.old_object is not None:
+            old = _old_spec(request)
+            if old == spec:
+                # Nothing that runs or where it runs changed (labels, annotations, replicas …):
+                # re-checking would only turn a registry outage into failed updates.
+                return Plan(request, final=allow)
+            if old is not None:
+                old_images = _images(spec_path, old)
+        governed: list[Governed] = []
+        problems: list[str] = []
+        notes: list[str] = []
+        for c in containers(spec_path, spec):
+            ref = _classify(c.image, policy.images)
+            if ref is None:
+                continue
+            if isinstance(ref, InvalidReference):
+                problems.append(f"{c.where}: {ref}")
+                continue
+            if ref.tag is None and ref.digest is None:
+                problems.append(
+                    f"{c.where}: image {c.image} has no tag or digest; name the tag kernelbake built "
+                    "(kernelbake plan shows it) or pin a digest"
+                )
+                continue
+            if ref.tag is not None and ref.digest is not None:
+                notes.append(
+                    f"{c.where}: image {c.image} names a tag and a digest; the digest wins: it is what "
+                    "was verified, and the tag is dropped"
+                )
+            governed.append(Governed(c, ref, unchanged=old_images.get((c.field, c.index)) == c.image))
+        found_ways = tuple(ways(spec)) if governed else ()
+    except MalformedObject as exc:
+        return Plan(
+            request,
+            final=_problems(
+                request, policy, [f"malformed {request.kind}: {exc}"], (), Code.BAD_REQUEST, always_deny=True
+            ),
+        )
+    if not governed and not problems:
+        return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
+    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
+
+
+def _old_spec(request: Request) -> Mapping[str, Any] | None:
+    assert request.old_object is not None
+    try:
+        found = pod_spec(request.kind, request.old_object)
+    except MalformedObject:
+        return None
+    return found[1] if found else None
+
+
+def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    try:
+        return {(c.field, c.index): c.image for c in containers(spec_path, spec)}
+    except MalformedObject:
+        return {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(image: str, patterns: tuple[str, ...]) -> ImageRef | InvalidReference | None:
+    """The parsed reference if ``patterns`` govern it, the parse error if it is broken but
+    points into a governed repository, else None. Memoised: a cluster runs few images."""
+    try:
+        ref = parse_reference(image)
+    except InvalidReference as exc:
+        name = loose_name(image)
+        return exc if name is not None and any(matches(name, p) for p in patterns) else None
+    return ref if any(matches(ref.name, p) for p in patterns) else None
+
+
+def decide(
+    plan: Plan,
+    outcomes: Mapping[str, Outcome],
+    policy: AdmissionPolicy,
+    judge: gpus.Judge,
+    endpoint: Endpoint,
+) -> Response:
+    if plan.final is not None:
+        return plan.final
+    problems = list(plan.problems)
+    notes = list(plan.notes)
+    patch: list[dict[str, Any]] = []
+    unavailable = 0
+    for g in plan.governed:
+        outcome = outcomes.get(g.target) or Unavailable(
+            f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
+        )
+        subject = f"{g.container.where}: image {g.container.image}"
+        if isinstance(outcome, Rejected):
+            problems.append(f"{subject} was rejected: {outcome.reason}")
+        elif isinstance(outcome, Unavailable):
+            if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
+                notes.append(
+                    f"{subject} was admitted UNVERIFIED (registry_errors: unsafe-allow): {outcome.reason}"
+                )
+            else:
+                unavailable += 1
+                problems.append(f"{subject} could not be verified: {outcome.reason}")
+        elif isinstance(outcome, Accepted):
+            image = outcome.image
+            if g.ref.digest is not None and image.digest != g.ref.digest:
+                problems.append(f"{subject}: verification returned {image.digest}, not the digest asked for")
+                continue
+            verdict = judge(image.key, plan.ways)
+            if not verdict.ok:
+                problems.append(
+                    f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
+                    f"{'; '.join(verdict.problems)}; {verdict.hint}"
+                )
+            notes += [f"{subject}: {n}" for n in verdict.notes]
+            pinned = g.ref.rewritten(image.digest)
+            if endpoint is Endpoint.MUTATE and pinned != g.container.image and not g.unchanged:
+                patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
+    code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
+    return _problems(plan.request, policy, problems, notes, code, patch=patch)
+
+
+def _problems(
+    request: Request,
+    policy: AdmissionPolicy,
+    problems: Sequence[str],
+    notes: Sequence[str],
+    code: Code,
+    *,
+    patch: Sequence[Mapping[str, Any]] = (),
+    always_deny: bool = False,
+) -> Response:
+    """Allowed (with the patch) without problems or in warn mode, else denied with all of them."""
+    uid, version = request.uid, request.api_version
+    if not problems:
+        return Response(uid=uid, api_version=version, allowed=True, warnings=tuple(notes), patch=tuple(patch))
+    if policy.mode is Mode.WARN and not always_deny:
+        warned = tuple(f"kernelbake (warn mode) would deny: {p}" for p in problems)
+        return Response(
+            uid=uid, api_version=version, allowed=True, warnings=warned + tuple(notes), patch=tuple(patch)
+        )
+    message = "kernelbake admission: " + "; ".join(problems)
+    return Response(
+        uid=uid, api_version=version, allowed=False, code=code, message=message, warnings=tuple(notes)
+    )

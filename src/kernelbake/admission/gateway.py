@@ -1,0 +1,215 @@
+"""The only I/O of admission: verifying image references, cached per digest.
+
+A verifier is any callable ``reference -> verified image`` (the real one is
+``kernelbake.signing.verify.verify_image`` bound to the policy, see ``verifying``); tests inject
+their own. The gateway runs verifiers on a bounded pool, lets concurrent reviews of the same
+reference share one verification, and keeps verdicts:
+
+- accepted digests for ``cache.ttl_seconds`` (a digest's content cannot change);
+- tag → digest resolutions for ``cache.tag_ttl_seconds`` (tags move);
+- rejections for ``cache.rejected_ttl_seconds``;
+- registry failures never.
+
+The cache is an LRU bounded by ``cache.max_entries``, so memory stays flat however many
+reviews arrive.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeAlias
+
+from kernelbake.admission.policy import CachePolicy
+from kernelbake.admission.references import ImageRef
+from kernelbake.errors import KernelbakeError
+from kernelbake.key import CacheKey
+
+log = logging.getLogger(__name__)
+
+
+class VerifiedLike(Protocol):
+    """What admission needs of ``kernelbake.signing.verify.VerifiedImage``."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def key(self) -> CacheKey: ...
+
+    @property
+    def signer(self) -> str: ...
+
+
+class Verifier(Protocol):
+    """Verify one reference (tag or digest): return the verified image or raise
+    ``ImageRejected`` / ``RegistryUnavailable``."""
+
+    def __call__(self, reference: str, /) -> VerifiedLike: ...
+
+
+# Resolve a tag reference to its current digest without verifying (a manifest HEAD).
+Resolver: TypeAlias = Callable[[str], str]
+
+
+class ImageRejected(KernelbakeError):
+    """The image is not acceptable: unsigned, wrong signer, labels disagree with the attestation …"""
+
+    return_code = 7
+
+
+class RegistryUnavailable(KernelbakeError):
+    """The registry could not answer (down, 5xx, timeout): the verdict is unknown."""
+
+    return_code = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    image: VerifiedLike
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unavailable:
+    reason: str
+
+
+Outcome: TypeAlias = Accepted | Rejected | Unavailable
+
+
+class _Lru:
+    """Thread-safe map with per-entry expiry and a size bound."""
+
+    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+        self._data: collections.OrderedDict[str, tuple[float, object]] = collections.OrderedDict()
+        self._max = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> object | None:
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                return None
+            expires, value = item
+            if self._clock() >= expires:
+                del self._data[key]
+                return None
+            self._data.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: object, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        with self._lock:
+            self._data[key] = (self._clock() + ttl, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self._max:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Gateway:
+    def __init__(
+        self,
+        verify: Verifier,
+        *,
+        cache: CachePolicy,
+        workers: int,
+        resolve: Resolver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._verify = verify
+        self._resolve = resolve
+        self._policy = cache
+        self._verdicts = _Lru(cache.max_entries, clock)
+        self._tags = _Lru(cache.max_entries, clock)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kb-verify")
+        self._inflight: dict[str, concurrent.futures.Future[Outcome]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def cached_entries(self) -> int:
+        return len(self._verdicts) + len(self._tags)
+
+    def cached(self, ref: ImageRef) -> Outcome | None:
+        """The verdict for ``ref`` if the cache has it, without any I/O."""
+        if ref.digest is not None:
+            return self._verdict(ref.by_digest())
+        digest = self._tags.get(str(ref))
+        if isinstance(digest, str):
+            return self._verdict(f"{ref.name}@{digest}")
+        return self._verdict(str(ref))
+
+    def submit(self, ref: ImageRef) -> concurrent.futures.Future[Outcome]:
+        """A future for the verdict on ``ref``; already done when cached. If both a tag and a
+        digest are given, the digest is what is verified."""
+        hit = self.cached(ref)
+        if hit is not None:
+            done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+            done.set_result(hit)
+            return done
+        target = ref.by_digest() if ref.digest is not None else str(ref)
+        with self._lock:
+            running = self._inflight.get(target)
+            if running is not None:
+                return running
+            try:
+                future = self._pool.submit(self._run, ref, target)
+            except RuntimeError:
+                # The pool is shut down: the server is stopping.
+                stopped: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+                stopped.set_result(Unavailable("the webhook is shutting down"))
+                return stopped
+            self._inflight[target] = future
+        future.add_done_callback(lambda _: self._forget(target))
+        return future
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _forget(self, target: str) -> None:
+        with self._lock:
+            self._inflight.pop(target, None)
+
+    def _verdict(self, key: str) -> Outcome | None:
+        value = self._verdicts.get(key)
+        return value if isinstance(value, Accepted | Rejected) else None
+
+    def _run(self, ref: ImageRef, target: str) -> Outcome:
+        try:
+            if ref.digest is None and self._resolve is not None:
+                digest = self._resolve(target)
+                self._tags.put(target, digest, self._policy.tag_ttl_seconds)
+                hit = self._verdict(f"{ref.name}@{digest}")
+                if hit is not None:
+                    return hit
+                target = f"{ref.name}@{digest}"
+            image = self._verify(target)
+        except RegistryUnavailable as exc:
+            return Unavailable(str(exc))
+        except KernelbakeError as exc:
+            outcome: Outcome = Rejected(str(exc))
+            self._verdicts.put(target, outcome, self._policy.rejected_ttl_seconds)
+            return outcome
+        except Exception as exc:
+            # A bug must not admit anything, nor take the server down.
+            log.exception("verifying %s failed unexpectedly", target)
+            return Rejected(f"verification failed unexpectedly ({type(exc).__name__}: {exc})")
+        accepted = Accepted(image)
+        self._verdicts.put(f"{ref.name}@{image.digest}", accepted, self._policy.ttl_seconds)
+        if ref.digest is None:
+            self._tags.put(str(ref), image.digest, self._policy.tag_ttl_seconds)
+        return accepted

@@ -1,0 +1,190 @@
+"""Does every way a pod can schedule land it on a GPU its image was baked for?
+
+Nodes are described by the labels NVIDIA GPU Feature Discovery (GFD) writes:
+``nvidia.com/gpu.product`` (the device name with spaces as ``-``; ``-SHARED`` appended under
+time-slicing or MPS), ``nvidia.com/gpu.family`` and ``nvidia.com/gpu.compute.major``/``minor``.
+For each way the pod can schedule we enumerate the GPU nodes that could satisfy it from the
+catalogue and compare each with the baked key through ``compat`` (reasons, not bools).
+
+Decisions, documented in the README:
+- ``-SHARED`` products are the same device: a time-sliced H100 runs H100 kernels.
+- MIG products (``NVIDIA-H100-80GB-HBM3-MIG-1g.10gb``) have the parent's arch, but CUDA reports
+  the slice as its own device (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``), and that name is in vLLM's
+  compile hash: they match only an image baked on that slice (or in ``gpu.match: arch`` mode,
+  where a device difference is a warning).
+- A product the catalogue does not know cannot be judged and is a mismatch.
+- In ``device`` mode a family or compute-capability pin is not enough: every family holds
+  several device names.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+
+from kernelbake.admission.policy import GpuMatch
+from kernelbake.admission.scheduling import Operator, Way
+from kernelbake.catalogue import CPU, Catalogue
+from kernelbake.compat import check_fields
+from kernelbake.key import CacheKey
+
+PRODUCT = "nvidia.com/gpu.product"
+FAMILY = "nvidia.com/gpu.family"
+CC_MAJOR = "nvidia.com/gpu.compute.major"
+CC_MINOR = "nvidia.com/gpu.compute.minor"
+GPU_LABELS = (PRODUCT, FAMILY, CC_MAJOR, CC_MINOR)
+SHARED = "-SHARED"
+MIG = "-MIG-"
+_LISTED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeGpu:
+    product: str
+    # None for a product the catalogue does not know.
+    device: str | None
+    arch: str | None
+    labels: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuVerdict:
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    # The nodeSelector that would fix it, for messages.
+    hint: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def product_for(device: str) -> str:
+    """The GFD product label value for a device name."""
+    return device.replace(" ", "-")
+
+
+def node_gpu(product: str, catalogue: Catalogue) -> NodeGpu:
+    base = product.removesuffix(SHARED)
+    base, mig, profile = base.partition(MIG)
+    gpu = catalogue.gpu_by_product(base)
+    if gpu is None or gpu.name == CPU:
+        return NodeGpu(product, None, None, {PRODUCT: product})
+    major, _, minor = gpu.compute_capability.partition(".")
+    device = f"{gpu.device_name} MIG {profile}" if mig else gpu.device_name
+    labels = {PRODUCT: product, FAMILY: gpu.family, CC_MAJOR: major, CC_MINOR: minor}
+    return NodeGpu(product, device, gpu.arch, labels)
+
+
+def judge(key: CacheKey, ways: Sequence[Way], catalogue: Catalogue, match: GpuMatch) -> GpuVerdict:
+    hint = f"add nodeSelector {PRODUCT}: {product_for(key.device)}"
+    baked = catalogue.gpu_by_device_name(key.device)
+    if baked is not None and baked.name == CPU:
+        return GpuVerdict((), (), hint)
+    if not ways:
+        return GpuVerdict(("its required node affinity has no term that matches any node",), (), hint)
+    problems: list[str] = []
+    notes: list[str] = []
+    satisfiable = 0
+    for way in ways:
+        way_problems, way_notes, possible = _judge_way(key, way, catalogue, match)
+        problems += way_problems
+        notes += way_notes
+        satisfiable += possible
+    if not satisfiable:
+        problems.append("no GPU node can satisfy its node constraints")
+    return GpuVerdict(tuple(problems), tuple(notes), hint)
+
+
+class Judge:
+    """``judge`` for one catalogue and match mode, memoised: the verdict depends only on the
+    key and the ways, and a cluster runs few distinct (image, placement) pairs, so a warm
+    review skips the comparisons entirely. Bounded, thread-safe."""
+
+    def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
+        self.catalogue, self.match = catalogue, match
+        # Keyed by the key's identity: verified images come from the gateway's cache, so the
+        # same key object recurs, and hashing a 23-field key on every review is what this saves.
+        self._memo: collections.OrderedDict[tuple[int, tuple[Way, ...]], tuple[CacheKey, GpuVerdict]] = (
+            collections.OrderedDict()
+        )
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+        memo_key = (id(key), tuple(ways))
+        with self._lock:
+            hit = self._memo.get(memo_key)
+            if hit is not None and hit[0] is key:
+                self._memo.move_to_end(memo_key)
+                return hit[1]
+        verdict = judge(key, ways, self.catalogue, self.match)
+        with self._lock:
+            # Holding the key keeps its id from being reused while the entry lives.
+            self._memo[memo_key] = (key, verdict)
+            while len(self._memo) > self._max:
+                self._memo.popitem(last=False)
+        return verdict
+
+
+def _judge_way(
+    key: CacheKey, way: Way, catalogue: Catalogue, match: GpuMatch
+) -> tuple[list[str], list[str], bool]:
+    """(problems, notes, whether any GPU node can satisfy this way)."""
+    gpu_reqs = [r for r in way.requirements if r.key in GPU_LABELS]
+    # A node without GPU labels: if it satisfies the way, the pod may run anywhere.
+    if all(r.matches({}) for r in gpu_reqs):
+        pinned = (
+            f" ({', '.join(map(str, gpu_reqs))} still admits nodes without GPU labels)" if gpu_reqs else ""
+        )
+        return [f"{way.source} does not pin a GPU{pinned}"], [], True
+    product_ins = [r for r in gpu_reqs if r.key == PRODUCT and r.operator is Operator.IN]
+    if product_ins:
+        allowed = [p for p in product_ins[0].values if all(p in r.values for r in product_ins[1:])]
+        candidates = [node_gpu(p, catalogue) for p in dict.fromkeys(allowed)]
+    else:
+        # -SHARED variants carry the same labels, so one product per device decides.
+        candidates = [node_gpu(g.gfd_product[0], catalogue) for g in catalogue.gpus.values() if g.gfd_product]
+    admitted = [
+        n
+        for n in candidates
+        if all(r.matches(n.labels) for r in gpu_reqs if n.device is not None or r.key == PRODUCT)
+    ]
+    open_ended = not product_ins
+    problems: list[str] = []
+    unknown = [n.product for n in admitted if n.device is None]
+    if unknown:
+        problems.append(f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue")
+    pins = ", ".join(str(r) for r in gpu_reqs)
+    if open_ended and match is GpuMatch.DEVICE:
+        problems.append(
+            f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
+        )
+    elif open_ended and not admitted:
+        problems.append(f"{way.source} admits only GPUs kernelbake's catalogue does not know ({pins})")
+    mismatched: dict[str, list[str]] = {}
+    tolerated: dict[str, list[str]] = {}
+    for n in admitted:
+        if n.device is None or n.arch is None:
+            continue
+        for reason in check_fields(key, {"device": n.device, "arch": n.arch}).blocking:
+            if reason.field == "device" and (match is GpuMatch.ARCH or open_ended):
+                # Arch mode tolerates it; an open-ended way was already reported above.
+                tolerated.setdefault(str(reason), []).append(n.product)
+            else:
+                mismatched.setdefault(str(reason), []).append(n.product)
+    problems += [f"{way.source} admits {_list(p)}: {reason}" for reason, p in mismatched.items()]
+    notes = []
+    if match is GpuMatch.ARCH:
+        notes = [
+            f"{way.source} admits {_list(p)}: {reason}; the caches will be recompiled there"
+            for reason, p in tolerated.items()
+        ]
+    return problems, notes, bool(admitted) or open_ended
+
+
+def _list(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_LISTED])
+    return shown + (f" and {len(items) - _LISTED} more" if len(items) > _LISTED else "")

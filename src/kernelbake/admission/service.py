@@ -1,0 +1,168 @@
+"""One review from document to answer, shared by the HTTPS server (async) and
+``kernelbake admission review`` (sync). Nothing here raises: every input gets an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from kernelbake.admission.admit import Endpoint, Plan, decide, plan
+from kernelbake.admission.gateway import Gateway, Outcome
+from kernelbake.admission.gpus import Judge
+from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.review import Code, MalformedReview, Response, parse_review
+from kernelbake.catalogue import Catalogue, load_catalogue
+
+log = logging.getLogger("kernelbake.admission")
+
+
+class Admitter:
+    def __init__(self, policy: AdmissionPolicy, gateway: Gateway, catalogue: Catalogue | None = None) -> None:
+        self.policy = policy
+        self.gateway = gateway
+        self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
+
+    def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
+        """Answer one parsed AdmissionReview document, waiting for verification at most until
+        the policy's deadline."""
+        try:
+            return self._review(doc, endpoint, time.monotonic() if started is None else started)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+
+    def _review(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
+        first = self._plan(doc)
+        if isinstance(first, Response):
+            return self._answer(first, None)
+        outcomes, futures = self._lookup(first)
+        if futures:
+            remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+            concurrent.futures.wait(futures.values(), timeout=remaining)
+            outcomes.update(_done(futures))
+        return self._decide(first, outcomes, endpoint)
+
+    def review_nowait(
+        self, doc: Any, endpoint: Endpoint, *, started: float
+    ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        """The answer at once when no verification has to run (the common, cached case: no
+        task, no thread), else a coroutine that waits for it until the policy's deadline."""
+        try:
+            first = self._plan(doc)
+            if isinstance(first, Response):
+                return self._answer(first, None)
+            outcomes, futures = self._lookup(first)
+            if not futures:
+                return self._decide(first, outcomes, endpoint)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+        return self._wait(doc, first, outcomes, futures, endpoint, started)
+
+    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
+        answer = self.review_nowait(doc, endpoint, started=started)
+        return answer if isinstance(answer, dict) else await answer
+
+    async def _wait(
+        self,
+        doc: Any,
+        first: Plan,
+        outcomes: dict[str, Outcome],
+        futures: dict[str, concurrent.futures.Future[Outcome]],
+        endpoint: Endpoint,
+        started: float,
+    ) -> dict[str, Any]:
+        try:
+            pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+            if pending:
+                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+                await asyncio.wait(pending, timeout=remaining)
+            outcomes.update(_done(futures))
+            return self._decide(first, outcomes, endpoint)
+        except Exception:
+            log.exception("a review failed")
+            return _internal(doc).to_document()
+
+    def _lookup(
+        self, first: Plan
+    ) -> tuple[dict[str, Outcome], dict[str, concurrent.futures.Future[Outcome]]]:
+        """Cached verdicts at once (the common case, no future, no thread); the rest submitted."""
+        outcomes: dict[str, Outcome] = {}
+        futures: dict[str, concurrent.futures.Future[Outcome]] = {}
+        for target, ref in first.refs.items():
+            hit = self.gateway.cached(ref)
+            if hit is not None:
+                outcomes[target] = hit
+            else:
+                futures[target] = self.gateway.submit(ref)
+        return outcomes, futures
+
+    def _plan(self, doc: Any) -> Plan | Response:
+        try:
+            return plan(parse_review(doc), self.policy)
+        except MalformedReview as exc:
+            return Response.malformed(exc)
+        except Exception:
+            log.exception("planning a review failed")
+            return _internal(doc)
+
+    def _decide(self, first: Plan, outcomes: Mapping[str, Outcome], endpoint: Endpoint) -> dict[str, Any]:
+        try:
+            response = decide(first, outcomes, self.policy, self.judge, endpoint)
+        except Exception:
+            log.exception("deciding a review failed")
+            response = Response(
+                uid=first.request.uid,
+                api_version=first.request.api_version,
+                allowed=False,
+                code=Code.INTERNAL,
+                message="kernelbake admission: internal error while deciding; see the webhook's log",
+            )
+        return self._answer(response, first)
+
+    def _answer(self, response: Response, first: Plan | None) -> dict[str, Any]:
+        # Refusals and warnings (warn mode's "would deny") at INFO; admissions, patched or not,
+        # at DEBUG: the API server's audit log already records each patch, and a log line per
+        # admitted pod costs more than the review itself.
+        level = logging.INFO if (not response.allowed or response.warnings) else logging.DEBUG
+        if log.isEnabledFor(level):
+            request = first.request if first is not None else None
+            log.log(
+                level,
+                json.dumps(
+                    {
+                        "uid": response.uid,
+                        "kind": str(request.kind) if request else None,
+                        "namespace": request.namespace if request else None,
+                        "name": request.name if request else None,
+                        "allowed": response.allowed,
+                        "message": response.message or None,
+                        "patched": len(response.patch),
+                        "warnings": len(response.warnings),
+                    }
+                ),
+            )
+        return response.to_document()
+
+
+def _done(futures: Mapping[str, concurrent.futures.Future[Outcome]]) -> dict[str, Outcome]:
+    # Missing entries read as "did not finish"; the gateway's jobs catch their own errors.
+    return {
+        t: f.result() for t, f in futures.items() if f.done() and not f.cancelled() and f.exception() is None
+    }
+
+
+def _internal(doc: Any) -> Response:
+    request = doc.get("request") if isinstance(doc, Mapping) else None
+    uid = request.get("uid") if isinstance(request, Mapping) else ""
+    return Response(
+        uid=uid if isinstance(uid, str) else "",
+        allowed=False,
+        code=Code.INTERNAL,
+        message="kernelbake admission: internal error while reading the request; see the webhook's log",
+    )

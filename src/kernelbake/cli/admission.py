@@ -1,0 +1,185 @@
+"""``kernelbake admission``: the webhook server, and the same review for one file.
+
+kernelbake admission --policy policy.yaml --tls-cert tls.crt --tls-key tls.key [--port 8443]
+kernelbake admission review --policy policy.yaml [--endpoint validate] request.json
+kernelbake admission check-policy policy.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.settings import Settings
+
+if TYPE_CHECKING:
+    from kernelbake.admission.policy import AdmissionPolicy
+    from kernelbake.admission.service import Admitter
+
+
+def _admitter(policy_path: str) -> Admitter:
+    # Imported here so that `kernelbake plan` does not pay for the signing stack.
+    from kernelbake.admission.policy import load_admission_policy
+    from kernelbake.admission.service import Admitter
+    from kernelbake.admission.verifying import build_gateway
+
+    policy = load_admission_policy(policy_path)
+    return Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kernelbake.admission import workers
+    from kernelbake.admission.policy import load_admission_policy
+    from kernelbake.admission.server import AdmissionServer, tls_context
+    from kernelbake.admission.service import Admitter
+    from kernelbake.admission.verifying import build_gateway, verify_policy
+
+    missing = [
+        flag
+        for flag, value in (
+            ("--policy", args.policy),
+            ("--tls-cert", args.tls_cert),
+            ("--tls-key", args.tls_key),
+        )
+        if not value
+    ]
+    if missing:
+        raise BadInput(f"{', '.join(missing)} required to serve (or use `kernelbake admission review`)")
+    if args.workers < 1:
+        raise BadInput(f"--workers {args.workers}: at least 1")
+    _logging(args.log_level)
+    # Everything that can be wrong is found here, before a socket is bound or a worker forked.
+    policy = load_admission_policy(args.policy)
+    verify_policy(policy)
+    _say_what_is_permissive(policy)
+    cert, key = Path(args.tls_cert), Path(args.tls_key)
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not path.is_file():
+            raise BadInput(f"{flag} {path}: no such file (deploy/make-cert.sh makes one)")
+    try:
+        tls_context(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadInput(f"--tls-cert/--tls-key: cannot load the certificate: {exc}") from None
+    try:
+        sockets = workers.listening_sockets(args.host, args.port, args.workers)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"--host {args.host} --port {args.port}: cannot listen: {exc.strerror or exc}"
+        ) from None
+    print(
+        f"kernelbake admission: listening on https://{args.host}:{sockets[0].getsockname()[1]} "
+        f"(policy {policy.source}: {policy.mode.value}, {len(policy.images)} pattern(s), "
+        f"{args.workers} worker(s))",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def serve(sock: socket.socket) -> int:
+        # Built in the worker: the verification pool's threads must not cross a fork.
+        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
+        server = AdmissionServer(admitter, cert=cert, key=key, sock=sock)
+        asyncio.run(server.serve())
+        return 0
+
+    if args.workers == 1:
+        return serve(sockets[0])
+    return workers.run(sockets, serve)
+
+
+def _say_what_is_permissive(policy: AdmissionPolicy) -> None:
+    from kernelbake.admission.policy import Mode, OnRegistryError
+
+    log = logging.getLogger("kernelbake.admission")
+    if policy.mode is Mode.WARN:
+        log.warning("%s: mode warn: nothing is denied, problems only become warnings", policy.source)
+    if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
+        log.warning(
+            "%s: registry_errors unsafe-allow: when the registry fails, images are admitted unverified",
+            policy.source,
+        )
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    from kernelbake.admission.admit import Endpoint
+
+    _logging("warning")
+    source = "<stdin>" if args.request == "-" else args.request
+    try:
+        text = sys.stdin.read() if args.request == "-" else Path(args.request).read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except OSError as exc:
+        raise BadInput(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(f"{source}: not JSON ({exc}); the webhook answers such a body with HTTP 400") from None
+    admitter = _admitter(args.policy)
+    try:
+        answer = admitter.review(doc, Endpoint(args.endpoint))
+    finally:
+        admitter.gateway.close()
+    print(json.dumps(answer, indent=2))
+    response = answer["response"]
+    if not response["allowed"]:
+        print(f"denied: {response['status']['message']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check_policy(args: argparse.Namespace) -> int:
+    from kernelbake.admission.policy import load_admission_policy
+    from kernelbake.admission.verifying import verify_policy
+
+    policy = load_admission_policy(args.policy)
+    trust = verify_policy(policy)
+    print(
+        f"{policy.source}: ok: {policy.mode.value} mode, gpu.match {policy.gpu_match.value}, "
+        f"registry_errors {policy.registry_errors.value}; governs {', '.join(policy.images)}; "
+        f"trusts {trust.describe()}"
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "admission",
+        help="Kubernetes admission webhook: admit only signed kernel-cache images on their GPUs",
+        description="Serve the validating and mutating webhook (POST /mutate, /validate; GET /healthz).",
+    )
+    p.add_argument("--policy", help="admission policy YAML (see deploy/policy.yaml)")
+    p.add_argument("--tls-cert", help="serving certificate (PEM), e.g. from deploy/make-cert.sh")
+    p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8443, help="port (default 8443; 0 picks a free one)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (SO_REUSEPORT), each with its own cache (default 1)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+
+    r = actions.add_parser(
+        "review",
+        help="review one AdmissionReview document, print the answer (exit 0 allowed, 1 denied)",
+    )
+    r.add_argument("--policy", required=True, help="admission policy YAML")
+    r.add_argument("--endpoint", choices=["mutate", "validate"], default="mutate", help="default mutate")
+    r.add_argument("request", help="AdmissionReview JSON file, or - for stdin")
+    r.set_defaults(func=cmd_review)
+
+    c = actions.add_parser("check-policy", help="validate a policy file (exit 2 with file:field if bad)")
+    c.add_argument("policy")
+    c.set_defaults(func=cmd_check_policy)

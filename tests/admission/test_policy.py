@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelbake.admission.policy import GpuMatch, Mode, OnRegistryError, PolicyError, load_admission_policy
+from kernelbake.errors import BadInput
+
+GOOD = """\
+mode: warn
+images:
+  - registry.example.com/kernelbake/**
+  - ubuntu
+verify:
+  identities:
+    - issuer: https://token.actions.githubusercontent.com
+      subject: ci@example.com
+gpu:
+  match: arch
+registry_errors: unsafe-allow
+deadline_seconds: 5
+cache:
+  ttl_seconds: 60
+  tag_ttl_seconds: 0
+concurrency: 4
+"""
+
+
+def test_a_full_policy_loads(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(GOOD)
+    policy = load_admission_policy(path)
+    assert policy.mode is Mode.WARN
+    assert policy.gpu_match is GpuMatch.ARCH
+    assert policy.registry_errors is OnRegistryError.UNSAFE_ALLOW
+    assert policy.images == ("registry.example.com/kernelbake/**", "docker.io/library/ubuntu")
+    assert policy.cache.tag_ttl_seconds == 0 and policy.cache.ttl_seconds == 60
+    assert policy.deadline_seconds == 5 and policy.concurrency == 4
+    assert policy.governs("registry.example.com/kernelbake/qwen3")
+    assert policy.governs("docker.io/library/ubuntu")
+    assert not policy.governs("registry.example.com/other/qwen3")
+
+
+def test_defaults_fail_closed(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("images: [r.example.com/**]\nverify: {keys: [k.pem]}\n")
+    policy = load_admission_policy(path)
+    assert policy.mode is Mode.ENFORCE
+    assert policy.registry_errors is OnRegistryError.DENY
+    assert policy.gpu_match is GpuMatch.DEVICE
+    assert policy.deadline_seconds < 10
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("- a\n", "p.yaml: a policy is a mapping"),
+        (
+            "images: [a/**]\nverify: {k: 1}\nmodes: warn\n",
+            "p.yaml:modes: unknown field; did you mean 'mode'?",
+        ),
+        ("verify: {k: 1}\n", "p.yaml:images: required"),
+        ("images: []\nverify: {k: 1}\n", "p.yaml:images: required"),
+        ("images: [3]\nverify: {k: 1}\n", "p.yaml:images[0]: expected a repository pattern"),
+        (
+            "images: ['r.io/kb/x:tag']\nverify: {k: 1}\n",
+            "p.yaml:images[0]: 'r.io/kb/x:tag' names a tag or digest",
+        ),
+        ("images: [a/**]\n", "p.yaml:verify: required"),
+        ("images: [a/**]\nverify: {}\n", "p.yaml:verify: required"),
+        ("images: [a/**]\nverify: {k: 1}\nmode: audit\n", "p.yaml:mode: 'audit' is not one of enforce, warn"),
+        (
+            "images: [a/**]\nverify: {k: 1}\ngpu: {match: name}\n",
+            "p.yaml:gpu.match: 'name' is not one of device, arch",
+        ),
+        ("images: [a/**]\nverify: {k: 1}\ngpu: {mtch: arch}\n", "p.yaml:gpu.mtch: unknown field"),
+        (
+            "images: [a/**]\nverify: {k: 1}\nregistry_errors: allow\n",
+            "p.yaml:registry_errors: 'allow' is not one of deny, unsafe-allow",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\ndeadline_seconds: 45\n",
+            "p.yaml:deadline_seconds: 45.0 must be above 0",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\ndeadline_seconds: soon\n",
+            "p.yaml:deadline_seconds: expected a non-negative",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\ncache: {ttl_seconds: -1}\n",
+            "p.yaml:cache.ttl_seconds: expected a non-negative",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\ncache: {max_entries: 0}\n",
+            "p.yaml:cache.max_entries: expected a positive integer",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nconcurrency: true\n",
+            "p.yaml:concurrency: expected a positive integer",
+        ),
+        ("images: [a/**\nverify: x\n", "p.yaml:2: "),
+    ],
+)
+def test_bad_policies_name_file_and_field(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as err:
+        load_admission_policy(path)
+    message = str(err.value).replace(str(tmp_path) + "/", "")
+    assert message.startswith(where), message
+    assert "\n" not in message
+    assert isinstance(err.value, BadInput) and err.value.return_code == 2
+
+
+def test_a_missing_policy_file_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read the policy"):
+        load_admission_policy(tmp_path / "nope.yaml")

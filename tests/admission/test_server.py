@@ -1,0 +1,191 @@
+"""The real HTTPS server on 127.0.0.1 with a CA from deploy/make-cert.sh (injected verifier)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.admission import documents
+from tests.admission.conftest import client_tls, running_server
+from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter
+
+TAG = f"{REPO}:h100"
+
+
+@pytest.fixture
+def port(verifier: FakeVerifier, certs: Path) -> Iterator[int]:
+    with running_server(make_admitter(verifier), certs) as p:
+        yield p
+
+
+@pytest.fixture
+def conn(port: int, certs: Path) -> Iterator[http.client.HTTPSConnection]:
+    c = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=30)
+    yield c
+    c.close()
+
+
+def post(conn: http.client.HTTPSConnection, path: str, body: bytes, **headers: str) -> tuple[int, Any]:
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **headers})
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_reviews_over_one_kept_alive_connection(conn: http.client.HTTPSConnection) -> None:
+    for i in range(3):
+        doc = documents.load("pod-create", TAG, uid=f"uid-{i}")
+        status, answer = post(conn, "/mutate?timeout=10s", json.dumps(doc).encode())
+        assert status == 200
+        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+        assert answer["response"]["uid"] == f"uid-{i}"
+        assert answer["response"]["allowed"] is True and answer["response"]["patchType"] == "JSONPatch"
+    status, answer = post(
+        conn, "/validate", json.dumps(documents.load("pod-create", f"{REPO}@{digest_of(TAG)}")).encode()
+    )
+    assert status == 200 and answer["response"]["allowed"] is True and "patch" not in answer["response"]
+
+
+def test_a_body_that_is_not_json_is_http_400(conn: http.client.HTTPSConnection) -> None:
+    for body in (b"{not json", b"\xff\xfe", b"[" * 100_000):
+        status, answer = post(conn, "/validate", body)
+        assert status == 400 and "not JSON" in answer["error"]
+
+
+def test_json_that_is_not_a_review_is_answered_with_a_400_denial(conn: http.client.HTTPSConnection) -> None:
+    status, answer = post(
+        conn,
+        "/mutate",
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-9"}}',
+    )
+    assert status == 200
+    assert answer["response"]["uid"] == "u-9" and answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["code"] == 400
+    status, answer = post(conn, "/mutate", b"null")
+    assert status == 200 and answer["response"]["status"]["code"] == 400
+
+
+def test_routes(conn: http.client.HTTPSConnection) -> None:
+    conn.request("GET", "/healthz")
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())) == (200, {"status": "ok"})
+    conn.request("GET", "/mutate")
+    r = conn.getresponse()
+    assert r.status == 405 and "POST an AdmissionReview" in json.loads(r.read())["error"]
+    status, answer = post(conn, "/admit", b"{}")
+    assert status == 404 and "/mutate or /validate" in answer["error"]
+
+
+def test_chunked_bodies(port: int, certs: Path) -> None:
+    body = json.dumps(documents.load("pod-create", TAG)).encode()
+    c = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=30)
+    c.request(
+        "POST",
+        "/mutate",
+        body=iter([body[:100], body[100:]]),
+        encode_chunked=True,
+        headers={"Transfer-Encoding": "chunked"},
+    )
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["response"]["allowed"] is True
+    c.close()
+
+
+def raw(port: int, certs: Path, data: bytes, *, hang_up: bool = False) -> bytes:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+        tls.sendall(data)
+        if hang_up:
+            return b""
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", b"400"),
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n", b"413"),
+        (b"POST /mutate HTTP/1.1\r\nContent-Length: ten\r\n\r\n", b"400"),
+        (b"POST /mutate HTTP/2.0\r\n\r\n", b"505"),
+        (b"POST /mutate HTTP/1.1\r\nno-colon\r\n\r\n", b"400"),
+        (b"POST /mutate HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),
+        (b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", b"400"),
+    ],
+)
+def test_broken_http_is_answered_and_the_server_keeps_serving(
+    port: int, certs: Path, conn: http.client.HTTPSConnection, data: bytes, status: bytes
+) -> None:
+    assert raw(port, certs, data).startswith(b"HTTP/1.1 " + status)
+    status_code, answer = post(conn, "/mutate", json.dumps(documents.load("pod-create", TAG)).encode())
+    assert status_code == 200 and answer["response"]["allowed"] is True
+
+
+def test_a_client_that_hangs_up_mid_body_does_not_hurt(
+    port: int, certs: Path, conn: http.client.HTTPSConnection
+) -> None:
+    raw(port, certs, b"POST /mutate HTTP/1.1\r\nContent-Length: 100\r\n\r\n{", hang_up=True)
+    raw(port, certs, b"POST /mutate HTTP/1.1\r\n", hang_up=True)
+    status, _ = post(conn, "/mutate", json.dumps(documents.load("pod-create", TAG)).encode())
+    assert status == 200
+
+
+def test_only_clients_trusting_the_ca_get_through(port: int) -> None:
+    with pytest.raises(ssl.SSLCertVerificationError):
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(), timeout=30)
+        c.request("GET", "/healthz")
+
+
+def test_idle_and_stalled_connections_are_dropped(
+    verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelbake.admission import server
+
+    monkeypatch.setattr(server, "IDLE_SECONDS", 0.3)
+    monkeypatch.setattr(server, "HEADER_SECONDS", 0.3)
+    monkeypatch.setattr(server, "REAP_SECONDS", 0.05)
+    with running_server(make_admitter(verifier), certs) as p:
+        for data in (b"", b"POST /mutate HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"):
+            sock = socket.create_connection(("127.0.0.1", p), timeout=30)
+            with client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+                tls.sendall(data)
+                # The server hangs up (reset): the read ends instead of timing out after 30 s.
+                with contextlib.suppress(ConnectionResetError):
+                    assert tls.recv(1024) == b""
+
+
+def test_pipelined_requests_are_answered_in_order_even_when_the_first_waits(
+    verifier: FakeVerifier, certs: Path
+) -> None:
+    verifier.gate = threading.Event()
+    first = json.dumps(documents.load("pod-create", TAG, uid="first")).encode()
+    second = json.dumps(documents.load("pod-create", "nginx:1.27", uid="second")).encode()
+
+    def post_bytes(body: bytes) -> bytes:
+        return b"POST /mutate HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    with running_server(make_admitter(verifier), certs) as p:
+        sock = socket.create_connection(("127.0.0.1", p), timeout=30)
+        with client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            tls.sendall(post_bytes(first) + post_bytes(second))
+            verifier.gate.set()
+            reader = tls.makefile("rb")
+            uids = []
+            for _ in range(2):
+                assert reader.readline().startswith(b"HTTP/1.1 200")
+                length = 0
+                while (line := reader.readline()) != b"\r\n":
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                uids.append(json.loads(reader.read(length))["response"]["uid"])
+    assert uids == ["first", "second"]
