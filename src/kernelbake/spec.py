@@ -131,19 +131,9 @@ class ImageSpec:
 _TOP = {"name", "model", "engine", "serve", "compile", "targets", "base"}
 _MODEL = {"id", "revision", "local", "path"}
 _ENGINE = {"name", "version"}
-_SERVE = {
-    "dtype",
-    "quantization",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "expert_parallel_size",
-    "max_model_len",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "compilation_config",
-    "env",
-    "extra_args",
-}
+# Every ServeArgs field is a serve: key, spelled the same.
+_SERVE = {f.name for f in dataclasses.fields(ServeArgs)}
+_SERVE_INTS = tuple(f.name for f in dataclasses.fields(ServeArgs) if f.type == "int")
 _COMPILE = {"shapes"}
 
 
@@ -263,14 +253,7 @@ def _serve(doc: _Doc, raw: Any) -> ServeArgs:
         kw["dtype"] = _enum(doc, Dtype, s["dtype"], "serve.dtype", _DTYPE_ALIASES)
     if "quantization" in s:
         kw["quantization"] = _enum(doc, Quantization, s["quantization"], "serve.quantization")
-    for f in (
-        "tensor_parallel_size",
-        "pipeline_parallel_size",
-        "expert_parallel_size",
-        "max_model_len",
-        "max_num_batched_tokens",
-        "max_num_seqs",
-    ):
+    for f in _SERVE_INTS:
         if f in s:
             kw[f] = _positive_int(doc, s[f], f"serve.{f}")
     ep = kw.get("expert_parallel_size", 1)
