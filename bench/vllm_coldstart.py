@@ -113,7 +113,7 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
     from kernelbake.runtime.bundle import kind_dir
     from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
     from kernelbake.runtime.engines.vllm.args import serve_argv
-    from kernelbake.runtime.engines.vllm.evidence import snapshot
+    from kernelbake.runtime.engines.vllm.evidence import added, snapshot
 
     target = _target(model)
     root = _roots(model)[kind]
@@ -148,18 +148,18 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
                 tokens = list(output.outputs[0].token_ids)
     first_request_s = time.monotonic() - t2
     after = snapshot(dirs)
-    added = {k: sorted(after[k] - before[k]) for k in dirs}
+    new = added(before, after)
     engine.engine_core.shutdown()
     return {
         "start_s": round(start_s, 2),
         "import_s": round(t_import, 2),
         "first_request_s": round(first_request_s, 2),
         "tokens": tokens,
-        "files_added": {k: len(v) for k, v in added.items()},
+        "files_added": {k: len(v) for k, v in new.items()},
         "triton_kernels_added": sorted(
             {
                 Path(p).name.rsplit(".", 1)[0]
-                for p in added.get("triton", [])
+                for p in new.get("triton", set())
                 if p.endswith(".json") and not Path(p).name.startswith("__grp__")
             }
         ),

@@ -181,6 +181,32 @@ def _predicate_file(client: RegistryClient, image: PushedImage, workdir: Path) -
     return path
 
 
+def _cosign_sign_and_attest(
+    binary: str,
+    flags: list[str],
+    client: RegistryClient,
+    image: PushedImage,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+) -> None:
+    """What a cosign user does: sign the digest, then attest kernelbake's predicate."""
+    ok(cosign(binary, "sign", *flags, image.pinned, env=env))
+    predicate = str(_predicate_file(client, image, workdir))
+    ok(
+        cosign(
+            binary,
+            "attest",
+            *flags,
+            "--type",
+            PREDICATE_TYPE,
+            "--predicate",
+            predicate,
+            image.pinned,
+            env=env,
+        )
+    )
+
+
 def _key_policy(cosign_keys: Path) -> VerifyPolicy:
     return VerifyPolicy.from_mapping({"keys": [str(cosign_keys / "cosign.pub")]}, source="cosign-key-policy")
 
@@ -195,19 +221,7 @@ def test_kernelbake_verifies_cosign2_legacy(
 ) -> None:
     image = make_image()
     key = ["--key", str(cosign_keys / "cosign.key"), "--tlog-upload=false", INSECURE]
-    ok(cosign(cosign2, "sign", *key, image.pinned))
-    ok(
-        cosign(
-            cosign2,
-            "attest",
-            *key,
-            "--type",
-            PREDICATE_TYPE,
-            "--predicate",
-            str(_predicate_file(client, image, tmp_path)),
-            image.pinned,
-        )
-    )
+    _cosign_sign_and_attest(cosign2, key, client, image, tmp_path)
     assert client.referrers(image.ref.with_digest(image.digest)) == []  # legacy tags only
     verified = verify_image(image.tagged, _key_policy(cosign_keys), client=client)
     assert verified.digest == image.digest and verified.key == image.key
@@ -232,19 +246,7 @@ def test_kernelbake_verifies_cosign3_bundles(
         "--new-bundle-format",
         INSECURE,
     ]
-    ok(cosign(cosign3, "sign", *key, image.pinned))
-    ok(
-        cosign(
-            cosign3,
-            "attest",
-            *key,
-            "--type",
-            PREDICATE_TYPE,
-            "--predicate",
-            str(_predicate_file(client, image, tmp_path)),
-            image.pinned,
-        )
-    )
+    _cosign_sign_and_attest(cosign3, key, client, image, tmp_path)
     ref = image.ref.with_digest(image.digest)
     assert len(client.referrers(ref)) == 2
     verified = verify_image(image.tagged, _key_policy(cosign_keys), client=client)
@@ -275,19 +277,7 @@ def test_kernelbake_verifies_cosign3_keyless_bundles(
         "--identity-token", str(token),
         INSECURE,
     ]  # fmt: skip
-    ok(cosign(cosign3, "sign", *keyless, image.pinned))
-    ok(
-        cosign(
-            cosign3,
-            "attest",
-            *keyless,
-            "--type",
-            PREDICATE_TYPE,
-            "--predicate",
-            str(_predicate_file(client, image, tmp_path)),
-            image.pinned,
-        )
-    )
+    _cosign_sign_and_attest(cosign3, keyless, client, image, tmp_path)
     policy = VerifyPolicy.from_mapping(
         {
             "identities": [{"issuer": ISSUER, "subject": SUBJECT}],
@@ -318,21 +308,7 @@ def test_kernelbake_verifies_cosign2_keyless_legacy(
             str(token),
             INSECURE,
         ]
-        ok(cosign(cosign2, "sign", *keyless, image.pinned, env=env))
-        predicate = str(_predicate_file(client, image, tmp_path))
-        ok(
-            cosign(
-                cosign2,
-                "attest",
-                *keyless,
-                "--type",
-                PREDICATE_TYPE,
-                "--predicate",
-                predicate,
-                image.pinned,
-                env=env,
-            )
-        )
+        _cosign_sign_and_attest(cosign2, keyless, client, image, tmp_path, env=env)
     assert client.referrers(image.ref.with_digest(image.digest)) == []  # legacy tags only
     policy = VerifyPolicy.from_mapping(
         {"identities": [{"issuer": ISSUER, "subject": SUBJECT}], "trusted_root": str(server.trusted_root)},

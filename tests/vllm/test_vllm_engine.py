@@ -109,7 +109,7 @@ def test_cache_dir_snapshots_count_what_a_start_added(tmp_path: Path) -> None:
     before = snapshot(dirs)
     (dirs["triton"] / "b").mkdir()
     (dirs["triton"] / "b" / "k2.cubin").write_bytes(b"y")
-    assert added(before, snapshot(dirs)) == {"triton": 1, "vllm": 0}
+    assert added(before, snapshot(dirs)) == {"triton": {"b/k2.cubin"}, "vllm": set()}
 
 
 def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_defaults() -> None:

@@ -117,6 +117,6 @@ def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
     return out
 
 
-def added(before: Mapping[str, set[str]], after: Mapping[str, set[str]]) -> dict[str, int]:
-    """Files each start added per directory: 0 means everything it needed was there."""
-    return {name: len(after.get(name, set()) - before.get(name, set())) for name in after}
+def added(before: Mapping[str, set[str]], after: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """Files each start added per directory: none means everything it needed was there."""
+    return {name: after.get(name, set()) - before.get(name, set()) for name in after}
