@@ -113,3 +113,15 @@ def test_registry_unreachable_stops_before_building(
     assert rc == 3
     assert f"registry 127.0.0.1:{port} is unreachable" in err[-1]
     assert "bake" not in calls.read_text() and "push" not in calls.read_text()
+
+
+@pytest.mark.parametrize("command", ["render", "build"])
+def test_build_mode_is_shown_and_taken_as_its_wire_value(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "--mode {single,two-phase}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--mode", "twophase", str(SPECS / "malformed.yaml")])
+    assert exc.value.code == 2

@@ -4,6 +4,7 @@ evidence, signals reach it, and its exit code is ours."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import subprocess
 import sys
@@ -89,4 +90,5 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     assert main(["serve"]) == 0
     err = capsys.readouterr().err
     assert "kernelbake serve: baked caches valid" in err
+    assert re.search(r"kernelbake serve: preflight took \d+\.\d s", err)
     assert "kernelbake serve: cache HIT: vLLM loaded the baked torch.compile artifact" in err

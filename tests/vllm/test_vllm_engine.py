@@ -72,6 +72,18 @@ def test_compile_only_gets_exactly_the_serve_flags() -> None:
     ("user", "expected"),
     [
         (["--port", "8000", "--served-model-name", "x"], []),
+        # Outside vLLM's compile hash: the baked start on the H200 used these and hit.
+        (
+            [
+                "--load-format",
+                "dummy",
+                "--gpu-memory-utilization",
+                "0.3",
+                "--kv-cache-memory-bytes",
+                "2147483648",
+            ],
+            [],
+        ),
         (["--max-model-len", "32768"], []),
         (["--max-model-len=4096"], ["--max-model-len 4096 changes the max_model_len"]),
         (["-tp", "2"], ["-tp 2 changes the tensor parallel size"]),

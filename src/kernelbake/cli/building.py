@@ -28,6 +28,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "--mode",
         type=BuildMode,
         choices=list(BuildMode),
+        metavar="{" + ",".join(m.value for m in BuildMode) + "}",
         default=BuildMode.SINGLE,
         help="single: one build, GPU compile via RUN --device (labs frontend); "
         "two-phase: compile in docker run --device, final build takes the result as a named context",

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from kernelbake.errors import KeyMismatch
@@ -40,8 +41,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     env = RuntimeEnv.from_env()
     user_args = list(args.engine_args)
+    started = time.monotonic()
     verdict = preflight(env, user_args)
-    _say(verdict.lines())
+    # Preflight sits on every replica's start path; its cost should be on record.
+    _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
     engine = get_engine(verdict.target.key.engine)
     argv = engine.serve_argv(verdict.target, user_args)
     watch = engine.serve_watcher()

@@ -14,6 +14,8 @@ from kernelbake.spec import Quantization, ServeArgs
 
 # Flags whose values enter vLLM's compile hash or the shapes it compiles for; a user who
 # overrides one of them at serve time gets a cold start (vLLM recompiles, correctly).
+# Not here, because an H200 start with them hit the baked caches: --load-format,
+# --gpu-memory-utilization, --kv-cache-memory-bytes, --seed (bench/results/vllm-image-flow-*).
 SHAPE_FLAGS: dict[str, str] = {
     "--dtype": "dtype",
     "--quantization": "quantization",
@@ -36,7 +38,6 @@ SHAPE_FLAGS: dict[str, str] = {
     "--speculative-config": "speculative decoding",
     "--enable-lora": "LoRA buffers",
     "--model": "model path",
-    "--load-format": "load format",
     "--data-parallel-size": "data parallel size",
     "-dp": "data parallel size",
 }

@@ -1,0 +1,402 @@
+"""A rendered vLLM image's life on a GPU machine that has no Docker: build stages, then run.
+
+    kernelbake render bench/specs/tiny-llama-ref.yaml --gpu h200 --out build/gpu-flow   # on the host
+    PYTHONPATH=/tmp/site python3 bench/vllm_image_flow.py \\
+        --context build/gpu-flow/tiny-llama-ref-h200/context --out $OUT                # on the GPU
+
+The GPU machine has vLLM 0.26.0 installed like the base image has it, but no Docker, so this
+executes the rendered Dockerfile itself, instruction by instruction, as root on the machine:
+
+  runtime  RUN (the pip install of the kernelbake wheel, its bind mount emulated), COPY, ENV;
+  compile  ``RUN python3 -m kernelbake compile`` (the CDI ``--device`` flag dropped: the GPU is
+           already there), with its own HOME and TMPDIR;
+  caches   ``COPY --from=compile`` of the cache root into a staging directory;
+  final    the cache root emptied (the final stage starts from ``runtime``, which never saw
+           the compile), then the ``COPY --from=caches`` layers put back.
+
+Then what ``docker run`` would do, with a HOME and TMPDIR of its own: the ENTRYPOINT with
+``check --json``, and the ENTRYPOINT (``kernelbake serve``) with user arguments, timed from
+launch until ``/health`` answers, then one greedy completion over HTTP and SIGTERM. A cold
+``kernelbake serve`` (``KERNELBAKE_CACHE=off``) runs alongside the compile for comparison.
+Last, ``check`` with a hashed vLLM variable changed, an unhashed one changed, and a
+shape-changing flag, to show which warn. Writes OUT/vllm-image-flow.json, OUT/logs/, and prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+WORK = Path("/opt/kernelbake-flow")
+PROMPT = list(range(1, 17))
+MAX_TOKENS = 16
+# Two servers share the GPU at one point (cold and warm never overlap, but cold and the
+# compile do); neither setting enters vLLM's compile hash.
+# A fixed KV-cache size skips memory profiling, which the other process on the GPU would
+# disturb (vLLM refuses to start when free memory grows during profiling).
+USER_ARGS = [
+    "--load-format",
+    "dummy",
+    "--gpu-memory-utilization",
+    "0.3",
+    "--kv-cache-memory-bytes",
+    "2147483648",
+    "--seed",
+    "0",
+]
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in dockerfile.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = pending + line
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages(dockerfile: Path) -> dict[str, list[tuple[str, str]]]:
+    result: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for word, rest in instructions(dockerfile):
+        if word == "FROM":
+            parts = rest.split()
+            current = [("FROM", parts[0])]
+            result[parts[-1] if len(parts) == 3 else parts[0]] = current
+        else:
+            current.append((word, rest))
+    return result
+
+
+def _flags(rest: str) -> tuple[dict[str, str], str]:
+    """``--mount=type=bind,source=wheels,target=/x`` style flags before a RUN/COPY body."""
+    flags: dict[str, str] = {}
+    while rest.startswith("--"):
+        flag, _, rest = rest.partition(" ")
+        name, _, value = flag[2:].partition("=")
+        flags[name] = value
+        rest = rest.lstrip()
+    return flags, rest
+
+
+def _copy(src: Path, dst: Path) -> None:
+    target = dst
+    if src.is_dir():
+        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+class Stage:
+    """One stage's instructions. ``root`` is where its filesystem is: "/" for the stages built
+    on the base image (this machine plays the base image), a directory for ``FROM scratch``."""
+
+    def __init__(
+        self, context: Path, env: dict[str, str], logs: Path, record: list[dict[str, Any]], root: Path
+    ):
+        self.context, self.env, self.logs, self.record, self.root = context, env, logs, record, root
+
+    def run(self, name: str, body: list[tuple[str, str]], copy_from: dict[str, Path]) -> None:
+        for word, rest in body:
+            step: dict[str, Any] = {"stage": name, "instruction": f"{word} {rest}"[:300]}
+            t0 = time.monotonic()
+            if word == "ENV":
+                for pair in shlex.split(rest):
+                    key, _, value = pair.partition("=")
+                    self.env[key] = value
+            elif word == "COPY":
+                flags, body_ = _flags(rest)
+                src, dst = shlex.split(body_)
+                base = copy_from[flags["from"]] if "from" in flags else self.context
+                _copy(base / src.lstrip("/"), self.root / dst.lstrip("/"))
+            elif word == "RUN":
+                flags, cmd = _flags(rest)
+                mount = flags.get("mount", "")
+                links = []
+                if mount:
+                    opts = dict(kv.split("=", 1) for kv in mount.split(","))
+                    if opts.get("type") == "bind":
+                        link = Path(opts["target"])
+                        if link.is_symlink() or link.exists():
+                            link.unlink()
+                        link.symlink_to(self.context / opts["source"])
+                        links.append(link)
+                    # type=secret (hf_token): only for hub models; the bench models are local.
+                step["dropped_flags"] = sorted(k for k in flags if k != "mount")
+                log = self.logs / f"{name}-{len(self.record)}.log"
+                with log.open("wb") as fh:
+                    rc = subprocess.run(
+                        ["sh", "-c", cmd], env=self.env, cwd="/", stdout=fh, stderr=subprocess.STDOUT
+                    ).returncode
+                for link in links:
+                    link.unlink()
+                step.update(rc=rc, log=log.name)
+                if rc != 0:
+                    step["wall_s"] = round(time.monotonic() - t0, 2)
+                    self.record.append(step)
+                    raise SystemExit(f"{name}: {word} failed with {rc}; see {log}")
+            else:
+                step["skipped"] = "metadata"
+            step["wall_s"] = round(time.monotonic() - t0, 2)
+            self.record.append(step)
+
+
+def _count_files(root: Path) -> int:
+    return sum(len(names) for _d, _s, names in os.walk(root)) if root.is_dir() else 0
+
+
+def _files(root: Path) -> set[str]:
+    out: set[str] = set()
+    for dirpath, _d, names in os.walk(root):
+        out.update(str(Path(dirpath, n).relative_to(root)) for n in names)
+    return out
+
+
+def _post(url: str, doc: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return dict(json.loads(resp.read()))
+
+
+class Server:
+    """The image's ENTRYPOINT started like ``docker run IMAGE ARGS...``."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, logs: Path):
+        self.name, self.port = name, port
+        self.log = logs / f"{name}.log"
+        self.fh = self.log.open("wb")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [*argv, "--port", str(port)], env=env, cwd="/", stdout=self.fh, stderr=subprocess.STDOUT
+        )
+        self.ready_s: float | None = None
+
+    def poll_ready(self) -> bool:
+        if self.ready_s is not None:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                if r.status == 200:
+                    self.ready_s = round(time.monotonic() - self.t0, 2)
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        return False
+
+    def generate(self, model: str) -> dict[str, Any]:
+        t0 = time.monotonic()
+        doc = _post(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            {
+                "model": model,
+                "prompt": PROMPT,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0.0,
+                "return_token_ids": True,
+            },
+        )
+        choice = doc["choices"][0]
+        return {"tokens": choice.get("token_ids"), "request_s": round(time.monotonic() - t0, 3)}
+
+    def stop(self) -> dict[str, Any]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.fh.close()
+        text = self.log.read_text(errors="replace")
+        return {
+            "ready_s": self.ready_s,
+            "exit_code_after_sigterm": self.proc.returncode,
+            "kernelbake_lines": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")],
+            "log": self.log.name,
+        }
+
+
+def _check(entrypoint: list[str], env: dict[str, str], extra: list[str], logs: Path, name: str) -> Any:
+    argv = [*entrypoint[:-1], "check", "--json", *extra]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True)
+    wall = round(time.monotonic() - t0, 2)
+    (logs / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    try:
+        doc: Any = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doc = {"unparsed": proc.stdout[-2000:]}
+    return {"rc": proc.returncode, "wall_s": wall, "verdict": doc}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--deadline", type=float, default=520.0)
+    a = ap.parse_args()
+    context = a.context.resolve()
+    logs = a.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    plan = stages(context / "Dockerfile")
+    target = json.loads((context / "target.json").read_text())
+    cache_root = Path(target["cache_root"])
+    model_path = next(p.split("=", 1)[1] for p in target["key"].split(";") if p.startswith("model_path="))
+    for p in (WORK, cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LD_LIBRARY_PATH")}
+    if shutil.which("vllm") is None:
+        # The base image has vLLM's console script; this install (PYTHONPATH) has not.
+        shim = WORK / "bin"
+        shim.mkdir(parents=True)
+        (shim / "vllm").write_text(f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
+        (shim / "vllm").chmod(0o755)
+        base["PATH"] = f"{shim}:{base.get('PATH', '/usr/bin:/bin')}"
+
+    def phase_env(env: dict[str, str], phase: str) -> dict[str, str]:
+        home, tmp = WORK / f"home-{phase}", WORK / f"tmp-{phase}"
+        home.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+        return {**env, "HOME": str(home), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+
+    record: list[dict[str, Any]] = []
+    doc: dict[str, Any] = {
+        "bench": "vllm_image_flow",
+        "command": f"PYTHONPATH=/tmp/site python3 bench/vllm_image_flow.py --context {a.context} --out $OUT",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "key": target["key"],
+        "steps": record,
+    }
+    runtime_env = dict(base)
+    slash = Path("/")
+    Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
+    entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
+
+    cold_env = {**phase_env(runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
+    cold = Server("serve-cold", [*entrypoint, *USER_ARGS], cold_env, 8001, logs)
+
+    compile_env = phase_env(runtime_env, "build")
+    t_compile = time.monotonic()
+    try:
+        Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
+        doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
+        staging = WORK / "stage-caches"
+        staging.mkdir()
+        Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
+        # The final stage starts from runtime, which never saw the compile stage's writes.
+        shutil.rmtree(cache_root)
+        shutil.rmtree(WORK / "home-build")
+        shutil.rmtree(WORK / "tmp-build")
+        final_env = dict(runtime_env)
+        Stage(context, final_env, logs, record, slash).run("final", plan["final"][1:], {"caches": staging})
+        doc["bundle"] = {
+            "files": _count_files(cache_root),
+            "manifest": (cache_root / "manifest.json").is_file(),
+        }
+
+        run_env = phase_env(final_env, "run")
+        doc["check"] = _check(entrypoint, run_env, USER_ARGS, logs, "check")
+        before = _files(cache_root)
+        warm = Server("serve-warm", [*entrypoint, *USER_ARGS], run_env, 8000, logs)
+        while not warm.poll_ready() and warm.proc.poll() is None and time.monotonic() - started < a.deadline:
+            cold.poll_ready()
+            time.sleep(0.5)
+        if warm.ready_s is not None:
+            doc["warm_generate"] = warm.generate(model_path)
+            # Which processes hold GPU memory while serving: the kernelbake supervisor
+            # (pid below) should not, since it only reads the engine's log.
+            doc["gpu_processes_while_serving"] = {
+                "kernelbake_serve_pid": warm.proc.pid,
+                "nvidia_smi": subprocess.run(
+                    [
+                        "nvidia-smi",
+                        "--query-compute-apps=pid,process_name,used_memory",
+                        "--format=csv,noheader",
+                    ],
+                    capture_output=True,
+                    text=True,
+                ).stdout.splitlines(),
+            }
+        doc["serve_warm"] = warm.stop()
+        doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(cache_root) - before)[:50]
+        doc["check_hashed_env_changed"] = _check(
+            entrypoint, {**run_env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, USER_ARGS, logs, "check-env"
+        )
+        # vLLM 0.26 leaves its logging variables out of the hash: no warning expected.
+        doc["check_unhashed_env_changed"] = _check(
+            entrypoint, {**run_env, "VLLM_LOGGING_LEVEL": "DEBUG"}, USER_ARGS, logs, "check-env-unhashed"
+        )
+        doc["check_shape_changed"] = _check(
+            entrypoint, run_env, [*USER_ARGS, "--max-model-len", "2048"], logs, "check-shape"
+        )
+    finally:
+        while not cold.poll_ready() and cold.proc.poll() is None and time.monotonic() - started < a.deadline:
+            time.sleep(0.5)
+        if cold.ready_s is not None:
+            doc["cold_generate"] = cold.generate(model_path)
+        doc["serve_cold"] = cold.stop()
+        doc["wall_s"] = round(time.monotonic() - started, 1)
+        w, c = doc.get("serve_warm", {}), doc["serve_cold"]
+        doc["summary"] = {
+            "compile_wall_s": doc.get("compile_wall_s"),
+            "check_verdict": doc.get("check", {}).get("verdict", {}).get("verdict"),
+            "ready_cold_s": c.get("ready_s"),
+            "ready_warm_s": w.get("ready_s"),
+            "speedup_ready": round(c["ready_s"] / w["ready_s"], 2)
+            if c.get("ready_s") and w.get("ready_s")
+            else None,
+            "tokens_identical": (doc.get("cold_generate") or {}).get("tokens")
+            == (doc.get("warm_generate") or {}).get("tokens")
+            if doc.get("warm_generate") and doc.get("cold_generate")
+            else None,
+            "files_added_at_warm_start": len(w.get("files_added_to_cache_root", [])),
+            "preflight": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
+            "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
+            "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),
+            "hashed_env_note": [
+                n
+                for n in doc.get("check_hashed_env_changed", {}).get("verdict", {}).get("notes", [])
+                if "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n
+            ],
+            "unhashed_env_notes": doc.get("check_unhashed_env_changed", {}).get("verdict", {}).get("notes"),
+            "shape_note": [
+                n
+                for n in doc.get("check_shape_changed", {}).get("verdict", {}).get("notes", [])
+                if "2048" in n
+            ],
+        }
+        (a.out / "vllm-image-flow.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(json.dumps(doc["summary"], indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
