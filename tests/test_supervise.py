@@ -67,11 +67,14 @@ class _VllmLikeEngine(FakeEngine):
     """Serves by printing what vLLM prints when it loads a baked artifact."""
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        line = "INFO [decorators.py:311] Directly load AOT compilation from path /x/model"
-        return [sys.executable, "-c", f"print({line!r}); raise SystemExit(0)"]
+        lines = [
+            "INFO [decorators.py:311] Directly load AOT compilation from path /x/model",
+            "INFO:     Application startup complete.",
+        ]
+        return [sys.executable, "-c", f"print({chr(10).join(lines)!r}); raise SystemExit(0)"]
 
-    def serve_watcher(self):  # type: ignore[no-untyped-def]
-        return evidence.watcher()
+    def serve_watcher(self, cache_root: Path):  # type: ignore[no-untyped-def]
+        return evidence.watcher({kind.value: cache_root / kind.value for kind in self.cache_kinds})
 
 
 def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
@@ -92,3 +95,4 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     assert "kernelbake serve: baked caches valid" in err
     assert re.search(r"kernelbake serve: preflight took \d+\.\d s", err)
     assert "kernelbake serve: cache HIT: vLLM loaded the baked torch.compile artifact" in err
+    assert "kernelbake serve: start-up compiled nothing: 0 new files in " in err

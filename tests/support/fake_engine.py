@@ -57,7 +57,7 @@ class FakeEngine:
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return ["fake-serve", *user_args]
 
-    def serve_watcher(self) -> None:
+    def serve_watcher(self, cache_root: Path) -> None:
         return None
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:

@@ -211,8 +211,8 @@ def test_native_vllm_compile_runs_first_when_available(
     assert [m for m, _ in fake.calls] == ["native", "fake"]
 
 
-def test_serve_watcher_reports_each_kind_of_evidence_once() -> None:
-    watch = VllmEngine().serve_watcher()
+def test_serve_watcher_reports_each_kind_of_evidence_once(tmp_path: Path) -> None:
+    watch = VllmEngine().serve_watcher(tmp_path)
     lines = [
         "INFO [decorators.py:311] Directly load AOT compilation from path /opt/kernelbake/cache/vllm/x/model",
         "INFO [decorators.py:311] Directly load AOT compilation from path /opt/kernelbake/cache/vllm/y/model",
@@ -225,6 +225,38 @@ def test_serve_watcher_reports_each_kind_of_evidence_once() -> None:
         "cache HIT: vLLM loaded the baked torch.compile artifact (INFO [decorators.py"
     )
     assert reports[1].startswith("WARNING: vLLM could not load the baked artifact")
+
+
+# As vLLM 0.26's API server logs it (bench/results/vllm-0.26.0-h200-image-flow/run2 logs).
+_READY = "(APIServer pid=1548) INFO:     Application startup complete."
+
+
+def test_once_ready_the_watcher_reports_what_start_up_added_to_each_cache(tmp_path: Path) -> None:
+    baked = tmp_path / "triton" / "abc" / "kernel.cubin"
+    baked.parent.mkdir(parents=True)
+    baked.write_text("baked")
+    watch = VllmEngine().serve_watcher(tmp_path)
+    # Written during start-up: a kernel the bundle lacked, and one FlashInfer module.
+    (tmp_path / "triton" / "def").mkdir()
+    (tmp_path / "triton" / "def" / "_temperature_kernel.json").write_text("{}")
+    (tmp_path / "flashinfer" / "sampling").mkdir(parents=True)
+    (tmp_path / "flashinfer" / "sampling" / "sampling.so").write_text("")
+    report = watch(_READY)
+    assert report == (
+        "WARNING: start-up compiled what the caches lacked: new files in triton 1, flashinfer 1; "
+        "the preflight notes above say why, if they know"
+    )
+    assert watch(_READY) is None
+
+
+def test_a_start_that_compiled_nothing_says_so_for_every_kind(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "model").write_text("aot")
+    watch = VllmEngine().serve_watcher(tmp_path)
+    report = watch(_READY)
+    assert report is not None
+    assert report.startswith("start-up compiled nothing: 0 new files in vllm, ")
+    assert all(k.value in report for k in VllmEngine.cache_kinds)
 
 
 def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:

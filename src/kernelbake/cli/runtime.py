@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
     engine = get_engine(verdict.target.key.engine)
     argv = engine.serve_argv(verdict.target, user_args)
-    watch = engine.serve_watcher()
+    watch = engine.serve_watcher(verdict.cache_root)
     if watch is None:
         _say([f"exec {' '.join(argv)}"])
         os.execvpe(argv[0], argv, verdict.env)

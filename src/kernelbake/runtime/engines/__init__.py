@@ -60,10 +60,10 @@ class EngineRuntime(Protocol):
         """User arguments that would change what was compiled, each with why (to warn about)."""
         ...
 
-    def serve_watcher(self) -> Callable[[str], str | None] | None:
+    def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:
         """Reads the engine's output while it serves and returns a line to report when the
-        engine says whether it used the caches; ``None``: nothing to read, so ``serve``
-        execs the engine instead of supervising it."""
+        engine says whether it used the caches under ``cache_root``; ``None``: nothing to
+        read, so ``serve`` execs the engine instead of supervising it."""
         ...
 
 

@@ -94,7 +94,7 @@ class TorchEngine:
             *user_args,
         ]
 
-    def serve_watcher(self) -> None:
+    def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.
         return None
 

@@ -61,14 +61,14 @@ def cache_env(root: Path) -> dict[str, str]:
 
 
 # Hashed vLLM variables whose *default* depends on the process, not the image: left unset,
-# a serving pod with another HOME (runAsUser) or one CPU computes another compile hash and
-# never finds the baked graphs (measured on vLLM 0.26: HOME alone forced a full recompile).
+# a serving pod with another HOME (runAsUser) computes another compile hash and never finds
+# the baked graphs (measured on vLLM 0.26: HOME alone forced a full recompile). Defaults that
+# follow the CPU count (VLLM_MAX_AUDIO_PREPROCESS_WORKERS) are in vLLM's ignored_factors.
 # Pinned to constants, the same at build and serve time and independent of where the bundle
 # lives, so the torch.compile part stays relocatable. None of them changes generated code.
 PINNED_HASHED_ENV = {
     "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
     "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
-    "VLLM_MAX_AUDIO_PREPROCESS_WORKERS": "2",
 }
 
 
@@ -189,8 +189,8 @@ class VllmEngine:
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
 
-    def serve_watcher(self) -> Callable[[str], str | None]:
-        return evidence.watcher()
+    def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
+        return evidence.watcher({kind.value: kind_dir(cache_root, kind) for kind in self.cache_kinds})
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.shape_overrides(user_args, target.serve)

@@ -22,6 +22,7 @@ class Signal(enum.Enum):
     AOT_SAVED = "aot_saved"
     LOAD_FAILED = "load_failed"
     FLASHINFER_BUILD = "flashinfer_build"
+    READY = "ready"
 
 
 # vLLM 0.26 log lines (compilation/decorators.py, compilation/backends.py) and FlashInfer's
@@ -37,6 +38,8 @@ _PATTERNS: tuple[tuple[Signal, re.Pattern[str]], ...] = (
         Signal.FLASHINFER_BUILD,
         re.compile(r"flashinfer\.jit: (Building|Compiling)|ninja: .*build", re.IGNORECASE),
     ),
+    # Uvicorn's, once vLLM's API server is up: start-up (and its warm-up) is over.
+    (Signal.READY, re.compile(r"Application startup complete")),
 )
 
 
@@ -90,18 +93,34 @@ _REPORTS = {
 }
 
 
-def watcher() -> Callable[[str], str | None]:
-    """For ``kernelbake serve``: the first time vLLM says each thing, a line to report."""
+def watcher(dirs: Mapping[str, Path] | None = None) -> Callable[[str], str | None]:
+    """For ``kernelbake serve``: the first time vLLM says each thing, a line to report; and
+    once it is ready, what start-up added to each cache directory in ``dirs``. vLLM logs
+    nothing when it compiles a Triton kernel, so those files are the only evidence there."""
     seen: set[Signal] = set()
+    before = snapshot(dirs) if dirs else None
 
     def watch(line: str) -> str | None:
         signal = scan_line(line)
-        if signal is None or signal in seen or signal not in _REPORTS:
+        if signal is None or signal in seen or (signal not in _REPORTS and signal is not Signal.READY):
             return None
         seen.add(signal)
+        if signal is Signal.READY:
+            return startup_report(added(before, snapshot(dirs))) if dirs and before is not None else None
         return f"{_REPORTS[signal]} ({line.strip()[:160]})"
 
     return watch
+
+
+def startup_report(new: Mapping[str, set[str]]) -> str:
+    counts = {name: len(files) for name, files in new.items()}
+    if not any(counts.values()):
+        return f"start-up compiled nothing: 0 new files in {', '.join(counts)}"
+    shown = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    return (
+        f"WARNING: start-up compiled what the caches lacked: new files in {shown}; "
+        "the preflight notes above say why, if they know"
+    )
 
 
 def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
