@@ -78,13 +78,22 @@ def test_identity_regex_and_issuer_are_enforced(
         verify_image(image.tagged, partial, client=client)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["bundle", "legacy-tags"])
 def test_certificate_from_another_ca_is_untrusted(
-    make_image: ImageFactory, client: RegistryClient, sigstore_mock: MockSigstore, tmp_path: Path
+    make_image: ImageFactory,
+    client: RegistryClient,
+    sigstore_mock: MockSigstore,
+    tmp_path: Path,
+    legacy: bool,
 ) -> None:
+    from tests.signing.tamper import drop_bundles
+
     image = make_image()
     with mock_sigstore(tmp_path / "rogue") as rogue:
         signer = KeylessSigner(load_trust_config(str(rogue.trust_config)), make_token())
-        sign_image(image.tagged, signer, client=client)
+        sign_image(image.tagged, signer, client=client, legacy=legacy)
+    if legacy:
+        drop_bundles(client, image)  # only cosign 2's .sig/.att remain
     # Same identity, but certified by a CA the trusted root does not list.
     with pytest.raises(UntrustedSigner, match="does not chain to the trusted root"):
         verify_image(image.tagged, _policy(sigstore_mock.trusted_root), client=client)
@@ -156,17 +165,3 @@ def test_legacy_keyless_tags_verify_offline_and_tampering_is_caught(
     rewrite_legacy_annotations(client, image, formats.SIG_SUFFIX, other_log_time)
     with pytest.raises(InvalidSignature, match="does not verify"):
         verify_image(image.tagged, policy, client=client)
-
-
-def test_legacy_keyless_certificate_from_another_ca_is_untrusted(
-    make_image: ImageFactory, client: RegistryClient, sigstore_mock: MockSigstore, tmp_path: Path
-) -> None:
-    from tests.signing.tamper import drop_bundles
-
-    image = make_image()
-    with mock_sigstore(tmp_path / "rogue") as rogue:
-        signer = KeylessSigner(load_trust_config(str(rogue.trust_config)), make_token())
-        sign_image(image.tagged, signer, client=client, legacy=True)
-    drop_bundles(client, image)
-    with pytest.raises(UntrustedSigner, match="does not chain to the trusted root"):
-        verify_image(image.tagged, _policy(sigstore_mock.trusted_root), client=client)
