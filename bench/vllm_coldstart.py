@@ -110,16 +110,15 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
 
 
 def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
-    from kernelbake.runtime.bundle import kind_dir
     from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
     from kernelbake.runtime.engines.vllm.args import serve_argv
-    from kernelbake.runtime.engines.vllm.evidence import added, snapshot
+    from kernelbake.runtime.engines.vllm.evidence import added, cache_dirs, snapshot
 
     target = _target(model)
     root = _roots(model)[kind]
     env = cache_env(root)
     os.environ.update(env)
-    dirs = {kind.value: kind_dir(root, kind) for kind in VllmEngine.cache_kinds}
+    dirs = cache_dirs(root, VllmEngine.cache_kinds)
     before = snapshot(dirs)
     t0 = time.monotonic()
     import torch  # noqa: F401

@@ -41,10 +41,10 @@ from typing import Any
 WORK = Path("/opt/kernelbake-flow")
 PROMPT = list(range(1, 17))
 MAX_TOKENS = 16
-# Two servers share the GPU at one point (cold and warm never overlap, but cold and the
-# compile do); neither setting enters vLLM's compile hash.
-# A fixed KV-cache size skips memory profiling, which the other process on the GPU would
-# disturb (vLLM refuses to start when free memory grows during profiling).
+# The cold server shares the GPU with the compile (and, briefly, the warm server): a memory
+# share, and a fixed KV-cache size, which skips the memory profiling that another process
+# on the GPU disturbs (vLLM refuses to start when free memory grows during it). None of these
+# flags enters vLLM's compile hash.
 USER_ARGS = [
     "--load-format",
     "dummy",
@@ -100,12 +100,11 @@ def _flags(rest: str) -> tuple[dict[str, str], str]:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    target = dst
     if src.is_dir():
-        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
     else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
 
 
 class Stage:
@@ -160,10 +159,6 @@ class Stage:
                 step["skipped"] = "metadata"
             step["wall_s"] = round(time.monotonic() - t0, 2)
             self.record.append(step)
-
-
-def _count_files(root: Path) -> int:
-    return sum(len(names) for _d, _s, names in os.walk(root)) if root.is_dir() else 0
 
 
 def _files(root: Path) -> set[str]:
@@ -318,7 +313,7 @@ def main() -> int:
         final_env = dict(runtime_env)
         Stage(context, final_env, logs, record, slash).run("final", plan["final"][1:], {"caches": staging})
         doc["bundle"] = {
-            "files": _count_files(cache_root),
+            "files": len(_files(cache_root)),
             "manifest": (cache_root / "manifest.json").is_file(),
         }
 

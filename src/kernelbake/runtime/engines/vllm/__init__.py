@@ -190,7 +190,7 @@ class VllmEngine:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
-        return evidence.watcher({kind.value: kind_dir(cache_root, kind) for kind in self.cache_kinds})
+        return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.shape_overrides(user_args, target.serve)

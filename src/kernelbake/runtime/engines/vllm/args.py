@@ -15,7 +15,8 @@ from kernelbake.spec import Quantization, ServeArgs
 # Flags whose values enter vLLM's compile hash or the shapes it compiles for; a user who
 # overrides one of them at serve time gets a cold start (vLLM recompiles, correctly).
 # Not here, because an H200 start with them hit the baked caches: --load-format,
-# --gpu-memory-utilization, --kv-cache-memory-bytes, --seed (bench/results/vllm-image-flow-*).
+# --gpu-memory-utilization, --kv-cache-memory-bytes, --seed
+# (bench/results/vllm-0.26.0-h200-image-flow/).
 SHAPE_FLAGS: dict[str, str] = {
     "--dtype": "dtype",
     "--quantization": "quantization",

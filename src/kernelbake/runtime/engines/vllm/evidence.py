@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from kernelbake.runtime.bundle import CacheKind, kind_dir
+
 
 class Signal(enum.Enum):
     AOT_LOADED = "aot_loaded"
@@ -93,21 +95,22 @@ _REPORTS = {
 }
 
 
-def watcher(dirs: Mapping[str, Path] | None = None) -> Callable[[str], str | None]:
+def watcher(dirs: Mapping[str, Path]) -> Callable[[str], str | None]:
     """For ``kernelbake serve``: the first time vLLM says each thing, a line to report; and
     once it is ready, what start-up added to each cache directory in ``dirs``. vLLM logs
     nothing when it compiles a Triton kernel, so those files are the only evidence there."""
     seen: set[Signal] = set()
-    before = snapshot(dirs) if dirs else None
+    before = snapshot(dirs)
 
     def watch(line: str) -> str | None:
         signal = scan_line(line)
-        if signal is None or signal in seen or (signal not in _REPORTS and signal is not Signal.READY):
+        if signal is None or signal in seen:
             return None
         seen.add(signal)
         if signal is Signal.READY:
-            return startup_report(added(before, snapshot(dirs))) if dirs and before is not None else None
-        return f"{_REPORTS[signal]} ({line.strip()[:160]})"
+            return startup_report(added(before, snapshot(dirs)))
+        report = _REPORTS.get(signal)
+        return f"{report} ({line.strip()[:160]})" if report else None
 
     return watch
 
@@ -121,6 +124,11 @@ def startup_report(new: Mapping[str, set[str]]) -> str:
         f"WARNING: start-up compiled what the caches lacked: new files in {shown}; "
         "the preflight notes above say why, if they know"
     )
+
+
+def cache_dirs(root: Path, kinds: Iterable[CacheKind]) -> dict[str, Path]:
+    """Each cache kind's directory under ``root``, by the kind's name."""
+    return {kind.value: kind_dir(root, kind) for kind in kinds}
 
 
 def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
