@@ -306,21 +306,16 @@ def verify_image(
     signature = _pick(where, digest, claims, "signature", "signature", outcomes)
 
     key = _labels_key(where, facts.labels)
+    attested: dict[str, Any] = {}
     if not policy.require_attestation and not any(c.kind == "attestation" for c in claims):
         _, data = _cache_manifest(where, client, facts, key)
-        return VerifiedImage(
-            reference=reference,
-            repository=pinned.name,
-            digest=digest,
-            key=key,
-            manifest_digest=sha256_digest(data),
-            signer=signature.verified.signer,
-            attestation={},
-        )
-    attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes)
-    predicate = _check_predicate(where, facts, key, attestation)
-    layer_digest, data = _cache_manifest(where, client, facts, key)
-    manifest_digest = _check_cache_manifest(where, predicate, layer_digest, data)
+        manifest_digest = sha256_digest(data)
+    else:
+        attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes)
+        predicate = _check_predicate(where, facts, key, attestation)
+        layer_digest, data = _cache_manifest(where, client, facts, key)
+        manifest_digest = _check_cache_manifest(where, predicate, layer_digest, data)
+        attested = dict(attestation.predicate)
     return VerifiedImage(
         reference=reference,
         repository=pinned.name,
@@ -328,7 +323,7 @@ def verify_image(
         key=key,
         manifest_digest=manifest_digest,
         signer=signature.verified.signer,
-        attestation=dict(attestation.predicate),
+        attestation=attested,
     )
 
 
