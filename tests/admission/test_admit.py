@@ -143,11 +143,33 @@ def test_affinity_terms_are_ored(verifier: FakeVerifier) -> None:
 
 
 def test_images_outside_the_policy_pass_untouched(verifier: FakeVerifier) -> None:
-    for image in ("nginx", "registry.example.com/other/x:1", "docker.io/library/python:3.11", "Not A Ref"):
+    for image in ("nginx", "registry.example.com/other/x:1", "docker.io/library/python:3.11"):
         doc = documents.schedule(documents.load("pod-create", image))
         response = answer(verifier, doc)
         assert response == {"uid": doc["request"]["uid"], "allowed": True}
     assert verifier.calls == []
+
+
+def test_a_reference_that_cannot_be_read_is_denied_wherever_it_points(verifier: FakeVerifier) -> None:
+    # The runtime might read it differently from us: it could name a governed repository.
+    response = answer(verifier, documents.schedule(documents.load("pod-create", "Not A Ref")))
+    assert response["allowed"] is False
+    assert "admits only references it can read" in response["status"]["message"]
+    assert verifier.calls == []
+
+
+def test_another_spelling_of_the_governed_host_is_verified_and_keeps_its_spelling(
+    verifier: FakeVerifier,
+) -> None:
+    host, _, rest = REPO.partition("/")
+    spelled = f"{host.upper()}./{rest}:h100"
+    doc = documents.load("pod-create", spelled)
+    response = answer(verifier, doc)
+    assert response["allowed"] is True, response
+    assert verifier.calls == [TAG]
+    assert documents.apply_patch(doc, response)["spec"]["containers"][0]["image"] == (
+        f"{host.upper()}./{rest}@{DIGEST}"
+    )
 
 
 def test_a_governed_image_without_tag_or_digest_is_denied(verifier: FakeVerifier) -> None:

@@ -202,6 +202,31 @@ def test_registry_down_or_silent_is_a_503_denial(world: World, which: str) -> No
     assert "could not be verified" in response["status"]["message"]
 
 
+def test_other_spellings_of_the_registry_host_cannot_bypass_the_policy(world: World) -> None:
+    """The registry is governed as ``127.0.0.1:<port>``; the runtime reaches the same server
+    through ``127.1:<port>`` or ``0x7f.0.0.1:<port>``: those are verified like the canonical
+    name, and ``localhost:<port>`` (maybe the same server) is denied naming the spelling."""
+    port = world.registry.rpartition(":")[2]
+    unsigned = world.unsigned.tagged.replace(world.registry, f"0x7f.0.0.1:{port}")
+    response = world.post("/mutate", documents.load("pod-create", unsigned))
+    assert response["allowed"] is False
+    assert f"image {unsigned} was rejected" in response["status"]["message"]
+    assert "no signature found" in response["status"]["message"]
+
+    signed = world.h100.tagged.replace(world.registry, f"127.1:0{port}")
+    doc = documents.load("pod-create", signed)
+    response = world.post("/mutate", doc)
+    assert response["allowed"] is True, response
+    assert documents.apply_patch(doc, response)["spec"]["containers"][0]["image"] == (
+        f"127.1:0{port}/{REPOSITORY}@{world.h100.digest}"
+    )
+
+    alias = world.unsigned.tagged.replace(world.registry, f"localhost:{port}")
+    response = world.post("/mutate", documents.load("pod-create", alias))
+    assert response["allowed"] is False
+    assert f"write it as {world.registry}/{REPOSITORY}" in response["status"]["message"]
+
+
 def test_ungoverned_images_pass_untouched(world: World) -> None:
     doc = documents.schedule(documents.load("pod-create", "docker.io/library/busybox:1.36"))
     assert world.post("/mutate", doc) == {"uid": doc["request"]["uid"], "allowed": True}

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from kernelbake.admission.admit import _classify
 from kernelbake.admission.references import (
+    ImageRef,
     InvalidReference,
-    loose_name,
     matches,
     normalise_pattern,
     parse_reference,
@@ -22,10 +25,29 @@ D = "sha256:" + "a" * 64
         ("ubuntu", "docker.io/library/ubuntu", None, None),
         ("ubuntu:24.04", "docker.io/library/ubuntu", "24.04", None),
         ("index.docker.io/prom/statsd-exporter:v0.28.0", "docker.io/prom/statsd-exporter", "v0.28.0", None),
+        ("index.docker.io/ubuntu", "docker.io/library/ubuntu", None, None),
+        ("registry.hub.docker.com/library/ubuntu:1", "docker.io/library/ubuntu", "1", None),
+        ("Docker.IO/ubuntu:1", "docker.io/library/ubuntu", "1", None),
         ("127.0.0.1:5000/kb/qwen3:vllm0.26.0-cu130", "127.0.0.1:5000/kb/qwen3", "vllm0.26.0-cu130", None),
         (f"localhost/kb/qwen3@{D}", "localhost/kb/qwen3", None, D),
         (f"registry.example.com/a/b/c:t@{D}", "registry.example.com/a/b/c", "t", D),
         ("[::1]:5000/kb/x:1", "[::1]:5000/kb/x", "1", None),
+        ("[0:0::1]:5000/kb/x:1", "[::1]:5000/kb/x", "1", None),
+        # The spellings of one host that reach one server.
+        ("LOCALHOST:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x", "v1", None),
+        ("LOCALHOST/kernelbake/x:v1", "localhost/kernelbake/x", "v1", None),
+        ("localhost.:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x", "v1", None),
+        ("Registry.Example.COM./kb/x:1", "registry.example.com/kb/x", "1", None),
+        ("registry.example.com:443/kb/x:1", "registry.example.com/kb/x", "1", None),
+        ("registry.example.com:00443/kb/x:1", "registry.example.com/kb/x", "1", None),
+        ("127.0.0.1:05000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("127.1:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("0x7f.0.0.1:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("0177.0.0.1:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("2130706433:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("123abc.de/kb/x:1", "123abc.de/kb/x", "1", None),
+        # Any digest algorithm parses (ungoverned images may use them).
+        (f"ubuntu@sha512:{'b' * 128}", "docker.io/library/ubuntu", None, f"sha512:{'b' * 128}"),
     ],
 )
 def test_parses_what_container_runtimes_pull(
@@ -48,6 +70,13 @@ def test_parses_what_container_runtimes_pull(
         "registry.example.com/kb//qwen",
         "registry.example.com/",
         "registry.example.com/kb/qwen:tag with space",
+        "registry.example.com:99999/kb/qwen:1",
+        "registry.example.com:0/kb/qwen:1",
+        "-registry.example.com/kb/qwen:1",
+        "[::g]:5000/kb/x:1",
+        "[::1/kb/x:1",
+        "registry.example.com/kb/../qwen:1",
+        "MyHost/kb/x:1",
     ],
 )
 def test_rejects_what_is_not_a_reference(text: str) -> None:
@@ -62,6 +91,7 @@ def test_rewriting_keeps_the_written_name_and_tag() -> None:
     assert ref.rewritten(D) == f"ubuntu@{D}"
     assert parse_reference(f"ubuntu@{D}").rewritten(D) == f"ubuntu@{D}"
     assert ref.name == "docker.io/library/ubuntu"
+    assert parse_reference("LOCALHOST:5055/kb/x:1").rewritten(D) == f"LOCALHOST:5055/kb/x@{D}"
 
 
 @pytest.mark.parametrize(
@@ -77,30 +107,204 @@ def test_rewriting_keeps_the_written_name_and_tag() -> None:
         ("registry.example.com.evil.io/kernelbake/q", "registry.example.com/**", False),
         ("docker.io/library/ubuntu", normalise_pattern("ubuntu"), True),
         ("127.0.0.1:5000/kb/x", normalise_pattern("127.0.0.1:*/kb/**"), True),
+        ("localhost:5055/kb/x", normalise_pattern("LOCALHOST:05055/kb/**"), True),
+        ("registry.example.com/kb/x", normalise_pattern("Registry.Example.com.:443/kb/**"), True),
+        ("127.0.0.1:5000/kb/x", normalise_pattern("127.1:5000/kb/**"), True),
+        ("docker.io/library/ubuntu", normalise_pattern("index.docker.io/ubuntu"), True),
+        ("a.example.com/kb/x", normalise_pattern("*.Example.com/kb/**"), True),
     ],
 )
 def test_patterns_glob_per_path_segment(name: str, pattern: str, expected: bool) -> None:
     assert matches(name, pattern) is expected
 
 
-def test_a_broken_reference_still_has_a_governable_name() -> None:
-    assert loose_name("Registry.Example.com/KB/Qwen:tag") == "registry.example.com/kb/qwen"
-    assert loose_name("@sha256:") is None
+def test_patterns_with_uppercase_paths_or_bad_hosts_are_rejected() -> None:
+    for bad in ("registry.example.com/KB/**", "registry.example.com:99999/kb/**"):
+        with pytest.raises(InvalidReference, match="pattern"):
+            normalise_pattern(bad)
 
 
-components = st.from_regex(r"[a-z0-9]{1,5}([._-][a-z0-9]{1,5}){0,2}", fullmatch=True)
+# --- governance: what admission does with a reference, fail closed --------------------------
 
-
-@given(
-    host=st.sampled_from(["registry.example.com", "127.0.0.1:5000", "localhost", "docker.io"]),
-    path=st.lists(components, min_size=1, max_size=3),
-    tag=st.none() | st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}", fullmatch=True),
-    digest=st.none() | st.from_regex(r"sha256:[0-9a-f]{64}", fullmatch=True),
+GOVERNED = tuple(
+    normalise_pattern(p)
+    for p in (
+        "localhost:5055/kernelbake/**",
+        "127.0.0.1:5000/kb/**",
+        "registry.example.com/kb/**",
+        "library/kb*",
+    )
 )
-def test_canonical_form_round_trips(host: str, path: list[str], tag: str | None, digest: str | None) -> None:
-    text = f"{host}/{'/'.join(path)}" + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+
+
+def classify(image: str) -> ImageRef | InvalidReference | None:
+    return _classify(image, GOVERNED)
+
+
+def test_the_spelling_bypass_is_closed() -> None:
+    """The attack: policy ``localhost:5055/kernelbake/**``, image ``LOCALHOST:5055/…`` was
+    admitted untouched and Docker pulled it. It is governed (and so verified) now."""
+    ref = classify("LOCALHOST:5055/kernelbake/x:v1")
+    assert isinstance(ref, ImageRef) and ref.name == "localhost:5055/kernelbake/x"
+
+
+@pytest.mark.parametrize(
+    ("image", "alias"),
+    [
+        ("127.0.0.1:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x"),
+        ("[::1]:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x"),
+        ("127.0.0.2:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x"),
+        ("localhost:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
+        ("registry.example.com:80/kb/x:1", "registry.example.com/kb/x"),
+    ],
+)
+def test_another_server_spelling_that_may_be_governed_is_denied_naming_the_spelling(
+    image: str, alias: str
+) -> None:
+    problem = classify(image)
+    assert isinstance(problem, InvalidReference)
+    assert f"write it as {alias}" in str(problem)
+
+
+@pytest.mark.parametrize("image", ["Not A Ref", "registry.example.com/KB/x:1", "x@sha256:", "::::"])
+def test_what_cannot_be_canonicalised_is_denied_with_the_reason(image: str) -> None:
+    problem = classify(image)
+    assert isinstance(problem, InvalidReference)
+    assert "admits only references it can read" in str(problem)
+
+
+def test_a_governed_image_pinned_by_another_digest_algorithm_is_denied() -> None:
+    problem = classify(f"registry.example.com/kb/x@sha512:{'b' * 128}")
+    assert isinstance(problem, InvalidReference) and "sha256 digests only" in str(problem)
+    assert classify(f"registry.example.com/other/x@sha512:{'b' * 128}") is None
+
+
+@pytest.mark.parametrize(
+    "image", ["nginx:1", "registry.example.com/other/x:1", "localhost:5056/kernelbake/x:1", "kb/x:1"]
+)
+def test_ungoverned_images_stay_ungoverned(image: str) -> None:
+    assert classify(image) is None
+
+
+# --- properties over the distribution reference grammar -------------------------------------
+# The grammar (github.com/distribution/reference, reference.go), written out as strategies.
+
+_alnum = st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+domain_component = st.from_regex(r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?", fullmatch=True)
+ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
+ipv6 = st.ip_addresses(v=6).map(lambda a: f"[{a.exploded if a.is_private else a.compressed}]")
+domain_name = st.lists(domain_component, min_size=1, max_size=4).map(".".join)
+port = st.integers(1, 65535).map(str)
+domain = st.tuples(st.one_of(domain_name, ipv4, ipv6), st.none() | port).map(
+    lambda t: t[0] if t[1] is None else f"{t[0]}:{t[1]}"
+)
+path_component = st.from_regex(r"[a-z0-9]{1,4}(([._]|__|-{1,3})[a-z0-9]{1,4}){0,2}", fullmatch=True)
+path = st.lists(path_component, min_size=1, max_size=4).map("/".join)
+tag = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,30}", fullmatch=True)
+digest = st.from_regex(r"sha256:[0-9a-f]{64}", fullmatch=True)
+
+
+@st.composite
+def grammar_references(draw: st.DrawFn) -> str:
+    name = draw(path)
+    if draw(st.booleans()):
+        name = f"{draw(domain)}/{name}"
+    elif "." in name.partition("/")[0]:
+        # Without a domain, a first component with a dot would be read as one (the runtime's
+        # rule): that is another reference than the one drawn.
+        name = f"library/{name}"
+    if draw(st.booleans()):
+        name += f":{draw(tag)}"
+    if draw(st.booleans()):
+        name += f"@{draw(digest)}"
+    return name
+
+
+@given(grammar_references())
+@example("LOCALHOST:5055/kernelbake/x:v1")
+@example("A/0")
+def test_every_reference_of_the_grammar_parses_and_its_canonical_form_is_a_fixpoint(text: str) -> None:
+    first = text.partition("/")[0]
+    if first != first.lower() and not any(c in first for c in ".:") and first.lower() != "localhost":
+        # ``MyHost/x``: a registry only by its capital letter, no canonical spelling; refused.
+        with pytest.raises(InvalidReference, match="no canonical spelling"):
+            parse_reference(text)
+        return
     ref = parse_reference(text)
     again = parse_reference(str(ref))
     assert (again.name, again.tag, again.digest) == (ref.name, ref.tag, ref.digest)
     assert str(again) == str(ref)
-    assert (ref.tag, ref.digest) == (tag, digest)
+    assert ref.name == ref.name.lower()
+
+
+def _case(draw: st.DrawFn, text: str) -> str:
+    flips = draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
+    return "".join(c.upper() if f else c for c, f in zip(text, flips, strict=True))
+
+
+_IPV4_SPELLINGS = ("127.0.0.1", "127.1", "127.0.1", "0x7f.0.0.1", "0x7F000001", "2130706433", "0177.0.0.01")
+
+
+@st.composite
+def spellings_of_governed(draw: st.DrawFn) -> tuple[str, str]:
+    """(a spelling, the canonical name it must be governed as)."""
+    which = draw(st.sampled_from(["localhost", "ipv4", "dns", "hub"]))
+    repo = draw(path)
+    if which == "localhost":
+        host, canonical = _case(draw, "localhost") + draw(st.sampled_from(["", "."])), "localhost:5055"
+        host += ":" + draw(st.sampled_from(["5055", "05055", "005055"]))
+        repo, canonical = f"kernelbake/{repo}", f"{canonical}/kernelbake/{repo}"
+    elif which == "ipv4":
+        host = draw(st.sampled_from(_IPV4_SPELLINGS)) + ":" + draw(st.sampled_from(["5000", "05000"]))
+        repo, canonical = f"kb/{repo}", f"127.0.0.1:5000/kb/{repo}"
+    elif which == "dns":
+        host = _case(draw, "registry.example.com") + draw(st.sampled_from(["", "."]))
+        host += draw(st.sampled_from(["", ":443", ":0443"]))
+        repo, canonical = f"kb/{repo}", f"registry.example.com/kb/{repo}"
+    else:
+        host = draw(st.sampled_from(["", "docker.io/", "index.docker.io/", "registry-1.docker.io/"]))
+        host += draw(st.sampled_from(["", "library/"]))
+        head = "kb" + draw(path_component)
+        return f"{host}{head}:1", f"docker.io/library/{head}"
+    return f"{host}/{repo}:{draw(tag)}", canonical
+
+
+@given(spellings_of_governed())
+def test_every_spelling_of_a_governed_repository_is_governed_under_its_canonical_name(
+    case: tuple[str, str],
+) -> None:
+    spelling, canonical = case
+    ref = classify(spelling)
+    assert isinstance(ref, ImageRef), (spelling, ref)
+    assert ref.name == canonical
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@given(st.one_of(st.text(max_size=60), grammar_references(), spellings_of_governed().map(lambda c: c[0])))
+@example("127.0.0.1:5055/kernelbake/x:1")
+def test_nothing_that_could_be_governed_is_waved_through(text: str) -> None:
+    """Fail closed: admission lets a reference pass untouched only when it parses, its canonical
+    name is not governed, and no loopback spelling of its server is governed either."""
+    if classify(text) is not None:
+        return
+    ref = parse_reference(text)
+    assert not any(matches(ref.name, p) for p in GOVERNED), text
+    host, _, port = (
+        ref.domain.rpartition(":")
+        if ref.domain.count(":") == 1 or "]:" in ref.domain
+        else (
+            ref.domain,
+            "",
+            "",
+        )
+    )
+    if _loopback(host):
+        for other in ("localhost", "127.0.0.1", "[::1]"):
+            name = f"{other}:{port}/{ref.path}" if port else f"{other}/{ref.path}"
+            assert not any(matches(name, p) for p in GOVERNED), (text, name)

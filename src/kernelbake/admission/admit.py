@@ -18,7 +18,7 @@ from typing import Any
 from kernelbake.admission import gpus
 from kernelbake.admission.gateway import Accepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
-from kernelbake.admission.references import ImageRef, InvalidReference, loose_name, matches, parse_reference
+from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
 from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
@@ -143,14 +143,27 @@ def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[s
 
 @functools.lru_cache(maxsize=4096)
 def _classify(image: str, patterns: tuple[str, ...]) -> ImageRef | InvalidReference | None:
-    """The parsed reference if ``patterns`` govern it, the parse error if it is broken but
-    points into a governed repository, else None. Memoised: a cluster runs few images."""
+    """The parsed reference if ``patterns`` govern it; a problem (as ``InvalidReference``) when
+    it cannot be canonicalised or may name a governed repository through another spelling of
+    its host; else None (ungoverned). Fails closed: a reference the runtime might read
+    differently from us is never waved through. Memoised: a cluster runs few images."""
     try:
         ref = parse_reference(image)
     except InvalidReference as exc:
-        name = loose_name(image)
-        return exc if name is not None and any(matches(name, p) for p in patterns) else None
-    return ref if any(matches(ref.name, p) for p in patterns) else None
+        return InvalidReference(f"{exc}; kernelbake admission admits only references it can read")
+    if any(matches(ref.name, p) for p in patterns):
+        if ref.digest is not None and not ref.digest.startswith("sha256:"):
+            return InvalidReference(
+                f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
+            )
+        return ref
+    for alias in alias_names(ref):
+        if any(matches(alias, p) for p in patterns):
+            return InvalidReference(
+                f"image {image!r} may name the governed repository {alias} through another spelling "
+                f"of its registry host; write it as {alias}"
+            )
+    return None
 
 
 def decide(

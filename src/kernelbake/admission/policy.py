@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from kernelbake._suggest import did_you_mean
-from kernelbake.admission.references import matches, normalise_pattern
+from kernelbake.admission.references import InvalidReference, matches, normalise_pattern
 from kernelbake.errors import BadInput
 
 
@@ -179,7 +179,10 @@ def _images(value: Any, where: str) -> tuple[str, ...]:
                 f"{where}[{i}]: {item!r} names a tag or digest; patterns match repositories "
                 "(use host/path/** for everything under a path)"
             )
-        patterns.append(normalise_pattern(item.strip()))
+        try:
+            patterns.append(normalise_pattern(item.strip()))
+        except InvalidReference as exc:
+            raise PolicyError(f"{where}[{i}]: {exc}") from None
     return tuple(patterns)
 
 

@@ -1,24 +1,32 @@
 """Image references as admission needs them, on top of ``kernelbake.oci``'s parser.
 
-Two things admission needs beyond it: whether a tag was *written* (the registry reads a bare
-name as ``:latest``, admission denies it), and the name exactly as written, so a rewritten
-reference changes only what must change. ``docker.io`` names are normalised
-(``ubuntu`` → ``docker.io/library/ubuntu``) so that policy patterns see one spelling.
+Governance is decided on the canonical name the container runtime would pull
+(``kernelbake.oci.hosts``: host case-folded, trailing dot dropped, IPv4 forms and the default
+port normalised, Docker Hub's aliases, ``library/`` for one-component Hub names), so no other
+spelling of a governed repository's host gets past the policy. Beyond the name, admission
+needs whether a tag was *written* (the registry reads a bare name as ``:latest``, admission
+denies it), and the name exactly as written, so a rewritten reference changes only what must
+change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 from collections.abc import Sequence
 
 from kernelbake import oci
 from kernelbake.oci import InvalidReference
+from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host_pattern
+from kernelbake.oci.reference import is_digest, split_registry
 
-__all__ = ["ImageRef", "InvalidReference", "loose_name", "matches", "normalise_pattern", "parse_reference"]
+__all__ = ["ImageRef", "InvalidReference", "alias_names", "matches", "normalise_pattern", "parse_reference"]
 
-DOCKER_HUB = "docker.io"
-_HUB_ALIASES = ("index.docker.io", "registry-1.docker.io")
+# Digests of other algorithms (OCI image spec: sha512 is 128 lowercase hex digits). kernelbake
+# verifies sha256 only; the parse accepts sha512 so that ungoverned images pinned that way pass
+# untouched, and admission denies governed ones.
+_OTHER_DIGEST = re.compile(r"sha512:[0-9a-f]{128}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +40,7 @@ class ImageRef:
 
     @property
     def name(self) -> str:
-        """``host/repository``, normalised."""
+        """``host/repository``, canonical."""
         return f"{self.domain}/{self.path}"
 
     def __str__(self) -> str:
@@ -57,29 +65,46 @@ class ImageRef:
 def parse_reference(text: str) -> ImageRef:
     if not isinstance(text, str) or not text or text != text.strip():
         raise InvalidReference(f"image {text!r} is empty or has surrounding whitespace")
-    ref = oci.parse_reference(text)
-    rest = text.partition("@")[0]
+    rest, at, digest = text.partition("@")
+    if at and not is_digest(digest):
+        if not _OTHER_DIGEST.fullmatch(digest):
+            raise InvalidReference(
+                f"image reference {text!r}: digest {digest!r} is not sha256:<64 hex digits>"
+            )
+        ref = oci.parse_reference(rest)
+    else:
+        ref = oci.parse_reference(text)
     colon = rest.rfind(":")
     written_tag = colon > rest.rfind("/")
-    domain = DOCKER_HUB if ref.registry in _HUB_ALIASES else ref.registry
     return ImageRef(
-        domain=domain,
+        domain=ref.registry,
         path=ref.repository,
         tag=ref.tag if written_tag else None,
-        digest=ref.digest,
+        digest=digest if at else None,
         written_name=rest[:colon] if written_tag else rest,
     )
 
 
+def alias_names(ref: ImageRef) -> tuple[str, ...]:
+    """Names that may reach the same repository through another spelling of its server (every
+    loopback name for one port, with and without ``:80``): a policy governing one of them must
+    not let the reference through unverified."""
+    return tuple(f"{host}/{ref.path}" for host in sorted(aliases(ref.domain)))
+
+
 def normalise_pattern(pattern: str) -> str:
-    """A policy pattern in the normalised spelling (``ubuntu`` → ``docker.io/library/ubuntu``)."""
+    """A policy pattern in the canonical spelling (``ubuntu`` → ``docker.io/library/ubuntu``,
+    ``LOCALHOST:05000/kb/**`` → ``localhost:5000/kb/**``)."""
     first, slash, rest = pattern.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or "*" in first):
-        domain, path = first, rest
-    else:
-        domain, path = DOCKER_HUB, pattern
-    if domain in _HUB_ALIASES:
-        domain = DOCKER_HUB
+    # A glob in the first segment can only be meant as a host (``*.example.com/**``).
+    domain, path = (first, rest) if slash and "*" in first else split_registry(pattern)
+    if path != path.lower():
+        raise InvalidReference(f"pattern {pattern!r}: repository paths are lowercase, {path!r} is not")
+    if domain != DOCKER_HUB:
+        try:
+            domain = canonical_host_pattern(domain)
+        except InvalidHost as exc:
+            raise InvalidReference(f"pattern {pattern!r}: {exc}") from None
     if domain == DOCKER_HUB and "/" not in path and path != "**":
         path = f"library/{path}"
     return f"{domain}/{path}"
@@ -98,15 +123,3 @@ def _match(name: Sequence[str], pattern: Sequence[str]) -> bool:
     if head == "**":
         return any(_match(name[i:], tail) for i in range(len(name) + 1))
     return bool(name) and fnmatch.fnmatchcase(name[0], head) and _match(name[1:], tail)
-
-
-def loose_name(text: str) -> str | None:
-    """Best guess at the normalised name of something that failed to parse, so a broken reference
-    into a governed repository is denied rather than waved through."""
-    candidate = text.strip().split("@", 1)[0]
-    slash, colon = candidate.rfind("/"), candidate.rfind(":")
-    if colon > slash:
-        candidate = candidate[:colon]
-    if not candidate:
-        return None
-    return normalise_pattern(candidate.lower())

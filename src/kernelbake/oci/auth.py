@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.errors import BadInput
-from kernelbake.oci.reference import DOCKER_HUB, DOCKER_HUB_API
+from kernelbake.oci.hosts import DOCKER_HUB
+from kernelbake.oci.reference import DOCKER_HUB_API
 from kernelbake.runner import Runner, run
 
 # docker stores Docker Hub credentials under its v1 index URL.

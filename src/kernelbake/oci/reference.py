@@ -6,8 +6,8 @@ import dataclasses
 import re
 
 from kernelbake.errors import BadInput
+from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, canonical_host
 
-DOCKER_HUB = "docker.io"
 # Where Docker Hub's API actually lives.
 DOCKER_HUB_API = "registry-1.docker.io"
 
@@ -76,20 +76,24 @@ class Reference:
 def parse_reference(text: str) -> Reference:
     """Parse ``host/repo:tag``, ``host/repo@sha256:…`` or both; no tag and no digest means ``latest``.
 
-    A first path component without ``.`` or ``:`` (and not ``localhost``) is a Docker Hub name,
-    as docker reads it (``nginx`` → ``docker.io/library/nginx``).
+    A first path component is the registry host when it has a ``.`` or ``:``, is ``localhost``
+    or has an uppercase letter (the distribution reference rule container runtimes apply);
+    otherwise the name is Docker Hub's (``nginx`` → ``docker.io/library/nginx``). The host is
+    kept in its canonical spelling (``kernelbake.oci.hosts``), so every spelling of one server
+    yields one name.
     """
     raw = text.strip()
     rest, at, digest = raw.partition("@")
     if at and not is_digest(digest):
         raise InvalidReference(f"image reference {text!r}: digest {digest!r} is not sha256:<64 hex digits>")
-    first, slash, remainder = rest.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
-        registry, path = first, remainder
+    registry, path = split_registry(rest)
+    if registry != DOCKER_HUB:
         if not _HOST.fullmatch(registry):
             raise InvalidReference(f"image reference {text!r}: bad registry host {registry!r}")
-    else:
-        registry, path = DOCKER_HUB, rest
+        try:
+            registry = canonical_host(registry)
+        except InvalidHost as exc:
+            raise InvalidReference(f"image reference {text!r}: {exc}") from None
     tag: str | None = None
     last_slash = path.rfind("/")
     colon = path.rfind(":")
@@ -106,3 +110,17 @@ def parse_reference(text: str) -> Reference:
     if tag is None and not at:
         tag = "latest"
     return Reference(registry=registry, repository=path, tag=tag, digest=digest if at else None)
+
+
+def split_registry(name: str) -> tuple[str, str]:
+    """``(host as written, rest)``, or ``("docker.io", name)`` when the name has no host."""
+    first, slash, remainder = name.partition("/")
+    if slash and (
+        "." in first
+        or ":" in first
+        or first.lower() == "localhost"
+        or first != first.lower()
+        or first.startswith("[")
+    ):
+        return first, remainder
+    return DOCKER_HUB, name
