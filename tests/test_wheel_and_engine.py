@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
+import json
+import subprocess
+import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -41,6 +46,47 @@ def test_wheel_is_reproducible_and_complete(tmp_path: Path) -> None:
             data = zf.read(name)
             expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert digest == f"sha256={expected}" and int(size) == len(data)
+
+
+def test_the_wheel_declares_what_pyproject_declares_and_vllm_finds_the_plugin(tmp_path: Path) -> None:
+    """Installed into a fresh venv, the wheel answers ``importlib.metadata`` as the project says:
+    vLLM's workers at TP > 1 find the compile-only plugin only through this entry point group."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wheel = build_wheel(tmp_path / "wheel")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)], check=True
+    )
+    probe = """
+import json, importlib.metadata as m
+d = m.distribution("kernelbake")
+print(json.dumps({
+    "plugins": {e.name: e.value for e in m.entry_points(group="vllm.general_plugins")},
+    "scripts": {e.name: e.value for e in m.entry_points(group="console_scripts") if e.dist.name == "kernelbake"},
+    "requires": d.requires, "python": d.metadata["Requires-Python"], "version": d.version,
+}))
+from kernelbake._wheel import metadata_from_installed
+print(metadata_from_installed().entry_points_txt())
+"""
+    # -I: nothing from this test's environment (PYTHONPATH, the repo) leaks into the answer.
+    done = subprocess.run([str(python), "-I", "-c", probe], check=True, capture_output=True, text=True)
+    first, _, entry_points_txt = done.stdout.partition("\n")
+    found = json.loads(first)
+    assert found["plugins"] == project["entry-points"]["vllm.general_plugins"]
+    assert found["plugins"] == {"kernelbake": "kernelbake.runtime.engines.vllm.plugin:register"}
+    assert found["scripts"] == project["scripts"]
+    assert found["requires"] == project["dependencies"]
+    assert found["python"] == project["requires-python"]
+    assert found["version"] == __version__
+    assert (venv / "bin" / "kernelbake").is_file()
+    module, _, attr = found["plugins"]["kernelbake"].partition(":")
+    assert callable(getattr(importlib.import_module(module), attr))
+    # Built from an installed kernelbake (no pyproject.toml), the wheel would say the same.
+    with zipfile.ZipFile(wheel) as zf:
+        written = zf.read(f"kernelbake-{__version__}.dist-info/entry_points.txt").decode()
+    assert entry_points_txt.rstrip("\n") == written.rstrip("\n")
 
 
 def test_torch_engine_host_side() -> None:
