@@ -56,8 +56,8 @@ ALLOCATED_LIMIT = 64 << 20
 
 
 def _target(model: str) -> Any:
+    from kernelbake.contract.target import TargetConfig
     from kernelbake.plan import plan
-    from kernelbake.runtime.config import TargetConfig
     from kernelbake.spec import load_spec
 
     spec = load_spec(MODELS[model])
@@ -79,7 +79,7 @@ def _roots(model: str) -> dict[str, Path]:
 
 
 def lane_compile(model: str, out: Path) -> dict[str, Any]:
-    from kernelbake.compat import check
+    from kernelbake.contract.compat import check
     from kernelbake.runtime.bundle import write_manifest
     from kernelbake.runtime.engines.vllm import VllmEngine
     from kernelbake.runtime.facts import found_key

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.plan import plan
 from kernelbake.render import render, write_context
-from kernelbake.runtime.config import CACHE_ROOT
 from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
 from kernelbake.spec import load_spec
 from tests.conftest import REPO

@@ -122,7 +122,7 @@ def test_two_phase_compiles_with_docker_run_device_into_the_named_context(
 @pytest.fixture
 def vllm_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """The vLLM engine module belongs to another area; its declarations are all render needs."""
-    from kernelbake.key import Engine
+    from kernelbake.contract.key import Engine
     from kernelbake.runtime import engines
 
     monkeypatch.setitem(engines._FACTORIES, Engine.VLLM, "tests.support.fake_engine:FakeVllmEngine")

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernelbake.compat import Severity, check, rank
-from kernelbake.key import CacheKey, Engine, InvalidKey, key_from_labels, parse_key
+from kernelbake.contract.compat import Severity, check, rank
+from kernelbake.contract.key import CacheKey, Engine, InvalidKey, key_from_labels, parse_key
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.conftest import REPO

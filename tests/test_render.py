@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from kernelbake import bake
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.render import BuildMode, Rendered, render, write_context
-from kernelbake.runtime.bundle import CacheKind
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 

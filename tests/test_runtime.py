@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, EnvironmentProblem, KeyMismatch
 from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.compile import run_compile
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import Facts
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec

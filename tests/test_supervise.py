@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from kernelbake.cli import main
+from kernelbake.contract.target import TargetConfig
 from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runner import run
 from kernelbake.runtime.compile import run_compile
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines.vllm import evidence
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec

@@ -17,13 +17,12 @@ from pathlib import Path
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
+from kernelbake.contract.key import key_from_labels
+from kernelbake.contract.layout import CACHE_ROOT, CacheKind
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, RegistryError
-from kernelbake.key import key_from_labels
 from kernelbake.plan import BuildTarget
 from kernelbake.render import BuildMode, Rendered, render, write_context
 from kernelbake.runner import Result, Runner, run
-from kernelbake.runtime.bundle import CacheKind
-from kernelbake.runtime.config import CACHE_ROOT
 from kernelbake.settings import Settings
 
 _STAGE_WHAT = {

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from kernelbake._suggest import did_you_mean
+from kernelbake.contract.key import NONE, Engine
 from kernelbake.errors import UnknownName
-from kernelbake.key import NONE, Engine
 
 CPU = "cpu"
 

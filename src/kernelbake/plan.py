@@ -10,8 +10,8 @@ from typing import Any
 from kernelbake import __version__
 from kernelbake._suggest import did_you_mean
 from kernelbake.catalogue import Catalogue, EngineRelease, Gpu, load_catalogue
+from kernelbake.contract.key import CacheKey
 from kernelbake.errors import SpecError
-from kernelbake.key import CacheKey
 from kernelbake.spec import ImageSpec
 
 ALL = "all"

@@ -16,6 +16,8 @@ import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
 
+from kernelbake.contract.layout import CACHE_MANIFEST_PATH
+from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.oci import (
     Descriptor,
@@ -26,12 +28,7 @@ from kernelbake.oci import (
     parse_reference,
 )
 from kernelbake.oci import types as mt
-from kernelbake.runtime.bundle import MANIFEST
-from kernelbake.runtime.bundle import Manifest as CacheManifest
-from kernelbake.runtime.config import CACHE_ROOT
 
-# Where the cache manifest lives in every kernelbake image, and the only file its last layer holds.
-CACHE_MANIFEST_PATH = f"{CACHE_ROOT.lstrip('/')}/{MANIFEST}"
 MAX_CONFIG_BYTES = 8 << 20
 MAX_CACHE_LAYER_BYTES = 64 << 20
 MAX_CACHE_MANIFEST_BYTES = 256 << 20

@@ -17,10 +17,10 @@ import jinja2
 
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
+from kernelbake.contract.layout import CACHE_ROOT, TARGET_FILE, CacheKind
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget
-from kernelbake.runtime.bundle import CacheKind
-from kernelbake.runtime.config import CACHE_ROOT, TARGET_FILE, TargetConfig
 
 NO_DEVICE = "none"
 # Dockerfile stages, in build order; the driver builds them one at a time to name the failing one.

@@ -12,7 +12,7 @@ import pytest
 
 from kernelbake.admission.server import AdmissionServer
 from kernelbake.admission.service import Admitter
-from kernelbake.key import CacheKey
+from kernelbake.contract.key import CacheKey
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.admission.fakes import REPO, FakeVerifier

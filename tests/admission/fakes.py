@@ -12,7 +12,7 @@ from kernelbake.admission.gateway import Gateway, ImageRejected, RegistryUnavail
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import parse_reference
 from kernelbake.admission.service import Admitter
-from kernelbake.key import CacheKey
+from kernelbake.contract.key import CacheKey
 
 REGISTRY = "registry.example.com"
 REPO = f"{REGISTRY}/kernelbake/qwen3-0.6b"

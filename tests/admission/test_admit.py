@@ -10,7 +10,7 @@ import pytest
 
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.gpus import PRODUCT
-from kernelbake.key import CacheKey
+from kernelbake.contract.key import CacheKey
 from tests.admission import documents
 from tests.admission.documents import H100, expr
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter, make_policy

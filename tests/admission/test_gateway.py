@@ -6,7 +6,7 @@ from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.gateway import Accepted, Gateway, Rejected, Unavailable
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import parse_reference
-from kernelbake.key import CacheKey
+from kernelbake.contract.key import CacheKey
 from tests.admission import documents
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter, make_policy
 

@@ -14,7 +14,7 @@ import pytest
 
 from kernelbake.build import Built
 from kernelbake.cli import main
-from kernelbake.key import parse_key
+from kernelbake.contract.key import parse_key
 from kernelbake.oci import RegistryClient, parse_reference
 from kernelbake.remote import inspect_remote
 from tests.conftest import REPO

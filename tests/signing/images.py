@@ -11,13 +11,13 @@ import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from kernelbake.key import CacheKey
+from kernelbake.contract.key import CacheKey
+from kernelbake.contract.layout import CACHE_MANIFEST_PATH, CacheKind
 from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.oci.types import Descriptor, encode_json, sha256_digest
 from kernelbake.plan import BuildTarget, plan
-from kernelbake.remote import CACHE_MANIFEST_PATH
-from kernelbake.runtime.bundle import CacheKind, write_manifest
+from kernelbake.runtime.bundle import write_manifest
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kernelbake.cli import main
+from kernelbake.contract.key import LABEL_DIGEST, LABEL_KEY
 from kernelbake.errors import BadInput, KernelbakeError
-from kernelbake.key import LABEL_DIGEST, LABEL_KEY
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import errors as E
 from kernelbake.signing.predicate import PREDICATE_TYPE

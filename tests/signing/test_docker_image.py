@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.layout import CacheKind
 from kernelbake.oci import RegistryClient
-from kernelbake.runtime.bundle import CacheKind, write_manifest
+from kernelbake.runtime.bundle import write_manifest
 from kernelbake.signing.errors import LabelMismatch
 from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image

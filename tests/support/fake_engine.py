@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from kernelbake.key import CacheKey, Engine
-from kernelbake.runtime.bundle import CacheKind, kind_dir
-from kernelbake.runtime.config import TargetConfig
+from kernelbake.contract.key import CacheKey, Engine
+from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 
 

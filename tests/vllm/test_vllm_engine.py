@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.plan import plan
 from kernelbake.runner import Result
-from kernelbake.runtime.bundle import CacheKind
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines.vllm import (
     PINNED_HASHED_ENV,
     VllmEngine,
@@ -260,7 +260,7 @@ def test_a_start_that_compiled_nothing_says_so_for_every_kind(tmp_path: Path) ->
 
 
 def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernelbake.compat import check
+    from kernelbake.contract.compat import check
     from kernelbake.runtime import probe
     from kernelbake.runtime.facts import found_key
 

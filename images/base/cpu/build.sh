@@ -19,7 +19,7 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 read -r TORCH_VERSION TRANSFORMERS_VERSION IMAGE < <("$VENV/bin/python" - "$ENGINE_VERSION" <<'PY'
 import sys
 from kernelbake.catalogue import load_catalogue
-from kernelbake.key import Engine
+from kernelbake.contract.key import Engine
 r = load_catalogue().engine(Engine.TORCH, sys.argv[1], where="images/base/cpu/build.sh")
 print(r.torch, r.transformers, r.base_image)
 PY

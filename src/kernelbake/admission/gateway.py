@@ -27,8 +27,8 @@ from typing import Protocol, TypeAlias
 
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
+from kernelbake.contract.key import CacheKey
 from kernelbake.errors import KernelbakeError
-from kernelbake.key import CacheKey
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Operator, Way
 from kernelbake.catalogue import CPU, Catalogue
-from kernelbake.compat import check_fields
-from kernelbake.key import CacheKey
+from kernelbake.contract.compat import check_fields
+from kernelbake.contract.key import CacheKey
 
 PRODUCT = "nvidia.com/gpu.product"
 FAMILY = "nvidia.com/gpu.family"

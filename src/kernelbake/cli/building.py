@@ -11,7 +11,7 @@ from kernelbake import bake
 from kernelbake._wheel import build_wheel
 from kernelbake.build import BuildOptions, Driver, render_target
 from kernelbake.cli.planning import add_spec_args
-from kernelbake.key import key_from_labels
+from kernelbake.contract.key import key_from_labels
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode, write_context
 from kernelbake.settings import Settings

@@ -84,7 +84,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_cache(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.config import TargetConfig
+    from kernelbake.contract.target import TargetConfig
     from kernelbake.runtime.preflight import seed
 
     target = TargetConfig.load(RuntimeEnv.from_env().target_file)

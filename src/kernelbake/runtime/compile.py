@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kernelbake.compat import check
+from kernelbake.contract.compat import check
+from kernelbake.contract.layout import MANIFEST, kind_dir
+from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.runtime import env as runtime_env
-from kernelbake.runtime.bundle import MANIFEST, UNSET, Manifest, kind_dir, write_manifest
-from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.bundle import write_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.facts import builder_entry, found_key, probe

@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from kernelbake.contract.layout import TARGET_FILE
 from kernelbake.errors import BadInput
-from kernelbake.runtime.config import TARGET_FILE
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
 HF_TOKEN_SECRET = Path("/run/secrets/hf_token")

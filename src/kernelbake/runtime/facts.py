@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kernelbake.contract.key import CacheKey
 from kernelbake.errors import EnvironmentProblem
-from kernelbake.key import CacheKey
 from kernelbake.runtime.engines import EngineRuntime, Facts
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import EnvironmentProblem
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.env import RuntimeEnv
 
 # Enough to build the model with fake weights and to tokenize; no weight files.

@@ -25,10 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.compat import Match, check
+from kernelbake.contract.compat import Match, check
+from kernelbake.contract.layout import kind_dir
+from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
-from kernelbake.runtime.bundle import UNSET, Manifest, kind_dir, read_manifest, verify
-from kernelbake.runtime.config import TargetConfig
+from kernelbake.runtime.bundle import read_manifest, verify
 from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
 from kernelbake.runtime.facts import found_key, probe

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from kernelbake.key import NONE
+from kernelbake.contract.key import NONE
 
 _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
 _KERNEL_MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")

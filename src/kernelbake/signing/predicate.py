@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelbake import __version__
+from kernelbake.contract.key import CacheKey, InvalidKey, key_from_labels, parse_key
+from kernelbake.contract.layout import CACHE_MANIFEST_PATH
+from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
-from kernelbake.key import CacheKey, InvalidKey, key_from_labels, parse_key
 from kernelbake.oci.reference import is_digest
 from kernelbake.oci.types import sha256_digest
-from kernelbake.remote import CACHE_MANIFEST_PATH, ImageFacts
-from kernelbake.runtime.bundle import Manifest as CacheManifest
+from kernelbake.remote import ImageFacts
 
 PREDICATE_TYPE = "https://kernelbake.dev/attestation/kernel-cache/v1"
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"

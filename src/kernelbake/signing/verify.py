@@ -17,8 +17,10 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kernelbake.contract.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
+from kernelbake.contract.layout import CACHE_MANIFEST_PATH
+from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
-from kernelbake.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
 from kernelbake.oci import (
     InvalidReference,
     Reference,
@@ -31,14 +33,7 @@ from kernelbake.oci import (
     parse_reference,
 )
 from kernelbake.oci.types import sha256_digest
-from kernelbake.remote import (
-    CACHE_MANIFEST_PATH,
-    ImageFacts,
-    ImageLayoutError,
-    read_cache_manifest,
-    read_image,
-)
-from kernelbake.runtime.bundle import Manifest as CacheManifest
+from kernelbake.remote import ImageFacts, ImageLayoutError, read_cache_manifest, read_image
 from kernelbake.signing import intoto
 from kernelbake.signing.discover import Artifact, Kind, find_artifacts
 from kernelbake.signing.errors import (

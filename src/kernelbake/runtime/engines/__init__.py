@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kernelbake.key import Engine
-from kernelbake.runtime.bundle import CacheKind
-from kernelbake.runtime.config import TargetConfig
+from kernelbake.contract.key import Engine
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.target import TargetConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

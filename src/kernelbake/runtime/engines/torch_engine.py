@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbake.key import NONE, Engine
+from kernelbake.contract.key import NONE, Engine
+from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
-from kernelbake.runtime.bundle import CacheKind, kind_dir
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kernelbake.runtime.config import TargetConfig
-from kernelbake.spec import Dtype
+from kernelbake.contract.serve import Dtype
+from kernelbake.contract.target import TargetConfig
 
 # Inductor counters that show whether the baked caches were used.
 _COUNTERS = (

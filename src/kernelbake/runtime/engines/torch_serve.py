@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, KernelbakeError
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.env import RuntimeEnv
 
 _MAX_NEW_TOKENS = 64

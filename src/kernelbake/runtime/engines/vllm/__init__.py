@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract.key import Engine
+from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed
-from kernelbake.key import Engine
 from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
-from kernelbake.runtime.bundle import CacheKind, kind_dir
-from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from kernelbake.spec import Quantization, ServeArgs
+from kernelbake.contract.serve import Quantization, ServeArgs
 
 # Flags whose values enter vLLM's compile hash or the shapes it compiles for; a user who
 # overrides one of them at serve time gets a cold start (vLLM recompiles, correctly).

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.runtime.bundle import UNSET
+from kernelbake.contract.manifest import UNSET
 from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 
 # Enough for the warm-up batch (max_num_seqs requests of one block each, plus the null

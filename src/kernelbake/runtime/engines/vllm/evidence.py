@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from kernelbake.runtime.bundle import CacheKind, kind_dir
+from kernelbake.contract.layout import CacheKind, kind_dir
 
 
 class Signal(enum.Enum):

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 
-from kernelbake.key import NONE, CacheKey, key_from_fields
+from kernelbake.contract.key import NONE, CacheKey, key_from_fields
 
 
 class Severity(enum.Enum):

@@ -11,14 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract.key import CacheKey, parse_key
+from kernelbake.contract.layout import CACHE_ROOT, TARGET_FILE
+from kernelbake.contract.serve import Dtype, Quantization, ServeArgs
 from kernelbake.errors import BadInput
-from kernelbake.key import CacheKey, parse_key
-from kernelbake.spec import Dtype, Quantization, ServeArgs
 
-TARGET_FILE = "/opt/kernelbake/target.json"
-# Where caches live in every image, at compile and at serve time alike: FlashInfer's JIT
-# cache embeds absolute paths, so this path is part of the contract, not a detail.
-CACHE_ROOT = "/opt/kernelbake/cache"
 SCHEMA = 1
 
 

@@ -1,0 +1,34 @@
+"""Where things are in every kernelbake image: the paths the host renders into the Dockerfile
+and reads back from pushed images, and the code in the image reads and writes.
+
+    /opt/kernelbake/target.json
+    /opt/kernelbake/cache/manifest.json
+    /opt/kernelbake/cache/<kind>/...        e.g. inductor/, triton/, vllm/, flashinfer/
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+TARGET_FILE = "/opt/kernelbake/target.json"
+# Where caches live in every image, at compile and at serve time alike: FlashInfer's JIT
+# cache embeds absolute paths, so this path is part of the contract, not a detail.
+CACHE_ROOT = "/opt/kernelbake/cache"
+MANIFEST = "manifest.json"
+# Where the cache manifest lives in every kernelbake image, and the only file its last layer holds.
+CACHE_MANIFEST_PATH = f"{CACHE_ROOT.lstrip('/')}/{MANIFEST}"
+
+
+class CacheKind(enum.Enum):
+    INDUCTOR = "inductor"  # TORCHINDUCTOR_CACHE_DIR (FX graph, AOTAutograd, compiled C++/PTX)
+    TRITON = "triton"  # TRITON_CACHE_DIR
+    VLLM = "vllm"  # VLLM_CACHE_ROOT (torch.compile artifacts, AOT)
+    FLASHINFER = "flashinfer"  # FLASHINFER_WORKSPACE_BASE (JIT modules, autotune)
+    DEEPGEMM = "deepgemm"  # DG_JIT_CACHE_DIR
+    TILELANG = "tilelang"  # TILELANG_CACHE_DIR
+    CUTE_DSL = "cute-dsl"  # CUTE_DSL_CACHE_DIR
+
+
+def kind_dir(root: Path, kind: CacheKind) -> Path:
+    return root / kind.value
