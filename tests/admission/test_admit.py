@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.gpus import PRODUCT
 from kernelbake.contract.key import CacheKey
+from kernelbake.gfd import PRODUCT
 from tests.admission import documents
 from tests.admission.documents import H100, expr
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter, make_policy

@@ -4,11 +4,12 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission.gpus import FAMILY, PRODUCT, judge, node_gpu
+from kernelbake.admission.gpus import judge
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import ways
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.key import CacheKey
+from kernelbake.gfd import FAMILY, PRODUCT, node_gpu
 from tests.admission.documents import H100, expr
 
 CC_MAJOR, CC_MINOR = "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor"

@@ -6,7 +6,7 @@ time-slicing or MPS), ``nvidia.com/gpu.family`` and ``nvidia.com/gpu.compute.maj
 For each way the pod can schedule we enumerate the GPU nodes that could satisfy it from the
 catalogue and compare each with the baked key through ``compat`` (reasons, not bools).
 
-Decisions, documented in the README:
+Decisions, documented in the README (the label reading itself is ``kernelbake.gfd``):
 - ``-SHARED`` products are the same device: a time-sliced H100 runs H100 kernels.
 - MIG products (``NVIDIA-H100-80GB-HBM3-MIG-1g.10gb``) have the parent's arch, but CUDA reports
   the slice as its own device (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``), and that name is in vLLM's
@@ -22,31 +22,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Operator, Way
 from kernelbake.catalogue import CPU, Catalogue
 from kernelbake.contract.compat import check_fields
 from kernelbake.contract.key import CacheKey
+from kernelbake.gfd import GPU_LABELS, PRODUCT, node_gpu, product_for
 
-PRODUCT = "nvidia.com/gpu.product"
-FAMILY = "nvidia.com/gpu.family"
-CC_MAJOR = "nvidia.com/gpu.compute.major"
-CC_MINOR = "nvidia.com/gpu.compute.minor"
-GPU_LABELS = (PRODUCT, FAMILY, CC_MAJOR, CC_MINOR)
-SHARED = "-SHARED"
-MIG = "-MIG-"
 _LISTED = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeGpu:
-    product: str
-    # None for a product the catalogue does not know.
-    device: str | None
-    arch: str | None
-    labels: Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,23 +44,6 @@ class GpuVerdict:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def product_for(device: str) -> str:
-    """The GFD product label value for a device name."""
-    return device.replace(" ", "-")
-
-
-def node_gpu(product: str, catalogue: Catalogue) -> NodeGpu:
-    base = product.removesuffix(SHARED)
-    base, mig, profile = base.partition(MIG)
-    gpu = catalogue.gpu_by_product(base)
-    if gpu is None or gpu.name == CPU:
-        return NodeGpu(product, None, None, {PRODUCT: product})
-    major, _, minor = gpu.compute_capability.partition(".")
-    device = f"{gpu.device_name} MIG {profile}" if mig else gpu.device_name
-    labels = {PRODUCT: product, FAMILY: gpu.family, CC_MAJOR: major, CC_MINOR: minor}
-    return NodeGpu(product, device, gpu.arch, labels)
 
 
 def judge(key: CacheKey, ways: Sequence[Way], catalogue: Catalogue, match: GpuMatch) -> GpuVerdict:

@@ -18,6 +18,7 @@ _AREAS = (
     "kernelbake.cli.runtime",
     "kernelbake.cli.signing",
     "kernelbake.cli.admission",
+    "kernelbake.cli.fleet",
 )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from kernelbake.contract.key import NONE, CacheKey, key_from_fields
 
@@ -122,3 +122,54 @@ def rank(candidates: Iterable[CacheKey], found: CacheKey) -> list[Match]:
     """Best first: usable ones before unusable, then fewest reasons; stable otherwise."""
     matches = [check(c, found) for c in candidates]
     return sorted(matches, key=lambda m: (not m.usable, len(m.blocking), len(m.reasons)))
+
+
+class Tier(enum.Enum):
+    """How well a variant fits a GPU, best first (pip prefers a wheel built for the platform,
+    then a more generic wheel, then building from source)."""
+
+    # Every baked cache applies.
+    SAME_DEVICE = "same device"
+    # The kernels run (same arch); caches keyed by the device name (vLLM's torch.compile
+    # hash) are rebuilt at start, those keyed by arch (Triton, FlashInfer) still apply.
+    SAME_ARCH = "same arch, other device"
+    # Nothing baked applies: the engine starts cold.
+    COLD = "no baked caches apply"
+    # The image cannot run here at all (the installed driver is below its CUDA's floor).
+    UNUSABLE = "cannot run here"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One variant judged for one GPU: its tier and every reason behind it."""
+
+    index: int
+    match: Match
+    tier: Tier
+
+    @property
+    def fits(self) -> bool:
+        """Worth running: some baked kernels apply."""
+        return self.tier in (Tier.SAME_DEVICE, Tier.SAME_ARCH)
+
+    def summary(self) -> str:
+        return f"{self.tier.value}: {self.match.summary()}"
+
+
+def tier_of(match: Match) -> Tier:
+    if match.usable:
+        return Tier.SAME_DEVICE
+    blocking = {r.field for r in match.blocking}
+    if "driver_floor" in blocking:
+        return Tier.UNUSABLE
+    if blocking == {"device"}:
+        return Tier.SAME_ARCH
+    return Tier.COLD
+
+
+def rank_variants(keys: Sequence[CacheKey], found: Mapping[str, str]) -> list[Candidate]:
+    """Every variant judged against ``found`` (partial platform facts: device, arch, installed
+    driver …), best first: by tier, then fewest reasons, then the index's order."""
+    candidates = [Candidate(i, m, tier_of(m)) for i, m in enumerate(check_fields(k, found) for k in keys)]
+    order = list(Tier)
+    return sorted(candidates, key=lambda c: (order.index(c.tier), len(c.match.reasons), c.index))

@@ -1,0 +1,216 @@
+"""One model, several GPUs: the image index that lists every GPU variant, and the resolver that
+picks the variant for a GPU.
+
+``publish_index`` reads each pushed variant back from the registry (its labels rebuild its
+key, its config names its platform) and pushes an OCI index of them; ``read_index`` and
+``resolve`` answer which variant a GPU should run, through ``contract.compat.rank_variants``,
+the ranking admission uses too. Host-only (``requests``): commands import it when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import shutil
+from collections.abc import Mapping, Sequence
+
+from kernelbake.catalogue import CPU, Catalogue, load_catalogue
+from kernelbake.contract.compat import Candidate, rank_variants
+from kernelbake.contract.key import key_from_labels
+from kernelbake.contract.variants import (
+    OCI_INDEX,
+    Variant,
+    encode,
+    index_document,
+    index_tag,
+    is_variant_index,
+    variants_from_index,
+)
+from kernelbake.errors import BadInput, EnvironmentProblem, KeyMismatch, UnknownName
+from kernelbake.gfd import GPU_LABELS, PRODUCT, node_gpu
+from kernelbake.oci import Manifest, Reference, RegistryClient, parse_reference
+from kernelbake.remote import MAX_CONFIG_BYTES, ImageLayoutError, read_image, registry_reachable
+from kernelbake.runner import Result, Runner, run
+
+# Docker's and OCI's names for the machine architecture differ from uname's.
+_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetIndex:
+    ref: Reference  # pinned to the index digest
+    variants: tuple[Variant, ...]
+
+    def pinned(self, variant: Variant) -> str:
+        return f"{self.ref.name}@{variant.digest}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    index: FleetIndex
+    found: Mapping[str, str]
+    candidates: tuple[Candidate, ...]  # best first
+
+    @property
+    def best(self) -> Candidate | None:
+        first = self.candidates[0] if self.candidates else None
+        return first if first is not None and first.fits else None
+
+    def variant(self, candidate: Candidate) -> Variant:
+        return self.index.variants[candidate.index]
+
+
+def variant_of(client: RegistryClient, pushed: str) -> Variant:
+    """The index entry for ``pushed`` (``repo@sha256:…``), from what the registry holds."""
+    ref = parse_reference(pushed)
+    top = client.get_manifest(ref)
+    facts = read_image(client, ref.with_digest(top.digest), top)
+    try:
+        config = json.loads(client.get_blob(ref, facts.manifest.config.digest, max_bytes=MAX_CONFIG_BYTES))
+    except ValueError:
+        raise ImageLayoutError(f"{pushed}: image config is not JSON") from None
+    arch = str(config.get("architecture") or "amd64")
+    return Variant(
+        key=key_from_labels(facts.labels),
+        digest=top.digest,
+        size=len(top.data),
+        media_type=top.media_type,
+        os=str(config.get("os") or "linux"),
+        architecture=_ARCHITECTURES.get(arch, arch),
+    )
+
+
+def publish_index(pushed: Sequence[str], *, client: RegistryClient | None = None) -> str:
+    """Push the index of ``pushed`` (variants of one repository, ``repo@sha256:…``) under the tag
+    that digests their keys; returns ``repo:tag@sha256:…`` of the index."""
+    refs = [parse_reference(p) for p in pushed]
+    names = {r.name for r in refs}
+    if len(names) != 1:
+        raise BadInput(f"an index lists variants of one repository, got {', '.join(sorted(names))}")
+    client = client or RegistryClient()
+    repo = refs[0]
+    with registry_reachable(repo.registry):
+        variants = [variant_of(client, p) for p in pushed]
+        tag = index_tag([v.key for v in variants])
+        data = encode(index_document(variants))
+        result = client.put_manifest(Reference(repo.registry, repo.repository, tag=tag), data, OCI_INDEX)
+    return f"{repo.name}:{tag}@{result.digest}"
+
+
+def read_index(reference: str, *, client: RegistryClient | None = None) -> FleetIndex | None:
+    """The variant index ``reference`` names, or None when it names a single image."""
+    ref = parse_reference(reference)
+    client = client or RegistryClient()
+    with registry_reachable(ref.registry):
+        top = client.get_manifest(ref)
+    return index_of(ref, top)
+
+
+def index_of(ref: Reference, top: Manifest) -> FleetIndex | None:
+    if not top.is_index or not is_variant_index(top.doc):
+        return None
+    pinned = Reference(ref.registry, ref.repository, digest=top.digest)
+    return FleetIndex(pinned, variants_from_index(top.doc, source=pinned.pinned()))
+
+
+def resolve(index: FleetIndex, found: Mapping[str, str]) -> Resolution:
+    candidates = rank_variants([v.key for v in index.variants], found)
+    return Resolution(index, dict(found), tuple(candidates))
+
+
+def require_fit(resolution: Resolution) -> Variant:
+    best = resolution.best
+    if best is None:
+        reasons = "; ".join(
+            f"{resolution.variant(c).key.device}: {c.summary()}" for c in resolution.candidates
+        )
+        raise KeyMismatch(
+            f"{resolution.index.ref.pinned()}: no variant fits {_describe(resolution.found)}: {reasons}"
+        )
+    return resolution.variant(best)
+
+
+def _describe(found: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in found.items())
+
+
+# -- what GPU is "here" or on a node ----------------------------------------------------------
+
+# A device name no catalogue entry has: ranks every variant of the arch as "same arch".
+UNKNOWN_DEVICE = "(not labelled)"
+
+
+def found_for_product(product: str, catalogue: Catalogue | None = None) -> dict[str, str]:
+    """Platform facts for a GFD product label value (``NVIDIA-H100-80GB-HBM3``, ``…-SHARED``,
+    ``…-MIG-1g.10gb``)."""
+    cat = catalogue or load_catalogue()
+    gpu = node_gpu(product, cat)
+    if gpu.device is None or gpu.arch is None:
+        known = sorted(p for g in cat.gpus.values() for p in g.gfd_product[:1])
+        raise UnknownName(
+            f"--gpu-product: {product!r} is not a GPU product in kernelbake's catalogue "
+            f"(known: {', '.join(known)})"
+        )
+    return {"device": gpu.device, "arch": gpu.arch}
+
+
+def found_for_labels(labels: Mapping[str, str], catalogue: Catalogue | None = None) -> dict[str, str]:
+    """Platform facts for a node's GFD labels. Without ``nvidia.com/gpu.product`` the device is
+    unknown, so at best a variant of the same arch fits."""
+    cat = catalogue or load_catalogue()
+    if PRODUCT in labels:
+        return found_for_product(labels[PRODUCT], cat)
+    gpus = [
+        g
+        for g in cat.gpus.values()
+        if g.gfd_product
+        and all(node_gpu(g.gfd_product[0], cat).labels.get(k) == v for k, v in labels.items())
+    ]
+    arches = sorted({g.arch for g in gpus})
+    if not set(labels) & set(GPU_LABELS) or len(arches) != 1:
+        raise BadInput(
+            f"--node-labels: {', '.join(f'{k}={v}' for k, v in labels.items())} do not name one GPU arch "
+            f"(matching arches: {', '.join(arches) or 'none'}); give {PRODUCT}"
+        )
+    return {"device": UNKNOWN_DEVICE, "arch": arches[0]}
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or not name:
+            raise BadInput(f"--node-labels: {part!r} is not key=value")
+        labels[name] = value
+    if not labels:
+        raise BadInput("--node-labels: no labels given (key=value,…)")
+    return labels
+
+
+def found_here(runner: Runner = run) -> dict[str, str]:
+    """This machine's GPU 0 as ``nvidia-smi`` reports it, or the CPU when there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return {"device": CPU, "arch": platform.machine()}
+    try:
+        res: Result | None = runner(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
+            capture=True,
+        )
+    except EnvironmentProblem:
+        res = None
+    if res is None or res.returncode != 0 or not res.stdout.strip():
+        return {"device": CPU, "arch": platform.machine()}
+    name, cap, driver = (p.strip() for p in res.stdout.splitlines()[0].split(",")[:3])
+    major, _, minor = cap.partition(".")
+    return {"device": name, "arch": gpu_arch(name, (int(major), int(minor or 0))), "driver_floor": driver}
+
+
+def gpu_arch(device_name: str, capability: tuple[int, int]) -> str:
+    """The catalogue's arch for a known device, else ``sm_XY`` (``a`` for the chips whose
+    kernels are built architecture-specific: Hopper, Blackwell)."""
+    gpu = load_catalogue().gpu_by_device_name(device_name)
+    if gpu is not None:
+        return gpu.arch
+    suffix = "a" if capability in {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)} else ""
+    return f"sm_{capability[0]}{capability[1]}{suffix}"
