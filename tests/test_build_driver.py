@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from kernelbake.build import BuildOptions, Driver
-from kernelbake.errors import BuildFailed, EnvironmentProblem
+from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.render import BuildMode
 from kernelbake.settings import Settings
@@ -162,3 +163,68 @@ def test_gpu_target_on_its_family_builder_is_pushed_by_the_builder(
 
     doc = json.loads((tmp_path / "docker-bake.json").read_text())
     assert doc["target"][t.name]["output"] == ["type=image,push=true"]
+
+
+def _gpu_targets(*gpus: str) -> list[BuildTarget]:
+    return plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), list(gpus), registry="127.0.0.1:5999/kb")
+
+
+def test_gpu_families_build_at_once_and_one_familys_targets_queue_on_its_builder(
+    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    targets = _gpu_targets("h100", "h200", "a100-80gb")
+    rec = Recorder(
+        contexts=("kernelbake-hopper", "kernelbake-ampere"),
+        labels_by_ref={t.ref: dict(t.labels) for t in targets},
+        bake_seconds=0.2,
+    )
+    stream = io.StringIO()
+    built = Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec, stream=stream).build(
+        targets, BuildOptions(out=tmp_path, push=True)
+    )
+    assert [b.target.gpu.name for b in built] == ["h100", "h200", "a100-80gb"]
+    assert all(b.pushed and b.pushed.endswith("ab" * 32) for b in built)
+    # Every command of a target went to its family's daemon.
+    for args, context in zip(rec.calls, rec.context_of, strict=True):
+        if args[:2] == ("buildx", "bake") or args[0] == "push":
+            family = "ampere" if "a100" in " ".join(args) else "hopper"
+            assert context == f"kernelbake-{family}", args
+    spans = {name: (a, b) for name, a, b in rec.spans}
+    h100, h200, a100 = (t.name for t in targets)
+    # Hopper's two targets one after the other, Ampere's beside them.
+    assert spans[f"{h200}-runtime"][0] >= spans[h100][1]
+    assert spans[f"{a100}-runtime"][0] < spans[h100][1]
+    text = stream.getvalue()
+    assert f"kernelbake build: {h100}: stage compile (log {tmp_path / h100 / 'logs' / 'compile.log'})" in text
+    table = text[text.index("target  ") :].splitlines()
+    assert len(table) == 4 and all(" pushed " in row for row in table[1:])
+
+
+def test_a_failing_target_stops_no_other_and_nothing_of_it_is_pushed(
+    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    targets = _gpu_targets("h100", "a100-80gb")
+    bad, good = targets[0], targets[1]
+    rec = Recorder(fail_bake=f"{bad.name}-compile", labels_by_ref={t.ref: dict(t.labels) for t in targets})
+    stream = io.StringIO()
+    with pytest.raises(BuildFailed) as info:
+        Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec, stream=stream).build(
+            targets, BuildOptions(out=tmp_path, push=True, max_parallel=1)
+        )
+    message = str(info.value)
+    assert f"1 of 2 targets failed: {bad.name}: stage 'compile'" in message
+    assert f"built: {good.name}" in message and "no index" in message
+    pushes = [c for c in rec.calls if c[0] == "push"]
+    assert pushes == [("push", good.ref)]
+    assert re.search(rf"^{bad.name} +FAILED ", stream.getvalue(), re.M)
+
+
+def test_max_parallel_must_be_positive(target: BuildTarget, tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="at least 1"):
+        _driver(Recorder()).build([target], BuildOptions(out=tmp_path, max_parallel=0))

@@ -3,10 +3,17 @@
 For each target: render the context, write one bake file for all targets, then build stage
 by stage (runtime → compile → final) so that a failure names its stage and its log; check the
 image's labels against the planned key; push only then, and report the pullable digest.
+
+Targets of different GPU families build at once, each family on its own builder (a docker
+context ``kernelbake-<family>`` for a remote daemon, or a buildx builder of that name: a remote
+BuildKit, buildx's Kubernetes driver on GPU nodes); targets of one family queue on it. A target
+that fails stops nothing else, and nothing of it is pushed; ``kernelbake build`` then publishes
+the model's variant index once every target is pushed (``kernelbake.fleet``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -14,13 +21,15 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
 from kernelbake.contract.key import key_from_labels
 from kernelbake.contract.layout import CACHE_ROOT, CacheKind
-from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, RegistryError
+from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
+from kernelbake.progress import Progress
 from kernelbake.render import BuildMode, Rendered, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
@@ -42,6 +51,8 @@ class BuildOptions:
     mode: BuildMode = BuildMode.SINGLE
     # CDI device for the compile step instead of the catalogue's (e.g. nvidia.com/gpu=0).
     device: str | None = None
+    # GPU families built at once (each on its own builder); None: all of them.
+    max_parallel: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,17 +98,23 @@ def _ping_registries(targets: Sequence[BuildTarget], settings: Settings) -> None
 class Docker:
     """The docker CLI through the injectable runner; never parses Docker's messages."""
 
-    def __init__(self, settings: Settings, runner: Runner = run) -> None:
+    def __init__(self, settings: Settings, runner: Runner = run, *, context: str | None = None) -> None:
         self.settings = settings
         self.runner = runner
         self.env: Mapping[str, str] = dict(settings.environ)
+        # Another daemon (a GPU host's): every command of this family's targets goes there.
+        self.context = context
 
     def __call__(
         self, *args: str, log: Path | None = None, capture: bool = False, env: Mapping[str, str] | None = None
     ) -> Result:
+        prefix = ["--context", self.context] if self.context else []
         return self.runner(
-            [self.settings.docker, *args], env={**self.env, **(env or {})}, log=log, capture=capture
+            [self.settings.docker, *prefix, *args], env={**self.env, **(env or {})}, log=log, capture=capture
         )
+
+    def on(self, context: str) -> Docker:
+        return Docker(self.settings, self.runner, context=context)
 
     def check(self) -> bool:
         """Raise when Docker is missing or its daemon is down; True when buildx is there."""
@@ -115,6 +132,11 @@ class Docker:
         name = f"{BUILDER_PREFIX}{family}"
         return name if self("buildx", "inspect", name, capture=True).returncode == 0 else None
 
+    def context_for(self, family: str) -> str | None:
+        """The family's docker context (a GPU host's daemon), when it exists."""
+        name = f"{BUILDER_PREFIX}{family}"
+        return name if self("context", "inspect", name, capture=True).returncode == 0 else None
+
     def labels(self, ref: str) -> dict[str, str]:
         res = self("image", "inspect", "--format", "{{json .Config.Labels}}", ref, capture=True)
         if res.returncode != 0:
@@ -130,10 +152,20 @@ class Docker:
         return str(found[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """Where one GPU family's targets build: its daemon and, for container builders, its
+    buildx builder (which then pushes the image itself)."""
+
+    docker: Docker
+    builder: str | None = None
+
+
 class Driver:
-    def __init__(self, settings: Settings, runner: Runner = run) -> None:
+    def __init__(self, settings: Settings, runner: Runner = run, *, stream: TextIO | None = None) -> None:
         self.settings = settings
         self.docker = Docker(settings, runner)
+        self.stream = stream or sys.stderr
 
     def _fail(self, target: BuildTarget, stage: str, log: Path) -> BuildFailed:
         return BuildFailed(
@@ -141,29 +173,29 @@ class Driver:
             hint="nothing was pushed",
         )
 
-    def _bake(
-        self, bake_file: Path, bake_target: str, builder: str | None, log: Path, metadata: Path
-    ) -> Result:
+    def _bake(self, lane: Lane, bake_file: Path, bake_target: str, log: Path, metadata: Path) -> Result:
         args = ["buildx", "bake", "-f", str(bake_file), "--progress=plain"]
-        if builder:
-            args += ["--builder", builder, "--metadata-file", str(metadata)]
-        return self.docker(*args, bake_target, log=log)
+        if lane.builder:
+            args += ["--builder", lane.builder, "--metadata-file", str(metadata)]
+        return lane.docker(*args, bake_target, log=log)
 
-    def _plain_build(self, rendered: Rendered, layout: bake.Layout, stage: str, log: Path) -> Result:
+    def _plain_build(
+        self, lane: Lane, rendered: Rendered, layout: bake.Layout, stage: str, log: Path
+    ) -> Result:
         """``docker build`` with BuildKit, for hosts without buildx (single mode only)."""
         args = ["build", "--progress=plain", "--target", stage, "-f", str(layout.context / "Dockerfile")]
         if stage == "final":
             args += ["-t", rendered.target.ref]
-        if rendered.target.spec.model.local_dir is None and "HF_TOKEN" in self.docker.env:
+        if rendered.target.spec.model.local_dir is None and "HF_TOKEN" in lane.docker.env:
             args += ["--secret", bake.HF_TOKEN_SECRET]
-        return self.docker(*args, str(layout.context), log=log, env={"DOCKER_BUILDKIT": "1"})
+        return lane.docker(*args, str(layout.context), log=log, env={"DOCKER_BUILDKIT": "1"})
 
-    def _compile_two_phase(self, rendered: Rendered, layout: bake.Layout, log: Path) -> Result:
+    def _compile_two_phase(self, lane: Lane, rendered: Rendered, layout: bake.Layout, log: Path) -> Result:
         if layout.caches.exists():
             shutil.rmtree(layout.caches)
         layout.caches.mkdir(parents=True)
         assert rendered.device is not None  # render refuses two-phase without a device
-        return self.docker(
+        return lane.docker(
             "run",
             "--rm",
             "--device",
@@ -182,9 +214,24 @@ class Driver:
             log=log,
         )
 
+    def lanes(self, families: Sequence[str], has_buildx: bool) -> dict[str, Lane]:
+        """Each family's builder: its docker context, else its buildx builder, else this daemon."""
+        lanes: dict[str, Lane] = {}
+        for family in dict.fromkeys(families):
+            context = self.docker.context_for(family)
+            if context is not None:
+                lanes[family] = Lane(self.docker.on(context))
+            elif has_buildx and (builder := self.docker.builder_for(family)) is not None:
+                lanes[family] = Lane(self.docker, builder)
+            else:
+                lanes[family] = Lane(self.docker)
+        return lanes
+
     def build(self, targets: Sequence[BuildTarget], options: BuildOptions) -> list[Built]:
         if not targets:
             raise BadInput("nothing to build")
+        if options.max_parallel is not None and options.max_parallel < 1:
+            raise BadInput(f"--max-parallel {options.max_parallel}: must be at least 1")
         has_buildx = self.docker.check()
         if options.mode is BuildMode.TWO_PHASE and not has_buildx:
             raise EnvironmentProblem(
@@ -198,9 +245,7 @@ class Driver:
         rendered = [
             render_target(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets
         ]
-        builders = (
-            {t.gpu.family: self.docker.builder_for(t.gpu.family) for t in targets} if has_buildx else {}
-        )
+        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
         layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}
         for r in rendered:
@@ -208,44 +253,81 @@ class Driver:
             write_context(r, layout.context, wheel)
             hub = r.target.spec.model.local_dir is None
             secrets = [bake.HF_TOKEN_SECRET] if hub and "HF_TOKEN" in self.docker.env else []
-            push_from_builder = options.push and builders.get(r.target.gpu.family) is not None
+            push_from_builder = options.push and lanes[r.target.gpu.family].builder is not None
             groups[r.target.name] = bake.bake_targets(r, layout, push=push_from_builder, secrets=secrets)
         bake_file = out / "docker-bake.json"
         bake_file.write_text(bake.dumps(bake.bake_document(groups)))
-        print(f"kernelbake build: bake file {bake_file}", file=sys.stderr, flush=True)
-        return [
-            self._build_one(r, layouts[r.target.name], bake_file, builders, options, has_buildx)
-            for r in rendered
-        ]
+        print(f"kernelbake build: bake file {bake_file}", file=self.stream, flush=True)
+
+        by_family: dict[str, list[Rendered]] = {}
+        for r in rendered:
+            by_family.setdefault(r.target.gpu.family, []).append(r)
+        outcomes: dict[str, Built | KernelbakeError] = {}
+        with (
+            Progress([r.target.name for r in rendered], self.stream) as progress,
+            concurrent.futures.ThreadPoolExecutor(max_workers=options.max_parallel or len(by_family)) as pool,
+        ):
+
+            def lane_work(family: str, queue: Sequence[Rendered]) -> None:
+                # One family's targets one after another: they share its builder (its GPUs).
+                for r in queue:
+                    name = r.target.name
+                    try:
+                        built = self._build_one(
+                            lanes[family], r, layouts[name], bake_file, options, has_buildx, progress
+                        )
+                    except KernelbakeError as exc:
+                        outcomes[name] = exc
+                        progress.done(name, "FAILED", str(exc))
+                    else:
+                        outcomes[name] = built
+                        progress.done(name, "pushed" if built.pushed else "built", built.pushed or built.ref)
+
+            for future in [pool.submit(lane_work, f, q) for f, q in by_family.items()]:
+                future.result()
+        if len(rendered) > 1:
+            print(progress.summary(), file=self.stream, flush=True)
+        failed = {n: o for n, o in outcomes.items() if isinstance(o, KernelbakeError)}
+        if failed:
+            if len(rendered) == 1:
+                raise next(iter(failed.values()))
+            done = [n for n in outcomes if n not in failed]
+            raise BuildFailed(
+                f"{len(failed)} of {len(rendered)} targets failed: "
+                + "; ".join(e.message for e in failed.values()),
+                hint=f"nothing of those was pushed{'; built: ' + ', '.join(done) if done else ''}; no index",
+            )
+        return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
 
     def _build_one(
         self,
+        lane: Lane,
         rendered: Rendered,
         layout: bake.Layout,
         bake_file: Path,
-        builders: Mapping[str, str | None],
         options: BuildOptions,
         has_buildx: bool,
+        progress: Progress,
     ) -> Built:
         target = rendered.target
-        builder = builders.get(target.gpu.family)
         for stage, bake_target in bake.step_names(rendered):
             if stage == "final" and rendered.mode is BuildMode.TWO_PHASE:
                 log = layout.logs / "compile.log"
-                if self._compile_two_phase(rendered, layout, log).returncode != 0:
+                progress.stage(target.name, "compile", str(log))
+                if self._compile_two_phase(lane, rendered, layout, log).returncode != 0:
                     raise self._fail(target, "compile", log)
             log = layout.logs / f"{stage}.log"
-            print(f"kernelbake build: {target.name}: stage {stage} (log {log})", file=sys.stderr, flush=True)
+            progress.stage(target.name, stage, str(log))
             if has_buildx:
-                res = self._bake(bake_file, bake_target, builder, log, layout.metadata)
+                res = self._bake(lane, bake_file, bake_target, log, layout.metadata)
             else:
-                res = self._plain_build(rendered, layout, stage, log)
+                res = self._plain_build(lane, rendered, layout, stage, log)
             if res.returncode != 0:
                 raise self._fail(target, stage, log)
-        if builder is not None and options.push:
+        if lane.builder is not None and options.push:
             # A container builder pushed the image itself, at the end of a complete build.
             return Built(target, target.ref, self._pushed_by_builder(target, layout))
-        labels = self.docker.labels(target.ref)
+        labels = lane.docker.labels(target.ref)
         if key_from_labels(labels) != target.key:
             raise BuildFailed(
                 f"{target.ref}: the image's key labels differ from the planned key; not pushing"
@@ -253,9 +335,10 @@ class Driver:
         if not options.push:
             return Built(target, target.ref, None)
         log = layout.logs / "push.log"
-        if self.docker("push", target.ref, log=log).returncode != 0:
+        progress.stage(target.name, "push", str(log))
+        if lane.docker("push", target.ref, log=log).returncode != 0:
             raise RegistryError(f"{target.name}: push of {target.ref} failed; log: {log}")
-        return Built(target, target.ref, self.docker.repo_digest(target.ref, target.repository))
+        return Built(target, target.ref, lane.docker.repo_digest(target.ref, target.repository))
 
     def _pushed_by_builder(self, target: BuildTarget, layout: bake.Layout) -> str:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,9 +19,20 @@ class Recorder:
         fail_bake: str | None = None,
         labels: Mapping[str, str] = {},
         builders: tuple[str, ...] = (),
+        contexts: tuple[str, ...] = (),
+        labels_by_ref: Mapping[str, Mapping[str, str]] | None = None,
+        bake_seconds: float = 0.0,
     ) -> None:
         # Names of existing buildx builders (container builders for GPU families).
         self.builders = builders
+        # Names of existing docker contexts (other daemons); calls record theirs.
+        self.contexts = contexts
+        self.labels_by_ref = labels_by_ref
+        # How long each bake "runs", so that concurrency shows in timings.
+        self.bake_seconds = bake_seconds
+        self.context_of: list[str | None] = []
+        self.spans: list[tuple[str, float, float]] = []
+        self._lock = threading.Lock()
         self.calls: list[tuple[str, ...]] = []
         self.logs: list[Path] = []
         self.buildx = buildx
@@ -39,7 +52,19 @@ class Recorder:
         timeout: float | None = None,
     ) -> Result:
         args = tuple(argv[1:])
-        self.calls.append(args)
+        context = None
+        if args[:1] == ("--context",):
+            context, args = args[1], args[2:]
+        with self._lock:
+            self.calls.append(args)
+            self.context_of.append(context)
+        if args[:2] == ("context", "inspect"):
+            return Result(tuple(argv), 0 if args[2] in self.contexts else 1)
+        if args[:2] == ("buildx", "bake") and self.bake_seconds:
+            start = time.monotonic()
+            time.sleep(self.bake_seconds)
+            with self._lock:
+                self.spans.append((args[-1], start, time.monotonic()))
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(" ".join(argv) + "\n")
@@ -58,7 +83,8 @@ class Recorder:
         if args[:1] == ("version",):
             return Result(tuple(argv), 0, "26.1.5\n")
         if args[:2] == ("image", "inspect") and "{{json .Config.Labels}}" in args:
-            return Result(tuple(argv), 0, json.dumps(self.labels))
+            labels = self.labels if self.labels_by_ref is None else self.labels_by_ref[args[-1]]
+            return Result(tuple(argv), 0, json.dumps(dict(labels)))
         if args[:2] == ("image", "inspect") and "{{json .RepoDigests}}" in args:
             repo = args[-1].rsplit(":", 1)[0]
             return Result(tuple(argv), 0, json.dumps([f"{repo}@sha256:{'ab' * 32}"]))

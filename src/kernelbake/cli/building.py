@@ -60,12 +60,24 @@ def cmd_build(args: argparse.Namespace) -> int:
     registry = args.push or args.registry or settings.registry
     targets = plan(load_spec(args.spec), args.gpu, registry=registry)
     options = BuildOptions(
-        out=args.out or settings.build_dir, push=bool(args.push), mode=args.mode, device=args.cdi_device
+        out=args.out or settings.build_dir,
+        push=bool(args.push),
+        mode=args.mode,
+        device=args.cdi_device,
+        max_parallel=args.max_parallel,
     )
-    for built in Driver(settings).build(targets, options):
-        print(f"built\t{built.ref}")
-        if built.pushed:
-            print(f"pushed\t{built.pushed}")
+    built = Driver(settings).build(targets, options)
+    for b in built:
+        print(f"built\t{b.ref}")
+        if b.pushed:
+            print(f"pushed\t{b.pushed}")
+    pushed = [b.pushed for b in built if b.pushed]
+    if len(pushed) > 1:
+        # Every target is pushed (the driver raised otherwise): one index lists them all.
+        from kernelbake.fleet import publish_index
+        from kernelbake.oci import RegistryClient
+
+        print(f"index\t{publish_index(pushed, client=RegistryClient(settings, timeout=30.0))}")
     return 0
 
 
@@ -132,6 +144,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_spec_args(p)
     p.add_argument("--push", metavar="REGISTRY", help="push to REGISTRY (e.g. 127.0.0.1:5000/kernelbake)")
     p.add_argument("--registry", help="repository prefix for local tags when not pushing")
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        metavar="N",
+        help="GPU families built at once, each on its own builder (default: all)",
+    )
     _add_build_args(p)
     p.set_defaults(func=cmd_build)
 
