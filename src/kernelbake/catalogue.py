@@ -30,7 +30,8 @@ class Gpu:
 
     @property
     def is_cpu(self) -> bool:
-        return self.name == CPU
+        """Runs CPU engine builds (the CPU itself, and the test stand-ins for GPU families)."""
+        return self.compute_capability == NONE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -61,13 +61,21 @@ def _signer(args: argparse.Namespace, settings: Settings) -> Signer:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
+    from kernelbake.fleet import read_index
     from kernelbake.signing.sign import sign_image
 
     settings = Settings.from_env()
     signer = _signer(args, settings)
-    result = sign_image(
-        args.image, signer, client=_client(args, settings), attest=not args.no_attest, legacy=args.legacy
-    )
+    client = _client(args, settings)
+    index = read_index(args.image, client=client)
+    if index is not None:
+        # A model's GPU index: every variant (signed and attested), then the index itself
+        # (signed; what it lists is in its signed bytes).
+        for variant in index.variants:
+            done = sign_image(index.pinned(variant), signer, client=client, legacy=args.legacy)
+            print(f"signed {done.reference} ({variant.key.device}) as {done.signer}", file=sys.stderr)
+        args.image, args.no_attest = index.ref.pinned(), True
+    result = sign_image(args.image, signer, client=client, attest=not args.no_attest, legacy=args.legacy)
     if args.json:
         print(
             json.dumps(

@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernelbake.contract.key import LABEL_NS, NONE, CacheKey, InvalidKey, parse_key
+from kernelbake.contract.key import LABEL_NS, CacheKey, InvalidKey, parse_key
 from kernelbake.errors import BadInput
 
 ANNOTATION_KEY = f"{LABEL_NS}.key"
@@ -43,7 +43,7 @@ class InvalidIndex(BadInput, ValueError):
 
 
 def is_gpu(key: CacheKey) -> bool:
-    return key.device != "cpu" and key.cuda != NONE
+    return key.device != "cpu"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

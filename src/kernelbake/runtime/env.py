@@ -50,6 +50,9 @@ class RuntimeEnv:
     # Free-form identity of the build host (e.g. set by the builder's CDI spec); recorded in
     # the manifest's builder entry.
     builder: str = ""
+    # Test stand-ins for GPU families on CPU builders (the fleet test's CDI devices set it):
+    # the device name a CPU build reports. Unsafe: it overrides a measurement.
+    unsafe_test_device: str | None = None
     hf_token: str | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -68,6 +71,7 @@ class RuntimeEnv:
             verify=verify,
             scratch=Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp"),
             builder=env.get("KERNELBAKE_BUILDER", ""),
+            unsafe_test_device=env.get("KERNELBAKE_UNSAFE_TEST_DEVICE") or None,
             hf_token=token,
             environ=env,
         )

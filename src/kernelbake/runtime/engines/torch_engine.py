@@ -18,6 +18,7 @@ from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
     from kernelbake.runtime.preflight import Verdict
@@ -51,6 +52,14 @@ class TorchEngine:
             driver = probe.nvidia_driver()
         else:
             device, arch, driver = "cpu", probe.machine(), NONE
+            stand_in = RuntimeEnv.from_env().unsafe_test_device
+            if stand_in:
+                print(
+                    f"kernelbake: UNSAFE: reporting the CPU as {stand_in!r} "
+                    "($KERNELBAKE_UNSAFE_TEST_DEVICE, a test stand-in for a GPU family)",
+                    file=sys.stderr,
+                )
+                device = stand_in
         return Facts(
             engine_version=version,
             torch=version,

@@ -1,0 +1,73 @@
+"""For real: two stand-in GPU families, each its own Docker daemon with its own CDI device,
+build one model at once; the variants and their index go to the local registry, are signed,
+and resolve to the variant of each family."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelbake.build import BuildOptions, Built, Driver
+from kernelbake.contract.variants import variants_from_index
+from kernelbake.fleet import publish_index
+from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.plan import plan
+from kernelbake.render import BuildMode
+from kernelbake.settings import Settings
+from kernelbake.spec import load_spec
+from tests.admission import live
+from tests.support.fleet import SPEC, two_daemons
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def fleet_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with two_daemons(tmp_path_factory.mktemp("fleet")) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def built(fleet_env: dict[str, str], registry: str, tmp_path_factory: pytest.TempPathFactory) -> list[Built]:
+    targets = plan(load_spec(SPEC), [], registry=f"{registry}/fleet")
+    out = tmp_path_factory.mktemp("fleet-build")
+    return Driver(Settings.from_env(fleet_env)).build(
+        targets, BuildOptions(out=out, push=True, mode=BuildMode.TWO_PHASE)
+    )
+
+
+def test_each_family_built_on_its_own_daemon_with_its_own_device(
+    built: list[Built], fleet_env: dict[str, str]
+) -> None:
+    assert [b.target.gpu.name for b in built] == ["test-a", "test-b"]
+    for b in built:
+        assert b.pushed is not None
+        # The compile stage measured the stand-in device (else it refuses: exit 6) on the
+        # family's own daemon, whose CDI device named the builder.
+        doc = json.loads(live.kernelbake("inspect", b.pushed, "--json").stdout)
+        assert doc["cache_manifest"]["builder"]["device"] == b.target.gpu.device_name
+        assert doc["cache_manifest"]["builder"]["host"] == f"test-fleet:{b.target.gpu.family[-1]}"
+        assert doc["cache_manifest"]["files"] > 0
+
+
+def test_the_index_signs_verifies_and_resolves_per_family(built: list[Built], tmp_path: Path) -> None:
+    pushed = [b.pushed for b in built if b.pushed]
+    index = publish_index(pushed)
+    top = RegistryClient(timeout=30).get_manifest(parse_reference(index))
+    devices = [v.key.device for v in variants_from_index(top.doc, source=index)]
+    assert devices == ["kernelbake test device A", "kernelbake test device B"]
+    key, pub = live.generate_key(tmp_path / "keys", "fleet")
+    done = live.kernelbake("sign", "--key", str(key), index)
+    assert done.stderr.count("signed ") == 2 and index.split("@")[1] in done.stdout
+    for b in built:
+        assert b.pushed is not None
+        live.kernelbake("verify", b.pushed, "--key", str(pub))
+    for b in built:
+        doc = json.loads(
+            live.kernelbake("resolve", index, "--gpu-product", b.target.gpu.gfd_product[0], "--json").stdout
+        )
+        assert doc["run"] == b.pushed
+        assert [v["tier"] for v in doc["variants"]] == ["same device", "same arch, other device"]
