@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kernelbake import oci
 from kernelbake.cli import main
 from kernelbake.errors import BadInput, KernelbakeError
 from kernelbake.key import LABEL_DIGEST, LABEL_KEY
@@ -358,11 +359,14 @@ def test_every_failure_class_has_its_own_exit_code() -> None:
     codes = [c.return_code for c in classes]
     assert len(codes) == len(set(codes)), sorted(zip(codes, [c.__name__ for c in classes], strict=True))
     assert all(0 < c < 126 for c in codes)
+    # One "could not answer" type, oci's, whichever layer raised it.
     assert all(
-        issubclass(c, E.RegistryUnavailable)
-        for c in (E.ImageNotFound, E.RegistryServerFailure, E.RegistryTimeout)
+        issubclass(c, oci.RegistryUnavailable)
+        for c in (E.RegistryServerFailure, E.RegistryTimeout, E.RegistryAccessDenied)
     )
-    assert not issubclass(E.RegistryMisbehaved, E.RegistryUnavailable)
+    assert issubclass(E.ImageNotFound, oci.RegistryNotFound)
+    assert not issubclass(E.ImageNotFound, oci.RegistryUnavailable)
+    assert not issubclass(E.RegistryMisbehaved, oci.RegistryUnavailable)
 
 
 def test_push_helper_builds_labels_from_plan() -> None:

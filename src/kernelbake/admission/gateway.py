@@ -29,6 +29,7 @@ from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
 from kernelbake.errors import KernelbakeError
 from kernelbake.key import CacheKey
+from kernelbake.oci.errors import RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,6 @@ class ImageRejected(KernelbakeError):
     """The image is not acceptable: unsigned, wrong signer, labels disagree with the attestation …"""
 
     return_code = 7
-
-
-class RegistryUnavailable(KernelbakeError):
-    """The registry could not answer (down, 5xx, timeout): the verdict is unknown."""
-
-    return_code = 5
 
 
 @dataclasses.dataclass(frozen=True)

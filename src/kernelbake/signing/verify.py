@@ -54,7 +54,6 @@ from kernelbake.signing.errors import (
     RegistryMisbehaved,
     RegistryServerFailure,
     RegistryTimeout,
-    RegistryUnavailable,
     SubjectMismatch,
     TagMoved,
     Unsigned,
@@ -70,7 +69,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["RegistryUnavailable", "VerificationFailed", "VerifiedImage", "verify_image"]
+__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
