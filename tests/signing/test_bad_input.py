@@ -84,7 +84,8 @@ def test_wrong_identity(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config
+    from kernelbake.signing._internal.keyless import load_trust_config
+    from kernelbake.signing.signer import KeylessSigner
 
     image = make_image()
     token = make_token(

@@ -29,9 +29,9 @@ import yaml
 
 from kernelbake._suggest import did_you_mean
 from kernelbake.errors import BadInput
+from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
 
-PUBLIC_GOOD = "sigstore-public-good"
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
 _FIELDS = ("identities", "keys", "trusted_root", "require_attestation")
 _IDENTITY_FIELDS = ("issuer", "issuer_regex", "subject", "subject_regex")
