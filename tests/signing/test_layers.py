@@ -9,7 +9,7 @@ from pathlib import Path
 import kernelbake.signing._internal as internal
 
 # Vocabulary shared by both layers; none of them imports anything of signing's public layer.
-ALLOWED = {"kernelbake.errors", "kernelbake.signing.errors", "kernelbake.signing.formats"}
+ALLOWED = {"kernelbake.cache", "kernelbake.errors", "kernelbake.signing.errors", "kernelbake.signing.formats"}
 
 
 def _imports(path: Path) -> set[str]:

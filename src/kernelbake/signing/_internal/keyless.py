@@ -32,6 +32,7 @@ from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
+from kernelbake.cache import BoundedCache
 from kernelbake.errors import BadInput
 from kernelbake.signing import formats
 from kernelbake.signing._internal import certs
@@ -88,7 +89,9 @@ def load_trust_config(value: str) -> ClientTrustConfig:
         raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
 
 
-_roots: dict[tuple[str, float], tuple[TrustedRoot, Verifier]] = {}
+# Keyed by path and mtime, so a rewritten file is reloaded; bounded, so rewriting it often (or
+# many policies) does not grow the process.
+_roots: BoundedCache[tuple[str, float], tuple[TrustedRoot, Verifier]] = BoundedCache(16)
 
 
 def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
@@ -96,15 +99,18 @@ def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
     try:
         if trusted_root == PUBLIC_GOOD:
             key = (trusted_root, 0.0)
-            if key not in _roots:
-                root = ClientTrustConfig.production().trusted_root
-                _roots[key] = (root, Verifier(trusted_root=root))
-            return _roots[key]
-        key = (trusted_root, Path(trusted_root).stat().st_mtime)
-        if key not in _roots:
+        else:
+            key = (trusted_root, Path(trusted_root).stat().st_mtime)
+        hit = _roots.get(key)
+        if hit is not None:
+            return hit
+        if trusted_root == PUBLIC_GOOD:
+            root = ClientTrustConfig.production().trusted_root
+        else:
             root = TrustedRoot.from_file(trusted_root)
-            _roots[key] = (root, Verifier(trusted_root=root))
-        return _roots[key]
+        loaded = (root, Verifier(trusted_root=root))
+        _roots.put(key, loaded)
+        return loaded
     except (OSError, ValueError, Error, requests.RequestException) as exc:
         raise TrustRootUnavailable(f"cannot load trusted root {trusted_root}: {exc}") from None
 
