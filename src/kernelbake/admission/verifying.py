@@ -27,9 +27,11 @@ _T = TypeVar("_T")
 
 
 def verify_policy(policy: AdmissionPolicy) -> VerifyPolicy:
-    """Parse the ``verify:`` section now, so a bad one fails at load with file:field."""
+    """Parse the ``verify:`` section now, so a bad one fails at load with file:line: field."""
     return VerifyPolicy.from_mapping(
-        policy.verify, source=f"{policy.source}:verify", base_dir=Path(policy.source).parent
+        policy.verify,
+        source=policy.verify_source or f"{policy.source}: verify",
+        base_dir=Path(policy.source).parent,
     )
 
 
