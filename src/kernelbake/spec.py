@@ -118,6 +118,11 @@ class ImageSpec:
     targets: tuple[str, ...]
     # GPU family (or "default") → base image reference; empty means the engine's default.
     base: tuple[tuple[str, str], ...] = ()
+    # Where the spec was read, so errors found after loading (plan) name file:line: field too.
+    located: Source | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def where(self, field: str) -> str:
+        return self.located.where(field) if self.located is not None else f"{self.source}: {field}"
 
     def base_for(self, family: str) -> str | None:
         bases = dict(self.base)
@@ -259,4 +264,5 @@ def load_spec(path: str | Path) -> ImageSpec:
         compile=_compile(doc, top.get("compile")),
         targets=tuple(t.lower() for t in targets),
         base=tuple(sorted((str(k), v) for k, v in base.items())),
+        located=doc,
     )
