@@ -77,6 +77,7 @@ def test_wrong_key(
     rejected(capsys, verify_argv(image.tagged, keys), E.UntrustedSigner, other_keys.public.fingerprint)
 
 
+@pytest.mark.sigstore
 def test_wrong_identity(
     make_image: ImageFactory,
     client: RegistryClient,
@@ -324,6 +325,7 @@ def test_malformed_token(
     rejected(capsys, ["sign", "--keyless", image.tagged], E.TokenMalformed, match)
 
 
+@pytest.mark.sigstore
 def test_no_token(make_image: ImageFactory, keyless_env: None, capsys: pytest.CaptureFixture[str]) -> None:
     image = make_image()
     rejected(capsys, ["sign", "--keyless", image.tagged], E.TokenMissing, "OIDC identity token")
