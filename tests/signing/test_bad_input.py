@@ -21,11 +21,16 @@ from kernelbake.signing import errors as E
 from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import attach_statement, sign_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, make_token
-from tests.signing.faults import fault_proxy, silent_registry
 from tests.signing.images import PushedImage, push_image, tiny_llama_target
 from tests.signing.tamper import copy_signatures, replace_bundles, rewrite_bundles
+from tests.support.faults import fault_proxy, silent_registry
 
-pytestmark = pytest.mark.registry
+
+# The CLI's failure modes are signing logic: the in-memory registry serves them (no binary).
+@pytest.fixture(scope="session")
+def image_registry(memory_registry: str) -> str:
+    return memory_registry
+
 
 SEEN: dict[int, str] = {}
 
@@ -242,12 +247,14 @@ def test_not_a_kernelbake_image(
     rejected(capsys, verify_argv(image.tagged, keys), E.NotKernelbakeImage, "not a kernelbake image")
 
 
-def test_registry_404(registry: str, keys: KeyPair, capsys: pytest.CaptureFixture[str]) -> None:
-    rejected(capsys, verify_argv(f"{registry}/kb/does-not-exist:v1", keys), E.ImageNotFound, "not found")
+def test_registry_404(image_registry: str, keys: KeyPair, capsys: pytest.CaptureFixture[str]) -> None:
+    rejected(
+        capsys, verify_argv(f"{image_registry}/kb/does-not-exist:v1", keys), E.ImageNotFound, "not found"
+    )
 
 
 def test_registry_500(
-    registry: str,
+    image_registry: str,
     client: RegistryClient,
     make_image: ImageFactory,
     keys: KeyPair,
@@ -256,10 +263,12 @@ def test_registry_500(
     image = make_image()
     sign_image(image.tagged, keys.signer, client=client)
     repo = image.ref.repository
-    with fault_proxy(registry, lambda method, path: 500) as broken:
+    with fault_proxy(image_registry, lambda method, path: 500) as broken:
         rejected(capsys, verify_argv(f"{broken}/{repo}:v1", keys), E.RegistryServerFailure, "500")
     # Failing only where signatures are looked up must not read as "unsigned".
-    with fault_proxy(registry, lambda method, path: 500 if "/manifests/sha256-" in path else None) as flaky:
+    with fault_proxy(
+        image_registry, lambda method, path: 500 if "/manifests/sha256-" in path else None
+    ) as flaky:
         rejected(capsys, verify_argv(f"{flaky}/{repo}:v1", keys), E.RegistryServerFailure, "500")
 
 
@@ -332,15 +341,20 @@ def test_no_token(make_image: ImageFactory, keyless_env: None, capsys: pytest.Ca
 
 
 def test_bad_reference_and_policy_are_bad_input(
-    registry: str, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    image_registry: str, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rejected(capsys, verify_argv(f"{registry}/Kb/UPPER:v1", keys), E.InvalidImageReference, "bad repository")
+    rejected(
+        capsys, verify_argv(f"{image_registry}/Kb/UPPER:v1", keys), E.InvalidImageReference, "bad repository"
+    )
     assert issubclass(E.InvalidImageReference, BadInput)
     assert issubclass(E.InvalidImageReference, E.VerificationFailed)
     empty = tmp_path / "empty.yaml"
     empty.write_text("verify:\n  keys: []\n")
     rejected(
-        capsys, ["verify", f"{registry}/kb/x:v1", "--policy", str(empty)], BadInput, "trusts no identity"
+        capsys,
+        ["verify", f"{image_registry}/kb/x:v1", "--policy", str(empty)],
+        BadInput,
+        "trusts no identity",
     )
 
 
