@@ -125,3 +125,11 @@ def test_build_mode_is_shown_and_taken_as_its_wire_value(
     with pytest.raises(SystemExit) as exc:
         main([command, "--mode", "twophase", str(SPECS / "malformed.yaml")])
     assert exc.value.code == 2
+
+
+def test_plan_errors_name_the_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by plan (the catalogue), after loading: still file:line: field.
+    assert main(["plan", str(SPECS / "unknown-gpu.yaml")]) == 2
+    assert "unknown-gpu.yaml:4: targets[0]: unknown GPU 'h1000'" in capsys.readouterr().err
+    assert main(["plan", str(SPECS / "unknown-engine-version.yaml")]) == 2
+    assert "unknown-engine-version.yaml:3: engine.version: kernelbake has no data" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernelbake.contract.compat import Severity, check, rank
+from kernelbake.contract.compat import Severity, check
 from kernelbake.contract.key import CacheKey, Engine, InvalidKey, key_from_labels, parse_key
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
@@ -80,13 +80,3 @@ def test_check_gives_reasons_and_driver_is_a_floor() -> None:
     assert [r.field for r in pcie.reasons] == ["device"]
     assert pcie.reasons[0].severity is Severity.BLOCKING
     assert "device name" in str(pcie.reasons[0])
-
-
-def test_rank_puts_exact_match_first() -> None:
-    exact = _qwen_h100()
-    other = exact.replace(device="NVIDIA H200")
-    newer_kb = exact.replace(kernelbake="9.9.9")
-    found = exact.replace(driver_floor="600.0")
-    ranked = rank([other, newer_kb, exact], found)
-    assert [m.key for m in ranked] == [exact, newer_kb, other]
-    assert ranked[0].usable and ranked[1].usable and not ranked[2].usable

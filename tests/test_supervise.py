@@ -27,10 +27,12 @@ from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine, facts_for
 
+# The handler uses os.write, not print: the signal can land while print("ready") is still
+# flushing, and a second print into the same buffer raises "reentrant call".
 _CHILD = textwrap.dedent(
     """
-    import signal, sys, time
-    signal.signal(signal.SIGTERM, lambda *a: (print("child got SIGTERM", flush=True), sys.exit(3)))
+    import os, signal, time
+    signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b"child got SIGTERM\\n"), os._exit(3)))
     print("ready", flush=True)
     time.sleep(60)
     """

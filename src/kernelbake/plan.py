@@ -97,14 +97,16 @@ def _oci_labels(spec: ImageSpec, gpu: Gpu, base: str, tag: str) -> dict[str, str
 
 def resolve_gpus(spec: ImageSpec, requested: Sequence[str], catalogue: Catalogue) -> list[Gpu]:
     names = list(spec.targets) if not requested or list(requested) == [ALL] else list(requested)
-    for n in spec.targets:
+    for i, n in enumerate(spec.targets):
         if n not in catalogue.gpus:
-            raise SpecError(f"{spec.source}: targets: unknown GPU {n!r}{did_you_mean(n, catalogue.gpus)}")
+            raise SpecError(
+                f"{spec.where(f'targets[{i}]')}: unknown GPU {n!r}{did_you_mean(n, catalogue.gpus)}"
+            )
     gpus = [catalogue.gpu(n) for n in names]
     for g in gpus:
         if g.name not in spec.targets:
             raise SpecError(
-                f"{spec.source}: targets: GPU {g.name!r} is not a target of this spec "
+                f"{spec.where('targets')}: GPU {g.name!r} is not a target of this spec "
                 f"(targets: {', '.join(spec.targets)}); add it to targets or pick one of those"
             )
     return gpus
@@ -119,12 +121,12 @@ def plan(
 ) -> list[BuildTarget]:
     """One target per GPU. ``gpus`` empty or ``["all"]`` means every target in the spec."""
     cat = catalogue or load_catalogue()
-    release = cat.engine(spec.engine, spec.engine_version, where=f"{spec.source}: engine.version")
+    release = cat.engine(spec.engine, spec.engine_version, where=spec.where("engine.version"))
     targets = []
     for gpu in resolve_gpus(spec, gpus, cat):
         if gpu.is_cpu != (release.cuda == "none"):
             raise SpecError(
-                f"{spec.source}: targets: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
+                f"{spec.where('targets')}: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
                 f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if release.cuda == 'none' else 'CUDA'}"
             )
         base = spec.base_for(gpu.family) or release.base_image

@@ -23,8 +23,6 @@ from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget
 
 NO_DEVICE = "none"
-# Dockerfile stages, in build order; the driver builds them one at a time to name the failing one.
-STAGES = ("runtime", "compile", "final")
 
 
 class BuildMode(enum.Enum):
@@ -152,7 +150,6 @@ def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path
 
 __all__ = [
     "CACHE_ROOT",
-    "STAGES",
     "BuildMode",
     "Rendered",
     "device_for",

@@ -1,8 +1,9 @@
 """The real verifier: ``kernelbake.signing.verify.verify_image`` bound to the policy's
 ``verify:`` section, with its failures sorted into what admission distinguishes.
 
-- ``RegistryUnavailable`` (timeout, 5xx, refused credentials): "could not ask", the case
-  ``registry_errors`` decides;
+- ``kernelbake.oci.RegistryUnavailable`` (timeout, 5xx, refused credentials), whether the
+  registry client or verification raised it: "could not ask", the case ``registry_errors``
+  decides, passed through as it is;
 - everything else, including a 404 for the image, is a rejection: the registry answered and the
   image is not there or not acceptable.
 """
@@ -15,11 +16,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from kernelbake import oci
-from kernelbake.admission.gateway import Gateway, ImageRejected, RegistryUnavailable
+from kernelbake.admission.gateway import Gateway, ImageRejected
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.errors import KernelbakeError
 from kernelbake.settings import Settings
-from kernelbake.signing import errors as signing_errors
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.verify import VerifiedImage, verify_image
 
@@ -27,9 +27,11 @@ _T = TypeVar("_T")
 
 
 def verify_policy(policy: AdmissionPolicy) -> VerifyPolicy:
-    """Parse the ``verify:`` section now, so a bad one fails at load with file:field."""
+    """Parse the ``verify:`` section now, so a bad one fails at load with file:line: field."""
     return VerifyPolicy.from_mapping(
-        policy.verify, source=f"{policy.source}:verify", base_dir=Path(policy.source).parent
+        policy.verify,
+        source=policy.verify_source or f"{policy.source}: verify",
+        base_dir=Path(policy.source).parent,
     )
 
 
@@ -66,15 +68,10 @@ class SignedImageVerifier:
 def _sorted(call: Callable[[], _T]) -> _T:
     try:
         return call()
-    except (signing_errors.ImageNotFound, oci.RegistryNotFound) as exc:
+    except oci.RegistryNotFound as exc:  # signing's ImageNotFound is one
         raise ImageRejected(f"image not found: {exc}") from None
-    except (
-        signing_errors.RegistryUnavailable,
-        oci.RegistryUnreachable,
-        oci.RegistryServerError,
-        oci.RegistryDenied,
-    ) as exc:
-        raise RegistryUnavailable(str(exc)) from None
+    except oci.RegistryUnavailable:
+        raise
     except KernelbakeError as exc:
         raise ImageRejected(str(exc)) from None
 

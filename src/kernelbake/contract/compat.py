@@ -1,14 +1,13 @@
 """Compatibility between a baked key and what is found (a GPU node, a running container).
 
-Never a bare bool: ``check`` returns a ``Match`` carrying every reason, and ``rank`` orders
-candidates best first, as ``packaging.tags.sys_tags`` does for wheels.
+Never a bare bool: ``check`` returns a ``Match`` carrying every reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from kernelbake.contract.key import NONE, CacheKey, key_from_fields
 
@@ -116,9 +115,3 @@ def check_fields(baked: CacheKey, found: Mapping[str, str]) -> Match:
     merged = baked.as_dict()
     merged.update({k: v for k, v in found.items() if k in merged})
     return check(baked, key_from_fields(merged, source="(found)"))
-
-
-def rank(candidates: Iterable[CacheKey], found: CacheKey) -> list[Match]:
-    """Best first: usable ones before unusable, then fewest reasons; stable otherwise."""
-    matches = [check(c, found) for c in candidates]
-    return sorted(matches, key=lambda m: (not m.usable, len(m.blocking), len(m.reasons)))

@@ -6,6 +6,7 @@ from kernelbake.oci.errors import (
     RegistryNotFound,
     RegistryProtocolError,
     RegistryServerError,
+    RegistryUnavailable,
     RegistryUnreachable,
 )
 from kernelbake.oci.reference import InvalidReference, Reference, parse_reference
@@ -22,6 +23,7 @@ __all__ = [
     "RegistryNotFound",
     "RegistryProtocolError",
     "RegistryServerError",
+    "RegistryUnavailable",
     "RegistryUnreachable",
     "base_url",
     "fallback_tag",

@@ -14,14 +14,13 @@ import ipaddress
 import json
 import socket
 import ssl
-import threading
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from kernelbake.cache import BoundedCache
 from kernelbake.oci.auth import Challenge, Credentials, docker_credentials, parse_challenge
 from kernelbake.oci.errors import (
     RegistryDenied,
@@ -48,35 +47,15 @@ DEFAULT_MAX_BLOB_BYTES = 64 << 20
 # images over and over). Only what a digest names is cached, never tags or referrer listings.
 CACHE_BYTES = 32 << 20
 CACHE_ITEM_BYTES = 4 << 20
+# The byte bound is the one that matters; this one only caps bookkeeping for tiny items.
+CACHE_ENTRIES = 65_536
+
+# (host, repository, digest) -> (content already checked against the digest, media type).
+_DigestCache: TypeAlias = BoundedCache[tuple[str, str, str], tuple[bytes, str]]
 
 
-class _DigestCache:
-    """A byte-bounded LRU of (host, repository, digest) -> content already checked against digest."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._size = 0
-        self._items: OrderedDict[tuple[str, str, str], tuple[bytes, str]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str]) -> tuple[bytes, str] | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: tuple[str, str, str], data: bytes, media_type: str = "") -> None:
-        if len(data) > CACHE_ITEM_BYTES:
-            return
-        with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = (data, media_type)
-            self._size += len(data)
-            while self._size > self._limit:
-                _, (old, _) = self._items.popitem(last=False)
-                self._size -= len(old)
+def _digest_cache() -> _DigestCache:
+    return BoundedCache(CACHE_ENTRIES, max_weight=CACHE_BYTES, weigh=lambda item: len(item[0]))
 
 
 def fallback_tag(digest: str) -> str:
@@ -153,7 +132,7 @@ class RegistryClient:
         # Authorization header per (host, repository), learnt from the last challenge.
         self._auth: dict[tuple[str, str], str] = {}
         self._referrers_api: dict[str, bool] = {}
-        self._cache = _DigestCache(CACHE_BYTES)
+        self._cache = _digest_cache()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -311,8 +290,12 @@ class RegistryClient:
         manifest = Manifest.from_bytes(data, media_type, source=what)
         if ref.digest and manifest.digest != ref.digest:
             raise RegistryProtocolError(f"{what}: registry sent content with digest {manifest.digest}")
-        self._cache.put((ref.api_host, ref.repository, manifest.digest), data, media_type)
+        self._remember((ref.api_host, ref.repository, manifest.digest), data, media_type)
         return manifest
+
+    def _remember(self, key: tuple[str, str, str], data: bytes, media_type: str = "") -> None:
+        if len(data) <= CACHE_ITEM_BYTES:
+            self._cache.put(key, (data, media_type))
 
     def resolve(self, ref: Reference) -> str:
         """Digest of the manifest ``ref`` names (one GET)."""
@@ -352,7 +335,7 @@ class RegistryClient:
         data = self._read(resp, max_bytes, what=what)
         if sha256_digest(data) != digest:
             raise RegistryProtocolError(f"{what}: registry sent content with digest {sha256_digest(data)}")
-        self._cache.put(cache_key, data)
+        self._remember(cache_key, data)
         return data
 
     def has_blob(self, ref: Reference, digest: str) -> bool:

@@ -74,10 +74,6 @@ def read_manifest(root: Path) -> Manifest:
     return Manifest.from_json(text, source=str(path))
 
 
-def manifest_digest(root: Path) -> str:
-    return "sha256:" + _sha256(root / MANIFEST)
-
-
 def verify(root: Path, manifest: Manifest, *, deep: bool = True) -> list[str]:
     """Problems found (empty when intact). ``deep`` hashes every file; otherwise sizes only."""
     problems = []

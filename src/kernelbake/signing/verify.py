@@ -49,7 +49,6 @@ from kernelbake.signing.errors import (
     RegistryMisbehaved,
     RegistryServerFailure,
     RegistryTimeout,
-    RegistryUnavailable,
     SubjectMismatch,
     TagMoved,
     Unsigned,
@@ -65,7 +64,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["RegistryUnavailable", "VerificationFailed", "VerifiedImage", "unavailable", "verify_image"]
+__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -320,8 +319,3 @@ def verify_image(
         signer=signature.verified.signer,
         attestation=attested,
     )
-
-
-def unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` means the registry could not be asked (admission's fail-open question)."""
-    return isinstance(exc, RegistryUnavailable)
