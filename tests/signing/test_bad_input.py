@@ -20,7 +20,7 @@ from kernelbake.signing import errors as E
 from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import attach_statement, sign_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, make_token
-from tests.signing.faults import fault_proxy, silent_registry
+from tests.support.faults import fault_proxy, silent_registry
 from tests.signing.images import PushedImage, push_image, tiny_llama_target
 from tests.signing.tamper import copy_signatures, replace_bundles, rewrite_bundles
 
@@ -266,7 +266,7 @@ def test_registry_timeout(keys: KeyPair, capsys: pytest.CaptureFixture[str]) -> 
             capsys,
             verify_argv(f"{silent}/kb/tiny:v1", keys, "--timeout", "0.5"),
             E.RegistryTimeout,
-            "no answer",
+            "did not finish within 0.5s",
         )
 
 

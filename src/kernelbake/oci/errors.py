@@ -14,6 +14,10 @@ class RegistryUnreachable(RegistryError):
     """No answer: connection refused, DNS failure or timeout."""
 
 
+class DeadlineExceeded(RegistryUnreachable):
+    """A call did not finish within its total deadline (a slow or dripping registry)."""
+
+
 class RegistryServerError(RegistryError):
     """The registry answered 5xx."""
 
