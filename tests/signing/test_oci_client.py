@@ -22,8 +22,8 @@ from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image
 from tests.signing.authreg import USER, basic_auth_registry, token_auth_registry, write_docker_config
 from tests.signing.conftest import ImageFactory, KeyPair
-from tests.support.faults import Reply, fault_proxy
 from tests.signing.images import push_image
+from tests.support.faults import Reply, fault_proxy
 
 pytestmark = pytest.mark.registry
 

@@ -42,11 +42,12 @@ class Reset:
 
 @dataclasses.dataclass(frozen=True)
 class Drip:
-    """Forward the registry's answer one byte every ``every`` seconds: from the status line on,
-    or (``body_only``) headers at once and then the body."""
+    """Send the registry's answer (or ``reply``) one byte every ``every`` seconds: from the
+    status line on, or (``body_only``) headers at once and then the body."""
 
     every: float
     body_only: bool = False
+    reply: Reply | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +132,10 @@ def proxy(upstream: str, rule: Rule, edit: Edit | None = None) -> Iterator[Proxy
                 self.connection.close()
                 return
             if isinstance(answer, Reply):
-                headers = {"Content-Type": "application/json", **answer.headers}
-                self.wfile.write(self._head(answer.status, list(headers.items()), len(answer.body)) + answer.body)
+                self.wfile.write(self._reply(answer))
+                return
+            if isinstance(answer, Drip) and answer.reply is not None:
+                self._drip(answer, self._reply(answer.reply))
                 return
             status, headers, body = self._upstream()
             if isinstance(answer, Substitute):
@@ -151,15 +154,19 @@ def proxy(upstream: str, rule: Rule, edit: Edit | None = None) -> Iterator[Proxy
             if isinstance(answer, Drip):
                 if answer.body_only:
                     self.wfile.write(head)
-                    dripped = body
-                else:
-                    dripped = head + body
-                for i in range(len(dripped)):
-                    if stopping.wait(answer.every):
-                        return
-                    self.wfile.write(dripped[i : i + 1])
+                self._drip(answer, body if answer.body_only else head + body)
                 return
             self.wfile.write(head + body)
+
+        def _reply(self, reply: Reply) -> bytes:
+            headers = {"Content-Type": "application/json", **reply.headers}
+            return self._head(reply.status, list(headers.items()), len(reply.body)) + reply.body
+
+        def _drip(self, drip: Drip, data: bytes) -> None:
+            for i in range(len(data)):
+                if stopping.wait(drip.every):
+                    return
+                self.wfile.write(data[i : i + 1])
 
         # A client that gave up (the point of most faults) closes its end: not an error.
         def handle_one_request(self) -> None:
