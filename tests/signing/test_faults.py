@@ -34,7 +34,7 @@ EXPECTED: dict[Fault, tuple[type[KernelbakeError], str]] = {
     Fault.HANG: (E.RegistryTimeout, f"did not finish within {DEADLINE:g}s"),
     Fault.DRIP: (E.RegistryTimeout, f"did not finish within {DEADLINE:g}s"),
     Fault.DRIP_BODY: (E.RegistryTimeout, f"did not finish within {DEADLINE:g}s"),
-    Fault.RESET: (E.RegistryTimeout, "connection reset"),
+    Fault.RESET: (E.RegistryTimeout, "broke (connection reset)"),
     Fault.TRUNCATE: (E.RegistryTimeout, "transfer broke off"),
     Fault.WRONG_DIGEST: (E.RegistryMisbehaved, "registry sent content with digest"),
 }

@@ -215,7 +215,10 @@ class RegistryClient:
             if isinstance(exc, requests.Timeout):
                 raise RegistryUnreachable(f"{what}: no answer within {left:.3g}s from {url}") from None
             if isinstance(exc, requests.ConnectionError):
-                raise RegistryUnreachable(f"{what}: cannot connect to {url} ({_reason(exc)})") from None
+                reason = _reason(exc)
+                if reason in ("connection refused", "unknown host") or reason.startswith("TLS"):
+                    raise RegistryUnreachable(f"{what}: cannot connect to {url} ({reason})") from None
+                raise RegistryUnreachable(f"{what}: connection to {url} broke ({reason})") from None
             raise RegistryUnreachable(f"{what}: request to {url} failed ({type(exc).__name__})") from None
 
     def _authorize(self, challenge: Challenge, host: str, *, what: str) -> str | None:
@@ -308,8 +311,10 @@ class RegistryClient:
                 if total > limit:
                     raise RegistryProtocolError(f"{what}: more than the {limit}-byte limit")
                 chunks.append(chunk)
-        except requests.RequestException as exc:
-            raise RegistryUnreachable(f"{what}: transfer broke off ({type(exc).__name__})") from None
+        except requests.RequestException:
+            # Bytes already read may sit in urllib3's buffer: say what was promised, not a count.
+            promised = f" before the last of its {declared} bytes" if declared else ""
+            raise RegistryUnreachable(f"{what}: transfer broke off{promised}") from None
         finally:
             resp.close()
         return b"".join(chunks)
