@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.cli import main
-from kernelbake.errors import EnvironmentProblem, KernelbakeError
+from kernelbake.errors import EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.oci import DeadlineExceeded, RegistryClient, parse_reference
 from kernelbake.signing import errors as E
 from kernelbake.signing.sign import sign_image
@@ -154,4 +154,32 @@ def test_token_exchange_is_inside_the_deadline(registry: str, signed: tuple[Push
     assert message.startswith(f"{p.address}: GET manifest ")
     assert f"did not finish within {DEADLINE:g}s (waiting for {tokens.address})" in message
     assert tokens.faulted == 1
+    assert elapsed < DEADLINE + MARGIN
+
+
+@pytest.mark.parametrize("fault", [Fault.HANG, Fault.DRIP_BODY], ids=lambda f: f.value)
+def test_sign_under_fault(
+    fault: Fault,
+    registry: str,
+    make_image: ImageFactory,
+    keys: KeyPair,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    image = make_image()
+    with proxy(registry, fault_rule(fault)) as p:
+        started = time.monotonic()
+        rc = main(
+            [
+                "sign",
+                "--key",
+                str(keys.private_path),
+                f"{p.address}/{image.ref.repository}:v1",
+                "--timeout",
+                str(DEADLINE),
+            ]
+        )
+        elapsed = time.monotonic() - started
+    line = one_line(capsys.readouterr().err, "sign")
+    assert rc == RegistryError.return_code, line
+    assert f"did not finish within {DEADLINE:g}s" in line and p.address in line
     assert elapsed < DEADLINE + MARGIN
