@@ -72,12 +72,16 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def review(
-    tmp_path: Path, address: str, signed: Signed, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, address: str, signed: Signed, capsys: pytest.CaptureFixture[str], **policy_fields: object
 ) -> tuple[int, dict[str, object], str, float]:
     """``kernelbake admission review`` of a pod running the signed image by digest through
     ``address``; (exit code, response, stderr, seconds)."""
     policy = live.write_policy(
-        tmp_path / "policy.yaml", [f"{address}/kernelbake/**"], signed.public_key, deadline_seconds=DEADLINE
+        tmp_path / "policy.yaml",
+        [f"{address}/kernelbake/**"],
+        signed.public_key,
+        deadline_seconds=DEADLINE,
+        **policy_fields,
     )
     request = tmp_path / "request.json"
     image = f"{address}/{REPOSITORY}@{signed.image.digest}"
@@ -125,6 +129,20 @@ def test_review_under_fault_is_denied_in_time(
         reason = f"{p.address}: GET manifest "
     assert reason in str(status["message"]), status["message"]
     assert elapsed < DEADLINE + MARGIN, f"{fault.value}: {elapsed:.2f}s for a {DEADLINE}s deadline"
+
+
+def test_a_wrong_digest_is_rejected_even_where_outages_are_admitted(
+    registry: str, signed: Signed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``registry_errors: unsafe-allow`` admits what could not be checked; content that does
+    not match its digest was checked, and failed."""
+    with proxy(registry, fault_rule(Fault.HANG)) as p:
+        _, response, _, _ = review(tmp_path, p.address, signed, capsys, registry_errors="unsafe-allow")
+    assert response["allowed"] is True, response  # the permissive setting does what it says
+    rule = fault_rule(Fault.WRONG_DIGEST, substitute=signed.impostor)
+    with proxy(registry, rule) as p:
+        rc, response, _, _ = review(tmp_path, p.address, signed, capsys, registry_errors="unsafe-allow")
+    assert (rc, response["allowed"]) == (1, False), response
 
 
 @pytest.mark.parametrize("fault", list(Fault), ids=lambda f: f.value)
