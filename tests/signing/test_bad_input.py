@@ -278,7 +278,7 @@ def test_registry_timeout(keys: KeyPair, capsys: pytest.CaptureFixture[str]) -> 
             capsys,
             verify_argv(f"{silent}/kb/tiny:v1", keys, "--timeout", "0.5"),
             E.RegistryTimeout,
-            "no answer",
+            "did not finish within 0.5s",
         )
 
 

@@ -48,6 +48,8 @@ class SignedImageVerifier:
         client_factory: Callable[[], oci.RegistryClient] | None = None,
     ) -> None:
         self.trust = trust
+        # One verification (all its registry calls) ends within this, whatever the registry does.
+        self.deadline = timeout
         self._factory = client_factory or (lambda: oci.RegistryClient(settings, timeout=timeout))
         self._local = threading.local()
 
@@ -58,11 +60,15 @@ class SignedImageVerifier:
         return client
 
     def __call__(self, reference: str) -> VerifiedImage:
-        return _sorted(lambda: verify_image(reference, self.trust, client=self._client()))
+        client = self._client()
+        with client.deadline(self.deadline, "verification deadline"):
+            return _sorted(lambda: verify_image(reference, self.trust, client=client))
 
     def resolve(self, reference: str) -> str:
         """The digest a tag points to now (one manifest GET), for the gateway's tag cache."""
-        return _sorted(lambda: self._client().resolve(oci.parse_reference(reference)))
+        client = self._client()
+        with client.deadline(self.deadline, "verification deadline"):
+            return _sorted(lambda: client.resolve(oci.parse_reference(reference)))
 
 
 def _sorted(call: Callable[[], _T]) -> _T:
@@ -77,5 +83,9 @@ def _sorted(call: Callable[[], _T]) -> _T:
 
 
 def build_gateway(policy: AdmissionPolicy, *, settings: Settings | None = None) -> Gateway:
-    verifier = SignedImageVerifier(verify_policy(policy), settings=settings, timeout=policy.deadline_seconds)
+    # A verification gives up a little before the review's deadline, so that the answer carries
+    # the registry's reason (which registry, which call) instead of "did not finish".
+    verifier = SignedImageVerifier(
+        verify_policy(policy), settings=settings, timeout=policy.deadline_seconds * 0.9
+    )
     return Gateway(verifier, cache=policy.cache, workers=policy.concurrency, resolve=verifier.resolve)

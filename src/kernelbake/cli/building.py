@@ -99,7 +99,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from kernelbake.oci import RegistryClient
     from kernelbake.remote import inspect_remote
 
-    client = RegistryClient(Settings.from_env(), timeout=30.0)
+    client = RegistryClient(Settings.from_env(), timeout=args.timeout)
     doc = _summary(inspect_remote(args.ref, client=client))
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -138,4 +138,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("inspect", help="labels, key and cache manifest of a pushed image")
     p.add_argument("ref", help="REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:...")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds per registry call, connect to last byte (default 30)",
+    )
     p.set_defaults(func=cmd_inspect)

@@ -26,7 +26,12 @@ def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
 
 
 def _add_registry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per registry request (default 10)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds per registry call, connect to last byte (default 10)",
+    )
     p.add_argument(
         "--insecure-registry",
         action="append",

@@ -2,6 +2,7 @@
 
 from kernelbake.oci.client import PushResult, RegistryClient, base_url, fallback_tag
 from kernelbake.oci.errors import (
+    DeadlineExceeded,
     RegistryDenied,
     RegistryNotFound,
     RegistryProtocolError,
@@ -13,6 +14,7 @@ from kernelbake.oci.reference import InvalidReference, Reference, parse_referenc
 from kernelbake.oci.types import Descriptor, Manifest
 
 __all__ = [
+    "DeadlineExceeded",
     "Descriptor",
     "InvalidReference",
     "Manifest",

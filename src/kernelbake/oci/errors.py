@@ -23,6 +23,10 @@ class RegistryUnreachable(RegistryUnavailable):
     """No answer: connection refused, DNS failure or timeout."""
 
 
+class DeadlineExceeded(RegistryUnreachable):
+    """A call did not finish within its total deadline (a slow or dripping registry)."""
+
+
 class RegistryServerError(RegistryUnavailable):
     """The registry answered 5xx."""
 
