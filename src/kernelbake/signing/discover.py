@@ -54,16 +54,17 @@ class Kind(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Artifact:
     kind: Kind
-    origin: str  # where it was found, for messages
+    origin: str  # where it was found, in full, for messages
     data: bytes
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    name: str = ""  # short, beside the image's name: "bundle sha256:1a2b3c4d5e6f", ".sig layer 0"
 
 
 @dataclasses.dataclass(frozen=True)
 class Skipped:
     """Something attached to the digest that was not used, and why; ``count`` alike ones."""
 
-    origin: str
+    origin: str  # short (``Artifact.name``): messages name the image already
     reason: str
     count: int = 1
     unreadable: bool = False  # listed, but could not be read (gone, too large, wrong digest)
@@ -131,25 +132,26 @@ def _ranked(entries: Iterable[Descriptor], prefer: Collection[str]) -> list[Desc
 
 
 def _read_blob(
-    client: RegistryClient, ref: Reference, layer: Descriptor, origin: str, tally: _Tally
+    client: RegistryClient, ref: Reference, layer: Descriptor, name: str, tally: _Tally
 ) -> bytes | None:
     if not is_digest(layer.digest):
-        tally.item(origin, f"malformed layer digest {_shown(layer.digest)}", unreadable=True)
+        tally.item(name, f"malformed layer digest {_shown(layer.digest)}", unreadable=True)
         return None
     if layer.size > MAX_ARTIFACT_BYTES:
-        tally.item(origin, f"{layer.size} bytes is over the {MAX_ARTIFACT_BYTES}-byte limit", unreadable=True)
+        tally.item(name, f"{layer.size} bytes is over the {MAX_ARTIFACT_BYTES}-byte limit", unreadable=True)
         return None
     try:
         return client.get_blob(ref, layer.digest, max_bytes=MAX_ARTIFACT_BYTES)
     except RegistryNotFound:
-        tally.item(origin, f"listed, but its blob {layer.digest} is gone", unreadable=True)
+        tally.item(name, "listed, but its blob is gone", unreadable=True)
     except RegistryProtocolError as exc:
-        tally.item(origin, f"unreadable ({exc})", unreadable=True)
+        # The message names the blob (repository@digest) first; the name above says enough.
+        tally.item(name, f"blob unreadable: {str(exc).partition(': ')[2] or exc}", unreadable=True)
     return None
 
 
 def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Tally) -> Artifact | None:
-    origin = f"{ref.name}@{desc.digest} (bundle)"
+    origin, name = f"{ref.name}@{desc.digest} (bundle)", f"bundle {desc.digest[:19]}"
     try:
         manifest = client.get_manifest(
             ref.with_digest(desc.digest), accept=(mt.OCI_MANIFEST,), max_bytes=MAX_REFERRER_MANIFEST_BYTES
@@ -157,20 +159,20 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
         layers = manifest.layers
         artifact_type = manifest.artifact_type
     except RegistryNotFound:
-        tally.item(origin, "listed, but the manifest is gone", unreadable=True)
+        tally.item(name, "listed, but the manifest is gone", unreadable=True)
         return None
     except RegistryProtocolError as exc:
-        tally.item(origin, f"unreadable ({exc})", unreadable=True)
+        tally.item(name, f"unreadable ({exc})", unreadable=True)
         return None
     if artifact_type not in formats.BUNDLE_MEDIA_TYPES:
-        tally.item(origin, f"not a Sigstore bundle (artifactType {_shown(artifact_type)})")
+        tally.item(name, f"not a Sigstore bundle (artifactType {_shown(artifact_type)})")
         return None
     bundles = [layer for layer in layers if layer.media_type in formats.BUNDLE_MEDIA_TYPES]
     if len(bundles) != 1:
-        tally.item(origin, f"holds {len(bundles)} bundle layers, not one")
+        tally.item(name, f"holds {len(bundles)} bundle layers, not one")
         return None
-    data = _read_blob(client, ref, bundles[0], origin, tally)
-    return None if data is None else Artifact(Kind.BUNDLE, origin, data)
+    data = _read_blob(client, ref, bundles[0], name, tally)
+    return None if data is None else Artifact(Kind.BUNDLE, origin, data, name=name)
 
 
 def _bundles(
@@ -182,12 +184,12 @@ def _bundles(
         if problem is None:
             candidates.append(desc)
         else:
-            tally.group(problem[0], f"referrers of {ref.name}@{ref.digest}", problem[1])
+            tally.group(problem[0], f"referrer {desc.digest[:19]}", problem[1])
     ranked = _ranked(candidates, prefer)
     for desc in ranked[MAX_BUNDLES:]:
         tally.group(
             "bound",
-            f"{ref.name}@{desc.digest} (bundle)",
+            f"bundle {desc.digest[:19]}",
             f"not examined: only the first {MAX_BUNDLES} candidate bundles are",
         )
     found = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
@@ -207,22 +209,22 @@ def _legacy(
     except RegistryNotFound:
         return []
     except RegistryProtocolError as exc:
-        tally.item(f"{ref.name}:{tag}", f"unreadable ({exc})", unreadable=True)
+        tally.item(f"{suffix} tag", f"unreadable ({exc})", unreadable=True)
         return []
     out, examined = [], 0
     for i, layer in enumerate(layers):
-        origin = f"{ref.name}:{tag} layer {i}"
+        origin, name = f"{ref.name}:{tag} layer {i}", f"{suffix} layer {i}"
         if layer.media_type != media_type:
             reason = f"not a signature layer (mediaType {_shown(layer.media_type)})"
-            tally.group(f"{tag} media-type", origin, reason)
+            tally.group(f"{tag} media-type", name, reason)
             continue
         if examined >= MAX_LEGACY_LAYERS:
             reason = f"not examined: only the first {MAX_LEGACY_LAYERS} layers are"
-            tally.group(f"{tag} bound", origin, reason)
+            tally.group(f"{tag} bound", name, reason)
             continue
         examined += 1
-        if (data := _read_blob(client, ref, layer, origin, tally)) is not None:
-            out.append(Artifact(kind, origin, data, layer.annotations))
+        if (data := _read_blob(client, ref, layer, name, tally)) is not None:
+            out.append(Artifact(kind, origin, data, layer.annotations, name=name))
     return out
 
 
@@ -239,14 +241,20 @@ def find_artifacts(client: RegistryClient, ref: Reference, *, prefer: Collection
 
 
 def describe_skipped(skipped: Sequence[Skipped], *, what: str = "attached", shown: int = 3) -> str:
-    """``skipped N attached artifacts: origin: reason; 64 times: reason (first at origin); and M more``:
-    the first ``shown`` entries, then a count, so that junk cannot make a message long."""
-    total = sum(s.count for s in skipped)
+    """``skipped N attached artifacts: origin: reason; 64 times: reason (first origin); and M more``:
+    alike reasons merged, the first ``shown`` of them, then a count, so that junk cannot make a
+    message long."""
+    merged: dict[str, Skipped] = {}
+    for s in skipped:
+        first = merged.get(s.reason)
+        merged[s.reason] = s if first is None else dataclasses.replace(first, count=first.count + s.count)
+    groups = list(merged.values())
     parts = [
         f"{s.origin}: {s.reason}" if s.count == 1 else f"{s.count} times: {s.reason} (first {s.origin})"
-        for s in skipped[:shown]
+        for s in groups[:shown]
     ]
-    rest = sum(s.count for s in skipped[shown:])
+    rest = sum(s.count for s in groups[shown:])
     if rest:
         parts.append(f"and {rest} more")
+    total = sum(s.count for s in groups)
     return f"skipped {total} {what} artifact{'s' * (total != 1)}: {'; '.join(parts)}"

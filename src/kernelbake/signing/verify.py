@@ -119,6 +119,7 @@ class _Claim:
     digests: tuple[str, ...]
     verified: Verified
     origin: str
+    name: str  # short, for notes
     predicate: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -134,18 +135,19 @@ _FAILURE_ORDER: tuple[type[VerificationFailed], ...] = (InvalidSignature, Untrus
 
 
 def _claim(artifact: Artifact, v: Verified) -> _Claim:
-    origin = artifact.origin
+    origin, name = artifact.origin, artifact.name
     if artifact.kind is Kind.LEGACY_SIGNATURE:
-        return _Claim("signature", (intoto.parse_simple_signing(v.payload, source=origin),), v, origin)
+        digests: tuple[str, ...] = (intoto.parse_simple_signing(v.payload, source=origin),)
+        return _Claim("signature", digests, v, origin, name)
     if v.payload_type != intoto.PAYLOAD_TYPE:
         raise MalformedSignature(f"{origin}: signed payloadType {v.payload_type!r} is not in-toto")
     statement = intoto.parse_statement(v.payload, source=origin)
     digests = tuple(statement.digests())
     if statement.predicate_type == intoto.COSIGN_SIGN_PREDICATE:
-        return _Claim("signature", digests, v, origin)
+        return _Claim("signature", digests, v, origin, name)
     if statement.predicate_type == PREDICATE_TYPE:
-        return _Claim("attestation", digests, v, origin, statement.predicate)
-    return _Claim("other", digests, v, origin)
+        return _Claim("attestation", digests, v, origin, name, statement.predicate)
+    return _Claim("other", digests, v, origin, name)
 
 
 def _check(artifact: Artifact, policy: VerifyPolicy) -> _Outcome:
@@ -167,9 +169,9 @@ def _check(artifact: Artifact, policy: VerifyPolicy) -> _Outcome:
         return _Outcome(artifact, failure=exc)
 
 
-def _as_skipped(exc: VerificationFailed, origin: str) -> Skipped:
+def _as_skipped(exc: VerificationFailed, artifact: Artifact) -> Skipped:
     # The failure's message starts with the origin already; keep the reason only.
-    return Skipped(origin, str(exc).removeprefix(f"{origin}: "))
+    return Skipped(artifact.name, str(exc).removeprefix(f"{artifact.origin}: "))
 
 
 def _note(skipped: Sequence[Skipped]) -> str:
@@ -183,7 +185,7 @@ def _nothing_verified(
     for cls in _FAILURE_ORDER:
         for o in outcomes:
             if isinstance(o.failure, cls):
-                rest = [s for s in skipped if s.origin != o.artifact.origin]
+                rest = [s for s in skipped if s.origin != o.artifact.name]
                 return cls(f"{where}: no trusted {what}: {o.failure}{_note(rest)}")
     if skipped:
         return Unsigned(f"{where}: no usable {what} found; {describe_skipped(skipped)}")
@@ -322,7 +324,7 @@ def _attested(
             if cache is None and isinstance(exc, CacheManifestMismatch):
                 raise
             first = first or exc
-            passed_over.append(Skipped(claim.origin, str(exc).removeprefix(f"{where}: ")))
+            passed_over.append(Skipped(claim.name, str(exc).removeprefix(f"{where}: ")))
             continue
         skipped += passed_over
         return claim, manifest_digest
@@ -358,11 +360,11 @@ def verify_image(
     outcomes = [_check(a, policy) for a in found.artifacts]
     claims = [o.claim for o in outcomes if o.claim is not None]
     # Everything passed over, the artifacts that did not verify first (the most telling).
-    skipped = [_as_skipped(o.failure, o.artifact.origin) for o in outcomes if o.failure is not None]
+    skipped = [_as_skipped(o.failure, o.artifact) for o in outcomes if o.failure is not None]
     skipped += found.skipped
     signature = _pick(where, digest, claims, "signature", "signature", outcomes, skipped)[0]
     skipped += [
-        Skipped(c.origin, f"made for {', '.join(c.digests) or 'no digest'}, not this digest")
+        Skipped(c.name, f"made for {', '.join(c.digests) or 'no digest'}, not this digest")
         for c in claims
         if c.kind in ("signature", "attestation") and digest not in c.digests
     ]
