@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kernelbake.errors import BadInput
-from kernelbake.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
+from kernelbake.key import LABEL_KEY, CacheKey, InvalidKey
+from kernelbake.labels import check_labels
 from kernelbake.oci import (
     InvalidReference,
     Reference,
@@ -226,9 +227,12 @@ def _labels_key(where: str, labels: Mapping[str, str]) -> CacheKey:
     if LABEL_KEY not in labels:
         raise NotKernelbakeImage(f"{where}: no {LABEL_KEY} label; not a kernelbake image")
     try:
-        return key_from_labels(labels)
+        checked = check_labels(labels)
     except InvalidKey as exc:
         raise LabelMismatch(f"{where}: labels are inconsistent: {exc}") from None
+    if checked.problems:
+        raise LabelMismatch(f"{where}: labels are inconsistent: {'; '.join(checked.problems)}")
+    return checked.key
 
 
 def _check_predicate(where: str, facts: ImageFacts, key: CacheKey, claim: _Claim) -> KernelCachePredicate:
