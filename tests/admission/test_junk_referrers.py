@@ -15,7 +15,7 @@ from kernelbake.settings import Settings
 from kernelbake.signing import formats
 from tests.admission import documents, live
 from tests.signing.images import PushedImage
-from tests.signing.tamper import delete_blob, list_referrers_first, push_referrer
+from tests.signing.tamper import delete_blob, list_referrers, push_referrer
 
 pytestmark = pytest.mark.registry
 
@@ -31,7 +31,7 @@ def _add_junk(client: RegistryClient, image: PushedImage) -> None:
         push_referrer(client, image, b'{"sbom": %d}' % i, artifact_type=SBOM, layer_type=SBOM)
         for i in range(64)
     ]
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries)
 
 
 def _review(policy: Path, tmp_path: Path, doc: dict[str, Any]) -> tuple[int, dict[str, Any], str]:

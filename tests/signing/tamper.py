@@ -7,7 +7,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from kernelbake.oci import Reference, RegistryClient, RegistryNotFound, fallback_tag
+from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, fallback_tag
 from kernelbake.oci import types as mt
 from kernelbake.signing import formats
 from tests.signing.images import PushedImage
@@ -83,11 +83,15 @@ def rewrite_legacy_annotations(
 # -- junk next to a valid signature ----------------------------------------------------------
 
 
-def list_referrers_first(client: RegistryClient, image: PushedImage, entries: list[dict[str, Any]]) -> None:
-    """Put ``entries`` (descriptor JSON) at the front of ``image``'s fallback referrers index."""
+def list_referrers(
+    client: RegistryClient, image: PushedImage, entries: list[dict[str, Any]], *, first: bool = True
+) -> None:
+    """List ``entries`` (descriptor JSON) in ``image``'s fallback referrers index, before what is
+    there (``first``) or after it, as the newest."""
     ref = image.ref.with_digest(image.digest)
     current = [d.to_json() for d in client.referrers(ref)]
-    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": entries + current})
+    listed = entries + current if first else current + entries
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": listed})
     client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
 
 
@@ -134,3 +138,20 @@ def delete_blob(image: PushedImage, digest: str) -> None:
     url = f"http://{image.ref.registry}/v2/{image.ref.repository}/blobs/{digest}"
     with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10) as resp:
         assert resp.status == 202, resp.status
+
+
+def prepend_legacy_layers(client: RegistryClient, image: PushedImage, count: int) -> None:
+    """Put ``count`` simple-signing layers whose signatures verify under no key before the layers
+    of ``image``'s ``.sig`` tag (older, as cosign appends)."""
+    ref = image.ref.with_digest(image.digest)
+    tag_ref = ref.with_tag(formats.legacy_tag(image.digest, formats.SIG_SUFFIX))
+    manifest = client.get_manifest(tag_ref)
+    junk = []
+    for i in range(count):
+        payload = json.dumps({"junk": i}).encode()
+        client.put_blob(ref, payload)
+        layer = Descriptor.of(payload, formats.SIMPLE_SIGNING, annotations={formats.ANN_SIGNATURE: "AAAA"})
+        junk.append(layer.to_json())
+    doc = dict(manifest.doc)
+    doc["layers"] = junk + [d.to_json() for d in manifest.layers]
+    client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)

@@ -22,7 +22,14 @@ from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
 from tests.signing.images import PushedImage
-from tests.signing.tamper import delete_blob, list_referrers_first, push_referrer, replace_bundles
+from tests.signing.tamper import (
+    delete_blob,
+    drop_bundles,
+    list_referrers,
+    prepend_legacy_layers,
+    push_referrer,
+    replace_bundles,
+)
 
 pytestmark = pytest.mark.registry
 
@@ -90,14 +97,20 @@ JUNK: dict[str, Junk] = {
 }
 
 
+@pytest.mark.parametrize("position", ["listed-first", "listed-last"])
 @pytest.mark.parametrize("kind", list(JUNK))
 def test_a_signed_image_verifies_next_to_junk(
-    make_image: ImageFactory, client: RegistryClient, keys: KeyPair, kind: str, bytes_read: list[int]
+    make_image: ImageFactory,
+    client: RegistryClient,
+    keys: KeyPair,
+    kind: str,
+    position: str,
+    bytes_read: list[int],
 ) -> None:
     image = make_image()
     sign_image(image.tagged, keys.signer, client=client)
     expected, entries = JUNK[kind](client, image)
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries, first=position == "listed-first")
     fresh = RegistryClient(client.settings, timeout=10.0)  # nothing cached from the pushes
     bytes_read.clear()
 
@@ -124,7 +137,7 @@ def test_cli_says_what_it_skipped(
     image = make_image()
     sign_image(image.tagged, keys.signer, client=client)
     _, entries = _gone_blob(client, image)
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries)
     assert main(["verify", image.tagged, "--key", str(keys.public_path)]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"verified {image.pinned}: signed by key ")
@@ -155,7 +168,7 @@ def test_a_trusted_signature_among_other_signers_and_junk(
     sign_image(image.tagged, other_keys.signer, client=client)
     sign_image(image.tagged, keys.signer, client=client)
     _, entries = _gone_blob(client, image)
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries)
     verified = verify_image(image.pinned, keys.policy(), client=client)
     assert verified.signer == f"key {keys.public.fingerprint}"
     assert sum(s.count for s in verified.skipped) == 3  # the intruder's two bundles, the gone one
@@ -189,13 +202,16 @@ def test_only_junk_fails_closed_with_the_reasons(
 ) -> None:
     image = make_image()
     entries = [entry for kind in kinds for entry in JUNK[kind](client, image)[1]]
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries)
     with pytest.raises(error) as failed:
         verify_image(image.pinned, keys.policy(), client=client)
     message = str(failed.value)
     assert type(failed.value) is error
     assert message.startswith(f"{image.pinned}: {start}"), message
-    assert "skipped" in message and " more" in message and "\n" not in message
+    # Every entry is accounted for: the best candidate named, all others counted as skipped.
+    others = len(entries) - (error is not Unsigned)
+    assert f"skipped {others} {'attached' if error is Unsigned else 'other'} artifacts" in message
+    assert "\n" not in message
 
 
 def test_junk_next_to_an_untrusted_signature_names_the_signer(
@@ -204,7 +220,7 @@ def test_junk_next_to_an_untrusted_signature_names_the_signer(
     image = make_image()
     sign_image(image.tagged, other_keys.signer, client=client)
     _, entries = _other_types_first(client, image)
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries)
     with pytest.raises(UntrustedSigner) as failed:
         verify_image(image.pinned, keys.policy(), client=client)
     message = str(failed.value)
@@ -216,7 +232,7 @@ def test_junk_that_copies_the_annotations_past_the_bound_fails_closed(
     make_image: ImageFactory, client: RegistryClient, keys: KeyPair
 ) -> None:
     # Whoever may push can always deny (delete the signature, or bury it under more than the bound
-    # of look-alikes); what matters is that this costs bounded work and says so.
+    # of look-alikes, listed as the newest); what matters is that this costs bounded work and says so.
     image = make_image()
     sign_image(image.tagged, keys.signer, client=client)
     annotations = {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE}
@@ -224,7 +240,24 @@ def test_junk_that_copies_the_annotations_past_the_bound_fails_closed(
         push_referrer(client, image, b'{"junk": %d}' % i, annotations=annotations)
         for i in range(discover.MAX_BUNDLES)
     ]
-    list_referrers_first(client, image, entries)
+    list_referrers(client, image, entries, first=False)
     with pytest.raises(MalformedSignature) as failed:
         verify_image(image.pinned, keys.policy(), client=client)
     assert f"not examined: only the first {discover.MAX_BUNDLES} candidate bundles are" in str(failed.value)
+
+
+def test_legacy_layers_are_tried_newest_first_within_their_bound(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    # cosign appends each signature to .sig: older junk (or signatures by a rotated-out key)
+    # beyond the bound does not hide the newest.
+    image = make_image()
+    sign_image(image.tagged, keys.signer, client=client, legacy=True)
+    drop_bundles(client, image)
+    prepend_legacy_layers(client, image, discover.MAX_LEGACY_LAYERS + 4)
+    verified = verify_image(image.pinned, keys.policy(), client=client)
+    assert verified.signer == f"key {keys.public.fingerprint}"
+    note = verified.skipped_note()
+    assert note is not None and note.startswith(f"skipped {discover.MAX_LEGACY_LAYERS + 4} attached")
+    assert f"5 times: not examined: only the first {discover.MAX_LEGACY_LAYERS} layers are" in note
+    assert "15 times: no trusted key" in note

@@ -8,7 +8,7 @@ policy is enough (``verify``); here, finding them:
 * what cannot be a signature is passed over from the listing alone, with nothing fetched: another
   ``artifactType``, not an OCI manifest, a declared size over the limit, a malformed digest;
 * bundles annotated with a predicate type the caller looks for are tried first, then the rest,
-  each group in listing order; at most ``MAX_BUNDLES`` referrers and ``MAX_LEGACY_LAYERS`` layers
+  each group newest (last listed) first; at most ``MAX_BUNDLES`` referrers and ``MAX_LEGACY_LAYERS`` layers
   of each legacy tag are fetched, each read with a size limit (never downloaded whole);
 * a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
   skipped with a note, not an error.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, RegistryProtocolError
 from kernelbake.oci import types as mt
@@ -68,7 +68,6 @@ class Skipped:
     origin: str  # short (``Artifact.name``): messages name the image already
     reason: str
     count: int = 1
-    unreadable: bool = False  # listed, but could not be read (gone, too large, wrong digest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +95,8 @@ class _Tally:
         else:
             self._groups[category] = dataclasses.replace(first, count=first.count + 1)
 
-    def item(self, origin: str, reason: str, *, unreadable: bool = False) -> None:
-        self._items.append(Skipped(origin, reason, unreadable=unreadable))
+    def item(self, origin: str, reason: str) -> None:
+        self._items.append(Skipped(origin, reason))
 
     def result(self) -> tuple[Skipped, ...]:
         return (*self._items, *self._groups.values())
@@ -121,33 +120,35 @@ def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
     return None
 
 
-def _ranked(entries: Iterable[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
+def _ranked(entries: Sequence[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
     # The annotation is a hint (anyone can copy it), so it only orders; verification decides.
+    # kernelbake and cosign append to the fallback index and to .sig/.att: the newest entries,
+    # made with the current key after a rotation, come last, so they are tried first.
     def rank(d: Descriptor) -> tuple[bool, bool]:
         return (
             d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer,
             d.artifact_type not in formats.BUNDLE_MEDIA_TYPES,
         )
 
-    return sorted(entries, key=rank)
+    return sorted(reversed(entries), key=rank)
 
 
 def _read_blob(
     client: RegistryClient, ref: Reference, layer: Descriptor, name: str, tally: _Tally
 ) -> bytes | None:
     if not is_digest(layer.digest):
-        tally.item(name, f"malformed layer digest {_shown(layer.digest)}", unreadable=True)
+        tally.item(name, f"malformed layer digest {_shown(layer.digest)}")
         return None
     if layer.size > MAX_ARTIFACT_BYTES:
-        tally.item(name, f"{layer.size} bytes is over the {MAX_ARTIFACT_BYTES}-byte limit", unreadable=True)
+        tally.item(name, f"{layer.size} bytes is over the {MAX_ARTIFACT_BYTES}-byte limit")
         return None
     try:
         return client.get_blob(ref, layer.digest, max_bytes=MAX_ARTIFACT_BYTES)
     except RegistryNotFound:
-        tally.item(name, "listed, but its blob is gone", unreadable=True)
+        tally.item(name, "listed, but its blob is gone")
     except RegistryProtocolError as exc:
         # The message names the blob (repository@digest) first; the name above says enough.
-        tally.item(name, f"blob unreadable: {str(exc).partition(': ')[2] or exc}", unreadable=True)
+        tally.item(name, f"blob unreadable: {str(exc).partition(': ')[2] or exc}")
     return None
 
 
@@ -160,10 +161,10 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
         layers = manifest.layers
         artifact_type = manifest.artifact_type
     except RegistryNotFound:
-        tally.item(name, "listed, but the manifest is gone", unreadable=True)
+        tally.item(name, "listed, but the manifest is gone")
         return None
     except RegistryProtocolError as exc:
-        tally.item(name, f"unreadable ({exc})", unreadable=True)
+        tally.item(name, f"unreadable ({exc})")
         return None
     if artifact_type not in formats.BUNDLE_MEDIA_TYPES:
         tally.item(name, f"not a Sigstore bundle (artifactType {_shown(artifact_type)})")
@@ -210,10 +211,10 @@ def _legacy(
     except RegistryNotFound:
         return []
     except RegistryProtocolError as exc:
-        tally.item(f"{suffix} tag", f"unreadable ({exc})", unreadable=True)
+        tally.item(f"{suffix} tag", f"unreadable ({exc})")
         return []
     out, examined = [], 0
-    for i, layer in enumerate(layers):
+    for i, layer in reversed(list(enumerate(layers))):  # newest first, as in _ranked
         origin, name = f"{ref.name}:{tag} layer {i}", f"{suffix} layer {i}"
         if layer.media_type != media_type:
             reason = f"not a signature layer (mediaType {_shown(layer.media_type)})"
