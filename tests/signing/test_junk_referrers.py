@@ -5,6 +5,7 @@ and says why."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,8 @@ from kernelbake.oci import RegistryClient
 from kernelbake.oci.types import sha256_digest
 from kernelbake.signing import discover, formats, intoto
 from kernelbake.signing.errors import MalformedSignature, Unsigned, UntrustedSigner, VerificationFailed
-from kernelbake.signing.sign import sign_image
+from kernelbake.signing.predicate import PREDICATE_TYPE
+from kernelbake.signing.sign import attach_statement, sign_image
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
 from tests.signing.images import PushedImage
@@ -261,3 +263,28 @@ def test_legacy_layers_are_tried_newest_first_within_their_bound(
     assert note is not None and note.startswith(f"skipped {discover.MAX_LEGACY_LAYERS + 4} attached")
     assert f"5 times: not examined: only the first {discover.MAX_LEGACY_LAYERS} layers are" in note
     assert "15 times: no trusted key" in note
+
+
+@pytest.mark.parametrize("position", ["listed-first", "listed-last"])
+def test_any_trusted_attestation_that_describes_the_image_is_enough(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair, position: str
+) -> None:
+    image = make_image()
+    predicate = sign_image(image.tagged, keys.signer, client=client).predicate
+    assert predicate is not None
+    # Another trusted attestation for this digest that describes another build.
+    wrong = dataclasses.replace(predicate, cache_layer_digest="sha256:" + "e" * 64)
+    digest = attach_statement(image.tagged, keys.signer, PREDICATE_TYPE, wrong.to_json(), client=client)
+    ref = image.ref.with_digest(image.digest)
+    entries = [d.to_json() for d in client.referrers(ref)]
+    wrong_first = position == "listed-first"
+    drop_bundles(client, image)
+    list_referrers(client, image, sorted(entries, key=lambda e: (e["digest"] == digest) != wrong_first))
+    verified = verify_image(image.pinned, keys.policy(), client=client)
+    assert verified.attestation["cacheManifest"]["layerDigest"] == predicate.cache_layer_digest
+    note = verified.skipped_note()
+    if wrong_first:  # the oldest: the right one, newer, satisfied the policy before it was needed
+        assert note is None
+    else:  # the newest: tried first, and skipped
+        assert note is not None and note.startswith("skipped 1 attached artifact: bundle sha256:")
+        assert f"the attestation says sha256:{'e' * 64}" in note

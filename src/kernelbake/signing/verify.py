@@ -3,10 +3,13 @@ signed kernelbake attestation says it is?
 
 In order, failing closed at the first problem:
 1. resolve the reference to a digest once (``repo:tag@digest``: the tag must still point there);
-2. find signature artifacts for that digest (bundle referrers, legacy ``.sig``/``.att`` tags);
-3. a trusted signature (cosign's ``sign/v1`` statement or simple-signing payload) for this digest;
+2. find signature artifacts for that digest (bundle referrers, legacy ``.sig``/``.att`` tags),
+   within the bounds of ``discover``;
+3. a trusted signature (cosign's ``sign/v1`` statement or simple-signing payload) for this digest:
+   any one is enough, as with cosign; the other artifacts are skipped with a note, and only when
+   none satisfies does the most telling reason fail verification;
 4. the image's labels rebuild a consistent compatibility key;
-5. a trusted kernelbake attestation for this digest whose key equals the labels' key;
+5. a trusted kernelbake attestation for this digest whose key equals the labels' key (any one);
 6. the cache manifest in the last layer hashes to the attested digest.
 """
 
@@ -215,12 +218,14 @@ def _pick(
             f"not {digest}{_note(skipped)}"
         )
     failed = [o for o in outcomes if o.failure is not None]
-    if kind == "signature":
+    if kind == "signature" and (failed or skipped or not claims):
         raise _nothing_verified(where, failed, what, skipped)
     tampered = [o for o in failed if isinstance(o.failure, InvalidSignature | MalformedSignature)]
     if tampered:
         raise _nothing_verified(where, tampered, what, skipped)
-    raise MissingAttestation(f"{where}: no trusted {what} for {digest}{_note(skipped)}")
+    raise (MissingAttestation if kind == "attestation" else Unsigned)(
+        f"{where}: no trusted {what} for {digest}{_note(skipped)}"
+    )
 
 
 def _labels_key(where: str, labels: Mapping[str, str]) -> CacheKey:
