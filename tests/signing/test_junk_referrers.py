@@ -86,7 +86,7 @@ def _junk_bundles_first(client: RegistryClient, image: PushedImage) -> tuple[str
     # Bundle-typed but no signature; no predicate annotation, so the real ones are tried first.
     entries = [push_referrer(client, image, b'{"junk": %d}' % i) for i in range(64)]
     examined = discover.MAX_BUNDLES - 2
-    return f"{64 - examined} times: not examined: only the first {discover.MAX_BUNDLES}", entries
+    return f"{64 - examined} times: not examined: only {discover.MAX_BUNDLES} candidate bundles are", entries
 
 
 Junk = Callable[[RegistryClient, PushedImage], tuple[str, list[dict[str, Any]]]]
@@ -245,7 +245,7 @@ def test_junk_that_copies_the_annotations_past_the_bound_fails_closed(
     list_referrers(client, image, entries, first=False)
     with pytest.raises(MalformedSignature) as failed:
         verify_image(image.pinned, keys.policy(), client=client)
-    assert f"not examined: only the first {discover.MAX_BUNDLES} candidate bundles are" in str(failed.value)
+    assert f"not examined: only {discover.MAX_BUNDLES} candidate bundles are" in str(failed.value)
 
 
 def test_legacy_layers_are_tried_newest_first_within_their_bound(
@@ -261,7 +261,7 @@ def test_legacy_layers_are_tried_newest_first_within_their_bound(
     assert verified.signer == f"key {keys.public.fingerprint}"
     note = verified.skipped_note()
     assert note is not None and note.startswith(f"skipped {discover.MAX_LEGACY_LAYERS + 4} attached")
-    assert f"5 times: not examined: only the first {discover.MAX_LEGACY_LAYERS} layers are" in note
+    assert f"5 times: not examined: only the newest {discover.MAX_LEGACY_LAYERS} layers are" in note
     assert "15 times: no trusted key" in note
 
 

@@ -192,7 +192,7 @@ def _bundles(
         tally.group(
             "bound",
             f"bundle {desc.digest[:19]}",
-            f"not examined: only the first {MAX_BUNDLES} candidate bundles are",
+            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred, then newest, first)",
         )
     found = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
     return [a for a in found if a is not None]
@@ -221,7 +221,7 @@ def _legacy(
             tally.group(f"{tag} media-type", name, reason)
             continue
         if examined >= MAX_LEGACY_LAYERS:
-            reason = f"not examined: only the first {MAX_LEGACY_LAYERS} layers are"
+            reason = f"not examined: only the newest {MAX_LEGACY_LAYERS} layers are"
             tally.group(f"{tag} bound", name, reason)
             continue
         examined += 1
