@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from kernelbake._suggest import did_you_mean
 from kernelbake.catalogue import Catalogue, EngineRelease, Gpu, load_catalogue
 from kernelbake.contract.key import CacheKey
 from kernelbake.errors import SpecError
+from kernelbake.labels import derived_labels
 from kernelbake.spec import ImageSpec
 
 ALL = "all"
@@ -89,9 +89,6 @@ def _oci_labels(spec: ImageSpec, gpu: Gpu, base: str, tag: str) -> dict[str, str
         ),
         "org.opencontainers.image.version": tag,
         "org.opencontainers.image.base.name": base,
-        "dev.kernelbake.gpu": gpu.name,
-        "dev.kernelbake.gpu.family": gpu.family,
-        "dev.kernelbake.gpu.products": json.dumps(list(gpu.gfd_product)),
     }
 
 
@@ -132,7 +129,9 @@ def plan(
         base = spec.base_for(gpu.family) or release.base_image
         key = _key(spec, gpu, release, cat)
         tag = key.tag(gpu.name)
-        labels = {**_oci_labels(spec, gpu, base, tag), **key.labels()}
+        # Every dev.kernelbake.* label from the key (the GPU ones through its device), so that
+        # check_labels can tell an edited one from what kernelbake wrote.
+        labels = {**_oci_labels(spec, gpu, base, tag), **derived_labels(key, cat)}
         targets.append(
             BuildTarget(
                 spec=spec,

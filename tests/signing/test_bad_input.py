@@ -16,6 +16,7 @@ from kernelbake import oci
 from kernelbake.cli import main
 from kernelbake.contract.key import LABEL_DIGEST, LABEL_KEY
 from kernelbake.errors import BadInput, KernelbakeError
+from kernelbake.labels import derived_labels
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import errors as E
 from kernelbake.signing.predicate import PREDICATE_TYPE
@@ -161,9 +162,10 @@ def test_label_edited_after_signing(
     attach_statement(one.tagged, keys.signer, PREDICATE_TYPE, signed.predicate.to_json(), client=client)
     rejected(capsys, verify_argv(one.tagged, keys), E.LabelMismatch, "device")
 
-    # All key labels edited consistently: they now disagree with the attested key.
+    # All key labels edited consistently (the GPU labels derived from them too): they now disagree
+    # with the attested key.
     forged_key = original.key.replace(device="NVIDIA H100 PCIe")
-    relabelled = {**dict(original.labels), **forged_key.labels()}
+    relabelled = {**dict(original.labels), **derived_labels(forged_key)}
     assert relabelled[LABEL_KEY] != original.labels[LABEL_KEY] and LABEL_DIGEST in relabelled
     two = make_image(tag="v1", repo=repo, labels=relabelled)
     sign_image(two.tagged, keys.signer, client=client, attest=False)

@@ -119,6 +119,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "cache_manifest_digest": result.manifest_digest,
             "signer": result.signer,
             "attestation": dict(result.attestation),
+            "skipped": [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in result.skipped],
         }
         print(json.dumps(doc, indent=2))
     else:
@@ -127,6 +128,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"cache manifest {result.manifest_digest}",
             file=sys.stdout,
         )
+        # Junk or other signers' artifacts next to the signature: said, on stderr, not failed on.
+        if (note := result.skipped_note()) is not None:
+            print(f"kernelbake verify: note: {note}", file=sys.stderr)
     return 0
 
 

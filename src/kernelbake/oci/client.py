@@ -310,11 +310,18 @@ class RegistryClient:
 
     # -- manifests ----------------------------------------------------------------------
 
-    def get_manifest(self, ref: Reference, *, accept: Iterable[str] = MANIFEST_TYPES) -> Manifest:
+    def get_manifest(
+        self,
+        ref: Reference,
+        *,
+        accept: Iterable[str] = MANIFEST_TYPES,
+        max_bytes: int = MAX_MANIFEST_BYTES,
+    ) -> Manifest:
         """The manifest ``ref`` names, by digest when it has one (checked), else by tag.
 
         A tag is resolved by this one GET: the digest is computed from the bytes received, so
-        what is returned is exactly what the digest names.
+        what is returned is exactly what the digest names. ``max_bytes`` lowers the size limit
+        (signature manifests are small; junk listed next to them is not read whole).
         """
         target = ref.digest or ref.tag
         if target is None:
@@ -323,6 +330,8 @@ class RegistryClient:
         accepted = tuple(accept)
         cache_key = (ref.api_host, ref.repository, ref.digest or "")
         if ref.digest and (hit := self._cache.get(cache_key)) and hit[1] in accepted:
+            if len(hit[0]) > max_bytes:
+                raise RegistryProtocolError(f"{what}: {len(hit[0])} bytes is over the {max_bytes}-byte limit")
             return Manifest(hit[1], hit[0], ref.digest, what)
         with self._op(ref.api_host, what):
             resp = self._request(
@@ -334,7 +343,7 @@ class RegistryClient:
                 stream=True,
             )
             media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
-            data = self._read(resp, MAX_MANIFEST_BYTES, what=what)
+            data = self._read(resp, max_bytes, what=what)
             if media_type not in MANIFEST_TYPES:
                 try:
                     declared = json.loads(data).get("mediaType")
