@@ -158,17 +158,3 @@ def read_manifest(root: Path) -> Manifest:
 
 def manifest_digest(root: Path) -> str:
     return "sha256:" + _sha256(root / MANIFEST)
-
-
-def verify(root: Path, manifest: Manifest, *, deep: bool = True) -> list[str]:
-    """Problems found (empty when intact). ``deep`` hashes every file; otherwise sizes only."""
-    problems = []
-    for f in manifest.files:
-        p = root / f.path
-        if not p.is_file():
-            problems.append(f"{f.path}: missing")
-        elif p.stat().st_size != f.size:
-            problems.append(f"{f.path}: size {p.stat().st_size} != {f.size}")
-        elif deep and _sha256(p) != f.sha256:
-            problems.append(f"{f.path}: sha256 differs")
-    return problems
