@@ -350,3 +350,34 @@ def test_fetch_model_downloads_config_files_at_the_pinned_revision(
     assert "*.safetensors" in call["ignore_patterns"]  # type: ignore[operator]
     assert not any("safetensors" in p for p in call["allow_patterns"])  # type: ignore[attr-defined]
     assert not (dest / ".cache").exists()
+
+
+def test_check_reports_the_verification_and_refuses_a_flipped_byte(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelbake.cli import main
+
+    root = _baked(tmp_path, target)
+    engine = FakeEngine(facts_for(target.key))
+    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    capsys.readouterr()
+    assert main(["check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verify"] == "sha256" and doc["integrity"].startswith(
+        "2 files, sha256 of every file checked in"
+    )
+    recorded, found = _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    assert main(["check"]) == KeyMismatch.return_code
+    out = capsys.readouterr().out
+    assert (
+        f"  - cache integrity: inductor/g0/graph.bin: sha256 {found} but the manifest records {recorded}"
+        in out
+    )
+    assert main(["check", "--unsafe-size-only"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "2 files, sizes only (UNSAFE) checked in" in out[0]
+    assert out[1].startswith(
+        "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only"
+    )
