@@ -19,6 +19,7 @@ import yaml
 from kernelbake._suggest import did_you_mean
 from kernelbake.errors import SpecError
 from kernelbake.key import Engine
+from kernelbake.textfile import read_text
 
 _REVISION = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -142,10 +143,9 @@ class _Doc:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SpecError(f"{path}: cannot read spec: {exc.strerror}") from None
+        text = read_text(path, "spec", error=SpecError)
+        if not text.strip():
+            raise SpecError(f"{path}: the spec is empty", hint="see images/tiny-llama.yaml for one")
         try:
             self.node = yaml.compose(text, Loader=yaml.SafeLoader)
             self.data = yaml.safe_load(text)

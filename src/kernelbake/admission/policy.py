@@ -18,6 +18,7 @@ import yaml
 from kernelbake._suggest import did_you_mean
 from kernelbake.admission.references import matches, normalise_pattern
 from kernelbake.errors import BadInput
+from kernelbake.textfile import read_text
 
 
 class PolicyError(BadInput):
@@ -138,12 +139,7 @@ class AdmissionPolicy:
 def load_policy_document(path: str | Path) -> tuple[Any, str]:
     """The parsed YAML of a policy file and its name for messages."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{source}: cannot read the policy: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PolicyError(f"{source}: the policy is not UTF-8 text") from None
+    text = read_text(path, "the policy", error=PolicyError)
     try:
         return yaml.safe_load(text), source
     except yaml.YAMLError as exc:

@@ -153,6 +153,8 @@ def read_manifest(root: Path) -> Manifest:
         text = path.read_text()
     except OSError as exc:
         raise BadInput(f"{path}: cannot read cache manifest: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path}: not a cache manifest (byte {exc.start} is not UTF-8)") from None
     return Manifest.from_json(text, source=str(path))
 
 

@@ -30,6 +30,7 @@ import yaml
 from kernelbake._suggest import did_you_mean
 from kernelbake.errors import BadInput
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
+from kernelbake.textfile import read_text
 
 PUBLIC_GOOD = "sigstore-public-good"
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
@@ -192,9 +193,9 @@ def _trusted_root(value: Any, where: str, base: Path) -> str:
         return value
     path = base / value
     try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyError(f"{where}: cannot read {path} ({exc.strerror})") from None
+        doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
+    except PolicyError as exc:
+        raise PolicyError(f"{where}: {exc}") from None
     except ValueError:
         raise PolicyError(f"{where}: {path} is not JSON") from None
     if not isinstance(doc, dict) or doc.get("mediaType") != TRUSTED_ROOT_MEDIA_TYPE:
@@ -205,10 +206,9 @@ def _trusted_root(value: Any, where: str, base: Path) -> str:
 def load_policy(path: str | Path) -> VerifyPolicy:
     """A policy file: either the ``verify:`` section itself, or a document holding one."""
     p = Path(path)
+    text = read_text(p, "policy", error=PolicyError)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read policy ({exc.strerror})") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyError(f"{p}: not YAML ({str(exc).splitlines()[0]})") from None
     source = str(p)
