@@ -381,3 +381,14 @@ def test_check_reports_the_verification_and_refuses_a_flipped_byte(
     assert out[1].startswith(
         "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only"
     )
+
+
+def test_the_hashing_time_stops_with_the_last_file_not_when_asked(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    root = _baked(tmp_path, target)
+    check = integrity.Check(root, read_manifest(root), hash_files=True)
+    assert check.result() == []
+    took = check.seconds
+    threading.Event().wait(0.05)
+    assert check.seconds == took

@@ -226,7 +226,7 @@ def test_serve_starts_the_engine_while_hashing_and_opens_its_gate(
     assert at_gate.exists()
     assert "verifying the sha256 of 2 files while the engine starts" in err
     assert (
-        "kernelbake serve: baked caches valid (exact match; 2 files, sha256 of every file checked in" in err
+        "kernelbake serve: baked caches valid (exact match): 2 files, sha256 of every file checked in" in err
     )
     assert out.splitlines() == [f"engine: opened {root / 'inductor'}: 2 files"]
 

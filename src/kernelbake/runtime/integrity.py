@@ -66,7 +66,14 @@ class Check:
             )
             self._futures = [self._pool.submit(_digest_problem, root, f) for f in manifest.files]
             self._pool.shutdown(wait=False)
+            # Timed to the last file hashed, not to whoever asks for the result later.
+            for future in self._futures:
+                future.add_done_callback(self._finish)
         else:
+            self._finished = time.monotonic()
+
+    def _finish(self, _future: concurrent.futures.Future[str | None]) -> None:
+        if self.done():
             self._finished = time.monotonic()
 
     def done(self) -> bool:
@@ -74,8 +81,6 @@ class Check:
 
     def result(self) -> list[str]:
         found = [p for p in (f.result() for f in self._futures) if p is not None]
-        if self._finished is None:
-            self._finished = time.monotonic()
         return self._problems + found
 
     def cancel(self) -> None:
@@ -85,6 +90,7 @@ class Check:
 
     @property
     def seconds(self) -> float:
+        """From the start to the last file checked (so far, while still running)."""
         return (self._finished or time.monotonic()) - self.started
 
     def summary(self) -> str:

@@ -90,7 +90,7 @@ class Verdict:
             ]
         elif self.warm:
             head = [
-                f"baked caches valid ({self.match.summary()}; {self.integrity}), "
+                f"baked caches valid ({self.match.summary()}): {self.integrity}, "
                 f"engine caches at {self.cache_root}"
             ]
         else:
