@@ -64,17 +64,17 @@ class Check:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 workers, thread_name_prefix="kernelbake-sha256"
             )
-            self._futures = [self._pool.submit(_digest_problem, root, f) for f in manifest.files]
+            self._futures = [self._pool.submit(self._hash, root, f) for f in manifest.files]
             self._pool.shutdown(wait=False)
-            # Timed to the last file hashed, not to whoever asks for the result later.
-            for future in self._futures:
-                future.add_done_callback(self._finish)
         else:
             self._finished = time.monotonic()
 
-    def _finish(self, _future: concurrent.futures.Future[str | None]) -> None:
-        if self.done():
-            self._finished = time.monotonic()
+    def _hash(self, root: Path, entry: FileEntry) -> str | None:
+        problem = _digest_problem(root, entry)
+        # Timed to the last file hashed, not to whoever asks for the result later; set
+        # before the future completes, so ``result()`` always sees it.
+        self._finished = time.monotonic()
+        return problem
 
     def done(self) -> bool:
         return all(f.done() for f in self._futures)
@@ -91,7 +91,8 @@ class Check:
     @property
     def seconds(self) -> float:
         """From the start to the last file checked (so far, while still running)."""
-        return (self._finished or time.monotonic()) - self.started
+        last = self._finished if self._finished is not None and self.done() else time.monotonic()
+        return last - self.started
 
     def summary(self) -> str:
         how = "sha256 of every file" if self.hashed else "sizes only (UNSAFE)"
