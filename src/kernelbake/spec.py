@@ -179,6 +179,8 @@ def load_spec(path: str | Path) -> ImageSpec:
     """Parse and validate one spec file. Catalogue checks (GPU names, engine versions) happen in plan."""
     source = Path(path)
     data, doc = load_yaml(source, what="spec", error_type=SpecError)
+    if data is None:
+        raise SpecError(f"{source}: the spec is empty", hint="see images/tiny-llama.yaml for one")
     top = doc.mapping(data, "", _TOP, {"name", "model", "engine", "targets"})
     name = top["name"]
     if not isinstance(name, str) or not _NAME.match(name):

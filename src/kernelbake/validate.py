@@ -20,6 +20,7 @@ import yaml
 
 from kernelbake._suggest import did_you_mean
 from kernelbake.errors import BadInput
+from kernelbake.textfile import read_text
 
 _E = TypeVar("_E", bound=enum.Enum)
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -138,12 +139,7 @@ def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadIn
     """The parsed document and its ``Source``; unreadable or malformed files raise
     ``error_type`` naming ``file:line``. ``what`` names the file in messages (spec, policy)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error_type(f"{p}: cannot read {what}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise error_type(f"{p}: the {what} is not UTF-8 text") from None
+    text = read_text(p, what, error=error_type)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.contract.key import CacheKey, Engine
@@ -56,6 +56,12 @@ class FakeEngine:
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return ["fake-serve", *user_args]
+
+    # Whether the fake's serve command waits at the cache gate (tests that start it say so).
+    gated = False
+
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        return self.gated
 
     def serve_watcher(self, cache_root: Path) -> None:
         return None

@@ -317,3 +317,14 @@ def test_compile_step_collects_the_caches_into_the_manifest(
     report = dict(read_manifest(tmp_path / "cache").compile_report)
     assert report["builder"]["device"] == "NVIDIA H100 80GB HBM3"
     assert report["weights_mode"] == "fake"
+
+
+def test_serve_gates_vllm_only_when_vllm_will_call_our_plugin() -> None:
+    from kernelbake.runtime.engines.vllm import VllmEngine
+
+    # The installed kernelbake registers the plugin; VLLM_PLUGINS is vLLM's allow-list.
+    engine = VllmEngine()
+    assert engine.holds_at_gate({})
+    assert engine.holds_at_gate({"VLLM_PLUGINS": "other,kernelbake"})
+    assert not engine.holds_at_gate({"VLLM_PLUGINS": "other"})
+    assert not engine.holds_at_gate({"VLLM_PLUGINS": ""})

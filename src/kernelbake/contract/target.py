@@ -94,4 +94,6 @@ class TargetConfig:
             raise BadInput(
                 f"{p}: cannot read target file: {exc.strerror}; is this a kernelbake image?"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise BadInput(f"{p}: not a kernelbake target file (byte {exc.start} is not UTF-8)") from None
         return cls.from_json(text, source=str(p))

@@ -28,6 +28,7 @@ from typing import Any
 from kernelbake.errors import BadInput
 from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
+from kernelbake.textfile import read_text
 from kernelbake.validate import Source, load_yaml
 
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
@@ -177,9 +178,9 @@ def _trusted_root(src: Source, value: Any, base: Path) -> str:
         return value
     path = base / value
     try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise src.error("trusted_root", f"cannot read {path} ({exc.strerror})") from None
+        doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
+    except PolicyError as exc:
+        raise src.error("trusted_root", str(exc)) from None
     except ValueError:
         raise src.error("trusted_root", f"{path} is not JSON") from None
     if not isinstance(doc, dict) or doc.get("mediaType") != TRUSTED_ROOT_MEDIA_TYPE:

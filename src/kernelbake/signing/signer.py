@@ -19,6 +19,7 @@ from kernelbake.signing.errors import TokenMissing
 from kernelbake.signing.formats import BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
 from kernelbake.signing.keys import PrivateKey, generate_key_pair, load_private_key
+from kernelbake.textfile import read_text
 
 if TYPE_CHECKING:
     from sigstore.models import ClientTrustConfig
@@ -121,10 +122,10 @@ def identity_token(settings: Settings, token_file: Path | None = None) -> str:
     token file from settings, or ambient CI credentials (GitHub Actions, GitLab, GCP, …)."""
     path = token_file or settings.oidc_token_file
     if path:
-        try:
-            return path.read_text().strip()
-        except OSError as exc:
-            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
+        text = read_text(path, "identity token").strip()
+        if not text:
+            raise BadInput(f"{path}: the identity token file is empty")
+        return text
     if settings.oidc_token:
         return settings.oidc_token
     from sigstore.oidc import IdentityError, detect_credential

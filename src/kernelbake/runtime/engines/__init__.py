@@ -60,6 +60,12 @@ class EngineRuntime(Protocol):
         """User arguments that would change what was compiled, each with why (to warn about)."""
         ...
 
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        """Whether the engine, started with ``environ``, waits at the cache gate
+        (``runtime.gate``) before it opens any cache; ``serve`` then starts it while the
+        caches are still being hashed, else only once they are verified."""
+        ...
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:
         """Reads the engine's output while it serves and returns a line to report when the
         engine says whether it used the caches under ``cache_root``; ``None``: nothing to

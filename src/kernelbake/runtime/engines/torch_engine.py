@@ -9,7 +9,7 @@ weights, compiles it on the spec's shapes and stops; the caches it leaves behind
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,11 @@ class TorchEngine:
             *target.serve.extra_args,
             *user_args,
         ]
+
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        # torch_serve waits at the gate after its imports and model construction, before the
+        # first torch.compile'd call (the first time Inductor opens its cache).
+        return True
 
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.

@@ -3,6 +3,7 @@ run time, with every JIT cache vLLM and its libraries fill pointed into the bund
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import tempfile
@@ -70,6 +71,29 @@ PINNED_HASHED_ENV = {
     "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
     "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
 }
+
+
+PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
+
+
+def plugin_will_run(environ: Mapping[str, str]) -> bool:
+    """Whether vLLM, started with ``environ``, will call our plugin (which holds the cache
+    gate). Asked of the same entry-point table vLLM reads, and the plugin is loaded here
+    the way vLLM loads it; ``VLLM_PLUGINS`` is vLLM's allow-list (unset: all plugins),
+    mirrored because importing vLLM to ask would take the seconds the gate is there to save."""
+    ours = [
+        ep
+        for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if ep.value == PLUGIN_TARGET
+    ]
+    allowed = environ.get("VLLM_PLUGINS")
+    if not ours or (allowed is not None and ours[0].name not in allowed.split(",")):
+        return False
+    try:
+        ours[0].load()
+    except Exception:
+        return False
+    return True
 
 
 def compile_argv(target: TargetConfig) -> list[str]:
@@ -189,6 +213,9 @@ class VllmEngine:
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
 
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        return plugin_will_run(environ)
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
 
@@ -196,4 +223,4 @@ class VllmEngine:
         return vargs.shape_overrides(user_args, target.serve)
 
 
-__all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]
+__all__ = ["PINNED_HASHED_ENV", "PLUGIN_TARGET", "VllmEngine", "cache_env", "compile_argv", "plugin_will_run"]
