@@ -110,15 +110,15 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
 
 
 def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
-    from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
+    from kernelbake.contract.engines import VLLM
     from kernelbake.runtime.engines.vllm.args import serve_argv
     from kernelbake.runtime.engines.vllm.evidence import added, cache_dirs, snapshot
 
     target = _target(model)
     root = _roots(model)[kind]
-    env = cache_env(root)
+    env = VLLM.cache_env(root)
     os.environ.update(env)
-    dirs = cache_dirs(root, VllmEngine.cache_kinds)
+    dirs = cache_dirs(root, VLLM.cache_kinds)
     before = snapshot(dirs)
     t0 = time.monotonic()
     import torch  # noqa: F401

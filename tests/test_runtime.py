@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, EnvironmentProblem, KeyMismatch
 from kernelbake.plan import plan
@@ -151,8 +152,9 @@ def test_changed_hashed_env_and_shape_args_warn_but_stay_warm(tmp_path: Path, ta
     _baked(tmp_path, target)
 
     class Engine(FakeEngine):
-        def cache_env(self, root: Path) -> dict[str, str]:
-            return {"FAKE_CACHE_DIR": str(root / "inductor")}
+        declaration = dataclasses.replace(
+            FakeEngine.declaration, cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR),)
+        )
 
     v = pf.preflight(
         _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(facts_for(target.key))

@@ -74,7 +74,7 @@ class _VllmLikeEngine(FakeEngine):
         return [sys.executable, "-c", f"print({chr(10).join(lines)!r}); raise SystemExit(0)"]
 
     def serve_watcher(self, cache_root: Path):  # type: ignore[no-untyped-def]
-        return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
+        return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
 
 def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(

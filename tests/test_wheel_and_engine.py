@@ -11,6 +11,7 @@ import pytest
 
 from kernelbake import __version__
 from kernelbake._wheel import build_wheel
+from kernelbake.contract.key import Engine
 from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runtime.engines import get_engine
@@ -44,9 +45,9 @@ def test_wheel_is_reproducible_and_complete(tmp_path: Path) -> None:
 
 
 def test_torch_engine_host_side() -> None:
-    engine = get_engine(TorchEngine.engine)
+    engine = get_engine(Engine.TORCH)
     assert isinstance(engine, TorchEngine)
-    env = engine.cache_env(Path("/opt/kernelbake/cache"))
+    env = engine.declaration.cache_env(Path("/opt/kernelbake/cache"))
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/opt/kernelbake/cache/inductor"
     assert env["TRITON_CACHE_DIR"] == "/opt/kernelbake/cache/triton"
     assert env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import CacheKey, Engine
 from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.target import TargetConfig
@@ -29,8 +30,12 @@ def facts_for(key: CacheKey, **changes: str) -> Facts:
 
 
 class FakeEngine:
-    engine = Engine.TORCH
-    cache_kinds = (CacheKind.INDUCTOR, CacheKind.TRITON)
+    declaration = EngineDeclaration(
+        engine=Engine.TORCH,
+        cache_kinds=(CacheKind.INDUCTOR, CacheKind.TRITON),
+        cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR), ("FAKE_HASHED", "1")),
+        hashed_env=("FAKE_HASHED",),
+    )
 
     def __init__(self, facts: Facts, *, files: int = 2) -> None:
         self.facts = facts
@@ -40,11 +45,8 @@ class FakeEngine:
     def probe(self) -> Facts:
         return self.facts
 
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {"FAKE_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)), "FAKE_HASHED": "1"}
-
     def hashed_env_names(self) -> tuple[str, ...]:
-        return ("FAKE_HASHED",)
+        return self.declaration.hashed_env
 
     def compile(self, target: TargetConfig, root: Path) -> CompileResult:
         self.compiled_into = root
@@ -52,7 +54,7 @@ class FakeEngine:
             p = kind_dir(root, CacheKind.INDUCTOR) / f"g{i}" / "graph.bin"
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(bytes([i]) * (100 + i))
-        return CompileResult(kinds=self.cache_kinds, hashed_env={}, report={"graphs": self.files})
+        return CompileResult(kinds=self.declaration.cache_kinds, hashed_env={}, report={"graphs": self.files})
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return ["fake-serve", *user_args]
@@ -62,16 +64,3 @@ class FakeEngine:
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]
-
-
-class FakeVllmEngine(FakeEngine):
-    """Stands in for the vLLM engine module (another area) where only its declarations matter."""
-
-    engine = Engine.VLLM
-    cache_kinds = (CacheKind.VLLM, CacheKind.INDUCTOR, CacheKind.TRITON, CacheKind.FLASHINFER)
-
-    def __init__(self) -> None:
-        super().__init__(facts=None)  # type: ignore[arg-type]
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {"VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM))}

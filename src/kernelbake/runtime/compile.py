@@ -31,7 +31,7 @@ def _prepare_root(root: Path, engine: EngineRuntime) -> None:
             f"cache root {root} already holds {len(leftovers)} files (e.g. {leftovers[0]}); "
             "refusing to bake caches that this compile did not produce"
         )
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
 
 
@@ -61,16 +61,18 @@ def run_compile(
         )
     root = cache_root or Path(target.cache_root)
     _prepare_root(root, engine)
-    variables = {**dict(target.serve.env), **engine.cache_env(root)}
+    variables = {**dict(target.serve.env), **engine.declaration.cache_env(root)}
     runtime_env.apply(variables)
     result = engine.compile(target, root)
     effective = {**env.environ, **variables}
     hashed = {n: effective.get(n, UNSET) for n in engine.hashed_env_names()}
     hashed.update(result.hashed_env)
     report = {**result.report, "builder": builder_entry(facts, env.builder)}
-    manifest = write_manifest(root, target.key, engine.cache_kinds, hashed_env=hashed, report=report)
+    manifest = write_manifest(
+        root, target.key, engine.declaration.cache_kinds, hashed_env=hashed, report=report
+    )
     if not manifest.files:
-        raise BuildFailed(f"{engine.engine.value} compile left no cache files under {root}")
+        raise BuildFailed(f"{engine.declaration.engine.value} compile left no cache files under {root}")
     if owner is not None:
         _chown(root, owner)
     totals = ", ".join(f"{k}: {t['files']} files, {t['bytes']} B" for k, t in manifest.totals().items())

@@ -40,6 +40,6 @@ def probe(engine: EngineRuntime) -> Facts:
         return engine.probe()
     except Exception as exc:
         raise EnvironmentProblem(
-            f"probing the {engine.engine.value} engine failed: {type(exc).__name__}: {exc}",
+            f"probing the {engine.declaration.engine.value} engine failed: {type(exc).__name__}: {exc}",
             hint="is the engine installed in this image?",
         ) from None

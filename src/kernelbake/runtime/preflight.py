@@ -162,13 +162,13 @@ def preflight(
     manifest, integrity = _integrity(baked, target, env.verify)
     problems += integrity
     pinned = dict(target.serve.env)
-    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
+    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
     if shape := engine.shape_args(target, user_args):
         notes.append(
             f"serve arguments change what was compiled ({'; '.join(shape)}): "
             "those graphs compile at startup instead of loading from the baked caches"
         )
-    kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
+    kinds = [kind_dir(baked, k) for k in engine.declaration.cache_kinds]
     if problems:
         root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
     elif _usable([baked, *kinds]):
@@ -180,7 +180,7 @@ def preflight(
             f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
             f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
         )
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     return Verdict(
         target=target,
@@ -190,7 +190,7 @@ def preflight(
         notes=tuple(notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
-        env={**env.environ, **pinned, **engine.cache_env(root)},
+        env={**env.environ, **pinned, **engine.declaration.cache_env(root)},
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import Engine
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.target import TargetConfig
@@ -36,15 +37,10 @@ class CompileResult:
 
 
 class EngineRuntime(Protocol):
-    engine: Engine
-    # Cache kinds this engine may produce; each gets its own layer in the final image.
-    cache_kinds: tuple[CacheKind, ...]
+    # Its cache kinds and the variables that point it at them, which the host renders too.
+    declaration: EngineDeclaration
 
     def probe(self) -> Facts: ...
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        """Environment variables that point the engine at the caches under ``root``."""
-        ...
 
     def hashed_env_names(self) -> tuple[str, ...]:
         """Environment variables the engine folds into its compile hash."""

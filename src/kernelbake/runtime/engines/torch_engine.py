@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbake.contract.key import NONE, Engine
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.engines import TORCH, EngineDeclaration
+from kernelbake.contract.key import NONE
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult, Facts
@@ -25,20 +25,9 @@ if TYPE_CHECKING:
 # Options of torch_serve that change what gets compiled.
 _SHAPE_OPTIONS = ("--shapes",)
 
-# Inductor folds its config into the FX-graph cache key; these come from the environment.
-_HASHED_ENV = (
-    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
-    "TORCHINDUCTOR_FREEZING",
-    "TORCHINDUCTOR_MAX_AUTOTUNE",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM",
-    "TORCHINDUCTOR_CPP_WRAPPER",
-    "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
-)
-
 
 class TorchEngine:
-    engine: Engine = Engine.TORCH
-    cache_kinds: tuple[CacheKind, ...] = (CacheKind.INDUCTOR, CacheKind.TRITON)
+    declaration: EngineDeclaration = TORCH
 
     def probe(self) -> Facts:
         import torch
@@ -63,27 +52,17 @@ class TorchEngine:
             driver=driver,
         )
 
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {
-            "TORCHINDUCTOR_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)),
-            "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-            # Precompiled headers live in $TMPDIR/torchinductor_<user>, outside the cache
-            # dir, and are rebuilt (~6 s of g++) on every cache hit; without them a hit
-            # needs no compiler at all.
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
-        }
-
     def hashed_env_names(self) -> tuple[str, ...]:
-        return _HASHED_ENV
+        return self.declaration.hashed_env
 
     def compile(self, target: TargetConfig, root: Path) -> CompileResult:
         from kernelbake.runtime.engines.torch_model import load_and_warm
 
         _model, report = load_and_warm(target)
         # The compile step records the hashed variables' values itself, from its environment.
-        return CompileResult(kinds=self.cache_kinds, hashed_env={}, report={"warmup": report.to_json()})
+        return CompileResult(
+            kinds=self.declaration.cache_kinds, hashed_env={}, report={"warmup": report.to_json()}
+        )
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [

@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.contract.key import Engine
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.engines import VLLM, EngineDeclaration
+from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed
 from kernelbake.runner import Runner, run
@@ -41,37 +41,6 @@ _REPORT_KEYS = (
 )
 
 
-def cache_env(root: Path) -> dict[str, str]:
-    """Where vLLM and each library it uses keeps its JIT cache, all under ``root``."""
-    return {
-        # torch.compile artifacts (AOT + Inductor) and FlashInfer's autotune results.
-        "VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM)),
-        "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
-        # torch.compile outside the model (vLLM sets its own per-model Inductor dir).
-        "TORCHINDUCTOR_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)),
-        # JIT modules and downloaded cubins; not relocatable (absolute paths in build.ninja).
-        "FLASHINFER_WORKSPACE_BASE": str(kind_dir(root, CacheKind.FLASHINFER)),
-        "DG_JIT_CACHE_DIR": str(kind_dir(root, CacheKind.DEEPGEMM)),
-        "TILELANG_CACHE_DIR": str(kind_dir(root, CacheKind.TILELANG)),
-        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
-        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
-        "CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
-        **PINNED_HASHED_ENV,
-    }
-
-
-# Hashed vLLM variables whose *default* depends on the process, not the image: left unset,
-# a serving pod with another HOME (runAsUser) computes another compile hash and never finds
-# the baked graphs (measured on vLLM 0.26: HOME alone forced a full recompile). Defaults that
-# follow the CPU count (VLLM_MAX_AUDIO_PREPROCESS_WORKERS) are in vLLM's ignored_factors.
-# Pinned to constants, the same at build and serve time and independent of where the bundle
-# lives, so the torch.compile part stays relocatable. None of them changes generated code.
-PINNED_HASHED_ENV = {
-    "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
-    "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
-}
-
-
 def compile_argv(target: TargetConfig) -> list[str]:
     """The compile-only command: the same flags ``vllm serve`` gets, minus ``vllm serve``."""
     serve = vargs.serve_argv(target.key.model_path, target.serve)
@@ -87,20 +56,10 @@ def compile_argv(target: TargetConfig) -> list[str]:
 
 
 class VllmEngine:
-    engine: Engine = Engine.VLLM
+    declaration: EngineDeclaration = VLLM
 
     def __init__(self, runner: Runner = run) -> None:
         self._run = runner
-
-    cache_kinds: tuple[CacheKind, ...] = (
-        CacheKind.VLLM,
-        CacheKind.TRITON,
-        CacheKind.INDUCTOR,
-        CacheKind.FLASHINFER,
-        CacheKind.DEEPGEMM,
-        CacheKind.TILELANG,
-        CacheKind.CUTE_DSL,
-    )
 
     def probe(self) -> Facts:
         device, arch, cuda = probe.cuda_device()
@@ -116,9 +75,6 @@ class VllmEngine:
             driver=probe.nvidia_driver(),
         )
 
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return cache_env(root)
-
     def hashed_env_names(self) -> tuple[str, ...]:
         from kernelbake.runtime.engines.vllm.compile_only import hashed_env
 
@@ -133,8 +89,8 @@ class VllmEngine:
             environ = RuntimeEnv.from_env().environ
         env = dict(environ)
         env.update(dict(target.serve.env))
-        env.update(cache_env(root))
-        for kind in self.cache_kinds:
+        env.update(self.declaration.cache_env(root))
+        for kind in self.declaration.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
         if compat_layer.native_compile_available():
@@ -169,7 +125,7 @@ class VllmEngine:
             )
         hashed = {k: v for k, v in report.get("hashed_env", {}).items()}
         return CompileResult(
-            kinds=self.cache_kinds,
+            kinds=self.declaration.cache_kinds,
             hashed_env=hashed,
             report={k: report[k] for k in _REPORT_KEYS if k in report},
         )
@@ -190,10 +146,10 @@ class VllmEngine:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
-        return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
+        return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.shape_overrides(user_args, target.serve)
 
 
-__all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]
+__all__ = ["VllmEngine", "compile_argv"]
