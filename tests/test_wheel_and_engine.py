@@ -84,10 +84,3 @@ def test_nvidia_driver_version(
     version.write_text(text)
     monkeypatch.setattr(probe, "_NVIDIA_VERSION", version)
     assert probe.nvidia_driver() == driver
-
-
-def test_gpu_arch_uses_the_catalogue() -> None:
-    from kernelbake.runtime import probe
-
-    assert probe.gpu_arch("NVIDIA H200", (9, 0)) == "sm_90a"
-    assert probe.gpu_arch("NVIDIA Unknown", (8, 6)) == "sm_86"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kernelbake.contract.engines import TORCH, EngineDeclaration
 from kernelbake.contract.key import NONE
+from kernelbake.contract.platform import arch_for
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult, Facts
@@ -36,7 +37,7 @@ class TorchEngine:
         if torch.cuda.is_available():
             device = str(torch.cuda.get_device_name(0))
             capability = tuple(torch.cuda.get_device_capability(0))
-            arch = probe.gpu_arch(device, (int(capability[0]), int(capability[1])))
+            arch = arch_for((int(capability[0]), int(capability[1])))
             driver = probe.nvidia_driver()
         else:
             device, arch, driver = "cpu", probe.machine(), NONE
