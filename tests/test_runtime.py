@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, EnvironmentProblem, KeyMismatch
 from kernelbake.plan import plan
@@ -17,11 +18,10 @@ from kernelbake.render import target_config
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.compile import run_compile
-from kernelbake.runtime.engines import Facts
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, facts_for
+from tests.support.fake_engine import FakeEngine, platform_for
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
 
 
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
-    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(facts_for(target.key)))
+    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(platform_for(target.key)))
     return Path(target.cache_root)
 
 
@@ -67,7 +67,7 @@ def test_compile_writes_the_bundle_with_a_builder_entry(tmp_path: Path, target: 
 
 
 def test_compile_refuses_a_builder_that_differs_from_the_plan(tmp_path: Path, target: TargetConfig) -> None:
-    engine = FakeEngine(facts_for(target.key, torch="2.12.0", python="3.12"))
+    engine = FakeEngine(platform_for(target.key, torch="2.12.0", python="3.12"))
     with pytest.raises(KeyMismatch) as info:
         run_compile(_env(tmp_path), engine=engine)
     assert "torch: baked '2.13.0', found '2.12.0'" in str(info.value)
@@ -81,18 +81,18 @@ def test_compile_refuses_a_gpu_builder_below_the_driver_floor(tmp_path: Path) ->
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     with pytest.raises(KeyMismatch, match=re.escape("driver_floor: baked '580.65.06', found '535.104.05'")):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, driver="535.104.05")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, driver="535.104.05")))
     with pytest.raises(KeyMismatch, match="device: baked 'NVIDIA H100 80GB HBM3', found 'NVIDIA H100 PCIe'"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, device="NVIDIA H100 PCIe")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, device="NVIDIA H100 PCIe")))
 
 
 def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target: TargetConfig) -> None:
     with pytest.raises(BuildFailed, match="left no cache files"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key), files=0))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key), files=0))
     stale = Path(target.cache_root) / "inductor" / "old.bin"
     stale.write_bytes(b"x")
     with pytest.raises(BuildFailed, match="refusing to bake caches that this compile did not produce"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 # -- preflight ------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target:
 
 def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.problems == () and v.notes == ()
     assert v.cache_root == root
     assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
@@ -109,7 +109,7 @@ def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: Tar
 
 def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key, torch="2.12.0")))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key, torch="2.12.0")))
     assert not v.warm
     assert v.problems == (
         "torch: baked '2.13.0', found '2.12.0' (Inductor caches are keyed by the torch version)",
@@ -123,13 +123,13 @@ def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, 
 def test_tampered_or_missing_files_start_cold(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     (root / "inductor" / "g0" / "graph.bin").write_bytes(b"short")
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("cache integrity: inductor/g0/graph.bin: size 5 != 100",)
     (root / "inductor" / "g0" / "graph.bin").write_bytes(b"\x01" * 100)
-    v = pf.preflight(_env(tmp_path, KERNELBAKE_VERIFY="deep"), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_VERIFY="deep"), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("cache integrity: inductor/g0/graph.bin: sha256 differs",)
     (root / "manifest.json").unlink()
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "cannot read cache manifest" in v.problems[0]
 
 
@@ -138,13 +138,13 @@ def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConf
     doc = json.loads((root / "manifest.json").read_text())
     doc["key"] = str(target.key.replace(max_model_len=4096))
     (root / "manifest.json").write_text(json.dumps(doc))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "the cache manifest was built for key" in v.problems[0]
 
 
 def test_cache_off_starts_cold_on_purpose(tmp_path: Path, target: TargetConfig) -> None:
     _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("KERNELBAKE_CACHE=off: starting cold on purpose",)
 
 
@@ -157,7 +157,7 @@ def test_changed_hashed_env_and_shape_args_warn_but_stay_warm(tmp_path: Path, ta
         )
 
     v = pf.preflight(
-        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(facts_for(target.key))
+        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(platform_for(target.key))
     )
     assert v.warm
     assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
@@ -170,7 +170,7 @@ def test_read_only_root_copies_with_a_loud_warning(
     root = _baked(tmp_path, target)
     real = pf._usable
     monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.cache_root != root
     assert (v.cache_root / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
     assert "is read-only, so the caches were copied" in v.notes[0]
@@ -183,7 +183,7 @@ def test_no_usable_scratch_is_a_clear_error(
     _baked(tmp_path, target)
     monkeypatch.setattr(pf, "_usable", lambda paths: False)
     with pytest.raises(EnvironmentProblem, match="allows executing compiled kernels"):
-        pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
@@ -194,13 +194,13 @@ def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
 
 def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:
     class Broken(FakeEngine):
-        def probe(self) -> Facts:
+        def probe(self) -> Platform:
             raise ImportError("libtorch_cpu.so: cannot open shared object file")
 
     with pytest.raises(
         EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
     ):
-        pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=Broken(platform_for(target.key)))
 
 
 def test_fetch_model_downloads_config_files_at_the_pinned_revision(

@@ -25,7 +25,7 @@ from kernelbake.runtime.engines.vllm import evidence
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, facts_for
+from tests.support.fake_engine import FakeEngine, platform_for
 
 _CHILD = textwrap.dedent(
     """
@@ -84,7 +84,7 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     environ = {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
-    engine = _VllmLikeEngine(facts_for(config.key))
+    engine = _VllmLikeEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""An engine without torch: its compile writes a few files, its probe returns given facts."""
+"""An engine without torch: its compile writes a few files, its probe returns a given platform."""
 
 from __future__ import annotations
 
@@ -9,24 +9,17 @@ from pathlib import Path
 from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import CacheKey, Engine
 from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 
 
-def facts_for(key: CacheKey, **changes: str) -> Facts:
-    """Facts that match ``key`` (driver = its floor, or none), with ``changes`` applied."""
-    facts = Facts(
-        engine_version=key.engine_version,
-        torch=key.torch,
-        triton=key.triton,
-        cuda=key.cuda,
-        flashinfer=key.flashinfer,
-        python=key.python,
-        arch=key.arch,
-        device=key.device,
-        driver=key.driver_floor,
-    )
-    return dataclasses.replace(facts, **changes)
+def platform_for(key: CacheKey, **changes: str) -> Platform:
+    """The platform ``key`` was planned for (its driver floor installed, or none), with
+    ``changes`` applied to any of its fields."""
+    values = {**key.as_dict(), "driver": key.driver_floor, **changes}
+    software = Software(**{f.name: values[f.name] for f in dataclasses.fields(Software)})
+    return Platform(software=software, arch=values["arch"], device=values["device"], driver=values["driver"])
 
 
 class FakeEngine:
@@ -37,13 +30,13 @@ class FakeEngine:
         hashed_env=("FAKE_HASHED",),
     )
 
-    def __init__(self, facts: Facts, *, files: int = 2) -> None:
-        self.facts = facts
+    def __init__(self, platform: Platform, *, files: int = 2) -> None:
+        self.platform = platform
         self.files = files
         self.compiled_into: Path | None = None
 
-    def probe(self) -> Facts:
-        return self.facts
+    def probe(self) -> Platform:
+        return self.platform
 
     def hashed_env_names(self) -> tuple[str, ...]:
         return self.declaration.hashed_env

@@ -257,17 +257,18 @@ def test_a_start_that_compiled_nothing_says_so_for_every_kind(tmp_path: Path) ->
 def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernelbake.contract.compat import check
     from kernelbake.runtime import probe
-    from kernelbake.runtime.facts import found_key
 
     versions = {"vllm": "0.26.0", "torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.14"}
     monkeypatch.setattr(probe, "dist_version", versions.__getitem__)
     monkeypatch.setattr(probe, "cuda_device", lambda: ("NVIDIA H100 PCIe", "sm_90a", "13.0"))
     monkeypatch.setattr(probe, "nvidia_driver", lambda: "570.86.10")
     monkeypatch.setattr(probe, "python_version", lambda: "3.12")
-    facts = VllmEngine().probe()
-    assert facts.engine_version == "0.26.0" and facts.flashinfer == "0.6.14" and facts.cuda == "13.0"
+    platform = VllmEngine().probe()
+    software = platform.software
+    assert software.engine_version == "0.26.0" and software.flashinfer == "0.6.14" and software.cuda == "13.0"
+    assert platform.driver == "570.86.10"
     target = _target()  # planned for an H100 SXM
-    match = check(target.key, found_key(target.key, facts))
+    match = check(target.key, platform)
     assert [r.field for r in match.blocking] == ["device", "driver_floor"]
     assert "NVIDIA H100 PCIe" in str(match.blocking[0])
 
@@ -295,12 +296,12 @@ def test_compile_step_collects_the_caches_into_the_manifest(
     from kernelbake.runtime import compile as compile_step
     from kernelbake.runtime.bundle import read_manifest
     from kernelbake.runtime.env import RuntimeEnv
-    from tests.support.fake_engine import facts_for
+    from tests.support.fake_engine import platform_for
 
     target = dataclasses.replace(_target(), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(target.to_json())
     engine = VllmEngine(runner=_WritesCaches(fail=set()))
-    monkeypatch.setattr(engine, "probe", lambda: facts_for(target.key, driver="580.95.05"))
+    monkeypatch.setattr(engine, "probe", lambda: platform_for(target.key, driver="580.95.05"))
     monkeypatch.setattr(engine, "hashed_env_names", lambda: ("VLLM_LOGGING_LEVEL", "VLLM_X"))
     monkeypatch.setattr(compile_step.runtime_env, "apply", lambda variables: None)
     manifest = compile_step.run_compile(

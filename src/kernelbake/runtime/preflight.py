@@ -28,12 +28,12 @@ from typing import Any
 from kernelbake.contract.compat import Match, check
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime.bundle import read_manifest, verify
-from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
+from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
-from kernelbake.runtime.facts import found_key, probe
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -48,7 +48,7 @@ _MAX_LISTED = 5
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
     target: TargetConfig
-    facts: Facts
+    platform: Platform
     match: Match
     # Why the baked caches are not used (empty when starting warm).
     problems: tuple[str, ...]
@@ -67,7 +67,7 @@ class Verdict:
             "verdict": "warm" if self.warm else "cold",
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,
-            "found": dataclasses.asdict(self.facts),
+            "found": self.platform.fields(),
             "match": self.match.summary(),
             "problems": list(self.problems),
             "notes": list(self.notes),
@@ -153,8 +153,8 @@ def preflight(
 ) -> Verdict:
     target = TargetConfig.load(env.target_file)
     engine = engine or get_engine(target.key.engine)
-    facts = probe(engine)
-    match = check(target.key, found_key(target.key, facts))
+    platform = measure(engine)
+    match = check(target.key, platform)
     baked = Path(target.cache_root)
     problems = [str(r) for r in match.blocking]
     if env.cache is CacheMode.OFF:
@@ -184,7 +184,7 @@ def preflight(
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     return Verdict(
         target=target,
-        facts=facts,
+        platform=platform,
         match=match,
         problems=tuple(problems),
         notes=tuple(notes),

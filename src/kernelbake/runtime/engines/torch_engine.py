@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from kernelbake.contract.engines import TORCH, EngineDeclaration
 from kernelbake.contract.key import NONE
-from kernelbake.contract.platform import arch_for
+from kernelbake.contract.platform import Platform, Software, arch_for
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 
 if TYPE_CHECKING:
     from kernelbake.runtime.preflight import Verdict
@@ -30,7 +30,7 @@ _SHAPE_OPTIONS = ("--shapes",)
 class TorchEngine:
     declaration: EngineDeclaration = TORCH
 
-    def probe(self) -> Facts:
+    def probe(self) -> Platform:
         import torch
 
         version = probe.public_version(torch.__version__)
@@ -41,17 +41,15 @@ class TorchEngine:
             driver = probe.nvidia_driver()
         else:
             device, arch, driver = "cpu", probe.machine(), NONE
-        return Facts(
+        software = Software(
             engine_version=version,
             torch=version,
             triton=probe.dist_version("triton"),
             cuda=str(torch.version.cuda) if torch.version.cuda else NONE,
             flashinfer=NONE,
             python=probe.python_version(),
-            arch=arch,
-            device=device,
-            driver=driver,
         )
+        return Platform(software=software, arch=arch, device=device, driver=driver)
 
     def hashed_env_names(self) -> tuple[str, ...]:
         return self.declaration.hashed_env

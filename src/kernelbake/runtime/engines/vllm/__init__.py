@@ -12,11 +12,12 @@ from typing import Any
 
 from kernelbake.contract.engines import VLLM, EngineDeclaration
 from kernelbake.contract.layout import kind_dir
+from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed
 from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
@@ -61,19 +62,17 @@ class VllmEngine:
     def __init__(self, runner: Runner = run) -> None:
         self._run = runner
 
-    def probe(self) -> Facts:
+    def probe(self) -> Platform:
         device, arch, cuda = probe.cuda_device()
-        return Facts(
+        software = Software(
             engine_version=probe.dist_version("vllm"),
             torch=probe.dist_version("torch"),
             triton=probe.dist_version("triton"),
             cuda=cuda,
             flashinfer=probe.dist_version("flashinfer-python"),
             python=probe.python_version(),
-            arch=arch,
-            device=device,
-            driver=probe.nvidia_driver(),
         )
+        return Platform(software=software, arch=arch, device=device, driver=probe.nvidia_driver())
 
     def hashed_env_names(self) -> tuple[str, ...]:
         from kernelbake.runtime.engines.vllm.compile_only import hashed_env
