@@ -2,32 +2,14 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from kernelbake.contract.compat import Severity, check, check_fields, rank
-from kernelbake.contract.key import NONE, CacheKey, Engine, InvalidKey, key_from_labels, parse_key
+from kernelbake.contract.key import NONE, CacheKey, InvalidKey, key_from_labels, parse_key
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.support.fake_engine import platform_for
-
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30)
-ints = st.integers(min_value=0, max_value=2**20)
-
-
-@st.composite
-def keys(draw: st.DrawFn) -> CacheKey:
-    kw: dict[str, object] = {}
-    for name in CacheKey.field_order():
-        if name == "engine":
-            kw[name] = draw(st.sampled_from(list(Engine)))
-        elif name in ("tp", "pp", "ep", "max_model_len", "max_num_batched_tokens"):
-            kw[name] = draw(ints)
-        elif name == "model_path":
-            kw[name] = "/" + draw(text)
-        else:
-            kw[name] = draw(text)
-    return CacheKey(**kw)  # type: ignore[arg-type]
+from tests.support.strategies import keys
 
 
 @given(keys())
