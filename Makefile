@@ -57,6 +57,7 @@ lint: deps
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+	PYTHONPATH=src $(VENV)/bin/lint-imports
 
 test: deps signing-deps cpu-base lint
 	$(VENV)/bin/pytest

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KeyMismatch
 from kernelbake.plan import plan
@@ -19,11 +21,10 @@ from kernelbake.runtime import integrity
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile import run_compile
-from kernelbake.runtime.engines import Facts
 from kernelbake.runtime.env import RuntimeEnv, VerifyMode
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, facts_for
+from tests.support.fake_engine import FakeEngine, platform_for
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
 
 
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
-    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(facts_for(target.key)))
+    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(platform_for(target.key)))
     return Path(target.cache_root)
 
 
@@ -69,7 +70,7 @@ def test_compile_writes_the_bundle_with_a_builder_entry(tmp_path: Path, target: 
 
 
 def test_compile_refuses_a_builder_that_differs_from_the_plan(tmp_path: Path, target: TargetConfig) -> None:
-    engine = FakeEngine(facts_for(target.key, torch="2.12.0", python="3.12"))
+    engine = FakeEngine(platform_for(target.key, torch="2.12.0", python="3.12"))
     with pytest.raises(KeyMismatch) as info:
         run_compile(_env(tmp_path), engine=engine)
     assert "torch: baked '2.13.0', found '2.12.0'" in str(info.value)
@@ -83,18 +84,18 @@ def test_compile_refuses_a_gpu_builder_below_the_driver_floor(tmp_path: Path) ->
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     with pytest.raises(KeyMismatch, match=re.escape("driver_floor: baked '580.65.06', found '535.104.05'")):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, driver="535.104.05")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, driver="535.104.05")))
     with pytest.raises(KeyMismatch, match="device: baked 'NVIDIA H100 80GB HBM3', found 'NVIDIA H100 PCIe'"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, device="NVIDIA H100 PCIe")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, device="NVIDIA H100 PCIe")))
 
 
 def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target: TargetConfig) -> None:
     with pytest.raises(BuildFailed, match="left no cache files"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key), files=0))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key), files=0))
     stale = Path(target.cache_root) / "inductor" / "old.bin"
     stale.write_bytes(b"x")
     with pytest.raises(BuildFailed, match="refusing to bake caches that this compile did not produce"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 # -- preflight ------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target:
 
 def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.problems == () and v.notes == ()
     assert v.cache_root == root
     assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
@@ -111,7 +112,7 @@ def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: Tar
 
 def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key, torch="2.12.0")))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key, torch="2.12.0")))
     assert not v.warm
     assert v.problems == (
         "torch: baked '2.13.0', found '2.12.0' (Inductor caches are keyed by the torch version)",
@@ -136,7 +137,7 @@ def test_a_flipped_byte_starts_cold_naming_the_file_and_both_digests(
 ) -> None:
     root = _baked(tmp_path, target)
     recorded, found = _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == (
         f"cache integrity: inductor/g0/graph.bin: sha256 {found} but the manifest records {recorded}",
     )
@@ -149,7 +150,7 @@ def test_size_only_is_unsafe_by_name_and_says_so(tmp_path: Path, target: TargetC
     root = _baked(tmp_path, target)
     _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
     v = pf.preflight(
-        _env(tmp_path, KERNELBAKE_VERIFY="unsafe-size-only"), engine=FakeEngine(facts_for(target.key))
+        _env(tmp_path, KERNELBAKE_VERIFY="unsafe-size-only"), engine=FakeEngine(platform_for(target.key))
     )
     assert v.warm and v.cache_root == root
     assert v.notes[0].startswith("UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only")
@@ -169,13 +170,13 @@ def test_verify_mode_names(tmp_path: Path) -> None:
 def test_missing_resized_or_unreadable_files_start_cold(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     (root / "inductor" / "g0" / "graph.bin").write_bytes(b"short")
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("cache integrity: inductor/g0/graph.bin: size 5 but the manifest records 100",)
     (root / "inductor" / "g1" / "graph.bin").unlink()
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.problems[1] == "cache integrity: inductor/g1/graph.bin: missing"
     (root / "manifest.json").unlink()
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "cannot read cache manifest" in v.problems[0]
 
 
@@ -198,7 +199,7 @@ def test_serve_gets_a_pending_verdict_and_settles_it(
 ) -> None:
     root = _baked(tmp_path, target)
     held = _HeldHashing(monkeypatch)
-    engine = FakeEngine(facts_for(target.key))
+    engine = FakeEngine(platform_for(target.key))
     v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
     assert v.pending is not None and not v.warm and v.cache_root == root
     assert "verifying the sha256 of 2 files while the engine starts" in v.lines()[0]
@@ -214,7 +215,7 @@ def test_a_pending_verdict_settles_cold_on_a_flipped_byte(
     root = _baked(tmp_path, target)
     recorded, found = _flip_one_byte(root / "inductor" / "g1" / "graph.bin")
     held = _HeldHashing(monkeypatch)
-    engine = FakeEngine(facts_for(target.key))
+    engine = FakeEngine(platform_for(target.key))
     v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
     assert v.pending is not None and v.cache_root == root
     held.release.set()
@@ -233,7 +234,7 @@ def test_preflight_waits_for_the_hashes_when_the_caches_must_be_copied(
     _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
     real = pf._usable
     monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)), wait=False)
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)), wait=False)
     assert v.pending is None and not v.warm and "sha256" in v.problems[0]
     assert list(v.cache_root.rglob("*.bin")) == []
 
@@ -243,13 +244,13 @@ def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConf
     doc = json.loads((root / "manifest.json").read_text())
     doc["key"] = str(target.key.replace(max_model_len=4096))
     (root / "manifest.json").write_text(json.dumps(doc))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "the cache manifest was built for key" in v.problems[0]
 
 
 def test_cache_off_starts_cold_on_purpose(tmp_path: Path, target: TargetConfig) -> None:
     _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("KERNELBAKE_CACHE=off: starting cold on purpose",)
 
 
@@ -257,11 +258,12 @@ def test_changed_hashed_env_and_shape_args_warn_but_stay_warm(tmp_path: Path, ta
     _baked(tmp_path, target)
 
     class Engine(FakeEngine):
-        def cache_env(self, root: Path) -> dict[str, str]:
-            return {"FAKE_CACHE_DIR": str(root / "inductor")}
+        declaration = dataclasses.replace(
+            FakeEngine.declaration, cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR),)
+        )
 
     v = pf.preflight(
-        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(facts_for(target.key))
+        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(platform_for(target.key))
     )
     assert v.warm
     assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
@@ -274,7 +276,7 @@ def test_read_only_root_copies_with_a_loud_warning(
     root = _baked(tmp_path, target)
     real = pf._usable
     monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.cache_root != root
     assert (v.cache_root / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
     assert "is read-only, so the caches were copied" in v.notes[0]
@@ -287,7 +289,7 @@ def test_no_usable_scratch_is_a_clear_error(
     _baked(tmp_path, target)
     monkeypatch.setattr(pf, "_usable", lambda paths: False)
     with pytest.raises(EnvironmentProblem, match="allows executing compiled kernels"):
-        pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
@@ -307,13 +309,13 @@ def test_seed_refuses_a_tampered_bundle(tmp_path: Path, target: TargetConfig) ->
 
 def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:
     class Broken(FakeEngine):
-        def probe(self) -> Facts:
+        def probe(self) -> Platform:
             raise ImportError("libtorch_cpu.so: cannot open shared object file")
 
     with pytest.raises(
         EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
     ):
-        pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=Broken(platform_for(target.key)))
 
 
 def test_fetch_model_downloads_config_files_at_the_pinned_revision(
@@ -358,7 +360,7 @@ def test_check_reports_the_verification_and_refuses_a_flipped_byte(
     from kernelbake.cli import main
 
     root = _baked(tmp_path, target)
-    engine = FakeEngine(facts_for(target.key))
+    engine = FakeEngine(platform_for(target.key))
     monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
     monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))

@@ -30,7 +30,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.gate import Gate
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, facts_for
+from tests.support.fake_engine import FakeEngine, platform_for
 
 # The handler uses os.write, not print: the signal can land while print("ready") is still
 # flushing, and a second print into the same buffer raises "reentrant call".
@@ -82,7 +82,7 @@ class _VllmLikeEngine(FakeEngine):
         return [sys.executable, "-c", f"print({chr(10).join(lines)!r}); raise SystemExit(0)"]
 
     def serve_watcher(self, cache_root: Path):  # type: ignore[no-untyped-def]
-        return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
+        return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
 
 def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
@@ -92,7 +92,7 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     environ = {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
-    engine = _VllmLikeEngine(facts_for(config.key))
+    engine = _VllmLikeEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
@@ -199,7 +199,7 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
         "TMPDIR": str(tmp_path / "scratch"),
         "AT_GATE": str(at_gate),
     }
-    engine = _GatedEngine(facts_for(config.key))
+    engine = _GatedEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

@@ -9,7 +9,7 @@ from typing import Any
 from kernelbake import __version__
 from kernelbake._suggest import did_you_mean
 from kernelbake.catalogue import Catalogue, EngineRelease, Gpu, load_catalogue
-from kernelbake.contract.key import CacheKey
+from kernelbake.contract.key import NONE, CacheKey
 from kernelbake.errors import SpecError
 from kernelbake.labels import derived_labels
 from kernelbake.spec import ImageSpec
@@ -56,15 +56,10 @@ def _key(spec: ImageSpec, gpu: Gpu, release: EngineRelease, catalogue: Catalogue
     s = spec.serve
     return CacheKey(
         engine=spec.engine,
-        engine_version=spec.engine_version,
-        torch=release.torch,
-        triton=release.triton,
-        cuda=release.cuda,
-        flashinfer=release.flashinfer,
-        python=release.python,
+        **dataclasses.asdict(release.software),
         arch=gpu.arch,
         device=gpu.device_name,
-        driver_floor=catalogue.driver_floor(gpu, release.cuda),
+        driver_floor=catalogue.driver_floor(gpu, release.software.cuda),
         model=spec.model.id,
         revision=spec.model.revision,
         model_path=spec.model.path,
@@ -121,10 +116,11 @@ def plan(
     release = cat.engine(spec.engine, spec.engine_version, where=spec.where("engine.version"))
     targets = []
     for gpu in resolve_gpus(spec, gpus, cat):
-        if gpu.is_cpu != (release.cuda == "none"):
+        cpu_only = release.software.cuda == NONE
+        if gpu.is_cpu != cpu_only:
             raise SpecError(
                 f"{spec.where('targets')}: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
-                f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if release.cuda == 'none' else 'CUDA'}"
+                f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if cpu_only else 'CUDA'}"
             )
         base = spec.base_for(gpu.family) or release.base_image
         key = _key(spec, gpu, release, cat)

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
-from kernelbake.build import BuildOptions, Driver, render_target
+from kernelbake.build import BuildOptions, Driver
 from kernelbake.cli.planning import add_spec_args
 from kernelbake.labels import check_labels
 from kernelbake.plan import plan
-from kernelbake.render import BuildMode, write_context
+from kernelbake.render import BuildMode, render, write_context
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 
@@ -44,7 +44,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     wheel = build_wheel(out / "wheels")
     groups = {}
     for t in targets:
-        rendered = render_target(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
+        rendered = render(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
         layout = bake.Layout(out / t.name)
         write_context(rendered, layout.context, wheel)
         groups[t.name] = bake.bake_targets(rendered, layout, push=False)

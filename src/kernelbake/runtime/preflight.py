@@ -28,12 +28,12 @@ from typing import Any
 from kernelbake.contract.compat import Match, check
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime.bundle import read_manifest
-from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
+from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
-from kernelbake.runtime.facts import found_key, probe
 from kernelbake.runtime.integrity import Check, verify
 
 READ_ONLY_RECIPE = (
@@ -49,7 +49,7 @@ _MAX_LISTED = 5
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
     target: TargetConfig
-    facts: Facts
+    platform: Platform
     match: Match
     # Why the baked caches are not used (empty when starting warm).
     problems: tuple[str, ...]
@@ -74,7 +74,7 @@ class Verdict:
             "verdict": "warm" if self.warm else "cold",
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,
-            "found": dataclasses.asdict(self.facts),
+            "found": self.platform.fields(),
             "match": self.match.summary(),
             "problems": list(self.problems),
             "notes": list(self.notes),
@@ -172,12 +172,12 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
-    return {**env.environ, **dict(target.serve.env), **engine.cache_env(root)}
+    return {**env.environ, **dict(target.serve.env), **engine.declaration.cache_env(root)}
 
 
 def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:
     root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     return root
 
@@ -198,14 +198,14 @@ def preflight(
     # takes seconds), and the hashing threads run meanwhile.
     manifest, integrity, pending = _integrity(baked, target, env.verify)
     engine = engine or get_engine(target.key.engine)
-    facts = probe(engine)
-    match = check(target.key, found_key(target.key, facts))
+    platform = measure(engine)
+    match = check(target.key, platform)
     problems = [str(r) for r in match.blocking]
     if env.cache is CacheMode.OFF:
         problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
     problems += integrity
     pinned = dict(target.serve.env)
-    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
+    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
     if shape := engine.shape_args(target, user_args):
         notes.append(
             f"serve arguments change what was compiled ({'; '.join(shape)}): "
@@ -216,7 +216,7 @@ def preflight(
             "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
             "changed without changing its size is loaded and run by the engine"
         )
-    kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
+    kinds = [kind_dir(baked, k) for k in engine.declaration.cache_kinds]
     in_place = not problems and _usable([baked, *kinds])
     summary = ""
     if pending is not None:
@@ -239,11 +239,11 @@ def preflight(
             f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
             f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
         )
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     return Verdict(
         target=target,
-        facts=facts,
+        platform=platform,
         match=match,
         problems=tuple(problems),
         notes=tuple(notes),
