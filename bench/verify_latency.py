@@ -36,11 +36,11 @@ from tests.support.registry import running_registry  # noqa: E402
 from kernelbake import __version__  # noqa: E402
 from kernelbake.oci import RegistryClient  # noqa: E402
 from kernelbake.settings import Settings  # noqa: E402
-from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config  # noqa: E402
+from kernelbake.signing._internal.keyless import load_trust_config  # noqa: E402
 from kernelbake.signing.keys import generate_key_pair, load_private_key  # noqa: E402
 from kernelbake.signing.policy import VerifyPolicy  # noqa: E402
 from kernelbake.signing.sign import sign_image  # noqa: E402
-from kernelbake.signing.signer import KeySigner  # noqa: E402
+from kernelbake.signing.signer import KeylessSigner, KeySigner  # noqa: E402
 from kernelbake.signing.verify import verify_image  # noqa: E402
 
 RESULTS = REPO / "bench/results/verify_latency.json"

@@ -82,13 +82,12 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
     from kernelbake.contract.compat import check
     from kernelbake.runtime.bundle import write_manifest
     from kernelbake.runtime.engines.vllm import VllmEngine
-    from kernelbake.runtime.facts import found_key
 
     target = _target(model)
     root = _roots(model)["compile"]
     engine = VllmEngine()
-    facts = engine.probe()
-    verdict = check(target.key, found_key(target.key, facts))
+    platform = engine.probe()
+    verdict = check(target.key, platform)
     started = time.monotonic()
     result = engine.compile(target, root)
     wall = time.monotonic() - started
@@ -97,7 +96,7 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
         target.key,
         result.kinds,
         hashed_env=result.hashed_env,
-        report={**result.report, "builder": {"device": facts.device, "driver": facts.driver}},
+        report={**result.report, "builder": {"device": platform.device, "driver": platform.driver}},
     )
     return {
         "wall_s": round(wall, 2),
@@ -105,20 +104,20 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
         "caches": manifest.totals(),
         "key": str(target.key),
         "measured_key_reasons": [str(r) for r in verdict.reasons],
-        "facts": facts.__dict__,
+        "facts": platform.fields(),
     }
 
 
 def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
-    from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
+    from kernelbake.contract.engines import VLLM
     from kernelbake.runtime.engines.vllm.args import serve_argv
     from kernelbake.runtime.engines.vllm.evidence import added, cache_dirs, snapshot
 
     target = _target(model)
     root = _roots(model)[kind]
-    env = cache_env(root)
+    env = VLLM.cache_env(root)
     os.environ.update(env)
-    dirs = cache_dirs(root, VllmEngine.cache_kinds)
+    dirs = cache_dirs(root, VLLM.cache_kinds)
     before = snapshot(dirs)
     t0 = time.monotonic()
     import torch  # noqa: F401

@@ -2,7 +2,8 @@
 # Install and start what kernelbake's build and tests need on a Debian 12 root machine:
 # Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
 # debootstrap, a running dockerd with CDI enabled, the test CDI device, and the venv.
-# Idempotent: each step is skipped when its result is already there.
+# Idempotent: each step is skipped when its result is already there. `deps.sh venv` makes only
+# the venv (what `make test-fast` needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,6 +93,10 @@ make_venv() {
   fi
 }
 
+if [ "${1:-}" = venv ]; then
+  make_venv
+  exit 0
+fi
 install_apt
 install_trixie
 configure_docker

@@ -9,6 +9,32 @@ from tests.support.registry import running_registry
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Fixtures that need a tool, and the marker saying so. `make test-fast` deselects by marker, so
+# a test using one of these unmarked would fail there instead of being left to `make test`.
+NEEDS_MARKER = {
+    "registry": "registry",
+    "sigstore_mock": "sigstore",
+    "cosign2": "cosign",
+    "cosign3": "cosign",
+    "single_image": "docker",
+    "two_phase_image": "docker",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = []
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        # A parameter that happens to share a fixture's name is not the fixture.
+        used -= set(getattr(getattr(item, "callspec", None), "params", {}))
+        unmarked += [
+            f"{item.nodeid} uses the {fixture} fixture but is not marked {marker}"
+            for fixture, marker in NEEDS_MARKER.items()
+            if fixture in used and item.get_closest_marker(marker) is None
+        ]
+    if unmarked:
+        raise pytest.UsageError("; ".join(unmarked))
+
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

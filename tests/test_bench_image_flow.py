@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+from kernelbake.contract.engines import VLLM
 from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.plan import plan
 from kernelbake.render import render, write_context
-from kernelbake.runtime.engines.vllm import VllmEngine, cache_env
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 
@@ -29,12 +29,7 @@ def _context(tmp_path: Path) -> Path:
     (target,) = plan(load_spec(REPO / "bench" / "specs" / "tiny-llama-ref.yaml"), ["h200"])
     wheel = tmp_path / "kernelbake-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"not a real wheel")
-    rendered = render(
-        target,
-        kinds=VllmEngine.cache_kinds,
-        cache_env=sorted(cache_env(Path(CACHE_ROOT)).items()),
-        wheel=wheel.name,
-    )
+    rendered = render(target, wheel=wheel.name)
     return write_context(rendered, tmp_path / "context", wheel)
 
 
@@ -53,7 +48,7 @@ def test_the_harness_moves_the_bundle_like_the_cache_layers(tmp_path: Path) -> N
     context = _context(tmp_path)
     stages = flow.stages(context / "Dockerfile")
     compiled = tmp_path / "compile-fs"
-    for kind in VllmEngine.cache_kinds:
+    for kind in VLLM.cache_kinds:
         (compiled / CACHE_ROOT.lstrip("/") / kind.value).mkdir(parents=True)
     (compiled / CACHE_ROOT.lstrip("/") / "vllm" / "artifact").write_text("aot")
     (compiled / CACHE_ROOT.lstrip("/") / "manifest.json").write_text("{}")
@@ -78,5 +73,5 @@ def test_the_harness_moves_the_bundle_like_the_cache_layers(tmp_path: Path) -> N
     assert (root / "vllm" / "artifact").read_text() == "aot"
     assert (root / "manifest.json").is_file()
     assert sorted(p.name for p in root.iterdir()) == sorted(
-        [k.value for k in VllmEngine.cache_kinds] + ["manifest.json"]
+        [k.value for k in VLLM.cache_kinds] + ["manifest.json"]
     )

@@ -120,18 +120,7 @@ def test_two_phase_compiles_with_docker_run_device_into_the_named_context(
     assert order == [f"{n}-runtime", "run", n]
 
 
-@pytest.fixture
-def vllm_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The vLLM engine module belongs to another area; its declarations are all render needs."""
-    from kernelbake.contract.key import Engine
-    from kernelbake.runtime import engines
-
-    monkeypatch.setitem(engines._FACTORIES, Engine.VLLM, "tests.support.fake_engine:FakeVllmEngine")
-
-
-def test_render_cli_handles_vllm_gpu_targets(
-    vllm_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_render_cli_handles_vllm_gpu_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kernelbake.cli import main
 
     assert (
@@ -147,7 +136,7 @@ def test_render_cli_handles_vllm_gpu_targets(
 
 
 def test_gpu_target_on_its_family_builder_is_pushed_by_the_builder(
-    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"], registry="ghcr.io/acme/models")
@@ -170,7 +159,7 @@ def _gpu_targets(*gpus: str) -> list[BuildTarget]:
 
 
 def test_gpu_families_build_at_once_and_one_familys_targets_queue_on_its_builder(
-    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import io
 
@@ -204,7 +193,7 @@ def test_gpu_families_build_at_once_and_one_familys_targets_queue_on_its_builder
 
 
 def test_a_failing_target_stops_no_other_and_nothing_of_it_is_pushed(
-    vllm_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import io
 

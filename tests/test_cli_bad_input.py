@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kernelbake.cli import main
+from kernelbake.errors import BadInput
 from tests.conftest import REPO
 
 SPECS = REPO / "tests" / "specs"
@@ -125,3 +128,118 @@ def test_build_mode_is_shown_and_taken_as_its_wire_value(
     with pytest.raises(SystemExit) as exc:
         main([command, "--mode", "twophase", str(SPECS / "malformed.yaml")])
     assert exc.value.code == 2
+
+
+def test_plan_errors_name_the_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by plan (the catalogue), after loading: still file:line: field.
+    assert main(["plan", str(SPECS / "unknown-gpu.yaml")]) == 2
+    assert "unknown-gpu.yaml:4: targets[0]: unknown GPU 'h1000'" in capsys.readouterr().err
+    assert main(["plan", str(SPECS / "unknown-engine-version.yaml")]) == 2
+    assert "unknown-engine-version.yaml:3: engine.version: kernelbake has no data" in capsys.readouterr().err
+
+
+# -- files that are not text, not files, or empty --------------------------------------------
+
+# name → (how to make it, what the one line says about it)
+BAD_FILES = {
+    "latin-1": (lambda p: p.write_bytes("name: caf\xe9\n".encode("latin-1")), "(byte 0xe9 at offset 9)"),
+    "png": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"), "(byte 0x89 at offset 0)"),
+    "directory": (lambda p: p.mkdir(), "Is a directory"),
+    "under-a-file": (lambda p: None, "Not a directory"),
+    "empty": (lambda p: p.write_bytes(b""), ""),
+}
+_DIGEST = "sha256:" + "0" * 64
+_NOWHERE = f"127.0.0.1:1/kb/x@{_DIGEST}"
+_TRUST = "identities: [{issuer: https://ci.example, subject: ci}]\ntrusted_root: sigstore-public-good\n"
+_REQUEST = json.dumps(
+    {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE"},
+    }
+)
+
+
+def _good(tmp_path: Path) -> dict[str, str]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "images: [r.example/**]\nverify:\n" + "".join(f"  {line}\n" for line in _TRUST.splitlines())
+    )
+    request = tmp_path / "request.json"
+    request.write_text(_REQUEST)
+    return {"policy": str(policy), "request": str(request)}
+
+
+# command → argv around the bad file ``F`` (and good files where the command needs them)
+FILE_COMMANDS: dict[str, Callable[[str, dict[str, str]], list[str]]] = {
+    "plan": lambda f, g: ["plan", f],
+    "key": lambda f, g: ["key", f],
+    "render": lambda f, g: ["render", f, "--out", f + ".out"],
+    "build": lambda f, g: ["build", f, "--out", f + ".out"],
+    "verify --policy": lambda f, g: ["verify", _NOWHERE, "--policy", f, "--timeout", "1"],
+    "sign --identity-token-file": lambda f, g: ["sign", _NOWHERE, "--keyless", "--identity-token-file", f],
+    "admission check-policy": lambda f, g: ["admission", "check-policy", f],
+    "admission review --policy": lambda f, g: ["admission", "review", "--policy", f, g["request"]],
+    "admission review REQUEST": lambda f, g: ["admission", "review", "--policy", g["policy"], f],
+    "admission --policy": lambda f, g: ["admission", "--policy", f, "--tls-cert", f, "--tls-key", f],
+    "admission --tls-cert": lambda f, g: [
+        "admission",
+        "--policy",
+        g["policy"],
+        "--tls-cert",
+        f,
+        "--tls-key",
+        f,
+    ],
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_FILES))
+@pytest.mark.parametrize("command", list(FILE_COMMANDS))
+def test_a_bad_file_is_one_line_naming_it_exit_2(
+    command: str,
+    bad: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KERNELBAKE_DOCKER", str(tmp_path / "no-docker"))
+    make, detail = BAD_FILES[bad]
+    # PEM files are read by OpenSSL, which says what it found, not where.
+    pem = command == "admission --tls-cert" and bad in ("latin-1", "png", "empty")
+    if pem:
+        detail = "not a PEM certificate and its private key"
+    path = tmp_path / "a-file" / "input.yaml" if bad == "under-a-file" else tmp_path / "input.yaml"
+    if bad == "under-a-file":
+        (tmp_path / "a-file").write_text("x")
+    make(path)
+    argv = FILE_COMMANDS[command](str(path), _good(tmp_path))
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"kernelbake {argv[0]}: error: ")
+    assert str(path) in lines[0] and detail in lines[0]
+    if bad in ("latin-1", "png") and not pem:
+        assert "is not UTF-8 text" in lines[0]
+
+
+def test_an_empty_spec_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "empty.yaml"
+    spec.write_text("\n")
+    assert main(["plan", str(spec)]) == 2
+    assert f"{spec}: the spec is empty" in capsys.readouterr().err
+
+
+def test_an_image_target_or_manifest_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    from kernelbake.contract.target import TargetConfig
+    from kernelbake.runtime.bundle import read_manifest
+
+    (tmp_path / "manifest.json").write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(BadInput, match=r"manifest.json: not a cache manifest \(byte 0 is not UTF-8\)"):
+        read_manifest(tmp_path)
+    (tmp_path / "target.json").write_bytes(b"{\xff}")
+    with pytest.raises(BadInput, match=r"target.json: not a kernelbake target file \(byte 1 is not UTF-8\)"):
+        TargetConfig.load(tmp_path / "target.json")

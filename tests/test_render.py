@@ -9,16 +9,13 @@ from pathlib import Path
 import pytest
 
 from kernelbake import bake
-from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.engines import VLLM
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.render import BuildMode, Rendered, render, write_context
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-
-VLLM_KINDS = (CacheKind.VLLM, CacheKind.INDUCTOR, CacheKind.TRITON, CacheKind.FLASHINFER)
-TORCH_KINDS = (CacheKind.INDUCTOR, CacheKind.TRITON)
 
 
 def _target(spec: str, gpu: str) -> BuildTarget:
@@ -44,9 +41,7 @@ def _stages(dockerfile: str) -> dict[str, list[str]]:
 
 
 def _render(spec: str, gpu: str, **kw: object) -> Rendered:
-    kinds = VLLM_KINDS if spec != "tiny-llama" else TORCH_KINDS
-    cache_env = (("TORCHINDUCTOR_CACHE_DIR", "/opt/kernelbake/cache/inductor"),)
-    return render(_target(spec, gpu), kinds=kinds, cache_env=cache_env, wheel="kb.whl", **kw)  # type: ignore[arg-type]
+    return render(_target(spec, gpu), wheel="kb.whl", **kw)  # type: ignore[arg-type]
 
 
 def test_cpu_target_compiles_in_a_plain_run() -> None:
@@ -68,7 +63,7 @@ def test_final_layer_order_is_install_target_model_kinds_manifest() -> None:
     assert "pip install --no-deps" in layer_steps[0]
     assert layer_steps[1] == "COPY target.json /opt/kernelbake/target.json"
     assert layer_steps[2] == "RUN --mount=type=secret,id=hf_token python3 -m kernelbake fetch-model"
-    kinds = [k.value for k in VLLM_KINDS]
+    kinds = [k.value for k in VLLM.cache_kinds]
     assert layer_steps[3:-1] == [f"COPY --from=caches /{k}/ /opt/kernelbake/cache/{k}/" for k in kinds]
     assert layer_steps[-1] == "COPY --from=caches /manifest.json /opt/kernelbake/cache/manifest.json"
     # Nothing after the manifest adds a layer.
@@ -105,7 +100,7 @@ def test_two_phase_needs_a_device() -> None:
 
 def test_labels_in_the_dockerfile_are_the_planned_ones() -> None:
     target = _target("llama-3.1-8b-instruct", "l40s")
-    r = render(target, kinds=VLLM_KINDS, wheel="kb.whl")
+    r = render(target, wheel="kb.whl")
     label_line = next(s for s in _stages(r.dockerfile)["final"] if s.startswith("LABEL "))
     found = dict(re.findall(r'(\S+)="((?:[^"\\]|\\.)*)"', label_line))
     unescaped = {k: v.replace('\\"', '"').replace("\\$", "$").replace("\\\\", "\\") for k, v in found.items()}
@@ -122,7 +117,7 @@ def test_label_values_cannot_break_out() -> None:
 
 def test_target_json_round_trips_the_plan() -> None:
     target = _target("qwen3-8b", "h100")
-    r = render(target, kinds=VLLM_KINDS, wheel="kb.whl")
+    r = render(target, wheel="kb.whl")
     config = TargetConfig.from_json(r.target_json)
     assert config.key == target.key
     assert config.gpu == "h100"
@@ -132,9 +127,8 @@ def test_target_json_round_trips_the_plan() -> None:
 def test_every_gpu_of_every_spec_renders() -> None:
     for path in sorted((REPO / "images").glob("*.yaml")):
         spec = load_spec(path)
-        kinds = TORCH_KINDS if spec.engine.value == "torch" else VLLM_KINDS
         for target in plan(spec, registry="r/kb"):
-            r = render(target, kinds=kinds, wheel="kb.whl")
+            r = render(target, wheel="kb.whl")
             assert target.key.digest in r.dockerfile
 
 

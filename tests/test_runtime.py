@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
-from kernelbake.errors import BuildFailed, EnvironmentProblem, KeyMismatch
+from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KeyMismatch
 from kernelbake.plan import plan
 from kernelbake.render import target_config
+from kernelbake.runtime import integrity
 from kernelbake.runtime import preflight as pf
-from kernelbake.runtime.bundle import read_manifest
+from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile import run_compile
-from kernelbake.runtime.engines import Facts
-from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.env import RuntimeEnv, VerifyMode
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, facts_for
+from tests.support.fake_engine import FakeEngine, platform_for
 
 
 @pytest.fixture
@@ -39,7 +43,7 @@ def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
 
 
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
-    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(facts_for(target.key)))
+    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(platform_for(target.key)))
     return Path(target.cache_root)
 
 
@@ -66,7 +70,7 @@ def test_compile_writes_the_bundle_with_a_builder_entry(tmp_path: Path, target: 
 
 
 def test_compile_refuses_a_builder_that_differs_from_the_plan(tmp_path: Path, target: TargetConfig) -> None:
-    engine = FakeEngine(facts_for(target.key, torch="2.12.0", python="3.12"))
+    engine = FakeEngine(platform_for(target.key, torch="2.12.0", python="3.12"))
     with pytest.raises(KeyMismatch) as info:
         run_compile(_env(tmp_path), engine=engine)
     assert "torch: baked '2.13.0', found '2.12.0'" in str(info.value)
@@ -80,18 +84,18 @@ def test_compile_refuses_a_gpu_builder_below_the_driver_floor(tmp_path: Path) ->
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     with pytest.raises(KeyMismatch, match=re.escape("driver_floor: baked '580.65.06', found '535.104.05'")):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, driver="535.104.05")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, driver="535.104.05")))
     with pytest.raises(KeyMismatch, match="device: baked 'NVIDIA H100 80GB HBM3', found 'NVIDIA H100 PCIe'"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(t.key, device="NVIDIA H100 PCIe")))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(t.key, device="NVIDIA H100 PCIe")))
 
 
 def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target: TargetConfig) -> None:
     with pytest.raises(BuildFailed, match="left no cache files"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key), files=0))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key), files=0))
     stale = Path(target.cache_root) / "inductor" / "old.bin"
     stale.write_bytes(b"x")
     with pytest.raises(BuildFailed, match="refusing to bake caches that this compile did not produce"):
-        run_compile(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        run_compile(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 # -- preflight ------------------------------------------------------------------------------
@@ -99,7 +103,7 @@ def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target:
 
 def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.problems == () and v.notes == ()
     assert v.cache_root == root
     assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
@@ -108,7 +112,7 @@ def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: Tar
 
 def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key, torch="2.12.0")))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key, torch="2.12.0")))
     assert not v.warm
     assert v.problems == (
         "torch: baked '2.13.0', found '2.12.0' (Inductor caches are keyed by the torch version)",
@@ -119,17 +123,120 @@ def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, 
     assert "WARNING: starting COLD" in v.lines()[0]
 
 
-def test_tampered_or_missing_files_start_cold(tmp_path: Path, target: TargetConfig) -> None:
+def _flip_one_byte(path: Path) -> tuple[str, str]:
+    """Flip one bit of one byte in place (same size); returns the sha256 before and after."""
+    data = bytearray(path.read_bytes())
+    before = hashlib.sha256(data).hexdigest()
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    return before, hashlib.sha256(data).hexdigest()
+
+
+def test_a_flipped_byte_starts_cold_naming_the_file_and_both_digests(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    root = _baked(tmp_path, target)
+    recorded, found = _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
+    assert v.problems == (
+        f"cache integrity: inductor/g0/graph.bin: sha256 {found} but the manifest records {recorded}",
+    )
+    assert v.cache_root != root and v.env["FAKE_CACHE_DIR"].startswith(str(tmp_path / "scratch"))
+    assert list(v.cache_root.rglob("*.bin")) == []
+    assert v.to_json()["verify"] == "sha256"
+
+
+def test_size_only_is_unsafe_by_name_and_says_so(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    v = pf.preflight(
+        _env(tmp_path, KERNELBAKE_VERIFY="unsafe-size-only"), engine=FakeEngine(platform_for(target.key))
+    )
+    assert v.warm and v.cache_root == root
+    assert v.notes[0].startswith("UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only")
+    assert "sizes only (UNSAFE)" in v.lines()[0] and "WARNING: UNSAFE" in v.lines()[1]
+    assert v.to_json()["verify"] == "unsafe-size-only"
+
+
+def test_verify_mode_names(tmp_path: Path) -> None:
+    assert _env(tmp_path).verify is VerifyMode.SHA256
+    assert _env(tmp_path, KERNELBAKE_VERIFY="deep").verify is VerifyMode.SHA256
+    with pytest.raises(BadInput, match="the size-only check is now 'unsafe-size-only'"):
+        _env(tmp_path, KERNELBAKE_VERIFY="size")
+    with pytest.raises(BadInput, match="expected one of sha256, unsafe-size-only"):
+        _env(tmp_path, KERNELBAKE_VERIFY="fast")
+
+
+def test_missing_resized_or_unreadable_files_start_cold(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     (root / "inductor" / "g0" / "graph.bin").write_bytes(b"short")
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
-    assert v.problems == ("cache integrity: inductor/g0/graph.bin: size 5 != 100",)
-    (root / "inductor" / "g0" / "graph.bin").write_bytes(b"\x01" * 100)
-    v = pf.preflight(_env(tmp_path, KERNELBAKE_VERIFY="deep"), engine=FakeEngine(facts_for(target.key)))
-    assert v.problems == ("cache integrity: inductor/g0/graph.bin: sha256 differs",)
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
+    assert v.problems == ("cache integrity: inductor/g0/graph.bin: size 5 but the manifest records 100",)
+    (root / "inductor" / "g1" / "graph.bin").unlink()
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
+    assert v.problems[1] == "cache integrity: inductor/g1/graph.bin: missing"
     (root / "manifest.json").unlink()
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "cannot read cache manifest" in v.problems[0]
+
+
+class _HeldHashing:
+    """Holds every sha256 until released, as a large bundle on a slow disk would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        real = integrity._digest_problem
+
+        def held(root: Path, entry: FileEntry) -> str | None:
+            assert self.release.wait(30), "never released"
+            return real(root, entry)
+
+        monkeypatch.setattr(integrity, "_digest_problem", held)
+
+
+def test_serve_gets_a_pending_verdict_and_settles_it(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _baked(tmp_path, target)
+    held = _HeldHashing(monkeypatch)
+    engine = FakeEngine(platform_for(target.key))
+    v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
+    assert v.pending is not None and not v.warm and v.cache_root == root
+    assert "verifying the sha256 of 2 files while the engine starts" in v.lines()[0]
+    held.release.set()
+    settled = pf.settle(v, _env(tmp_path), engine)
+    assert settled.warm and settled.pending is None and settled.cache_root == root
+    assert "2 files, sha256 of every file checked in" in settled.lines()[0]
+
+
+def test_a_pending_verdict_settles_cold_on_a_flipped_byte(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _baked(tmp_path, target)
+    recorded, found = _flip_one_byte(root / "inductor" / "g1" / "graph.bin")
+    held = _HeldHashing(monkeypatch)
+    engine = FakeEngine(platform_for(target.key))
+    v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
+    assert v.pending is not None and v.cache_root == root
+    held.release.set()
+    settled = pf.settle(v, _env(tmp_path), engine)
+    assert not settled.warm and settled.cache_root != root
+    assert settled.problems == (
+        f"cache integrity: inductor/g1/graph.bin: sha256 {found} but the manifest records {recorded}",
+    )
+    assert settled.env["FAKE_CACHE_DIR"] == str(settled.cache_root / "inductor")
+
+
+def test_preflight_waits_for_the_hashes_when_the_caches_must_be_copied(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _baked(tmp_path, target)
+    _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    real = pf._usable
+    monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)), wait=False)
+    assert v.pending is None and not v.warm and "sha256" in v.problems[0]
+    assert list(v.cache_root.rglob("*.bin")) == []
 
 
 def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConfig) -> None:
@@ -137,13 +244,13 @@ def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConf
     doc = json.loads((root / "manifest.json").read_text())
     doc["key"] = str(target.key.replace(max_model_len=4096))
     (root / "manifest.json").write_text(json.dumps(doc))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "the cache manifest was built for key" in v.problems[0]
 
 
 def test_cache_off_starts_cold_on_purpose(tmp_path: Path, target: TargetConfig) -> None:
     _baked(tmp_path, target)
-    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path, KERNELBAKE_CACHE="off"), engine=FakeEngine(platform_for(target.key)))
     assert v.problems == ("KERNELBAKE_CACHE=off: starting cold on purpose",)
 
 
@@ -151,11 +258,12 @@ def test_changed_hashed_env_and_shape_args_warn_but_stay_warm(tmp_path: Path, ta
     _baked(tmp_path, target)
 
     class Engine(FakeEngine):
-        def cache_env(self, root: Path) -> dict[str, str]:
-            return {"FAKE_CACHE_DIR": str(root / "inductor")}
+        declaration = dataclasses.replace(
+            FakeEngine.declaration, cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR),)
+        )
 
     v = pf.preflight(
-        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(facts_for(target.key))
+        _env(tmp_path, FAKE_HASHED="2"), ["--shapes", "4x64"], engine=Engine(platform_for(target.key))
     )
     assert v.warm
     assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
@@ -168,7 +276,7 @@ def test_read_only_root_copies_with_a_loud_warning(
     root = _baked(tmp_path, target)
     real = pf._usable
     monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert v.warm and v.cache_root != root
     assert (v.cache_root / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
     assert "is read-only, so the caches were copied" in v.notes[0]
@@ -181,7 +289,7 @@ def test_no_usable_scratch_is_a_clear_error(
     _baked(tmp_path, target)
     monkeypatch.setattr(pf, "_usable", lambda paths: False)
     with pytest.raises(EnvironmentProblem, match="allows executing compiled kernels"):
-        pf.preflight(_env(tmp_path), engine=FakeEngine(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
 
 
 def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
@@ -190,15 +298,24 @@ def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
     assert read_manifest(tmp_path / "seed") == read_manifest(root)
 
 
+def test_seed_refuses_a_tampered_bundle(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    with pytest.raises(
+        BadInput, match=r"differs from the manifest: inductor/g0/graph.bin: sha256 [0-9a-f]{64} but"
+    ):
+        pf.seed(root, tmp_path / "seed")
+
+
 def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:
     class Broken(FakeEngine):
-        def probe(self) -> Facts:
+        def probe(self) -> Platform:
             raise ImportError("libtorch_cpu.so: cannot open shared object file")
 
     with pytest.raises(
         EnvironmentProblem, match="probing the torch engine failed: ImportError: libtorch_cpu"
     ):
-        pf.preflight(_env(tmp_path), engine=Broken(facts_for(target.key)))
+        pf.preflight(_env(tmp_path), engine=Broken(platform_for(target.key)))
 
 
 def test_fetch_model_downloads_config_files_at_the_pinned_revision(
@@ -235,3 +352,45 @@ def test_fetch_model_downloads_config_files_at_the_pinned_revision(
     assert "*.safetensors" in call["ignore_patterns"]  # type: ignore[operator]
     assert not any("safetensors" in p for p in call["allow_patterns"])  # type: ignore[attr-defined]
     assert not (dest / ".cache").exists()
+
+
+def test_check_reports_the_verification_and_refuses_a_flipped_byte(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelbake.cli import main
+
+    root = _baked(tmp_path, target)
+    engine = FakeEngine(platform_for(target.key))
+    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    capsys.readouterr()
+    assert main(["check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verify"] == "sha256" and doc["integrity"].startswith(
+        "2 files, sha256 of every file checked in"
+    )
+    recorded, found = _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
+    assert main(["check"]) == KeyMismatch.return_code
+    out = capsys.readouterr().out
+    assert (
+        f"  - cache integrity: inductor/g0/graph.bin: sha256 {found} but the manifest records {recorded}"
+        in out
+    )
+    assert main(["check", "--unsafe-size-only"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "2 files, sizes only (UNSAFE) checked in" in out[0]
+    assert out[1].startswith(
+        "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only"
+    )
+
+
+def test_the_hashing_time_stops_with_the_last_file_not_when_asked(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    root = _baked(tmp_path, target)
+    check = integrity.Check(root, read_manifest(root), hash_files=True)
+    assert check.result() == []
+    took = check.seconds
+    threading.Event().wait(0.05)
+    assert check.seconds == took

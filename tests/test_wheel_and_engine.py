@@ -16,6 +16,7 @@ import pytest
 
 from kernelbake import __version__
 from kernelbake._wheel import build_wheel
+from kernelbake.contract.key import Engine
 from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runtime.engines import get_engine
@@ -90,9 +91,9 @@ print(metadata_from_installed().entry_points_txt())
 
 
 def test_torch_engine_host_side() -> None:
-    engine = get_engine(TorchEngine.engine)
+    engine = get_engine(Engine.TORCH)
     assert isinstance(engine, TorchEngine)
-    env = engine.cache_env(Path("/opt/kernelbake/cache"))
+    env = engine.declaration.cache_env(Path("/opt/kernelbake/cache"))
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/opt/kernelbake/cache/inductor"
     assert env["TRITON_CACHE_DIR"] == "/opt/kernelbake/cache/triton"
     assert env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
@@ -129,10 +130,3 @@ def test_nvidia_driver_version(
     version.write_text(text)
     monkeypatch.setattr(probe, "_NVIDIA_VERSION", version)
     assert probe.nvidia_driver() == driver
-
-
-def test_gpu_arch_uses_the_catalogue() -> None:
-    from kernelbake.runtime import probe
-
-    assert probe.gpu_arch("NVIDIA H200", (9, 0)) == "sm_90a"
-    assert probe.gpu_arch("NVIDIA Unknown", (8, 6)) == "sm_86"

@@ -26,7 +26,7 @@ from typing import TextIO
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
 from kernelbake.contract.key import key_from_labels
-from kernelbake.contract.layout import CACHE_ROOT, CacheKind
+from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
 from kernelbake.progress import Progress
@@ -61,25 +61,6 @@ class Built:
     ref: str
     # ``repo@sha256:…`` once pushed.
     pushed: str | None
-
-
-def engine_layout(target: BuildTarget) -> tuple[tuple[CacheKind, ...], tuple[tuple[str, str], ...]]:
-    """The engine's cache kinds and cache variables, from the engine module itself."""
-    from kernelbake.runtime.engines import get_engine
-
-    engine_name = target.key.engine.value
-    try:
-        engine = get_engine(target.key.engine)
-    except ImportError as exc:
-        raise EnvironmentProblem(
-            f"{target.spec.source}: engine {engine_name!r} is not available in this kernelbake ({exc})"
-        ) from None
-    return tuple(engine.cache_kinds), tuple(sorted(engine.cache_env(Path(CACHE_ROOT)).items()))
-
-
-def render_target(target: BuildTarget, *, wheel: str, mode: BuildMode, device: str | None) -> Rendered:
-    kinds, cache_env = engine_layout(target)
-    return render(target, kinds=kinds, cache_env=cache_env, wheel=wheel, mode=mode, device=device)
 
 
 def _ping_registries(targets: Sequence[BuildTarget], settings: Settings) -> None:
@@ -242,9 +223,7 @@ class Driver:
             _ping_registries(targets, self.settings)
         out = options.out.resolve()
         wheel = build_wheel(out / "wheels")
-        rendered = [
-            render_target(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets
-        ]
+        rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
         lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
         layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}

@@ -12,6 +12,7 @@ import yaml
 
 from kernelbake._suggest import did_you_mean
 from kernelbake.contract.key import NONE, Engine
+from kernelbake.contract.platform import Software
 from kernelbake.errors import UnknownName
 
 CPU = "cpu"
@@ -37,14 +38,14 @@ class Gpu:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineRelease:
     engine: Engine
-    version: str
-    python: str
-    torch: str
-    triton: str
-    cuda: str
-    flashinfer: str
+    # What the release ships, which the planned key records and the compile stage measures.
+    software: Software
     transformers: str
     base_image: str
+
+    @property
+    def version(self) -> str:
+        return self.software.engine_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,10 @@ class Catalogue:
         return max(floors, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
+# engines.yaml lists, per release, the software it ships (its version is the entry's name).
+_SHIPPED = tuple(f.name for f in dataclasses.fields(Software) if f.name != "engine_version")
+
+
 def _load(name: str) -> Any:
     text = resources.files("kernelbake").joinpath("data", name).read_text()
     return yaml.safe_load(text)
@@ -111,8 +116,8 @@ def load_catalogue() -> Catalogue:
     for engine_name, releases in _load("engines.yaml").items():
         engine = Engine(engine_name)
         for version, entry in releases.items():
-            engines[(engine, str(version))] = EngineRelease(
-                engine=engine, version=str(version), **{k: str(v) for k, v in entry.items()}
-            )
+            values = {k: str(v) for k, v in entry.items()}
+            software = Software(engine_version=str(version), **{n: values.pop(n) for n in _SHIPPED})
+            engines[(engine, str(version))] = EngineRelease(engine=engine, software=software, **values)
     cuda = {str(k): str(v) for k, v in gpus_doc["cuda_min_driver"].items()}
     return Catalogue(gpus=gpus, cuda_min_driver=cuda, engines=engines)

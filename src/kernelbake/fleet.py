@@ -102,9 +102,7 @@ def read_index(reference: str, *, client: RegistryClient | None = None) -> Fleet
     """The variant index ``reference`` names, or None when it names a single image."""
     ref = parse_reference(reference)
     client = client or RegistryClient()
-    with registry_reachable(ref.registry):
-        top = client.get_manifest(ref)
-    return index_of(ref, top)
+    return index_of(ref, client.get_manifest(ref))
 
 
 def index_of(ref: Reference, top: Manifest) -> FleetIndex | None:
@@ -203,7 +201,7 @@ def found_here(runner: Runner = run) -> dict[str, str]:
         return {"device": CPU, "arch": platform.machine()}
     name, cap, driver = (p.strip() for p in res.stdout.splitlines()[0].split(",")[:3])
     major, _, minor = cap.partition(".")
-    return {"device": name, "arch": gpu_arch(name, (int(major), int(minor or 0))), "driver_floor": driver}
+    return {"device": name, "arch": gpu_arch(name, (int(major), int(minor or 0))), "driver": driver}
 
 
 def gpu_arch(device_name: str, capability: tuple[int, int]) -> str:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from kernelbake import __version__
 from kernelbake._suggest import did_you_mean
 from kernelbake.catalogue import Catalogue, EngineRelease, Gpu, load_catalogue
-from kernelbake.contract.key import CacheKey
+from kernelbake.contract.key import NONE, CacheKey
 from kernelbake.errors import SpecError
+from kernelbake.labels import derived_labels
 from kernelbake.spec import ImageSpec
 
 ALL = "all"
@@ -56,15 +56,10 @@ def _key(spec: ImageSpec, gpu: Gpu, release: EngineRelease, catalogue: Catalogue
     s = spec.serve
     return CacheKey(
         engine=spec.engine,
-        engine_version=spec.engine_version,
-        torch=release.torch,
-        triton=release.triton,
-        cuda=release.cuda,
-        flashinfer=release.flashinfer,
-        python=release.python,
+        **dataclasses.asdict(release.software),
         arch=gpu.arch,
         device=gpu.device_name,
-        driver_floor=catalogue.driver_floor(gpu, release.cuda),
+        driver_floor=catalogue.driver_floor(gpu, release.software.cuda),
         model=spec.model.id,
         revision=spec.model.revision,
         model_path=spec.model.path,
@@ -89,22 +84,21 @@ def _oci_labels(spec: ImageSpec, gpu: Gpu, base: str, tag: str) -> dict[str, str
         ),
         "org.opencontainers.image.version": tag,
         "org.opencontainers.image.base.name": base,
-        "dev.kernelbake.gpu": gpu.name,
-        "dev.kernelbake.gpu.family": gpu.family,
-        "dev.kernelbake.gpu.products": json.dumps(list(gpu.gfd_product)),
     }
 
 
 def resolve_gpus(spec: ImageSpec, requested: Sequence[str], catalogue: Catalogue) -> list[Gpu]:
     names = list(spec.targets) if not requested or list(requested) == [ALL] else list(requested)
-    for n in spec.targets:
+    for i, n in enumerate(spec.targets):
         if n not in catalogue.gpus:
-            raise SpecError(f"{spec.source}: targets: unknown GPU {n!r}{did_you_mean(n, catalogue.gpus)}")
+            raise SpecError(
+                f"{spec.where(f'targets[{i}]')}: unknown GPU {n!r}{did_you_mean(n, catalogue.gpus)}"
+            )
     gpus = [catalogue.gpu(n) for n in names]
     for g in gpus:
         if g.name not in spec.targets:
             raise SpecError(
-                f"{spec.source}: targets: GPU {g.name!r} is not a target of this spec "
+                f"{spec.where('targets')}: GPU {g.name!r} is not a target of this spec "
                 f"(targets: {', '.join(spec.targets)}); add it to targets or pick one of those"
             )
     return gpus
@@ -119,18 +113,21 @@ def plan(
 ) -> list[BuildTarget]:
     """One target per GPU. ``gpus`` empty or ``["all"]`` means every target in the spec."""
     cat = catalogue or load_catalogue()
-    release = cat.engine(spec.engine, spec.engine_version, where=f"{spec.source}: engine.version")
+    release = cat.engine(spec.engine, spec.engine_version, where=spec.where("engine.version"))
     targets = []
     for gpu in resolve_gpus(spec, gpus, cat):
-        if gpu.is_cpu != (release.cuda == "none"):
+        cpu_only = release.software.cuda == NONE
+        if gpu.is_cpu != cpu_only:
             raise SpecError(
-                f"{spec.source}: targets: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
-                f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if release.cuda == 'none' else 'CUDA'}"
+                f"{spec.where('targets')}: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
+                f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if cpu_only else 'CUDA'}"
             )
         base = spec.base_for(gpu.family) or release.base_image
         key = _key(spec, gpu, release, cat)
         tag = key.tag(gpu.name)
-        labels = {**_oci_labels(spec, gpu, base, tag), **key.labels()}
+        # Every dev.kernelbake.* label from the key (the GPU ones through its device), so that
+        # check_labels can tell an edited one from what kernelbake wrote.
+        labels = {**_oci_labels(spec, gpu, base, tag), **derived_labels(key, cat)}
         targets.append(
             BuildTarget(
                 spec=spec,

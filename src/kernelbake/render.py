@@ -17,14 +17,13 @@ import jinja2
 
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
-from kernelbake.contract.layout import CACHE_ROOT, TARGET_FILE, CacheKind
+from kernelbake.contract.engines import DECLARATIONS
+from kernelbake.contract.layout import TARGET_FILE, CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget
 
 NO_DEVICE = "none"
-# Dockerfile stages, in build order; the driver builds them one at a time to name the failing one.
-STAGES = ("runtime", "compile", "final")
 
 
 class BuildMode(enum.Enum):
@@ -85,16 +84,13 @@ def device_for(target: BuildTarget, override: str | None = None) -> str | None:
 def render(
     target: BuildTarget,
     *,
-    kinds: Sequence[CacheKind],
-    cache_env: Sequence[tuple[str, str]] = (),
     wheel: str,
     mode: BuildMode = BuildMode.SINGLE,
     device: str | None = None,
 ) -> Rendered:
-    """``kinds`` and ``cache_env`` come from the engine (``EngineRuntime.cache_kinds`` and
-    ``cache_env(CACHE_ROOT)``), passed in so that rendering needs no engine installed."""
-    if not kinds:
-        raise BadInput(f"{target.name}: the engine declares no cache kinds")
+    """The engine's cache kinds and variables come from its declaration in the contract, so
+    rendering needs no engine installed."""
+    engine = DECLARATIONS[target.key.engine]
     dev = device_for(target, device)
     if mode is BuildMode.TWO_PHASE and dev is None:
         raise BadInput(
@@ -102,7 +98,7 @@ def render(
             f"and {target.gpu.name} has none; pass --cdi-device or use --mode single"
         )
     config = target_config(target)
-    env = sorted({**dict(target.spec.serve.env), **dict(cache_env)}.items())
+    env = sorted({**dict(target.spec.serve.env), **engine.cache_env(Path(config.cache_root))}.items())
     text = (
         _environment()
         .get_template("Dockerfile.j2")
@@ -120,7 +116,7 @@ def render(
             local_model=target.spec.model.local_dir is not None,
             model_path=target.key.model_path,
             env=env,
-            kinds=[k.value for k in kinds],
+            kinds=[k.value for k in engine.cache_kinds],
             labels=list(target.labels),
         )
     )
@@ -128,7 +124,7 @@ def render(
         target=target,
         mode=mode,
         device=dev,
-        kinds=tuple(kinds),
+        kinds=engine.cache_kinds,
         wheel=wheel,
         dockerfile=text,
         target_json=config.to_json(),
@@ -151,8 +147,6 @@ def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path
 
 
 __all__ = [
-    "CACHE_ROOT",
-    "STAGES",
     "BuildMode",
     "Rendered",
     "device_for",

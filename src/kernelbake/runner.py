@@ -43,7 +43,7 @@ class Runner(Protocol):
 
 
 @contextlib.contextmanager
-def _forwarding(proc: subprocess.Popen[str]) -> Iterator[None]:
+def _forwarding(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> Iterator[None]:
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
 
@@ -90,6 +90,10 @@ def run(
         if log is None and on_line is None and not forward_signals:
             cp = subprocess.run(list(argv), env=env, cwd=cwd, input=input, text=True, timeout=timeout)
             return Result(tuple(argv), cp.returncode)
+        if log is None and on_line is None and input is None:
+            # Supervised without reading its output: the child keeps our stdout and stderr.
+            with subprocess.Popen(list(argv), env=env, cwd=cwd) as child, _forwarding(child):
+                return Result(tuple(argv), child.wait(timeout=timeout))
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
         with (

@@ -6,20 +6,16 @@ Every error names ``file:line: field`` and, for unknown names, the closest valid
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kernelbake._suggest import did_you_mean
 from kernelbake.contract.key import Engine
 from kernelbake.contract.serve import Dtype, Quantization, ServeArgs
 from kernelbake.errors import SpecError
+from kernelbake.validate import Source, load_yaml
 
 _REVISION = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -64,6 +60,11 @@ class ImageSpec:
     targets: tuple[str, ...]
     # GPU family (or "default") → base image reference; empty means the engine's default.
     base: tuple[tuple[str, str], ...] = ()
+    # Where the spec was read, so errors found after loading (plan) name file:line: field too.
+    located: Source | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def where(self, field: str) -> str:
+        return self.located.where(field) if self.located is not None else f"{self.source}: {field}"
 
     def base_for(self, family: str) -> str | None:
         bases = dict(self.base)
@@ -81,79 +82,8 @@ _SERVE_INTS = tuple(f.name for f in dataclasses.fields(ServeArgs) if f.type == "
 _COMPILE = {"shapes"}
 
 
-class _Doc:
-    """The parsed YAML plus its node tree, to put line numbers in messages."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SpecError(f"{path}: cannot read spec: {exc.strerror}") from None
-        try:
-            self.node = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise SpecError(f"{where}: malformed YAML: {problem}") from None
-
-    def line(self, dotted: str) -> int | None:
-        node = self.node
-        line = node.start_mark.line + 1 if node is not None else None
-        for part in dotted.split("."):
-            if not isinstance(node, yaml.MappingNode):
-                break
-            for k, v in node.value:
-                if k.value == part:
-                    line, node = k.start_mark.line + 1, v
-                    break
-            else:
-                break
-        return line
-
-    def error(self, dotted: str, message: str) -> SpecError:
-        line = self.line(dotted)
-        where = f"{self.path}:{line}" if line else str(self.path)
-        return SpecError(f"{where}: {dotted}: {message}")
-
-
-def _mapping(doc: _Doc, value: Any, field: str, allowed: set[str], required: set[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise doc.error(field, f"expected a mapping, got {type(value).__name__}")
-    for k in value:
-        if k not in allowed:
-            prefix = f"{field}." if field else ""
-            raise doc.error(f"{prefix}{k}", f"unknown key{did_you_mean(str(k), allowed)}")
-    for k in sorted(required):
-        if k not in value:
-            prefix = f"{field}." if field else ""
-            raise doc.error(field or k, f"missing required key {prefix}{k}")
-    return value
-
-
-def _positive_int(doc: _Doc, value: Any, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise doc.error(field, f"expected a positive integer, got {value!r}")
-    return value
-
-
-def _enum(
-    doc: _Doc, cls: type[enum.Enum], value: Any, field: str, aliases: Mapping[str, str] | None = None
-) -> Any:
-    text = "none" if value is None else str(value).lower()
-    text = (aliases or {}).get(text, text)
-    try:
-        return cls(text)
-    except ValueError:
-        raise doc.error(
-            field, f"unknown value {value!r}{did_you_mean(text, [m.value for m in cls])}"
-        ) from None
-
-
-def _model(doc: _Doc, raw: Any, name: str) -> ModelSource:
-    m = _mapping(doc, raw, "model", _MODEL, set())
+def _model(doc: Source, spec_dir: Path, raw: Any, name: str) -> ModelSource:
+    m = doc.mapping(raw, "model", _MODEL)
     path = m.get("path")
     if path is not None and (not isinstance(path, str) or not path.startswith("/")):
         raise doc.error("model.path", f"must be an absolute path inside the image, got {path!r}")
@@ -161,7 +91,7 @@ def _model(doc: _Doc, raw: Any, name: str) -> ModelSource:
     if "local" in m:
         if "revision" in m:
             raise doc.error("model.revision", "a local model has no revision (its files are hashed)")
-        local = (doc.path.parent / str(m["local"])).resolve()
+        local = (spec_dir / str(m["local"])).resolve()
         if not (local / "config.json").is_file():
             raise doc.error("model.local", f"{local} has no config.json")
         return ModelSource(
@@ -190,16 +120,16 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def _serve(doc: _Doc, raw: Any) -> ServeArgs:
-    s = _mapping(doc, raw if raw is not None else {}, "serve", _SERVE, set())
+def _serve(doc: Source, raw: Any) -> ServeArgs:
+    s = doc.mapping(raw if raw is not None else {}, "serve", _SERVE)
     kw: dict[str, Any] = {}
     if "dtype" in s:
-        kw["dtype"] = _enum(doc, Dtype, s["dtype"], "serve.dtype", _DTYPE_ALIASES)
+        kw["dtype"] = doc.enum(Dtype, s["dtype"], "serve.dtype", aliases=_DTYPE_ALIASES, fold_case=True)
     if "quantization" in s:
-        kw["quantization"] = _enum(doc, Quantization, s["quantization"], "serve.quantization")
+        kw["quantization"] = doc.enum(Quantization, s["quantization"], "serve.quantization", fold_case=True)
     for f in _SERVE_INTS:
         if f in s:
-            kw[f] = _positive_int(doc, s[f], f"serve.{f}")
+            kw[f] = doc.positive_int(s[f], f"serve.{f}")
     ep = kw.get("expert_parallel_size", 1)
     if ep not in (1, kw.get("tensor_parallel_size", 1)):
         raise doc.error(
@@ -227,8 +157,8 @@ def _serve(doc: _Doc, raw: Any) -> ServeArgs:
     return ServeArgs(**kw)
 
 
-def _compile(doc: _Doc, raw: Any) -> CompileOptions:
-    c = _mapping(doc, raw if raw is not None else {}, "compile", _COMPILE, set())
+def _compile(doc: Source, raw: Any) -> CompileOptions:
+    c = doc.mapping(raw if raw is not None else {}, "compile", _COMPILE)
     if "shapes" not in c:
         return CompileOptions()
     shapes = c["shapes"]
@@ -247,13 +177,16 @@ def _compile(doc: _Doc, raw: Any) -> CompileOptions:
 
 def load_spec(path: str | Path) -> ImageSpec:
     """Parse and validate one spec file. Catalogue checks (GPU names, engine versions) happen in plan."""
-    doc = _Doc(Path(path))
-    top = _mapping(doc, doc.data, "", _TOP, {"name", "model", "engine", "targets"})
+    source = Path(path)
+    data, doc = load_yaml(source, what="spec", error_type=SpecError)
+    if data is None:
+        raise SpecError(f"{source}: the spec is empty", hint="see images/tiny-llama.yaml for one")
+    top = doc.mapping(data, "", _TOP, {"name", "model", "engine", "targets"})
     name = top["name"]
     if not isinstance(name, str) or not _NAME.match(name):
         raise doc.error("name", f"must be a lowercase image name ([a-z0-9._-]), got {name!r}")
-    eng = _mapping(doc, top["engine"], "engine", _ENGINE, {"name", "version"})
-    engine = _enum(doc, Engine, eng["name"], "engine.name")
+    eng = doc.mapping(top["engine"], "engine", _ENGINE, {"name", "version"})
+    engine = doc.enum(Engine, eng["name"], "engine.name", fold_case=True)
     version = eng["version"]
     if not isinstance(version, str) or not version:
         raise doc.error("engine.version", f"expected an exact version string like '0.26.0', got {version!r}")
@@ -267,12 +200,13 @@ def load_spec(path: str | Path) -> ImageSpec:
         raise doc.error("base", "expected a mapping of GPU family (or 'default') to image reference")
     return ImageSpec(
         name=name,
-        source=doc.path,
-        model=_model(doc, top["model"], name),
+        source=source,
+        model=_model(doc, source.parent, top["model"], name),
         engine=engine,
         engine_version=version,
         serve=_serve(doc, top.get("serve")),
         compile=_compile(doc, top.get("compile")),
         targets=tuple(t.lower() for t in targets),
         base=tuple(sorted((str(k), v) for k, v in base.items())),
+        located=doc,
     )

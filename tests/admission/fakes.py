@@ -8,11 +8,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernelbake.admission.gateway import Gateway, ImageRejected, RegistryUnavailable
+from kernelbake.admission.gateway import Gateway, ImageRejected
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import parse_reference
 from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
+from kernelbake.oci import RegistryUnavailable
 
 REGISTRY = "registry.example.com"
 REPO = f"{REGISTRY}/kernelbake/qwen3-0.6b"

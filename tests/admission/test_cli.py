@@ -29,13 +29,16 @@ def test_check_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("images: [r.io/**]\n" + TRUST + "cache: {ttl: 3}\n", "policy.yaml:cache.ttl: unknown field"),
-        ("images: [r.io/**]\nverify: {keys: [missing.pub]}\n", "policy.yaml:verify: keys[0]:"),
+        ("images: [r.io/**]\n" + TRUST + "cache: {ttl: 3}\n", "policy.yaml:3: cache.ttl: unknown key"),
+        ("images: [r.io/**]\nverify: {keys: [missing.pub]}\n", "policy.yaml:2: verify.keys[0]:"),
         (
             "images: [r.io/**]\nverify: {identities: [{issuer: x}]}\n",
-            "policy.yaml:verify: identities[0]: give exactly one of subject",
+            "policy.yaml:2: verify.identities[0]: give exactly one of subject",
         ),
-        ("images: [r.io/**]\nverify: {keyz: []}\n", "policy.yaml:verify: unknown field 'keyz'"),
+        (
+            "images: [r.io/**]\nverify: {keyz: []}\n",
+            "policy.yaml:2: verify.keyz: unknown key; did you mean 'keys'?",
+        ),
     ],
 )
 def test_bad_policies_exit_2_with_one_line(

@@ -55,51 +55,54 @@ def test_defaults_fail_closed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "where"),
     [
-        ("- a\n", "p.yaml: a policy is a mapping"),
+        ("- a\n", "p.yaml:1: expected a mapping, got list"),
         (
             "images: [a/**]\nverify: {k: 1}\nmodes: warn\n",
-            "p.yaml:modes: unknown field; did you mean 'mode'?",
+            "p.yaml:3: modes: unknown key; did you mean 'mode'?",
         ),
-        ("verify: {k: 1}\n", "p.yaml:images: required"),
-        ("images: []\nverify: {k: 1}\n", "p.yaml:images: required"),
-        ("images: [3]\nverify: {k: 1}\n", "p.yaml:images[0]: expected a repository pattern"),
+        ("verify: {k: 1}\n", "p.yaml:1: images: required"),
+        ("images: []\nverify: {k: 1}\n", "p.yaml:1: images: required"),
+        ("images: [3]\nverify: {k: 1}\n", "p.yaml:1: images[0]: expected a repository pattern"),
         (
             "images: ['r.io/kb/x:tag']\nverify: {k: 1}\n",
-            "p.yaml:images[0]: 'r.io/kb/x:tag' names a tag or digest",
+            "p.yaml:1: images[0]: 'r.io/kb/x:tag' names a tag or digest",
         ),
-        ("images: [a/**]\n", "p.yaml:verify: required"),
-        ("images: [a/**]\nverify: {}\n", "p.yaml:verify: required"),
-        ("images: [a/**]\nverify: {k: 1}\nmode: audit\n", "p.yaml:mode: 'audit' is not one of enforce, warn"),
+        ("images: [a/**]\n", "p.yaml:1: verify: required"),
+        ("images: [a/**]\nverify: {}\n", "p.yaml:2: verify: required"),
+        (
+            "images: [a/**]\nverify: {k: 1}\nmode: audit\n",
+            "p.yaml:3: mode: unknown value 'audit'; expected one of: enforce, warn",
+        ),
         (
             "images: [a/**]\nverify: {k: 1}\ngpu: {match: name}\n",
-            "p.yaml:gpu.match: 'name' is not one of device, arch",
+            "p.yaml:3: gpu.match: unknown value 'name'; expected one of: arch, device",
         ),
-        ("images: [a/**]\nverify: {k: 1}\ngpu: {mtch: arch}\n", "p.yaml:gpu.mtch: unknown field"),
+        ("images: [a/**]\nverify: {k: 1}\ngpu: {mtch: arch}\n", "p.yaml:3: gpu.mtch: unknown key"),
         (
             "images: [a/**]\nverify: {k: 1}\nregistry_errors: allow\n",
-            "p.yaml:registry_errors: 'allow' is not one of deny, unsafe-allow",
+            "p.yaml:3: registry_errors: unknown value 'allow'; expected one of: deny, unsafe-allow",
         ),
         (
             "images: [a/**]\nverify: {k: 1}\ndeadline_seconds: 45\n",
-            "p.yaml:deadline_seconds: 45.0 must be above 0",
+            "p.yaml:3: deadline_seconds: 45.0 must be above 0",
         ),
         (
             "images: [a/**]\nverify: {k: 1}\ndeadline_seconds: soon\n",
-            "p.yaml:deadline_seconds: expected a non-negative",
+            "p.yaml:3: deadline_seconds: expected a non-negative",
         ),
         (
             "images: [a/**]\nverify: {k: 1}\ncache: {ttl_seconds: -1}\n",
-            "p.yaml:cache.ttl_seconds: expected a non-negative",
+            "p.yaml:3: cache.ttl_seconds: expected a non-negative",
         ),
         (
             "images: [a/**]\nverify: {k: 1}\ncache: {max_entries: 0}\n",
-            "p.yaml:cache.max_entries: expected a positive integer",
+            "p.yaml:3: cache.max_entries: expected a positive integer",
         ),
         (
             "images: [a/**]\nverify: {k: 1}\nconcurrency: true\n",
-            "p.yaml:concurrency: expected a positive integer",
+            "p.yaml:3: concurrency: expected a positive integer",
         ),
-        ("images: [a/**\nverify: x\n", "p.yaml:2: "),
+        ("images: [a/**\nverify: x\n", "p.yaml:2: malformed YAML: "),
     ],
 )
 def test_bad_policies_name_file_and_field(tmp_path: Path, text: str, where: str) -> None:
@@ -114,5 +117,5 @@ def test_bad_policies_name_file_and_field(tmp_path: Path, text: str, where: str)
 
 
 def test_a_missing_policy_file_is_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match="cannot read the policy"):
+    with pytest.raises(PolicyError, match="cannot read policy"):
         load_admission_policy(tmp_path / "nope.yaml")

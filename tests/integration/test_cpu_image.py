@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import tarfile
 import time
 import urllib.request
@@ -71,6 +72,68 @@ def test_mismatched_key_falls_back_to_a_clean_cold_start(single_image: Built, tm
     assert "Traceback" not in res.stderr
     counters = ready_line(res.stdout)["counters"]
     assert counters["fxgraph_cache_hit"] == 0 and counters["fxgraph_cache_miss"] >= 1
+
+
+def _tampered_kernel(image: str, tmp_path: Path) -> tuple[list[str], str, str]:
+    """A compiled kernel of the image with one byte flipped, and the ``-v`` that mounts it
+    over the baked one; with the file's path and its recorded sha256."""
+    manifest = json.loads(
+        docker("run", "--rm", "--entrypoint", "cat", image, "/opt/kernelbake/cache/manifest.json").stdout
+    )
+    entry = next(f for f in manifest["files"] if f["path"].endswith(".so"))
+    local = tmp_path / "tampered.so"
+    cid = docker("create", image).stdout.strip()
+    try:
+        docker("cp", f"{cid}:/opt/kernelbake/cache/{entry['path']}", str(local))
+    finally:
+        docker("rm", cid, check=False)
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    local.write_bytes(bytes(data))
+    return ["-v", f"{local}:/opt/kernelbake/cache/{entry['path']}:ro"], entry["path"], entry["sha256"]
+
+
+def test_a_flipped_byte_in_a_baked_kernel_is_never_loaded(single_image: Built, tmp_path: Path) -> None:
+    assert single_image.pushed is not None
+    mount, path, recorded = _tampered_kernel(single_image.pushed, tmp_path)
+    res = docker("run", "--rm", *mount, single_image.pushed, "--warmup-only")
+    assert "WARNING: starting COLD" in res.stderr and "Traceback" not in res.stderr
+    assert re.search(
+        rf"cache integrity: {re.escape(path)}: sha256 [0-9a-f]{{64}} but the manifest records {recorded}$",
+        res.stderr,
+        re.MULTILINE,
+    )
+    counters = ready_line(res.stdout)["counters"]
+    assert counters["fxgraph_cache_hit"] == 0 and counters["fxgraph_cache_miss"] >= 1
+    check = ["--entrypoint", "python3", single_image.pushed, "-m", "kernelbake", "check"]
+    assert docker("run", "--rm", *mount, *check, check=False).returncode == 6
+    # Only the mode named unsafe lets it through, and it says so.
+    unsafe = docker("run", "--rm", *mount, "-e", "KERNELBAKE_VERIFY=unsafe-size-only", *check, check=False)
+    assert unsafe.returncode == 0, unsafe.stdout + unsafe.stderr
+    assert "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only" in unsafe.stdout
+
+
+def test_the_torch_server_stops_at_a_cache_gate_nobody_answers(single_image: Built) -> None:
+    # The gate sits after the imports and the model's construction, before the first compile.
+    assert single_image.pushed is not None
+    res = docker(
+        "run",
+        "--rm",
+        "-e",
+        "KERNELBAKE_CACHE_GATE=/tmp/no-such-gate/verdict",
+        "-e",
+        "KERNELBAKE_CACHE_GATE_OWNER=999999",
+        "--entrypoint",
+        "python3",
+        single_image.pushed,
+        "-m",
+        "kernelbake.runtime.engines.torch_serve",
+        "--warmup-only",
+        check=False,
+    )
+    assert res.returncode == 6
+    assert "is gone; not opening the baked caches" in res.stderr
+    assert '"event": "ready"' not in res.stdout and "Traceback" not in res.stderr
 
 
 def test_read_only_root_with_a_volume_at_the_cache_path_stays_warm(single_image: Built) -> None:

@@ -1,5 +1,8 @@
-"""Fixtures for the signing tests: the session registry, key pairs, kernelbake-shaped images,
-the local Sigstore (``@sigstore/mock`` behind node) and cosign binaries.
+"""Fixtures for the signing tests: the registry images go to, key pairs, kernelbake-shaped
+images, the local Sigstore (``@sigstore/mock`` behind node) and cosign binaries.
+
+``make_image`` pushes to ``image_registry``: the real docker-registry by default; unit-test
+modules of the signing logic override it with ``memory_registry`` (no binary needed).
 
 Nothing here skips: a missing tool fails the test with the command that installs it
 (``scripts/setup-signing-deps.sh``).
@@ -35,6 +38,7 @@ from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.signer import KeySigner
 from tests.conftest import REPO
 from tests.signing.images import PushedImage, push_image
+from tests.support.memregistry import memory_registry as _memory_registry
 
 SETUP = "scripts/setup-signing-deps.sh"
 MOCKSERVER = REPO / "tests/signing/mockserver"
@@ -82,15 +86,30 @@ def other_keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
 ImageFactory = Callable[..., PushedImage]
 
 
+@pytest.fixture(scope="session")
+def memory_registry() -> Iterator[str]:
+    """``127.0.0.1:<port>`` of an in-memory registry (tests/support/memregistry.py)."""
+    with _memory_registry() as (addr, _):
+        yield addr
+
+
+@pytest.fixture(scope="session")
+def image_registry(registry: str) -> str:
+    """Where ``make_image`` pushes; a module testing signing logic overrides it (see above)."""
+    return registry
+
+
 @pytest.fixture
-def make_image(registry: str, client: RegistryClient, tmp_path: Path) -> ImageFactory:
+def make_image(image_registry: str, client: RegistryClient, tmp_path: Path) -> ImageFactory:
     """Push a fresh kernelbake-shaped image to its own repository; returns it."""
     counter = iter(range(1000))
 
     def make(tag: str = "v1", repo: str | None = None, **kw: Any) -> PushedImage:
         n = next(counter)
         name = repo or f"kb/{uuid.uuid4().hex[:10]}"
-        return push_image(client, f"{registry}/{name}:{tag}", tmp_path / f"img{n}", salt=f"{name}{n}", **kw)
+        return push_image(
+            client, f"{image_registry}/{name}:{tag}", tmp_path / f"img{n}", salt=f"{name}{n}", **kw
+        )
 
     return make
 

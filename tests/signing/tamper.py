@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from kernelbake.oci import Reference, RegistryClient, RegistryNotFound, fallback_tag
+from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, fallback_tag
 from kernelbake.oci import types as mt
 from kernelbake.signing import formats
 from tests.signing.images import PushedImage
@@ -76,4 +77,81 @@ def rewrite_legacy_annotations(
     manifest = client.get_manifest(tag_ref)
     doc = dict(manifest.doc)
     doc["layers"] = [{**d.to_json(), "annotations": edit(dict(d.annotations))} for d in manifest.layers]
+    client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)
+
+
+# -- junk next to a valid signature ----------------------------------------------------------
+
+
+def list_referrers(
+    client: RegistryClient, image: PushedImage, entries: list[dict[str, Any]], *, first: bool = True
+) -> None:
+    """List ``entries`` (descriptor JSON) in ``image``'s fallback referrers index, before what is
+    there (``first``) or after it, as the newest."""
+    ref = image.ref.with_digest(image.digest)
+    current = [d.to_json() for d in client.referrers(ref)]
+    listed = entries + current if first else current + entries
+    index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": listed})
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
+
+
+def push_referrer(
+    client: RegistryClient,
+    image: PushedImage,
+    blob: bytes,
+    *,
+    artifact_type: str = formats.BUNDLE_V03,
+    layer_type: str = formats.BUNDLE_V03,
+    declared_size: int | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Push a referrer manifest of ``image`` with ``blob`` as its one layer (declared as
+    ``declared_size`` bytes if given); returns its descriptor JSON, not yet listed anywhere."""
+    ref = image.ref.with_digest(image.digest)
+    client.put_blob(ref, mt.EMPTY_JSON)
+    client.put_blob(ref, blob)
+    layer = {"mediaType": layer_type, "digest": mt.sha256_digest(blob), "size": declared_size or len(blob)}
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": mt.OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": mt.OCI_EMPTY, "digest": mt.sha256_digest(mt.EMPTY_JSON), "size": 2},
+        "layers": [layer],
+        "subject": client.get_manifest(ref).descriptor().to_json(),
+        **({"annotations": annotations} if annotations else {}),
+    }
+    data = mt.encode_json(doc)
+    pushed = client.put_manifest(Reference(ref.registry, ref.repository), data, mt.OCI_MANIFEST)
+    entry: dict[str, Any] = {
+        "mediaType": mt.OCI_MANIFEST,
+        "digest": pushed.digest,
+        "size": len(data),
+        "artifactType": artifact_type,
+    }
+    if annotations:
+        entry["annotations"] = annotations
+    return entry
+
+
+def delete_blob(image: PushedImage, digest: str) -> None:
+    """What a registry's garbage collection or an operator does: the blob is gone (404)."""
+    url = f"http://{image.ref.registry}/v2/{image.ref.repository}/blobs/{digest}"
+    with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10) as resp:
+        assert resp.status == 202, resp.status
+
+
+def prepend_legacy_layers(client: RegistryClient, image: PushedImage, count: int) -> None:
+    """Put ``count`` simple-signing layers whose signatures verify under no key before the layers
+    of ``image``'s ``.sig`` tag (older, as cosign appends)."""
+    ref = image.ref.with_digest(image.digest)
+    tag_ref = ref.with_tag(formats.legacy_tag(image.digest, formats.SIG_SUFFIX))
+    manifest = client.get_manifest(tag_ref)
+    junk = []
+    for i in range(count):
+        payload = json.dumps({"junk": i}).encode()
+        client.put_blob(ref, payload)
+        layer = Descriptor.of(payload, formats.SIMPLE_SIGNING, annotations={formats.ANN_SIGNATURE: "AAAA"})
+        junk.append(layer.to_json())
+    doc = dict(manifest.doc)
+    doc["layers"] = junk + [d.to_json() for d in manifest.layers]
     client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)

@@ -15,11 +15,12 @@ import pytest
 
 from kernelbake.oci import RegistryClient
 from kernelbake.remote import read_cache_manifest, read_image
-from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config
+from kernelbake.signing._internal.keyless import load_trust_config
 from kernelbake.signing.errors import UntrustedSigner
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, predicate_for
 from kernelbake.signing.sign import sign_image
+from kernelbake.signing.signer import KeylessSigner
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import (
     ISSUER,

@@ -11,6 +11,7 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError, RegistryError
+from kernelbake.labels import GPU_LABEL
 from kernelbake.oci import Descriptor, Manifest, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.remote import (
@@ -21,8 +22,11 @@ from kernelbake.remote import (
     read_cache_manifest,
     read_image,
 )
+from kernelbake.signing.errors import LabelMismatch
 from kernelbake.signing.sign import sign_image
+from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
+from tests.signing.images import tiny_llama_target
 from tests.support.registry import free_port
 
 pytestmark = pytest.mark.registry
@@ -125,3 +129,42 @@ def test_a_large_last_layer_is_not_fetched() -> None:
     assert cache is not None and cache.manifest is None
     with pytest.raises(ImageLayoutError, match="bytes; it must hold only"):
         cache.manifest_alone()
+
+
+def test_a_relabelled_gpu_is_inconsistent_and_other_labels_are_unattested(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tiny_llama_target()  # a CPU image
+    honest = make_image()
+    assert main(["inspect", honest.tagged]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "gpu:        cpu (from the key's device)" in lines
+    assert f"key digest: {target.key.digest} (labels consistent with the key)" in lines
+    assert f"  org.opencontainers.image.title={target.spec.name}" in lines
+
+    relabelled = make_image(
+        labels={**dict(target.labels), GPU_LABEL: "h100", "com.example.note": "added later"}
+    )
+    assert main(["inspect", relabelled.tagged]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "labels consistent" not in out and "h100 (from" not in out
+    assert "gpu:        cpu (from the key's device)" in lines
+    assert f"key digest: {target.key.digest} (labels INCONSISTENT with the key)" in lines
+    assert "  label dev.kernelbake.gpu='h100', but the key's device 'cpu' gives 'cpu'" in lines
+    unattested = lines.index("unattested: (labels outside the key; nothing checks them)")
+    assert "  com.example.note=added later" in lines[unattested:]
+    doc = _inspect_json(capsys, relabelled.tagged)
+    assert doc["gpu"] == "cpu" and doc["labels_consistent"] is False
+    assert doc["unattested_labels"] == {
+        k: v
+        for k, v in sorted({**dict(target.labels), "com.example.note": "added later"}.items())
+        if not k.startswith("dev.kernelbake.")
+    }
+
+    # Neither attested nor verified as it stands.
+    with pytest.raises(BadInput, match=f"label {GPU_LABEL}='h100'"):
+        sign_image(relabelled.tagged, keys.signer, client=client)
+    sign_image(relabelled.tagged, keys.signer, client=client, attest=False)
+    with pytest.raises(LabelMismatch, match=f"label {GPU_LABEL}='h100'"):
+        verify_image(relabelled.tagged, keys.policy(require_attestation=False), client=client)

@@ -13,10 +13,11 @@ import pytest
 from kernelbake.cli import main
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import formats
-from kernelbake.signing._internal.keyless import KeylessSigner, load_trust_config
+from kernelbake.signing._internal.keyless import load_trust_config
 from kernelbake.signing.errors import InvalidSignature, UntrustedSigner
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.sign import sign_image
+from kernelbake.signing.signer import KeylessSigner
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, MockSigstore, make_token, mock_sigstore
 

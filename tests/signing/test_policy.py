@@ -29,10 +29,10 @@ def test_empty_trust_fails_closed() -> None:
 
 def test_unknown_fields_are_named_with_a_suggestion(keys: KeyPair) -> None:
     with pytest.raises(
-        BadInput, match=r"admission.yaml: verify: unknown field 'trusted_roots'.*'trusted_root'"
+        BadInput, match=r"admission.yaml: verify: trusted_roots: unknown key; did you mean 'trusted_root'"
     ):
         VerifyPolicy.from_mapping({"keys": [str(keys.public_path)], "trusted_roots": "x"}, source=SRC)
-    with pytest.raises(BadInput, match=r"identities\[0\]: unknown field 'subjct'.*'subject'"):
+    with pytest.raises(BadInput, match=r"identities\[0\]\.subjct: unknown key; did you mean 'subject'"):
         VerifyPolicy.from_mapping({"identities": [{"issuer": "i", "subjct": "s"}]}, source=SRC)
 
 
@@ -100,7 +100,22 @@ def test_load_policy_file_with_or_without_verify_section(keys: KeyPair, tmp_path
     assert load_policy(bare).require_attestation is False
     broken = tmp_path / "broken.yaml"
     broken.write_text("keys: [\n")
-    with pytest.raises(BadInput, match="not YAML"):
+    with pytest.raises(BadInput, match=r"broken\.yaml:2: malformed YAML"):
         load_policy(broken)
     with pytest.raises(BadInput, match="cannot read policy"):
         load_policy(tmp_path / "absent.yaml")
+
+
+def test_policy_file_errors_name_file_line_and_field(tmp_path: Path) -> None:
+    policy = tmp_path / "admission.yaml"
+    policy.write_text(
+        "mode: warn\nverify:\n  identities:\n    - issuer: i\n      subject: s\n      subjct: t\n"
+        "  trusted_root: sigstore-public-good\n"
+    )
+    with pytest.raises(BadInput, match=r"admission.yaml:6: verify.identities\[0\].subjct: unknown key"):
+        load_policy(policy)
+    policy.write_text("verify:\n  identities:\n    - issuer: i\n")
+    with pytest.raises(
+        BadInput, match=r"admission.yaml:3: verify.identities\[0\]: give exactly one of subject"
+    ):
+        load_policy(policy)

@@ -1,4 +1,6 @@
-"""Key-based signing and verification against the real docker-registry, both formats."""
+"""Key-based signing and verification, both formats, against the in-memory registry (which,
+like Debian's docker-registry, has no referrers API). The real registry is exercised by
+tests/oci, the cosign interop and the admission integration tests."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from kernelbake.cli import main
 from kernelbake.errors import BadInput
 from kernelbake.oci import RegistryClient, fallback_tag, parse_reference
 from kernelbake.oci import types as mt
+from kernelbake.settings import Settings
 from kernelbake.signing import formats, intoto
 from kernelbake.signing.errors import Unsigned
 from kernelbake.signing.policy import VerifyPolicy
@@ -19,8 +22,13 @@ from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import VerifiedImage, verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
+from tests.signing.images import push_image
+from tests.support.memregistry import memory_registry
 
-pytestmark = pytest.mark.registry
+
+@pytest.fixture(scope="session")
+def image_registry(memory_registry: str) -> str:
+    return memory_registry
 
 
 def test_sign_then_verify_by_tag_digest_and_both(
@@ -70,8 +78,20 @@ def test_signatures_are_stored_as_referrers_through_the_fallback_tag(
     assert predicate_types == {intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE}
 
 
-def test_manifests_keep_their_exact_bytes(registry: str, client: RegistryClient) -> None:
-    ref = parse_reference(f"{registry}/kb/raw-bytes:odd")
+def test_a_registry_with_the_referrers_api_gets_no_fallback_tag(
+    settings: Settings, keys: KeyPair, tmp_path: Path
+) -> None:
+    with memory_registry(referrers_api=True) as (addr, store):
+        client = RegistryClient(settings)
+        image = push_image(client, f"{addr}/kb/referrers:v1", tmp_path / "img")
+        sign_image(image.tagged, keys.signer, client=client)
+        assert (image.ref.repository, fallback_tag(image.digest)) not in store.tags
+        assert len(client.referrers(image.ref.with_digest(image.digest))) == 2  # signature + attestation
+        assert verify_image(image.tagged, keys.policy(), client=client).digest == image.digest
+
+
+def test_manifests_keep_their_exact_bytes(image_registry: str, client: RegistryClient) -> None:
+    ref = parse_reference(f"{image_registry}/kb/raw-bytes:odd")
     config = b'{"config":{}}'
     client.put_blob(ref, config)
     # Whitespace and key order that a re-serializer would change.
@@ -143,7 +163,6 @@ def test_unsigned_is_refused_not_verified(
 
 def test_cli_generate_sign_verify(
     make_image: ImageFactory,
-    registry: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

@@ -1,50 +1,45 @@
-"""An engine without torch: its compile writes a few files, its probe returns given facts."""
+"""An engine without torch: its compile writes a few files, its probe returns a given platform."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import CacheKey, Engine
 from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 
 
-def facts_for(key: CacheKey, **changes: str) -> Facts:
-    """Facts that match ``key`` (driver = its floor, or none), with ``changes`` applied."""
-    facts = Facts(
-        engine_version=key.engine_version,
-        torch=key.torch,
-        triton=key.triton,
-        cuda=key.cuda,
-        flashinfer=key.flashinfer,
-        python=key.python,
-        arch=key.arch,
-        device=key.device,
-        driver=key.driver_floor,
-    )
-    return dataclasses.replace(facts, **changes)
+def platform_for(key: CacheKey, **changes: str) -> Platform:
+    """The platform ``key`` was planned for (its driver floor installed, or none), with
+    ``changes`` applied to any of its fields."""
+    values = {**key.as_dict(), "driver": key.driver_floor, **changes}
+    software = Software(**{f.name: values[f.name] for f in dataclasses.fields(Software)})
+    return Platform(software=software, arch=values["arch"], device=values["device"], driver=values["driver"])
 
 
 class FakeEngine:
-    engine = Engine.TORCH
-    cache_kinds = (CacheKind.INDUCTOR, CacheKind.TRITON)
+    declaration = EngineDeclaration(
+        engine=Engine.TORCH,
+        cache_kinds=(CacheKind.INDUCTOR, CacheKind.TRITON),
+        cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR), ("FAKE_HASHED", "1")),
+        hashed_env=("FAKE_HASHED",),
+    )
 
-    def __init__(self, facts: Facts, *, files: int = 2) -> None:
-        self.facts = facts
+    def __init__(self, platform: Platform, *, files: int = 2) -> None:
+        self.platform = platform
         self.files = files
         self.compiled_into: Path | None = None
 
-    def probe(self) -> Facts:
-        return self.facts
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {"FAKE_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)), "FAKE_HASHED": "1"}
+    def probe(self) -> Platform:
+        return self.platform
 
     def hashed_env_names(self) -> tuple[str, ...]:
-        return ("FAKE_HASHED",)
+        return self.declaration.hashed_env
 
     def compile(self, target: TargetConfig, root: Path) -> CompileResult:
         self.compiled_into = root
@@ -52,26 +47,19 @@ class FakeEngine:
             p = kind_dir(root, CacheKind.INDUCTOR) / f"g{i}" / "graph.bin"
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(bytes([i]) * (100 + i))
-        return CompileResult(kinds=self.cache_kinds, hashed_env={}, report={"graphs": self.files})
+        return CompileResult(kinds=self.declaration.cache_kinds, hashed_env={}, report={"graphs": self.files})
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return ["fake-serve", *user_args]
+
+    # Whether the fake's serve command waits at the cache gate (tests that start it say so).
+    gated = False
+
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        return self.gated
 
     def serve_watcher(self, cache_root: Path) -> None:
         return None
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]
-
-
-class FakeVllmEngine(FakeEngine):
-    """Stands in for the vLLM engine module (another area) where only its declarations matter."""
-
-    engine = Engine.VLLM
-    cache_kinds = (CacheKind.VLLM, CacheKind.INDUCTOR, CacheKind.TRITON, CacheKind.FLASHINFER)
-
-    def __init__(self) -> None:
-        super().__init__(facts=None)  # type: ignore[arg-type]
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {"VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM))}

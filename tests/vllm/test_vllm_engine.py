@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.contract.engines import VLLM, VLLM_PINNED_HASHED_ENV
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.plan import plan
 from kernelbake.runner import Result
-from kernelbake.runtime.engines.vllm import (
-    PINNED_HASHED_ENV,
-    VllmEngine,
-    cache_env,
-    compat_layer,
-    compile_argv,
-)
+from kernelbake.runtime.engines.vllm import VllmEngine, compat_layer, compile_argv
 from kernelbake.runtime.engines.vllm.args import serve_argv, serve_flags, shape_overrides
 from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, snapshot
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV
@@ -126,16 +121,16 @@ def test_cache_dir_snapshots_count_what_a_start_added(tmp_path: Path) -> None:
 
 def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_defaults() -> None:
     root = Path("/opt/kernelbake/cache")
-    env = cache_env(root)
+    env = VLLM.cache_env(root)
     assert env["VLLM_CACHE_ROOT"] == "/opt/kernelbake/cache/vllm"
     assert env["TRITON_CACHE_DIR"] == "/opt/kernelbake/cache/triton"
     assert env["FLASHINFER_WORKSPACE_BASE"] == "/opt/kernelbake/cache/flashinfer"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/opt/kernelbake/cache/inductor"
     # Independent of the bundle root, so a relocated torch.compile cache still hashes alike.
-    assert cache_env(Path("/elsewhere/cache"))["VLLM_CONFIG_ROOT"] == env["VLLM_CONFIG_ROOT"]
-    assert PINNED_HASHED_ENV.items() <= env.items()
+    assert VLLM.cache_env(Path("/elsewhere/cache"))["VLLM_CONFIG_ROOT"] == env["VLLM_CONFIG_ROOT"]
+    assert VLLM_PINNED_HASHED_ENV.items() <= env.items()
     covered = {Path(v).name for k, v in env.items() if v.startswith(str(root))}
-    assert {k.value for k in VllmEngine.cache_kinds} <= covered
+    assert {k.value for k in VLLM.cache_kinds} <= covered
 
 
 class _FakeCompileOnly:
@@ -256,23 +251,24 @@ def test_a_start_that_compiled_nothing_says_so_for_every_kind(tmp_path: Path) ->
     report = watch(_READY)
     assert report is not None
     assert report.startswith("start-up compiled nothing: 0 new files in vllm, ")
-    assert all(k.value in report for k in VllmEngine.cache_kinds)
+    assert all(k.value in report for k in VLLM.cache_kinds)
 
 
 def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernelbake.contract.compat import check
     from kernelbake.runtime import probe
-    from kernelbake.runtime.facts import found_key
 
     versions = {"vllm": "0.26.0", "torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.14"}
     monkeypatch.setattr(probe, "dist_version", versions.__getitem__)
     monkeypatch.setattr(probe, "cuda_device", lambda: ("NVIDIA H100 PCIe", "sm_90a", "13.0"))
     monkeypatch.setattr(probe, "nvidia_driver", lambda: "570.86.10")
     monkeypatch.setattr(probe, "python_version", lambda: "3.12")
-    facts = VllmEngine().probe()
-    assert facts.engine_version == "0.26.0" and facts.flashinfer == "0.6.14" and facts.cuda == "13.0"
+    platform = VllmEngine().probe()
+    software = platform.software
+    assert software.engine_version == "0.26.0" and software.flashinfer == "0.6.14" and software.cuda == "13.0"
+    assert platform.driver == "570.86.10"
     target = _target()  # planned for an H100 SXM
-    match = check(target.key, found_key(target.key, facts))
+    match = check(target.key, platform)
     assert [r.field for r in match.blocking] == ["device", "driver_floor"]
     assert "NVIDIA H100 PCIe" in str(match.blocking[0])
 
@@ -300,12 +296,12 @@ def test_compile_step_collects_the_caches_into_the_manifest(
     from kernelbake.runtime import compile as compile_step
     from kernelbake.runtime.bundle import read_manifest
     from kernelbake.runtime.env import RuntimeEnv
-    from tests.support.fake_engine import facts_for
+    from tests.support.fake_engine import platform_for
 
     target = dataclasses.replace(_target(), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(target.to_json())
     engine = VllmEngine(runner=_WritesCaches(fail=set()))
-    monkeypatch.setattr(engine, "probe", lambda: facts_for(target.key, driver="580.95.05"))
+    monkeypatch.setattr(engine, "probe", lambda: platform_for(target.key, driver="580.95.05"))
     monkeypatch.setattr(engine, "hashed_env_names", lambda: ("VLLM_LOGGING_LEVEL", "VLLM_X"))
     monkeypatch.setattr(compile_step.runtime_env, "apply", lambda variables: None)
     manifest = compile_step.run_compile(
@@ -317,3 +313,14 @@ def test_compile_step_collects_the_caches_into_the_manifest(
     report = dict(read_manifest(tmp_path / "cache").compile_report)
     assert report["builder"]["device"] == "NVIDIA H100 80GB HBM3"
     assert report["weights_mode"] == "fake"
+
+
+def test_serve_gates_vllm_only_when_vllm_will_call_our_plugin() -> None:
+    from kernelbake.runtime.engines.vllm import VllmEngine
+
+    # The installed kernelbake registers the plugin; VLLM_PLUGINS is vLLM's allow-list.
+    engine = VllmEngine()
+    assert engine.holds_at_gate({})
+    assert engine.holds_at_gate({"VLLM_PLUGINS": "other,kernelbake"})
+    assert not engine.holds_at_gate({"VLLM_PLUGINS": "other"})
+    assert not engine.holds_at_gate({"VLLM_PLUGINS": ""})

@@ -21,7 +21,7 @@ import sys
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.key import Engine
 r = load_catalogue().engine(Engine.TORCH, sys.argv[1], where="images/base/cpu/build.sh")
-print(r.torch, r.transformers, r.base_image)
+print(r.software.torch, r.transformers, r.base_image)
 PY
 )
 IMAGE=${CPU_BASE_IMAGE:-$IMAGE}

@@ -16,7 +16,6 @@ reviews arrive.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -27,8 +26,10 @@ from typing import Protocol, TypeAlias
 
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
+from kernelbake.cache import BoundedCache
 from kernelbake.contract.key import CacheKey
 from kernelbake.errors import KernelbakeError
+from kernelbake.oci.errors import RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,6 @@ class ImageRejected(KernelbakeError):
     return_code = 7
 
 
-class RegistryUnavailable(KernelbakeError):
-    """The registry could not answer (down, 5xx, timeout): the verdict is unknown."""
-
-    return_code = 5
-
-
 @dataclasses.dataclass(frozen=True)
 class Accepted:
     image: VerifiedLike
@@ -87,40 +82,6 @@ class Unavailable:
 Outcome: TypeAlias = Accepted | Rejected | Unavailable
 
 
-class _Lru:
-    """Thread-safe map with per-entry expiry and a size bound."""
-
-    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
-        self._data: collections.OrderedDict[str, tuple[float, object]] = collections.OrderedDict()
-        self._max = max_entries
-        self._clock = clock
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> object | None:
-        with self._lock:
-            item = self._data.get(key)
-            if item is None:
-                return None
-            expires, value = item
-            if self._clock() >= expires:
-                del self._data[key]
-                return None
-            self._data.move_to_end(key)
-            return value
-
-    def put(self, key: str, value: object, ttl: float) -> None:
-        if ttl <= 0:
-            return
-        with self._lock:
-            self._data[key] = (self._clock() + ttl, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self._max:
-                self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
 class Gateway:
     def __init__(
         self,
@@ -134,8 +95,8 @@ class Gateway:
         self._verify = verify
         self._resolve = resolve
         self._policy = cache
-        self._verdicts = _Lru(cache.max_entries, clock)
-        self._tags = _Lru(cache.max_entries, clock)
+        self._verdicts: BoundedCache[str, Outcome] = BoundedCache(cache.max_entries, clock=clock)
+        self._tags: BoundedCache[str, str] = BoundedCache(cache.max_entries, clock=clock)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kb-verify")
         self._inflight: dict[str, concurrent.futures.Future[Outcome]] = {}
         self._lock = threading.Lock()

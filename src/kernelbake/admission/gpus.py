@@ -19,13 +19,12 @@ Decisions, documented in the README (the label reading itself is ``kernelbake.gf
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 from collections.abc import Sequence
 
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Operator, Way
+from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import CPU, Catalogue
 from kernelbake.contract.compat import check_fields
 from kernelbake.contract.key import CacheKey
@@ -75,25 +74,18 @@ class Judge:
         self.catalogue, self.match = catalogue, match
         # Keyed by the key's identity: verified images come from the gateway's cache, so the
         # same key object recurs, and hashing a 23-field key on every review is what this saves.
-        self._memo: collections.OrderedDict[tuple[int, tuple[Way, ...]], tuple[CacheKey, GpuVerdict]] = (
-            collections.OrderedDict()
+        self._memo: BoundedCache[tuple[int, tuple[Way, ...]], tuple[CacheKey, GpuVerdict]] = BoundedCache(
+            max_entries
         )
-        self._max = max_entries
-        self._lock = threading.Lock()
 
     def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
         memo_key = (id(key), tuple(ways))
-        with self._lock:
-            hit = self._memo.get(memo_key)
-            if hit is not None and hit[0] is key:
-                self._memo.move_to_end(memo_key)
-                return hit[1]
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit[0] is key:
+            return hit[1]
         verdict = judge(key, ways, self.catalogue, self.match)
-        with self._lock:
-            # Holding the key keeps its id from being reused while the entry lives.
-            self._memo[memo_key] = (key, verdict)
-            while len(self._memo) > self._max:
-                self._memo.popitem(last=False)
+        # Holding the key keeps its id from being reused while the entry lives.
+        self._memo.put(memo_key, (key, verdict))
         return verdict
 
 

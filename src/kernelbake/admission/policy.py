@@ -1,5 +1,5 @@
 """The admission policy file (YAML), validated when it is loaded: one-line errors naming
-``file:field``, exit code 2.
+``file:line: field`` (``kernelbake.validate``), exit code 2.
 
 The ``verify:`` section is the signing policy (``kernelbake.signing.policy``) verbatim; this
 module only insists that it is there, and ``verifying.build_verifier`` parses it.
@@ -11,17 +11,15 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-
-from kernelbake._suggest import did_you_mean
 from kernelbake.admission.references import InvalidReference, matches, normalise_pattern
 from kernelbake.errors import BadInput
+from kernelbake.validate import Source, load_yaml
 
 
 class PolicyError(BadInput):
-    """The policy file is malformed; the message names file:field."""
+    """The policy file is malformed; the message names file:line: field."""
 
 
 class Mode(enum.Enum):
@@ -45,8 +43,6 @@ class OnRegistryError(enum.Enum):
     # registry then turns off the check. Named unsafe on purpose.
     UNSAFE_ALLOW = "unsafe-allow"
 
-
-_E = TypeVar("_E", bound=enum.Enum)
 
 _TOP = ("mode", "images", "verify", "gpu", "registry_errors", "deadline_seconds", "cache", "concurrency")
 _CACHE = ("ttl_seconds", "tag_ttl_seconds", "rejected_ttl_seconds", "max_entries")
@@ -79,78 +75,59 @@ class AdmissionPolicy:
     deadline_seconds: float = 8.0
     cache: CachePolicy = CachePolicy()
     concurrency: int = 8
+    # Where ``verify`` came from, so its errors (found when it is parsed) name file:line too.
+    verify_source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def governs(self, name: str) -> bool:
         """Whether the normalised ``host/repository`` is one this policy checks."""
         return any(matches(name, p) for p in self.images)
 
     @classmethod
-    def from_mapping(cls, data: Any, *, source: str) -> AdmissionPolicy:
-        if not isinstance(data, Mapping):
-            raise PolicyError(f"{source}: a policy is a mapping, got {type(data).__name__}")
-        _no_unknown(data, _TOP, source, "")
-        images = _images(data.get("images"), f"{source}:images")
+    def from_mapping(cls, data: Any, *, source: str | Source) -> AdmissionPolicy:
+        src = (source if isinstance(source, Source) else Source(source)).with_error(PolicyError)
+        data = src.mapping(data, "", _TOP)
+        images = _images(src, data.get("images"))
         verify = data.get("verify")
         if not isinstance(verify, Mapping) or not verify:
-            raise PolicyError(
-                f"{source}:verify: required: the trusted identities or keys (see deploy/policy.yaml)"
-            )
-        gpu = data.get("gpu", {})
-        if not isinstance(gpu, Mapping):
-            raise PolicyError(f"{source}:gpu: expected a mapping")
-        _no_unknown(gpu, _GPU, source, "gpu.")
-        cache = data.get("cache", {})
-        if not isinstance(cache, Mapping):
-            raise PolicyError(f"{source}:cache: expected a mapping")
-        _no_unknown(cache, _CACHE, source, "cache.")
+            raise src.error("verify", "required: the trusted identities or keys (see deploy/policy.yaml)")
+        gpu = src.mapping(data.get("gpu", {}), "gpu", _GPU)
+        cache = src.mapping(data.get("cache", {}), "cache", _CACHE)
         defaults = CachePolicy()
         cache_policy = CachePolicy(
-            ttl_seconds=_seconds(cache, "ttl_seconds", defaults.ttl_seconds, source, "cache."),
-            tag_ttl_seconds=_seconds(cache, "tag_ttl_seconds", defaults.tag_ttl_seconds, source, "cache."),
-            rejected_ttl_seconds=_seconds(
-                cache, "rejected_ttl_seconds", defaults.rejected_ttl_seconds, source, "cache."
+            ttl_seconds=src.seconds(cache.get("ttl_seconds", defaults.ttl_seconds), "cache.ttl_seconds"),
+            tag_ttl_seconds=src.seconds(
+                cache.get("tag_ttl_seconds", defaults.tag_ttl_seconds), "cache.tag_ttl_seconds"
             ),
-            max_entries=_count(cache, "max_entries", defaults.max_entries, source, "cache."),
+            rejected_ttl_seconds=src.seconds(
+                cache.get("rejected_ttl_seconds", defaults.rejected_ttl_seconds), "cache.rejected_ttl_seconds"
+            ),
+            max_entries=src.positive_int(cache.get("max_entries", defaults.max_entries), "cache.max_entries"),
         )
-        deadline = _seconds(data, "deadline_seconds", cls.deadline_seconds, source, "")
+        deadline = src.seconds(data.get("deadline_seconds", cls.deadline_seconds), "deadline_seconds")
         if not 0 < deadline <= 29:
-            raise PolicyError(
-                f"{source}:deadline_seconds: {deadline} must be above 0 and below the webhook's "
-                "timeoutSeconds (at most 30)"
+            raise src.error(
+                "deadline_seconds",
+                f"{deadline} must be above 0 and below the webhook's timeoutSeconds (at most 30)",
             )
         return cls(
-            source=source,
+            source=src.name,
             images=images,
             verify=verify,
-            mode=_enum(Mode, data.get("mode", Mode.ENFORCE.value), f"{source}:mode"),
-            gpu_match=_enum(GpuMatch, gpu.get("match", GpuMatch.DEVICE.value), f"{source}:gpu.match"),
-            registry_errors=_enum(
-                OnRegistryError,
-                data.get("registry_errors", OnRegistryError.DENY.value),
-                f"{source}:registry_errors",
+            mode=src.enum(Mode, data.get("mode", Mode.ENFORCE.value), "mode"),
+            gpu_match=src.enum(GpuMatch, gpu.get("match", GpuMatch.DEVICE.value), "gpu.match"),
+            registry_errors=src.enum(
+                OnRegistryError, data.get("registry_errors", OnRegistryError.DENY.value), "registry_errors"
             ),
             deadline_seconds=deadline,
             cache=cache_policy,
-            concurrency=_count(data, "concurrency", cls.concurrency, source, ""),
+            concurrency=src.positive_int(data.get("concurrency", cls.concurrency), "concurrency"),
+            verify_source=src.child("verify"),
         )
 
 
-def load_policy_document(path: str | Path) -> tuple[Any, str]:
-    """The parsed YAML of a policy file and its name for messages."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{source}: cannot read the policy: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise PolicyError(f"{source}: the policy is not UTF-8 text") from None
-    try:
-        return yaml.safe_load(text), source
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise PolicyError(f"{source}{where}: {problem}") from None
+def load_policy_document(path: str | Path) -> tuple[Any, Source]:
+    """The parsed YAML of a policy file and where it came from, for messages."""
+    return load_yaml(path, what="policy", error_type=PolicyError)
 
 
 def load_admission_policy(path: str | Path) -> AdmissionPolicy:
@@ -158,53 +135,25 @@ def load_admission_policy(path: str | Path) -> AdmissionPolicy:
     return AdmissionPolicy.from_mapping(data, source=source)
 
 
-def _no_unknown(data: Mapping[Any, Any], known: tuple[str, ...], source: str, prefix: str) -> None:
-    for name in data:
-        if name not in known:
-            raise PolicyError(f"{source}:{prefix}{name}: unknown field{did_you_mean(str(name), known)}")
-
-
-def _images(value: Any, where: str) -> tuple[str, ...]:
+def _images(src: Source, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise PolicyError(
-            f"{where}: required: a list of repository patterns this policy governs, "
-            "e.g. ['registry.example.com/kernelbake/**']"
+        raise src.error(
+            "images",
+            "required: a list of repository patterns this policy governs, "
+            "e.g. ['registry.example.com/kernelbake/**']",
         )
     patterns = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise PolicyError(f"{where}[{i}]: expected a repository pattern string, got {item!r}")
+            raise src.error(f"images[{i}]", f"expected a repository pattern string, got {item!r}")
         if "@" in item or (":" in item.rpartition("/")[2] and "/" in item):
-            raise PolicyError(
-                f"{where}[{i}]: {item!r} names a tag or digest; patterns match repositories "
-                "(use host/path/** for everything under a path)"
+            raise src.error(
+                f"images[{i}]",
+                f"{item!r} names a tag or digest; patterns match repositories "
+                "(use host/path/** for everything under a path)",
             )
         try:
             patterns.append(normalise_pattern(item.strip()))
         except InvalidReference as exc:
-            raise PolicyError(f"{where}[{i}]: {exc}") from None
+            raise src.error(f"images[{i}]", str(exc)) from None
     return tuple(patterns)
-
-
-def _enum(kind: type[_E], value: Any, where: str) -> _E:
-    try:
-        return kind(value)
-    except ValueError:
-        choices = [str(m.value) for m in kind]
-        raise PolicyError(f"{where}: {value!r} is not one of {', '.join(choices)}") from None
-
-
-def _seconds(data: Mapping[str, Any], name: str, default: float, source: str, prefix: str) -> float:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise PolicyError(
-            f"{source}:{prefix}{name}: expected a non-negative number of seconds, got {value!r}"
-        )
-    return float(value)
-
-
-def _count(data: Mapping[str, Any], name: str, default: int, source: str, prefix: str) -> int:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(f"{source}:{prefix}{name}: expected a positive integer, got {value!r}")
-    return value

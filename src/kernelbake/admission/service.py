@@ -64,10 +64,6 @@ class Admitter:
             return _internal(doc).to_document()
         return self._wait(doc, first, outcomes, futures, endpoint, started)
 
-    async def review_async(self, doc: Any, endpoint: Endpoint, *, started: float) -> dict[str, Any]:
-        answer = self.review_nowait(doc, endpoint, started=started)
-        return answer if isinstance(answer, dict) else await answer
-
     async def _wait(
         self,
         doc: Any,

@@ -1,8 +1,9 @@
 """The real verifier: ``kernelbake.signing.verify.verify_image`` bound to the policy's
 ``verify:`` section, with its failures sorted into what admission distinguishes.
 
-- ``RegistryUnavailable`` (timeout, 5xx, refused credentials): "could not ask", the case
-  ``registry_errors`` decides;
+- ``kernelbake.oci.RegistryUnavailable`` (timeout, 5xx, refused credentials), whether the
+  registry client or verification raised it: "could not ask", the case ``registry_errors``
+  decides, passed through as it is;
 - everything else, including a 404 for the image, is a rejection: the registry answered and the
   image is not there or not acceptable.
 """
@@ -15,11 +16,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from kernelbake import oci
-from kernelbake.admission.gateway import Gateway, ImageRejected, RegistryUnavailable
+from kernelbake.admission.gateway import Gateway, ImageRejected
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.errors import KernelbakeError
 from kernelbake.settings import Settings
-from kernelbake.signing import errors as signing_errors
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.verify import VerifiedImage, verify_image
 
@@ -27,9 +27,11 @@ _T = TypeVar("_T")
 
 
 def verify_policy(policy: AdmissionPolicy) -> VerifyPolicy:
-    """Parse the ``verify:`` section now, so a bad one fails at load with file:field."""
+    """Parse the ``verify:`` section now, so a bad one fails at load with file:line: field."""
     return VerifyPolicy.from_mapping(
-        policy.verify, source=f"{policy.source}:verify", base_dir=Path(policy.source).parent
+        policy.verify,
+        source=policy.verify_source or f"{policy.source}: verify",
+        base_dir=Path(policy.source).parent,
     )
 
 
@@ -46,6 +48,8 @@ class SignedImageVerifier:
         client_factory: Callable[[], oci.RegistryClient] | None = None,
     ) -> None:
         self.trust = trust
+        # One verification (all its registry calls) ends within this, whatever the registry does.
+        self.deadline = timeout
         self._factory = client_factory or (lambda: oci.RegistryClient(settings, timeout=timeout))
         self._local = threading.local()
 
@@ -56,29 +60,32 @@ class SignedImageVerifier:
         return client
 
     def __call__(self, reference: str) -> VerifiedImage:
-        return _sorted(lambda: verify_image(reference, self.trust, client=self._client()))
+        client = self._client()
+        with client.deadline(self.deadline, "verification deadline"):
+            return _sorted(lambda: verify_image(reference, self.trust, client=client))
 
     def resolve(self, reference: str) -> str:
         """The digest a tag points to now (one manifest GET), for the gateway's tag cache."""
-        return _sorted(lambda: self._client().resolve(oci.parse_reference(reference)))
+        client = self._client()
+        with client.deadline(self.deadline, "verification deadline"):
+            return _sorted(lambda: client.resolve(oci.parse_reference(reference)))
 
 
 def _sorted(call: Callable[[], _T]) -> _T:
     try:
         return call()
-    except (signing_errors.ImageNotFound, oci.RegistryNotFound) as exc:
+    except oci.RegistryNotFound as exc:  # signing's ImageNotFound is one
         raise ImageRejected(f"image not found: {exc}") from None
-    except (
-        signing_errors.RegistryUnavailable,
-        oci.RegistryUnreachable,
-        oci.RegistryServerError,
-        oci.RegistryDenied,
-    ) as exc:
-        raise RegistryUnavailable(str(exc)) from None
+    except oci.RegistryUnavailable:
+        raise
     except KernelbakeError as exc:
         raise ImageRejected(str(exc)) from None
 
 
 def build_gateway(policy: AdmissionPolicy, *, settings: Settings | None = None) -> Gateway:
-    verifier = SignedImageVerifier(verify_policy(policy), settings=settings, timeout=policy.deadline_seconds)
+    # A verification gives up a little before the review's deadline, so that the answer carries
+    # the registry's reason (which registry, which call) instead of "did not finish".
+    verifier = SignedImageVerifier(
+        verify_policy(policy), settings=settings, timeout=policy.deadline_seconds * 0.9
+    )
     return Gateway(verifier, cache=policy.cache, workers=policy.concurrency, resolve=verifier.resolve)

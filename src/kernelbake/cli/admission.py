@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
+from kernelbake.textfile import read_text
 
 if TYPE_CHECKING:
     from kernelbake.admission.policy import AdmissionPolicy
@@ -66,12 +67,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _say_what_is_permissive(policy)
     cert, key = Path(args.tls_cert), Path(args.tls_key)
     for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
-        if not path.is_file():
-            raise BadInput(f"{flag} {path}: no such file (deploy/make-cert.sh makes one)")
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise BadInput(
+                f"{flag} {path}: cannot read it: {exc.strerror}", hint="deploy/make-cert.sh makes one"
+            ) from None
     try:
         tls_context(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise BadInput(f"--tls-cert/--tls-key: cannot load the certificate: {exc}") from None
+        raise BadInput(
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
+        ) from None
     try:
         sockets = workers.listening_sockets(args.host, args.port, args.workers)
     except OSError as exc:
@@ -117,7 +124,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     _logging("warning")
     source = "<stdin>" if args.request == "-" else args.request
     try:
-        text = sys.stdin.read() if args.request == "-" else Path(args.request).read_text(encoding="utf-8")
+        text = sys.stdin.read() if args.request == "-" else read_text(args.request, "the AdmissionReview")
         doc = json.loads(text)
     except OSError as exc:
         raise BadInput(f"{source}: cannot read: {exc.strerror or exc}") from None

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
-from kernelbake.build import BuildOptions, Driver, render_target
+from kernelbake.build import BuildOptions, Driver
 from kernelbake.cli.planning import add_spec_args
-from kernelbake.contract.key import key_from_labels
+from kernelbake.labels import check_labels
 from kernelbake.plan import plan
-from kernelbake.render import BuildMode, write_context
+from kernelbake.render import BuildMode, render, write_context
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 
@@ -44,7 +44,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     wheel = build_wheel(out / "wheels")
     groups = {}
     for t in targets:
-        rendered = render_target(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
+        rendered = render(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
         layout = bake.Layout(out / t.name)
         write_context(rendered, layout.context, wheel)
         groups[t.name] = bake.bake_targets(rendered, layout, push=False)
@@ -82,15 +82,21 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _summary(image: RemoteImage) -> dict[str, Any]:
-    key = key_from_labels(image.labels)
+    checked = check_labels(image.labels)
+    key = checked.key
     doc: dict[str, Any] = {
         "ref": str(image.ref),
         "digest": image.digest,
         "pullable": f"{image.ref.registry}/{image.ref.repository}@{image.digest}",
         "key": str(key),
         "key_digest": key.digest,
-        "gpu": image.labels.get("dev.kernelbake.gpu"),
-        "labels": {k: v for k, v in sorted(image.labels.items()) if k.startswith("dev.kernelbake.")},
+        # From the key's device, never from a label: a relabelled image cannot change it.
+        "gpu": checked.gpu.name if checked.gpu is not None else None,
+        "labels": dict(sorted(checked.derived.items())),
+        "labels_consistent": checked.consistent,
+        "label_problems": list(checked.problems),
+        # Not derived from the key: nothing checks them; shown apart, never as part of the key.
+        "unattested_labels": dict(checked.unattested),
         "layers": len(image.layers),
         "cache_manifest": None,
     }
@@ -107,20 +113,35 @@ def _summary(image: RemoteImage) -> dict[str, Any]:
     return doc
 
 
+def _print_summary(doc: dict[str, Any]) -> None:
+    print(f"image:      {doc['ref']}")
+    print(f"pullable:   {doc['pullable']}")
+    gpu = doc["gpu"] or "not in this kernelbake's GPU catalogue"
+    print(f"gpu:        {gpu} (from the key's device)")
+    if doc["labels_consistent"]:
+        print(f"key digest: {doc['key_digest']} (labels consistent with the key)")
+    else:
+        print(f"key digest: {doc['key_digest']} (labels INCONSISTENT with the key)")
+        for problem in doc["label_problems"]:
+            print(f"  {problem}")
+    print(f"key:        {doc['key']}")
+    if doc["unattested_labels"]:
+        print("unattested: (labels outside the key; nothing checks them)")
+        for name, value in doc["unattested_labels"].items():
+            print(f"  {name}={value}")
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kernelbake.oci import RegistryClient
     from kernelbake.remote import inspect_remote
 
-    client = RegistryClient(Settings.from_env(), timeout=30.0)
+    client = RegistryClient(Settings.from_env(), timeout=args.timeout)
     doc = _summary(inspect_remote(args.ref, client=client))
+    consistent = doc["labels_consistent"] and (doc["cache_manifest"] or {}).get("key_matches_labels", False)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"image:      {doc['ref']}")
-    print(f"pullable:   {doc['pullable']}")
-    print(f"gpu:        {doc['gpu']}")
-    print(f"key digest: {doc['key_digest']} (labels consistent)")
-    print(f"key:        {doc['key']}")
+    _print_summary(doc)
     cm = doc["cache_manifest"]
     if cm is None:
         print("cache:      no cache manifest in the last layer")
@@ -130,7 +151,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for kind, t in sorted(cm["kinds"].items()):
         print(f"  {kind:<12} {t['files']:>6} files {t['bytes'] / 1e6:>10.2f} MB")
     print(f"builder:    {json.dumps(cm['builder'], sort_keys=True)}")
-    return 0 if cm["key_matches_labels"] else 1
+    return 0 if consistent else 1
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -156,4 +177,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("inspect", help="labels, key and cache manifest of a pushed image")
     p.add_argument("ref", help="REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:...")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds per registry call, connect to last byte (default 30)",
+    )
     p.set_defaults(func=cmd_inspect)

@@ -21,8 +21,12 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         found = fleet.found_for_labels(fleet.parse_labels(args.node_labels))
     else:
         found = fleet.found_here()
+    from kernelbake.oci import parse_reference
+    from kernelbake.remote import registry_reachable
+
     client = RegistryClient(Settings.from_env(), timeout=30.0)
-    index = fleet.read_index(args.ref, client=client)
+    with registry_reachable(parse_reference(args.ref).registry):
+        index = fleet.read_index(args.ref, client=client)
     if index is None:
         raise BadInput(
             f"{args.ref}: not a kernelbake GPU-variant index (kernelbake inspect shows what it is)"

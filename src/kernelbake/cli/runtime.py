@@ -7,12 +7,19 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelbake.errors import KeyMismatch
 from kernelbake.runner import run
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.gate import GATE_CLOSED_EXIT, Gate
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.engines import EngineRuntime
+    from kernelbake.runtime.preflight import Verdict
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -35,38 +42,88 @@ def _say(lines: list[str]) -> None:
         print(f"kernelbake serve: {line}", file=sys.stderr, flush=True)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.engines import get_engine
-    from kernelbake.runtime.preflight import preflight
-
-    env = RuntimeEnv.from_env()
-    user_args = list(args.engine_args)
-    started = time.monotonic()
-    verdict = preflight(env, user_args)
-    # Preflight sits on every replica's start path; its cost should be on record.
-    _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
-    engine = get_engine(verdict.target.key.engine)
+def _launch(engine: EngineRuntime, verdict: Verdict, user_args: list[str], gate_env: dict[str, str]) -> int:
     argv = engine.serve_argv(verdict.target, user_args)
     watch = engine.serve_watcher(verdict.cache_root)
-    if watch is None:
+    if watch is None and not gate_env:
         _say([f"exec {' '.join(argv)}"])
         os.execvpe(argv[0], argv, verdict.env)
 
     def report(line: str) -> None:
-        if message := watch(line):
+        if watch is not None and (message := watch(line)):
             _say([message])
 
-    # Supervised rather than exec'd, to read the engine's own word on the caches.
-    return run(argv, env=verdict.env, on_line=report, forward_signals=True).returncode
+    # Supervised rather than exec'd, to read the engine's own word on the caches, or to
+    # answer at its cache gate.
+    return run(
+        argv, env={**verdict.env, **gate_env}, on_line=report if watch else None, forward_signals=True
+    ).returncode
+
+
+def _gated(engine: EngineRuntime, verdict: Verdict, env: RuntimeEnv, gate: Gate, user_args: list[str]) -> int:
+    """The engine starts now and holds at its cache gate; the hashing finishes meanwhile.
+    A mismatch closes the gate, the engine stops there without having opened a cache, and
+    it starts again on a fresh directory."""
+    from kernelbake.runtime.preflight import settle
+
+    final: list[Verdict] = []
+    failure: list[BaseException] = []
+
+    def decide() -> None:
+        try:
+            final.append(settle(verdict, env, engine))
+        except BaseException as exc:
+            failure.append(exc)
+        if final and final[0].warm:
+            gate.open()
+            _say(final[0].lines()[:1])
+        else:
+            gate.close(final[0].problems if final else [f"verification failed: {failure[0]}"])
+            if final:
+                _say(final[0].lines())
+
+    decider = threading.Thread(target=decide, name="kernelbake-verdict", daemon=True)
+    decider.start()
+    rc = _launch(engine, verdict, user_args, gate.env())
+    decider.join()
+    if failure:
+        raise failure[0]
+    if final[0].warm or rc != GATE_CLOSED_EXIT:
+        return rc
+    _say(["the engine stopped at its cache gate before opening any cache; starting it again, cold"])
+    return _launch(engine, final[0], user_args, {})
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.engines import get_engine
+    from kernelbake.runtime.preflight import preflight, settle
+
+    env = RuntimeEnv.from_env()
+    user_args = list(args.engine_args)
+    started = time.monotonic()
+    # Hashing runs in threads from here on; it need not finish before the engine starts,
+    # only before the engine opens a cache, which the engine's cache gate makes it wait for.
+    verdict = preflight(env, user_args, wait=False)
+    engine = get_engine(verdict.target.key.engine)
+    gate = None
+    if verdict.pending is not None:
+        gate = Gate.create(env.scratch) if engine.holds_at_gate(verdict.env) else None
+        if gate is None:
+            verdict = settle(verdict, env, engine)
+    # Preflight sits on every replica's start path; its cost should be on record.
+    _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
+    if gate is not None:
+        return _gated(engine, verdict, env, gate, user_args)
+    return _launch(engine, verdict, user_args, {})
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from kernelbake.runtime.env import VerifyMode
     from kernelbake.runtime.preflight import preflight
 
-    # A check has the time to hash everything, which serve skips by default.
-    mode = VerifyMode.SIZE if args.fast else VerifyMode.DEEP
-    env = dataclasses.replace(RuntimeEnv.from_env(), verify=mode)
+    env = RuntimeEnv.from_env()
+    if args.unsafe_size_only:
+        env = dataclasses.replace(env, verify=VerifyMode.UNSAFE_SIZE_ONLY)
     verdict = preflight(env, args.engine_args)
     if args.json:
         print(json.dumps(verdict.to_json(), indent=2))
@@ -108,10 +165,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         help="(inside the image) preflight only: would serve start warm?",
-        usage="kernelbake check [--json] [--fast] [SERVE ARGS...]",
+        usage="kernelbake check [--json] [--unsafe-size-only] [SERVE ARGS...]",
     )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--fast", action="store_true", help="check sizes only, not every file's sha256")
+    p.add_argument(
+        "--unsafe-size-only",
+        action="store_true",
+        help="compare cache file sizes only, not every file's sha256 (a same-size change passes)",
+    )
     p.set_defaults(func=cmd_check, passthrough=True)
 
     p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")

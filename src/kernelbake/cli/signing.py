@@ -26,7 +26,12 @@ def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
 
 
 def _add_registry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per registry request (default 10)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds per registry call, connect to last byte (default 10)",
+    )
     p.add_argument(
         "--insecure-registry",
         action="append",
@@ -122,6 +127,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "cache_manifest_digest": result.manifest_digest,
             "signer": result.signer,
             "attestation": dict(result.attestation),
+            "skipped": [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in result.skipped],
         }
         print(json.dumps(doc, indent=2))
     else:
@@ -130,6 +136,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"cache manifest {result.manifest_digest}",
             file=sys.stdout,
         )
+        # Junk or other signers' artifacts next to the signature: said, on stderr, not failed on.
+        if (note := result.skipped_note()) is not None:
+            print(f"kernelbake verify: note: {note}", file=sys.stderr)
     return 0
 
 

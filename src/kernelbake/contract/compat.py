@@ -1,16 +1,18 @@
 """Compatibility between a baked key and what is found (a GPU node, a running container).
 
-Never a bare bool: ``check`` returns a ``Match`` carrying every reason, and ``rank`` orders
-candidates best first, as ``packaging.tags.sys_tags`` does for wheels.
+Never a bare bool: ``check`` returns a ``Match`` carrying every reason. What is found is a
+``Platform``: the measured fields the key names, and the installed driver that the key's
+``driver_floor`` bounds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kernelbake.contract.key import NONE, CacheKey, key_from_fields
+from kernelbake.contract.key import NONE, CacheKey
+from kernelbake.contract.platform import Platform
 
 
 class Severity(enum.Enum):
@@ -51,9 +53,8 @@ class Match:
         return "; ".join(str(r) for r in self.reasons)
 
 
-# Why a difference in each field invalidates the cache, for messages users can act on.
+# Why a difference in each measured field invalidates the cache, for messages users can act on.
 _WHY = {
-    "engine": "a different engine compiles different code",
     "engine_version": "the engine's compile hash includes its version",
     "torch": "Inductor caches are keyed by the torch version",
     "triton": "Triton kernels are keyed by the Triton version",
@@ -62,66 +63,54 @@ _WHY = {
     "python": "Dynamo bytecode is specific to one Python minor version",
     "arch": "kernels are compiled for one GPU architecture",
     "device": "the engine's compile hash includes the exact device name",
-    "model": "compiled graphs belong to one model",
-    "revision": "compiled graphs belong to one model revision",
-    "model_path": "vLLM hashes the model path",
-    "dtype": "the dtype shapes every kernel",
-    "quantization": "quantization changes the compiled kernels",
-    "tp": "tensor parallelism changes the sharded shapes",
-    "pp": "pipeline parallelism changes the compiled graph split",
-    "ep": "expert parallelism changes the MoE kernels",
-    "max_model_len": "vLLM hashes max_model_len",
-    "max_num_batched_tokens": "compiled shapes are sized by max_num_batched_tokens",
-    "compilation": "the compilation config is part of the compile hash",
-    "engine_env": "the engine hashes these environment variables",
-    "kernelbake": "the bundle layout belongs to one kernelbake version",
 }
+
+
+# The installed driver, judged against the key's driver_floor.
+_DRIVER = "driver"
 
 
 def _driver_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
-def check(baked: CacheKey, found: CacheKey) -> Match:
-    """Compare the key an image was baked with against the key of the place it runs.
+def check(baked: CacheKey, found: Platform) -> Match:
+    """Compare the key an image was baked with against the platform it builds or runs on.
 
-    ``found.driver_floor`` holds the *installed* driver there; every other field must match
-    exactly. A newer kernelbake reading an older bundle is a note, not a blocker, because the
-    bundle format is versioned separately in its manifest.
+    Every measured field must match exactly, and the installed driver must reach the key's
+    ``driver_floor``.
     """
-    reasons: list[Reason] = []
-    want, have = baked.as_dict(), found.as_dict()
-    for name in CacheKey.field_order():
-        if name == "driver_floor":
-            floor, installed = want[name], have[name]
-            if floor == NONE:
-                continue
-            if installed == NONE or _driver_tuple(installed) < _driver_tuple(floor):
-                reasons.append(
-                    Reason(
-                        name, floor, installed, Severity.BLOCKING, f"the image's CUDA needs driver ≥ {floor}"
-                    )
-                )
-            continue
-        if want[name] != have[name]:
-            severity = Severity.NOTE if name == "kernelbake" else Severity.BLOCKING
-            reasons.append(Reason(name, want[name], have[name], severity, _WHY[name]))
-    return Match(baked, tuple(reasons))
+    return check_fields(baked, found.fields())
 
 
 def check_fields(baked: CacheKey, found: Mapping[str, str]) -> Match:
-    """Like ``check`` for a partial view of the place it runs (e.g. a Kubernetes node's
-    GPU labels give only device, arch and maybe driver): fields absent from ``found`` are
-    not judged."""
-    merged = baked.as_dict()
-    merged.update({k: v for k, v in found.items() if k in merged})
-    return check(baked, key_from_fields(merged, source="(found)"))
-
-
-def rank(candidates: Iterable[CacheKey], found: CacheKey) -> list[Match]:
-    """Best first: usable ones before unusable, then fewest reasons; stable otherwise."""
-    matches = [check(c, found) for c in candidates]
-    return sorted(matches, key=lambda m: (not m.usable, len(m.blocking), len(m.reasons)))
+    """Like ``check`` for a partial view of the platform (e.g. a Kubernetes node's GPU labels
+    give only device, arch and maybe driver): fields absent from ``found`` are not judged."""
+    names = Platform.field_names()
+    unknown = sorted(set(found) - set(names))
+    if unknown:
+        raise ValueError(f"not platform fields: {unknown}")
+    reasons: list[Reason] = []
+    want = baked.as_dict()
+    for name in names:
+        if name not in found:
+            continue
+        have = found[name]
+        if name == _DRIVER:
+            floor = want["driver_floor"]
+            if floor != NONE and (have == NONE or _driver_tuple(have) < _driver_tuple(floor)):
+                reasons.append(
+                    Reason(
+                        "driver_floor",
+                        floor,
+                        have,
+                        Severity.BLOCKING,
+                        f"the image's CUDA needs driver ≥ {floor}",
+                    )
+                )
+        elif want[name] != have:
+            reasons.append(Reason(name, want[name], have, Severity.BLOCKING, _WHY[name]))
+    return Match(baked, tuple(reasons))
 
 
 class Tier(enum.Enum):

@@ -9,6 +9,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 
+from kernelbake.contract.wire import EMBEDDED_JSON
+
 
 class Dtype(enum.Enum):
     AUTO = "auto"
@@ -45,8 +47,8 @@ class ServeArgs:
     # Not in vLLM's compile hash, but it sizes the buffers its Triton kernels are specialised
     # on, so compile and serve pin the same value instead of each taking a context default.
     max_num_seqs: int = 256
-    # Canonical JSON (sorted keys, no spaces), so equal configs digest equally.
-    compilation_config: str = "{}"
+    # Canonical JSON (sorted keys, no spaces), so equal configs digest equally; an object in target.json.
+    compilation_config: str = dataclasses.field(default="{}", metadata=EMBEDDED_JSON)
     # Engine env pinned in the image and hashed by the engine.
     env: tuple[tuple[str, str], ...] = ()
     # Arguments passed through to the engine that do not change compiled code.

@@ -2,16 +2,19 @@
 
 from kernelbake.oci.client import PushResult, RegistryClient, base_url, fallback_tag
 from kernelbake.oci.errors import (
+    DeadlineExceeded,
     RegistryDenied,
     RegistryNotFound,
     RegistryProtocolError,
     RegistryServerError,
+    RegistryUnavailable,
     RegistryUnreachable,
 )
 from kernelbake.oci.reference import InvalidReference, Reference, parse_reference
 from kernelbake.oci.types import Descriptor, Manifest
 
 __all__ = [
+    "DeadlineExceeded",
     "Descriptor",
     "InvalidReference",
     "Manifest",
@@ -22,6 +25,7 @@ __all__ = [
     "RegistryNotFound",
     "RegistryProtocolError",
     "RegistryServerError",
+    "RegistryUnavailable",
     "RegistryUnreachable",
     "base_url",
     "fallback_tag",

@@ -59,8 +59,8 @@ def _read_config(config_dir: Path) -> dict[str, Any]:
     return doc
 
 
-def _from_helper(helper: str, host: str, runner: Runner) -> Credentials | None:
-    result = runner([f"docker-credential-{helper}", "get"], capture=True, input=host, timeout=30)
+def _from_helper(helper: str, host: str, runner: Runner, timeout: float) -> Credentials | None:
+    result = runner([f"docker-credential-{helper}", "get"], capture=True, input=host, timeout=timeout)
     if result.returncode != 0:
         return None  # the helper's way of saying "no credentials for this host"
     try:
@@ -73,14 +73,17 @@ def _from_helper(helper: str, host: str, runner: Runner) -> Credentials | None:
     return Credentials(username=user, password=secret)
 
 
-def docker_credentials(host: str, config_dir: Path, runner: Runner = run) -> Credentials | None:
-    """Credentials for ``host`` (``host[:port]``), or None for anonymous access."""
+def docker_credentials(
+    host: str, config_dir: Path, runner: Runner = run, *, timeout: float = 30.0
+) -> Credentials | None:
+    """Credentials for ``host`` (``host[:port]``), or None for anonymous access; a credential
+    helper gets ``timeout`` seconds."""
     config = _read_config(config_dir)
     keys = _host_keys(host)
     helpers = config.get("credHelpers") or {}
     for key in keys:
         if isinstance(helpers, dict) and isinstance(helpers.get(key), str):
-            return _from_helper(helpers[key], key, runner)
+            return _from_helper(helpers[key], key, runner, timeout)
     auths = config.get("auths") or {}
     for key in keys:
         entry = auths.get(key) if isinstance(auths, dict) else None
@@ -99,7 +102,7 @@ def docker_credentials(host: str, config_dir: Path, runner: Runner = run) -> Cre
     store = config.get("credsStore")
     if isinstance(store, str) and store:
         for key in keys:
-            creds = _from_helper(store, key, runner)
+            creds = _from_helper(store, key, runner, timeout)
             if creds:
                 return creds
     return None

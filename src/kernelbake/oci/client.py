@@ -9,20 +9,23 @@ fallback tag ``sha256-<hex>`` that points at an index of referrers.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import ipaddress
 import json
 import socket
 import ssl
 import threading
-from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from kernelbake.cache import BoundedCache
 from kernelbake.oci.auth import Challenge, Credentials, docker_credentials, parse_challenge
+from kernelbake.oci.deadline import Bound, DeadlineAdapter, Operation, current_operation, operation
 from kernelbake.oci.errors import (
     RegistryDenied,
     RegistryNotFound,
@@ -48,35 +51,15 @@ DEFAULT_MAX_BLOB_BYTES = 64 << 20
 # images over and over). Only what a digest names is cached, never tags or referrer listings.
 CACHE_BYTES = 32 << 20
 CACHE_ITEM_BYTES = 4 << 20
+# The byte bound is the one that matters; this one only caps bookkeeping for tiny items.
+CACHE_ENTRIES = 65_536
+
+# (host, repository, digest) -> (content already checked against the digest, media type).
+_DigestCache: TypeAlias = BoundedCache[tuple[str, str, str], tuple[bytes, str]]
 
 
-class _DigestCache:
-    """A byte-bounded LRU of (host, repository, digest) -> content already checked against digest."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._size = 0
-        self._items: OrderedDict[tuple[str, str, str], tuple[bytes, str]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str]) -> tuple[bytes, str] | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: tuple[str, str, str], data: bytes, media_type: str = "") -> None:
-        if len(data) > CACHE_ITEM_BYTES:
-            return
-        with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = (data, media_type)
-            self._size += len(data)
-            while self._size > self._limit:
-                _, (old, _) = self._items.popitem(last=False)
-                self._size -= len(old)
+def _digest_cache() -> _DigestCache:
+    return BoundedCache(CACHE_ENTRIES, max_weight=CACHE_BYTES, weigh=lambda item: len(item[0]))
 
 
 def fallback_tag(digest: str) -> str:
@@ -116,6 +99,8 @@ def _reason(exc: BaseException) -> str:
         seen.add(id(e))
         if isinstance(e, ConnectionRefusedError):
             return "connection refused"
+        if isinstance(e, ConnectionResetError):
+            return "connection reset"
         if isinstance(e, socket.gaierror):
             return "unknown host"
         if isinstance(e, ssl.SSLError):
@@ -132,7 +117,11 @@ class PushResult:
 
 
 class RegistryClient:
-    """Talks to registries over HTTPS, or HTTP for loopback and ``insecure_hosts`` (as docker does)."""
+    """Talks to registries over HTTPS, or HTTP for loopback and ``insecure_hosts`` (as docker does).
+
+    ``timeout`` bounds each call as a whole (connect, token exchange, redirects, the last byte
+    of the body), not each socket read; ``deadline()`` bounds a sequence of calls.
+    """
 
     def __init__(
         self,
@@ -148,12 +137,31 @@ class RegistryClient:
         hosts = self.settings.insecure_registries if insecure_hosts is None else insecure_hosts
         self._insecure = frozenset(hosts)
         self._session = session or requests.Session()
+        adapter = DeadlineAdapter()
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
         self._runner = runner
         self._credentials: dict[str, Credentials | None] = {}
         # Authorization header per (host, repository), learnt from the last challenge.
         self._auth: dict[tuple[str, str], str] = {}
         self._referrers_api: dict[str, bool] = {}
-        self._cache = _DigestCache(CACHE_BYTES)
+        self._cache = _digest_cache()
+        self._bounds = threading.local()
+
+    @contextlib.contextmanager
+    def deadline(self, seconds: float, label: str = "deadline") -> Iterator[None]:
+        """Every call this thread makes inside ends by ``seconds`` from now (or its own
+        ``timeout``, if sooner); one that cannot raises ``DeadlineExceeded`` naming ``label``."""
+        outer: Bound | None = getattr(self._bounds, "bound", None)
+        bound = Bound(time.monotonic() + seconds, seconds, label)
+        self._bounds.bound = bound if outer is None or bound.at < outer.at else outer
+        try:
+            yield
+        finally:
+            self._bounds.bound = outer
+
+    def _op(self, host: str, what: str) -> Operation:
+        return operation(self.timeout, host=host, what=what, outer=getattr(self._bounds, "bound", None))
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -162,17 +170,35 @@ class RegistryClient:
 
     def _creds(self, host: str) -> Credentials | None:
         if host not in self._credentials:
-            self._credentials[host] = docker_credentials(host, self.settings.docker_config, self._runner)
+            # A credential helper is part of the call: it gets what is left of the deadline.
+            op = current_operation()
+            timeout = op.check() if op is not None else self.timeout
+            self._credentials[host] = docker_credentials(
+                host, self.settings.docker_config, self._runner, timeout=timeout
+            )
         return self._credentials[host]
 
     def _send(self, method: str, url: str, *, what: str, **kw: Any) -> requests.Response:
+        op = current_operation()
+        if op is None:
+            with self._op(urlsplit(url).netloc, what):
+                return self._send(method, url, what=what, **kw)
+        op.request = (method, urlsplit(url).netloc)
+        # What is left of the call's deadline, for the connect and for each read; the
+        # watchdog ends a transfer that keeps reads alive past it.
+        left = op.check()
         try:
-            return self._session.request(method, url, timeout=self.timeout, allow_redirects=True, **kw)
-        except requests.Timeout:
-            raise RegistryUnreachable(f"{what}: no answer within {self.timeout:g}s from {url}") from None
-        except requests.ConnectionError as exc:
-            raise RegistryUnreachable(f"{what}: cannot connect to {url} ({_reason(exc)})") from None
+            return self._session.request(method, url, timeout=(left, left), allow_redirects=True, **kw)
         except requests.RequestException as exc:
+            if op.expired():
+                raise op.exceeded() from None
+            if isinstance(exc, requests.Timeout):
+                raise RegistryUnreachable(f"{what}: no answer within {left:.3g}s from {url}") from None
+            if isinstance(exc, requests.ConnectionError):
+                reason = _reason(exc)
+                if reason in ("connection refused", "unknown host") or reason.startswith("TLS"):
+                    raise RegistryUnreachable(f"{what}: cannot connect to {url} ({reason})") from None
+                raise RegistryUnreachable(f"{what}: connection to {url} broke ({reason})") from None
             raise RegistryUnreachable(f"{what}: request to {url} failed ({type(exc).__name__})") from None
 
     def _authorize(self, challenge: Challenge, host: str, *, what: str) -> str | None:
@@ -265,8 +291,10 @@ class RegistryClient:
                 if total > limit:
                     raise RegistryProtocolError(f"{what}: more than the {limit}-byte limit")
                 chunks.append(chunk)
-        except requests.RequestException as exc:
-            raise RegistryUnreachable(f"{what}: transfer broke off ({type(exc).__name__})") from None
+        except requests.RequestException:
+            # Bytes already read may sit in urllib3's buffer: say what was promised, not a count.
+            promised = f" before the last of its {declared} bytes" if declared else ""
+            raise RegistryUnreachable(f"{what}: transfer broke off{promised}") from None
         finally:
             resp.close()
         return b"".join(chunks)
@@ -277,15 +305,23 @@ class RegistryClient:
         Any HTTP answer from ``/v2/`` counts, 401 included: the question is whether something
         is there before a long build, not whether we may push yet.
         """
-        self._send("GET", f"{self._base(ref.api_host)}/v2/", what="ping").close()
+        with self._op(ref.api_host, "ping"):
+            self._send("GET", f"{self._base(ref.api_host)}/v2/", what="ping").close()
 
     # -- manifests ----------------------------------------------------------------------
 
-    def get_manifest(self, ref: Reference, *, accept: Iterable[str] = MANIFEST_TYPES) -> Manifest:
+    def get_manifest(
+        self,
+        ref: Reference,
+        *,
+        accept: Iterable[str] = MANIFEST_TYPES,
+        max_bytes: int = MAX_MANIFEST_BYTES,
+    ) -> Manifest:
         """The manifest ``ref`` names, by digest when it has one (checked), else by tag.
 
         A tag is resolved by this one GET: the digest is computed from the bytes received, so
-        what is returned is exactly what the digest names.
+        what is returned is exactly what the digest names. ``max_bytes`` lowers the size limit
+        (signature manifests are small; junk listed next to them is not read whole).
         """
         target = ref.digest or ref.tag
         if target is None:
@@ -294,25 +330,37 @@ class RegistryClient:
         accepted = tuple(accept)
         cache_key = (ref.api_host, ref.repository, ref.digest or "")
         if ref.digest and (hit := self._cache.get(cache_key)) and hit[1] in accepted:
+            if len(hit[0]) > max_bytes:
+                raise RegistryProtocolError(f"{what}: {len(hit[0])} bytes is over the {max_bytes}-byte limit")
             return Manifest(hit[1], hit[0], ref.digest, what)
-        resp = self._request(
-            "GET", ref, f"manifests/{target}", what=what, headers={"Accept": ", ".join(accepted)}, stream=True
-        )
-        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        data = self._read(resp, MAX_MANIFEST_BYTES, what=what)
-        if media_type not in MANIFEST_TYPES:
-            try:
-                declared = json.loads(data).get("mediaType")
-            except (ValueError, AttributeError):
-                declared = None
-            if declared not in MANIFEST_TYPES:
-                raise RegistryProtocolError(f"{what}: not a manifest (Content-Type {media_type!r})")
-            media_type = declared
-        manifest = Manifest.from_bytes(data, media_type, source=what)
-        if ref.digest and manifest.digest != ref.digest:
-            raise RegistryProtocolError(f"{what}: registry sent content with digest {manifest.digest}")
-        self._cache.put((ref.api_host, ref.repository, manifest.digest), data, media_type)
+        with self._op(ref.api_host, what):
+            resp = self._request(
+                "GET",
+                ref,
+                f"manifests/{target}",
+                what=what,
+                headers={"Accept": ", ".join(accepted)},
+                stream=True,
+            )
+            media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+            data = self._read(resp, max_bytes, what=what)
+            if media_type not in MANIFEST_TYPES:
+                try:
+                    declared = json.loads(data).get("mediaType")
+                except (ValueError, AttributeError):
+                    declared = None
+                if declared not in MANIFEST_TYPES:
+                    raise RegistryProtocolError(f"{what}: not a manifest (Content-Type {media_type!r})")
+                media_type = declared
+            manifest = Manifest.from_bytes(data, media_type, source=what)
+            if ref.digest and manifest.digest != ref.digest:
+                raise RegistryProtocolError(f"{what}: registry sent content with digest {manifest.digest}")
+        self._remember((ref.api_host, ref.repository, manifest.digest), data, media_type)
         return manifest
+
+    def _remember(self, key: tuple[str, str, str], data: bytes, media_type: str = "") -> None:
+        if len(data) <= CACHE_ITEM_BYTES:
+            self._cache.put(key, (data, media_type))
 
     def resolve(self, ref: Reference) -> str:
         """Digest of the manifest ``ref`` names (one GET)."""
@@ -323,17 +371,18 @@ class RegistryClient:
         digest = sha256_digest(data)
         target = ref.tag if ref.tag and not ref.digest else digest
         what = f"push manifest {ref.name}:{target}"
-        resp = self._request(
-            "PUT",
-            ref,
-            f"manifests/{target}",
-            what=what,
-            ok=(200, 201, 202),
-            headers={"Content-Type": media_type},
-            data=data,
-        )
-        got = resp.headers.get("Docker-Content-Digest")
-        resp.close()
+        with self._op(ref.api_host, what):
+            resp = self._request(
+                "PUT",
+                ref,
+                f"manifests/{target}",
+                what=what,
+                ok=(200, 201, 202),
+                headers={"Content-Type": media_type},
+                data=data,
+            )
+            got = resp.headers.get("Docker-Content-Digest")
+            resp.close()
         if got and got != digest:
             raise RegistryProtocolError(f"{what}: registry stored digest {got}, expected {digest}")
         return PushResult(digest, subject_indexed=bool(resp.headers.get("OCI-Subject")))
@@ -348,16 +397,21 @@ class RegistryClient:
             if len(hit[0]) > max_bytes:
                 raise RegistryProtocolError(f"{what}: {len(hit[0])} bytes is over the {max_bytes}-byte limit")
             return hit[0]
-        resp = self._request("GET", ref, f"blobs/{digest}", what=what, stream=True)
-        data = self._read(resp, max_bytes, what=what)
-        if sha256_digest(data) != digest:
-            raise RegistryProtocolError(f"{what}: registry sent content with digest {sha256_digest(data)}")
-        self._cache.put(cache_key, data)
+        with self._op(ref.api_host, what):
+            resp = self._request("GET", ref, f"blobs/{digest}", what=what, stream=True)
+            data = self._read(resp, max_bytes, what=what)
+            if sha256_digest(data) != digest:
+                raise RegistryProtocolError(
+                    f"{what}: registry sent content with digest {sha256_digest(data)}"
+                )
+        self._remember(cache_key, data)
         return data
 
     def has_blob(self, ref: Reference, digest: str) -> bool:
+        what = f"blob {ref.name}@{digest}"
         try:
-            self._request("HEAD", ref, f"blobs/{check_digest(digest)}", what=f"blob {ref.name}@{digest}")
+            with self._op(ref.api_host, what):
+                self._request("HEAD", ref, f"blobs/{check_digest(digest)}", what=what)
         except RegistryNotFound:
             return False
         return True
@@ -365,27 +419,28 @@ class RegistryClient:
     def put_blob(self, ref: Reference, data: bytes) -> str:
         """Upload ``data`` (monolithic POST+PUT) unless the registry has it; returns its digest."""
         digest = sha256_digest(data)
-        if self.has_blob(ref, digest):
-            return digest
         what = f"upload blob {ref.name}@{digest}"
-        resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
-        location = resp.headers.get("Location")
-        resp.close()
-        if not location:
-            raise RegistryProtocolError(f"{what}: no upload Location")
-        url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
-        sep = "&" if "?" in url else "?"
-        resp = self._request(
-            "PUT",
-            ref,
-            f"{url}{sep}digest={digest}",
-            what=what,
-            ok=(201, 204),
-            headers={"Content-Type": "application/octet-stream"},
-            data=data,
-        )
-        resp.close()
-        return digest
+        with self._op(ref.api_host, what):
+            if self.has_blob(ref, digest):
+                return digest
+            resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
+            location = resp.headers.get("Location")
+            resp.close()
+            if not location:
+                raise RegistryProtocolError(f"{what}: no upload Location")
+            url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
+            sep = "&" if "?" in url else "?"
+            resp = self._request(
+                "PUT",
+                ref,
+                f"{url}{sep}digest={digest}",
+                what=what,
+                ok=(201, 204),
+                headers={"Content-Type": "application/octet-stream"},
+                data=data,
+            )
+            resp.close()
+            return digest
 
     # -- referrers ----------------------------------------------------------------------
 
@@ -394,16 +449,17 @@ class RegistryClient:
         digest = subject.digest
         if digest is None:
             raise RegistryProtocolError(f"referrers of {subject}: a digest is needed")
-        host = subject.api_host
-        entries: list[Descriptor] | None = None
-        if self._referrers_api.get(host, True):
-            entries = self._referrers_from_api(subject, digest, artifact_type)
-            self._referrers_api[host] = entries is not None
-        if entries is None:
-            entries = self._referrers_from_tag(subject, digest)
-        if artifact_type:
-            entries = [e for e in entries if e.artifact_type == artifact_type]
-        return entries
+        with self._op(subject.api_host, f"referrers of {subject.name}@{digest}"):
+            host = subject.api_host
+            entries: list[Descriptor] | None = None
+            if self._referrers_api.get(host, True):
+                entries = self._referrers_from_api(subject, digest, artifact_type)
+                self._referrers_api[host] = entries is not None
+            if entries is None:
+                entries = self._referrers_from_tag(subject, digest)
+            if artifact_type:
+                entries = [e for e in entries if e.artifact_type == artifact_type]
+            return entries
 
     def _referrers_from_api(
         self, subject: Reference, digest: str, artifact_type: str | None
@@ -442,18 +498,19 @@ class RegistryClient:
         digest = subject.digest
         if digest is None:
             raise RegistryProtocolError(f"push referrer of {subject}: a digest is needed")
-        manifest = Manifest.from_bytes(data, media_type, source=f"referrer of {subject.pinned()}")
-        pushed = self.put_manifest(dataclasses.replace(subject, tag=None, digest=None), data, media_type)
-        if pushed.subject_indexed:
+        with self._op(subject.api_host, f"push referrer of {subject.name}@{digest}"):
+            manifest = Manifest.from_bytes(data, media_type, source=f"referrer of {subject.pinned()}")
+            pushed = self.put_manifest(dataclasses.replace(subject, tag=None, digest=None), data, media_type)
+            if pushed.subject_indexed:
+                return pushed.digest
+            tag_ref = subject.with_tag(fallback_tag(digest))
+            try:
+                current = self.get_manifest(tag_ref, accept=(OCI_INDEX,))
+                entries = [d.to_json() for d in current.manifests if d.digest != pushed.digest]
+                doc: dict[str, Any] = dict(current.doc)
+            except RegistryNotFound:
+                entries, doc = [], {"schemaVersion": 2, "mediaType": OCI_INDEX}
+            entries.append(manifest.descriptor().to_json())
+            doc["manifests"] = entries
+            self.put_manifest(tag_ref, encode_json(doc), OCI_INDEX)
             return pushed.digest
-        tag_ref = subject.with_tag(fallback_tag(digest))
-        try:
-            current = self.get_manifest(tag_ref, accept=(OCI_INDEX,))
-            entries = [d.to_json() for d in current.manifests if d.digest != pushed.digest]
-            doc: dict[str, Any] = dict(current.doc)
-        except RegistryNotFound:
-            entries, doc = [], {"schemaVersion": 2, "mediaType": OCI_INDEX}
-        entries.append(manifest.descriptor().to_json())
-        doc["manifests"] = entries
-        self.put_manifest(tag_ref, encode_json(doc), OCI_INDEX)
-        return pushed.digest

@@ -71,22 +71,6 @@ def read_manifest(root: Path) -> Manifest:
         text = path.read_text()
     except OSError as exc:
         raise BadInput(f"{path}: cannot read cache manifest: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path}: not a cache manifest (byte {exc.start} is not UTF-8)") from None
     return Manifest.from_json(text, source=str(path))
-
-
-def manifest_digest(root: Path) -> str:
-    return "sha256:" + _sha256(root / MANIFEST)
-
-
-def verify(root: Path, manifest: Manifest, *, deep: bool = True) -> list[str]:
-    """Problems found (empty when intact). ``deep`` hashes every file; otherwise sizes only."""
-    problems = []
-    for f in manifest.files:
-        p = root / f.path
-        if not p.is_file():
-            problems.append(f"{f.path}: missing")
-        elif p.stat().st_size != f.size:
-            problems.append(f"{f.path}: size {p.stat().st_size} != {f.size}")
-        elif deep and _sha256(p) != f.sha256:
-            problems.append(f"{f.path}: sha256 differs")
-    return problems

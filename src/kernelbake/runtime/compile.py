@@ -13,13 +13,13 @@ from pathlib import Path
 from kernelbake.contract.compat import check
 from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.runtime import env as runtime_env
 from kernelbake.runtime.bundle import write_manifest
-from kernelbake.runtime.engines import EngineRuntime, get_engine
+from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.facts import builder_entry, found_key, probe
 
 
 def _prepare_root(root: Path, engine: EngineRuntime) -> None:
@@ -31,8 +31,21 @@ def _prepare_root(root: Path, engine: EngineRuntime) -> None:
             f"cache root {root} already holds {len(leftovers)} files (e.g. {leftovers[0]}); "
             "refusing to bake caches that this compile did not produce"
         )
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+
+
+def _builder_entry(platform: Platform, host: str) -> dict[str, str]:
+    """The compile report's ``builder`` entry, which the attestation copies."""
+    entry = {
+        "device": platform.device,
+        "driver": platform.driver,
+        "arch": platform.arch,
+        "cuda": platform.software.cuda,
+    }
+    if host:
+        entry["host"] = host
+    return entry
 
 
 def _chown(root: Path, owner: tuple[int, int]) -> None:
@@ -51,8 +64,8 @@ def run_compile(
 ) -> Manifest:
     target = TargetConfig.load(env.target_file)
     engine = engine or get_engine(target.key.engine)
-    facts = probe(engine)
-    match = check(target.key, found_key(target.key, facts))
+    platform = measure(engine)
+    match = check(target.key, platform)
     if not match.usable:
         reasons = "; ".join(str(r) for r in match.blocking)
         raise KeyMismatch(
@@ -61,16 +74,18 @@ def run_compile(
         )
     root = cache_root or Path(target.cache_root)
     _prepare_root(root, engine)
-    variables = {**dict(target.serve.env), **engine.cache_env(root)}
+    variables = {**dict(target.serve.env), **engine.declaration.cache_env(root)}
     runtime_env.apply(variables)
     result = engine.compile(target, root)
     effective = {**env.environ, **variables}
     hashed = {n: effective.get(n, UNSET) for n in engine.hashed_env_names()}
     hashed.update(result.hashed_env)
-    report = {**result.report, "builder": builder_entry(facts, env.builder)}
-    manifest = write_manifest(root, target.key, engine.cache_kinds, hashed_env=hashed, report=report)
+    report = {**result.report, "builder": _builder_entry(platform, env.builder)}
+    manifest = write_manifest(
+        root, target.key, engine.declaration.cache_kinds, hashed_env=hashed, report=report
+    )
     if not manifest.files:
-        raise BuildFailed(f"{engine.engine.value} compile left no cache files under {root}")
+        raise BuildFailed(f"{engine.declaration.engine.value} compile left no cache files under {root}")
     if owner is not None:
         _chown(root, owner)
     totals = ", ".join(f"{k}: {t['files']} files, {t['bytes']} B" for k, t in manifest.totals().items())

@@ -26,10 +26,25 @@ class CacheMode(enum.Enum):
 
 
 class VerifyMode(enum.Enum):
-    # Sizes only: the layers were digest-checked at pull, so this catches what was mounted over.
-    SIZE = "size"
-    # Hash every file against the manifest.
-    DEEP = "deep"
+    # Hash every file against the manifest (the default): a flipped byte in a compiled kernel
+    # is caught before the engine can load it.
+    SHA256 = "sha256"
+    # Sizes only. Layer digests are checked at pull, but not what is mounted over the cache
+    # root or changed on a writable volume afterwards: a same-size edit passes, and the
+    # engine then loads it.
+    UNSAFE_SIZE_ONLY = "unsafe-size-only"
+
+
+# Earlier names: "deep" asked for what is now the default; "size" must be renamed, so that
+# the permissive mode is never chosen by a name that does not say it is unsafe.
+_VERIFY_ALIASES = {"deep": VerifyMode.SHA256.value}
+_VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
+
+# Set by ``serve`` for an engine it starts while the caches are still being hashed: the
+# verdict file the engine waits for before it opens any cache (``runtime.gate``), and the
+# pid of the ``serve`` that will write it.
+GATE_ENV = "KERNELBAKE_CACHE_GATE"
+GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
 
 
 def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
@@ -40,11 +55,18 @@ def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
         raise BadInput(f"${name}={raw!r}: expected one of {choices}") from None
 
 
+def _pid(raw: str | None) -> int | None:
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        raise BadInput(f"${GATE_OWNER_ENV}={raw!r}: expected a process id") from None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RuntimeEnv:
     target_file: Path = Path(TARGET_FILE)
     cache: CacheMode = CacheMode.ON
-    verify: VerifyMode = VerifyMode.SIZE
+    verify: VerifyMode = VerifyMode.SHA256
     # A writable directory for cold-start caches and, failing a writable cache root, a copy.
     scratch: Path = Path("/tmp")
     # Free-form identity of the build host (e.g. set by the builder's CDI spec); recorded in
@@ -54,6 +76,8 @@ class RuntimeEnv:
     # the device name a CPU build reports. Unsafe: it overrides a measurement.
     unsafe_test_device: str | None = None
     hf_token: str | None = None
+    gate: Path | None = None
+    gate_owner: int | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -63,7 +87,14 @@ class RuntimeEnv:
         if token is None and HF_TOKEN_SECRET.is_file():
             token = HF_TOKEN_SECRET.read_text().strip() or None
         cache = _enum_value(CacheMode, "KERNELBAKE_CACHE", env.get("KERNELBAKE_CACHE", "on"))
-        verify = _enum_value(VerifyMode, "KERNELBAKE_VERIFY", env.get("KERNELBAKE_VERIFY", "size"))
+        raw_verify = env.get("KERNELBAKE_VERIFY", VerifyMode.SHA256.value)
+        if raw_verify.lower() in _VERIFY_RENAMED:
+            raise BadInput(
+                f"$KERNELBAKE_VERIFY={raw_verify!r} is no longer a mode: the size-only check is now "
+                f"{_VERIFY_RENAMED[raw_verify.lower()]!r}; leave it unset to verify every file's sha256"
+            )
+        raw_verify = _VERIFY_ALIASES.get(raw_verify.lower(), raw_verify)
+        verify = _enum_value(VerifyMode, "KERNELBAKE_VERIFY", raw_verify)
         assert isinstance(cache, CacheMode) and isinstance(verify, VerifyMode)
         return cls(
             target_file=Path(env.get("KERNELBAKE_TARGET", TARGET_FILE)),
@@ -73,6 +104,8 @@ class RuntimeEnv:
             builder=env.get("KERNELBAKE_BUILDER", ""),
             unsafe_test_device=env.get("KERNELBAKE_UNSAFE_TEST_DEVICE") or None,
             hf_token=token,
+            gate=Path(env[GATE_ENV]) if env.get(GATE_ENV) else None,
+            gate_owner=_pid(env.get(GATE_OWNER_ENV)),
             environ=env,
         )
 

@@ -28,12 +28,13 @@ from typing import Any
 from kernelbake.contract.compat import Match, check
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
-from kernelbake.runtime.bundle import read_manifest, verify
-from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
+from kernelbake.runtime.bundle import read_manifest
+from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
-from kernelbake.runtime.facts import found_key, probe
+from kernelbake.runtime.integrity import Check, verify
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -48,7 +49,7 @@ _MAX_LISTED = 5
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
     target: TargetConfig
-    facts: Facts
+    platform: Platform
     match: Match
     # Why the baked caches are not used (empty when starting warm).
     problems: tuple[str, ...]
@@ -57,28 +58,41 @@ class Verdict:
     manifest_files: int
     cache_root: Path
     env: dict[str, str]
+    verify: VerifyMode = VerifyMode.SHA256
+    # Hashing still under way (``preflight(wait=False)``): the caches may be used only behind
+    # the cache gate, once ``settle`` says so.
+    pending: Check | None = dataclasses.field(default=None, compare=False)
+    # How the files were checked, once they were ("3 files, sha256 of every file checked in 0.01 s").
+    integrity: str = ""
 
     @property
     def warm(self) -> bool:
-        return not self.problems
+        return not self.problems and self.pending is None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": "warm" if self.warm else "cold",
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,
-            "found": dataclasses.asdict(self.facts),
+            "found": self.platform.fields(),
             "match": self.match.summary(),
             "problems": list(self.problems),
             "notes": list(self.notes),
             "manifest_files": self.manifest_files,
+            "verify": self.verify.value,
+            "integrity": self.integrity,
             "cache_root": str(self.cache_root),
         }
 
     def lines(self) -> list[str]:
-        if self.warm:
+        if self.pending is not None:
             head = [
-                f"baked caches valid ({self.match.summary()}): {self.manifest_files} files, "
+                f"baked caches match ({self.match.summary()}): verifying the sha256 of {self.manifest_files} "
+                "files while the engine starts; it waits before opening any cache"
+            ]
+        elif self.warm:
+            head = [
+                f"baked caches valid ({self.match.summary()}): {self.integrity}, "
                 f"engine caches at {self.cache_root}"
             ]
         else:
@@ -101,21 +115,30 @@ def _usable(paths: Sequence[Path]) -> bool:
     return True
 
 
-def _integrity(root: Path, target: TargetConfig, mode: VerifyMode) -> tuple[Manifest | None, list[str]]:
+def _integrity(
+    root: Path, target: TargetConfig, mode: VerifyMode
+) -> tuple[Manifest | None, list[str], Check | None]:
     try:
         manifest = read_manifest(root)
     except BadInput as exc:
-        return None, [str(exc)]
+        return None, [str(exc)], None
     if manifest.key != target.key:
-        return manifest, [
-            f"the cache manifest was built for key {manifest.key.digest}, "
-            f"target.json says {target.key.digest}"
-        ]
-    bad = verify(root, manifest, deep=mode is VerifyMode.DEEP)
+        return (
+            manifest,
+            [
+                f"the cache manifest was built for key {manifest.key.digest}, "
+                f"target.json says {target.key.digest}"
+            ],
+            None,
+        )
+    return manifest, [], Check(root, manifest, hash_files=mode is VerifyMode.SHA256)
+
+
+def _integrity_problems(bad: Sequence[str]) -> list[str]:
     problems = [f"cache integrity: {p}" for p in bad[:_MAX_LISTED]]
     if len(bad) > _MAX_LISTED:
         problems.append(f"cache integrity: {len(bad) - _MAX_LISTED} more files differ")
-    return manifest, problems
+    return problems
 
 
 def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> list[str]:
@@ -148,30 +171,66 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
 
 
+def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
+    return {**env.environ, **dict(target.serve.env), **engine.declaration.cache_env(root)}
+
+
+def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:
+    root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
+    for kind in engine.declaration.cache_kinds:
+        kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def preflight(
-    env: RuntimeEnv, user_args: Sequence[str] = (), *, engine: EngineRuntime | None = None
+    env: RuntimeEnv,
+    user_args: Sequence[str] = (),
+    *,
+    engine: EngineRuntime | None = None,
+    wait: bool = True,
 ) -> Verdict:
+    """The verdict for this machine. With ``wait=False`` the sha256 check may still be
+    running when this returns (``Verdict.pending``): only ``serve`` asks for that, and it
+    lets the engine reach the baked caches only through the cache gate."""
     target = TargetConfig.load(env.target_file)
-    engine = engine or get_engine(target.key.engine)
-    facts = probe(engine)
-    match = check(target.key, found_key(target.key, facts))
     baked = Path(target.cache_root)
+    # Hashing starts before the probe: the probe imports the engine's libraries (torch
+    # takes seconds), and the hashing threads run meanwhile.
+    manifest, integrity, pending = _integrity(baked, target, env.verify)
+    engine = engine or get_engine(target.key.engine)
+    platform = measure(engine)
+    match = check(target.key, platform)
     problems = [str(r) for r in match.blocking]
     if env.cache is CacheMode.OFF:
         problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
-    manifest, integrity = _integrity(baked, target, env.verify)
     problems += integrity
     pinned = dict(target.serve.env)
-    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
+    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
     if shape := engine.shape_args(target, user_args):
         notes.append(
             f"serve arguments change what was compiled ({'; '.join(shape)}): "
             "those graphs compile at startup instead of loading from the baked caches"
         )
-    kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
+    if env.verify is VerifyMode.UNSAFE_SIZE_ONLY:
+        notes.append(
+            "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
+            "changed without changing its size is loaded and run by the engine"
+        )
+    kinds = [kind_dir(baked, k) for k in engine.declaration.cache_kinds]
+    in_place = not problems and _usable([baked, *kinds])
+    summary = ""
+    if pending is not None:
+        if problems:
+            pending.cancel()
+            pending = None
+        elif wait or not in_place or pending.done():
+            # A copy must be made of verified files, so the read-only case waits too.
+            problems += _integrity_problems(pending.result())
+            summary = pending.summary()
+            pending = None
     if problems:
-        root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
-    elif _usable([baked, *kinds]):
+        root = _cold_root(env, baked, engine)
+    elif in_place:
         root = baked
     else:
         root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
@@ -180,17 +239,40 @@ def preflight(
             f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
             f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
         )
-    for kind in engine.cache_kinds:
+    for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     return Verdict(
         target=target,
-        facts=facts,
+        platform=platform,
         match=match,
         problems=tuple(problems),
         notes=tuple(notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
-        env={**env.environ, **pinned, **engine.cache_env(root)},
+        env=_engine_env(env, target, engine, root),
+        verify=env.verify,
+        pending=pending,
+        integrity=summary,
+    )
+
+
+def settle(verdict: Verdict, env: RuntimeEnv, engine: EngineRuntime) -> Verdict:
+    """Wait for the sha256 check of a ``preflight(wait=False)`` verdict: the same verdict,
+    warm, or a cold one in a fresh directory naming each file that differs."""
+    if verdict.pending is None:
+        return verdict
+    bad = verdict.pending.result()
+    summary = verdict.pending.summary()
+    if not bad:
+        return dataclasses.replace(verdict, pending=None, integrity=summary)
+    root = _cold_root(env, verdict.cache_root, engine)
+    return dataclasses.replace(
+        verdict,
+        pending=None,
+        integrity=summary,
+        problems=tuple(_integrity_problems(bad)),
+        cache_root=root,
+        env=_engine_env(env, verdict.target, engine, root),
     )
 
 
@@ -200,7 +282,7 @@ def seed(root: Path, dest: Path) -> int:
     manifest = read_manifest(root)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(root, dest, dirs_exist_ok=True)
-    problems = verify(dest, manifest, deep=False)
+    problems = verify(dest, manifest)
     if problems:
-        raise BadInput(f"seed-cache: copy into {dest} is incomplete: {problems[0]}")
+        raise BadInput(f"seed-cache: the copy in {dest} differs from the manifest: {problems[0]}")
     return len(manifest.files)

@@ -9,13 +9,10 @@ import sys
 from pathlib import Path
 
 from kernelbake.contract.key import NONE
+from kernelbake.contract.platform import arch_for
 
 _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
 _KERNEL_MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
-# Architecture-specific ("a") targets are what Hopper and Blackwell kernels are built for
-# (wgmma, TMA); their cubins run on no other capability, so an unknown chip of these
-# capabilities still gets the suffix.
-_ARCH_SPECIFIC = {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
 
 
 def python_version() -> str:
@@ -61,17 +58,6 @@ def nvidia_driver() -> str:
         return NONE
 
 
-def gpu_arch(device_name: str, capability: tuple[int, int]) -> str:
-    """The catalogue's arch for a known device (``sm_90a`` for Hopper), else ``sm_XY[a]``."""
-    from kernelbake.catalogue import load_catalogue
-
-    gpu = load_catalogue().gpu_by_device_name(device_name)
-    if gpu is not None:
-        return gpu.arch
-    suffix = "a" if capability in _ARCH_SPECIFIC else ""
-    return f"sm_{capability[0]}{capability[1]}{suffix}"
-
-
 def cuda_device() -> tuple[str, str, str]:
     """(device name, arch, torch's CUDA version) of GPU 0, or ``none``s without one."""
     import torch
@@ -81,4 +67,4 @@ def cuda_device() -> tuple[str, str, str]:
         return NONE, NONE, cuda
     major, minor = torch.cuda.get_device_capability(0)
     name = torch.cuda.get_device_name(0)
-    return name, gpu_arch(name, (int(major), int(minor))), cuda
+    return name, arch_for((int(major), int(minor))), cuda

@@ -1,17 +1,49 @@
-"""Find every signature artifact attached to a digest, in both formats."""
+"""Find the signature artifacts attached to a digest, in both formats, within bounds.
+
+Anyone who may push to a repository can attach referrers to its images, and other tools attach
+their own (SBOMs, scan reports). None of that may deny a correctly signed image or make
+verification slow. As cosign does, verification tries every candidate and one that satisfies the
+policy is enough (``verify``); here, finding them:
+
+* what cannot be a signature is passed over from the listing alone, with nothing fetched: another
+  ``artifactType``, not an OCI manifest, a declared size over the limit, a malformed digest;
+* bundles annotated with a predicate type the caller looks for are tried first, then the rest,
+  each group newest (last listed) first; at most ``MAX_BUNDLES`` referrers and ``MAX_LEGACY_LAYERS`` layers
+  of each legacy tag are fetched, each read with a size limit (never downloaded whole);
+* a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
+  skipped with a note, not an error.
+
+Registry trouble (unreachable, 5xx, refused) is not junk and propagates: "could not ask" must not
+read as "asked and found nothing".
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
-from kernelbake.oci import Reference, RegistryClient, RegistryNotFound
+from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, RegistryProtocolError
 from kernelbake.oci import types as mt
+from kernelbake.oci.reference import is_digest
 from kernelbake.signing import formats
 
-MAX_REFERRERS = 64
-MAX_ARTIFACT_BYTES = 4 << 20
+# Bounds, so that junk costs little. kernelbake writes two bundle referrers per signing (signature
+# and attestation) and, with --legacy, one layer in each of .sig and .att: 32 referrers and 16
+# layers per tag hold many re-signings (several keys, a key rotation) of one digest. The worst junk
+# can cause is then 32 * (referrer manifest + bundle) + 2 * (legacy manifest + 16 layers) reads of
+# at most these sizes, about 20 MiB, all under the client's deadlines.
+MAX_BUNDLES = 32
+MAX_LEGACY_LAYERS = 16
+# Bundles measured in tests/signing: key-based 0.7-2.6 KiB, keyless (certificate chain and
+# transparency-log proof) 4.7-6.7 KiB; a legacy layer (payload or DSSE envelope) under 3 KiB.
+# 256 KiB is ample headroom.
+MAX_ARTIFACT_BYTES = 256 << 10
+# A bundle referrer manifest is about 0.8 KiB: it lists one layer.
+MAX_REFERRER_MANIFEST_BYTES = 64 << 10
+# A .sig/.att manifest grows by one layer descriptor per signature: ~0.5 KiB key-based, ~5 KiB
+# keyless (certificate annotations).
+MAX_LEGACY_MANIFEST_BYTES = 256 << 10
 
 
 class Kind(enum.Enum):
@@ -23,50 +55,208 @@ class Kind(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Artifact:
     kind: Kind
-    origin: str  # where it was found, for messages
+    origin: str  # where it was found, in full, for messages
     data: bytes
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    name: str = ""  # short, beside the image's name: "bundle sha256:1a2b3c4d5e6f", ".sig layer 0"
 
 
-def _bundles(client: RegistryClient, ref: Reference) -> list[Artifact]:
-    out = []
-    for desc in client.referrers(ref)[:MAX_REFERRERS]:
-        if desc.media_type != mt.OCI_MANIFEST:
-            continue
-        try:
-            manifest = client.get_manifest(ref.with_digest(desc.digest), accept=(mt.OCI_MANIFEST,))
-        except RegistryNotFound:
-            continue  # a stale entry in the fallback index
-        if manifest.artifact_type not in formats.BUNDLE_MEDIA_TYPES:
-            continue
-        for layer in manifest.layers:
-            if layer.media_type in formats.BUNDLE_MEDIA_TYPES:
-                data = client.get_blob(ref, layer.digest, max_bytes=MAX_ARTIFACT_BYTES)
-                out.append(Artifact(Kind.BUNDLE, f"{ref.name}@{desc.digest} (bundle)", data))
-    return out
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """Something attached to the digest that was not used, and why; ``count`` alike ones."""
+
+    origin: str  # short (``Artifact.name``): messages name the image already
+    reason: str
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    artifacts: tuple[Artifact, ...]
+    skipped: tuple[Skipped, ...]
+
+
+def _shown(text: str | None) -> str:
+    """Attacker-chosen text, quoted and cut short, for one-line messages."""
+    return repr(text if text is None or len(text) <= 60 else text[:57] + "...")
+
+
+class _Tally:
+    """Skips by category: the listing may hold thousands of entries; messages stay short."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, Skipped] = {}
+        self._items: list[Skipped] = []
+
+    def group(self, category: str, origin: str, reason: str) -> None:
+        first = self._groups.get(category)
+        if first is None:
+            self._groups[category] = Skipped(origin, reason)
+        else:
+            self._groups[category] = dataclasses.replace(first, count=first.count + 1)
+
+    def item(self, origin: str, reason: str) -> None:
+        self._items.append(Skipped(origin, reason))
+
+    def result(self) -> tuple[Skipped, ...]:
+        return (*self._items, *self._groups.values())
+
+
+# The artifactType a listing gives a bundle referrer: its own, or (cosign 3 writes the fallback
+# index this way, from the manifest's config) the empty config's media type, or none at all.
+_MAYBE_BUNDLE = (*formats.BUNDLE_MEDIA_TYPES, mt.OCI_EMPTY, None)
+
+
+def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
+    """(category, reason) when the listing alone shows ``desc`` is no bundle we would read."""
+    if desc.media_type != mt.OCI_MANIFEST:
+        return "media-type", f"not an OCI image manifest (mediaType {_shown(desc.media_type)})"
+    if desc.artifact_type not in _MAYBE_BUNDLE:
+        return "artifact-type", f"not a Sigstore bundle (artifactType {_shown(desc.artifact_type)})"
+    if not is_digest(desc.digest):
+        return "digest", f"malformed digest {_shown(desc.digest)}"
+    if desc.size > MAX_REFERRER_MANIFEST_BYTES:
+        return "size", f"manifest of {desc.size} bytes is over the {MAX_REFERRER_MANIFEST_BYTES}-byte limit"
+    return None
+
+
+def _ranked(entries: Sequence[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
+    # The annotation is a hint (anyone can copy it), so it only orders; verification decides.
+    # kernelbake and cosign append to the fallback index and to .sig/.att: the newest entries,
+    # made with the current key after a rotation, come last, so they are tried first.
+    def rank(d: Descriptor) -> tuple[bool, bool]:
+        return (
+            d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer,
+            d.artifact_type not in formats.BUNDLE_MEDIA_TYPES,
+        )
+
+    return sorted(reversed(entries), key=rank)
+
+
+def _read_blob(
+    client: RegistryClient, ref: Reference, layer: Descriptor, name: str, tally: _Tally
+) -> bytes | None:
+    if not is_digest(layer.digest):
+        tally.item(name, f"malformed layer digest {_shown(layer.digest)}")
+        return None
+    if layer.size > MAX_ARTIFACT_BYTES:
+        tally.item(name, f"{layer.size} bytes is over the {MAX_ARTIFACT_BYTES}-byte limit")
+        return None
+    try:
+        return client.get_blob(ref, layer.digest, max_bytes=MAX_ARTIFACT_BYTES)
+    except RegistryNotFound:
+        tally.item(name, "listed, but its blob is gone")
+    except RegistryProtocolError as exc:
+        # The message names the blob (repository@digest) first; the name above says enough.
+        tally.item(name, f"blob unreadable: {str(exc).partition(': ')[2] or exc}")
+    return None
+
+
+def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Tally) -> Artifact | None:
+    origin, name = f"{ref.name}@{desc.digest} (bundle)", f"bundle {desc.digest[:19]}"
+    try:
+        manifest = client.get_manifest(
+            ref.with_digest(desc.digest), accept=(mt.OCI_MANIFEST,), max_bytes=MAX_REFERRER_MANIFEST_BYTES
+        )
+        layers = manifest.layers
+        artifact_type = manifest.artifact_type
+    except RegistryNotFound:
+        tally.item(name, "listed, but the manifest is gone")
+        return None
+    except RegistryProtocolError as exc:
+        tally.item(name, f"unreadable ({exc})")
+        return None
+    if artifact_type not in formats.BUNDLE_MEDIA_TYPES:
+        tally.item(name, f"not a Sigstore bundle (artifactType {_shown(artifact_type)})")
+        return None
+    bundles = [layer for layer in layers if layer.media_type in formats.BUNDLE_MEDIA_TYPES]
+    if len(bundles) != 1:
+        tally.item(name, f"holds {len(bundles)} bundle layers, not one")
+        return None
+    data = _read_blob(client, ref, bundles[0], name, tally)
+    return None if data is None else Artifact(Kind.BUNDLE, origin, data, name=name)
+
+
+def _bundles(
+    client: RegistryClient, ref: Reference, prefer: Collection[str], tally: _Tally
+) -> list[Artifact]:
+    candidates = []
+    for desc in client.referrers(ref):
+        problem = _listing_problem(desc)
+        if problem is None:
+            candidates.append(desc)
+        else:
+            tally.group(problem[0], f"referrer {desc.digest[:19]}", problem[1])
+    ranked = _ranked(candidates, prefer)
+    for desc in ranked[MAX_BUNDLES:]:
+        tally.group(
+            "bound",
+            f"bundle {desc.digest[:19]}",
+            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred, then newest, first)",
+        )
+    found = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
+    return [a for a in found if a is not None]
 
 
 def _legacy(
-    client: RegistryClient, ref: Reference, suffix: str, kind: Kind, media_type: str
+    client: RegistryClient, ref: Reference, suffix: str, kind: Kind, media_type: str, tally: _Tally
 ) -> list[Artifact]:
     assert ref.digest is not None
     tag = formats.legacy_tag(ref.digest, suffix)
     try:
-        manifest = client.get_manifest(ref.with_tag(tag), accept=mt.IMAGE_MANIFESTS)
+        manifest = client.get_manifest(
+            ref.with_tag(tag), accept=mt.IMAGE_MANIFESTS, max_bytes=MAX_LEGACY_MANIFEST_BYTES
+        )
+        layers = manifest.layers
     except RegistryNotFound:
         return []
-    out = []
-    for i, layer in enumerate(manifest.layers[:MAX_REFERRERS]):
-        if layer.media_type == media_type:
-            data = client.get_blob(ref, layer.digest, max_bytes=MAX_ARTIFACT_BYTES)
-            out.append(Artifact(kind, f"{ref.name}:{tag} layer {i}", data, layer.annotations))
+    except RegistryProtocolError as exc:
+        tally.item(f"{suffix} tag", f"unreadable ({exc})")
+        return []
+    out, examined = [], 0
+    for i, layer in reversed(list(enumerate(layers))):  # newest first, as in _ranked
+        origin, name = f"{ref.name}:{tag} layer {i}", f"{suffix} layer {i}"
+        if layer.media_type != media_type:
+            reason = f"not a signature layer (mediaType {_shown(layer.media_type)})"
+            tally.group(f"{tag} media-type", name, reason)
+            continue
+        if examined >= MAX_LEGACY_LAYERS:
+            reason = f"not examined: only the newest {MAX_LEGACY_LAYERS} layers are"
+            tally.group(f"{tag} bound", name, reason)
+            continue
+        examined += 1
+        if (data := _read_blob(client, ref, layer, name, tally)) is not None:
+            out.append(Artifact(kind, origin, data, layer.annotations, name=name))
     return out
 
 
-def find_artifacts(client: RegistryClient, ref: Reference) -> list[Artifact]:
-    """Bundles (referrers API or fallback tag) and legacy ``.sig``/``.att`` layers of ``ref.digest``."""
-    return [
-        *_bundles(client, ref),
-        *_legacy(client, ref, formats.SIG_SUFFIX, Kind.LEGACY_SIGNATURE, formats.SIMPLE_SIGNING),
-        *_legacy(client, ref, formats.ATT_SUFFIX, Kind.LEGACY_ATTESTATION, formats.DSSE_ENVELOPE),
+def find_artifacts(client: RegistryClient, ref: Reference, *, prefer: Collection[str] = ()) -> Found:
+    """Bundles (referrers API or fallback tag) and legacy ``.sig``/``.att`` layers of ``ref.digest``,
+    and what was passed over; bundles whose predicate-type annotation is in ``prefer`` come first."""
+    tally = _Tally()
+    artifacts = [
+        *_bundles(client, ref, prefer, tally),
+        *_legacy(client, ref, formats.SIG_SUFFIX, Kind.LEGACY_SIGNATURE, formats.SIMPLE_SIGNING, tally),
+        *_legacy(client, ref, formats.ATT_SUFFIX, Kind.LEGACY_ATTESTATION, formats.DSSE_ENVELOPE, tally),
     ]
+    return Found(tuple(artifacts), tally.result())
+
+
+def describe_skipped(skipped: Sequence[Skipped], *, what: str = "attached", shown: int = 3) -> str:
+    """``skipped N attached artifacts: origin: reason; 64 times: reason (first origin); and M more``:
+    alike reasons merged, the first ``shown`` of them, then a count, so that junk cannot make a
+    message long."""
+    merged: dict[str, Skipped] = {}
+    for s in skipped:
+        first = merged.get(s.reason)
+        merged[s.reason] = s if first is None else dataclasses.replace(first, count=first.count + s.count)
+    groups = list(merged.values())
+    parts = [
+        f"{s.origin}: {s.reason}" if s.count == 1 else f"{s.count} times: {s.reason} (first {s.origin})"
+        for s in groups[:shown]
+    ]
+    rest = sum(s.count for s in groups[shown:])
+    if rest:
+        parts.append(f"and {rest} more")
+    total = sum(s.count for s in groups)
+    return f"skipped {total} {what} artifact{'s' * (total != 1)}: {'; '.join(parts)}"

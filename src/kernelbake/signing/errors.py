@@ -1,15 +1,18 @@
 """Why signing or verification failed. One class per cause, each with its own exit code, and a
 one-line message naming the image (``repo@digest``) and what to do.
 
-Verification codes are 10-29, signing codes 30-39. ``RegistryUnavailable`` and its subclasses
-mean "could not ask", not "asked and it was bad": admission may choose to fail open on those
-only. A registry that answers with content that does not match its digest is *not* unavailable
-(``RegistryMisbehaved``): that is an integrity failure.
+Verification codes are 10-29, signing codes 30-39. The registry-trouble classes
+(``RegistryServerFailure``, ``RegistryTimeout``, ``RegistryAccessDenied``) are also
+``kernelbake.oci.RegistryUnavailable``: "could not ask", not "asked and it was bad"; admission may
+choose to fail open on those only. ``ImageNotFound`` is also ``kernelbake.oci.RegistryNotFound``:
+the registry answered. A registry that answers with content that does not match its digest is
+*not* unavailable (``RegistryMisbehaved``): that is an integrity failure.
 """
 
 from __future__ import annotations
 
 from kernelbake.errors import BadInput, KernelbakeError
+from kernelbake.oci.errors import RegistryNotFound, RegistryUnavailable
 
 
 def _one_line(text: str) -> str:
@@ -80,31 +83,25 @@ class CacheManifestMismatch(VerificationFailed):
     return_code = 19
 
 
-class RegistryUnavailable(VerificationFailed):
-    """The registry could not be asked (base of the registry-trouble classes)."""
-
-    return_code = 20
-
-
-class ImageNotFound(RegistryUnavailable):
+class ImageNotFound(VerificationFailed, RegistryNotFound):
     """The registry answered 404 for the image."""
 
     return_code = 21
 
 
-class RegistryServerFailure(RegistryUnavailable):
+class RegistryServerFailure(VerificationFailed, RegistryUnavailable):
     """The registry answered 5xx."""
 
     return_code = 22
 
 
-class RegistryTimeout(RegistryUnavailable):
+class RegistryTimeout(VerificationFailed, RegistryUnavailable):
     """No answer from the registry: timeout or connection refused."""
 
     return_code = 23
 
 
-class RegistryAccessDenied(RegistryUnavailable):
+class RegistryAccessDenied(VerificationFailed, RegistryUnavailable):
     """The registry refused our credentials (401/403)."""
 
     return_code = 24

@@ -13,7 +13,7 @@ verify:
 
 The policy checks its own invariants when built: trusting nobody is an error (fail closed), an
 identity needs exactly one of ``issuer``/``issuer_regex`` and of ``subject``/``subject_regex``,
-and regexes must match the whole value.
+and regexes must match the whole value. Messages name ``file:line: field`` (``kernelbake.validate``).
 """
 
 from __future__ import annotations
@@ -25,20 +25,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kernelbake._suggest import did_you_mean
 from kernelbake.errors import BadInput
+from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
+from kernelbake.textfile import read_text
+from kernelbake.validate import Source, load_yaml
 
-PUBLIC_GOOD = "sigstore-public-good"
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
 _FIELDS = ("identities", "keys", "trusted_root", "require_attestation")
 _IDENTITY_FIELDS = ("issuer", "issuer_regex", "subject", "subject_regex")
 
 
 class PolicyError(BadInput):
-    """A policy that does not load; names source:field."""
+    """A policy that does not load; names file:line: field."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,104 +113,85 @@ class VerifyPolicy:
         return "; ".join(parts)
 
     @classmethod
-    def from_mapping(cls, data: Any, *, source: str, base_dir: Path | None = None) -> VerifyPolicy:
-        """Validate a parsed ``verify:`` section. Relative paths resolve against ``base_dir``
-        (default: the working directory)."""
-        if not isinstance(data, Mapping):
-            raise PolicyError(f"{source}: expected a mapping with {', '.join(_FIELDS)}")
-        for name in data:
-            if name not in _FIELDS:
-                raise PolicyError(f"{source}: unknown field {name!r}{did_you_mean(str(name), _FIELDS)}")
+    def from_mapping(cls, data: Any, *, source: str | Source, base_dir: Path | None = None) -> VerifyPolicy:
+        """Validate a parsed ``verify:`` section. ``source`` is the file (with line numbers) or a
+        name for messages. Relative paths resolve against ``base_dir`` (default: the working
+        directory)."""
+        src = (source if isinstance(source, Source) else Source(source)).with_error(PolicyError)
+        data = src.mapping(data, "", _FIELDS)
         base = base_dir or Path.cwd()
         identities = tuple(
-            _identity(item, f"{source}: identities[{i}]")
-            for i, item in enumerate(_list(data, "identities", source))
+            _identity(src, f"identities[{i}]", item)
+            for i, item in enumerate(src.optional_list(data.get("identities"), "identities"))
         )
         keys = tuple(
-            _key(item, f"{source}: keys[{i}]", base) for i, item in enumerate(_list(data, "keys", source))
+            _key(src, f"keys[{i}]", item, base)
+            for i, item in enumerate(src.optional_list(data.get("keys"), "keys"))
         )
         trusted_root = data.get("trusted_root")
         if trusted_root is not None:
-            trusted_root = _trusted_root(trusted_root, f"{source}: trusted_root", base)
+            trusted_root = _trusted_root(src, trusted_root, base)
         require = data.get("require_attestation", True)
         if not isinstance(require, bool):
-            raise PolicyError(f"{source}: require_attestation: expected true or false, got {require!r}")
+            raise src.error("require_attestation", f"expected true or false, got {require!r}")
         return cls(
             identities=identities,
             keys=keys,
             trusted_root=trusted_root,
             require_attestation=require,
-            source=source,
+            source=src.where(),
         )
 
 
-def _list(data: Mapping[str, Any], name: str, source: str) -> list[Any]:
-    value = data.get(name)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise PolicyError(f"{source}: {name}: expected a list")
-    return value
-
-
-def _identity(item: Any, where: str) -> IdentityRule:
-    if not isinstance(item, Mapping):
-        raise PolicyError(f"{where}: expected a mapping with issuer/issuer_regex and subject/subject_regex")
-    for name in item:
-        if name not in _IDENTITY_FIELDS:
-            raise PolicyError(f"{where}: unknown field {name!r}{did_you_mean(str(name), _IDENTITY_FIELDS)}")
+def _identity(src: Source, field: str, item: Any) -> IdentityRule:
+    item = src.mapping(item, field, _IDENTITY_FIELDS)
     values = {}
     for name in _IDENTITY_FIELDS:
         value = item.get(name)
         if value is not None and not isinstance(value, str):
-            raise PolicyError(f"{where}: {name} must be a string")
+            raise src.error(f"{field}.{name}", f"expected a string, got {value!r}")
         values[name] = value
-    return IdentityRule(where=where, **values)
+    return IdentityRule(where=src.where(field), **values)
 
 
-def _key(item: Any, where: str, base: Path) -> PublicKey:
+def _key(src: Source, field: str, item: Any, base: Path) -> PublicKey:
     if isinstance(item, Mapping):
         unknown = [n for n in item if n not in ("path", "pem")]
         if unknown or len(item) != 1:
-            raise PolicyError(f"{where}: expected a path string, inline PEM, or one of path:/pem:")
+            raise src.error(field, "expected a path string, inline PEM, or one of path:/pem:")
         item = item.get("path") or item.get("pem")
     if not isinstance(item, str) or not item.strip():
-        raise PolicyError(f"{where}: expected a public key path or inline PEM")
+        raise src.error(field, "expected a public key path or inline PEM")
+    where = src.where(field)
     try:
         if item.lstrip().startswith("-----BEGIN"):
             return load_public_key(item.encode(), source=where)
         return load_public_key_file(base / item)
     except BadInput as exc:
-        raise PolicyError(f"{where}: {exc}") from None
+        raise src.error(field, str(exc)) from None
 
 
-def _trusted_root(value: Any, where: str, base: Path) -> str:
+def _trusted_root(src: Source, value: Any, base: Path) -> str:
     if not isinstance(value, str) or not value:
-        raise PolicyError(f"{where}: expected a path to trusted_root.json or {PUBLIC_GOOD!r}")
+        raise src.error("trusted_root", f"expected a path to trusted_root.json or {PUBLIC_GOOD!r}")
     if value == PUBLIC_GOOD:
         return value
     path = base / value
     try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyError(f"{where}: cannot read {path} ({exc.strerror})") from None
+        doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
+    except PolicyError as exc:
+        raise src.error("trusted_root", str(exc)) from None
     except ValueError:
-        raise PolicyError(f"{where}: {path} is not JSON") from None
+        raise src.error("trusted_root", f"{path} is not JSON") from None
     if not isinstance(doc, dict) or doc.get("mediaType") != TRUSTED_ROOT_MEDIA_TYPE:
-        raise PolicyError(f"{where}: {path} is not a Sigstore trusted root ({TRUSTED_ROOT_MEDIA_TYPE})")
+        raise src.error("trusted_root", f"{path} is not a Sigstore trusted root ({TRUSTED_ROOT_MEDIA_TYPE})")
     return str(path)
 
 
 def load_policy(path: str | Path) -> VerifyPolicy:
     """A policy file: either the ``verify:`` section itself, or a document holding one."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read policy ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{p}: not YAML ({str(exc).splitlines()[0]})") from None
-    source = str(p)
+    data, src = load_yaml(p, what="policy", error_type=PolicyError)
     if isinstance(data, Mapping) and "verify" in data:
-        data, source = data["verify"], f"{p}: verify"
-    return VerifyPolicy.from_mapping(data, source=source, base_dir=p.parent)
+        data, src = data["verify"], src.child("verify")
+    return VerifyPolicy.from_mapping(data, source=src, base_dir=p.parent)

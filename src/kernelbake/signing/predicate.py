@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelbake import __version__
-from kernelbake.contract.key import CacheKey, InvalidKey, key_from_labels, parse_key
+from kernelbake.contract.key import CacheKey, InvalidKey, parse_key
 from kernelbake.contract.layout import CACHE_MANIFEST_PATH
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
+from kernelbake.labels import check_labels
 from kernelbake.oci.reference import is_digest
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts
@@ -92,7 +93,10 @@ def _opt_str(value: Any) -> str | None:
 def predicate_for(facts: ImageFacts, layer_digest: str, cache_manifest: bytes) -> KernelCachePredicate:
     """The predicate a signer attests, read from the image itself; refuses an inconsistent image."""
     where = facts.ref.pinned()
-    key = key_from_labels(facts.labels)
+    checked = check_labels(facts.labels)
+    if checked.problems:
+        raise BadInput(f"{where}: labels are inconsistent: {'; '.join(checked.problems)}")
+    key = checked.key
     source = f"{where}: /{CACHE_MANIFEST_PATH}"
     parsed = CacheManifest.from_json(cache_manifest.decode("utf-8", "replace"), source=source)
     if parsed.key != key:

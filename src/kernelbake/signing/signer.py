@@ -1,7 +1,8 @@
 """Signers: something that turns an in-toto statement into a Sigstore bundle, and a payload into
 a legacy cosign signature. ``KeySigner`` signs with a local ECDSA P-256 key (no transparency
-log, a public-key hint in the bundle); ``kernelbake.signing._internal.keyless.KeylessSigner``
-signs with a Fulcio certificate and a Rekor entry through sigstore-python."""
+log, a public-key hint in the bundle); ``KeylessSigner`` signs with a Fulcio certificate and a
+Rekor entry through sigstore-python (``kernelbake.signing._internal.keyless``, imported only
+when used)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kernelbake.errors import BadInput
 from kernelbake.settings import Settings
@@ -18,6 +19,10 @@ from kernelbake.signing.errors import TokenMissing
 from kernelbake.signing.formats import BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
 from kernelbake.signing.keys import PrivateKey, generate_key_pair, load_private_key
+from kernelbake.textfile import read_text
+
+if TYPE_CHECKING:
+    from sigstore.models import ClientTrustConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +77,28 @@ class KeySigner:
         return LegacySignature(base64.b64encode(self._key.sign(payload)).decode())
 
 
+class KeylessSigner:
+    """Keyless signing for CI: a short-lived Fulcio certificate for the token's identity (one per
+    signer, reused while valid), every signature logged in Rekor."""
+
+    def __init__(self, trust_config: ClientTrustConfig, token: str) -> None:
+        from kernelbake.signing._internal.keyless import KeylessSession
+
+        self._session = KeylessSession(trust_config, token)
+
+    @property
+    def identity(self) -> str:
+        return self._session.identity
+
+    def sign_statement(self, statement: bytes) -> SignedStatement:
+        bundle, envelope, annotations = self._session.sign_statement(statement)
+        return SignedStatement(bundle, envelope, annotations)
+
+    def sign_payload(self, payload: bytes) -> LegacySignature:
+        signature, annotations = self._session.sign_payload(payload)
+        return LegacySignature(signature, annotations)
+
+
 # -- choosing a signer from settings (CLI, `make image`, the build driver) -----------------
 
 
@@ -95,10 +122,10 @@ def identity_token(settings: Settings, token_file: Path | None = None) -> str:
     token file from settings, or ambient CI credentials (GitHub Actions, GitLab, GCP, …)."""
     path = token_file or settings.oidc_token_file
     if path:
-        try:
-            return path.read_text().strip()
-        except OSError as exc:
-            raise BadInput(f"{path}: cannot read identity token ({exc.strerror})") from None
+        text = read_text(path, "identity token").strip()
+        if not text:
+            raise BadInput(f"{path}: the identity token file is empty")
+        return text
     if settings.oidc_token:
         return settings.oidc_token
     from sigstore.oidc import IdentityError, detect_credential
@@ -126,7 +153,7 @@ def signer_from_settings(
 ) -> Signer:
     """Keyless (Fulcio + Rekor per the trust config) or key-based (``key``, else the local key)."""
     if keyless:
-        from kernelbake.signing._internal.keyless import KeylessSigner, check_token, load_trust_config
+        from kernelbake.signing._internal.keyless import check_token, load_trust_config
 
         token = identity_token(settings, token_file)
         check_token(token)  # a bad token fails before any trust material is fetched

@@ -3,10 +3,13 @@ signed kernelbake attestation says it is?
 
 In order, failing closed at the first problem:
 1. resolve the reference to a digest once (``repo:tag@digest``: the tag must still point there);
-2. find signature artifacts for that digest (bundle referrers, legacy ``.sig``/``.att`` tags);
-3. a trusted signature (cosign's ``sign/v1`` statement or simple-signing payload) for this digest;
+2. find signature artifacts for that digest (bundle referrers, legacy ``.sig``/``.att`` tags),
+   within the bounds of ``discover``;
+3. a trusted signature (cosign's ``sign/v1`` statement or simple-signing payload) for this digest:
+   any one is enough, as with cosign; the other artifacts are skipped with a note, and only when
+   none satisfies does the most telling reason fail verification;
 4. the image's labels rebuild a consistent compatibility key;
-5. a trusted kernelbake attestation for this digest whose key equals the labels' key;
+5. a trusted kernelbake attestation for this digest whose key equals the labels' key (any one);
 6. the cache manifest in the last layer hashes to the attested digest.
 """
 
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kernelbake.contract.key import LABEL_KEY, CacheKey, InvalidKey, key_from_labels
+from kernelbake.contract.key import LABEL_KEY, CacheKey, InvalidKey
 from kernelbake.contract.layout import CACHE_MANIFEST_PATH
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
+from kernelbake.labels import check_labels
 from kernelbake.oci import (
     InvalidReference,
     Reference,
@@ -35,7 +39,7 @@ from kernelbake.oci import (
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts, ImageLayoutError, read_cache_manifest, read_image
 from kernelbake.signing import intoto
-from kernelbake.signing.discover import Artifact, Kind, find_artifacts
+from kernelbake.signing.discover import Artifact, Kind, Skipped, describe_skipped, find_artifacts
 from kernelbake.signing.errors import (
     CacheManifestMismatch,
     ImageNotFound,
@@ -49,7 +53,6 @@ from kernelbake.signing.errors import (
     RegistryMisbehaved,
     RegistryServerFailure,
     RegistryTimeout,
-    RegistryUnavailable,
     SubjectMismatch,
     TagMoved,
     Unsigned,
@@ -65,7 +68,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["RegistryUnavailable", "VerificationFailed", "VerifiedImage", "unavailable", "verify_image"]
+__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,9 +80,15 @@ class VerifiedImage:
     manifest_digest: str  # sha256 of /opt/kernelbake/cache/manifest.json, as attested
     signer: str  # identity (issuer) or key fingerprint of the image signature
     attestation: Mapping[str, Any]  # the decoded kernelbake predicate ({} without one)
+    # What is attached to the digest but was not used (junk, other signers, other digests), and why.
+    skipped: tuple[Skipped, ...] = ()
 
     def pinned(self) -> str:
         return f"{self.repository}@{self.digest}"
+
+    def skipped_note(self) -> str | None:
+        """One line, ``skipped N attached artifacts: …``, or None when nothing was passed over."""
+        return describe_skipped(self.skipped) if self.skipped else None
 
 
 @contextlib.contextmanager
@@ -101,9 +110,21 @@ def _registry_errors(where: str, *, missing_is_image: bool) -> Iterator[None]:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Claim:
+    """What one verified artifact says: a signature or a kernelbake attestation, for digests."""
+
+    kind: str  # "signature" | "attestation" | "other"
+    digests: tuple[str, ...]
+    verified: Verified
+    origin: str
+    name: str  # short, for notes
+    predicate: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class _Outcome:
     artifact: Artifact
-    verified: Verified | None = None
+    claim: _Claim | None = None
     failure: VerificationFailed | None = None
 
 
@@ -111,7 +132,25 @@ class _Outcome:
 _FAILURE_ORDER: tuple[type[VerificationFailed], ...] = (InvalidSignature, UntrustedSigner, MalformedSignature)
 
 
+def _claim(artifact: Artifact, v: Verified) -> _Claim:
+    origin, name = artifact.origin, artifact.name
+    if artifact.kind is Kind.LEGACY_SIGNATURE:
+        digests: tuple[str, ...] = (intoto.parse_simple_signing(v.payload, source=origin),)
+        return _Claim("signature", digests, v, origin, name)
+    if v.payload_type != intoto.PAYLOAD_TYPE:
+        raise MalformedSignature(f"{origin}: signed payloadType {v.payload_type!r} is not in-toto")
+    statement = intoto.parse_statement(v.payload, source=origin)
+    digests = tuple(statement.digests())
+    if statement.predicate_type == intoto.COSIGN_SIGN_PREDICATE:
+        return _Claim("signature", digests, v, origin, name)
+    if statement.predicate_type == PREDICATE_TYPE:
+        return _Claim("attestation", digests, v, origin, name, statement.predicate)
+    return _Claim("other", digests, v, origin, name)
+
+
 def _check(artifact: Artifact, policy: VerifyPolicy) -> _Outcome:
+    """One artifact, verified and read; what it says, or why it is of no use (never raised: any
+    one artifact that satisfies the policy is enough)."""
     try:
         if artifact.kind is Kind.BUNDLE:
             verified = verify_bundle(artifact.data, policy, source=artifact.origin)
@@ -123,70 +162,63 @@ def _check(artifact: Artifact, policy: VerifyPolicy) -> _Outcome:
             verified = verify_legacy_attestation(
                 artifact.data, artifact.annotations, policy, source=artifact.origin
             )
+        return _Outcome(artifact, claim=_claim(artifact, verified))
     except (InvalidSignature, UntrustedSigner, MalformedSignature) as exc:
         return _Outcome(artifact, failure=exc)
-    return _Outcome(artifact, verified=verified)
 
 
-def _nothing_verified(where: str, outcomes: list[_Outcome], what: str) -> VerificationFailed:
+def _as_skipped(exc: VerificationFailed, artifact: Artifact) -> Skipped:
+    # The failure's message starts with the origin already; keep the reason only.
+    return Skipped(artifact.name, str(exc).removeprefix(f"{artifact.origin}: "))
+
+
+def _note(skipped: Sequence[Skipped]) -> str:
+    return f"; {describe_skipped(skipped, what='other')}" if skipped else ""
+
+
+def _nothing_verified(
+    where: str, outcomes: Sequence[_Outcome], what: str, skipped: Sequence[Skipped]
+) -> VerificationFailed:
+    """The most telling failure, and a note of everything else that was passed over."""
     for cls in _FAILURE_ORDER:
         for o in outcomes:
             if isinstance(o.failure, cls):
-                others = sum(1 for x in outcomes if x.failure is not None) - 1
-                more = f" (and {others} other unverified artifact{'s' * (others != 1)})" if others > 0 else ""
-                return cls(f"{where}: no trusted {what}: {o.failure}{more}")
-    return Unsigned(f"{where}: no {what} found")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Claim:
-    """What one verified artifact says: a signature or a kernelbake attestation, for digests."""
-
-    kind: str  # "signature" | "attestation" | "other"
-    digests: tuple[str, ...]
-    verified: Verified
-    origin: str
-    predicate: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _claim(outcome: _Outcome) -> _Claim:
-    v, origin = outcome.verified, outcome.artifact.origin
-    assert v is not None
-    if outcome.artifact.kind is Kind.LEGACY_SIGNATURE:
-        return _Claim("signature", (intoto.parse_simple_signing(v.payload, source=origin),), v, origin)
-    if v.payload_type != intoto.PAYLOAD_TYPE:
-        raise MalformedSignature(f"{origin}: signed payloadType {v.payload_type!r} is not in-toto")
-    statement = intoto.parse_statement(v.payload, source=origin)
-    digests = tuple(statement.digests())
-    if statement.predicate_type == intoto.COSIGN_SIGN_PREDICATE:
-        return _Claim("signature", digests, v, origin)
-    if statement.predicate_type == PREDICATE_TYPE:
-        return _Claim("attestation", digests, v, origin, statement.predicate)
-    return _Claim("other", digests, v, origin)
+                rest = [s for s in skipped if s.origin != o.artifact.name]
+                return cls(f"{where}: no trusted {what}: {o.failure}{_note(rest)}")
+    if skipped:
+        return Unsigned(f"{where}: no usable {what} found; {describe_skipped(skipped)}")
+    return Unsigned(f"{where}: no {what} found (no bundle referrers, no .sig tag)")
 
 
 def _pick(
-    where: str, digest: str, claims: list[_Claim], kind: str, what: str, outcomes: list[_Outcome]
-) -> _Claim:
-    """The trusted claim of ``kind`` for ``digest``; otherwise the most telling reason why not."""
+    where: str,
+    digest: str,
+    claims: Sequence[_Claim],
+    kind: str,
+    what: str,
+    outcomes: Sequence[_Outcome],
+    skipped: Sequence[Skipped],
+) -> list[_Claim]:
+    """The trusted claims of ``kind`` for ``digest`` (at least one); otherwise the most telling
+    reason why none. ``skipped``: everything passed over so far, for the message."""
     mine = [c for c in claims if c.kind == kind and digest in c.digests]
     if mine:
-        return mine[0]
+        return mine
     foreign = [c for c in claims if c.kind == kind]
     if foreign:
         c = foreign[0]
         raise SubjectMismatch(
             f"{where}: the trusted {what} at {c.origin} was made for {', '.join(c.digests) or 'no digest'}, "
-            f"not {digest}"
+            f"not {digest}{_note(skipped)}"
         )
     failed = [o for o in outcomes if o.failure is not None]
-    if kind == "signature" and failed:
-        raise _nothing_verified(where, failed, what)
+    if kind == "signature" and (failed or skipped or not claims):
+        raise _nothing_verified(where, failed, what, skipped)
     tampered = [o for o in failed if isinstance(o.failure, InvalidSignature | MalformedSignature)]
     if tampered:
-        raise _nothing_verified(where, tampered, what)
+        raise _nothing_verified(where, tampered, what, skipped)
     raise (MissingAttestation if kind == "attestation" else Unsigned)(
-        f"{where}: no trusted {what} for {digest}"
+        f"{where}: no trusted {what} for {digest}{_note(skipped)}"
     )
 
 
@@ -194,9 +226,12 @@ def _labels_key(where: str, labels: Mapping[str, str]) -> CacheKey:
     if LABEL_KEY not in labels:
         raise NotKernelbakeImage(f"{where}: no {LABEL_KEY} label; not a kernelbake image")
     try:
-        return key_from_labels(labels)
+        checked = check_labels(labels)
     except InvalidKey as exc:
         raise LabelMismatch(f"{where}: labels are inconsistent: {exc}") from None
+    if checked.problems:
+        raise LabelMismatch(f"{where}: labels are inconsistent: {'; '.join(checked.problems)}")
+    return checked.key
 
 
 def _check_predicate(where: str, facts: ImageFacts, key: CacheKey, claim: _Claim) -> KernelCachePredicate:
@@ -268,12 +303,46 @@ def _resolve(client: RegistryClient, ref: Reference) -> tuple[Reference, ImageFa
     return pinned, facts
 
 
+def _attested(
+    where: str,
+    client: RegistryClient,
+    facts: ImageFacts,
+    key: CacheKey,
+    attestations: Sequence[_Claim],
+    skipped: list[Skipped],
+) -> tuple[_Claim, str]:
+    """The first trusted attestation that describes this image (its key, base, cache manifest),
+    and the cache manifest's digest; those that do not are added to ``skipped``. None: the first
+    one's reason, and a note of the others."""
+    cache: tuple[str, bytes] | None = None
+    first: VerificationFailed | None = None
+    passed_over: list[Skipped] = []
+    for claim in attestations:
+        try:
+            predicate = _check_predicate(where, facts, key, claim)
+            # The image's own cache manifest: a problem with it is no attestation's fault.
+            cache = cache or _cache_manifest(where, client, facts, key)
+            manifest_digest = _check_cache_manifest(where, predicate, *cache)
+        except (LabelMismatch, MalformedSignature, CacheManifestMismatch) as exc:
+            if cache is None and isinstance(exc, CacheManifestMismatch):
+                raise
+            first = first or exc
+            passed_over.append(Skipped(claim.name, str(exc).removeprefix(f"{where}: ")))
+            continue
+        skipped += passed_over
+        return claim, manifest_digest
+    assert first is not None
+    raise type(first)(f"{first}{_note([*passed_over[1:], *skipped])}")
+
+
 def verify_image(
     reference: str, policy: VerifyPolicy, *, client: RegistryClient | None = None
 ) -> VerifiedImage:
     """Verify ``reference`` (``host/repo:tag``, ``host/repo@sha256:…`` or both) against ``policy``.
 
-    Raises a ``VerificationFailed`` subclass for every failure, a malformed reference included
+    Any attached signature (bundle or legacy tag) that satisfies the policy is enough, as with
+    cosign; the rest are skipped and listed in ``VerifiedImage.skipped``. Raises a
+    ``VerificationFailed`` subclass for every failure, a malformed reference included
     (``InvalidImageReference``, also a ``BadInput``); returns only when every check passed.
     """
     if not isinstance(policy, VerifyPolicy):
@@ -290,15 +359,18 @@ def verify_image(
     where = f"{pinned.name}@{digest}"
 
     with _registry_errors(where, missing_is_image=False):
-        artifacts = find_artifacts(client, pinned)
-    if not artifacts:
-        raise Unsigned(f"{where}: no signature found (no bundle referrers, no .sig tag)")
-    outcomes = [_check(a, policy) for a in artifacts]
-    verified = [o for o in outcomes if o.verified is not None]
-    if not verified:
-        raise _nothing_verified(where, outcomes, "signature")
-    claims = [_claim(o) for o in verified]
-    signature = _pick(where, digest, claims, "signature", "signature", outcomes)
+        found = find_artifacts(client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE))
+    outcomes = [_check(a, policy) for a in found.artifacts]
+    claims = [o.claim for o in outcomes if o.claim is not None]
+    # Everything passed over, the artifacts that did not verify first (the most telling).
+    skipped = [_as_skipped(o.failure, o.artifact) for o in outcomes if o.failure is not None]
+    skipped += found.skipped
+    signature = _pick(where, digest, claims, "signature", "signature", outcomes, skipped)[0]
+    skipped += [
+        Skipped(c.name, f"made for {', '.join(c.digests) or 'no digest'}, not this digest")
+        for c in claims
+        if c.kind in ("signature", "attestation") and digest not in c.digests
+    ]
 
     key = _labels_key(where, facts.labels)
     attested: dict[str, Any] = {}
@@ -306,10 +378,8 @@ def verify_image(
         _, data = _cache_manifest(where, client, facts, key)
         manifest_digest = sha256_digest(data)
     else:
-        attestation = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes)
-        predicate = _check_predicate(where, facts, key, attestation)
-        layer_digest, data = _cache_manifest(where, client, facts, key)
-        manifest_digest = _check_cache_manifest(where, predicate, layer_digest, data)
+        mine = _pick(where, digest, claims, "attestation", "kernelbake attestation", outcomes, skipped)
+        attestation, manifest_digest = _attested(where, client, facts, key, mine, skipped)
         attested = dict(attestation.predicate)
     return VerifiedImage(
         reference=reference,
@@ -319,9 +389,5 @@ def verify_image(
         manifest_digest=manifest_digest,
         signer=signature.verified.signer,
         attestation=attested,
+        skipped=tuple(skipped),
     )
-
-
-def unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` means the registry could not be asked (admission's fail-open question)."""
-    return isinstance(exc, RegistryUnavailable)

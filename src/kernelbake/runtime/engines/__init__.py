@@ -8,24 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import Engine
 from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Facts:
-    """What a probe of the running environment found; ``none`` where not applicable."""
-
-    engine_version: str
-    torch: str
-    triton: str
-    cuda: str
-    flashinfer: str
-    python: str
-    arch: str
-    device: str
-    driver: str
+from kernelbake.errors import EnvironmentProblem
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,14 +24,11 @@ class CompileResult:
 
 
 class EngineRuntime(Protocol):
-    engine: Engine
-    # Cache kinds this engine may produce; each gets its own layer in the final image.
-    cache_kinds: tuple[CacheKind, ...]
+    # Its cache kinds and the variables that point it at them, which the host renders too.
+    declaration: EngineDeclaration
 
-    def probe(self) -> Facts: ...
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        """Environment variables that point the engine at the caches under ``root``."""
+    def probe(self) -> Platform:
+        """The platform this process runs on, measured through the engine's own libraries."""
         ...
 
     def hashed_env_names(self) -> tuple[str, ...]:
@@ -58,6 +43,12 @@ class EngineRuntime(Protocol):
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         """User arguments that would change what was compiled, each with why (to warn about)."""
+        ...
+
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        """Whether the engine, started with ``environ``, waits at the cache gate
+        (``runtime.gate``) before it opens any cache; ``serve`` then starts it while the
+        caches are still being hashed, else only once they are verified."""
         ...
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:
@@ -77,3 +68,14 @@ def get_engine(engine: Engine) -> EngineRuntime:
     module, _, attr = _FACTORIES[engine].partition(":")
     factory: Callable[[], EngineRuntime] = getattr(importlib.import_module(module), attr)
     return factory()
+
+
+def measure(engine: EngineRuntime) -> Platform:
+    """The engine's probe; a broken engine install becomes one line, not a traceback."""
+    try:
+        return engine.probe()
+    except Exception as exc:
+        raise EnvironmentProblem(
+            f"probing the {engine.declaration.engine.value} engine failed: {type(exc).__name__}: {exc}",
+            hint="is the engine installed in this image?",
+        ) from None

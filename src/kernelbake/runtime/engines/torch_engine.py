@@ -9,15 +9,16 @@ weights, compiles it on the spec's shapes and stops; the caches it leaves behind
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbake.contract.key import NONE, Engine
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.engines import TORCH, EngineDeclaration
+from kernelbake.contract.key import NONE
+from kernelbake.contract.platform import Platform, Software, arch_for
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import probe
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
@@ -26,29 +27,18 @@ if TYPE_CHECKING:
 # Options of torch_serve that change what gets compiled.
 _SHAPE_OPTIONS = ("--shapes",)
 
-# Inductor folds its config into the FX-graph cache key; these come from the environment.
-_HASHED_ENV = (
-    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
-    "TORCHINDUCTOR_FREEZING",
-    "TORCHINDUCTOR_MAX_AUTOTUNE",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM",
-    "TORCHINDUCTOR_CPP_WRAPPER",
-    "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
-)
-
 
 class TorchEngine:
-    engine: Engine = Engine.TORCH
-    cache_kinds: tuple[CacheKind, ...] = (CacheKind.INDUCTOR, CacheKind.TRITON)
+    declaration: EngineDeclaration = TORCH
 
-    def probe(self) -> Facts:
+    def probe(self) -> Platform:
         import torch
 
         version = probe.public_version(torch.__version__)
         if torch.cuda.is_available():
             device = str(torch.cuda.get_device_name(0))
             capability = tuple(torch.cuda.get_device_capability(0))
-            arch = probe.gpu_arch(device, (int(capability[0]), int(capability[1])))
+            arch = arch_for((int(capability[0]), int(capability[1])))
             driver = probe.nvidia_driver()
         else:
             device, arch, driver = "cpu", probe.machine(), NONE
@@ -60,39 +50,27 @@ class TorchEngine:
                     file=sys.stderr,
                 )
                 device = stand_in
-        return Facts(
+        software = Software(
             engine_version=version,
             torch=version,
             triton=probe.dist_version("triton"),
             cuda=str(torch.version.cuda) if torch.version.cuda else NONE,
             flashinfer=NONE,
             python=probe.python_version(),
-            arch=arch,
-            device=device,
-            driver=driver,
         )
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return {
-            "TORCHINDUCTOR_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)),
-            "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-            # Precompiled headers live in $TMPDIR/torchinductor_<user>, outside the cache
-            # dir, and are rebuilt (~6 s of g++) on every cache hit; without them a hit
-            # needs no compiler at all.
-            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
-        }
+        return Platform(software=software, arch=arch, device=device, driver=driver)
 
     def hashed_env_names(self) -> tuple[str, ...]:
-        return _HASHED_ENV
+        return self.declaration.hashed_env
 
     def compile(self, target: TargetConfig, root: Path) -> CompileResult:
         from kernelbake.runtime.engines.torch_model import load_and_warm
 
         _model, report = load_and_warm(target)
         # The compile step records the hashed variables' values itself, from its environment.
-        return CompileResult(kinds=self.cache_kinds, hashed_env={}, report={"warmup": report.to_json()})
+        return CompileResult(
+            kinds=self.declaration.cache_kinds, hashed_env={}, report={"warmup": report.to_json()}
+        )
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [
@@ -102,6 +80,11 @@ class TorchEngine:
             *target.serve.extra_args,
             *user_args,
         ]
+
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        # torch_serve waits at the gate after its imports and model construction, before the
+        # first torch.compile'd call (the first time Inductor opens its cache).
+        return True
 
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kernelbake.contract.serve import Dtype
@@ -109,9 +109,16 @@ def warm_up(model: Any, vocab_size: int, shapes: Sequence[tuple[int, int]], comp
 
 
 def load_and_warm(
-    target: TargetConfig, shapes: Sequence[tuple[int, int]] | None = None
+    target: TargetConfig,
+    shapes: Sequence[tuple[int, int]] | None = None,
+    *,
+    before_compile: Callable[[], None] | None = None,
 ) -> tuple[Any, WarmUp]:
+    """``before_compile`` runs after the imports and the model's construction, before
+    anything can open Inductor's cache (``serve`` holds the cache gate there)."""
     model = load_model(target)
+    if before_compile is not None:
+        before_compile()
     compiled = compile_model(model)
     report = warm_up(model, int(model.config.vocab_size), shapes or target.shapes, compiled)
     return model, report

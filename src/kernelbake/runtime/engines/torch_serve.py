@@ -20,6 +20,7 @@ from typing import Any
 
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, KernelbakeError
+from kernelbake.runtime import gate
 from kernelbake.runtime.env import RuntimeEnv
 
 _MAX_NEW_TOKENS = 64
@@ -109,11 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kernelbake.runtime.engines.torch_model import load_and_warm
 
     try:
-        target = TargetConfig.load(RuntimeEnv.from_env().target_file)
+        env = RuntimeEnv.from_env()
+        target = TargetConfig.load(env.target_file)
+        model, report = load_and_warm(target, args.shapes, before_compile=lambda: gate.wait(env))
     except KernelbakeError as exc:
         print(f"torch_serve: error: {exc}", file=sys.stderr)
         return exc.return_code
-    model, report = load_and_warm(target, args.shapes)
     stats = {"event": "ready", **report.to_json()}
     print(json.dumps(stats), flush=True)
     if args.warmup_only:

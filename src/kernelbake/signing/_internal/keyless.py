@@ -2,6 +2,10 @@
 
 Imported only when keyless is used: sigstore-python costs ~0.3 s to import, which key-based
 verification (the admission hot path for air-gapped fleets) should not pay.
+
+Below the public layer: this module returns plain values and takes identities as a Protocol, so
+it imports only leaf modules (errors, formats, instances), never ``signer`` or ``policy``. It
+uses sigstore-python's private modules, which is why pyproject pins sigstore's minor version.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from cryptography import x509
@@ -28,9 +32,11 @@ from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
+from kernelbake.cache import BoundedCache
 from kernelbake.errors import BadInput
 from kernelbake.signing import formats
 from kernelbake.signing._internal import certs
+from kernelbake.signing._internal.instances import PUBLIC_GOOD, STAGING
 from kernelbake.signing.errors import (
     InvalidSignature,
     MalformedSignature,
@@ -40,10 +46,14 @@ from kernelbake.signing.errors import (
     TrustRootUnavailable,
     UntrustedSigner,
 )
-from kernelbake.signing.policy import PUBLIC_GOOD, IdentityRule
-from kernelbake.signing.signer import LegacySignature, SignedStatement
 
-STAGING = "sigstore-staging"
+
+class Identity(Protocol):
+    """A trusted keyless identity (``kernelbake.signing.policy.IdentityRule``); ``str()`` names it."""
+
+    def matches(self, issuer: str, subjects: Sequence[str], /) -> bool: ...
+
+
 # What sigstore-python raises when Fulcio, Rekor or the network let signing down.
 _SERVICE_ERRORS = (
     Error,
@@ -79,7 +89,9 @@ def load_trust_config(value: str) -> ClientTrustConfig:
         raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
 
 
-_roots: dict[tuple[str, float], tuple[TrustedRoot, Verifier]] = {}
+# Keyed by path and mtime, so a rewritten file is reloaded; bounded, so rewriting it often (or
+# many policies) does not grow the process.
+_roots: BoundedCache[tuple[str, float], tuple[TrustedRoot, Verifier]] = BoundedCache(16)
 
 
 def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
@@ -87,15 +99,18 @@ def _root(trusted_root: str) -> tuple[TrustedRoot, Verifier]:
     try:
         if trusted_root == PUBLIC_GOOD:
             key = (trusted_root, 0.0)
-            if key not in _roots:
-                root = ClientTrustConfig.production().trusted_root
-                _roots[key] = (root, Verifier(trusted_root=root))
-            return _roots[key]
-        key = (trusted_root, Path(trusted_root).stat().st_mtime)
-        if key not in _roots:
+        else:
+            key = (trusted_root, Path(trusted_root).stat().st_mtime)
+        hit = _roots.get(key)
+        if hit is not None:
+            return hit
+        if trusted_root == PUBLIC_GOOD:
+            root = ClientTrustConfig.production().trusted_root
+        else:
             root = TrustedRoot.from_file(trusted_root)
-            _roots[key] = (root, Verifier(trusted_root=root))
-        return _roots[key]
+        loaded = (root, Verifier(trusted_root=root))
+        _roots.put(key, loaded)
+        return loaded
     except (OSError, ValueError, Error, requests.RequestException) as exc:
         raise TrustRootUnavailable(f"cannot load trusted root {trusted_root}: {exc}") from None
 
@@ -168,9 +183,10 @@ def _tlog_annotation(bundle_doc: Mapping[str, Any]) -> str:
     )
 
 
-class KeylessSigner:
+class KeylessSession:
     """Signs with a short-lived Fulcio certificate for the token's identity; every signature is
-    logged in Rekor. The certificate is requested once and reused while it is valid."""
+    logged in Rekor. The certificate is requested once and reused while it is valid.
+    ``kernelbake.signing.signer.KeylessSigner`` is the public face."""
 
     def __init__(self, trust_config: ClientTrustConfig, token: str) -> None:
         claims = check_token(token)
@@ -209,7 +225,8 @@ class KeylessSigner:
             formats.ANN_REKOR_BUNDLE: _tlog_annotation(bundle_doc),
         }
 
-    def sign_statement(self, statement: bytes) -> SignedStatement:
+    def sign_statement(self, statement: bytes) -> tuple[bytes, bytes, dict[str, str]]:
+        """(bundle JSON, its DSSE envelope JSON, legacy annotations) for an in-toto statement."""
         try:
             bundle = self._signer.sign_dsse(Statement(statement))
         except _SERVICE_ERRORS as exc:
@@ -217,15 +234,16 @@ class KeylessSigner:
         text = bundle.to_json()
         doc = json.loads(text)
         envelope = json.dumps(doc["dsseEnvelope"], separators=(",", ":")).encode()
-        return SignedStatement(text.encode(), envelope, self._legacy_annotations(doc))
+        return text.encode(), envelope, self._legacy_annotations(doc)
 
-    def sign_payload(self, payload: bytes) -> LegacySignature:
+    def sign_payload(self, payload: bytes) -> tuple[str, dict[str, str]]:
+        """(base64 signature, legacy annotations) over ``payload``."""
         try:
             bundle = self._signer.sign_artifact(payload)
         except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the payload", exc) from None
         doc = json.loads(bundle.to_json())
-        return LegacySignature(doc["messageSignature"]["signature"], self._legacy_annotations(doc))
+        return doc["messageSignature"]["signature"], self._legacy_annotations(doc)
 
 
 # -- verification -------------------------------------------------------------------------
@@ -234,7 +252,7 @@ class KeylessSigner:
 class _RulesPolicy:
     """sigstore VerificationPolicy: the certificate matches one of the policy's identities."""
 
-    def __init__(self, rules: Sequence[IdentityRule]) -> None:
+    def __init__(self, rules: Sequence[Identity]) -> None:
         self._rules = list(rules)
 
     def verify(self, cert: x509.Certificate) -> None:
@@ -265,7 +283,7 @@ def _proto3_defaults(data: bytes) -> bytes:
 
 
 def verify_bundle(
-    data: bytes, rules: Sequence[IdentityRule], trusted_root: str, *, source: str
+    data: bytes, rules: Sequence[Identity], trusted_root: str, *, source: str
 ) -> tuple[str, str, bytes]:
     """(signer, payload type, payload) of a keyless DSSE bundle that satisfies ``rules``."""
     try:
@@ -352,7 +370,7 @@ def _verify_chain(
 
 def verify_legacy(
     annotations: Mapping[str, str],
-    rules: Sequence[IdentityRule],
+    rules: Sequence[Identity],
     trusted_root: str,
     *,
     signed: bytes,

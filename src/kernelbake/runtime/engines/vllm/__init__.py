@@ -3,6 +3,7 @@ run time, with every JIT cache vLLM and its libraries fill pointed into the bund
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import tempfile
@@ -10,13 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.contract.key import Engine
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.engines import VLLM, EngineDeclaration
+from kernelbake.contract.layout import kind_dir
+from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed
 from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
-from kernelbake.runtime.engines import CompileResult, Facts
+from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
@@ -41,35 +43,27 @@ _REPORT_KEYS = (
 )
 
 
-def cache_env(root: Path) -> dict[str, str]:
-    """Where vLLM and each library it uses keeps its JIT cache, all under ``root``."""
-    return {
-        # torch.compile artifacts (AOT + Inductor) and FlashInfer's autotune results.
-        "VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM)),
-        "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
-        # torch.compile outside the model (vLLM sets its own per-model Inductor dir).
-        "TORCHINDUCTOR_CACHE_DIR": str(kind_dir(root, CacheKind.INDUCTOR)),
-        # JIT modules and downloaded cubins; not relocatable (absolute paths in build.ninja).
-        "FLASHINFER_WORKSPACE_BASE": str(kind_dir(root, CacheKind.FLASHINFER)),
-        "DG_JIT_CACHE_DIR": str(kind_dir(root, CacheKind.DEEPGEMM)),
-        "TILELANG_CACHE_DIR": str(kind_dir(root, CacheKind.TILELANG)),
-        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
-        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
-        "CUTE_DSL_CACHE_DIR": str(kind_dir(root, CacheKind.CUTE_DSL)),
-        **PINNED_HASHED_ENV,
-    }
+PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
 
 
-# Hashed vLLM variables whose *default* depends on the process, not the image: left unset,
-# a serving pod with another HOME (runAsUser) computes another compile hash and never finds
-# the baked graphs (measured on vLLM 0.26: HOME alone forced a full recompile). Defaults that
-# follow the CPU count (VLLM_MAX_AUDIO_PREPROCESS_WORKERS) are in vLLM's ignored_factors.
-# Pinned to constants, the same at build and serve time and independent of where the bundle
-# lives, so the torch.compile part stays relocatable. None of them changes generated code.
-PINNED_HASHED_ENV = {
-    "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
-    "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
-}
+def plugin_will_run(environ: Mapping[str, str]) -> bool:
+    """Whether vLLM, started with ``environ``, will call our plugin (which holds the cache
+    gate). Asked of the same entry-point table vLLM reads, and the plugin is loaded here
+    the way vLLM loads it; ``VLLM_PLUGINS`` is vLLM's allow-list (unset: all plugins),
+    mirrored because importing vLLM to ask would take the seconds the gate is there to save."""
+    ours = [
+        ep
+        for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if ep.value == PLUGIN_TARGET
+    ]
+    allowed = environ.get("VLLM_PLUGINS")
+    if not ours or (allowed is not None and ours[0].name not in allowed.split(",")):
+        return False
+    try:
+        ours[0].load()
+    except Exception:
+        return False
+    return True
 
 
 def compile_argv(target: TargetConfig) -> list[str]:
@@ -87,37 +81,22 @@ def compile_argv(target: TargetConfig) -> list[str]:
 
 
 class VllmEngine:
-    engine: Engine = Engine.VLLM
+    declaration: EngineDeclaration = VLLM
 
     def __init__(self, runner: Runner = run) -> None:
         self._run = runner
 
-    cache_kinds: tuple[CacheKind, ...] = (
-        CacheKind.VLLM,
-        CacheKind.TRITON,
-        CacheKind.INDUCTOR,
-        CacheKind.FLASHINFER,
-        CacheKind.DEEPGEMM,
-        CacheKind.TILELANG,
-        CacheKind.CUTE_DSL,
-    )
-
-    def probe(self) -> Facts:
+    def probe(self) -> Platform:
         device, arch, cuda = probe.cuda_device()
-        return Facts(
+        software = Software(
             engine_version=probe.dist_version("vllm"),
             torch=probe.dist_version("torch"),
             triton=probe.dist_version("triton"),
             cuda=cuda,
             flashinfer=probe.dist_version("flashinfer-python"),
             python=probe.python_version(),
-            arch=arch,
-            device=device,
-            driver=probe.nvidia_driver(),
         )
-
-    def cache_env(self, root: Path) -> dict[str, str]:
-        return cache_env(root)
+        return Platform(software=software, arch=arch, device=device, driver=probe.nvidia_driver())
 
     def hashed_env_names(self) -> tuple[str, ...]:
         from kernelbake.runtime.engines.vllm.compile_only import hashed_env
@@ -133,8 +112,8 @@ class VllmEngine:
             environ = RuntimeEnv.from_env().environ
         env = dict(environ)
         env.update(dict(target.serve.env))
-        env.update(cache_env(root))
-        for kind in self.cache_kinds:
+        env.update(self.declaration.cache_env(root))
+        for kind in self.declaration.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
         if compat_layer.native_compile_available():
@@ -169,7 +148,7 @@ class VllmEngine:
             )
         hashed = {k: v for k, v in report.get("hashed_env", {}).items()}
         return CompileResult(
-            kinds=self.cache_kinds,
+            kinds=self.declaration.cache_kinds,
             hashed_env=hashed,
             report={k: report[k] for k in _REPORT_KEYS if k in report},
         )
@@ -189,11 +168,14 @@ class VllmEngine:
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.serve_argv(target.key.model_path, target.serve, user_args)
 
+    def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
+        return plugin_will_run(environ)
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
-        return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
+        return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return vargs.shape_overrides(user_args, target.serve)
 
 
-__all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]
+__all__ = ["PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]

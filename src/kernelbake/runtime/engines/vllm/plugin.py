@@ -1,6 +1,13 @@
 """``vllm.general_plugins`` entry point. vLLM calls it in every process it starts (engine
 core, each tensor-parallel worker), which is how compile-only reaches workers that kernelbake
-does not start itself. Outside compile-only it does nothing, so serving is plain vLLM."""
+does not start itself. At serve time it only holds the cache gate, so serving is plain vLLM.
+
+vLLM 0.26 loads general plugins before anything opens a cache: in the API server from
+``AsyncEngineArgs.add_cli_args`` (building the ``vllm serve`` parser) and
+``EngineArgs.__post_init__``, both before any config exists and so before the model-info
+cache under ``VLLM_CACHE_ROOT/modelinfos`` is read; in the engine core before its executor;
+in each worker before it loads the model. The module imports nothing heavy: vLLM logs and
+skips a plugin whose import fails, and then nothing would hold the gate."""
 
 from __future__ import annotations
 
@@ -26,6 +33,12 @@ REPORT: dict[str, Any] = {}
 
 
 def register() -> None:
+    from kernelbake.runtime.env import GATE_ENV
+
+    if os.environ.get(GATE_ENV):
+        from kernelbake.runtime import gate
+
+        gate.hold_or_exit()
     if os.environ.get(COMPILE_ONLY_ENV) != "1":
         return
     from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm

@@ -20,10 +20,10 @@ from kernelbake.oci import types as mt
 from kernelbake.settings import Settings
 from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image
-from tests.signing.authreg import USER, basic_auth_registry, token_auth_registry, write_docker_config
 from tests.signing.conftest import ImageFactory, KeyPair
-from tests.signing.faults import Reply, fault_proxy
 from tests.signing.images import push_image
+from tests.support.authreg import USER, basic_auth_registry, token_auth_registry, write_docker_config
+from tests.support.faults import Reply, fault_proxy
 
 pytestmark = pytest.mark.registry
 

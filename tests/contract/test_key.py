@@ -2,31 +2,14 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
-from kernelbake.contract.compat import Severity, check, rank
-from kernelbake.contract.key import CacheKey, Engine, InvalidKey, key_from_labels, parse_key
+from kernelbake.contract.compat import Severity, check, check_fields
+from kernelbake.contract.key import NONE, CacheKey, InvalidKey, key_from_labels, parse_key
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30)
-ints = st.integers(min_value=0, max_value=2**20)
-
-
-@st.composite
-def keys(draw: st.DrawFn) -> CacheKey:
-    kw: dict[str, object] = {}
-    for name in CacheKey.field_order():
-        if name == "engine":
-            kw[name] = draw(st.sampled_from(list(Engine)))
-        elif name in ("tp", "pp", "ep", "max_model_len", "max_num_batched_tokens"):
-            kw[name] = draw(ints)
-        elif name == "model_path":
-            kw[name] = "/" + draw(text)
-        else:
-            kw[name] = draw(text)
-    return CacheKey(**kw)  # type: ignore[arg-type]
+from tests.support.fake_engine import platform_for
+from tests.support.strategies import keys
 
 
 @given(keys())
@@ -72,21 +55,24 @@ def test_bad_strings_quote_the_input() -> None:
 
 def test_check_gives_reasons_and_driver_is_a_floor() -> None:
     baked = _qwen_h100()
-    runtime = baked.replace(driver_floor="590.10.01")
-    assert check(baked, runtime).reasons == ()
-    old = check(baked, baked.replace(driver_floor="550.1"))
+    assert check(baked, platform_for(baked, driver="590.10.01")).reasons == ()
+    old = check(baked, platform_for(baked, driver="550.1"))
     assert [r.field for r in old.blocking] == ["driver_floor"]
-    pcie = check(baked, baked.replace(device="NVIDIA H100 PCIe", driver_floor="590.1"))
+    assert str(old.blocking[0]) == (
+        f"driver_floor: baked {baked.driver_floor!r}, found '550.1' "
+        f"(the image's CUDA needs driver ≥ {baked.driver_floor})"
+    )
+    pcie = check(baked, platform_for(baked, device="NVIDIA H100 PCIe", driver="590.1"))
     assert [r.field for r in pcie.reasons] == ["device"]
     assert pcie.reasons[0].severity is Severity.BLOCKING
     assert "device name" in str(pcie.reasons[0])
+    several = check(baked, platform_for(baked, python="3.13", torch="2.12.0", driver=NONE))
+    assert [r.field for r in several.reasons] == ["torch", "python", "driver_floor"]
 
 
-def test_rank_puts_exact_match_first() -> None:
-    exact = _qwen_h100()
-    other = exact.replace(device="NVIDIA H200")
-    newer_kb = exact.replace(kernelbake="9.9.9")
-    found = exact.replace(driver_floor="600.0")
-    ranked = rank([other, newer_kb, exact], found)
-    assert [m.key for m in ranked] == [exact, newer_kb, other]
-    assert ranked[0].usable and ranked[1].usable and not ranked[2].usable
+def test_check_fields_judges_only_what_is_given() -> None:
+    baked = _qwen_h100()
+    assert check_fields(baked, {"device": baked.device}).reasons == ()
+    assert [r.field for r in check_fields(baked, {"arch": "sm_80"}).reasons] == ["arch"]
+    with pytest.raises(ValueError, match="driver_floor"):
+        check_fields(baked, {"driver_floor": "1.0"})

@@ -1,0 +1,154 @@
+"""Validating YAML input (image specs, the verify policy, the admission policy): one message
+format everywhere, ``file:line: field: message``, and one set of typed getters.
+
+A ``Source`` says where values came from: a file with its YAML node tree (so messages carry
+line numbers), or only a name when a caller hands in a mapping built in Python. Field paths are
+dotted, with list indices: ``identities[0].subject``; ``child`` scopes a source to one part of
+the document (the admission policy's ``verify:`` section is the signing policy verbatim).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from kernelbake._suggest import did_you_mean
+from kernelbake.errors import BadInput
+from kernelbake.textfile import read_text
+
+_E = TypeVar("_E", bound=enum.Enum)
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    name: str
+    error_type: type[BadInput] = BadInput
+    node: yaml.Node | None = dataclasses.field(default=None, compare=False, repr=False)
+    prefix: str = ""
+
+    def path(self, field: str = "") -> str:
+        """``field`` under this source's prefix."""
+        if not self.prefix or not field:
+            return self.prefix or field
+        return f"{self.prefix}{field}" if field.startswith("[") else f"{self.prefix}.{field}"
+
+    def child(self, field: str) -> Source:
+        return dataclasses.replace(self, prefix=self.path(field))
+
+    def with_error(self, error_type: type[BadInput]) -> Source:
+        return dataclasses.replace(self, error_type=error_type)
+
+    def line(self, path: str) -> int | None:
+        """The line of ``path``, or of its closest ancestor present in the file."""
+        node = self.node
+        if node is None:
+            return None
+        line = node.start_mark.line + 1
+        for key, index in _PART.findall(path):
+            if key and isinstance(node, yaml.MappingNode):
+                found = next((kv for kv in node.value if getattr(kv[0], "value", None) == key), None)
+                if found is None:
+                    break
+                line, node = found[0].start_mark.line + 1, found[1]
+            elif index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+                node = node.value[int(index)]
+                line = node.start_mark.line + 1
+            else:
+                break
+        return line
+
+    def where(self, field: str = "") -> str:
+        """``file:line: field`` (``name: field`` without a file)."""
+        path = self.path(field)
+        line = self.line(path)
+        head = f"{self.name}:{line}" if line else self.name
+        return f"{head}: {path}" if path else head
+
+    def error(self, field: str, message: str, *, hint: str | None = None) -> BadInput:
+        return self.error_type(f"{self.where(field)}: {message}", hint=hint)
+
+    # -- typed getters: each returns the value checked, or raises naming file:line: field --
+
+    def mapping(
+        self, value: Any, field: str, allowed: Iterable[str], required: Iterable[str] = ()
+    ) -> Mapping[str, Any]:
+        """A mapping with only ``allowed`` keys (an unknown one gets the closest valid name)
+        and every ``required`` one."""
+        if not isinstance(value, Mapping):
+            raise self.error(field, f"expected a mapping, got {type(value).__name__}")
+        known = set(allowed)
+        for k in value:
+            if k not in known:
+                raise self.error(_join(field, str(k)), f"unknown key{did_you_mean(str(k), known)}")
+        for k in sorted(required):
+            if k not in value:
+                raise self.error(field, f"missing required key {self.path(_join(field, k))}")
+        return value
+
+    def enum(
+        self,
+        cls: type[_E],
+        value: Any,
+        field: str,
+        *,
+        aliases: Mapping[str, str] | None = None,
+        fold_case: bool = False,
+    ) -> _E:
+        """The member whose wire value is ``value`` (after ``aliases``; ``fold_case`` also takes
+        upper case); a YAML null reads as ``none``."""
+        text = "none" if value is None else str(value)
+        text = text.lower() if fold_case else text
+        text = (aliases or {}).get(text, text)
+        try:
+            return cls(text)
+        except ValueError:
+            choices = [str(m.value) for m in cls]
+            raise self.error(field, f"unknown value {value!r}{did_you_mean(text, choices)}") from None
+
+    def positive_int(self, value: Any, field: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise self.error(field, f"expected a positive integer, got {value!r}")
+        return value
+
+    def seconds(self, value: Any, field: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise self.error(field, f"expected a non-negative number of seconds, got {value!r}")
+        return float(value)
+
+    def optional_list(self, value: Any, field: str) -> list[Any]:
+        """A list; an absent (null) one is empty."""
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.error(field, f"expected a list, got {type(value).__name__}")
+        return value
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadInput) -> tuple[Any, Source]:
+    """The parsed document and its ``Source``; unreadable or malformed files raise
+    ``error_type`` naming ``file:line``. ``what`` names the file in messages (spec, policy)."""
+    p = Path(path)
+    text = read_text(p, what, error=error_type)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise error_type(f"{where}: malformed YAML: {problem}") from None
+    finally:
+        loader.dispose()
+    return data, Source(str(p), error_type, node)

@@ -1,0 +1,111 @@
+"""The one YAML validation helper: every message is ``file:line: field: message``."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+import pytest
+
+from kernelbake.errors import BadInput, SpecError
+from kernelbake.validate import Source, load_yaml
+
+DOC = """\
+name: x
+serve:
+  dtype: bf16
+identities:
+  - issuer: a
+  - issuer: b
+    subject: c
+"""
+
+
+class Colour(enum.Enum):
+    NONE = "none"
+    RED = "red"
+    DARK_BLUE = "dark-blue"
+
+
+def _load(tmp_path: Path, text: str = DOC) -> tuple[object, Source]:
+    path = tmp_path / "f.yaml"
+    path.write_text(text)
+    return load_yaml(path, what="spec", error_type=SpecError)
+
+
+def test_lines_follow_keys_and_list_indices(tmp_path: Path) -> None:
+    _, src = _load(tmp_path)
+    assert src.line("") == 1
+    assert src.line("serve.dtype") == 3
+    assert src.line("identities[1]") == 6
+    assert src.line("identities[1].subject") == 7
+    # Absent parts: the closest ancestor that is there.
+    assert src.line("serve.missing") == 2
+    assert src.line("identities[9]") == 4
+    err = src.error("identities[1].subject", "bad")
+    assert isinstance(err, SpecError) and str(err) == f"{tmp_path}/f.yaml:7: identities[1].subject: bad"
+
+
+def test_a_child_names_paths_under_its_prefix(tmp_path: Path) -> None:
+    _, src = _load(tmp_path)
+    child = src.child("identities").child("[0]")
+    assert child.where("issuer") == f"{tmp_path}/f.yaml:5: identities[0].issuer"
+    assert child.with_error(BadInput).error("", "x").__class__ is BadInput
+
+
+def test_a_source_without_a_file_has_no_line() -> None:
+    src = Source("admission.yaml: verify")
+    assert src.where("keys[0]") == "admission.yaml: verify: keys[0]"
+    assert src.where() == "admission.yaml: verify"
+
+
+def test_mapping_checks_type_unknown_and_required_keys(tmp_path: Path) -> None:
+    data, src = _load(tmp_path)
+    assert isinstance(data, dict)
+    with pytest.raises(SpecError, match=r"f.yaml:2: serve.dtyp: unknown key; did you mean 'dtype'\?"):
+        src.mapping({"dtyp": 1}, "serve", {"dtype"})
+    with pytest.raises(SpecError, match=r"f.yaml:2: serve: missing required key serve.dtype"):
+        src.mapping({}, "serve", {"dtype"}, {"dtype"})
+    with pytest.raises(SpecError, match=r"f.yaml:1: name: expected a mapping, got str"):
+        src.mapping(data["name"], "name", ())
+
+
+def test_enum_takes_wire_values_aliases_and_null(tmp_path: Path) -> None:
+    _, src = _load(tmp_path)
+    assert src.enum(Colour, "red", "c") is Colour.RED
+    assert src.enum(Colour, None, "c") is Colour.NONE
+    assert src.enum(Colour, "navy", "c", aliases={"navy": "dark-blue"}) is Colour.DARK_BLUE
+    assert src.enum(Colour, "RED", "c", fold_case=True) is Colour.RED
+    with pytest.raises(SpecError, match=r"c: unknown value 'RED'; expected one of"):
+        src.enum(Colour, "RED", "c")  # exact unless the caller folds case
+    with pytest.raises(SpecError, match=r"c: unknown value 'rde'; did you mean 'red'\?"):
+        src.enum(Colour, "rde", "c")
+    with pytest.raises(SpecError, match=r"c: unknown value 'green'; expected one of: dark-blue, none, red"):
+        src.enum(Colour, "green", "c")
+
+
+def test_typed_getters(tmp_path: Path) -> None:
+    _, src = _load(tmp_path)
+    assert src.positive_int(3, "n") == 3
+    for bad in (0, -1, True, "3", 1.5):
+        with pytest.raises(SpecError, match="expected a positive integer"):
+            src.positive_int(bad, "n")
+    assert src.seconds(0, "s") == 0.0 and src.seconds(2.5, "s") == 2.5
+    for bad in (-1, False, "soon"):
+        with pytest.raises(SpecError, match="expected a non-negative number of seconds"):
+            src.seconds(bad, "s")
+    assert src.optional_list(None, "l") == [] and src.optional_list([1], "l") == [1]
+    with pytest.raises(SpecError, match="l: expected a list, got str"):
+        src.optional_list("x", "l")
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"nope.yaml: cannot read spec: No such file"):
+        load_yaml(tmp_path / "nope.yaml", what="spec", error_type=SpecError)
+    (tmp_path / "latin.yaml").write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(SpecError, match=r"latin.yaml: spec is not UTF-8 text \(byte 0xe9 at offset 9\)"):
+        load_yaml(tmp_path / "latin.yaml", what="spec", error_type=SpecError)
+    with pytest.raises(SpecError, match=r"f.yaml:2: malformed YAML: "):
+        _load(tmp_path, "a: [1,\nb: }\n")
+    data, src = _load(tmp_path, "")
+    assert data is None and src.line("x") is None
