@@ -1,5 +1,7 @@
 # kernelbake — the two set-up commands on a fresh Debian 12 root machine:
 #   make image   # MODEL=tiny-llama GPU=cpu: build, push to a local registry, print the digest
+#                # (GPU=h100,h200 or GPU=all: every target at once, each on its family's builder, and
+#                #  one signed index of the variants)
 #   make test    # unit and integration tests (real Docker builds)
 #   make test-fast  # the tests that need no Docker, registry, node or cosign (no root either)
 SHELL := /bin/bash
@@ -32,7 +34,9 @@ build-image:
 	@mkdir -p $(BUILD)
 	set -o pipefail; $(KB) build images/$(MODEL).yaml --gpu $(GPU) --push $(PUSH_TO) --out $(BUILD) $(BUILD_ARGS) \
 	  | tee $(BUILD)/image.out
-	@awk '$$1 == "pushed" { ref = $$2 } END { if (!ref) exit 1; print ref }' $(BUILD)/image.out > $(BUILD)/image.ref
+	@# Several GPUs (GPU=h100,h200 or GPU=all): the variant index, which sign and verify cover whole.
+	@awk '$$1 == "pushed" { ref = $$2 } $$1 == "index" { index_ref = $$2 } \
+	  END { if (index_ref) ref = index_ref; if (!ref) exit 1; print ref }' $(BUILD)/image.out > $(BUILD)/image.ref
 
 # Signing: `make image` signs what it pushed (by digest) with a local key generated on first
 # use (build/signing/kernelbake.key); `make verify` checks the last image built.

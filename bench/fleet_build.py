@@ -1,0 +1,95 @@
+"""Wall time of a two-target build on two builders at once, against each target built alone.
+
+    python bench/fleet_build.py            # needs root, Docker, the cpu-base image, a registry port
+
+Starts the two stand-in GPU families of buildkit/test-fleet.sh (two Docker daemons, each the
+builder of one family), and a throw-away docker-registry. Builds bench/specs/tiny-llama-fleet.yaml
+three times from an empty build cache: test-a alone, test-b alone, both at once (two-phase
+mode: the compile step runs in `docker run --device kernelbake.dev/test=gpu` on each daemon).
+Target: both at once ≤ 1.25x the slower target alone. Prints JSON and writes
+bench/results/fleet_build.json, with the host's core count and load, which decide the ratio:
+the two compiles run on the same cores here, whereas real builders are separate hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kernelbake.build import BuildOptions, Driver  # noqa: E402
+from kernelbake.plan import plan  # noqa: E402
+from kernelbake.render import BuildMode  # noqa: E402
+from kernelbake.settings import Settings  # noqa: E402
+from kernelbake.spec import load_spec  # noqa: E402
+from tests.support.fleet import SPEC, two_daemons  # noqa: E402
+from tests.support.registry import running_registry  # noqa: E402
+
+TARGET_RATIO = 1.25
+RESULTS = REPO / "bench" / "results" / "fleet_build.json"
+
+
+def _prune(env: dict[str, str]) -> None:
+    """An empty build cache on both daemons, so every build compiles (the base image stays)."""
+    for family in ("a", "b"):
+        ctx = ["docker", "--context", f"kernelbake-test-{family}"]
+        subprocess.run([*ctx, "builder", "prune", "-af"], env=env, check=True, capture_output=True)
+        images = subprocess.run(
+            [*ctx, "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env, check=True, capture_output=True, text=True
+        ).stdout.split()
+        stale = [i for i in images if not i.startswith("kernelbake/cpu-base")]
+        if stale:
+            subprocess.run([*ctx, "rmi", "-f", *stale], env=env, check=True, capture_output=True)
+
+
+def _build(env: dict[str, str], registry: str, gpus: list[str], out: Path) -> float:
+    _prune(env)
+    targets = plan(load_spec(SPEC), gpus, registry=f"{registry}/bench")
+    start = time.perf_counter()
+    Driver(Settings.from_env(env)).build(targets, BuildOptions(out=out, push=True, mode=BuildMode.TWO_PHASE))
+    return round(time.perf_counter() - start, 1)
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp, running_registry(Path(tmp) / "registry") as registry:
+        work = Path(tmp)
+        with two_daemons(work) as env:
+            load_before = os.getloadavg()
+            alone = {g: _build(env, registry, [g], work / f"alone-{g}") for g in ("test-a", "test-b")}
+            both = _build(env, registry, ["test-a", "test-b"], work / "both")
+            load_after = os.getloadavg()
+    slower = max(alone.values())
+    ratio = round(both / slower, 2)
+    doc: dict[str, Any] = {
+        "command": "python bench/fleet_build.py",
+        "spec": str(SPEC.relative_to(REPO)),
+        "mode": "two-phase",
+        "alone_s": alone,
+        "both_at_once_s": both,
+        "ratio_to_slower_alone": ratio,
+        "target_ratio": TARGET_RATIO,
+        "met": ratio <= TARGET_RATIO,
+        "host": {
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "load_average_before": [round(x, 1) for x in load_before],
+            "load_average_after": [round(x, 1) for x in load_after],
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
