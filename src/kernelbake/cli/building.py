@@ -149,7 +149,7 @@ def _inspect_index(args: argparse.Namespace, client: RegistryClient) -> bool:
             "engine": f"{v.key.engine.value} {v.key.engine_version}",
             "key_digest": v.key.digest,
             "digest": v.digest,
-            "platform": "/".join(v.platform().values()),
+            "platform": "/".join(filter(None, (v.os, v.architecture, v.platform().get("variant")))),
         }
         for v in index.variants
     ]

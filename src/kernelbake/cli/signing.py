@@ -207,7 +207,8 @@ def _verify_index(
         if done.signature is not None:
             print(f"verified index {done.signature.pinned()}: signed by {done.signature.signer}")
         else:
-            print(f"FAILED   index {index.ref.pinned()}: {done.signature_failure}")
+            where = index.ref.pinned()
+            print(f"FAILED   index {where}: {str(done.signature_failure).removeprefix(f'{where}: ')}")
         for r in done.variants:
             if r.failure is None and r.verified is not None:
                 print(
@@ -215,7 +216,8 @@ def _verify_index(
                     f"{r.verified.signer}; key {r.verified.key.digest}; cache manifest {r.verified.manifest_digest}"
                 )
             else:
-                print(f"FAILED   {r.variant.key.device} ({r.variant.key.arch}) {r.pinned}: {r.failure}")
+                why = str(r.failure).removeprefix(f"{r.pinned}: ")
+                print(f"FAILED   {r.variant.key.device} ({r.variant.key.arch}) {r.pinned}: {why}")
         notes = [n for n in (done.signature.skipped_note() if done.signature else None,) if n]
         notes += [n for r in done.variants if r.verified and (n := r.verified.skipped_note())]
         for note in notes:
@@ -224,7 +226,7 @@ def _verify_index(
     if failures:
         first = failures[0]
         raise type(first)(
-            f"{index.ref.pinned()}: {len(failures)} of {len(index.variants) + 1} parts of the GPU index "
+            f"{len(failures)} of {len(index.variants) + 1} parts of the GPU index {index.ref.pinned()} "
             f"failed verification; first: {first}"
         )
     return 0

@@ -90,7 +90,7 @@ def _variant(
             LabelMismatch(
                 f"{pinned}: the index {index.ref.pinned()} claims key {variant.key.digest} "
                 f"({variant.key.device}) for this variant, but it verifies as {verified.key.digest} "
-                f"({verified.key.device}; fields differ: {', '.join(differ)}); re-publish the index"
+                f"({verified.key.device}; fields differ: {', '.join(differ)}); re-publish and re-sign the index"
             ),
         )
     return VariantResult(variant, pinned, verified)
