@@ -101,17 +101,21 @@ class Picker:
 
     def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
         self.catalogue, self.match = catalogue, match
-        self._memo: BoundedCache[tuple[tuple[Variant, ...], tuple[Way, ...]], Pick] = BoundedCache(
+        # Keyed by the variants' identity, as Judge is by the key's: they come from the gateway's
+        # cached verdict, so the same tuple recurs, and hashing every key on each review is
+        # what this saves.
+        self._memo: BoundedCache[tuple[int, tuple[Way, ...]], tuple[Sequence[Variant], Pick]] = BoundedCache(
             max_entries
         )
 
     def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
-        memo_key = (tuple(variants), tuple(ways))
+        memo_key = (id(variants), tuple(ways))
         hit = self._memo.get(memo_key)
-        if hit is not None:
-            return hit
+        if hit is not None and hit[0] is variants:
+            return hit[1]
         result = pick(variants, ways, self.catalogue, self.match)
-        self._memo.put(memo_key, result)
+        # Holding the variants keeps their id from being reused while the entry lives.
+        self._memo.put(memo_key, (variants, result))
         return result
 
 
