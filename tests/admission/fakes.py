@@ -8,12 +8,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernelbake.admission.gateway import Gateway, ImageRejected
+from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import parse_reference
 from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
+from kernelbake.contract.variants import Variant
 from kernelbake.oci import RegistryUnavailable
+from kernelbake.oci.types import OCI_MANIFEST
 
 REGISTRY = "registry.example.com"
 REPO = f"{REGISTRY}/kernelbake/qwen3-0.6b"
@@ -43,6 +45,7 @@ class FakeVerifier:
 
     def __init__(self) -> None:
         self.images: dict[str, tuple[str, CacheKey]] = {}
+        self.indexes: dict[str, tuple[str, tuple[Variant, ...]]] = {}
         self.wrong_signer: set[str] = set()
         self.down = False
         self.calls: list[str] = []
@@ -54,7 +57,18 @@ class FakeVerifier:
         self.images[tag_ref] = (digest, key)
         return digest
 
-    def __call__(self, reference: str) -> FakeVerified:
+    def add_index(self, tag_ref: str, variants: Mapping[str, CacheKey]) -> str:
+        """A GPU index at ``tag_ref`` listing the images ``variants`` names (already added) under
+        the keys given (which may lie about them); returns its digest."""
+        listed = tuple(
+            Variant(key=key, digest=self.images[image][0], size=1234, media_type=OCI_MANIFEST)
+            for image, key in variants.items()
+        )
+        digest = digest_of(f"index {tag_ref}")
+        self.indexes[tag_ref] = (digest, listed)
+        return digest
+
+    def __call__(self, reference: str) -> FakeVerified | VerifiedIndex:
         with self._lock:
             self.calls.append(reference)
         if self.gate is not None:
@@ -62,6 +76,12 @@ class FakeVerifier:
         if self.down:
             raise RegistryUnavailable(f"registry {REGISTRY} did not answer: connection refused")
         ref = parse_reference(reference)
+        for tag_ref, (digest, variants) in self.indexes.items():
+            known = parse_reference(tag_ref)
+            if known.name == ref.name and (
+                ref.digest == digest or (ref.digest is None and ref.tag == known.tag)
+            ):
+                return VerifiedIndex(digest, "ci@example.com", variants)
         for tag_ref, (digest, key) in self.images.items():
             known = parse_reference(tag_ref)
             if known.name == ref.name and (

@@ -16,12 +16,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
-from kernelbake.admission.gateway import Accepted, Outcome, Rejected, Unavailable
+from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
+from kernelbake.admission.variants import Picker
 from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
+from kernelbake.contract.variants import Variant
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
 # eviction …) cannot change images.
@@ -172,19 +174,42 @@ def decide(
     policy: AdmissionPolicy,
     judge: gpus.Judge,
     endpoint: Endpoint,
+    picker: Picker | None = None,
 ) -> Response:
     if plan.final is not None:
         return plan.final
+    picker = picker or Picker(judge.catalogue, policy.gpu_match)
     problems = list(plan.problems)
     notes = list(plan.notes)
     patch: list[dict[str, Any]] = []
     unavailable = 0
+    late = Unavailable(
+        f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
+    )
     for g in plan.governed:
-        outcome = outcomes.get(g.target) or Unavailable(
-            f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
-        )
+        outcome = outcomes.get(g.target) or late
         subject = f"{g.container.where}: image {g.container.image}"
-        if isinstance(outcome, Rejected):
+        asked = g.ref.digest
+        claimed = None
+        if isinstance(outcome, IndexAccepted):
+            index = outcome.index
+            if asked is not None and index.digest != asked:
+                problems.append(f"{subject}: verification returned {index.digest}, not the digest asked for")
+                continue
+            chosen = picker(index.variants, plan.ways)
+            if chosen.variant is None:
+                problems.append(
+                    f"{subject} names the GPU index {g.ref.name}@{index.digest}, and "
+                    f"{'; '.join(chosen.problems)}; {chosen.hint}"
+                )
+                continue
+            # From here on the pod runs the variant: it is verified, judged and pinned as an image.
+            subject = f"{subject} (the {chosen.variant.key.device} variant of its GPU index)"
+            asked, claimed = chosen.variant.digest, chosen.variant.key
+            outcome = outcomes.get(variant_target(g.ref, chosen.variant)) or late
+        if isinstance(outcome, IndexAccepted):
+            problems.append(f"{subject}: the index lists another index, not an image")
+        elif isinstance(outcome, Rejected):
             problems.append(f"{subject} was rejected: {outcome.reason}")
         elif isinstance(outcome, Unavailable):
             if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
@@ -196,8 +221,14 @@ def decide(
                 problems.append(f"{subject} could not be verified: {outcome.reason}")
         elif isinstance(outcome, Accepted):
             image = outcome.image
-            if g.ref.digest is not None and image.digest != g.ref.digest:
+            if asked is not None and image.digest != asked:
                 problems.append(f"{subject}: verification returned {image.digest}, not the digest asked for")
+                continue
+            if claimed is not None and image.key != claimed:
+                problems.append(
+                    f"{subject}: the index claims key {claimed.digest} for it, but it verifies as "
+                    f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index"
+                )
                 continue
             verdict = judge(image.key, plan.ways)
             if not verdict.ok:
@@ -211,6 +242,25 @@ def decide(
                 patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
+
+
+def variant_target(ref: ImageRef, variant: Variant) -> str:
+    """What is verified for the variant of ``ref``'s index that a pod runs."""
+    return f"{ref.name}@{variant.digest}"
+
+
+def variant_refs(plan: Plan, outcomes: Mapping[str, Outcome], picker: Picker) -> dict[str, ImageRef]:
+    """The variants to verify next: for each governed image whose verdict is a GPU index, the
+    variant its pod's placement picks (``decide`` picks the same)."""
+    refs: dict[str, ImageRef] = {}
+    for g in plan.governed:
+        outcome = outcomes.get(g.target)
+        if isinstance(outcome, IndexAccepted):
+            chosen = picker(outcome.index.variants, plan.ways)
+            if chosen.variant is not None:
+                target = variant_target(g.ref, chosen.variant)
+                refs[target] = parse_reference(target)
+    return refs
 
 
 def _problems(

@@ -28,6 +28,7 @@ from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
 from kernelbake.cache import BoundedCache
 from kernelbake.contract.key import CacheKey
+from kernelbake.contract.variants import Variant
 from kernelbake.errors import KernelbakeError
 from kernelbake.oci.errors import RegistryUnavailable
 
@@ -47,11 +48,21 @@ class VerifiedLike(Protocol):
     def signer(self) -> str: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifiedIndex:
+    """A model's GPU-variant index whose signature verified: the variants it lists (each is
+    verified on its own when a pod is sent to it)."""
+
+    digest: str
+    signer: str
+    variants: tuple[Variant, ...]
+
+
 class Verifier(Protocol):
-    """Verify one reference (tag or digest): return the verified image or raise
+    """Verify one reference (tag or digest): return the verified image (or GPU index) or raise
     ``ImageRejected`` / ``RegistryUnavailable``."""
 
-    def __call__(self, reference: str, /) -> VerifiedLike: ...
+    def __call__(self, reference: str, /) -> VerifiedLike | VerifiedIndex: ...
 
 
 # Resolve a tag reference to its current digest without verifying (a manifest HEAD).
@@ -70,6 +81,11 @@ class Accepted:
 
 
 @dataclasses.dataclass(frozen=True)
+class IndexAccepted:
+    index: VerifiedIndex
+
+
+@dataclasses.dataclass(frozen=True)
 class Rejected:
     reason: str
 
@@ -79,7 +95,7 @@ class Unavailable:
     reason: str
 
 
-Outcome: TypeAlias = Accepted | Rejected | Unavailable
+Outcome: TypeAlias = Accepted | IndexAccepted | Rejected | Unavailable
 
 
 class Gateway:
@@ -147,7 +163,7 @@ class Gateway:
 
     def _verdict(self, key: str) -> Outcome | None:
         value = self._verdicts.get(key)
-        return value if isinstance(value, Accepted | Rejected) else None
+        return value if isinstance(value, Accepted | IndexAccepted | Rejected) else None
 
     def _run(self, ref: ImageRef, target: str) -> Outcome:
         try:
@@ -169,7 +185,7 @@ class Gateway:
             # A bug must not admit anything, nor take the server down.
             log.exception("verifying %s failed unexpectedly", target)
             return Rejected(f"verification failed unexpectedly ({type(exc).__name__}: {exc})")
-        accepted = Accepted(image)
+        accepted = IndexAccepted(image) if isinstance(image, VerifiedIndex) else Accepted(image)
         self._verdicts.put(f"{ref.name}@{image.digest}", accepted, self._policy.ttl_seconds)
         if ref.digest is None:
             self._tags.put(str(ref), image.digest, self._policy.tag_ttl_seconds)

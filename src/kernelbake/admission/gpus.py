@@ -23,12 +23,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from kernelbake.admission.policy import GpuMatch
-from kernelbake.admission.scheduling import Operator, Way
+from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import CPU, Catalogue
 from kernelbake.contract.compat import check_fields
 from kernelbake.contract.key import CacheKey
-from kernelbake.gfd import GPU_LABELS, PRODUCT, node_gpu, product_for
+from kernelbake.gfd import GPU_LABELS, PRODUCT, NodeGpu, node_gpu, product_for
 
 _LISTED = 3
 
@@ -89,17 +89,30 @@ class Judge:
         return verdict
 
 
-def _judge_way(
-    key: CacheKey, way: Way, catalogue: Catalogue, match: GpuMatch
-) -> tuple[list[str], list[str], bool]:
-    """(problems, notes, whether any GPU node can satisfy this way)."""
-    gpu_reqs = [r for r in way.requirements if r.key in GPU_LABELS]
-    # A node without GPU labels: if it satisfies the way, the pod may run anywhere.
+@dataclasses.dataclass(frozen=True)
+class Admitted:
+    """The GPU nodes one way can land on, as far as their GFD labels tell."""
+
+    way: Way
+    gpu_requirements: tuple[Requirement, ...]
+    # False: a node without GPU labels satisfies the way, so the pod may run anywhere.
+    pins_gpu: bool
+    # No product pin (family, compute capability …): every catalogue GPU those labels match.
+    open_ended: bool
+    gpus: tuple[NodeGpu, ...]
+
+    def unpinned(self) -> str:
+        """The problem when ``pins_gpu`` is False."""
+        reqs = self.gpu_requirements
+        still = f" ({', '.join(map(str, reqs))} still admits nodes without GPU labels)" if reqs else ""
+        return f"{self.way.source} does not pin a GPU{still}"
+
+
+def admitted(way: Way, catalogue: Catalogue) -> Admitted:
+    """The GPU products ``way`` admits (admission's variant choice reads them too)."""
+    gpu_reqs = tuple(r for r in way.requirements if r.key in GPU_LABELS)
     if all(r.matches({}) for r in gpu_reqs):
-        pinned = (
-            f" ({', '.join(map(str, gpu_reqs))} still admits nodes without GPU labels)" if gpu_reqs else ""
-        )
-        return [f"{way.source} does not pin a GPU{pinned}"], [], True
+        return Admitted(way, gpu_reqs, False, False, ())
     product_ins = [r for r in gpu_reqs if r.key == PRODUCT and r.operator is Operator.IN]
     if product_ins:
         allowed = [p for p in product_ins[0].values if all(p in r.values for r in product_ins[1:])]
@@ -107,14 +120,24 @@ def _judge_way(
     else:
         # -SHARED variants carry the same labels, so one product per device decides.
         candidates = [node_gpu(g.gfd_product[0], catalogue) for g in catalogue.gpus.values() if g.gfd_product]
-    admitted = [
+    gpus = tuple(
         n
         for n in candidates
         if all(r.matches(n.labels) for r in gpu_reqs if n.device is not None or r.key == PRODUCT)
-    ]
-    open_ended = not product_ins
+    )
+    return Admitted(way, gpu_reqs, True, not product_ins, gpus)
+
+
+def _judge_way(
+    key: CacheKey, way: Way, catalogue: Catalogue, match: GpuMatch
+) -> tuple[list[str], list[str], bool]:
+    """(problems, notes, whether any GPU node can satisfy this way)."""
+    found = admitted(way, catalogue)
+    if not found.pins_gpu:
+        return [found.unpinned()], [], True
+    gpu_reqs, open_ended, admitted_gpus = found.gpu_requirements, found.open_ended, found.gpus
     problems: list[str] = []
-    unknown = [n.product for n in admitted if n.device is None]
+    unknown = [n.product for n in admitted_gpus if n.device is None]
     if unknown:
         problems.append(f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue")
     pins = ", ".join(str(r) for r in gpu_reqs)
@@ -122,11 +145,11 @@ def _judge_way(
         problems.append(
             f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
         )
-    elif open_ended and not admitted:
+    elif open_ended and not admitted_gpus:
         problems.append(f"{way.source} admits only GPUs kernelbake's catalogue does not know ({pins})")
     mismatched: dict[str, list[str]] = {}
     tolerated: dict[str, list[str]] = {}
-    for n in admitted:
+    for n in admitted_gpus:
         if n.device is None or n.arch is None:
             continue
         for reason in check_fields(key, {"device": n.device, "arch": n.arch}).blocking:
@@ -142,7 +165,7 @@ def _judge_way(
             f"{way.source} admits {_list(p)}: {reason}; the caches will be recompiled there"
             for reason, p in tolerated.items()
         ]
-    return problems, notes, bool(admitted) or open_ended
+    return problems, notes, bool(admitted_gpus) or open_ended
 
 
 def _list(items: Sequence[str]) -> str:

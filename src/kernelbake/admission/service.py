@@ -11,11 +11,13 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from kernelbake.admission.admit import Endpoint, Plan, decide, plan
+from kernelbake.admission.admit import Endpoint, Plan, decide, plan, variant_refs
 from kernelbake.admission.gateway import Gateway, Outcome
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.references import ImageRef
 from kernelbake.admission.review import Code, MalformedReview, Response, parse_review
+from kernelbake.admission.variants import Picker
 from kernelbake.catalogue import Catalogue, load_catalogue
 
 log = logging.getLogger("kernelbake.admission")
@@ -26,6 +28,7 @@ class Admitter:
         self.policy = policy
         self.gateway = gateway
         self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
+        self.picker = Picker(self.judge.catalogue, policy.gpu_match)
 
     def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
         """Answer one parsed AdmissionReview document, waiting for verification at most until
@@ -40,11 +43,14 @@ class Admitter:
         first = self._plan(doc)
         if isinstance(first, Response):
             return self._answer(first, None)
-        outcomes, futures = self._lookup(first)
-        if futures:
-            remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-            concurrent.futures.wait(futures.values(), timeout=remaining)
-            outcomes.update(_done(futures))
+        outcomes, futures = self._lookup(first.refs)
+        # Twice at most: a GPU index's verdict names the variant to verify next.
+        for _ in range(2):
+            if futures:
+                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+                concurrent.futures.wait(futures.values(), timeout=remaining)
+                outcomes.update(_done(futures))
+            futures = self._next(first, outcomes)
         return self._decide(first, outcomes, endpoint)
 
     def review_nowait(
@@ -56,7 +62,9 @@ class Admitter:
             first = self._plan(doc)
             if isinstance(first, Response):
                 return self._answer(first, None)
-            outcomes, futures = self._lookup(first)
+            outcomes, futures = self._lookup(first.refs)
+            if not futures:
+                futures = self._next(first, outcomes)
             if not futures:
                 return self._decide(first, outcomes, endpoint)
         except Exception:
@@ -74,23 +82,36 @@ class Admitter:
         started: float,
     ) -> dict[str, Any]:
         try:
-            pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
-            if pending:
-                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-                await asyncio.wait(pending, timeout=remaining)
-            outcomes.update(_done(futures))
+            # Twice at most: a GPU index's verdict names the variant to verify next.
+            for _ in range(2):
+                pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+                if pending:
+                    remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
+                    await asyncio.wait(pending, timeout=remaining)
+                outcomes.update(_done(futures))
+                futures = self._next(first, outcomes)
             return self._decide(first, outcomes, endpoint)
         except Exception:
             log.exception("a review failed")
             return _internal(doc).to_document()
 
+    def _next(
+        self, first: Plan, outcomes: dict[str, Outcome]
+    ) -> dict[str, concurrent.futures.Future[Outcome]]:
+        """The variants GPU indexes pick that have no verdict yet: cached ones go straight
+        into ``outcomes``, the rest are submitted."""
+        wanted = {t: r for t, r in variant_refs(first, outcomes, self.picker).items() if t not in outcomes}
+        found, futures = self._lookup(wanted)
+        outcomes.update(found)
+        return futures
+
     def _lookup(
-        self, first: Plan
+        self, refs: Mapping[str, ImageRef]
     ) -> tuple[dict[str, Outcome], dict[str, concurrent.futures.Future[Outcome]]]:
         """Cached verdicts at once (the common case, no future, no thread); the rest submitted."""
         outcomes: dict[str, Outcome] = {}
         futures: dict[str, concurrent.futures.Future[Outcome]] = {}
-        for target, ref in first.refs.items():
+        for target, ref in refs.items():
             hit = self.gateway.cached(ref)
             if hit is not None:
                 outcomes[target] = hit
@@ -109,7 +130,7 @@ class Admitter:
 
     def _decide(self, first: Plan, outcomes: Mapping[str, Outcome], endpoint: Endpoint) -> dict[str, Any]:
         try:
-            response = decide(first, outcomes, self.policy, self.judge, endpoint)
+            response = decide(first, outcomes, self.policy, self.judge, endpoint, self.picker)
         except Exception:
             log.exception("deciding a review failed")
             response = Response(

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from kernelbake import oci
-from kernelbake.admission.gateway import Gateway, ImageRejected
+from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.errors import KernelbakeError
+from kernelbake.fleet import read_index
 from kernelbake.settings import Settings
+from kernelbake.signing.errors import NotKernelbakeImage
 from kernelbake.signing.policy import VerifyPolicy
-from kernelbake.signing.verify import VerifiedImage, verify_image
+from kernelbake.signing.verify import VerifiedImage, verify_image, verify_signature
 
 _T = TypeVar("_T")
 
@@ -59,10 +61,22 @@ class SignedImageVerifier:
             client = self._local.client = self._factory()
         return client
 
-    def __call__(self, reference: str) -> VerifiedImage:
+    def __call__(self, reference: str) -> VerifiedImage | VerifiedIndex:
         client = self._client()
         with client.deadline(self.deadline, "verification deadline"):
-            return _sorted(lambda: verify_image(reference, self.trust, client=client))
+            return _sorted(lambda: self._verify(reference, client))
+
+    def _verify(self, reference: str, client: oci.RegistryClient) -> VerifiedImage | VerifiedIndex:
+        try:
+            return verify_image(reference, self.trust, client=client)
+        except NotKernelbakeImage:
+            # Not one image: a model's GPU index is verified by its signature, and the variant a
+            # pod is sent to on its own (the images' path stays as it was: no extra request).
+            index = read_index(reference, client=client)
+            if index is None:
+                raise
+        signed = verify_signature(client, index.ref, self.trust)
+        return VerifiedIndex(signed.digest, signed.signer, index.variants)
 
     def resolve(self, reference: str) -> str:
         """The digest a tag points to now (one manifest GET), for the gateway's tag cache."""

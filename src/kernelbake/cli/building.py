@@ -20,6 +20,7 @@ from kernelbake.spec import load_spec
 # kernelbake.remote needs requests (host only); ``inspect`` imports it when it runs, so that
 # this module loads inside images too.
 if TYPE_CHECKING:
+    from kernelbake.oci import RegistryClient
     from kernelbake.remote import RemoteImage
 
 
@@ -131,11 +132,46 @@ def _print_summary(doc: dict[str, Any]) -> None:
             print(f"  {name}={value}")
 
 
+def _inspect_index(args: argparse.Namespace, client: RegistryClient) -> bool:
+    """A model's GPU-variant index: the table of its variants (True), else nothing (False)."""
+    from kernelbake.fleet import read_index
+    from kernelbake.oci import parse_reference
+    from kernelbake.remote import registry_reachable
+
+    with registry_reachable(parse_reference(args.ref).registry):
+        index = read_index(args.ref, client=client)
+    if index is None:
+        return False
+    rows = [
+        {
+            "device": v.key.device,
+            "arch": v.key.arch,
+            "engine": f"{v.key.engine.value} {v.key.engine_version}",
+            "key_digest": v.key.digest,
+            "digest": v.digest,
+            "platform": "/".join(filter(None, (v.os, v.architecture, v.platform().get("variant")))),
+        }
+        for v in index.variants
+    ]
+    if args.json:
+        print(json.dumps({"reference": args.ref, "index": index.ref.pinned(), "variants": rows}, indent=2))
+        return True
+    print(f"index:      {index.ref.pinned()} ({len(rows)} variants; kernelbake resolve picks one)")
+    columns = ("device", "arch", "engine", "key_digest", "digest")
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.replace("_", " ").ljust(widths[c]) for c in columns).rstrip())
+    for r in rows:
+        print("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
+    return True
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kernelbake.oci import RegistryClient
     from kernelbake.remote import inspect_remote
 
     client = RegistryClient(Settings.from_env(), timeout=args.timeout)
+    if _inspect_index(args, client):
+        return 0
     doc = _summary(inspect_remote(args.ref, client=client))
     consistent = doc["labels_consistent"] and (doc["cache_manifest"] or {}).get("key_matches_labels", False)
     if args.json:

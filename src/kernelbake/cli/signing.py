@@ -13,6 +13,7 @@ from kernelbake.settings import Settings
 # Host-side dependencies (requests, cryptography, sigstore) are imported by the commands
 # that need them: the same CLI runs inside images, which have none of them.
 if TYPE_CHECKING:
+    from kernelbake.fleet import FleetIndex
     from kernelbake.oci import RegistryClient
     from kernelbake.signing.policy import VerifyPolicy
     from kernelbake.signing.signer import Signer
@@ -115,7 +116,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     policy = _policy(args)
-    result = verify_image(args.image, policy, client=_client(args, settings))
+    client = _client(args, settings)
+    index = _variant_index(args.image, client)
+    if index is not None:
+        return _verify_index(args, index, policy, client)
+    result = verify_image(args.image, policy, client=client)
     if args.json:
         doc = {
             "verified": True,
@@ -139,6 +144,91 @@ def cmd_verify(args: argparse.Namespace) -> int:
         # Junk or other signers' artifacts next to the signature: said, on stderr, not failed on.
         if (note := result.skipped_note()) is not None:
             print(f"kernelbake verify: note: {note}", file=sys.stderr)
+    return 0
+
+
+def _variant_index(reference: str, client: RegistryClient) -> FleetIndex | None:
+    """The GPU-variant index ``reference`` names, or None for anything else (verify_image then
+    says what is wrong with it)."""
+    from kernelbake.contract.variants import InvalidIndex
+    from kernelbake.fleet import read_index
+    from kernelbake.oci import InvalidReference
+    from kernelbake.signing.errors import InvalidImageReference, LabelMismatch
+    from kernelbake.signing.verify import _registry_errors
+
+    try:
+        with _registry_errors(reference, missing_is_image=True):
+            return read_index(reference, client=client)
+    except InvalidReference as exc:
+        raise InvalidImageReference(str(exc)) from None
+    except InvalidIndex as exc:
+        # Annotations that disagree with the key they carry: edited after publishing.
+        raise LabelMismatch(str(exc)) from None
+
+
+def _verify_index(
+    args: argparse.Namespace, index: FleetIndex, policy: VerifyPolicy, client: RegistryClient
+) -> int:
+    from kernelbake.oci import parse_reference
+    from kernelbake.signing.index import verify_index
+
+    ref = parse_reference(args.image)
+    done = verify_index(index, policy, client, tag=ref.tag if ref.digest else None)
+    if args.json:
+        sig = done.signature
+        doc = {
+            "verified": done.ok,
+            "reference": args.image,
+            "index": {
+                "digest": index.ref.digest,
+                "verified": sig is not None,
+                "signer": sig.signer if sig else None,
+                "error": str(done.signature_failure) if done.signature_failure else None,
+                "skipped": [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in sig.skipped]
+                if sig
+                else [],
+            },
+            "variants": [
+                {
+                    "device": r.variant.key.device,
+                    "arch": r.variant.key.arch,
+                    "digest": r.variant.digest,
+                    "key_digest": r.variant.key.digest,
+                    "verified": r.failure is None,
+                    "signer": r.verified.signer if r.verified else None,
+                    "cache_manifest_digest": r.verified.manifest_digest if r.verified else None,
+                    "error": str(r.failure) if r.failure else None,
+                }
+                for r in done.variants
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        if done.signature is not None:
+            print(f"verified index {done.signature.pinned()}: signed by {done.signature.signer}")
+        else:
+            where = index.ref.pinned()
+            print(f"FAILED   index {where}: {str(done.signature_failure).removeprefix(f'{where}: ')}")
+        for r in done.variants:
+            if r.failure is None and r.verified is not None:
+                print(
+                    f"verified {r.variant.key.device} ({r.variant.key.arch}) {r.pinned}: signed by "
+                    f"{r.verified.signer}; key {r.verified.key.digest}; cache manifest {r.verified.manifest_digest}"
+                )
+            else:
+                why = str(r.failure).removeprefix(f"{r.pinned}: ")
+                print(f"FAILED   {r.variant.key.device} ({r.variant.key.arch}) {r.pinned}: {why}")
+        notes = [n for n in (done.signature.skipped_note() if done.signature else None,) if n]
+        notes += [n for r in done.variants if r.verified and (n := r.verified.skipped_note())]
+        for note in notes:
+            print(f"kernelbake verify: note: {note}", file=sys.stderr)
+    failures = done.failures
+    if failures:
+        first = failures[0]
+        raise type(first)(
+            f"{len(failures)} of {len(index.variants) + 1} parts of the GPU index {index.ref.pinned()} "
+            f"failed verification; first: {first}"
+        )
     return 0
 
 
@@ -170,7 +260,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_registry_args(p)
     p.set_defaults(func=cmd_sign)
 
-    p = sub.add_parser("verify", help="verify an image's signature and kernelbake attestation")
+    p = sub.add_parser(
+        "verify",
+        help="verify an image's signature and kernelbake attestation (a GPU index: it and every variant)",
+    )
     p.add_argument("image", help="host/repo:tag, host/repo@sha256:… or host/repo:tag@sha256:…")
     trust = p.add_mutually_exclusive_group(required=True)
     trust.add_argument("--policy", help="policy YAML (trusted identities, keys, trusted_root)")

@@ -68,7 +68,7 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["VerificationFailed", "VerifiedImage", "verify_image"]
+__all__ = ["VerificationFailed", "VerifiedImage", "VerifiedSignature", "verify_image", "verify_signature"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -335,6 +335,69 @@ def _attested(
     raise type(first)(f"{first}{_note([*passed_over[1:], *skipped])}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifiedSignature:
+    """A digest signed by someone the policy trusts (what an image index needs: its signed bytes
+    are what it lists)."""
+
+    repository: str  # host/repo
+    digest: str
+    signer: str
+    skipped: tuple[Skipped, ...] = ()
+
+    def pinned(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    def skipped_note(self) -> str | None:
+        return describe_skipped(self.skipped) if self.skipped else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Signed:
+    signature: _Claim
+    claims: list[_Claim]
+    outcomes: list[_Outcome]
+    skipped: list[Skipped]
+
+
+def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> _Signed:
+    """Steps 2 and 3 for ``pinned`` (a reference with its digest): the trusted signature, every
+    verified claim and everything passed over so far."""
+    assert pinned.digest is not None
+    digest = pinned.digest
+    where = f"{pinned.name}@{digest}"
+    with _registry_errors(where, missing_is_image=False):
+        found = find_artifacts(client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE))
+    outcomes = [_check(a, policy) for a in found.artifacts]
+    claims = [o.claim for o in outcomes if o.claim is not None]
+    # Everything passed over, the artifacts that did not verify first (the most telling).
+    skipped = [_as_skipped(o.failure, o.artifact) for o in outcomes if o.failure is not None]
+    skipped += found.skipped
+    signature = _pick(where, digest, claims, "signature", "signature", outcomes, skipped)[0]
+    skipped += [
+        Skipped(c.name, f"made for {', '.join(c.digests) or 'no digest'}, not this digest")
+        for c in claims
+        if c.kind in ("signature", "attestation") and digest not in c.digests
+    ]
+    return _Signed(signature, claims, outcomes, skipped)
+
+
+def verify_signature(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> VerifiedSignature:
+    """The signature check of ``verify_image`` alone, for a digest (``pinned.digest`` must be
+    set; its content is not read): any attached signature that satisfies the policy is enough,
+    junk and other signers' artifacts are skipped with a note. Raises a ``VerificationFailed``
+    subclass."""
+    if pinned.digest is None:
+        raise InvalidImageReference(f"{pinned}: verify_signature needs a digest")
+    signed = _signed(client, pinned, policy)
+    return VerifiedSignature(
+        repository=pinned.name,
+        digest=pinned.digest,
+        signer=signed.signature.verified.signer,
+        skipped=tuple(signed.skipped),
+    )
+
+
 def verify_image(
     reference: str, policy: VerifyPolicy, *, client: RegistryClient | None = None
 ) -> VerifiedImage:
@@ -357,20 +420,8 @@ def verify_image(
     pinned, facts = _resolve(client, ref)
     digest = facts.top.digest
     where = f"{pinned.name}@{digest}"
-
-    with _registry_errors(where, missing_is_image=False):
-        found = find_artifacts(client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE))
-    outcomes = [_check(a, policy) for a in found.artifacts]
-    claims = [o.claim for o in outcomes if o.claim is not None]
-    # Everything passed over, the artifacts that did not verify first (the most telling).
-    skipped = [_as_skipped(o.failure, o.artifact) for o in outcomes if o.failure is not None]
-    skipped += found.skipped
-    signature = _pick(where, digest, claims, "signature", "signature", outcomes, skipped)[0]
-    skipped += [
-        Skipped(c.name, f"made for {', '.join(c.digests) or 'no digest'}, not this digest")
-        for c in claims
-        if c.kind in ("signature", "attestation") and digest not in c.digests
-    ]
+    signed = _signed(client, pinned.with_digest(digest), policy)
+    signature, claims, outcomes, skipped = signed.signature, signed.claims, signed.outcomes, signed.skipped
 
     key = _labels_key(where, facts.labels)
     attested: dict[str, Any] = {}

@@ -1,0 +1,124 @@
+"""Which variant of a model's GPU index a pod runs, from where it can schedule.
+
+Every GPU product each of the pod's ways admits (``gpus.admitted``, as the GPU check reads
+them) is ranked against the index's variants by ``contract.compat.rank_variants``, the ranking
+``kernelbake resolve`` prints. The pod gets a variant only when every GPU it can land on picks
+the same one; a placement that allows GPUs needing different variants is denied with the
+nodeSelectors that would settle it, and a GPU no variant fits is denied with the reasons. In
+``gpu.match: device`` mode only a variant baked on that very device fits; ``arch`` mode also
+takes one of the same arch (the GPU check then warns that the caches recompile there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from kernelbake.admission.gpus import admitted
+from kernelbake.admission.policy import GpuMatch
+from kernelbake.admission.scheduling import Way
+from kernelbake.cache import BoundedCache
+from kernelbake.catalogue import Catalogue
+from kernelbake.contract.compat import Tier, rank_variants
+from kernelbake.contract.variants import Variant
+from kernelbake.gfd import PRODUCT, product_for
+
+_LISTED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """The variant to run, or why there is none (``problems``, and the fix when one exists)."""
+
+    variant: Variant | None
+    problems: tuple[str, ...] = ()
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.variant is None) == (not self.problems):
+            raise ValueError("a Pick has either a variant or problems")
+
+
+def _label(variant: Variant) -> str:
+    return f"{variant.key.device} ({variant.digest[:19]}…)"
+
+
+def pick(variants: Sequence[Variant], ways: Sequence[Way], catalogue: Catalogue, match: GpuMatch) -> Pick:
+    fits = (Tier.SAME_DEVICE,) if match is GpuMatch.DEVICE else (Tier.SAME_DEVICE, Tier.SAME_ARCH)
+    keys = [v.key for v in variants]
+    products = ", ".join(dict.fromkeys(f"{PRODUCT}: {product_for(v.key.device)}" for v in variants))
+    pin_hint = f"add one nodeSelector of {products}"
+    if not ways:
+        return Pick(None, ("its required node affinity has no term that matches any node",), pin_hint)
+    problems: list[str] = []
+    chosen: dict[int, list[str]] = {}  # variant → the products that pick it
+    for way in ways:
+        found = admitted(way, catalogue)
+        if not found.pins_gpu:
+            problems.append(found.unpinned())
+            continue
+        if found.open_ended and match is GpuMatch.DEVICE:
+            pins = ", ".join(map(str, found.gpu_requirements))
+            problems.append(
+                f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
+            )
+            continue
+        if not found.gpus:
+            problems.append(f"{way.source} admits no GPU product kernelbake's catalogue knows")
+        for gpu in found.gpus:
+            if gpu.device is None or gpu.arch is None:
+                problems.append(
+                    f"{way.source} admits {gpu.product}, not a GPU product in kernelbake's catalogue"
+                )
+                continue
+            ranked = rank_variants(keys, {"device": gpu.device, "arch": gpu.arch})
+            best = ranked[0]
+            if best.tier not in fits:
+                reasons = "; ".join(f"{variants[c.index].key.device}: {c.summary()}" for c in ranked)
+                mode = f" in gpu.match: {match.value} mode" if best.tier is Tier.SAME_ARCH else ""
+                problems.append(f"{way.source} admits {gpu.product}, which no variant fits{mode} ({reasons})")
+                continue
+            chosen.setdefault(best.index, []).append(gpu.product)
+    if problems:
+        return Pick(None, tuple(problems), pin_hint)
+    if len(chosen) > 1:
+        needs = "; ".join(
+            f"{_list(p)} need{'s' if len(p) == 1 else ''} {_label(variants[i])}" for i, p in chosen.items()
+        )
+        one_of = " or ".join(f"{PRODUCT}: {p[0]}" for p in chosen.values())
+        return Pick(
+            None,
+            (f"its placement allows GPUs that need different variants ({needs})",),
+            f"add nodeSelector {one_of}",
+        )
+    (index,) = chosen
+    return Pick(variants[index])
+
+
+class Picker:
+    """``pick`` for one catalogue and match mode, memoised like ``gpus.Judge``: the answer depends
+    only on the index's variants and the pod's ways, and both recur. Bounded, thread-safe."""
+
+    def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
+        self.catalogue, self.match = catalogue, match
+        # Keyed by the variants' identity, as Judge is by the key's: they come from the gateway's
+        # cached verdict, so the same tuple recurs, and hashing every key on each review is
+        # what this saves.
+        self._memo: BoundedCache[tuple[int, tuple[Way, ...]], tuple[Sequence[Variant], Pick]] = BoundedCache(
+            max_entries
+        )
+
+    def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
+        memo_key = (id(variants), tuple(ways))
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit[0] is variants:
+            return hit[1]
+        result = pick(variants, ways, self.catalogue, self.match)
+        # Holding the variants keeps their id from being reused while the entry lives.
+        self._memo.put(memo_key, (variants, result))
+        return result
+
+
+def _list(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_LISTED])
+    return shown + (f" and {len(items) - _LISTED} more" if len(items) > _LISTED else "")
