@@ -1,6 +1,7 @@
 """vLLM cold start vs a start from a kernelbake bundle, on one GPU machine, in one run.
 
-    PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out DIR [--deadline 480]
+    PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out DIR [--deadline 480] [--tp N]
+    python3 bench/vllm_coldstart.py --tp 4 --dry-run      # the plan, without a GPU or vLLM
 
 For each model (the reference tiny Llama and the Qwen3-8B config, dummy weights):
   cold      a start with every cache directory empty;
@@ -11,20 +12,26 @@ For each model (the reference tiny Llama and the Qwen3-8B config, dummy weights)
   tc_only   a start with only the torch.compile part of the bundle (copied elsewhere: it
             is relocatable), for comparison.
 Each run is its own process, with its own HOME and cache directories. Runs are spread over
-four lanes of four CPU cores each (sched_setaffinity) and share the one GPU; the schedule is
-in the result, so the concurrency behind every number is on record.
+four lanes, each with a quarter of the CPU cores (sched_setaffinity), and share the GPUs; the
+schedule is in the result, so the concurrency behind every number is on record.
+
+With ``--tp N`` (a machine with N GPUs) every run is at tensor parallel size N: vLLM starts one
+worker per GPU, compile-only bakes every rank's caches, the compile report carries each rank's
+peak and held GPU memory (each worker measures its own), and the limits apply per rank.
 
 "Start" is the LLMEngine construction time, as ``vllm serve`` configures it (same parser and
 usage context), with --load-format dummy and a fixed KV-cache size (vLLM then skips memory
 profiling, which other processes on the same GPU would disturb; neither setting enters
 vLLM's compile hash). Every run then generates 16 greedy tokens from a fixed prompt.
 
-Writes DIR/vllm-0.26.0-h200.json, DIR/logs.tar.gz, and prints the summary JSON.
+Writes DIR/vllm-0.26.0-h200.json (at --tp N: DIR/vllm-0.26.0-h200xN-tpN.json), DIR/logs.tar.gz,
+and prints the summary JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -49,24 +56,45 @@ PROMPT = list(range(1, 17))
 MAX_TOKENS = 16
 SERVE_KV_BYTES = 2 << 30
 SERVE_GPU_UTIL = 0.15
-CORE_GROUPS = [list(range(i, i + 4)) for i in range(0, 16, 4)]
+LANES = 4
 TARGETS = {"tiny-llama-ref": 10.0, "qwen3-8b-dummy": 8.0}
+# At TP > 1 the issue's target is 8x for every model.
+TP_TARGET = 8.0
 PEAK_LIMIT = {"tiny-llama-ref": 1 << 30, "qwen3-8b-dummy": 2 << 30}
 ALLOCATED_LIMIT = 64 << 20
 
 
-def _target(model: str) -> Any:
+def core_groups(cores: list[int], lanes: int = LANES) -> list[list[int]]:
+    """The machine's cores in ``lanes`` equal groups (16 cores: 4 of 4, as before)."""
+    size = max(1, len(cores) // lanes)
+    return [cores[i * size : (i + 1) * size] for i in range(lanes)]
+
+
+CORE_GROUPS = core_groups(sorted(os.sched_getaffinity(0)))
+
+
+def result_name(tp: int) -> str:
+    return "vllm-0.26.0-h200.json" if tp == 1 else f"vllm-0.26.0-h200x{tp}-tp{tp}.json"
+
+
+def _target(model: str, tp: int = 1) -> Any:
     from kernelbake.contract.target import TargetConfig
     from kernelbake.plan import plan
     from kernelbake.spec import load_spec
 
     spec = load_spec(MODELS[model])
+    if tp != 1:
+        spec = dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, tensor_parallel_size=tp))
     t = plan(spec, ["h200"])[0]
     return TargetConfig(key=t.key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes)
 
 
-def _roots(model: str) -> dict[str, Path]:
-    base = WORK / model
+def _base(model: str, tp: int = 1) -> Path:
+    return WORK / (model if tp == 1 else f"{model}-tp{tp}")
+
+
+def _roots(model: str, tp: int = 1) -> dict[str, Path]:
+    base = _base(model, tp)
     return {
         "cold": base / "cold" / "cache",
         "compile": base / "bundle" / "cache",
@@ -78,13 +106,13 @@ def _roots(model: str) -> dict[str, Path]:
 # -- lanes (each runs in its own process) ---------------------------------------------------
 
 
-def lane_compile(model: str, out: Path) -> dict[str, Any]:
+def lane_compile(model: str, out: Path, tp: int = 1) -> dict[str, Any]:
     from kernelbake.contract.compat import check
     from kernelbake.runtime.bundle import write_manifest
     from kernelbake.runtime.engines.vllm import VllmEngine
 
-    target = _target(model)
-    root = _roots(model)["compile"]
+    target = _target(model, tp)
+    root = _roots(model, tp)["compile"]
     engine = VllmEngine()
     platform = engine.probe()
     verdict = check(target.key, platform)
@@ -97,24 +125,26 @@ def lane_compile(model: str, out: Path) -> dict[str, Any]:
         result.kinds,
         hashed_env=result.hashed_env,
         report={**result.report, "builder": {"device": platform.device, "driver": platform.driver}},
+        ranks=result.ranks,
     )
     return {
         "wall_s": round(wall, 2),
         "report": dict(result.report),
         "caches": manifest.totals(),
+        "rank_files": {str(r): t for r, t in manifest.rank_totals().items()},
         "key": str(target.key),
         "measured_key_reasons": [str(r) for r in verdict.reasons],
         "facts": platform.fields(),
     }
 
 
-def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
+def lane_serve(model: str, kind: str, out: Path, tp: int = 1) -> dict[str, Any]:
     from kernelbake.contract.engines import VLLM
     from kernelbake.runtime.engines.vllm.args import serve_argv
     from kernelbake.runtime.engines.vllm.evidence import added, cache_dirs, snapshot
 
-    target = _target(model)
-    root = _roots(model)[kind]
+    target = _target(model, tp)
+    root = _roots(model, tp)[kind]
     env = VLLM.cache_env(root)
     os.environ.update(env)
     dirs = cache_dirs(root, VLLM.cache_kinds)
@@ -167,16 +197,16 @@ def lane_serve(model: str, kind: str, out: Path) -> dict[str, Any]:
 # -- orchestration -------------------------------------------------------------------------
 
 
-def _prepare() -> None:
+def _prepare(tp: int = 1) -> None:
     for model, spec in MODELS.items():
         src = spec.parent / "../models" / model / "config.json"
         dst = Path("/models") / model
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy(src.resolve(), dst / "config.json")
-        base = WORK / model
+        base = _base(model, tp)
         if base.exists():
             shutil.rmtree(base)
-        for kind, root in _roots(model).items():
+        for kind, root in _roots(model, tp).items():
             if kind != "baked":
                 root.mkdir(parents=True, exist_ok=True)
 
@@ -192,8 +222,8 @@ def _stray(home: Path) -> dict[str, int]:
     return counts
 
 
-def _copy_tc_only(model: str) -> None:
-    roots = _roots(model)
+def _copy_tc_only(model: str, tp: int = 1) -> None:
+    roots = _roots(model, tp)
     src = roots["compile"] / "vllm"
     dst = roots["tc_only"] / "vllm"
     if dst.exists():
@@ -222,25 +252,61 @@ def _log_facts(log: Path) -> dict[str, Any]:
     return {"evidence": ev.to_json(), "timeline": timings[:40]}
 
 
-def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
+def jobs_for(kinds: set[str]) -> list[dict[str, Any]]:
+    """Every run, in priority order (longest chains first), with what each waits for."""
+    jobs: list[dict[str, Any]] = []
+    for kind in ("compile", "cold", "baked", "tc_only"):
+        for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
+            deps = [f"compile-{model}"] if kind in ("baked", "tc_only") else []
+            jobs.append({"name": f"{kind}-{model}", "model": model, "kind": kind, "deps": deps})
+    return [j for j in jobs if j["kind"] in kinds]
+
+
+def lane_argv(job: dict[str, Any], result: Path, tp: int) -> list[str]:
+    return [
+        sys.executable,
+        __file__,
+        "--lane",
+        job["kind"],
+        "--model",
+        job["model"],
+        "--result",
+        str(result),
+        "--tp",
+        str(tp),
+    ]
+
+
+def dry_run(out: Path, kinds: set[str], tp: int) -> dict[str, Any]:
+    """What a run would do, from the same functions (no GPU, no vLLM): each model's key and
+    ``vllm serve`` flags at this TP, the jobs, the lanes and where the result goes."""
+    from kernelbake.runtime.engines.vllm.args import serve_argv
+
+    models = {}
+    for model in MODELS:
+        t = _target(model, tp)
+        models[model] = {
+            "key": str(t.key),
+            "serve_argv": serve_argv(t.key.model_path, t.serve)[2:],
+            "roots": {k: str(v) for k, v in _roots(model, tp).items()},
+        }
+    logs = out / "logs"
+    return {
+        "tp": tp,
+        "result": str(out / result_name(tp)),
+        "models": models,
+        "jobs": [{**j, "argv": lane_argv(j, logs / f"{j['name']}.json", tp)} for j in jobs_for(kinds)],
+        "core_groups": CORE_GROUPS,
+    }
+
+
+def orchestrate(out: Path, deadline: float, kinds: set[str], tp: int = 1) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
-    _prepare()
+    _prepare(tp)
     t_start = time.monotonic()
-    jobs: list[dict[str, Any]] = []
-    # Priority order: longest chains first.
-    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
-        jobs.append({"name": f"compile-{model}", "model": model, "kind": "compile", "deps": []})
-    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
-        jobs.append({"name": f"cold-{model}", "model": model, "kind": "cold", "deps": []})
-    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
-        jobs.append({"name": f"baked-{model}", "model": model, "kind": "baked", "deps": [f"compile-{model}"]})
-    for model in ("qwen3-8b-dummy", "tiny-llama-ref"):
-        jobs.append(
-            {"name": f"tc_only-{model}", "model": model, "kind": "tc_only", "deps": [f"compile-{model}"]}
-        )
-    jobs = [j for j in jobs if j["kind"] in kinds]
+    jobs = jobs_for(kinds)
     free = list(range(len(CORE_GROUPS)))
     running: dict[str, tuple[subprocess.Popen[bytes], int, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
@@ -266,10 +332,10 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
                 entry = {"error": f"exit {rc} without a result"}
             entry.update(job_times={"start_s": job["t0"], "end_s": round(now, 1)}, cores=CORE_GROUPS[group])
             entry.update(_log_facts(logs / f"{name}.log"))
-            entry["stray_files_in_home"] = _stray(WORK / job["model"] / f"home-{job['kind']}")
-            if job["kind"] == "compile" and "error" not in entry:
+            entry["stray_files_in_home"] = _stray(_base(job["model"], tp) / f"home-{job['kind']}")
+            if job["kind"] == "compile" and "error" not in entry and "tc_only" in kinds:
                 # Before any start writes into the bundle.
-                _copy_tc_only(job["model"])
+                _copy_tc_only(job["model"], tp)
             done[name] = entry
             free.append(group)
             del running[name]
@@ -285,7 +351,7 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
                 done[job["name"]] = {"error": "not started before the bench deadline"}
                 continue
             group = free.pop(0)
-            home = WORK / job["model"] / f"home-{job['kind']}"
+            home = _base(job["model"], tp) / f"home-{job['kind']}"
             home.mkdir(parents=True, exist_ok=True)
             env = {
                 **os.environ,
@@ -296,16 +362,7 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
             fh = (logs / f"{job['name']}.log").open("wb")
             cores = CORE_GROUPS[group]
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--lane",
-                    job["kind"],
-                    "--model",
-                    job["model"],
-                    "--result",
-                    str(logs / f"{job['name']}.json"),
-                ],
+                lane_argv(job, logs / f"{job['name']}.json", tp),
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -317,13 +374,35 @@ def orchestrate(out: Path, deadline: float, kinds: set[str]) -> dict[str, Any]:
     return {"wall_s": round(time.monotonic() - t_start, 1), "runs": done}
 
 
-def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def rank_summary(report: dict[str, Any], peak_limit: int) -> dict[str, dict[str, Any]]:
+    """Each rank's compile peak (the larger of its torch.compile and warm-up peaks, measured by
+    the worker itself) and what it held when its artifact was saved, against the limits, which
+    hold per rank (every GPU must fit them, not their sum)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rank, facts in sorted(report.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
+        peak = max(facts.get("peak_at_aot_save_bytes", 0), facts.get("peak_after_aot_save_bytes", 0))
+        held = facts.get("allocated_at_aot_save_bytes")
+        out[rank] = {
+            "tp_rank": facts.get("tp_rank"),
+            "pp_rank": facts.get("pp_rank"),
+            "compile_peak_mib": round(peak / 2**20, 1),
+            "held_at_aot_save_mib": round(held / 2**20, 1) if held is not None else None,
+            "held_at_end_of_start_mib": round(facts.get("allocated_at_end_bytes", 0) / 2**20, 1),
+            "peak_ok": 0 < peak <= peak_limit,
+            "held_ok": held is not None and held <= ALLOCATED_LIMIT,
+        }
+    return out
+
+
+def summarise(runs: dict[str, dict[str, Any]], tp: int = 1) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for model in MODELS:
         cold, comp, baked, tc = (
             runs.get(f"{k}-{model}", {}) for k in ("cold", "compile", "baked", "tc_only")
         )
+        target = TARGETS[model] if tp == 1 else TP_TARGET
         s: dict[str, Any] = {
+            "tensor_parallel_size": tp,
             "cold_start_s": cold.get("start_s"),
             "baked_start_s": baked.get("start_s"),
             "tc_only_start_s": tc.get("start_s"),
@@ -331,8 +410,8 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
         if cold.get("start_s") and baked.get("start_s"):
             s["speedup_baked"] = round(cold["start_s"] / baked["start_s"], 2)
-            s["speedup_target"] = TARGETS[model]
-            s["speedup_ok"] = s["speedup_baked"] >= TARGETS[model]
+            s["speedup_target"] = target
+            s["speedup_ok"] = s["speedup_baked"] >= target
         if cold.get("start_s") and tc.get("start_s"):
             s["speedup_tc_only"] = round(cold["start_s"] / tc["start_s"], 2)
         rep = comp.get("report", {})
@@ -355,7 +434,19 @@ def summarise(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             s["allocated_at_end_of_compile_ok"] = (
                 rep.get("allocated_at_aot_save_bytes", 1 << 40) <= ALLOCATED_LIMIT
             )
+            if rep.get("ranks"):
+                ranks = rank_summary(rep, PEAK_LIMIT[model])
+                s["ranks"] = ranks
+                s["ranks_ok"] = len(ranks) == tp and all(
+                    r["peak_ok"] and r["held_ok"] for r in ranks.values()
+                )
         s["caches"] = comp.get("caches")
+        if comp.get("rank_files") is not None:
+            files = comp["rank_files"]
+            s["rank_files"] = files
+            s["every_rank_baked"] = sorted(files, key=int) == [str(r) for r in range(tp)] and all(
+                t["files"] > 0 for t in files.values()
+            )
         if cold.get("tokens") and baked.get("tokens"):
             s["tokens_identical"] = cold["tokens"] == baked["tokens"]
         s["import_vllm_s"] = {"cold": cold.get("import_s"), "baked": baked.get("import_s")}
@@ -377,7 +468,7 @@ def resummarise(results_json: Path, out: Path) -> int:
     for name, entry in doc["runs"].items():
         if (logs / f"{name}.log").exists():
             entry.update(_log_facts(logs / f"{name}.log"))
-    doc["summary"] = summarise(doc["runs"])
+    doc["summary"] = summarise(doc["runs"], int(doc.get("tp", 1)))
     doc["resummarised"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(json.dumps(doc["summary"], indent=1, default=str))
@@ -393,13 +484,17 @@ def main() -> int:
     ap.add_argument("--result", type=Path)
     ap.add_argument("--runs", default="compile,cold,baked,tc_only", help="which kinds of run to make")
     ap.add_argument("--resummarise", type=Path, help="rebuild the result from an unpacked logs/ dir")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (a machine with this many GPUs)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU or vLLM")
     a = ap.parse_args()
+    if a.tp < 1:
+        ap.error(f"--tp must be 1 or more, got {a.tp}")
     if a.lane:
         try:
             result = (
-                lane_compile(a.model, a.result)
+                lane_compile(a.model, a.result, a.tp)
                 if a.lane == "compile"
-                else lane_serve(a.model, a.lane, a.result)
+                else lane_serve(a.model, a.lane, a.result, a.tp)
             )
         except BaseException as exc:
             import traceback
@@ -408,6 +503,9 @@ def main() -> int:
             result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         a.result.write_text(json.dumps(result, indent=1, default=str))
         os._exit(0)
+    if a.dry_run:
+        print(json.dumps(dry_run(a.out or Path("$OUT"), set(a.runs.split(",")), a.tp), indent=1))
+        return 0
     assert a.out is not None
     env_info = {}
     for cmd in (
@@ -420,17 +518,23 @@ def main() -> int:
             env_info[cmd[0]] = str(exc)
     if a.resummarise:
         return resummarise(a.resummarise, a.out)
-    result = orchestrate(a.out, a.deadline, set(a.runs.split(",")))
+    gpus = [line for line in env_info["nvidia-smi"].splitlines() if line.strip()]
+    if len(gpus) < a.tp:
+        print(f"--tp {a.tp} needs {a.tp} GPUs; nvidia-smi lists {len(gpus)}", file=sys.stderr)
+        return 2
+    result = orchestrate(a.out, a.deadline, set(a.runs.split(",")), a.tp)
+    tp_flag = f" --tp {a.tp}" if a.tp != 1 else ""
     doc = {
         "bench": "vllm_coldstart",
-        "command": "PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out $OUT",
+        "command": f"PYTHONPATH=/tmp/site:src python3 bench/vllm_coldstart.py --out $OUT{tp_flag}",
+        "tp": a.tp,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": env_info,
         "method": __doc__,
-        "summary": summarise(result["runs"]),
+        "summary": summarise(result["runs"], a.tp),
         **result,
     }
-    (a.out / "vllm-0.26.0-h200.json").write_text(json.dumps(doc, indent=1, default=str))
+    (a.out / result_name(a.tp)).write_text(json.dumps(doc, indent=1, default=str))
     with tarfile.open(a.out / "logs.tar.gz", "w:gz") as tar:
         tar.add(a.out / "logs", arcname="logs")
     shutil.rmtree(a.out / "logs")

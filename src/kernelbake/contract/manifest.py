@@ -29,6 +29,19 @@ class FileEntry:
     kind: CacheKind
 
 
+@dataclasses.dataclass(frozen=True)
+class RankEntry:
+    """One engine rank's own cache directories: at tensor or pipeline parallelism above 1
+    every worker compiles its own shard of the model into directories of its own."""
+
+    rank: int
+    # Bundle-relative directories that hold this rank's files and no other rank's.
+    dirs: tuple[str, ...]
+
+    def holds(self, path: str) -> bool:
+        return any(path.startswith(d.rstrip("/") + "/") for d in self.dirs)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest:
     key: CacheKey
@@ -37,6 +50,21 @@ class Manifest:
     hashed_env: tuple[tuple[str, str], ...] = ()
     # Free-form facts from the compile step (timings, peak memory, hit evidence).
     compile_report: tuple[tuple[str, Any], ...] = ()
+    # Per-rank directories, sorted by rank; empty for an engine without ranks (torch) and
+    # for bundles written before ranks were recorded.
+    ranks: tuple[RankEntry, ...] = ()
+
+    def rank_totals(self) -> dict[int, dict[str, int]]:
+        """Files and bytes under each rank's directories, derived from ``files`` so the two
+        cannot disagree."""
+        out: dict[int, dict[str, int]] = {}
+        for r in self.ranks:
+            t = out.setdefault(r.rank, {"files": 0, "bytes": 0})
+            for f in self.files:
+                if r.holds(f.path):
+                    t["files"] += 1
+                    t["bytes"] += f.size
+        return out
 
     def totals(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -58,6 +86,10 @@ class Manifest:
                 {"path": f.path, "size": f.size, "sha256": f.sha256, "kind": f.kind.value} for f in self.files
             ],
         }
+        if self.ranks:
+            # Written only when there are ranks, so bundles without them keep their bytes.
+            totals = self.rank_totals()
+            doc["ranks"] = [{"rank": r.rank, "dirs": list(r.dirs), **totals[r.rank]} for r in self.ranks]
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -75,8 +107,26 @@ class Manifest:
                 files=files,
                 hashed_env=tuple(sorted((str(k), str(v)) for k, v in doc.get("hashed_env", {}).items())),
                 compile_report=tuple(sorted(doc.get("compile_report", {}).items())),
+                ranks=_ranks(doc.get("ranks", []), source),
             )
         except BadInput:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BadInput(f"{source}: not a valid cache manifest ({type(exc).__name__}: {exc})") from None
+
+
+def _ranks(raw: Any, source: str) -> tuple[RankEntry, ...]:
+    """Rank entries from JSON; their file counts are derived, so only rank and dirs are read."""
+    if not isinstance(raw, list):
+        raise BadInput(f"{source}: manifest ranks must be a list, got {type(raw).__name__}")
+    entries = []
+    for item in raw:
+        rank, dirs = item["rank"], item["dirs"]
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise BadInput(f"{source}: manifest rank {rank!r} is not a non-negative integer")
+        if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+            raise BadInput(f"{source}: manifest rank {rank}: dirs must be a list of paths")
+        entries.append(RankEntry(rank, tuple(dirs)))
+    if len({e.rank for e in entries}) != len(entries):
+        raise BadInput(f"{source}: manifest lists a rank twice")
+    return tuple(sorted(entries, key=lambda e: e.rank))

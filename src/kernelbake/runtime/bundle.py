@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
-from kernelbake.contract.manifest import FileEntry, Manifest
+from kernelbake.contract.manifest import FileEntry, Manifest, RankEntry
 from kernelbake.errors import BadInput
 
 
@@ -54,12 +54,14 @@ def write_manifest(
     *,
     hashed_env: Mapping[str, str] | None = None,
     report: Mapping[str, Any] | None = None,
+    ranks: Iterable[RankEntry] = (),
 ) -> Manifest:
     manifest = Manifest(
         key=key,
         files=scan(root, kinds),
         hashed_env=tuple(sorted((hashed_env or {}).items())),
         compile_report=tuple(sorted((report or {}).items())),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
     )
     (root / MANIFEST).write_text(manifest.to_json())
     return manifest

@@ -82,12 +82,21 @@ def run_compile(
     hashed.update(result.hashed_env)
     report = {**result.report, "builder": _builder_entry(platform, env.builder)}
     manifest = write_manifest(
-        root, target.key, engine.declaration.cache_kinds, hashed_env=hashed, report=report
+        root,
+        target.key,
+        engine.declaration.cache_kinds,
+        hashed_env=hashed,
+        report=report,
+        ranks=result.ranks,
     )
     if not manifest.files:
         raise BuildFailed(f"{engine.declaration.engine.value} compile left no cache files under {root}")
     if owner is not None:
         _chown(root, owner)
     totals = ", ".join(f"{k}: {t['files']} files, {t['bytes']} B" for k, t in manifest.totals().items())
+    if manifest.ranks:
+        totals += "; per rank: " + ", ".join(
+            f"rank {r}: {t['files']} files" for r, t in manifest.rank_totals().items()
+        )
     print(f"kernelbake compile: baked under {root} ({totals}); manifest {root / MANIFEST}", flush=True)
     return manifest

@@ -141,6 +141,27 @@ def _integrity_problems(bad: Sequence[str]) -> list[str]:
     return problems
 
 
+def _rank_problems(manifest: Manifest | None, target: TargetConfig) -> list[str]:
+    """Ranks the serve arguments start (tensor x pipeline parallel size) that the bundle holds
+    no caches for: each such worker would compile its shard at start, so the start is not warm.
+    A world of one needs no rank entry (bundles of engines without ranks have none)."""
+    tp, pp = target.key.tp, target.key.pp
+    world = tp * pp
+    if manifest is None or (world == 1 and not manifest.ranks):
+        return []
+    held = manifest.rank_totals()
+    missing = [r for r in range(world) if held.get(r, {}).get("files", 0) == 0]
+    if not missing:
+        return []
+    present = [r for r, t in held.items() if t["files"]]
+    return [
+        f"the bundle holds no caches for rank(s) {', '.join(map(str, missing))} of the {world} that "
+        f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} starts "
+        f"(it holds rank(s) {', '.join(map(str, present)) or 'none'}); "
+        "rebuild the image with this kernelbake at these parallel sizes"
+    ]
+
+
 def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> list[str]:
     """Hashed variables whose value differs from the compile step's. The manifest lists every
     variable the engine hashed (unset ones as ``UNSET``), so this needs no engine import."""
@@ -204,6 +225,7 @@ def preflight(
     if env.cache is CacheMode.OFF:
         problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
     problems += integrity
+    problems += _rank_problems(manifest if not integrity else None, target)
     pinned = dict(target.serve.env)
     notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
     if shape := engine.shape_args(target, user_args):

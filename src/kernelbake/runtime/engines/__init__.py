@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import Engine
 from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.manifest import RankEntry
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import EnvironmentProblem
@@ -21,6 +22,8 @@ class CompileResult:
     kinds: tuple[CacheKind, ...]
     hashed_env: Mapping[str, str]
     report: Mapping[str, Any]
+    # Each rank's own cache directories, for engines that run one worker per GPU.
+    ranks: tuple[RankEntry, ...] = ()
 
 
 class EngineRuntime(Protocol):

@@ -20,7 +20,7 @@ from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import args as vargs
-from kernelbake.runtime.engines.vllm import compat_layer, evidence
+from kernelbake.runtime.engines.vllm import compat_layer, evidence, ranks
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
@@ -147,10 +147,15 @@ class VllmEngine:
                 "vLLM compile-only failed with fake and with uninitialised weights", hint=f"see {log}"
             )
         hashed = {k: v for k, v in report.get("hashed_env", {}).items()}
+        kept = {k: report[k] for k in _REPORT_KEYS if k in report}
+        # One answer per worker (compile_only asks each); a world above 1 must have them all.
+        answers = report.get("ranks", [])
+        world = target.serve.tensor_parallel_size * target.serve.pipeline_parallel_size
+        entries = ranks.rank_entries(root, answers, world) if answers or world > 1 else ()
+        if answers:
+            kept["ranks"] = ranks.rank_facts(answers)
         return CompileResult(
-            kinds=self.declaration.cache_kinds,
-            hashed_env=hashed,
-            report={k: report[k] for k in _REPORT_KEYS if k in report},
+            kinds=self.declaration.cache_kinds, hashed_env=hashed, report=kept, ranks=entries
         )
 
     def _compile_only(

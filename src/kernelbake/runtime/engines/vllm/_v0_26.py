@@ -68,22 +68,63 @@ def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
     return count
 
 
-def _zeros_forward(hidden_size: int, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
-    """Stands in for a compiled decoder forward: (input_ids, positions, …) → hidden states."""
+def _zeros_forward(hidden_size: int, dtype: torch.dtype, *, last_rank: bool = True) -> Callable[..., Any]:
+    """Stands in for a compiled decoder forward: (input_ids, positions, intermediate_tensors,
+    inputs_embeds) → hidden states, or on a pipeline rank before the last, the intermediate
+    tensors the next rank receives, shaped by the model's own ``make_empty_intermediate_tensors``."""
 
-    def forward(_module: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(_module: Any, *args: Any, **kwargs: Any) -> Any:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
         embeds = kwargs.get("inputs_embeds", args[3] if len(args) > 3 else None)
-        ref = input_ids if input_ids is not None else embeds
-        if ref is None:
-            raise RuntimeError("kernelbake compile-only: forward called without input_ids or inputs_embeds")
-        return torch.zeros(ref.shape[0], hidden_size, dtype=dtype, device=ref.device)
+        # Pipeline ranks after the first get neither ids nor embeddings; positions are [n]
+        # or, with M-RoPE, [3, n].
+        if input_ids is not None:
+            tokens, device = input_ids.shape[0], input_ids.device
+        elif embeds is not None:
+            tokens, device = embeds.shape[0], embeds.device
+        elif positions is not None:
+            tokens, device = positions.shape[-1], positions.device
+        else:
+            raise RuntimeError(
+                "kernelbake compile-only: forward called without input_ids, embeds or positions"
+            )
+        if not last_rank:
+            return _module.make_empty_intermediate_tensors(tokens, dtype, device)
+        return torch.zeros(tokens, hidden_size, dtype=dtype, device=device)
 
     return forward
 
 
+def _last_pp_rank() -> bool:
+    from vllm.distributed import get_pp_group
+
+    return bool(get_pp_group().is_last_rank)
+
+
+def rank_report(worker: Any) -> dict[str, Any]:
+    """Sent to every worker by ``collective_rpc`` at the end of compile-only: this rank's
+    place in the parallel groups, its own memory counters (the peak since the AOT save is the
+    warm-up's) and what the patches recorded in its process (``ranks`` reads it)."""
+    from vllm.distributed import get_pp_group, get_tp_group
+
+    from kernelbake.runtime.engines.vllm.plugin import REPORT
+
+    parallel = worker.vllm_config.parallel_config
+    answer = {k: v for k, v in REPORT.items() if k != "installed"}
+    answer.update(
+        rank=parallel.rank,
+        dp_rank=parallel.data_parallel_index,
+        tp_rank=get_tp_group().rank_in_group,
+        pp_rank=get_pp_group().rank_in_group,
+        peak_after_aot_save_bytes=torch.cuda.max_memory_allocated(),
+        allocated_at_end_bytes=torch.cuda.memory_allocated(),
+    )
+    return answer
+
+
 def _stub_after_save(
-    model: torch.nn.Module, stub: Callable[..., torch.Tensor], report: MutableMapping[str, Any]
+    model: torch.nn.Module, stub: Callable[..., Any], report: MutableMapping[str, Any]
 ) -> int:
     """After each compiled submodule saves its AOT artifact, swap in ``stub``. Returns how
     many compiled submodules were found (0 means vLLM would not compile this model)."""
@@ -97,6 +138,10 @@ def _stub_after_save(
         def save_then_stub(_m: Any = module, _save: Callable[[], None] = save) -> None:
             _save()
             report["aot_saved"] = report.get("aot_saved", 0) + 1
+            # Where this rank's artifact went: ``ranks`` checks it lies in the rank's directory.
+            saved = getattr(_m, "_aot_compilation_path", None)
+            if saved:
+                report.setdefault("aot_paths", []).append(str(saved))
             report["allocated_at_aot_save_bytes"] = torch.cuda.memory_allocated()
             report["peak_at_aot_save_bytes"] = torch.cuda.max_memory_allocated()
             # From here on the peak counter measures the warm-up (KV cache, sampler, graphs).
@@ -140,7 +185,9 @@ def install(report: MutableMapping[str, Any]) -> None:
             process_weights_after_loading(model, model_config, init_device)
             if weights is WeightsMode.FAKE:
                 report["fake_tensors"] = _fakeify(model, device)
-            stub = _zeros_forward(model_config.get_hidden_size(), model_config.dtype)
+            stub = _zeros_forward(
+                model_config.get_hidden_size(), model_config.dtype, last_rank=_last_pp_rank()
+            )
             report["compiled_modules"] = _stub_after_save(model, stub, report)
             report["allocated_after_load_bytes"] = torch.cuda.memory_allocated()
             return model.eval()
@@ -164,8 +211,9 @@ def install(report: MutableMapping[str, Any]) -> None:
         if loaded is None:
             return None
         report["aot_loaded"] = report.get("aot_loaded", 0) + 1
+        report.setdefault("aot_paths", []).append(path)
         cfg = model.vllm_config.model_config
-        return _zeros_forward(cfg.get_hidden_size(), cfg.dtype)
+        return _zeros_forward(cfg.get_hidden_size(), cfg.dtype, last_rank=_last_pp_rank())
 
     decorators._try_load_aot_compiled_fn = try_load
 

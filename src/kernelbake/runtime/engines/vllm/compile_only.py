@@ -71,8 +71,8 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
 
     import torch
 
-    from kernelbake.runtime.engines.vllm import plugin
-    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT
+    from kernelbake.runtime.engines.vllm import plugin, ranks
+    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT, rank_report
 
     plugin.register()
     report = plugin.REPORT
@@ -93,11 +93,16 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    torch.cuda.reset_peak_memory_stats()
+    # No CUDA call in this process before the engine exists: at TP/PP > 1 the workers are
+    # other processes, and a CUDA context here would take GPU 0's memory and make vLLM
+    # spawn its workers instead of forking them.
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
     report["extra_jit"] = _bake_extra_jit()
-    report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+    # Every worker answers for itself, through vLLM's own RPC to all of them: its rank, its
+    # memory counters and where it saved its artifacts (the one worker is this process at 1).
+    ranks.fold_ranks(report, engine.collective_rpc(rank_report))
+    in_process = engine.vllm_config.parallel_config.world_size == 1
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
     report["hashed_env"] = hashed_env()
     engine.engine_core.shutdown()
@@ -106,9 +111,10 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     # alive; the build should end holding nothing.
     torch._dynamo.reset()
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    report["allocated_after_bytes"] = torch.cuda.memory_allocated()
+    if in_process:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        report["allocated_after_bytes"] = torch.cuda.memory_allocated()
     report["wall_s"] = round(time.monotonic() - started, 2)
     return dict(report)
 
