@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.key import CacheKey, Engine
@@ -59,6 +59,12 @@ class FakeEngine:
 
     def serve_watcher(self, cache_root: Path) -> None:
         return None
+
+    def predict(self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]) -> None:
+        return None
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        return {}
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]

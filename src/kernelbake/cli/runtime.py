@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,48 +33,76 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _say(lines: list[str]) -> None:
     for line in lines:
-        print(f"kernelbake serve: {line}", file=sys.stderr, flush=True)
+        for part in line.split("\n"):
+            print(f"kernelbake serve: {part}", file=sys.stderr, flush=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.runtime.engines import get_engine
     from kernelbake.runtime.preflight import preflight
+    from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
     user_args = list(args.engine_args)
+    redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
     verdict = preflight(env, user_args)
     # Preflight sits on every replica's start path; its cost should be on record.
-    _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
+    _say([redact(x) for x in [*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"]])
     engine = get_engine(verdict.target.key.engine)
     argv = engine.serve_argv(verdict.target, user_args)
     watch = engine.serve_watcher(verdict.cache_root)
     if watch is None:
-        _say([f"exec {' '.join(argv)}"])
+        _say([f"exec {' '.join(redact.argv(argv))}"])
         os.execvpe(argv[0], argv, verdict.env)
 
     def report(line: str) -> None:
         if message := watch(line):
-            _say([message])
+            _say([redact(message)])
+            _write_status(env.status_file, verdict, watch)
 
-    # Supervised rather than exec'd, to read the engine's own word on the caches.
-    return run(argv, env=verdict.env, on_line=report, forward_signals=True).returncode
+    # Supervised rather than exec'd, to read the engine's own word on the caches. The
+    # engine's output is forwarded with secret values replaced (vLLM echoes its arguments).
+    return run(argv, env=verdict.env, on_line=report, forward_signals=True, redact=redact).returncode
+
+
+def _write_status(path: Path | None, verdict: object, watch: object) -> None:
+    """The JSON status: the preflight, the prediction and what the engine then did."""
+    status = getattr(watch, "status", None)
+    if path is None or not callable(status) or not hasattr(verdict, "to_json"):
+        return
+    doc = {"preflight": verdict.to_json(), **status()}
+    from kernelbake.runtime.redact import Redactor
+
+    redact = Redactor.for_run(getattr(verdict, "env", {}))
+    with contextlib.suppress(OSError):
+        path.write_text(redact(json.dumps(doc, indent=1, sort_keys=True, default=str)) + "\n")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.engines import get_engine
     from kernelbake.runtime.env import VerifyMode
     from kernelbake.runtime.preflight import preflight
+    from kernelbake.runtime.redact import Redactor
 
     # A check has the time to hash everything, which serve skips by default.
     mode = VerifyMode.SIZE if args.fast else VerifyMode.DEEP
     env = dataclasses.replace(RuntimeEnv.from_env(), verify=mode)
-    verdict = preflight(env, args.engine_args)
+    user_args = list(args.engine_args)
+    verdict = preflight(env, user_args)
+    if verdict.warm:
+        # The engine's own verdict, computed by its code with the environment serve gives it.
+        engine = get_engine(verdict.target.key.engine)
+        asked = engine.predict(verdict.target, user_args, verdict.env)
+        if asked is not None:
+            verdict = dataclasses.replace(verdict, prediction=asked)
+    redact = Redactor.for_run(verdict.env, user_args)
     if args.json:
-        print(json.dumps(verdict.to_json(), indent=2))
+        print(redact(json.dumps(verdict.to_json(), indent=2)))
     else:
         for line in verdict.lines():
-            print(line)
-    return 0 if verdict.warm else KeyMismatch.return_code
+            print(redact(line))
+    return 0 if verdict.predicted_hit else KeyMismatch.return_code
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:

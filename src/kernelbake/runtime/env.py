@@ -51,6 +51,8 @@ class RuntimeEnv:
     # the manifest's builder entry.
     builder: str = ""
     hf_token: str | None = None
+    # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
+    status_file: Path | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -69,6 +71,11 @@ class RuntimeEnv:
             scratch=Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp"),
             builder=env.get("KERNELBAKE_BUILDER", ""),
             hf_token=token,
+            status_file=Path(
+                env.get("KERNELBAKE_STATUS")
+                or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
+                / "kernelbake-status.json"
+            ),
             environ=env,
         )
 

@@ -25,13 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.compat import Match, check
+from kernelbake.compat import Match, Reason, check
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime.bundle import UNSET, Manifest, kind_dir, read_manifest, verify
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import EngineRuntime, Facts, get_engine
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
 from kernelbake.runtime.facts import found_key, probe
+from kernelbake.runtime.prediction import Change, Prediction, fallback
+from kernelbake.runtime.redact import shown
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -55,14 +57,24 @@ class Verdict:
     manifest_files: int
     cache_root: Path
     env: dict[str, str]
+    # Per cache kind: the engine's own verdict (``kernelbake check``, or vLLM's plugin at
+    # serve time) or, until then, the fallback from the key.
+    prediction: Prediction | None = None
 
     @property
     def warm(self) -> bool:
+        """The baked caches are used (some may still miss: see ``predicted_hit``)."""
         return not self.problems
+
+    @property
+    def predicted_hit(self) -> bool:
+        return self.warm and (self.prediction is None or self.prediction.hit)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": "warm" if self.warm else "cold",
+            "predicted": "hit" if self.predicted_hit else "miss",
+            "prediction": self.prediction.to_json() if self.prediction else None,
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,
             "found": dataclasses.asdict(self.facts),
@@ -74,7 +86,7 @@ class Verdict:
         }
 
     def lines(self) -> list[str]:
-        if self.warm:
+        if not self.problems:
             head = [
                 f"baked caches valid ({self.match.summary()}): {self.manifest_files} files, "
                 f"engine caches at {self.cache_root}"
@@ -82,7 +94,8 @@ class Verdict:
         else:
             head = [f"WARNING: starting COLD; the baked caches are not used (caches at {self.cache_root}):"]
             head += [f"  - {p}" for p in self.problems]
-        return head + [f"WARNING: {n}" for n in self.notes]
+        tail = self.prediction.lines() if self.prediction else []
+        return head + [f"WARNING: {n}" for n in self.notes] + tail
 
 
 def _usable(paths: Sequence[Path]) -> bool:
@@ -124,9 +137,10 @@ def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> l
     notes = []
     for name, then in manifest.hashed_env:
         now = effective.get(name, UNSET)
-        if now != then:
-            shown_now = "unset" if now == UNSET else repr(now)
-            shown_then = "unset" if then == UNSET else repr(then)
+        # Secret-carrying values are recorded as digests (kernelbake.runtime.redact).
+        if now != then and shown(name, now) != then:
+            shown_now = "unset" if now == UNSET else repr(shown(name, now))
+            shown_then = "unset" if then == UNSET else repr(shown(name, then))
             notes.append(
                 f"${name} is {shown_now} but was {shown_then} at compile time; the engine hashes it, "
                 "so affected graphs compile at startup (unset it or rebuild with it pinned in serve.env)"
@@ -146,6 +160,20 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
 
 
+def _identity(manifest: Manifest | None) -> dict[str, Any] | None:
+    found = dict(manifest.compile_report).get("engine_identity") if manifest else None
+    return found if isinstance(found, dict) else None
+
+
+def _device_only(match: Match, identity: dict[str, Any] | None) -> Reason | None:
+    """A device-name change on the same architecture, when the engine recorded what it keys
+    on: only some caches depend on the name, so the bundle is kept (``fallback`` says which)."""
+    blocking = match.blocking
+    if identity is None or len(blocking) != 1 or blocking[0].field != "device":
+        return None
+    return blocking[0]
+
+
 def preflight(
     env: RuntimeEnv, user_args: Sequence[str] = (), *, engine: EngineRuntime | None = None
 ) -> Verdict:
@@ -154,18 +182,23 @@ def preflight(
     facts = probe(engine)
     match = check(target.key, found_key(target.key, facts))
     baked = Path(target.cache_root)
-    problems = [str(r) for r in match.blocking]
+    manifest, integrity = _integrity(baked, target, env.verify)
+    identity = _identity(manifest)
+    device = _device_only(match, identity)
+    problems = [str(r) for r in match.blocking if r is not device]
     if env.cache is CacheMode.OFF:
         problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
-    manifest, integrity = _integrity(baked, target, env.verify)
     problems += integrity
     pinned = dict(target.serve.env)
-    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
-    if shape := engine.shape_args(target, user_args):
-        notes.append(
-            f"serve arguments change what was compiled ({'; '.join(shape)}): "
-            "those graphs compile at startup instead of loading from the baked caches"
-        )
+    notes: list[str] = []
+    if identity is None:
+        # No engine identity to ask about: the key, the hashed variables and the flag list.
+        notes += _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
+        if shape := engine.shape_args(target, user_args):
+            notes.append(
+                f"serve arguments change what was compiled ({'; '.join(shape)}): "
+                "those graphs compile at startup instead of loading from the baked caches"
+            )
     kinds = [kind_dir(baked, k) for k in engine.cache_kinds]
     if problems:
         root = _fresh_dir(env.scratch, "kernelbake-cold-", "starting cold", baked)
@@ -180,6 +213,22 @@ def preflight(
         )
     for kind in engine.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+    baked_kinds = sorted({f.kind.value for f in manifest.files}) if manifest else []
+    prediction = None
+    if device is not None and not problems:
+        prediction = fallback(
+            baked_kinds,
+            [],
+            baked_identity=identity,
+            device=(device.expected, device.found),
+            note="device name differs on the same architecture; the engine's verdict follows at start",
+        )
+    elif identity is None and not problems:
+        changes = [Change("serve-time change", "as baked", n) for n in notes if "compile" in n]
+        prediction = fallback(baked_kinds, changes, note="the bundle records no engine identity")
+    run_env = {**env.environ, **pinned, **engine.cache_env(root)}
+    if identity is not None and not problems:
+        run_env.update(engine.prediction_env(baked))
     return Verdict(
         target=target,
         facts=facts,
@@ -188,7 +237,8 @@ def preflight(
         notes=tuple(notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
-        env={**env.environ, **pinned, **engine.cache_env(root)},
+        env=run_env,
+        prediction=prediction,
     )
 
 

@@ -6,11 +6,14 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelbake.key import Engine
 from kernelbake.runtime.bundle import CacheKind
 from kernelbake.runtime.config import TargetConfig
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.prediction import Prediction
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,6 +61,17 @@ class EngineRuntime(Protocol):
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         """User arguments that would change what was compiled, each with why (to warn about)."""
+        ...
+
+    def predict(
+        self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
+    ) -> Prediction | None:
+        """The engine's own verdict per cache kind, computed by the engine's code with the
+        environment ``serve`` would give it; ``None`` when the engine cannot be asked."""
+        ...
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        """Variables that make the engine log its own prediction as it starts (may be empty)."""
         ...
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:

@@ -9,7 +9,7 @@ weights, compiles it on the spec's shapes and stops; the caches it leaves behind
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,13 @@ class TorchEngine:
             *target.serve.extra_args,
             *user_args,
         ]
+
+    def predict(self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]) -> None:
+        # Inductor's own key needs the traced graph; the shapes check (shape_args) stands in.
+        return None
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        return {}
 
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.

@@ -14,12 +14,13 @@ from kernelbake.errors import BuildFailed
 from kernelbake.key import Engine
 from kernelbake.runner import Runner, run
 from kernelbake.runtime import probe
-from kernelbake.runtime.bundle import CacheKind, kind_dir
+from kernelbake.runtime.bundle import MANIFEST, CacheKind, kind_dir
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import CompileResult, Facts
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence
-from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
+from kernelbake.runtime.engines.vllm.plugin import BAKED_MANIFEST_ENV, WEIGHTS_ENV, WeightsMode
+from kernelbake.runtime.prediction import Prediction
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
 _REPORT_KEYS = (
@@ -38,6 +39,8 @@ _REPORT_KEYS = (
     "weights_mode",
     "lent_bytes",
     "allocated_after_load_bytes",
+    # vLLM's own cache identity (engines.vllm.identity), the baseline of every prediction.
+    "engine_identity",
 )
 
 
@@ -193,7 +196,32 @@ class VllmEngine:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        # The fallback only: a bundle without vLLM's identity (built by an older kernelbake).
         return vargs.shape_overrides(user_args, target.serve)
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        """Makes the plugin in vLLM's API server log its own per-kind verdict."""
+        return {BAKED_MANIFEST_ENV: str(baked_root / MANIFEST)}
+
+    def predict(
+        self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
+    ) -> Prediction | None:
+        """vLLM's own verdict, in this process, with exactly the environment ``serve`` gives
+        vLLM (set here before vLLM reads it). ``None`` when vLLM cannot be imported."""
+        import os
+
+        from kernelbake.runtime.engines.vllm.predict import baked_identity
+
+        manifest = Path(target.cache_root) / MANIFEST
+        if baked_identity(manifest)[0] is None:
+            return None
+        os.environ.clear()
+        os.environ.update({k: v for k, v in env.items() if k != BAKED_MANIFEST_ENV})
+        try:
+            from kernelbake.runtime.engines.vllm.predict import check
+        except ImportError:
+            return None
+        return check(self.serve_argv(target, user_args)[2:], manifest)
 
 
 __all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]

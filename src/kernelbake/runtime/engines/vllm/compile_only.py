@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.runtime import redact
 from kernelbake.runtime.bundle import UNSET
 from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 
@@ -32,8 +33,12 @@ _EXTRA_BLOCKS = 1
 def parse_serve_argv(argv: Sequence[str]) -> Any:
     """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    except ImportError:  # vLLM >= 0.3x moved the serve parser
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
     if getattr(ns, "model_tag", None):
@@ -47,7 +52,7 @@ def hashed_env() -> dict[str, str]:
     cache env, so comparing what is set is enough to spot a change at serve time."""
     import vllm.envs as envs
 
-    return {name: os.environ.get(name, UNSET) for name in sorted(envs.compile_factors())}
+    return {name: redact.shown(name, os.environ.get(name, UNSET)) for name in sorted(envs.compile_factors())}
 
 
 def _bake_extra_jit() -> list[str]:
@@ -93,6 +98,10 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    from kernelbake.runtime.engines.vllm import predict
+
+    # vLLM's own cache identity, recorded where serve computes it (after the config is built).
+    predict.record_at_build(report)
     torch.cuda.reset_peak_memory_stats()
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
@@ -100,6 +109,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
     report["hashed_env"] = hashed_env()
+    predict.finish_at_build(report)
     engine.engine_core.shutdown()
     del engine
     # Dynamo's code cache and guards keep the compiled module (and through it the KV cache)

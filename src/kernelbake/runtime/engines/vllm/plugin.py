@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import enum
 import os
+from pathlib import Path
 from typing import Any
 
 COMPILE_ONLY_ENV = "KERNELBAKE_COMPILE_ONLY"
 WEIGHTS_ENV = "KERNELBAKE_VLLM_WEIGHTS"
+# Set by ``kernelbake serve``: the baked manifest to predict cache hits against.
+BAKED_MANIFEST_ENV = "KERNELBAKE_BAKED_MANIFEST"
 
 
 class WeightsMode(enum.Enum):
@@ -27,6 +30,12 @@ REPORT: dict[str, Any] = {}
 
 def register() -> None:
     if os.environ.get(COMPILE_ONLY_ENV) != "1":
+        if manifest := os.environ.get(BAKED_MANIFEST_ENV):
+            # Serving: the API server says, per cache kind, what vLLM will find, as soon as it
+            # has built its config (kernelbake.runtime.engines.vllm.predict).
+            from kernelbake.runtime.engines.vllm.predict import serve_hook
+
+            serve_hook(Path(manifest))
         return
     from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm
 
