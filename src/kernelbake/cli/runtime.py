@@ -96,6 +96,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         asked = engine.predict(verdict.target, user_args, verdict.env)
         if asked is not None:
             verdict = dataclasses.replace(verdict, prediction=asked)
+            if args.identity_out and asked.identity is not None:
+                args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
     redact = Redactor.for_run(verdict.env, user_args)
     if args.json:
         print(redact(json.dumps(verdict.to_json(), indent=2)))
@@ -137,10 +139,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         help="(inside the image) preflight only: would serve start warm?",
-        usage="kernelbake check [--json] [--fast] [SERVE ARGS...]",
+        usage="kernelbake check [--json] [--fast] [--identity-out FILE] [SERVE ARGS...]",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--fast", action="store_true", help="check sizes only, not every file's sha256")
+    p.add_argument(
+        "--identity-out",
+        type=Path,
+        help="write the engine's cache identity now (to diff against the manifest's)",
+    )
     p.set_defaults(func=cmd_check, passthrough=True)
 
     p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")

@@ -67,6 +67,8 @@ class Prediction:
     source: Source
     kinds: tuple[KindVerdict, ...]
     note: str = ""
+    # The engine's identity now, already redacted (``check --identity-out`` writes it).
+    identity: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def hit(self) -> bool:
@@ -232,7 +234,7 @@ def predict(
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")
     for kind in sorted(present - {v.kind for v in verdicts}):
         verdicts.append(KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind"))
-    return Prediction(Source.ENGINE, tuple(verdicts), note)
+    return Prediction(Source.ENGINE, tuple(verdicts), note, identity=now)
 
 
 def fallback(

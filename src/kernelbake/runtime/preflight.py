@@ -191,8 +191,10 @@ def preflight(
     problems += integrity
     pinned = dict(target.serve.env)
     notes: list[str] = []
-    if identity is None:
-        # No engine identity to ask about: the key, the hashed variables and the flag list.
+    # The engine states its own verdict as it starts (vLLM's plugin) only where it recorded
+    # its identity; otherwise the key, the hashed variables and the engine's flag check.
+    asks_engine = identity is not None and bool(engine.prediction_env(baked))
+    if not asks_engine:
         notes += _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.cache_env(baked)})
         if shape := engine.shape_args(target, user_args):
             notes.append(
@@ -223,11 +225,16 @@ def preflight(
             device=(device.expected, device.found),
             note="device name differs on the same architecture; the engine's verdict follows at start",
         )
-    elif identity is None and not problems:
+    elif not asks_engine and not problems:
         changes = [Change("serve-time change", "as baked", n) for n in notes if "compile" in n]
-        prediction = fallback(baked_kinds, changes, note="the bundle records no engine identity")
+        why = (
+            "the bundle records no engine identity"
+            if identity is None
+            else "the engine is asked by kernelbake check"
+        )
+        prediction = fallback(baked_kinds, changes, note=why)
     run_env = {**env.environ, **pinned, **engine.cache_env(root)}
-    if identity is not None and not problems:
+    if asks_engine and not problems:
         run_env.update(engine.prediction_env(baked))
     return Verdict(
         target=target,

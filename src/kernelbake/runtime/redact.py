@@ -85,3 +85,22 @@ class Redactor:
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         return [self(a) for a in argv]
+
+
+class RedactingStream:
+    """A text stream that writes through ``redact`` (for an engine run in this process,
+    whose own log lines may echo its arguments)."""
+
+    def __init__(self, stream: Any, redactor: Redactor) -> None:
+        self._stream = stream
+        self._redact = redactor
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

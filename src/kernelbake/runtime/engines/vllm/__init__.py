@@ -215,8 +215,14 @@ class VllmEngine:
         manifest = Path(target.cache_root) / MANIFEST
         if baked_identity(manifest)[0] is None:
             return None
+        from kernelbake.runtime.redact import RedactingStream, Redactor
+
         os.environ.clear()
         os.environ.update({k: v for k, v in env.items() if k != BAKED_MANIFEST_ENV})
+        # vLLM logs from this process from here on; secrets in what it echoes become digests.
+        redactor = Redactor.for_run(env, user_args)
+        sys.stdout = RedactingStream(sys.stdout, redactor)
+        sys.stderr = RedactingStream(sys.stderr, redactor)
         try:
             from kernelbake.runtime.engines.vllm.predict import check
         except ImportError:
