@@ -42,9 +42,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 SPEC = REPO / "bench/specs/tiny-llama-ref.yaml"
 MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
-WORK = Path("/opt/kernelbake-keymatrix")
-TARGET = Path("/opt/kernelbake/target.json")
-CACHE_ROOT = Path("/opt/kernelbake/cache")
+# Overridable only to exercise the orchestration off the GPU machine.
+WORK = Path(os.environ.get("KEYMATRIX_WORK", "/opt/kernelbake-keymatrix"))
+TARGET = Path(os.environ.get("KEYMATRIX_TARGET", "/opt/kernelbake/target.json"))
+CACHE_ROOT = Path(os.environ.get("KEYMATRIX_CACHE_ROOT", "/opt/kernelbake/cache"))
 RESULT = "vllm-0.26.0-h200-keymatrix.json"
 IDENTITIES = "vllm-0.26.0-h200-identities.json"
 # Cases whose identity document (as ``check --identity-out`` writes it) becomes a test fixture.
@@ -134,6 +135,20 @@ def _shown(case: dict[str, Any]) -> dict[str, Any]:
         "env": redact.tree(case["env"]),
         "args": redact.Redactor.for_run({}, case["args"]).argv(case["args"]),
     }
+
+
+def _plugin_site() -> Path:
+    """kernelbake runs from source here, not pip-installed as in an image: its
+    ``vllm.general_plugins`` entry point (pyproject.toml) must still be found by vLLM's
+    processes, so a dist-info that declares only that entry point goes on PYTHONPATH."""
+    site = WORK / "site"
+    info = site / "kernelbake_bench_plugin-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernelbake-bench-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nkernelbake = kernelbake.runtime.engines.vllm.plugin:register\n"
+    )
+    return site
 
 
 def _shim() -> str:
@@ -233,6 +248,8 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
         if time.monotonic() > deadline or proc.poll() is not None:
             decided = "timeout" if proc.poll() is None else f"exited {proc.returncode}"
             break
+    if decided == "timeout" and proc.poll() is not None:
+        decided = f"exited {proc.returncode}"
     out["serve_s"] = round(time.monotonic() - started, 1)
     with_files = added(before, snapshot(dirs))
     timer.cancel()
@@ -275,6 +292,7 @@ def prepare(out: Path) -> dict[str, Any]:
     if CACHE_ROOT.exists():
         shutil.rmtree(CACHE_ROOT)
     CACHE_ROOT.mkdir(parents=True)
+    _plugin_site()
     env = _base_env(WORK / "compile-home", WORK / "compile-tmp")
     env["PATH"] = _shim()
     started = time.monotonic()
@@ -383,6 +401,7 @@ def main() -> int:
     t0 = time.monotonic()
     deadline = t0 + a.deadline
     a.out.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = f"{WORK / 'site'}:{os.environ.get('PYTHONPATH', '')}"
     if a.reuse and (WORK / "pristine" / "manifest.json").is_file():
         info = json.loads((WORK / "prepare.json").read_text())
         info["reused"] = True

@@ -36,9 +36,13 @@ def digest(value: str) -> str:
 
 def shown(name: str, value: Any) -> Any:
     """``value`` as it may be shown or stored under ``name``."""
-    if value is None or not is_secret(name) or isinstance(value, bool):
+    if value is None or not is_secret(name) or isinstance(value, bool) or _is_digest(value):
         return value
     return digest(str(value))
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 19 and value.startswith("sha256:")
 
 
 def tree(doc: Any, name: str = "") -> Any:
