@@ -41,6 +41,7 @@ _REPORT_KEYS = (
     "allocated_after_load_bytes",
     # vLLM's own cache identity (engines.vllm.identity), the baseline of every prediction.
     "engine_identity",
+    "engine_identity_error",
 )
 
 

@@ -64,9 +64,14 @@ def record_at_build(report: MutableMapping[str, Any]) -> None:
         ident.apply_pins(engine_args, pins)
 
     def on_config(_engine_args: Any, config: Any) -> None:
-        if ident.REPORT_KEY not in report:
-            cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
+        if ident.REPORT_KEY in report:
+            return
+        cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
+        try:
             report[ident.REPORT_KEY] = {**ident.identity(config, cache_env), "pins": pins}
+        except Exception as exc:
+            # The caches are still good; serve then falls back to the key, and says so.
+            report["engine_identity_error"] = f"{type(exc).__name__}: {exc}"
 
     ident.install_hook(on_config, before=before)
     ident.record_traced_files(report)
