@@ -44,11 +44,11 @@ def one(model: str, args: list[str]) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
 
     from kernelbake.runtime.engines.vllm import identity as ident
+    from kernelbake.runtime.engines.vllm.args import with_pins
     from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
 
     pins = ident.log_level_pins()
-    engine_args = parse_serve_argv([model, *BASE, *args])
-    ident.apply_pins(engine_args, pins)
+    engine_args = parse_serve_argv([*with_pins([model, *BASE], pins), *args])
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     return {**ident.identity(config, {}), "pins": pins}
 

@@ -196,7 +196,9 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     out["check_s"] = round(time.monotonic() - started, 1)
     out["check_rc"] = check.returncode
     try:
-        verdict = json.loads(check.stdout)
+        # The verdict is check's stdout; anything before it would be an engine's stray output.
+        text = check.stdout
+        verdict = json.loads(text[text.index("{") :] if "\n{" not in text else text[text.index("\n{") + 1 :])
         pred = verdict.get("prediction") or {}
         out["predicted"] = verdict["predicted"]
         out["reasons"] = list(verdict.get("problems", [])) + list(pred.get("reasons", []))

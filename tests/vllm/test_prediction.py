@@ -89,7 +89,11 @@ def test_a_hashed_secret_is_diffed_by_digest_only(cpu: dict[str, Any]) -> None:
     now["env"]["hash"] = "changed"
     p = predict(baked, now, KINDS)
     (change,) = p.kind("vllm").changes  # type: ignore[union-attr]
-    assert (change.factor, change.baked, change.now) == ("env.VLLM_API_KEY", "absent", redact.digest(FIXTURE_SECRET))
+    assert (change.factor, change.baked, change.now) == (
+        "env.VLLM_API_KEY",
+        "absent",
+        redact.digest(FIXTURE_SECRET),
+    )
     assert FIXTURE_SECRET not in json.dumps(p.to_json()) + "\n".join(p.lines())
 
 
@@ -266,3 +270,24 @@ def test_the_runner_forwards_engine_output_redacted(capfd: pytest.CaptureFixture
     )
     err = capfd.readouterr().err
     assert "sk-live-123456" not in err and redact.digest("sk-live-123456") in err
+
+
+def test_pins_become_the_compilation_config_flag_and_the_users_own_values_win() -> None:
+    from kernelbake.runtime.engines.vllm.args import with_pins
+
+    pins = {"size_asserts": False, "alignment_asserts": False}
+    assert with_pins(["/m", "--dtype", "bfloat16"], pins) == [
+        "/m",
+        "--compilation-config",
+        '{"inductor_compile_config":{"alignment_asserts":false,"size_asserts":false}}',
+        "--dtype",
+        "bfloat16",
+    ]
+    merged = with_pins(
+        ["/m", "--compilation-config", '{"inductor_compile_config":{"size_asserts":true},"mode":3}'], pins
+    )
+    assert json.loads(merged[2]) == {
+        "inductor_compile_config": {"size_asserts": True, "alignment_asserts": False},
+        "mode": 3,
+    }
+    assert with_pins(["/m"], {}) == ["/m"]

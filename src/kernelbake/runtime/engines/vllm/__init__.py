@@ -191,7 +191,13 @@ class VllmEngine:
             return report
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        return vargs.serve_argv(target.key.model_path, target.serve, user_args)
+        # The Inductor options the build pinned (recorded in the baked manifest) are set the
+        # same way here, so vLLM's logging level does not change the compile hash.
+        from kernelbake.runtime.engines.vllm.predict import baked_identity
+
+        identity = baked_identity(Path(target.cache_root) / MANIFEST)[0] or {}
+        pins = identity.get("pins") if isinstance(identity.get("pins"), dict) else None
+        return vargs.serve_argv(target.key.model_path, target.serve, user_args, pins)
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
@@ -220,15 +226,20 @@ class VllmEngine:
 
         os.environ.clear()
         os.environ.update({k: v for k, v in env.items() if k != BAKED_MANIFEST_ENV})
-        # vLLM logs from this process from here on; secrets in what it echoes become digests.
+        # vLLM logs from this process from here on, to stdout by default: that goes to stderr
+        # (check's stdout is its verdict), with secrets in what vLLM echoes as digests.
         redactor = Redactor.for_run(env, user_args)
-        sys.stdout = RedactingStream(sys.stdout, redactor)
-        sys.stderr = RedactingStream(sys.stderr, redactor)
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout = RedactingStream(stderr, redactor)
+        sys.stderr = RedactingStream(stderr, redactor)
         try:
             from kernelbake.runtime.engines.vllm.predict import check
+
+            return check(self.serve_argv(target, user_args)[2:], manifest)
         except ImportError:
             return None
-        return check(self.serve_argv(target, user_args)[2:], manifest)
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
 
 
 __all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]

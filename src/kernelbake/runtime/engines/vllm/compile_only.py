@@ -88,7 +88,13 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
 
-    engine_args = parse_serve_argv(serve_argv)
+    from kernelbake.runtime.engines.vllm import identity, predict
+    from kernelbake.runtime.engines.vllm.args import with_pins
+
+    # vLLM derives some Inductor options from its logging level; fixed as flags here and at
+    # serve time (from the manifest), VLLM_LOGGING_LEVEL=DEBUG keeps the compile hash.
+    pins = identity.log_level_pins()
+    engine_args = parse_serve_argv(with_pins(serve_argv, pins))
     # None of these enter vLLM's compile hash; they keep the build small.
     engine_args.load_format = LOAD_FORMAT
     engine_args.gpu_memory_utilization = 0.05
@@ -98,10 +104,8 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from kernelbake.runtime.engines.vllm import predict
-
     # vLLM's own cache identity, recorded where serve computes it (after the config is built).
-    predict.record_at_build(report)
+    predict.record_at_build(report, pins)
     torch.cuda.reset_peak_memory_stats()
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)

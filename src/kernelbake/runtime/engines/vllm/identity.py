@@ -45,7 +45,10 @@ REPORT_KEY = "engine_identity"
 # The inductor options vLLM ties to its logging level (torch < 2.12): pinned at their INFO
 # value so that VLLM_LOGGING_LEVEL=DEBUG keeps the baked hash.
 _LOG_LEVEL = "VLLM_LOGGING_LEVEL"
-_NINJA_PATH = re.compile(r"(/[A-Za-z0-9._+\-]+(?:/[A-Za-z0-9._+\-]+)+)")
+# build.ninja tokens; a compiler flag's prefix (``-I/usr/...``) is not part of its path, and
+# ``$cuda_home/bin/nvcc`` is relative to a variable, not absolute.
+_NINJA_SPLIT = re.compile(r"[\s\"'=,;:]+")
+_FLAG_PREFIX = re.compile(r"^-{1,2}[A-Za-z][A-Za-z_-]*(?=/)")
 
 
 def _jsonable(value: Any) -> Any:
@@ -306,9 +309,11 @@ def ninja_paths(flashinfer_dir: Path) -> list[str]:
     they differ, which is why that cache is not relocatable."""
     roots: set[str] = set()
     for ninja in flashinfer_dir.rglob("build.ninja") if flashinfer_dir.is_dir() else ():
-        for m in _NINJA_PATH.finditer(ninja.read_text(errors="replace")):
-            parts = Path(m.group(1)).parts
-            roots.add(str(Path(*parts[: min(len(parts), 5)])))
+        for token in _NINJA_SPLIT.split(ninja.read_text(errors="replace")):
+            path = _FLAG_PREFIX.sub("", token)
+            if path.startswith("/") and len(Path(path).parts) > 2:
+                parts = Path(path).parts
+                roots.add(str(Path(*parts[: min(len(parts), 5)])))
     return sorted(roots)
 
 
@@ -357,28 +362,13 @@ def log_level_pins() -> dict[str, Any]:
     }
 
 
-def apply_pins(engine_args: Any, pins: Mapping[str, Any]) -> None:
-    """Set the pinned Inductor options unless the user set them (an explicit value wins)."""
-    if not pins:
-        return
-    cc = engine_args.compilation_config
-    if isinstance(cc, dict):
-        options = cc.setdefault("inductor_compile_config", {})
-    else:
-        options = cc.inductor_compile_config
-    for k, v in pins.items():
-        options.setdefault(k, v)
-
-
 # -- the hook: right after vLLM built its config ---------------------------------------
 
 
-def install_hook(
-    on_config: Callable[[Any, Any], None], *, before: Callable[[Any], None] | None = None
-) -> None:
-    """Call ``before(engine_args)`` and ``on_config(engine_args, vllm_config)`` around each
-    time vLLM builds its config from engine arguments (``EngineArgs.create_engine_config``:
-    the API server calls it once, before it starts the engine core). The last install wins."""
+def install_hook(on_config: Callable[[Any, Any], None]) -> None:
+    """Call ``on_config(engine_args, vllm_config)`` each time vLLM builds its config from
+    engine arguments (``EngineArgs.create_engine_config``: the API server calls it once,
+    before it starts the engine core). The last install wins."""
     from vllm.engine.arg_utils import EngineArgs
 
     original = getattr(
@@ -387,8 +377,6 @@ def install_hook(
 
     @functools.wraps(original)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if before is not None:
-            before(self)
         config = original(self, *args, **kwargs)
         on_config(self, config)
         return config

@@ -49,31 +49,23 @@ def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str,
     return doc
 
 
-def _pins(baked: Mapping[str, Any] | None) -> dict[str, Any]:
-    pins = (baked or {}).get("pins", {})
-    return dict(pins) if isinstance(pins, dict) else {}
-
-
 # -- build ---------------------------------------------------------------------------------
 
 
-def record_at_build(report: MutableMapping[str, Any]) -> None:
-    pins = ident.log_level_pins()
-
-    def before(engine_args: Any) -> None:
-        ident.apply_pins(engine_args, pins)
+def record_at_build(report: MutableMapping[str, Any], pins: Mapping[str, Any]) -> None:
+    """``pins``: the Inductor options the compile-only argv fixed (``args.with_pins``)."""
 
     def on_config(_engine_args: Any, config: Any) -> None:
         if ident.REPORT_KEY in report:
             return
         cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
         try:
-            report[ident.REPORT_KEY] = {**ident.identity(config, cache_env), "pins": pins}
+            report[ident.REPORT_KEY] = {**ident.identity(config, cache_env), "pins": dict(pins)}
         except Exception as exc:
             # The caches are still good; serve then falls back to the key, and says so.
             report["engine_identity_error"] = f"{type(exc).__name__}: {exc}"
 
-    ident.install_hook(on_config, before=before)
+    ident.install_hook(on_config)
     ident.record_traced_files(report)
 
 
@@ -108,12 +100,7 @@ def _print(prediction: Prediction) -> None:
 
 def serve_hook(manifest: Path) -> None:
     """In vLLM's API server: the verdict, per kind, once vLLM built its config."""
-    baked, _kinds = baked_identity(manifest)
-    pins = _pins(baked)
     done: list[bool] = []
-
-    def before(engine_args: Any) -> None:
-        ident.apply_pins(engine_args, pins)
 
     def on_config(_engine_args: Any, config: Any) -> None:
         if done:
@@ -124,7 +111,7 @@ def serve_hook(manifest: Path) -> None:
         except Exception as exc:  # a prediction must never stop the server
             print(f"kernelbake: no prediction: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
-    ident.install_hook(on_config, before=before)
+    ident.install_hook(on_config)
 
 
 def check(serve_argv: Sequence[str], manifest: Path) -> Prediction:
@@ -134,8 +121,6 @@ def check(serve_argv: Sequence[str], manifest: Path) -> Prediction:
 
     from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
 
-    baked, _kinds = baked_identity(manifest)
     engine_args = parse_serve_argv(serve_argv)
-    ident.apply_pins(engine_args, _pins(baked))
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     return _judge(config, manifest)
