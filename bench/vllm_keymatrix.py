@@ -96,6 +96,8 @@ CASES: list[dict[str, Any]] = [
     {"name": "served-model-name", "env": {}, "args": ["--served-model-name", "other"]},
     {"name": "enable-prefix-caching", "env": {}, "args": ["--enable-prefix-caching"]},
     {"name": "dtype-float16", "env": {}, "args": ["--dtype", "float16"]},
+    {"name": "tp-1-explicit-short-flag", "env": {}, "args": ["-tp", "1"]},
+    {"name": "hashed-env-standalone-compile-off", "env": {"VLLM_USE_STANDALONE_COMPILE": "0"}, "args": []},
     {"name": "other-home", "env": {"HOME": "/tmp/kb-other-home"}, "args": []},
     # getpass.getuser() (Inductor's temporary directories) reads these first.
     {"name": "other-user", "env": {"USER": "kbother", "LOGNAME": "kbother"}, "args": []},
