@@ -443,8 +443,7 @@ def main() -> int:
         ident_file = WORK / "cases" / c["name"] / "identity.json"
         if ident_file.is_file():
             identities["cases"][c["name"]] = {
-                "env": c["env"],
-                "args": c["args"],
+                **_shown(c),
                 "identity": json.loads(ident_file.read_text()),
             }
     (a.out / IDENTITIES).write_text(json.dumps(identities, indent=1, sort_keys=True) + "\n")

@@ -291,3 +291,70 @@ def test_pins_become_the_compilation_config_flag_and_the_users_own_values_win() 
         "mode": 3,
     }
     assert with_pins(["/m"], {}) == ["/m"]
+
+
+# -- vLLM 0.26 on the H200 (bench/vllm_keymatrix.py, check --identity-out) --------------
+
+H200 = FIXTURES / "h200-0.26.0-identities.json"
+
+
+@pytest.fixture(scope="module")
+def h200() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(H200.read_text())
+    return doc
+
+
+def _h200(h200: dict[str, Any], case: str) -> Prediction:
+    return predict(h200["baked"], h200["cases"][case]["identity"], h200["kinds"])
+
+
+@pytest.mark.parametrize("case", ["baseline", "logging-debug", "max-num-seqs-512"])
+def test_h200_hits(h200: dict[str, Any], case: str) -> None:
+    p = _h200(h200, case)
+    assert p.hit, p.lines()
+    assert {k.kind: k.outcome for k in p.kinds if k.outcome is not Outcome.EMPTY} == {
+        "vllm": Outcome.HIT,
+        "triton": Outcome.HIT,
+        "flashinfer": Outcome.HIT,
+    }
+
+
+def test_h200_debug_hits_because_the_build_pinned_the_assert_options(h200: dict[str, Any]) -> None:
+    # Asked of vLLM 0.26 on torch 2.11: these three follow VLLM_LOGGING_LEVEL.
+    assert h200["baked"]["pins"] == {
+        "alignment_asserts": False,
+        "scalar_asserts": False,
+        "size_asserts": False,
+    }
+    debug = h200["cases"]["logging-debug"]
+    assert debug["env"] == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert debug["identity"]["config"]["hash"] == h200["baked"]["config"]["hash"]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("max_model_len-underscore", "vllm: model_config.max_model_len: 4096 → 2048"),
+        ("block-size-32", "vllm: cache_config.block_size: 16 → 32"),
+        ("max-logprobs-5", "vllm: model_config.max_logprobs: 20 → 5"),
+        ("api-key-secret", "vllm: env.VLLM_API_KEY: null → sha256:24e66f893695"),
+    ],
+)
+def test_h200_misses_name_the_factor(h200: dict[str, Any], case: str, reason: str) -> None:
+    p = _h200(h200, case)
+    assert not p.hit
+    assert p.reasons == [reason]
+    assert {k.kind: k.outcome for k in p.kinds if k.outcome is not Outcome.EMPTY} == {
+        "vllm": Outcome.MISS,
+        "triton": Outcome.PARTIAL,
+        "flashinfer": Outcome.PARTIAL if case != "api-key-secret" else Outcome.HIT,
+    }
+
+
+def test_h200_identity_records_what_vllm_named_and_traced(h200: dict[str, Any]) -> None:
+    baked = h200["baked"]
+    assert baked["dirs"]["torch_compile_cache"] and baked["dirs"]["torch_aot_compile"]
+    assert baked["compiler"]["factors"]["system"]["device"]["name"] == "NVIDIA H200"
+    assert all(len(d) == 64 for d in baked["code_files"].values())
+    assert "/opt/kernelbake/cache/flashinfer" in baked["ninja_paths"]
+    assert baked["triton"]["backend"].endswith("-90")
