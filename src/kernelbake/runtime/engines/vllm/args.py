@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from kernelbake.spec import Quantization, ServeArgs
 
-# Flags whose values enter vLLM's compile hash or the shapes it compiles for; a user who
-# overrides one of them at serve time gets a cold start (vLLM recompiles, correctly).
+# The fallback only (a bundle without vLLM's recorded identity, see predict.py, which asks
+# vLLM itself): flags whose values enter vLLM's compile hash or the shapes it compiles for.
 # Not here, because an H200 start with them hit the baked caches: --load-format,
 # --gpu-memory-utilization, --kv-cache-memory-bytes, --seed
 # (bench/results/vllm-0.26.0-h200-image-flow/).
