@@ -60,6 +60,9 @@ class AskingEngine(FakeEngine):
     def prediction_env(self, baked_root: Path) -> dict[str, str]:
         return {"FAKE_BAKED_MANIFEST": str(baked_root / "manifest.json")}
 
+    def hashed_env_names(self) -> tuple[str, ...]:
+        return ("FAKE_HASHED", "VLLM_API_KEY")
+
     def predict(
         self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
     ) -> Prediction | None:
@@ -193,3 +196,20 @@ def test_serve_records_a_wrong_prediction_in_its_status_and_leaks_no_secret(
     for text in (out.out, out.err, status.read_text()):
         assert SECRET not in text
     assert redact.digest(SECRET) in out.err
+
+
+def test_a_hashed_secret_is_stored_as_a_digest_and_still_compares(
+    tmp_path: Path, target: TargetConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_compile(_env(tmp_path, VLLM_API_KEY=SECRET), engine=AskingEngine(facts_for(target.key)))
+    manifest = (Path(target.cache_root) / "manifest.json").read_text()
+    assert SECRET not in manifest and redact.digest(SECRET) in manifest
+    same = pf._hashed_env_notes(
+        pf.read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": SECRET}
+    )
+    assert same == []
+    (note,) = pf._hashed_env_notes(
+        pf.read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": "other-secret"}
+    )
+    assert "other-secret" not in note and SECRET not in note and redact.digest("other-secret") in note
+    assert SECRET not in capsys.readouterr().out

@@ -13,6 +13,7 @@ from pathlib import Path
 from kernelbake.compat import check
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.runtime import env as runtime_env
+from kernelbake.runtime import redact
 from kernelbake.runtime.bundle import MANIFEST, UNSET, Manifest, kind_dir, write_manifest
 from kernelbake.runtime.config import TargetConfig
 from kernelbake.runtime.engines import EngineRuntime, get_engine
@@ -63,7 +64,8 @@ def run_compile(
     runtime_env.apply(variables)
     result = engine.compile(target, root)
     effective = {**env.environ, **variables}
-    hashed = {n: effective.get(n, UNSET) for n in engine.hashed_env_names()}
+    # Secret-carrying values (VLLM_API_KEY is hashed by vLLM 0.26) are kept as digests only.
+    hashed = {n: redact.shown(n, effective.get(n, UNSET)) for n in engine.hashed_env_names()}
     hashed.update(result.hashed_env)
     report = {**result.report, "builder": builder_entry(facts, env.builder)}
     manifest = write_manifest(root, target.key, engine.cache_kinds, hashed_env=hashed, report=report)
