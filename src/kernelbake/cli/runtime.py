@@ -9,11 +9,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelbake.errors import KeyMismatch
 from kernelbake.runner import run
 from kernelbake.runtime.env import RuntimeEnv
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.preflight import Verdict
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -59,22 +64,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def report(line: str) -> None:
         if message := watch(line):
             _say([redact(message)])
-            _write_status(env.status_file, verdict, watch)
+            _write_status(env.status_file, verdict, watch, redact)
 
     # Supervised rather than exec'd, to read the engine's own word on the caches. The
     # engine's output is forwarded with secret values replaced (vLLM echoes its arguments).
     return run(argv, env=verdict.env, on_line=report, forward_signals=True, redact=redact).returncode
 
 
-def _write_status(path: Path | None, verdict: object, watch: object) -> None:
-    """The JSON status: the preflight, the prediction and what the engine then did."""
+def _write_status(
+    path: Path | None, verdict: Verdict, watch: Callable[[str], str | None], redact: Callable[[str], str]
+) -> None:
+    """The JSON status: the preflight, the engine's prediction and what the engine then did
+    (an engine's watcher that knows it has a ``status()``)."""
     status = getattr(watch, "status", None)
-    if path is None or not callable(status) or not hasattr(verdict, "to_json"):
+    if path is None or not callable(status):
         return
     doc = {"preflight": verdict.to_json(), **status()}
-    from kernelbake.runtime.redact import Redactor
-
-    redact = Redactor.for_run(getattr(verdict, "env", {}))
     with contextlib.suppress(OSError):
         path.write_text(redact(json.dumps(doc, indent=1, sort_keys=True, default=str)) + "\n")
 
