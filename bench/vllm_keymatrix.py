@@ -8,7 +8,7 @@ root. Then, for each case (a change of serve flags or environment), the bundle i
 into a copy of its own, mounted at the cache root's path in a private mount namespace
 (FlashInfer's cache embeds that path), and the case runs there:
 
-1. ``kernelbake check --json --fast ARGS`` with the case's environment: the prediction;
+1. ``kernelbake check --json --unsafe-size-only ARGS`` with the case's environment: the prediction;
 2. ``kernelbake serve ARGS`` (vLLM's API server with dummy weights): vLLM's log evidence, the
    plugin's own prediction and the supervisor's self-check, and the files start-up added to
    each cache directory. It is stopped as soon as that is decided: vLLM said it compiles, or
@@ -188,7 +188,17 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     started = time.monotonic()
     extra = ["--identity-out", str(cdir / "identity.json")] if name in FIXTURE_CASES else []
     check = subprocess.run(
-        [sys.executable, "-m", "kernelbake", "check", "--json", "--fast", *extra, *BASE_ARGS, *args],
+        [
+            sys.executable,
+            "-m",
+            "kernelbake",
+            "check",
+            "--json",
+            "--unsafe-size-only",
+            *extra,
+            *BASE_ARGS,
+            *args,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -209,7 +219,7 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     except (ValueError, KeyError):
         out["predicted"] = "error"
         out["reasons"] = [check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "no output"]
-    dirs = cache_dirs(CACHE_ROOT, VllmEngine.cache_kinds)
+    dirs = cache_dirs(CACHE_ROOT, VllmEngine.declaration.cache_kinds)
     before = snapshot(dirs)
     log = LogEvidence()
     serve_log = (cdir / "serve.log").open("w")
