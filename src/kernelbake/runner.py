@@ -71,6 +71,7 @@ def run(
     echo: IO[str] | None = None,
     on_line: Callable[[str], None] | None = None,
     forward_signals: bool = False,
+    redact: Callable[[str], str] | None = None,
 ) -> Result:
     """Run ``argv``; never raises on a non-zero exit (callers decide what a failure means).
 
@@ -79,8 +80,11 @@ def run(
     comes (``serve`` reads the engine's own cache evidence this way). ``forward_signals``
     passes SIGTERM/SIGINT/SIGHUP on to the child, for a supervisor standing in for it as a
     container's main process. ``env`` is the complete environment, built by the caller.
+    ``redact`` rewrites the echoed command and each line of output read through kernelbake
+    (with ``log`` or ``on_line``; secret values → digests).
     """
-    print(format_cmd(argv), file=echo or sys.stderr, flush=True)
+    shown = redact or (lambda text: text)
+    print(shown(format_cmd(argv)), file=echo or sys.stderr, flush=True)
     try:
         if capture:
             cp = subprocess.run(
@@ -114,9 +118,9 @@ def run(
                 proc.stdin.close()
             assert proc.stdout is not None
             for line in proc.stdout:
-                sys.stderr.write(line)
+                sys.stderr.write(shown(line))
                 if fh is not None:
-                    fh.write(line)
+                    fh.write(shown(line))
                 if on_line is not None:
                     on_line(line)
             rc = proc.wait(timeout=timeout)

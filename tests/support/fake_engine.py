@@ -61,5 +61,11 @@ class FakeEngine:
     def serve_watcher(self, cache_root: Path) -> None:
         return None
 
+    def predict(self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]) -> None:
+        return None
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        return {}
+
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]

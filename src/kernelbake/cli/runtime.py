@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,7 @@ from kernelbake.runtime.gate import GATE_CLOSED_EXIT, Gate
 if TYPE_CHECKING:
     from kernelbake.runtime.engines import EngineRuntime
     from kernelbake.runtime.preflight import Verdict
+    from kernelbake.runtime.redact import Redactor
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -39,28 +42,53 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _say(lines: list[str]) -> None:
     for line in lines:
-        print(f"kernelbake serve: {line}", file=sys.stderr, flush=True)
+        for part in line.split("\n"):
+            print(f"kernelbake serve: {part}", file=sys.stderr, flush=True)
 
 
-def _launch(engine: EngineRuntime, verdict: Verdict, user_args: list[str], gate_env: dict[str, str]) -> int:
+def _launch(
+    engine: EngineRuntime,
+    verdict: Verdict,
+    user_args: list[str],
+    gate_env: dict[str, str],
+    *,
+    redact: Redactor,
+    status_file: Path | None,
+    current: Callable[[], Verdict],
+) -> int:
+    """Start the engine for ``verdict``. ``current`` is the verdict the status file records
+    when the engine reports (the settled one, once the gate has been decided)."""
     argv = engine.serve_argv(verdict.target, user_args)
     watch = engine.serve_watcher(verdict.cache_root)
     if watch is None and not gate_env:
-        _say([f"exec {' '.join(argv)}"])
+        _say([f"exec {' '.join(redact.argv(argv))}"])
         os.execvpe(argv[0], argv, verdict.env)
 
     def report(line: str) -> None:
         if watch is not None and (message := watch(line)):
-            _say([message])
+            _say([redact(message)])
+            _write_status(status_file, current(), watch, redact)
 
     # Supervised rather than exec'd, to read the engine's own word on the caches, or to
-    # answer at its cache gate.
+    # answer at its cache gate. The engine's output is forwarded with secret values replaced
+    # (vLLM echoes its arguments).
     return run(
-        argv, env={**verdict.env, **gate_env}, on_line=report if watch else None, forward_signals=True
+        argv,
+        env={**verdict.env, **gate_env},
+        on_line=report if watch else None,
+        forward_signals=True,
+        redact=redact,
     ).returncode
 
 
-def _gated(engine: EngineRuntime, verdict: Verdict, env: RuntimeEnv, gate: Gate, user_args: list[str]) -> int:
+def _gated(
+    engine: EngineRuntime,
+    verdict: Verdict,
+    env: RuntimeEnv,
+    gate: Gate,
+    user_args: list[str],
+    redact: Redactor,
+) -> int:
     """The engine starts now and holds at its cache gate; the hashing finishes meanwhile.
     A mismatch closes the gate, the engine stops there without having opened a cache, and
     it starts again on a fresh directory."""
@@ -76,30 +104,46 @@ def _gated(engine: EngineRuntime, verdict: Verdict, env: RuntimeEnv, gate: Gate,
             failure.append(exc)
         if final and final[0].warm:
             gate.open()
-            _say(final[0].lines()[:1])
+            _say([redact(x) for x in final[0].lines()[:1]])
         else:
             gate.close(final[0].problems if final else [f"verification failed: {failure[0]}"])
             if final:
-                _say(final[0].lines())
+                _say([redact(x) for x in final[0].lines()])
+
+    def current() -> Verdict:
+        return final[0] if final else verdict
 
     decider = threading.Thread(target=decide, name="kernelbake-verdict", daemon=True)
     decider.start()
-    rc = _launch(engine, verdict, user_args, gate.env())
+    rc = _launch(
+        engine,
+        verdict,
+        user_args,
+        gate.env(),
+        redact=redact,
+        status_file=env.status_file,
+        current=current,
+    )
     decider.join()
     if failure:
         raise failure[0]
     if final[0].warm or rc != GATE_CLOSED_EXIT:
         return rc
     _say(["the engine stopped at its cache gate before opening any cache; starting it again, cold"])
-    return _launch(engine, final[0], user_args, {})
+    cold = final[0]
+    return _launch(
+        engine, cold, user_args, {}, redact=redact, status_file=env.status_file, current=lambda: cold
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.runtime.engines import get_engine
     from kernelbake.runtime.preflight import preflight, settle
+    from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
     user_args = list(args.engine_args)
+    redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
     # Hashing runs in threads from here on; it need not finish before the engine starts,
     # only before the engine opens a cache, which the engine's cache gate makes it wait for.
@@ -111,26 +155,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if gate is None:
             verdict = settle(verdict, env, engine)
     # Preflight sits on every replica's start path; its cost should be on record.
-    _say([*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"])
+    _say([redact(x) for x in [*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"]])
     if gate is not None:
-        return _gated(engine, verdict, env, gate, user_args)
-    return _launch(engine, verdict, user_args, {})
+        return _gated(engine, verdict, env, gate, user_args, redact)
+    return _launch(
+        engine, verdict, user_args, {}, redact=redact, status_file=env.status_file, current=lambda: verdict
+    )
+
+
+def _write_status(
+    path: Path | None, verdict: Verdict, watch: Callable[[str], str | None], redact: Callable[[str], str]
+) -> None:
+    """The JSON status: the preflight, the engine's prediction and what the engine then did
+    (an engine's watcher that knows it has a ``status()``)."""
+    status = getattr(watch, "status", None)
+    if path is None or not callable(status):
+        return
+    doc = {"preflight": verdict.to_json(), **status()}
+    with contextlib.suppress(OSError):
+        path.write_text(redact(json.dumps(doc, indent=1, sort_keys=True, default=str)) + "\n")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.engines import get_engine
     from kernelbake.runtime.env import VerifyMode
     from kernelbake.runtime.preflight import preflight
+    from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
     if args.unsafe_size_only:
         env = dataclasses.replace(env, verify=VerifyMode.UNSAFE_SIZE_ONLY)
-    verdict = preflight(env, args.engine_args)
+    user_args = list(args.engine_args)
+    verdict = preflight(env, user_args)
+    if verdict.warm:
+        # The engine's own verdict, computed by its code with the environment serve gives it.
+        engine = get_engine(verdict.target.key.engine)
+        asked = engine.predict(verdict.target, user_args, verdict.env)
+        if asked is not None:
+            verdict = dataclasses.replace(verdict, prediction=asked)
+            if args.identity_out and asked.identity is not None:
+                args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
+    redact = Redactor.for_run(verdict.env, user_args)
     if args.json:
-        print(json.dumps(verdict.to_json(), indent=2))
+        print(redact(json.dumps(verdict.to_json(), indent=2)))
     else:
         for line in verdict.lines():
-            print(line)
-    return 0 if verdict.warm else KeyMismatch.return_code
+            print(redact(line))
+    return 0 if verdict.predicted_hit else KeyMismatch.return_code
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
@@ -165,13 +236,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         help="(inside the image) preflight only: would serve start warm?",
-        usage="kernelbake check [--json] [--unsafe-size-only] [SERVE ARGS...]",
+        usage="kernelbake check [--json] [--unsafe-size-only] [--identity-out FILE] [SERVE ARGS...]",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--unsafe-size-only",
         action="store_true",
         help="compare cache file sizes only, not every file's sha256 (a same-size change passes)",
+    )
+    p.add_argument(
+        "--identity-out",
+        type=Path,
+        help="write the engine's cache identity now (to diff against the manifest's)",
     )
     p.set_defaults(func=cmd_check, passthrough=True)
 

@@ -17,6 +17,7 @@ from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.runtime import env as runtime_env
+from kernelbake.runtime import redact
 from kernelbake.runtime.bundle import write_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import RuntimeEnv
@@ -78,7 +79,8 @@ def run_compile(
     runtime_env.apply(variables)
     result = engine.compile(target, root)
     effective = {**env.environ, **variables}
-    hashed = {n: effective.get(n, UNSET) for n in engine.hashed_env_names()}
+    # Secret-carrying values (VLLM_API_KEY is hashed by vLLM 0.26) are kept as digests only.
+    hashed = {n: redact.shown(n, effective.get(n, UNSET)) for n in engine.hashed_env_names()}
     hashed.update(result.hashed_env)
     report = {**result.report, "builder": _builder_entry(platform, env.builder)}
     manifest = write_manifest(

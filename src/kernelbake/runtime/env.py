@@ -78,6 +78,8 @@ class RuntimeEnv:
     hf_token: str | None = None
     gate: Path | None = None
     gate_owner: int | None = None
+    # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
+    status_file: Path | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -106,6 +108,11 @@ class RuntimeEnv:
             hf_token=token,
             gate=Path(env[GATE_ENV]) if env.get(GATE_ENV) else None,
             gate_owner=_pid(env.get(GATE_OWNER_ENV)),
+            status_file=Path(
+                env.get("KERNELBAKE_STATUS")
+                or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
+                / "kernelbake-status.json"
+            ),
             environ=env,
         )
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.contract.compat import Match, check
+from kernelbake.contract.compat import Match, Reason, check
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -35,6 +35,8 @@ from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
 from kernelbake.runtime.integrity import Check, verify
+from kernelbake.runtime.prediction import Change, Prediction, fallback
+from kernelbake.runtime.redact import shown
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -64,14 +66,24 @@ class Verdict:
     pending: Check | None = dataclasses.field(default=None, compare=False)
     # How the files were checked, once they were ("3 files, sha256 of every file checked in 0.01 s").
     integrity: str = ""
+    # Per cache kind: the engine's own verdict (``kernelbake check``, or vLLM's plugin at
+    # serve time) or, until then, the fallback from the key.
+    prediction: Prediction | None = None
 
     @property
     def warm(self) -> bool:
+        """The baked caches are used (some may still miss: see ``predicted_hit``)."""
         return not self.problems and self.pending is None
+
+    @property
+    def predicted_hit(self) -> bool:
+        return self.warm and (self.prediction is None or self.prediction.hit)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": "warm" if self.warm else "cold",
+            "predicted": "hit" if self.predicted_hit else "miss",
+            "prediction": self.prediction.to_json() if self.prediction else None,
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,
             "found": self.platform.fields(),
@@ -98,7 +110,8 @@ class Verdict:
         else:
             head = [f"WARNING: starting COLD; the baked caches are not used (caches at {self.cache_root}):"]
             head += [f"  - {p}" for p in self.problems]
-        return head + [f"WARNING: {n}" for n in self.notes]
+        tail = self.prediction.lines() if self.prediction else []
+        return head + [f"WARNING: {n}" for n in self.notes] + tail
 
 
 def _usable(paths: Sequence[Path]) -> bool:
@@ -170,9 +183,10 @@ def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> l
     notes = []
     for name, then in manifest.hashed_env:
         now = effective.get(name, UNSET)
-        if now != then:
-            shown_now = "unset" if now == UNSET else repr(now)
-            shown_then = "unset" if then == UNSET else repr(then)
+        # Secret-carrying values are recorded as digests (kernelbake.runtime.redact).
+        if now != then and shown(name, now) != then:
+            shown_now = "unset" if now == UNSET else repr(shown(name, now))
+            shown_then = "unset" if then == UNSET else repr(shown(name, then))
             notes.append(
                 f"${name} is {shown_now} but was {shown_then} at compile time; the engine hashes it, "
                 "so affected graphs compile at startup (unset it or rebuild with it pinned in serve.env)"
@@ -203,6 +217,20 @@ def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:
     return root
 
 
+def _identity(manifest: Manifest | None) -> dict[str, Any] | None:
+    found = dict(manifest.compile_report).get("engine_identity") if manifest else None
+    return found if isinstance(found, dict) else None
+
+
+def _device_only(match: Match, identity: dict[str, Any] | None) -> Reason | None:
+    """A device-name change on the same architecture, when the engine recorded what it keys
+    on: only some caches depend on the name, so the bundle is kept (``fallback`` says which)."""
+    blocking = match.blocking
+    if identity is None or len(blocking) != 1 or blocking[0].field != "device":
+        return None
+    return blocking[0]
+
+
 def preflight(
     env: RuntimeEnv,
     user_args: Sequence[str] = (),
@@ -221,18 +249,25 @@ def preflight(
     engine = engine or get_engine(target.key.engine)
     platform = measure(engine)
     match = check(target.key, platform)
-    problems = [str(r) for r in match.blocking]
+    identity = _identity(manifest)
+    device = _device_only(match, identity)
+    problems = [str(r) for r in match.blocking if r is not device]
     if env.cache is CacheMode.OFF:
         problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
     problems += integrity
     problems += _rank_problems(manifest if not integrity else None, target)
     pinned = dict(target.serve.env)
-    notes = _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
-    if shape := engine.shape_args(target, user_args):
-        notes.append(
-            f"serve arguments change what was compiled ({'; '.join(shape)}): "
-            "those graphs compile at startup instead of loading from the baked caches"
-        )
+    notes: list[str] = []
+    # The engine states its own verdict as it starts (vLLM's plugin) only where it recorded
+    # its identity; otherwise the key, the hashed variables and the engine's flag check.
+    asks_engine = identity is not None and bool(engine.prediction_env(baked))
+    if not asks_engine:
+        notes += _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
+        if shape := engine.shape_args(target, user_args):
+            notes.append(
+                f"serve arguments change what was compiled ({'; '.join(shape)}): "
+                "those graphs compile at startup instead of loading from the baked caches"
+            )
     if env.verify is VerifyMode.UNSAFE_SIZE_ONLY:
         notes.append(
             "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
@@ -263,6 +298,27 @@ def preflight(
         )
     for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+    baked_kinds = sorted({f.kind.value for f in manifest.files}) if manifest else []
+    prediction = None
+    if device is not None and not problems:
+        prediction = fallback(
+            baked_kinds,
+            [],
+            baked_identity=identity,
+            device=(device.expected, device.found),
+            note="device name differs on the same architecture; the engine's verdict follows at start",
+        )
+    elif not asks_engine and not problems:
+        changes = [Change("serve-time change", "as baked", n) for n in notes if "compile" in n]
+        why = (
+            "the bundle records no engine identity"
+            if identity is None
+            else "the engine is asked by kernelbake check"
+        )
+        prediction = fallback(baked_kinds, changes, note=why)
+    run_env = _engine_env(env, target, engine, root)
+    if asks_engine and not problems:
+        run_env.update(engine.prediction_env(baked))
     return Verdict(
         target=target,
         platform=platform,
@@ -271,10 +327,11 @@ def preflight(
         notes=tuple(notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
-        env=_engine_env(env, target, engine, root),
+        env=run_env,
         verify=env.verify,
         pending=pending,
         integrity=summary,
+        prediction=prediction,
     )
 
 
@@ -295,6 +352,8 @@ def settle(verdict: Verdict, env: RuntimeEnv, engine: EngineRuntime) -> Verdict:
         problems=tuple(_integrity_problems(bad)),
         cache_root=root,
         env=_engine_env(env, verdict.target, engine, root),
+        # Cold: no cache is used, so there is nothing left to predict.
+        prediction=None,
     )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import Engine
@@ -15,6 +15,9 @@ from kernelbake.contract.manifest import RankEntry
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import EnvironmentProblem
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.prediction import Prediction
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,17 @@ class EngineRuntime(Protocol):
         """Whether the engine, started with ``environ``, waits at the cache gate
         (``runtime.gate``) before it opens any cache; ``serve`` then starts it while the
         caches are still being hashed, else only once they are verified."""
+        ...
+
+    def predict(
+        self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
+    ) -> Prediction | None:
+        """The engine's own verdict per cache kind, computed by the engine's code with the
+        environment ``serve`` would give it; ``None`` when the engine cannot be asked."""
+        ...
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        """Variables that make the engine log its own prediction as it starts (may be empty)."""
         ...
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:

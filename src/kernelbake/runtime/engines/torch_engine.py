@@ -22,10 +22,8 @@ from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
+    from kernelbake.runtime.prediction import Prediction
     from kernelbake.runtime.preflight import Verdict
-
-# Options of torch_serve that change what gets compiled.
-_SHAPE_OPTIONS = ("--shapes",)
 
 
 class TorchEngine:
@@ -69,7 +67,9 @@ class TorchEngine:
         _model, report = load_and_warm(target)
         # The compile step records the hashed variables' values itself, from its environment.
         return CompileResult(
-            kinds=self.declaration.cache_kinds, hashed_env={}, report={"warmup": report.to_json()}
+            kinds=self.declaration.cache_kinds,
+            hashed_env={},
+            report={"warmup": report.to_json(), "engine_identity": inductor_identity()},
         )
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
@@ -86,16 +86,75 @@ class TorchEngine:
         # first torch.compile'd call (the first time Inductor opens its cache).
         return True
 
+    def predict(
+        self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
+    ) -> Prediction | None:
+        """Inductor's own factors now against the build's (device, torch and Triton keys, its
+        config), and the warm-up shapes through the server's own parser."""
+        import json
+        import os
+
+        from kernelbake.contract.layout import MANIFEST
+        from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source, diff
+
+        try:
+            doc = json.loads((Path(target.cache_root) / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        baked = doc.get("compile_report", {}).get("engine_identity")
+        if not isinstance(baked, dict):
+            return None
+        os.environ.update(env)
+        changes = diff(baked, inductor_identity(), "inductor")
+        changes += [
+            Change("--shapes", str(list(target.shapes)), n) for n in self.shape_args(target, user_args)
+        ]
+        kinds = {str(f.get("kind")) for f in doc.get("files", [])}
+        verdicts = tuple(
+            KindVerdict(k.value, Outcome.MISS if changes else Outcome.HIT, tuple(changes))
+            if k.value in kinds
+            else KindVerdict(k.value, Outcome.EMPTY)
+            for k in self.declaration.cache_kinds
+        )
+        return Prediction(Source.ENGINE, verdicts)
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        return {}
+
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.
         return None
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        return [
-            f"{a} changes the warmed-up input shapes"
-            for a in user_args
-            if a.split("=", 1)[0] in _SHAPE_OPTIONS
-        ]
+        """Warm-up shapes outside the baked ones, read by the server's own parser: the baked
+        shapes repeated (or a subset) compile nothing new."""
+        from kernelbake.runtime.engines.torch_serve import parse_args
+
+        try:
+            shapes = parse_args(user_args).shapes
+        except SystemExit:
+            return ["the serve arguments do not parse"]
+        new = [s for s in shapes or () if s not in set(target.shapes)]
+        if not new:
+            return []
+        shown = ", ".join(f"{b}x{t}" for b, t in new)
+        return [f"--shapes {shown} are not among the baked shapes (Dynamo decides whether they compile)"]
+
+
+def inductor_identity() -> dict[str, object]:
+    """What Inductor keys its caches on besides the graph: the device and CUDA (its system
+    factors), torch's own source key and its config, asked of Inductor."""
+    import hashlib
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.codecache import CacheBase, torch_key
+
+    portable = inductor_config.save_config_portable()
+    return {
+        "system": CacheBase.get_system(),
+        "torch_key": hashlib.sha256(bytes(torch_key())).hexdigest(),
+        "config": {str(k): repr(v) for k, v in sorted(portable.items())},
+    }
 
 
 def use_baked_caches(user_args: Sequence[str] = ()) -> Verdict:

@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The server's flags, as it reads them (``kernelbake check`` asks the same parser)."""
+    return _parser().parse_known_args(list(argv))[0]
+
+
 class _Server:
     def __init__(self, model: Any, stats: dict[str, Any]) -> None:
         self.model = model

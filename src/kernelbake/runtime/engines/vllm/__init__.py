@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.engines import VLLM, EngineDeclaration
-from kernelbake.contract.layout import kind_dir
+from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed
@@ -21,7 +21,8 @@ from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence, ranks
-from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
+from kernelbake.runtime.engines.vllm.plugin import BAKED_MANIFEST_ENV, WEIGHTS_ENV, WeightsMode
+from kernelbake.runtime.prediction import Prediction
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
 _REPORT_KEYS = (
@@ -40,6 +41,9 @@ _REPORT_KEYS = (
     "weights_mode",
     "lent_bytes",
     "allocated_after_load_bytes",
+    # vLLM's own cache identity (engines.vllm.identity), the baseline of every prediction.
+    "engine_identity",
+    "engine_identity_error",
 )
 
 
@@ -171,7 +175,13 @@ class VllmEngine:
             return report
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        return vargs.serve_argv(target.key.model_path, target.serve, user_args)
+        # The Inductor options the build pinned (recorded in the baked manifest) are set the
+        # same way here, so vLLM's logging level does not change the compile hash.
+        from kernelbake.runtime.engines.vllm.predict import baked_identity
+
+        identity = baked_identity(Path(target.cache_root) / MANIFEST)[0] or {}
+        pins = identity.get("pins") if isinstance(identity.get("pins"), dict) else None
+        return vargs.serve_argv(target.key.model_path, target.serve, user_args, pins)
 
     def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
         return plugin_will_run(environ)
@@ -180,7 +190,43 @@ class VllmEngine:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        # The fallback only: a bundle without vLLM's identity (built by an older kernelbake).
         return vargs.shape_overrides(user_args, target.serve)
+
+    def prediction_env(self, baked_root: Path) -> dict[str, str]:
+        """Makes the plugin in vLLM's API server log its own per-kind verdict."""
+        return {BAKED_MANIFEST_ENV: str(baked_root / MANIFEST)}
+
+    def predict(
+        self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
+    ) -> Prediction | None:
+        """vLLM's own verdict, in this process, with exactly the environment ``serve`` gives
+        vLLM (set here before vLLM reads it). ``None`` when vLLM cannot be imported."""
+        import os
+
+        from kernelbake.runtime.engines.vllm.predict import baked_identity
+
+        manifest = Path(target.cache_root) / MANIFEST
+        if baked_identity(manifest)[0] is None:
+            return None
+        from kernelbake.runtime.redact import RedactingStream, Redactor
+
+        os.environ.clear()
+        os.environ.update({k: v for k, v in env.items() if k != BAKED_MANIFEST_ENV})
+        # vLLM logs from this process from here on, to stdout by default: that goes to stderr
+        # (check's stdout is its verdict), with secrets in what vLLM echoes as digests.
+        redactor = Redactor.for_run(env, user_args)
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout = RedactingStream(stderr, redactor)
+        sys.stderr = RedactingStream(stderr, redactor)
+        try:
+            from kernelbake.runtime.engines.vllm.predict import check
+
+            return check(self.serve_argv(target, user_args)[2:], manifest)
+        except ImportError:
+            return None
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
 
 
 __all__ = ["PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]

@@ -8,12 +8,12 @@ at build and at serve time, which is what makes the compile hash match.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kernelbake.contract.serve import Quantization, ServeArgs
 
-# Flags whose values enter vLLM's compile hash or the shapes it compiles for; a user who
-# overrides one of them at serve time gets a cold start (vLLM recompiles, correctly).
+# The fallback only (a bundle without vLLM's recorded identity, see predict.py, which asks
+# vLLM itself): flags whose values enter vLLM's compile hash or the shapes it compiles for.
 # Not here, because an H200 start with them hit the baked caches: --load-format,
 # --gpu-memory-utilization, --kv-cache-memory-bytes, --seed
 # (bench/results/vllm-0.26.0-h200-image-flow/).
@@ -69,11 +69,40 @@ def serve_flags(serve: ServeArgs) -> list[str]:
     return flags
 
 
-def serve_argv(model_path: str, serve: ServeArgs, user_args: Sequence[str] = ()) -> list[str]:
+def serve_argv(
+    model_path: str, serve: ServeArgs, user_args: Sequence[str] = (), pins: Mapping[str, object] | None = None
+) -> list[str]:
     """``vllm serve`` argv: the model directory positionally (vLLM hashes it, so compile and
     serve use the same absolute path), our pinned flags, the spec's extra args, then the
-    user's, which vLLM lets win."""
-    return ["vllm", "serve", model_path, *serve_flags(serve), *serve.extra_args, *user_args]
+    user's, which vLLM lets win. ``pins``: Inductor options the build fixed (see
+    ``with_pins``)."""
+    ours = with_pins([model_path, *serve_flags(serve), *serve.extra_args], pins or {})
+    return ["vllm", "serve", *ours, *user_args]
+
+
+def with_pins(argv: Sequence[str], pins: Mapping[str, object]) -> list[str]:
+    """``argv`` (``MODEL [flags]``) with ``pins`` set in the compilation config's
+    ``inductor_compile_config`` unless that config sets them: the options vLLM would otherwise
+    derive from its logging level (``identity.log_level_pins``), fixed as flags so that vLLM
+    parses them as the user's own at build and at serve. A later ``--compilation-config``
+    from the user replaces this one, as vLLM lets it."""
+    out = list(argv)
+    if not pins:
+        return out
+    at = next((i for i, a in enumerate(out) if a in ("--compilation-config", "-cc", "-O")), None)
+    if at is None or at + 1 >= len(out) or not out[at + 1].lstrip().startswith("{"):
+        config: dict[str, object] = {}
+        out[1:1] = ["--compilation-config", ""]
+        at = 1
+    else:
+        config = json.loads(out[at + 1])
+    options = config.setdefault("inductor_compile_config", {})
+    assert isinstance(options, dict)
+    for k, v in pins.items():
+        options.setdefault(k, v)
+    out[at] = "--compilation-config"
+    out[at + 1] = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return out
 
 
 def flag_name(arg: str) -> str | None:

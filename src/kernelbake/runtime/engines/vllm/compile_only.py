@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.manifest import UNSET
+from kernelbake.runtime import redact
 from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 
 # Enough for the warm-up batch (max_num_seqs requests of one block each, plus the null
@@ -32,8 +33,12 @@ _EXTRA_BLOCKS = 1
 def parse_serve_argv(argv: Sequence[str]) -> Any:
     """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    except ImportError:  # vLLM >= 0.3x moved the serve parser
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
     if getattr(ns, "model_tag", None):
@@ -47,7 +52,7 @@ def hashed_env() -> dict[str, str]:
     cache env, so comparing what is set is enough to spot a change at serve time."""
     import vllm.envs as envs
 
-    return {name: os.environ.get(name, UNSET) for name in sorted(envs.compile_factors())}
+    return {name: redact.shown(name, os.environ.get(name, UNSET)) for name in sorted(envs.compile_factors())}
 
 
 def _bake_extra_jit() -> list[str]:
@@ -83,7 +88,13 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
 
-    engine_args = parse_serve_argv(serve_argv)
+    from kernelbake.runtime.engines.vllm import identity, predict
+    from kernelbake.runtime.engines.vllm.args import with_pins
+
+    # vLLM derives some Inductor options from its logging level; fixed as flags here and at
+    # serve time (from the manifest), VLLM_LOGGING_LEVEL=DEBUG keeps the compile hash.
+    pins = identity.log_level_pins()
+    engine_args = parse_serve_argv(with_pins(serve_argv, pins))
     # None of these enter vLLM's compile hash; they keep the build small.
     engine_args.load_format = LOAD_FORMAT
     engine_args.gpu_memory_utilization = 0.05
@@ -93,6 +104,8 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    # vLLM's own cache identity, recorded where serve computes it (after the config is built).
+    predict.record_at_build(report, pins)
     # No CUDA call in this process before the engine exists: at TP/PP > 1 the workers are
     # other processes, and a CUDA context here would take GPU 0's memory and make vLLM
     # spawn its workers instead of forking them.
@@ -105,6 +118,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     in_process = engine.vllm_config.parallel_config.world_size == 1
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
     report["hashed_env"] = hashed_env()
+    predict.finish_at_build(report)
     engine.engine_core.shutdown()
     del engine
     # Dynamo's code cache and guards keep the compiled module (and through it the KV cache)

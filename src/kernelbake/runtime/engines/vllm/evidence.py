@@ -7,14 +7,20 @@ start that writes nothing into the Triton or FlashInfer directories compiled not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.runtime.prediction import Outcome, Prediction
+
+# The line vLLM's API server prints with its prediction (engines.vllm.predict.MARK).
+PREDICTION_MARK = "kernelbake-prediction-json: "
 
 
 class Signal(enum.Enum):
@@ -95,24 +101,87 @@ _REPORTS = {
 }
 
 
-def watcher(dirs: Mapping[str, Path]) -> Callable[[str], str | None]:
-    """For ``kernelbake serve``: the first time vLLM says each thing, a line to report; and
-    once it is ready, what start-up added to each cache directory in ``dirs``. vLLM logs
-    nothing when it compiles a Triton kernel, so those files are the only evidence there."""
-    seen: set[Signal] = set()
-    before = snapshot(dirs)
+class Watcher:
+    """For ``kernelbake serve``: the first time vLLM says each thing, a line to report; the
+    prediction vLLM's API server logged (``predict.MARK``); and once it is ready, what start-up
+    added to each cache directory, checked against that prediction. vLLM logs nothing when it
+    compiles a Triton kernel, so those files are the only evidence there."""
 
-    def watch(line: str) -> str | None:
-        signal = scan_line(line)
-        if signal is None or signal in seen:
+    def __init__(self, dirs: Mapping[str, Path]) -> None:
+        self.dirs = dict(dirs)
+        self.before = snapshot(self.dirs)
+        self.log = LogEvidence()
+        self.prediction: Prediction | None = None
+        self.new: dict[str, set[str]] | None = None
+        self.wrong: list[str] = []
+        self._seen: set[Signal] = set()
+
+    def __call__(self, line: str) -> str | None:
+        if (at := line.find(PREDICTION_MARK)) >= 0:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self.prediction = Prediction.from_json(json.loads(line[at + len(PREDICTION_MARK) :]))
             return None
-        seen.add(signal)
+        signal = self.log.feed(line)
+        if signal is None or signal in self._seen:
+            return None
+        self._seen.add(signal)
         if signal is Signal.READY:
-            return startup_report(added(before, snapshot(dirs)))
+            self.new = added(self.before, snapshot(self.dirs))
+            self.wrong = compare(self.prediction, self.log, self.new)
+            return "\n".join([startup_report(self.new), *self.wrong])
         report = _REPORTS.get(signal)
         return f"{report} ({line.strip()[:160]})" if report else None
 
-    return watch
+    def status(self) -> dict[str, object]:
+        return {
+            "prediction": self.prediction.to_json() if self.prediction else None,
+            "evidence": {
+                "log": self.log.to_json(),
+                "files_added": {k: len(v) for k, v in (self.new or {}).items()},
+                "actual": actual(self.log, self.new) if self.new is not None else None,
+            },
+            "prediction_wrong": self.wrong,
+            "ready": self.new is not None,
+        }
+
+
+def watcher(dirs: Mapping[str, Path]) -> Watcher:
+    return Watcher(dirs)
+
+
+def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
+    """What each kind did: ``hit`` when start-up wrote nothing there (and, for torch.compile,
+    vLLM said it loaded rather than compiled)."""
+    out = {kind: ("miss" if files else "hit") for kind, files in new.items()}
+    if "vllm" in out and log.torch_compile_hit is False:
+        out["vllm"] = "miss"
+    return out
+
+
+def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
+    """Where the prediction and what vLLM did disagree, one loud line each."""
+    if prediction is None:
+        return []
+    did = actual(log, new)
+    wrong = []
+    for verdict in prediction.kinds:
+        seen = did.get(verdict.kind)
+        if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
+            continue
+        expected_hit = verdict.outcome in (Outcome.HIT, Outcome.EMPTY)
+        if expected_hit and seen == "miss":
+            what = f"{len(new.get(verdict.kind, ()))} new files in {verdict.kind}"
+            if verdict.kind == "vllm" and (
+                example := log.examples.get(Signal.COMPILED) or log.examples.get(Signal.LOAD_FAILED)
+            ):
+                what += f"; vLLM said {example[:120]!r}"
+            wrong.append(f"WARNING: prediction wrong: predicted hit, vLLM compiled ({what})")
+        elif not expected_hit and seen == "hit":
+            why = "; ".join(str(c) for c in verdict.changes[:3]) or verdict.note
+            wrong.append(
+                f"WARNING: prediction wrong: predicted miss ({why}), vLLM compiled nothing for {verdict.kind}"
+            )
+    return wrong
 
 
 def startup_report(new: Mapping[str, set[str]]) -> str:

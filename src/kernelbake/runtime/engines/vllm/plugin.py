@@ -1,22 +1,27 @@
 """``vllm.general_plugins`` entry point. vLLM calls it in every process it starts (engine
 core, each tensor-parallel worker), which is how compile-only reaches workers that kernelbake
-does not start itself. At serve time it only holds the cache gate, so serving is plain vLLM.
+does not start itself. At serve time it holds the cache gate and then, in the API server,
+states vLLM's own prediction of its cache hits (``predict.serve_hook``); serving is plain vLLM.
 
 vLLM 0.26 loads general plugins before anything opens a cache: in the API server from
 ``AsyncEngineArgs.add_cli_args`` (building the ``vllm serve`` parser) and
 ``EngineArgs.__post_init__``, both before any config exists and so before the model-info
 cache under ``VLLM_CACHE_ROOT/modelinfos`` is read; in the engine core before its executor;
 in each worker before it loads the model. The module imports nothing heavy: vLLM logs and
-skips a plugin whose import fails, and then nothing would hold the gate."""
+skips a plugin whose import fails, and then nothing would hold the gate. The gate is held
+first, so the prediction (which reads the baked manifest) runs only once the caches are verified."""
 
 from __future__ import annotations
 
 import enum
 import os
+from pathlib import Path
 from typing import Any
 
 COMPILE_ONLY_ENV = "KERNELBAKE_COMPILE_ONLY"
 WEIGHTS_ENV = "KERNELBAKE_VLLM_WEIGHTS"
+# Set by ``kernelbake serve``: the baked manifest to predict cache hits against.
+BAKED_MANIFEST_ENV = "KERNELBAKE_BAKED_MANIFEST"
 
 
 class WeightsMode(enum.Enum):
@@ -40,6 +45,12 @@ def register() -> None:
 
         gate.hold_or_exit()
     if os.environ.get(COMPILE_ONLY_ENV) != "1":
+        if manifest := os.environ.get(BAKED_MANIFEST_ENV):
+            # Serving: the API server says, per cache kind, what vLLM will find, as soon as it
+            # has built its config (kernelbake.runtime.engines.vllm.predict).
+            from kernelbake.runtime.engines.vllm.predict import serve_hook
+
+            serve_hook(Path(manifest))
         return
     from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm
 

@@ -1,0 +1,477 @@
+"""What changes a vLLM cache and what does not: kernelbake's prediction vs what vLLM did.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src python3 bench/vllm_keymatrix.py --out $OUT
+
+On one GPU machine, in one run: the reference model (bench/specs/tiny-llama-ref.yaml) is
+compiled once by ``kernelbake compile`` (compile-only, fake weights) into the image's cache
+root. Then, for each case (a change of serve flags or environment), the bundle is restored
+into a copy of its own, mounted at the cache root's path in a private mount namespace
+(FlashInfer's cache embeds that path), and the case runs there:
+
+1. ``kernelbake check --json --unsafe-size-only ARGS`` with the case's environment: the prediction;
+2. ``kernelbake serve ARGS`` (vLLM's API server with dummy weights): vLLM's log evidence, the
+   plugin's own prediction and the supervisor's self-check, and the files start-up added to
+   each cache directory. It is stopped as soon as that is decided: vLLM said it compiles, or
+   the server is up.
+
+Cases run in parallel (16 cores, one GPU shared with a small memory budget each). Writes
+OUT/vllm-0.26.0-h200-keymatrix.json ({"cases": [{"name", "env", "args", "predicted",
+"actual", "reasons", ...}]}) and OUT/keymatrix-logs.tar.gz. Values of secret-carrying
+variables appear in neither (a case sets VLLM_API_KEY and the result is searched for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SPEC = REPO / "bench/specs/tiny-llama-ref.yaml"
+MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
+# Overridable only to exercise the orchestration off the GPU machine.
+WORK = Path(os.environ.get("KEYMATRIX_WORK", "/opt/kernelbake-keymatrix"))
+TARGET = Path(os.environ.get("KEYMATRIX_TARGET", "/opt/kernelbake/target.json"))
+CACHE_ROOT = Path(os.environ.get("KEYMATRIX_CACHE_ROOT", "/opt/kernelbake/cache"))
+RESULT = "vllm-0.26.0-h200-keymatrix.json"
+IDENTITIES = "vllm-0.26.0-h200-identities.json"
+# Cases whose identity document (as ``check --identity-out`` writes it) becomes a test fixture.
+FIXTURE_CASES = {
+    "baseline",
+    "logging-debug",
+    "api-key-secret",
+    "max_model_len-underscore",
+    "block-size-32",
+    "max-num-seqs-512",
+    "max-logprobs-5",
+}
+SECRET = "kb-secret-7f3a9c"
+# Not hashed by vLLM (dummy weights, a fixed KV-cache size so parallel starts skip memory
+# profiling, a port each); the same in every case, the baseline included.
+BASE_ARGS = [
+    "--load-format",
+    "dummy",
+    "--gpu-memory-utilization",
+    "0.05",
+    "--kv-cache-memory-bytes",
+    "536870912",
+]
+
+# name, environment changes, serve arguments, how it runs (cpus / hostname / uid / target).
+CASES: list[dict[str, Any]] = [
+    {"name": "baseline", "env": {}, "args": []},
+    {"name": "explicit-default-aot", "env": {"VLLM_USE_AOT_COMPILE": "1"}, "args": []},
+    {"name": "explicit-default-configure-logging", "env": {"VLLM_CONFIGURE_LOGGING": "1"}, "args": []},
+    {"name": "logging-debug", "env": {"VLLM_LOGGING_LEVEL": "DEBUG"}, "args": []},
+    {"name": "hashed-env-long-max-model-len", "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, "args": []},
+    {"name": "hashed-env-pp-layer-partition", "env": {"VLLM_PP_LAYER_PARTITION": "16"}, "args": []},
+    {"name": "unhashed-env-log-stats-interval", "env": {"VLLM_LOG_STATS_INTERVAL": "30"}, "args": []},
+    {"name": "unhashed-env-http-keepalive", "env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "9"}, "args": []},
+    {"name": "api-key-secret", "env": {"VLLM_API_KEY": SECRET}, "args": []},
+    {"name": "api-key-flag-secret", "env": {}, "args": ["--api-key", SECRET]},
+    {"name": "max-model-len-2048", "env": {}, "args": ["--max-model-len", "2048"]},
+    {"name": "max_model_len-underscore", "env": {}, "args": ["--max_model_len", "2048"]},
+    {"name": "max-model-len-same-value", "env": {}, "args": ["--max-model-len", "4096"]},
+    {"name": "max-model-len-equals-same", "env": {}, "args": ["--max-model-len=4096"]},
+    {"name": "block-size-32", "env": {}, "args": ["--block-size", "32"]},
+    {"name": "generation-config-vllm", "env": {}, "args": ["--generation-config", "vllm"]},
+    {"name": "max-logprobs-5", "env": {}, "args": ["--max-logprobs", "5"]},
+    {"name": "max-num-seqs-512", "env": {}, "args": ["--max-num-seqs", "512"]},
+    {"name": "max-num-seqs-128", "env": {}, "args": ["--max-num-seqs", "128"]},
+    {"name": "max-num-batched-tokens-8192", "env": {}, "args": ["--max-num-batched-tokens", "8192"]},
+    {"name": "seed-7", "env": {}, "args": ["--seed", "7"]},
+    {"name": "served-model-name", "env": {}, "args": ["--served-model-name", "other"]},
+    {"name": "enable-prefix-caching", "env": {}, "args": ["--enable-prefix-caching"]},
+    {"name": "dtype-float16", "env": {}, "args": ["--dtype", "float16"]},
+    {"name": "tp-1-explicit-short-flag", "env": {}, "args": ["-tp", "1"]},
+    {"name": "hashed-env-standalone-compile-off", "env": {"VLLM_USE_STANDALONE_COMPILE": "0"}, "args": []},
+    {"name": "other-home", "env": {"HOME": "/tmp/kb-other-home"}, "args": []},
+    # getpass.getuser() (Inductor's temporary directories) reads these first.
+    {"name": "other-user", "env": {"USER": "kbother", "LOGNAME": "kbother"}, "args": []},
+    {"name": "other-hostname", "env": {}, "args": [], "hostname": "kb-other-host"},
+    {"name": "four-cpus", "env": {}, "args": [], "cpus": 4},
+    {"name": "model-at-another-path", "env": {}, "args": [], "model_path": "/models/tiny-llama-moved"},
+]
+
+
+def _target_json(model_path: str | None = None) -> str:
+    import dataclasses
+
+    from kernelbake.contract.target import TargetConfig
+    from kernelbake.plan import plan
+    from kernelbake.spec import load_spec
+
+    spec = load_spec(SPEC)
+    t = plan(spec, ["h200"])[0]
+    key = t.key if model_path is None else dataclasses.replace(t.key, model_path=model_path)
+    return TargetConfig(key=key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes).to_json()
+
+
+def _base_env(home: Path, tmp: Path) -> dict[str, str]:
+    keep = ("PATH", "PYTHONPATH", "LANG", "LD_LIBRARY_PATH", "CUDA_HOME", "PYTHONUNBUFFERED")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), TMPDIR=str(tmp), KERNELBAKE_SCRATCH=str(tmp), KERNELBAKE_TARGET=str(TARGET))
+    return env
+
+
+def _shown(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's environment and arguments as they may be written down (secrets digested)."""
+    from kernelbake.runtime import redact
+
+    return {
+        "env": redact.tree(case["env"]),
+        "args": redact.Redactor.for_run({}, case["args"]).argv(case["args"]),
+    }
+
+
+def _plugin_site() -> Path:
+    """kernelbake runs from source here, not pip-installed as in an image: its
+    ``vllm.general_plugins`` entry point (pyproject.toml) must still be found by vLLM's
+    processes, so a dist-info that declares only that entry point goes on PYTHONPATH."""
+    site = WORK / "site"
+    info = site / "kernelbake_bench_plugin-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernelbake-bench-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nkernelbake = kernelbake.runtime.engines.vllm.plugin:register\n"
+    )
+    return site
+
+
+def _shim() -> str:
+    """The base image has vLLM's console script; a PYTHONPATH install has not."""
+    shim = WORK / "bin"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "vllm").write_text(f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
+    (shim / "vllm").chmod(0o755)
+    return f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+# -- inside one case's namespace --------------------------------------------------------
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]:
+    from kernelbake.runtime.engines.vllm import VllmEngine
+    from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, cache_dirs, snapshot
+
+    name = case["name"]
+    cdir = WORK / "cases" / name
+    env = _base_env(cdir / "home", cdir / "tmp")
+    env["KERNELBAKE_STATUS"] = str(cdir / "status.json")
+    env.update(case["env"])
+    if "model_path" in case:
+        target = cdir / "target.json"
+        target.write_text(_target_json(case["model_path"]))
+        env["KERNELBAKE_TARGET"] = str(target)
+    args = [*case["args"]]
+    out: dict[str, Any] = {"name": name, **_shown(case)}
+    started = time.monotonic()
+    extra = ["--identity-out", str(cdir / "identity.json")] if name in FIXTURE_CASES else []
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernelbake",
+            "check",
+            "--json",
+            "--unsafe-size-only",
+            *extra,
+            *BASE_ARGS,
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=max(30.0, deadline - time.monotonic()),
+    )
+    (cdir / "check.log").write_text(check.stdout + "\n--- stderr\n" + check.stderr)
+    out["check_s"] = round(time.monotonic() - started, 1)
+    out["check_rc"] = check.returncode
+    try:
+        # The verdict is check's stdout; anything before it would be an engine's stray output.
+        text = check.stdout
+        verdict = json.loads(text[text.index("{") :] if "\n{" not in text else text[text.index("\n{") + 1 :])
+        pred = verdict.get("prediction") or {}
+        out["predicted"] = verdict["predicted"]
+        out["reasons"] = list(verdict.get("problems", [])) + list(pred.get("reasons", []))
+        out["prediction_source"] = pred.get("source")
+        out["predicted_kinds"] = {k["kind"]: k["outcome"] for k in pred.get("kinds", [])}
+    except (ValueError, KeyError):
+        out["predicted"] = "error"
+        out["reasons"] = [check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "no output"]
+    dirs = cache_dirs(CACHE_ROOT, VllmEngine.declaration.cache_kinds)
+    before = snapshot(dirs)
+    log = LogEvidence()
+    serve_log = (cdir / "serve.log").open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelbake", "serve", *BASE_ARGS, "--port", str(port), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    timer = threading.Timer(max(1.0, deadline - time.monotonic()), _kill, (proc,))
+    timer.start()
+    decided = "timeout"
+    plugin_lines: list[str] = []
+    wrong: list[str] = []
+    for line in proc.stdout:
+        serve_log.write(line)
+        signal_ = log.feed(line)
+        if "kernelbake: prediction from" in line or "kernelbake:   " in line:
+            plugin_lines.append(line.strip())
+        if "prediction wrong" in line:
+            wrong.append(line.strip())
+        if signal_ in (Signal.COMPILED, Signal.LOAD_FAILED, Signal.FLASHINFER_BUILD):
+            decided = signal_.value
+            break
+        if signal_ is Signal.READY:
+            decided = "ready"
+            # The supervisor's self-check follows READY: read on briefly.
+            stop_at = time.monotonic() + 5
+            for more in proc.stdout:
+                serve_log.write(more)
+                if "prediction wrong" in more:
+                    wrong.append(more.strip())
+                if "start-up compiled" in more or time.monotonic() > stop_at:
+                    break
+            break
+        if time.monotonic() > deadline or proc.poll() is not None:
+            decided = "timeout" if proc.poll() is None else f"exited {proc.returncode}"
+            break
+    if decided == "timeout" and proc.poll() is not None:
+        decided = f"exited {proc.returncode}"
+    out["serve_s"] = round(time.monotonic() - started, 1)
+    with_files = added(before, snapshot(dirs))
+    timer.cancel()
+    _kill(proc)
+    proc.wait()
+    serve_log.close()
+    files = {k: len(v) for k, v in with_files.items()}
+    out["decided_by"] = decided
+    out["log_evidence"] = log.to_json()
+    out["files_added"] = files
+    out["plugin_prediction"] = plugin_lines[:12]
+    out["prediction_wrong_lines"] = wrong
+    compiled = decided in ("compiled", "load_failed", "flashinfer_build") or log.torch_compile_hit is False
+    if decided == "ready" or compiled:
+        out["actual"] = "miss" if compiled or any(files.values()) else "hit"
+    else:
+        out["actual"] = "undecided"
+    out["actual_kinds"] = {k: ("miss" if n else "hit") for k, n in files.items()}
+    if compiled:
+        out["actual_kinds"]["vllm"] = "miss"
+    status = cdir / "status.json"
+    if status.is_file():
+        out["serve_status"] = json.loads(status.read_text())
+    return out
+
+
+# -- orchestration ------------------------------------------------------------------------
+
+
+def prepare(out: Path) -> dict[str, Any]:
+    if WORK.exists():
+        shutil.rmtree(WORK)
+    (WORK / "cases").mkdir(parents=True)
+    model = Path("/models/tiny-llama-ref")
+    for p in (model, Path("/models/tiny-llama-moved")):
+        p.mkdir(parents=True, exist_ok=True)
+        shutil.copy(MODEL_CONFIG, p / "config.json")
+    TARGET.parent.mkdir(parents=True, exist_ok=True)
+    TARGET.write_text(_target_json())
+    if CACHE_ROOT.exists():
+        shutil.rmtree(CACHE_ROOT)
+    CACHE_ROOT.mkdir(parents=True)
+    _plugin_site()
+    env = _base_env(WORK / "compile-home", WORK / "compile-tmp")
+    env["PATH"] = _shim()
+    started = time.monotonic()
+    with (WORK / "compile.log").open("w") as fh:
+        rc = subprocess.run(
+            [sys.executable, "-m", "kernelbake", "compile"], env=env, stdout=fh, stderr=subprocess.STDOUT
+        ).returncode
+    info: dict[str, Any] = {"compile_rc": rc, "compile_s": round(time.monotonic() - started, 1)}
+    if rc == 0:
+        shutil.copytree(CACHE_ROOT, WORK / "pristine", symlinks=True)
+        manifest = json.loads((CACHE_ROOT / "manifest.json").read_text())
+        info["kinds"] = manifest.get("kinds")
+        ident = manifest.get("compile_report", {}).get("engine_identity", {})
+        info["identity_dirs"] = ident.get("dirs")
+        info["pins"] = ident.get("pins")
+    return info
+
+
+def launch(case: dict[str, Any], index: int, deadline: float) -> dict[str, Any]:
+    """One case in its own mount (and, if asked, UTS) namespace with its own bundle copy."""
+    cdir = WORK / "cases" / case["name"]
+    if time.monotonic() > deadline - 100:
+        return {"name": case["name"], **_shown(case), "predicted": "not run", "actual": "not run"}
+    shutil.rmtree(cdir, ignore_errors=True)
+    shutil.copytree(WORK / "pristine", cdir / "cache", symlinks=True)
+    cdir.mkdir(parents=True, exist_ok=True)
+    inner = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--case",
+        case["name"],
+        "--port",
+        str(8100 + index),
+    ]
+    inner += ["--deadline-at", str(deadline)]
+    script = f"mount --bind {cdir / 'cache'} {CACHE_ROOT} && "
+    if host := case.get("hostname"):
+        script += f"hostname {host} && "
+    prefix: list[str] = []
+    if cpus := case.get("cpus"):
+        prefix = ["taskset", "-c", f"0-{cpus - 1}"]
+    script += " ".join(shlex_quote(a) for a in [*prefix, *inner])
+    flags = ["-m", "-u"] if case.get("hostname") else ["-m"]
+    env = {**os.environ, "PATH": _shim()}
+    proc = subprocess.run(
+        ["unshare", *flags, "--propagation", "private", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    (cdir / "launcher.log").write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
+    result_file = cdir / "result.json"
+    if result_file.is_file():
+        return dict(json.loads(result_file.read_text()))
+    return {
+        "name": case["name"],
+        **_shown(case),
+        "predicted": "error",
+        "actual": "error",
+        "reasons": [proc.stderr.strip()[-300:]],
+    }
+
+
+def shlex_quote(a: str) -> str:
+    import shlex
+
+    return shlex.quote(a)
+
+
+def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    decided = [
+        c for c in cases if c.get("predicted") in ("hit", "miss") and c.get("actual") in ("hit", "miss")
+    ]
+    return {
+        "cases": len(cases),
+        "decided": len(decided),
+        "right": sum(c["predicted"] == c["actual"] for c in decided),
+        "predicted_hit_missed": [
+            c["name"] for c in decided if c["predicted"] == "hit" and c["actual"] == "miss"
+        ],
+        "predicted_miss_hit": [
+            c["name"] for c in decided if c["predicted"] == "miss" and c["actual"] == "hit"
+        ],
+        "undecided": [c["name"] for c in cases if c not in decided],
+        "self_check_disagreed": [c["name"] for c in cases if c.get("prediction_wrong_lines")],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path)
+    p.add_argument("--case")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--deadline", type=float, default=540, help="seconds from start for everything")
+    p.add_argument("--deadline-at", type=float)
+    p.add_argument("--parallel", type=int, default=15)
+    p.add_argument("--only", nargs="*")
+    p.add_argument("--reuse", action="store_true", help="keep the bundle a previous run compiled")
+    a = p.parse_args()
+    if a.case:
+        case = next(c for c in CASES if c["name"] == a.case)
+        result = run_case(case, a.port, a.deadline_at or time.monotonic() + 240)
+        (WORK / "cases" / a.case / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        return 0
+    assert a.out is not None
+    t0 = time.monotonic()
+    deadline = t0 + a.deadline
+    a.out.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = f"{WORK / 'site'}:{os.environ.get('PYTHONPATH', '')}"
+    if a.reuse and (WORK / "pristine" / "manifest.json").is_file():
+        info = json.loads((WORK / "prepare.json").read_text())
+        info["reused"] = True
+    else:
+        info = prepare(a.out)
+        (WORK / "prepare.json").write_text(json.dumps(info))
+    print(json.dumps({"prepare": info}), flush=True)
+    cases = [c for c in CASES if not a.only or c["name"] in a.only]
+    results: list[dict[str, Any]] = []
+    if info.get("compile_rc") == 0:
+        with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
+            futures = [pool.submit(launch, c, i, deadline) for i, c in enumerate(cases)]
+            for f in futures:
+                results.append(f.result())
+                print(
+                    json.dumps(
+                        {k: results[-1].get(k) for k in ("name", "predicted", "actual", "decided_by")}
+                    ),
+                    flush=True,
+                )
+    doc = {
+        "command": "PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src python3 bench/vllm_keymatrix.py --out $OUT",
+        "prepare": info,
+        "base_args": BASE_ARGS,
+        "summary": summarise(results),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "cases": results,
+    }
+    identities: dict[str, Any] = {"baked": None, "cases": {}}
+    if (WORK / "pristine" / "manifest.json").is_file():
+        manifest = json.loads((WORK / "pristine" / "manifest.json").read_text())
+        identities["baked"] = manifest.get("compile_report", {}).get("engine_identity")
+        identities["kinds"] = sorted({f["kind"] for f in manifest.get("files", [])})
+    for c in cases:
+        ident_file = WORK / "cases" / c["name"] / "identity.json"
+        if ident_file.is_file():
+            identities["cases"][c["name"]] = {
+                **_shown(c),
+                "identity": json.loads(ident_file.read_text()),
+            }
+    (a.out / IDENTITIES).write_text(json.dumps(identities, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(doc, indent=1, sort_keys=True)
+    doc["secret_in_result"] = SECRET in text
+    doc["secret_in_identities"] = SECRET in (a.out / IDENTITIES).read_text()
+    doc["secret_in_logs"] = [
+        str(p.relative_to(WORK))
+        for p in sorted(WORK.rglob("*.log"))
+        if SECRET in p.read_text(errors="replace")
+    ]
+    (a.out / RESULT).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    with tarfile.open(a.out / "keymatrix-logs.tar.gz", "w:gz") as tar:
+        for path in sorted(WORK.rglob("*.log")) + sorted(WORK.rglob("status.json")):
+            tar.add(path, arcname=str(path.relative_to(WORK)))
+    print(json.dumps(doc["summary"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

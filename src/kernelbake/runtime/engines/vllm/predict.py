@@ -1,0 +1,126 @@
+"""Build-time recording and serve-time prediction, both at the same point in vLLM's start-up.
+
+- build (compile-only run): pin the Inductor options vLLM ties to its log level, then record
+  vLLM's identity right after it built its config (``record_at_build``), and once the engine
+  ran, the files Dynamo traced, the cache directories vLLM named and FlashInfer's paths;
+- serve (``vllm.general_plugins`` in the API-server process, ``serve_hook``): the same pins,
+  the same identity from the final argv and environment, compared with the baked one, one
+  verdict per cache kind in the log before the engine core starts, and one JSON line for the
+  ``kernelbake serve`` supervisor, which checks it against what vLLM then did;
+- ``kernelbake check`` (``check``): the same hook, driven by vLLM's own parser and config
+  builder in this process, with the environment ``serve`` would give vLLM.
+
+Imports vLLM; only runs where vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runtime.engines.vllm import identity as ident
+from kernelbake.runtime.engines.vllm.evidence import PREDICTION_MARK as MARK
+from kernelbake.runtime.prediction import Prediction, predict
+
+_CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+
+
+def baked_identity(manifest: Path) -> tuple[dict[str, Any] | None, set[str]]:
+    """The build's identity and the cache kinds the bundle holds files of."""
+    try:
+        doc = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None, set()
+    kinds = {str(f.get("kind")) for f in doc.get("files", [])}
+    found = doc.get("compile_report", {}).get(ident.REPORT_KEY)
+    return (found if isinstance(found, dict) else None), kinds
+
+
+def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str, Any]:
+    cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
+    doc = ident.identity(vllm_config, cache_env)
+    if baked is not None:
+        doc["code_files"] = ident.code_digests(sorted(baked.get("code_files", {})))
+        doc["ninja_paths_missing"] = [p for p in baked.get("ninja_paths", []) if not Path(p).exists()]
+    return doc
+
+
+# -- build ---------------------------------------------------------------------------------
+
+
+def record_at_build(report: MutableMapping[str, Any], pins: Mapping[str, Any]) -> None:
+    """``pins``: the Inductor options the compile-only argv fixed (``args.with_pins``)."""
+
+    def on_config(_engine_args: Any, config: Any) -> None:
+        if ident.REPORT_KEY in report:
+            return
+        cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
+        try:
+            report[ident.REPORT_KEY] = {**ident.identity(config, cache_env), "pins": dict(pins)}
+        except Exception as exc:
+            # The caches are still good; serve then falls back to the key, and says so.
+            report["engine_identity_error"] = f"{type(exc).__name__}: {exc}"
+
+    ident.install_hook(on_config)
+    ident.record_traced_files(report)
+
+
+def finish_at_build(report: MutableMapping[str, Any]) -> None:
+    """After the engine ran: what only a run shows (traced files, directories vLLM named)."""
+    doc = report.get(ident.REPORT_KEY)
+    if not isinstance(doc, dict):
+        return
+    doc["code_files"] = ident.code_digests(report.get("traced_files", []))
+    if root := os.environ.get("VLLM_CACHE_ROOT"):
+        doc["dirs"] = ident.compile_dirs(Path(root))
+    if base := os.environ.get("FLASHINFER_WORKSPACE_BASE"):
+        doc["ninja_paths"] = ident.ninja_paths(Path(base))
+    report.pop("traced_files", None)
+
+
+# -- serve and check -------------------------------------------------------------------
+
+
+def _judge(config: Any, manifest: Path) -> Prediction:
+    baked, kinds = baked_identity(manifest)
+    if baked is None:
+        raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
+    return predict(baked, now_identity(config, baked), kinds)
+
+
+def _print(prediction: Prediction) -> None:
+    for line in prediction.lines():
+        print(f"kernelbake: {line}", file=sys.stderr, flush=True)
+    print(MARK + json.dumps(prediction.to_json(), sort_keys=True), file=sys.stderr, flush=True)
+
+
+def serve_hook(manifest: Path) -> None:
+    """In vLLM's API server: the verdict, per kind, once vLLM built its config."""
+    done: list[bool] = []
+
+    def on_config(_engine_args: Any, config: Any) -> None:
+        if done:
+            return
+        done.append(True)
+        try:
+            _print(_judge(config, manifest))
+        except Exception as exc:  # a prediction must never stop the server
+            print(f"kernelbake: no prediction: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+    ident.install_hook(on_config)
+
+
+def check(serve_argv: Sequence[str], manifest: Path) -> Prediction:
+    """``kernelbake check``: vLLM's parser and config builder in this process, with the
+    environment already set as ``serve`` sets it for vLLM."""
+    from vllm.usage.usage_lib import UsageContext
+
+    from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+
+    engine_args = parse_serve_argv(serve_argv)
+    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    return _judge(config, manifest)

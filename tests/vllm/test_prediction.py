@@ -1,0 +1,360 @@
+"""Per-kind predictions from identity documents recorded from real vLLM runs, their diff by
+factor name, the fallback, the self-check against evidence, and that no secret value leaks.
+
+The fixtures were recorded by ``bench/record_identity.py`` with vLLM's CPU build 0.32.0 (vLLM's
+own parser, config builder and hash functions; see tests/fixtures/vllm/README.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelbake.runtime import redact
+from kernelbake.runtime.engines.vllm import evidence
+from kernelbake.runtime.prediction import Outcome, Prediction, Source, diff, fallback, predict
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
+CPU = FIXTURES / "cpu-0.32.0-identities.json"
+FIXTURE_SECRET = "kb-fixture-secret-1234"
+KINDS = {"vllm", "inductor", "triton", "flashinfer"}
+
+
+@pytest.fixture(scope="module")
+def cpu() -> dict[str, Any]:
+    docs: dict[str, Any] = json.loads(CPU.read_text())
+    return {name: d["identity"] for name, d in docs.items()}
+
+
+def _changes(p: Prediction, kind: str) -> list[str]:
+    verdict = p.kind(kind)
+    assert verdict is not None
+    return [c.factor for c in verdict.changes]
+
+
+def test_the_same_config_hits_every_kind(cpu: dict[str, Any]) -> None:
+    p = predict(cpu["baseline"], cpu["baseline"], KINDS)
+    assert p.hit and p.source is Source.ENGINE
+    assert {k.kind: k.outcome for k in p.kinds} == {k: Outcome.HIT for k in KINDS}
+
+
+@pytest.mark.parametrize("variant", ["explicit-default-aot", "max-model-len-same"])
+def test_defaults_written_explicitly_hit(cpu: dict[str, Any], variant: str) -> None:
+    p = predict(cpu["baseline"], cpu[variant], KINDS)
+    assert p.hit, p.lines()
+
+
+@pytest.mark.parametrize(
+    ("variant", "factor", "baked", "now"),
+    [
+        ("max_model_len-underscore", "model_config.max_model_len", "2048", "1024"),
+        ("max-logprobs-5", "model_config.max_logprobs", "20", "5"),
+        ("block-size-32", "cache_config.block_size", None, "32"),
+        ("max-num-batched-tokens", "scheduler_config field.max_num_batched_tokens", "2048", "1024"),
+    ],
+)
+def test_a_hashed_flag_misses_torch_compile_and_names_the_factor(
+    cpu: dict[str, Any], variant: str, factor: str, baked: str | None, now: str
+) -> None:
+    p = predict(cpu["baseline"], cpu[variant], KINDS)
+    assert not p.hit
+    vllm = p.kind("vllm")
+    assert vllm is not None and vllm.outcome is Outcome.MISS
+    change = next(c for c in vllm.changes if c.factor == factor)
+    if baked is not None:
+        assert change.baked == baked
+    assert change.now == now
+    # Inductor's own key (outside the model) does not depend on vLLM's flags.
+    assert p.kind("inductor").outcome is Outcome.HIT  # type: ignore[union-attr]
+    assert p.kind("triton").outcome is Outcome.PARTIAL  # type: ignore[union-attr]
+    assert any(r.startswith(f"vllm: {factor}: ") for r in p.reasons)
+
+
+def test_vllm_0_32_leaves_the_api_key_out_of_its_hash(cpu: dict[str, Any]) -> None:
+    # 0.32 lists VLLM_API_KEY in compile_factors' ignored_factors (0.26 hashes it: see the
+    # H200 fixture test below), so setting it hits.
+    assert "VLLM_API_KEY" not in cpu["api-key"]["env"]["factors"]
+    assert predict(cpu["baseline"], cpu["api-key"], KINDS).hit
+
+
+def test_a_hashed_secret_is_diffed_by_digest_only(cpu: dict[str, Any]) -> None:
+    baked = copy.deepcopy(cpu["baseline"])
+    now = copy.deepcopy(cpu["baseline"])
+    # As identity.env_factors stores a hashed secret-carrying variable.
+    now["env"]["factors"] = redact.tree({**now["env"]["factors"], "VLLM_API_KEY": FIXTURE_SECRET})
+    now["env"]["hash"] = "changed"
+    p = predict(baked, now, KINDS)
+    (change,) = p.kind("vllm").changes  # type: ignore[union-attr]
+    assert (change.factor, change.baked, change.now) == (
+        "env.VLLM_API_KEY",
+        "absent",
+        redact.digest(FIXTURE_SECRET),
+    )
+    assert FIXTURE_SECRET not in json.dumps(p.to_json()) + "\n".join(p.lines())
+
+
+def test_no_fixture_holds_a_secret_value() -> None:
+    # The recorder ran vLLM with VLLM_API_KEY set.
+    for path in FIXTURES.glob("*.json"):
+        assert FIXTURE_SECRET not in path.read_text()
+        assert "kb-secret-7f3a9c" not in path.read_text()  # bench/vllm_keymatrix.py's
+
+
+def test_logging_level_does_not_change_the_hash_where_vllm_does_not_tie_asserts_to_it(
+    cpu: dict[str, Any],
+) -> None:
+    # torch 2.13 (the CPU build): vLLM leaves Inductor's asserts alone, so nothing is pinned
+    # and DEBUG hits; on torch < 2.12 the pins (asked of vLLM) make it hit.
+    assert cpu["baseline"]["pins"] == {}
+    assert predict(cpu["baseline"], cpu["logging-debug"], KINDS).hit
+
+
+def _with_device(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    out["compiler"]["factors"]["system"] = {"device": {"name": name}, "version": {"cuda": "13.0"}}
+    out["compiler"]["hash"] = name
+    return out
+
+
+def test_a_device_name_change_misses_only_what_keys_on_the_name(cpu: dict[str, Any]) -> None:
+    baked = _with_device(cpu["baseline"], "NVIDIA H200")
+    baked["triton"] = {"version": "3.6.0", "backend": "ptxas-13.0-90"}
+    now = _with_device(cpu["baseline"], "NVIDIA H200 NVL")
+    now["triton"] = dict(baked["triton"])
+    p = predict(baked, now, KINDS)
+    outcomes = {k.kind: k.outcome for k in p.kinds}
+    # Triton's own key (ptxas, arch) is unchanged: its kernels are kept, and only those whose
+    # source the recompiled graphs change compile.
+    assert outcomes == {
+        "vllm": Outcome.MISS,
+        "inductor": Outcome.MISS,
+        "triton": Outcome.PARTIAL,
+        "flashinfer": Outcome.HIT,
+    }
+    assert "compiler.system.device.name" in _changes(p, "vllm")
+
+
+def test_fallback_keeps_the_kinds_whose_recorded_factors_do_not_name_the_device(cpu: dict[str, Any]) -> None:
+    baked = _with_device(cpu["baseline"], "NVIDIA H200")
+    p = fallback(
+        ["vllm", "triton", "flashinfer"], [], baked_identity=baked, device=("NVIDIA H200", "NVIDIA H200 NVL")
+    )
+    assert p.source is Source.FALLBACK
+    assert {k.kind: k.outcome for k in p.kinds} == {
+        "vllm": Outcome.MISS,
+        "triton": Outcome.HIT,
+        "flashinfer": Outcome.HIT,
+    }
+    assert "FALLBACK" in p.lines()[0]
+
+
+def test_kinds_with_nothing_baked_cannot_miss(cpu: dict[str, Any]) -> None:
+    p = predict(cpu["baseline"], cpu["max_model_len-underscore"], {"vllm"})
+    assert p.kind("flashinfer").outcome is Outcome.EMPTY  # type: ignore[union-attr]
+
+
+def test_diff_names_each_leaf() -> None:
+    assert [str(c) for c in diff({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 0})] == [
+        "a.c: 2 → 3",
+        "d: absent → 0",
+    ]
+
+
+def test_prediction_round_trips_through_the_log_line(cpu: dict[str, Any]) -> None:
+    p = predict(cpu["baseline"], cpu["max_model_len-underscore"], KINDS)
+    assert Prediction.from_json(json.loads(json.dumps(p.to_json()))) == p
+
+
+# -- the self-check after start -------------------------------------------------------
+
+
+def _watch(tmp_path: Path, p: Prediction, lines: list[str], new_files: dict[str, int]) -> evidence.Watcher:
+    dirs = {k: tmp_path / k for k in ("vllm", "triton")}
+    for d in dirs.values():
+        d.mkdir()
+    w = evidence.watcher(dirs)
+    w(evidence.PREDICTION_MARK + json.dumps(p.to_json()) + "\n")
+    for kind, n in new_files.items():
+        for i in range(n):
+            (dirs[kind] / f"f{i}").write_text("x")
+    for line in lines:
+        w(line)
+    return w
+
+
+def test_serve_says_loudly_when_a_predicted_hit_compiled(cpu: dict[str, Any], tmp_path: Path) -> None:
+    p = predict(cpu["baseline"], cpu["baseline"], {"vllm", "triton"})
+    w = _watch(
+        tmp_path,
+        p,
+        ["INFO Compiling a graph for compile range (1, 16384)\n"],
+        {"vllm": 2},
+    )
+    message = w("INFO:     Application startup complete.\n")
+    assert (
+        message is not None
+        and "prediction wrong: predicted hit, vLLM compiled (2 new files in vllm" in message
+    )
+    assert w.status()["prediction_wrong"] and w.status()["evidence"]["actual"]["vllm"] == "miss"  # type: ignore[index]
+
+
+def test_serve_says_loudly_when_a_predicted_miss_compiled_nothing(
+    cpu: dict[str, Any], tmp_path: Path
+) -> None:
+    p = predict(cpu["baseline"], cpu["max-logprobs-5"], {"vllm", "triton"})
+    w = _watch(tmp_path, p, ["Directly load AOT compilation from path /x\n"], {})
+    message = w("Application startup complete.\n")
+    assert message is not None
+    assert (
+        "prediction wrong: predicted miss (model_config.max_logprobs: 20 → 5), vLLM compiled nothing for vllm"
+        in message
+    )
+
+
+def test_a_right_prediction_adds_no_warning(cpu: dict[str, Any], tmp_path: Path) -> None:
+    p = predict(cpu["baseline"], cpu["baseline"], {"vllm", "triton"})
+    w = _watch(tmp_path, p, ["Directly load AOT compilation from path /x\n"], {})
+    message = w("Application startup complete.\n")
+    assert message is not None and "prediction wrong" not in message
+    assert w.status()["prediction_wrong"] == []
+
+
+# -- secrets -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("VLLM_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("--api-key", True),
+        ("S3_SECRET_ACCESS_KEY", True),
+        ("hf_token", True),
+        ("VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE", False),
+        ("long_prefill_token_threshold", False),
+        ("max_num_batched_tokens", False),
+        ("VLLM_LOGGING_LEVEL", False),
+    ],
+)
+def test_secret_names(name: str, secret: bool) -> None:
+    assert redact.is_secret(name) is secret
+
+
+def test_the_redactor_hides_secret_flags_and_variables_in_any_text() -> None:
+    r = redact.Redactor.for_run(
+        {"VLLM_API_KEY": "s3cr3t-env", "PATH": "/bin"}, ["--api-key=s3cr3t-flag", "--hf-token", "s3cr3t-hf"]
+    )
+    text = r(
+        "vllm serve --api-key=s3cr3t-flag --hf-token s3cr3t-hf; non-default args: {'api_key': ['s3cr3t-env']} /bin"
+    )
+    for value in ("s3cr3t-env", "s3cr3t-flag", "s3cr3t-hf"):
+        assert value not in text and redact.digest(value) in text
+    assert "/bin" in text
+
+
+def test_the_runner_forwards_engine_output_redacted(capfd: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from kernelbake.runner import run
+
+    r = redact.Redactor(["sk-live-123456"])
+    seen: list[str] = []
+    run(
+        [sys.executable, "-c", "print('key is sk-live-123456')", "--api-key", "sk-live-123456"],
+        on_line=seen.append,
+        redact=r,
+    )
+    err = capfd.readouterr().err
+    assert "sk-live-123456" not in err and redact.digest("sk-live-123456") in err
+
+
+def test_pins_become_the_compilation_config_flag_and_the_users_own_values_win() -> None:
+    from kernelbake.runtime.engines.vllm.args import with_pins
+
+    pins = {"size_asserts": False, "alignment_asserts": False}
+    assert with_pins(["/m", "--dtype", "bfloat16"], pins) == [
+        "/m",
+        "--compilation-config",
+        '{"inductor_compile_config":{"alignment_asserts":false,"size_asserts":false}}',
+        "--dtype",
+        "bfloat16",
+    ]
+    merged = with_pins(
+        ["/m", "--compilation-config", '{"inductor_compile_config":{"size_asserts":true},"mode":3}'], pins
+    )
+    assert json.loads(merged[2]) == {
+        "inductor_compile_config": {"size_asserts": True, "alignment_asserts": False},
+        "mode": 3,
+    }
+    assert with_pins(["/m"], {}) == ["/m"]
+
+
+# -- vLLM 0.26 on the H200 (bench/vllm_keymatrix.py, check --identity-out) --------------
+
+H200 = FIXTURES / "h200-0.26.0-identities.json"
+
+
+@pytest.fixture(scope="module")
+def h200() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(H200.read_text())
+    return doc
+
+
+def _h200(h200: dict[str, Any], case: str) -> Prediction:
+    return predict(h200["baked"], h200["cases"][case]["identity"], h200["kinds"])
+
+
+@pytest.mark.parametrize("case", ["baseline", "logging-debug", "max-num-seqs-512"])
+def test_h200_hits(h200: dict[str, Any], case: str) -> None:
+    p = _h200(h200, case)
+    assert p.hit, p.lines()
+    assert {k.kind: k.outcome for k in p.kinds if k.outcome is not Outcome.EMPTY} == {
+        "vllm": Outcome.HIT,
+        "triton": Outcome.HIT,
+        "flashinfer": Outcome.HIT,
+    }
+
+
+def test_h200_debug_hits_because_the_build_pinned_the_assert_options(h200: dict[str, Any]) -> None:
+    # Asked of vLLM 0.26 on torch 2.11: these three follow VLLM_LOGGING_LEVEL.
+    assert h200["baked"]["pins"] == {
+        "alignment_asserts": False,
+        "scalar_asserts": False,
+        "size_asserts": False,
+    }
+    debug = h200["cases"]["logging-debug"]
+    assert debug["env"] == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert debug["identity"]["config"]["hash"] == h200["baked"]["config"]["hash"]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("max_model_len-underscore", "vllm: model_config.max_model_len: 4096 → 2048"),
+        ("block-size-32", "vllm: cache_config.block_size: 16 → 32"),
+        ("max-logprobs-5", "vllm: model_config.max_logprobs: 20 → 5"),
+        ("api-key-secret", "vllm: env.VLLM_API_KEY: null → sha256:24e66f893695"),
+    ],
+)
+def test_h200_misses_name_the_factor(h200: dict[str, Any], case: str, reason: str) -> None:
+    p = _h200(h200, case)
+    assert not p.hit
+    assert p.reasons == [reason]
+    assert {k.kind: k.outcome for k in p.kinds if k.outcome is not Outcome.EMPTY} == {
+        "vllm": Outcome.MISS,
+        "triton": Outcome.PARTIAL,
+        "flashinfer": Outcome.PARTIAL if case != "api-key-secret" else Outcome.HIT,
+    }
+
+
+def test_h200_identity_records_what_vllm_named_and_traced(h200: dict[str, Any]) -> None:
+    baked = h200["baked"]
+    assert baked["dirs"]["torch_compile_cache"] and baked["dirs"]["torch_aot_compile"]
+    assert baked["compiler"]["factors"]["system"]["device"]["name"] == "NVIDIA H200"
+    assert all(len(d) == 64 for d in baked["code_files"].values())
+    assert "/opt/kernelbake/cache/flashinfer" in baked["ninja_paths"]
+    assert baked["triton"]["backend"].endswith("-90")
