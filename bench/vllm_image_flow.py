@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -176,18 +177,47 @@ def _post(url: str, doc: dict[str, Any]) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
+# Where a start spends its time: the first line (seconds after launch) that contains each.
+MARKS = {
+    "preflight_done": "kernelbake serve: preflight took",
+    "api_server_first_line": "(APIServer pid=",
+    "engine_core_first_line": "(EngineCore",
+    "model_loaded": "Model loading took",
+    "torch_compile_done": "torch.compile took",
+    "graphs_captured": "Graph capturing finished",
+    "engine_init_done": "init engine (profile, create kv cache, warmup model) took",
+    "api_server_listening": "Starting vLLM server on",
+    "forced_spawn": "We must use the `spawn` multiprocessing start method",
+}
+
+
 class Server:
-    """The image's ENTRYPOINT started like ``docker run IMAGE ARGS...``."""
+    """The image's ENTRYPOINT started like ``docker run IMAGE ARGS...``; its output goes to
+    the log unchanged, and the time of each ``MARKS`` line is noted on the way."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, logs: Path):
         self.name, self.port = name, port
         self.log = logs / f"{name}.log"
         self.fh = self.log.open("wb")
+        self.marks: dict[str, float] = {}
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [*argv, "--port", str(port)], env=env, cwd="/", stdout=self.fh, stderr=subprocess.STDOUT
+            [*argv, "--port", str(port)], env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         self.ready_s: float | None = None
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            now = round(time.monotonic() - self.t0, 2)
+            self.fh.write(raw)
+            self.fh.flush()
+            line = raw.decode(errors="replace")
+            for mark, text in MARKS.items():
+                if mark not in self.marks and text in line:
+                    self.marks[mark] = now
 
     def poll_ready(self) -> bool:
         if self.ready_s is not None:
@@ -224,10 +254,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.reader.join(timeout=30)
         self.fh.close()
         text = self.log.read_text(errors="replace")
         return {
             "ready_s": self.ready_s,
+            "timeline_s": {**self.marks, "health_ok": self.ready_s},
             "exit_code_after_sigterm": self.proc.returncode,
             "kernelbake_lines": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")],
             "log": self.log.name,
@@ -373,6 +405,9 @@ def main() -> int:
             if doc.get("warm_generate") and doc.get("cold_generate")
             else None,
             "files_added_at_warm_start": len(w.get("files_added_to_cache_root", [])),
+            "timeline_warm_s": w.get("timeline_s"),
+            "timeline_cold_s": c.get("timeline_s"),
+            "tokens_warm": (doc.get("warm_generate") or {}).get("tokens"),
             "preflight": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
             "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
             "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),

@@ -58,6 +58,9 @@ class FakeEngine:
     def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
         return self.gated
 
+    def launch_env(self) -> dict[str, str]:
+        return {}
+
     def serve_watcher(self, cache_root: Path) -> None:
         return None
 

@@ -207,7 +207,12 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
-    return {**env.environ, **dict(target.serve.env), **engine.declaration.cache_env(root)}
+    return {
+        **engine.launch_env(),
+        **env.environ,
+        **dict(target.serve.env),
+        **engine.declaration.cache_env(root),
+    }
 
 
 def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:

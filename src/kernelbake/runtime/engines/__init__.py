@@ -68,6 +68,11 @@ class EngineRuntime(Protocol):
         """Variables that make the engine log its own prediction as it starts (may be empty)."""
         ...
 
+    def launch_env(self) -> dict[str, str]:
+        """Variables the engine starts faster with and that change nothing it compiles or
+        serves; the environment the image runs with wins over each of them."""
+        ...
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:
         """Reads the engine's output while it serves and returns a line to report when the
         engine says whether it used the caches under ``cache_root``; ``None``: nothing to

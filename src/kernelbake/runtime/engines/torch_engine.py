@@ -121,6 +121,9 @@ class TorchEngine:
     def prediction_env(self, baked_root: Path) -> dict[str, str]:
         return {}
 
+    def launch_env(self) -> dict[str, str]:
+        return {}
+
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.
         return None

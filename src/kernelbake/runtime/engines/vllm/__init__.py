@@ -49,6 +49,16 @@ _REPORT_KEYS = (
 
 PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
 
+# ``vllm serve`` sets spawn for its engine-core process unless this is set, and a spawned
+# engine core imports torch and vLLM all over again (~11 s of a 40 s baked start on an H200,
+# bench/results/vllm-0.26.0-h200-warmstart/). Forked, it inherits the API server's imports.
+# Safe where vLLM itself says so: its get_mp_context() turns fork back into spawn when CUDA
+# is already initialised in the parent (the API server never initialises it; kernelbake's
+# plugin there only waits at the cache gate), in a Ray actor, under WSL or --numa-bind.
+# vLLM 0.26 leaves the variable out of its compile hash (envs.compile_factors'
+# ignored_factors), so the baked caches still match.
+LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+
 
 def plugin_will_run(environ: Mapping[str, str]) -> bool:
     """Whether vLLM, started with ``environ``, will call our plugin (which holds the cache
@@ -186,6 +196,9 @@ class VllmEngine:
     def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
         return plugin_will_run(environ)
 
+    def launch_env(self) -> dict[str, str]:
+        return dict(LAUNCH_ENV)
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.declaration.cache_kinds))
 
@@ -229,4 +242,4 @@ class VllmEngine:
             sys.stdout, sys.stderr = stdout, stderr
 
 
-__all__ = ["PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]
+__all__ = ["LAUNCH_ENV", "PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]
