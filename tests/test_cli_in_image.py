@@ -37,3 +37,29 @@ def test_host_commands_say_what_is_missing_only_when_run() -> None:
     result = _cli("plan", "images/tiny-llama.yaml", "--gpu", "cpu")
     assert result.returncode == 0, result.stderr
     assert "tiny-llama-cpu" in result.stdout
+
+
+def test_in_image_commands_import_none_of_the_host_areas() -> None:
+    """``serve`` is on every replica's start path: it parses with its own area only."""
+    probe = (
+        "import sys\n"
+        "from kernelbake.cli import main\n"
+        "try:\n"
+        "    main(['serve', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "host = ('kernelbake.render', 'kernelbake.plan', 'kernelbake.cli.signing', 'jinja2', 'asyncio')\n"
+        "print(sorted(m for m in host if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_top_level_help_still_lists_every_command() -> None:
+    result = _cli("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("plan", "render", "build", "sign", "verify", "serve", "check"):
+        assert command in result.stdout

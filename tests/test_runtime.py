@@ -110,6 +110,43 @@ def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: Tar
     assert v.manifest_files == 2
 
 
+class _FastStartEngine(FakeEngine):
+    def launch_env(self) -> dict[str, str]:
+        return {"FAKE_START": "fork", "FAKE_CACHE_DIR": "/not/the/bundle"}
+
+
+def test_launch_env_reaches_the_engine_and_the_image_env_wins(tmp_path: Path, target: TargetConfig) -> None:
+    root = _baked(tmp_path, target)
+    engine = _FastStartEngine(platform_for(target.key))
+    v = pf.preflight(_env(tmp_path), engine=engine)
+    assert v.warm
+    assert v.env["FAKE_START"] == "fork"
+    # The cache variables are kernelbake's, whatever a launch default says.
+    assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
+    v = pf.preflight(_env(tmp_path, FAKE_START="spawn"), engine=engine)
+    assert v.env["FAKE_START"] == "spawn"
+
+
+class _HashedLaunchEngine(FakeEngine):
+    declaration = dataclasses.replace(
+        FakeEngine.declaration, cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR),)
+    )
+
+    def launch_env(self) -> dict[str, str]:
+        return {"FAKE_HASHED": "2"}
+
+
+def test_a_launch_default_the_engine_hashes_is_named(tmp_path: Path, target: TargetConfig) -> None:
+    """Were an engine to hash one of its launch defaults, the start would miss the caches:
+    the preflight compares what the engine will see, defaults included."""
+    _baked(tmp_path, target)
+    v = pf.preflight(_env(tmp_path), engine=_HashedLaunchEngine(platform_for(target.key)))
+    assert v.warm
+    assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
+    v = pf.preflight(_env(tmp_path, FAKE_HASHED="1"), engine=_HashedLaunchEngine(platform_for(target.key)))
+    assert v.notes == ()
+
+
 def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key, torch="2.12.0")))

@@ -119,6 +119,15 @@ def test_cache_dir_snapshots_count_what_a_start_added(tmp_path: Path) -> None:
     assert added(before, snapshot(dirs)) == {"triton": {"b/k2.cubin"}, "vllm": set()}
 
 
+def test_serve_forks_the_engine_core_and_that_is_no_hashed_variable() -> None:
+    assert VllmEngine().launch_env() == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    # Neither pinned into the hash nor among the variables kernelbake hashes for vLLM: a
+    # baked image's manifest never lists it, so serve's own env check stays quiet.
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM_PINNED_HASHED_ENV
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM.hashed_env
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM.cache_env(Path("/opt/kernelbake/cache"))
+
+
 def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_defaults() -> None:
     root = Path("/opt/kernelbake/cache")
     env = VLLM.cache_env(root)

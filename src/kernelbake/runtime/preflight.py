@@ -267,7 +267,10 @@ def preflight(
     # its identity; otherwise the key, the hashed variables and the engine's flag check.
     asks_engine = identity is not None and bool(engine.prediction_env(baked))
     if not asks_engine:
-        notes += _hashed_env_notes(manifest, {**env.environ, **pinned, **engine.declaration.cache_env(baked)})
+        # What the engine will see, its launch defaults included: were one of them hashed,
+        # this is where a start that misses the caches would be named.
+        seen = {**engine.launch_env(), **env.environ, **pinned, **engine.declaration.cache_env(baked)}
+        notes += _hashed_env_notes(manifest, seen)
         if shape := engine.shape_args(target, user_args):
             notes.append(
                 f"serve arguments change what was compiled ({'; '.join(shape)}): "
