@@ -284,6 +284,13 @@ def main() -> int:
     ap.add_argument("--context", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--deadline", type=float, default=520.0)
+    ap.add_argument(
+        "--also-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more baked start after the first, with this variable set (A/B of a launch default)",
+    )
     a = ap.parse_args()
     context = a.context.resolve()
     logs = a.out / "logs"
@@ -374,6 +381,20 @@ def main() -> int:
             }
         doc["serve_warm"] = warm.stop()
         doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(cache_root) - before)[:50]
+        for i, pair in enumerate(a.also_env):
+            name, _, value = pair.partition("=")
+            other = Server(
+                f"serve-warm-{i + 1}", [*entrypoint, *USER_ARGS], {**run_env, name: value}, 8002, logs
+            )
+            while (
+                not other.poll_ready()
+                and other.proc.poll() is None
+                and time.monotonic() - started < a.deadline
+            ):
+                cold.poll_ready()
+                time.sleep(0.5)
+            gen = other.generate(model_path) if other.ready_s is not None else None
+            doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
         doc["check_hashed_env_changed"] = _check(
             entrypoint, {**run_env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, USER_ARGS, logs, "check-env"
         )
@@ -408,6 +429,16 @@ def main() -> int:
             "timeline_warm_s": w.get("timeline_s"),
             "timeline_cold_s": c.get("timeline_s"),
             "tokens_warm": (doc.get("warm_generate") or {}).get("tokens"),
+            "warm_also": [
+                {
+                    "env": o["env"],
+                    "ready_s": o["ready_s"],
+                    "timeline_s": o["timeline_s"],
+                    "tokens_identical_to_warm": (o.get("generate") or {}).get("tokens")
+                    == (doc.get("warm_generate") or {}).get("tokens"),
+                }
+                for o in doc.get("serve_warm_also", [])
+            ],
             "preflight": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
             "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
             "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),

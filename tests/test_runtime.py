@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KeyMismatch
@@ -21,6 +21,7 @@ from kernelbake.runtime import integrity
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv, VerifyMode
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
@@ -67,6 +68,34 @@ def test_compile_writes_the_bundle_with_a_builder_entry(tmp_path: Path, target: 
     assert dict(manifest.hashed_env) == {"FAKE_HASHED": "1"}
     # Every declared kind has its directory, even when empty: the final stage COPYs each.
     assert (root / "triton").is_dir()
+
+
+class _LoggingEngine(FakeEngine):
+    """Writes a log into its cache directory, as FlashInfer does, besides its caches."""
+
+    def compile(self, target: TargetConfig, root: Path) -> CompileResult:
+        result = super().compile(target, root)
+        (kind_dir(root, CacheKind.INDUCTOR) / "engine_jit.log").write_text("started\n")
+        return dataclasses.replace(result, logs=frozenset({"engine_jit.log"}))
+
+
+def test_a_log_the_engine_appends_to_is_no_cache_and_a_second_start_stays_warm(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    engine = _LoggingEngine(platform_for(target.key))
+    run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=engine)
+    root = Path(target.cache_root)
+    log = kind_dir(root, CacheKind.INDUCTOR) / "engine_jit.log"
+    assert log.is_file()  # still in the bundle: a start finds it and adds no file
+    assert "inductor/engine_jit.log" not in {f.path for f in read_manifest(root).files}
+    assert pf.preflight(_env(tmp_path), engine=engine).warm
+    with log.open("a") as fh:  # the first start's line
+        fh.write("started again\n")
+    assert pf.preflight(_env(tmp_path), engine=engine).warm
+    # A cache file that changes still starts cold.
+    graph = kind_dir(root, CacheKind.INDUCTOR) / "g0" / "graph.bin"
+    graph.write_bytes(graph.read_bytes() + b"x")
+    assert not pf.preflight(_env(tmp_path), engine=engine).warm
 
 
 def test_compile_refuses_a_builder_that_differs_from_the_plan(tmp_path: Path, target: TargetConfig) -> None:

@@ -18,7 +18,7 @@ from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.plan import plan
 from kernelbake.runner import Result
-from kernelbake.runtime.engines.vllm import VllmEngine, compat_layer, compile_argv
+from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine, compat_layer, compile_argv
 from kernelbake.runtime.engines.vllm.args import serve_argv, serve_flags, shape_overrides
 from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, snapshot
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV
@@ -126,6 +126,14 @@ def test_serve_forks_the_engine_core_and_that_is_no_hashed_variable() -> None:
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM_PINNED_HASHED_ENV
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM.hashed_env
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in VLLM.cache_env(Path("/opt/kernelbake/cache"))
+
+
+def test_flashinfers_jit_log_is_declared_a_log_by_the_compile(tmp_path: Path) -> None:
+    result = VllmEngine(runner=_FakeCompileOnly(fail=set())).compile(
+        _target(), tmp_path / "cache", environ={"HOME": "/root"}
+    )
+    assert result.logs == APPENDED_LOGS
+    assert "flashinfer_jit.log" in APPENDED_LOGS
 
 
 def test_cache_env_points_every_kind_into_the_bundle_and_pins_process_dependent_defaults() -> None:

@@ -29,9 +29,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def scan(root: Path, kinds: Iterable[CacheKind]) -> tuple[FileEntry, ...]:
+def scan(
+    root: Path, kinds: Iterable[CacheKind], *, logs: frozenset[str] = frozenset()
+) -> tuple[FileEntry, ...]:
     """Every regular file under each kind's directory, sorted; symlinks are refused because
-    COPY would follow or break them and the manifest could not vouch for their target."""
+    COPY would follow or break them and the manifest could not vouch for their target.
+    Files named in ``logs`` (logs the engine appends to, which nothing loads) are left out."""
     entries = []
     for kind in kinds:
         base = kind_dir(root, kind)
@@ -40,6 +43,8 @@ def scan(root: Path, kinds: Iterable[CacheKind]) -> tuple[FileEntry, ...]:
         for dirpath, _dirs, names in os.walk(base):
             for name in names:
                 p = Path(dirpath) / name
+                if name in logs and not p.is_symlink():
+                    continue
                 if p.is_symlink():
                     raise BadInput(f"cache bundle: {p} is a symlink; caches must be plain files")
                 rel = p.relative_to(root).as_posix()
@@ -55,10 +60,11 @@ def write_manifest(
     hashed_env: Mapping[str, str] | None = None,
     report: Mapping[str, Any] | None = None,
     ranks: Iterable[RankEntry] = (),
+    logs: frozenset[str] = frozenset(),
 ) -> Manifest:
     manifest = Manifest(
         key=key,
-        files=scan(root, kinds),
+        files=scan(root, kinds, logs=logs),
         hashed_env=tuple(sorted((hashed_env or {}).items())),
         compile_report=tuple(sorted((report or {}).items())),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),

@@ -90,6 +90,7 @@ def run_compile(
         hashed_env=hashed,
         report=report,
         ranks=result.ranks,
+        logs=result.logs,
     )
     if not manifest.files:
         raise BuildFailed(f"{engine.declaration.engine.value} compile left no cache files under {root}")

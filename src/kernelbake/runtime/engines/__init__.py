@@ -27,6 +27,9 @@ class CompileResult:
     report: Mapping[str, Any]
     # Each rank's own cache directories, for engines that run one worker per GPU.
     ranks: tuple[RankEntry, ...] = ()
+    # Names of files the engine's libraries keep in their cache directories that are logs
+    # they append to on every start, not caches: left in the bundle, left out of the manifest.
+    logs: frozenset[str] = frozenset()
 
 
 class EngineRuntime(Protocol):

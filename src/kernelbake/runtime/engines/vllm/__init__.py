@@ -59,6 +59,11 @@ PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
 # ignored_factors), so the baked caches still match.
 LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
+# FlashInfer (0.6.14, flashinfer/jit/core.py) appends to this file in its workspace on every
+# process start. In the manifest, a second start on the same cache root (a restarted container,
+# a seeded volume) found it grown and started cold: seen on the H200. Nothing reads it back.
+APPENDED_LOGS = frozenset({"flashinfer_jit.log"})
+
 
 def plugin_will_run(environ: Mapping[str, str]) -> bool:
     """Whether vLLM, started with ``environ``, will call our plugin (which holds the cache
@@ -169,7 +174,11 @@ class VllmEngine:
         if answers:
             kept["ranks"] = ranks.rank_facts(answers)
         return CompileResult(
-            kinds=self.declaration.cache_kinds, hashed_env=hashed, report=kept, ranks=entries
+            kinds=self.declaration.cache_kinds,
+            hashed_env=hashed,
+            report=kept,
+            ranks=entries,
+            logs=APPENDED_LOGS,
         )
 
     def _compile_only(
@@ -242,4 +251,4 @@ class VllmEngine:
             sys.stdout, sys.stderr = stdout, stderr
 
 
-__all__ = ["LAUNCH_ENV", "PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]
+__all__ = ["APPENDED_LOGS", "LAUNCH_ENV", "PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]
