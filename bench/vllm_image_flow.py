@@ -207,6 +207,13 @@ class Server:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.ready_s: float | None = None
+        # Polled on its own: the cold server becomes ready while the compile stage still runs,
+        # and a poll only from the main loop would date its readiness to the compile's end.
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        while self.proc.poll() is None and not self.poll_ready():
+            time.sleep(0.25)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
