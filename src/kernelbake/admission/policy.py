@@ -48,7 +48,18 @@ class OnRegistryError(enum.Enum):
 
 _E = TypeVar("_E", bound=enum.Enum)
 
-_TOP = ("mode", "images", "verify", "gpu", "registry_errors", "deadline_seconds", "cache", "concurrency")
+_TOP = (
+    "mode",
+    "images",
+    "verify",
+    "gpu",
+    "registry_errors",
+    "deadline_seconds",
+    "cache",
+    "concurrency",
+    "registry_concurrency",
+    "registry_queue",
+)
 _CACHE = ("ttl_seconds", "tag_ttl_seconds", "rejected_ttl_seconds", "max_entries")
 _GPU = ("match",)
 
@@ -78,7 +89,13 @@ class AdmissionPolicy:
     # denial with a reason, not a timeout the user cannot read.
     deadline_seconds: float = 8.0
     cache: CachePolicy = CachePolicy()
+    # Verifications at once, all registries together …
     concurrency: int = 8
+    # … of which one registry (host[:port]) may use at most this many (default: half), so a
+    # slow or flooded registry leaves the others their share …
+    registry_concurrency: int = 4
+    # … and keep at most this many waiting; beyond, a review is "could not ask" (503) at once.
+    registry_queue: int = 64
 
     def governs(self, name: str) -> bool:
         """Whether the normalised ``host/repository`` is one this policy checks."""
@@ -118,6 +135,13 @@ class AdmissionPolicy:
                 f"{source}:deadline_seconds: {deadline} must be above 0 and below the webhook's "
                 "timeoutSeconds (at most 30)"
             )
+        concurrency = _count(data, "concurrency", cls.concurrency, source, "")
+        registry_concurrency = _count(data, "registry_concurrency", max(1, concurrency // 2), source, "")
+        if registry_concurrency > concurrency:
+            raise PolicyError(
+                f"{source}:registry_concurrency: {registry_concurrency} is more than concurrency "
+                f"({concurrency}), the verifications at once for all registries together"
+            )
         return cls(
             source=source,
             images=images,
@@ -131,7 +155,9 @@ class AdmissionPolicy:
             ),
             deadline_seconds=deadline,
             cache=cache_policy,
-            concurrency=_count(data, "concurrency", cls.concurrency, source, ""),
+            concurrency=concurrency,
+            registry_concurrency=registry_concurrency,
+            registry_queue=_count(data, "registry_queue", cls.registry_queue, source, "", minimum=0),
         )
 
 
@@ -200,8 +226,11 @@ def _seconds(data: Mapping[str, Any], name: str, default: float, source: str, pr
     return float(value)
 
 
-def _count(data: Mapping[str, Any], name: str, default: int, source: str, prefix: str) -> int:
+def _count(
+    data: Mapping[str, Any], name: str, default: int, source: str, prefix: str, *, minimum: int = 1
+) -> int:
     value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(f"{source}:{prefix}{name}: expected a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise PolicyError(f"{source}:{prefix}{name}: expected {expected}, got {value!r}")
     return value

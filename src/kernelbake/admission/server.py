@@ -28,7 +28,6 @@ from typing import Any
 
 from kernelbake.admission import http
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.review import Code, Response
 from kernelbake.admission.service import Admitter
 
 log = logging.getLogger("kernelbake.admission.server")
@@ -160,7 +159,6 @@ class AdmissionServer:
         host: str = "0.0.0.0",
         port: int = 8443,
         sock: socket.socket | None = None,
-        max_inflight: int = 512,
     ) -> None:
         self.admitter = admitter
         # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
@@ -169,7 +167,6 @@ class AdmissionServer:
         self.host, self.port = host, port
         self.tls = tls_context(cert, key)
         self._cert_mtimes = self._mtimes()
-        self._slots = asyncio.Semaphore(max_inflight)
         self._server: asyncio.Server | None = None
         self.connections: set[_Connection] = set()
         self._reaper: asyncio.Task[None] | None = None
@@ -265,31 +262,11 @@ class AdmissionServer:
         answer = self.admitter.review_nowait(doc, endpoint, started=started)
         if isinstance(answer, dict):
             return 200, answer
-        return self._waiting(doc, answer, started)
+        return self._waiting(answer)
 
-    async def _waiting(self, doc: Any, review: Coroutine[Any, Any, dict[str, Any]], started: float) -> Answer:
-        remaining = self.admitter.policy.deadline_seconds - (time.monotonic() - started)
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await self._slots.acquire()
-        except TimeoutError:
-            review.close()
-            busy = Response(
-                uid=_uid(doc),
-                allowed=False,
-                code=Code.UNAVAILABLE,
-                message="kernelbake admission: too many reviews in flight; try again",
-            )
-            return 200, busy.to_document()
+    async def _waiting(self, review: Coroutine[Any, Any, dict[str, Any]]) -> Answer:
         self._busy += 1
         try:
             return 200, await review
         finally:
             self._busy -= 1
-            self._slots.release()
-
-
-def _uid(doc: Any) -> str:
-    request = doc.get("request") if isinstance(doc, dict) else None
-    uid = request.get("uid") if isinstance(request, dict) else None
-    return uid if isinstance(uid, str) else ""

@@ -22,10 +22,20 @@ log = logging.getLogger("kernelbake.admission")
 
 
 class Admitter:
-    def __init__(self, policy: AdmissionPolicy, gateway: Gateway, catalogue: Catalogue | None = None) -> None:
+    def __init__(
+        self,
+        policy: AdmissionPolicy,
+        gateway: Gateway,
+        catalogue: Catalogue | None = None,
+        *,
+        max_waiting: int = 512,
+    ) -> None:
         self.policy = policy
         self.gateway = gateway
         self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
+        # Reviews of the async path waiting for a verification at once (each holds its
+        # document); beyond, a review waits for a slot until its deadline, then is "busy".
+        self._slots = asyncio.Semaphore(max_waiting)
 
     def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
         """Answer one parsed AdmissionReview document, waiting for verification at most until
@@ -43,7 +53,10 @@ class Admitter:
         outcomes, futures = self._lookup(first)
         if futures:
             remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-            concurrent.futures.wait(futures.values(), timeout=remaining)
+            try:
+                concurrent.futures.wait(futures.values(), timeout=remaining)
+            finally:
+                self.gateway.done_waiting(futures.values())
             outcomes.update(_done(futures))
         return self._decide(first, outcomes, endpoint)
 
@@ -51,7 +64,9 @@ class Admitter:
         self, doc: Any, endpoint: Endpoint, *, started: float
     ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
         """The answer at once when no verification has to run (the common, cached case: no
-        task, no thread), else a coroutine that waits for it until the policy's deadline."""
+        task, no thread), else a coroutine that waits for it until the policy's deadline. The
+        coroutine must be awaited: until it ends, the review counts as waiting for its
+        verifications."""
         try:
             first = self._plan(doc)
             if isinstance(first, Response):
@@ -78,15 +93,34 @@ class Admitter:
         started: float,
     ) -> dict[str, Any]:
         try:
-            pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
-            if pending:
-                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-                await asyncio.wait(pending, timeout=remaining)
+            try:
+                async with asyncio.timeout(self._remaining(started)):
+                    await self._slots.acquire()
+            except TimeoutError:
+                busy = Response(
+                    uid=first.request.uid,
+                    api_version=first.request.api_version,
+                    allowed=False,
+                    code=Code.UNAVAILABLE,
+                    message="kernelbake admission: too many reviews in flight; try again",
+                )
+                return self._answer(busy, first)
+            try:
+                pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+                if pending:
+                    await asyncio.wait(pending, timeout=self._remaining(started))
+            finally:
+                self._slots.release()
             outcomes.update(_done(futures))
             return self._decide(first, outcomes, endpoint)
         except Exception:
             log.exception("a review failed")
             return _internal(doc).to_document()
+        finally:
+            self.gateway.done_waiting(futures.values())
+
+    def _remaining(self, started: float) -> float:
+        return max(0.0, started + self.policy.deadline_seconds - time.monotonic())
 
     def _lookup(
         self, first: Plan

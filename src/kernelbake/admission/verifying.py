@@ -81,4 +81,11 @@ def _sorted(call: Callable[[], _T]) -> _T:
 
 def build_gateway(policy: AdmissionPolicy, *, settings: Settings | None = None) -> Gateway:
     verifier = SignedImageVerifier(verify_policy(policy), settings=settings, timeout=policy.deadline_seconds)
-    return Gateway(verifier, cache=policy.cache, workers=policy.concurrency, resolve=verifier.resolve)
+    return Gateway(
+        verifier,
+        cache=policy.cache,
+        workers=policy.concurrency,
+        registry_workers=policy.registry_concurrency,
+        registry_queue=policy.registry_queue,
+        resolve=verifier.resolve,
+    )
