@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -119,3 +121,16 @@ def test_shutdown_drops_the_queue_and_refuses_new_jobs(held: Held) -> None:
         lanes.submit("r", held.job("late"))
     held.release.set()
     assert running.result(timeout=30) == "running"
+
+
+def test_a_stuck_job_does_not_hold_up_the_exit() -> None:
+    # A verification stuck on a dripping registry must not keep a stopping webhook alive.
+    script = (
+        "import threading\n"
+        "from kernelbake.admission.lanes import Lanes\n"
+        "lanes = Lanes(total=1, per_lane=1, queue=0)\n"
+        "lanes.submit('r', threading.Event().wait)\n"
+        "lanes.shutdown()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

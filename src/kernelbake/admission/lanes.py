@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections.abc import Callable
+from queue import SimpleQueue
 from typing import Generic, TypeVar
 
 _T = TypeVar("_T")
@@ -43,8 +44,12 @@ class Lanes(Generic[_T]):
         if total < 1 or per_lane < 1 or queue < 0:
             raise ValueError(f"total {total} and per_lane {per_lane} must be >= 1, queue {queue} >= 0")
         self.total, self.per_lane, self.queue = total, min(per_lane, total), queue
-        # Never more jobs handed over than threads: the executor's own queue stays empty.
-        self._pool = concurrent.futures.ThreadPoolExecutor(total, thread_name_prefix=thread_name_prefix)
+        # Jobs handed to the threads; never more at once than there are threads. Daemon
+        # threads: a verification stuck on a dripping registry must not hold up the exit
+        # (concurrent.futures joins its threads at exit).
+        self._ready: SimpleQueue[_Job[_T] | None] = SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._prefix = thread_name_prefix
         self._running: collections.Counter[str] = collections.Counter()
         self._waiting: dict[str, collections.deque[_Job[_T]]] = {}
         # Lanes with waiting jobs, in the order they get the next free thread.
@@ -108,13 +113,25 @@ class Lanes(Generic[_T]):
             self._turns.clear()
         for future in dropped:
             future.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self._threads:
+            self._ready.put(None)
 
     def _start(self, job: _Job[_T]) -> None:
         # Under the lock.
         self._running[job.lane] += 1
         self._active += 1
-        self._pool.submit(self._work, job)
+        if len(self._threads) < min(self._active, self.total):
+            # Threads start as they are first needed, and stay.
+            thread = threading.Thread(
+                target=self._thread, name=f"{self._prefix}-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+        self._ready.put(job)
+
+    def _thread(self) -> None:
+        while (job := self._ready.get()) is not None:
+            self._work(job)
 
     def _work(self, job: _Job[_T]) -> None:
         # The share is given back before the future is done, so whoever sees the result
