@@ -60,6 +60,64 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return ctx
 
 
+class _Corked(asyncio.Transport):
+    """A connection's transport whose writes within one turn of the event loop go out as one.
+
+    uvicorn writes a response's head and body separately; over TLS each write is a record and
+    a send(2) (asyncio sends at once, with TCP_NODELAY), and the second send cost as much as the
+    whole review. Everything uvicorn calls on its transport is passed through."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+
 class _Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds it does not keep: time before the first
     request (uvicorn's keep-alive timer only runs between requests), time while a request is
@@ -72,7 +130,7 @@ class _Protocol(HttpToolsProtocol):
     _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_Corked(transport, self.loop))
         self._arm(IDLE_SECONDS)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,6 +247,8 @@ class AdmissionServer:
             access_log=False,
             log_config=None,
             server_header=False,
+            # Nothing sits in front of the webhook but the API server: no X-Forwarded-* to trust.
+            proxy_headers=False,
             ssl_context_factory=lambda config, default: self.tls,
             timeout_keep_alive=math.ceil(IDLE_SECONDS),
             # Reviews in flight end by the policy's deadline; then the rest is cut.
