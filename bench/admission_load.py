@@ -314,6 +314,8 @@ async def slow_registry_burst(
                 for c, doc in zip(burst_clients, burst_docs, strict=True)
             )
         )
+        ended: list[float] = []
+        burst.add_done_callback(lambda _: ended.append(time.perf_counter()))
 
         async def first_reviews() -> tuple[list[float], list[str]]:
             times, errors = [], []
@@ -338,7 +340,7 @@ async def slow_registry_burst(
             warm_errors += errors
             waves += 1
         answers = await burst
-        burst_seconds = time.perf_counter() - started
+        burst_seconds = ended[0] - started
         first_times, first_errors = await firsts
     finally:
         for c in [*burst_clients, probe]:
@@ -368,7 +370,7 @@ async def slow_registry_burst(
         "burst": {
             "reviews": args.burst,
             **summary(burst_latencies),
-            "answered_within_seconds": round(burst_seconds, 2),
+            "all_answered_after_seconds": round(burst_seconds, 2),
             "denied_503_saturated": kinds["saturated"],
             "denied_503_did_not_finish": kinds["did_not_finish"],
             "other": kinds["other"],
