@@ -8,8 +8,9 @@ Measures, and writes bench/results/admission_load.json:
   (the API server pools its connections the same way): latency percentiles and errors;
 - the server's resident memory over 10,000 reviews (a mix of admitted, denied, malformed);
 - a slow registry burst: 250 reviews of new digests on a second registry behind a proxy that
-  drips its answers (one byte every 0.2 s), while the same waves of 200 warm reviews and first
-  reviews of new digests go on against the healthy registry.
+  drips its answers (one byte every 0.2 s), sent at once from another process, while the same
+  waves of 200 warm reviews (for 30 s from the burst on) and first reviews of new digests go on
+  against the healthy registry.
 
 Targets (the issues'): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; memory flat; during
 the burst, the healthy registry's reviews the same: warm p99 ≤ 50 ms, first reviews ≤ 500 ms,
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -36,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +234,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"count": 0}
     ms = [v * 1000 for v in latencies]
     return {
         "count": len(ms),
@@ -284,38 +289,63 @@ async def wave(clients: list[Client], mix: list[Any], n: int) -> tuple[list[floa
     return latencies, errors
 
 
+def burst_sender(port: int, cafile: str, slow: str, count: int, conn: Connection) -> None:
+    """The burst, from a process of its own (as the API server is one): ``count`` connections,
+    then, on "go", one review of a new digest on each, all at once; sends back the answers."""
+
+    async def send() -> tuple[list[tuple[float, int, bytes]], float]:
+        tls = ssl.create_default_context(cafile=cafile)
+        clients = [await Client.open(port, tls) for _ in range(count)]
+        bodies = [
+            json.dumps(
+                review(
+                    documents.load(
+                        "pod-create",
+                        f"{slow}/{REPOSITORY}@sha256:{hashlib.sha256(b'burst-%d' % i).hexdigest()}",
+                    )
+                )
+            ).encode()
+            for i in range(count)
+        ]
+        conn.send("ready")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        started = time.perf_counter()
+        answers = await asyncio.gather(
+            *(timed(c, "/validate", b) for c, b in zip(clients, bodies, strict=True))
+        )
+        seconds = time.perf_counter() - started
+        for c in clients:
+            c.close()
+        return answers, seconds
+
+    conn.send(asyncio.run(send()))
+
+
 async def slow_registry_burst(
     args: argparse.Namespace,
     port: int,
     tls: ssl.SSLContext,
+    cafile: Path,
     clients: list[Client],
     mix: list[Any],
     fresh: list[Any],
     slow: str,
 ) -> dict[str, Any]:
     """``args.burst`` reviews of new digests on the dripping registry, all at once on their own
-    connections (as the API server opens more when reviews are slow); meanwhile warm waves and
-    first reviews of new digests on the healthy registry, until the last burst review is answered."""
-    burst_clients = [await Client.open(port, tls) for _ in range(args.burst)]
+    connections from another process (as the API server opens more when reviews are slow);
+    meanwhile warm waves and first reviews of new digests on the healthy registry, for
+    ``args.burst_window`` seconds (the slow registry's verifications go on dripping after their
+    reviews were answered) and at least until the last burst review is answered."""
+    loop = asyncio.get_running_loop()
+    mp = multiprocessing.get_context("spawn")
+    ours, theirs = mp.Pipe()
+    sender = mp.Process(target=burst_sender, args=(port, str(cafile), slow, args.burst, theirs), daemon=True)
+    sender.start()
     probe = await Client.open(port, tls)
     try:
-        burst_docs = [
-            review(
-                documents.load(
-                    "pod-create", f"{slow}/{REPOSITORY}@sha256:{hashlib.sha256(b'burst-%d' % i).hexdigest()}"
-                )
-            )
-            for i in range(args.burst)
-        ]
-        started = time.perf_counter()
-        burst = asyncio.gather(
-            *(
-                timed(c, "/validate", json.dumps(doc).encode())
-                for c, doc in zip(burst_clients, burst_docs, strict=True)
-            )
-        )
-        ended: list[float] = []
-        burst.add_done_callback(lambda _: ended.append(time.perf_counter()))
+        if await loop.run_in_executor(None, ours.recv) != "ready":
+            raise RuntimeError("the burst sender did not start")
+        ours.send("go")
 
         async def first_reviews() -> tuple[list[float], list[str]]:
             times, errors = [], []
@@ -334,17 +364,17 @@ async def slow_registry_burst(
         warm: list[float] = []
         warm_errors: list[str] = []
         waves = 0
-        while not burst.done() or not firsts.done():
+        window_ends = time.perf_counter() + args.burst_window
+        while not ours.poll() or not firsts.done() or time.perf_counter() < window_ends:
             latencies, errors = await wave(clients, mix, waves)
             warm += latencies
             warm_errors += errors
             waves += 1
-        answers = await burst
-        burst_seconds = ended[0] - started
+        answers, burst_seconds = ours.recv()
         first_times, first_errors = await firsts
     finally:
-        for c in [*burst_clients, probe]:
-            c.close()
+        probe.close()
+        sender.join(30)
     kinds = {"saturated": 0, "did_not_finish": 0, "other": 0}
     samples: list[str] = []
     burst_latencies = []
@@ -378,6 +408,7 @@ async def slow_registry_burst(
         },
         "healthy_warm_200_concurrent_during_burst": {
             **summary(warm),
+            "window_seconds": args.burst_window,
             "waves": waves,
             "errors": len(warm_errors),
             "error_samples": warm_errors[:3],
@@ -506,7 +537,7 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
             }
             if args.burst:
                 result["slow_registry_burst"] = await slow_registry_burst(
-                    args, served.port, tls, clients, mix, during_burst, slow
+                    args, served.port, tls, certs / "ca.crt", clients, mix, during_burst, slow
                 )
         finally:
             for c in clients:
@@ -527,6 +558,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--burst-fresh", type=int, default=10, help="new healthy digests reviewed during the burst"
+    )
+    parser.add_argument(
+        "--burst-window", type=float, default=30.0, help="seconds of healthy reviews from the burst on"
     )
     parser.add_argument(
         "--workers",
@@ -561,7 +595,7 @@ def main() -> int:
         healthy_first = burst["healthy_first_review_during_burst"]
         targets |= {
             "burst_healthy_warm_p99_le_50ms": healthy_warm["p99_ms"] <= 50 and healthy_warm["errors"] == 0,
-            "burst_healthy_first_review_le_500ms": healthy_first["max_ms"] <= 500
+            "burst_healthy_first_review_le_500ms": healthy_first.get("max_ms", 0) <= 500
             and healthy_first["errors"] == 0,
             # Fail closed, within the deadline (8 s) plus the generator's own delay.
             "burst_slow_registry_denied_503": burst["burst"]["other"] == 0
