@@ -6,27 +6,39 @@ Measures, and writes bench/results/admission_load.json:
 - first review of a new digest (tag resolution + full verification against the registry);
 - waves of 200 concurrent reviews against a warm cache, over 200 kept-alive TLS connections
   (the API server pools its connections the same way): latency percentiles and errors;
-- the server's resident memory over 10,000 reviews (a mix of admitted, denied, malformed).
+- the server's resident memory over 10,000 reviews (a mix of admitted, denied, malformed);
+- a slow registry burst: 250 reviews of new digests on a second registry behind a proxy that
+  drips its answers (one byte every 0.2 s), sent at once from another process, while the same
+  waves of 200 warm reviews (for 30 s from the burst on) and first reviews of new digests go on
+  against the healthy registry; and, as the control, the same 30 s without the burst.
 
-Targets (the issue's): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; memory flat.
+Targets (the issues'): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; memory flat; during
+the burst, the healthy registry's reviews the same: warm p99 ≤ 50 ms, first reviews ≤ 500 ms,
+0 errors, while every review of the slow registry is a 503 denial within the deadline.
 
-    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--workers N]
+    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--burst 250] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import hashlib
 import json
+import multiprocessing
 import os
 import platform
+import socket
 import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +52,7 @@ from tests.support.registry import running_registry  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "admission_load.json"
 CONCURRENCY = 200
 REPOSITORY = "kernelbake/qwen3-0.6b"
+DRIP_SECONDS = 0.2
 
 
 class Client(asyncio.Protocol):
@@ -98,6 +111,56 @@ class Client(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+@contextlib.contextmanager
+def drip_proxy(upstream: str, drip: float) -> Iterator[str]:
+    """``127.0.0.1:<port>`` in front of ``upstream``: requests go through at once, answers come
+    back one byte every ``drip`` seconds (a registry that is up, but slow past any read
+    timeout). Its threads stop when the block ends."""
+    host, _, port = upstream.rpartition(":")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    opened: list[socket.socket] = []
+
+    def up(client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                server.sendall(data)
+
+    def down(server: socket.socket, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and (byte := server.recv(1)):
+                client.sendall(byte)
+                stop.wait(drip)
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            server = socket.create_connection((host, int(port)))
+            opened.extend((client, server))
+            for target, args in ((up, (client, server)), (down, (server, client))):
+                threading.Thread(target=target, args=args, daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        acceptor.join(5)
+        listener.close()
+        for sock in opened:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 Check = Callable[[dict[str, Any]], bool]
@@ -171,6 +234,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"count": 0}
     ms = [v * 1000 for v in latencies]
     return {
         "count": len(ms),
@@ -205,7 +270,175 @@ async def one(client: Client, path: str, doc: dict[str, Any], check: Check) -> t
     return elapsed, judge_answer(doc, status, payload, check)
 
 
-async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, Any]:
+async def wave(clients: list[Client], mix: list[Any], n: int) -> tuple[list[float], list[str]]:
+    """One wave of concurrent warm reviews, one per client; bodies ready before, checks after."""
+    batch = []
+    for i in range(len(clients)):
+        path, make, check = mix[(n + i) % len(mix)]
+        doc = make()
+        batch.append((path, doc, json.dumps(doc).encode(), check))
+    answers = await asyncio.gather(
+        *(timed(client, path, body) for client, (path, _, body, _) in zip(clients, batch, strict=True))
+    )
+    latencies, errors = [], []
+    for (_, doc, _, check), (elapsed, status, payload) in zip(batch, answers, strict=True):
+        latencies.append(elapsed)
+        error = judge_answer(doc, status, payload, check)
+        if error:
+            errors.append(error)
+    return latencies, errors
+
+
+def burst_sender(port: int, cafile: str, slow: str, count: int, conn: Connection) -> None:
+    """The burst, from a process of its own (as the API server is one): ``count`` connections,
+    then, on "go", one review of a new digest on each, all at once; sends back the answers."""
+
+    async def send() -> tuple[list[tuple[float, int, bytes]], float]:
+        tls = ssl.create_default_context(cafile=cafile)
+        clients = [await Client.open(port, tls) for _ in range(count)]
+        bodies = [
+            json.dumps(
+                review(
+                    documents.load(
+                        "pod-create",
+                        f"{slow}/{REPOSITORY}@sha256:{hashlib.sha256(b'burst-%d' % i).hexdigest()}",
+                    )
+                )
+            ).encode()
+            for i in range(count)
+        ]
+        conn.send("ready")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        started = time.perf_counter()
+        answers = await asyncio.gather(
+            *(timed(c, "/validate", b) for c, b in zip(clients, bodies, strict=True))
+        )
+        seconds = time.perf_counter() - started
+        for c in clients:
+            c.close()
+        return answers, seconds
+
+    conn.send(asyncio.run(send()))
+
+
+async def healthy_window(
+    clients: list[Client],
+    mix: list[Any],
+    probe: Client,
+    fresh: list[Any],
+    seconds: float,
+    done: Callable[[], bool],
+) -> dict[str, Any]:
+    """Waves of warm reviews for ``seconds`` (and until ``done()``), with a first review of each
+    new digest in ``fresh`` on ``probe`` every 0.3 s meanwhile, all on the healthy registry."""
+
+    async def first_reviews() -> tuple[list[float], list[str]]:
+        times, errors = [], []
+        for image in fresh:
+            await asyncio.sleep(0.3)
+            doc = review(documents.load("pod-create", image.tagged))
+            elapsed, error = await one(probe, "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r)
+            times.append(elapsed)
+            if error:
+                errors.append(error)
+        return times, errors
+
+    firsts = asyncio.ensure_future(first_reviews())
+    warm: list[float] = []
+    warm_errors: list[str] = []
+    waves = 0
+    ends = time.perf_counter() + seconds
+    while not done() or not firsts.done() or time.perf_counter() < ends:
+        latencies, errors = await wave(clients, mix, waves)
+        warm += latencies
+        warm_errors += errors
+        waves += 1
+    first_times, first_errors = await firsts
+    return {
+        "warm_200_concurrent": {
+            **summary(warm),
+            "window_seconds": seconds,
+            "waves": waves,
+            "errors": len(warm_errors),
+            "error_samples": warm_errors[:3],
+        },
+        "first_review": {
+            **summary(first_times),
+            "errors": len(first_errors),
+            "error_samples": first_errors[:3],
+        },
+    }
+
+
+async def slow_registry_burst(
+    args: argparse.Namespace,
+    port: int,
+    tls: ssl.SSLContext,
+    cafile: Path,
+    clients: list[Client],
+    mix: list[Any],
+    fresh: list[Any],
+    slow: str,
+) -> dict[str, Any]:
+    """First the control: ``args.burst_window`` seconds of warm waves with first reviews of new
+    digests on the healthy registry. Then the same again while ``args.burst`` reviews of new
+    digests on the dripping registry arrive all at once, on their own connections from another
+    process (as the API server opens more when reviews are slow); the window covers the burst's
+    answers and the time after, while its verifications go on dripping."""
+    loop = asyncio.get_running_loop()
+    mp = multiprocessing.get_context("spawn")
+    ours, theirs = mp.Pipe()
+    sender = mp.Process(target=burst_sender, args=(port, str(cafile), slow, args.burst, theirs), daemon=True)
+    sender.start()
+    probe = await Client.open(port, tls)
+    half = len(fresh) // 2
+    try:
+        control = await healthy_window(clients, mix, probe, fresh[:half], args.burst_window, lambda: True)
+        if await loop.run_in_executor(None, ours.recv) != "ready":
+            raise RuntimeError("the burst sender did not start")
+        ours.send("go")
+        during = await healthy_window(clients, mix, probe, fresh[half:], args.burst_window, ours.poll)
+        answers, burst_seconds = ours.recv()
+    finally:
+        probe.close()
+        sender.join(30)
+    kinds = {"saturated": 0, "did_not_finish": 0, "other": 0}
+    samples: list[str] = []
+    burst_latencies = []
+    for elapsed, status, payload in answers:
+        burst_latencies.append(elapsed)
+        response = json.loads(payload).get("response", {}) if status == 200 else {}
+        message = response.get("status", {}).get("message", "")
+        if response.get("allowed") is False and response["status"]["code"] == 503:
+            kind = (
+                "saturated"
+                if "is saturated" in message
+                else "did_not_finish"
+                if "did not finish" in message
+                else "other"
+            )
+        else:
+            kind = "other"
+        kinds[kind] += 1
+        if kind == "other" and len(samples) < 3:
+            samples.append(f"HTTP {status}: {payload[:300]!r}")
+    return {
+        "slow_registry": f"docker-registry behind a proxy sending answers one byte every {DRIP_SECONDS} s",
+        "burst": {
+            "reviews": args.burst,
+            **summary(burst_latencies),
+            "all_answered_after_seconds": round(burst_seconds, 2),
+            "denied_503_saturated": kinds["saturated"],
+            "denied_503_did_not_finish": kinds["did_not_finish"],
+            "other": kinds["other"],
+            "other_samples": samples,
+        },
+        "healthy_without_burst": control,
+        "healthy_during_burst": during,
+    }
+
+
+async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) -> dict[str, Any]:
     certs = work / "certs"
     import subprocess
 
@@ -223,7 +456,16 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
         image = live.push_target(registry, REPOSITORY, f"fresh-{i}", "h100", work / f"fresh-{i}")
         live.sign(image, key)
         fresh.append(image)
-    policy = live.write_policy(work / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
+    during_burst = []
+    # Half for the control window, half for the burst.
+    for i in range(2 * args.burst_fresh):
+        image = live.push_target(registry, REPOSITORY, f"burst-fresh-{i}", "h100", work / f"burst-fresh-{i}")
+        live.sign(image, key)
+        during_burst.append(image)
+    # The policy's defaults for capacity: concurrency 8, registry_concurrency 4, registry_queue 64.
+    policy = live.write_policy(
+        work / "policy.yaml", [f"{registry}/kernelbake/**", f"{slow}/kernelbake/**"], pub
+    )
     tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     result: dict[str, Any] = {}
     with live.serving(policy, certs, workers=args.workers) as served:
@@ -263,25 +505,10 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
             warm: list[float] = []
             warm_errors: list[str] = []
             started = time.perf_counter()
-            for wave in range(args.waves):
-                # Bodies are ready before the wave and answers are checked after it, so the
-                # load generator's own JSON work does not sit inside the measured latencies.
-                batch = []
-                for i in range(len(clients)):
-                    path, make, check = mix[(wave + i) % len(mix)]
-                    doc = make()
-                    batch.append((path, doc, json.dumps(doc).encode(), check))
-                answers = await asyncio.gather(
-                    *(
-                        timed(client, path, body)
-                        for client, (path, _, body, _) in zip(clients, batch, strict=True)
-                    )
-                )
-                for (_, doc, _, check), (elapsed, status, payload) in zip(batch, answers, strict=True):
-                    warm.append(elapsed)
-                    error = judge_answer(doc, status, payload, check)
-                    if error:
-                        warm_errors.append(error)
+            for n in range(args.waves):
+                latencies, errors = await wave(clients, mix, n)
+                warm += latencies
+                warm_errors += errors
             wall = time.perf_counter() - started
             result["warm_cache_200_concurrent"] = {
                 **summary(warm),
@@ -326,6 +553,10 @@ async def run(args: argparse.Namespace, registry: str, work: Path) -> dict[str, 
                 "growth_after_first_1000_kib": final - baseline,
                 "growth_after_first_1000_pct": round(100 * (final - baseline) / baseline, 2),
             }
+            if args.burst:
+                result["slow_registry_burst"] = await slow_registry_burst(
+                    args, served.port, tls, certs / "ca.crt", clients, mix, during_burst, slow
+                )
         finally:
             for c in clients:
                 c.close()
@@ -341,6 +572,18 @@ def main() -> int:
     parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
     parser.add_argument(
+        "--burst", type=int, default=250, help="new digests sent at the slow registry (0: skip)"
+    )
+    parser.add_argument(
+        "--burst-fresh",
+        type=int,
+        default=10,
+        help="new healthy digests reviewed during the burst (as many again without it)",
+    )
+    parser.add_argument(
+        "--burst-window", type=float, default=30.0, help="seconds of healthy reviews from the burst on"
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
@@ -351,8 +594,12 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kb-admission-bench-") as tmp:
         work = Path(tmp)
-        with running_registry(work / "registry") as registry:
-            measured = asyncio.run(run(args, registry, work))
+        with (
+            running_registry(work / "registry") as registry,
+            running_registry(work / "slow-registry") as upstream,
+            drip_proxy(upstream, DRIP_SECONDS) as slow,
+        ):
+            measured = asyncio.run(run(args, registry, slow, work))
     warm = measured["warm_cache_200_concurrent"]
     first = measured["first_review_of_a_new_digest"]
     memory = measured["memory_over_reviews"]
@@ -363,6 +610,18 @@ def main() -> int:
         # Flat: after the first 1,000 reviews (imports, pools, caches filled) RSS grows < 5 %.
         "memory_flat": memory["growth_after_first_1000_pct"] < 5,
     }
+    burst = measured.get("slow_registry_burst")
+    if burst is not None:
+        healthy_warm = burst["healthy_during_burst"]["warm_200_concurrent"]
+        healthy_first = burst["healthy_during_burst"]["first_review"]
+        targets |= {
+            "burst_healthy_warm_p99_le_50ms": healthy_warm["p99_ms"] <= 50 and healthy_warm["errors"] == 0,
+            "burst_healthy_first_review_le_500ms": healthy_first.get("max_ms", 0) <= 500
+            and healthy_first["errors"] == 0,
+            # Fail closed, within the deadline (8 s) plus the generator's own delay.
+            "burst_slow_registry_denied_503": burst["burst"]["other"] == 0
+            and burst["burst"]["max_ms"] <= 9000,
+        }
     report = {
         "bench": "admission_load",
         "machine": {

@@ -8,6 +8,7 @@
 #   make admission-check POLICY=p  validate a policy file
 #   make test-admission            tests/admission (needs Debian's docker-registry; keyless test needs make signing-deps)
 #   make bench-admission           bench/admission_load.py -> bench/results/admission_load.json
+#   make admission-image [ADMISSION_IMAGE=ref]   deploy/build-image.sh (wheels downloaded on the host)
 
 KERNELBAKE ?= .venv/bin/kernelbake
 BENCH_PYTHON ?= .venv/bin/python
@@ -17,7 +18,9 @@ POLICY ?=
 REQUEST ?=
 need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (see the README's Admission section)))
 
-.PHONY: admission-cert admission-serve admission-review admission-check test-admission bench-admission
+ADMISSION_IMAGE ?=
+
+.PHONY: admission-cert admission-serve admission-review admission-check test-admission bench-admission admission-image
 
 $(ADMISSION_CERTS)/tls.crt:
 	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
@@ -39,3 +42,6 @@ test-admission:
 
 bench-admission:
 	$(BENCH_PYTHON) bench/admission_load.py
+
+admission-image:
+	deploy/build-image.sh $(ADMISSION_IMAGE)

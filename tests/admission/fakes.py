@@ -106,5 +106,12 @@ def make_admitter(
     verifier: Callable[[str], Any], policy: AdmissionPolicy | None = None, **gateway_kw: Any
 ) -> Admitter:
     policy = policy or make_policy()
-    gateway = Gateway(verifier, cache=policy.cache, workers=policy.concurrency, **gateway_kw)
+    gateway = Gateway(
+        verifier,
+        cache=policy.cache,
+        workers=policy.concurrency,
+        registry_workers=policy.registry_concurrency,
+        registry_queue=policy.registry_queue,
+        **gateway_kw,
+    )
     return Admitter(policy, gateway)

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -263,7 +264,12 @@ def test_workers_share_the_port_stop_together_and_die_together(world: World, tmp
     assert served.process.returncode == 0, served.log
     with live.serving(policy, world.certs, workers=2) as served:
         pid = served.process.pid
-        workers = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        # The "listening" line comes before the fork: on a loaded host the test can read the
+        # children before the parent has made them.
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        until = time.monotonic() + 30
+        while len(workers := [int(p) for p in children.read_text().split()]) < 2 and time.monotonic() < until:
+            time.sleep(0.05)
         assert len(workers) == 2
         # A worker that dies on its own takes the pod down (Kubernetes restarts it), not half of it.
         os.kill(workers[0], signal.SIGKILL)

@@ -50,6 +50,20 @@ def test_defaults_fail_closed(tmp_path: Path) -> None:
     assert policy.registry_errors is OnRegistryError.DENY
     assert policy.gpu_match is GpuMatch.DEVICE
     assert policy.deadline_seconds < 10
+    # One registry gets half the verification threads, so a flooded one leaves the rest.
+    assert (policy.concurrency, policy.registry_concurrency, policy.registry_queue) == (8, 4, 64)
+
+
+def test_verification_capacity_per_registry(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("images: [r.example.com/**]\nverify: {keys: [k.pem]}\nconcurrency: 3\n")
+    assert load_admission_policy(path).registry_concurrency == 1
+    path.write_text(
+        "images: [r.example.com/**]\nverify: {keys: [k.pem]}\n"
+        "concurrency: 6\nregistry_concurrency: 6\nregistry_queue: 0\n"
+    )
+    policy = load_admission_policy(path)
+    assert (policy.registry_concurrency, policy.registry_queue) == (6, 0)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +115,18 @@ def test_defaults_fail_closed(tmp_path: Path) -> None:
         (
             "images: [a/**]\nverify: {k: 1}\nconcurrency: true\n",
             "p.yaml:3: concurrency: expected a positive integer",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nconcurrency: 4\nregistry_concurrency: 5\n",
+            "p.yaml:4: registry_concurrency: 5 is more than concurrency (4)",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nregistry_concurrency: 0\n",
+            "p.yaml:3: registry_concurrency: expected a positive integer, got 0",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nregistry_queue: -1\n",
+            "p.yaml:3: registry_queue: expected an integer >= 0, got -1",
         ),
         ("images: [a/**\nverify: x\n", "p.yaml:2: malformed YAML: "),
     ],

@@ -3,16 +3,23 @@ verifier; tests/fleet/test_admit_index.py does it against the real registry)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from kernelbake.admission.admit import Endpoint
+from kernelbake.admission.gateway import IndexAccepted
+from kernelbake.admission.references import parse_reference
+from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
 from kernelbake.gfd import FAMILY, PRODUCT
+from kernelbake.oci import RegistryUnavailable
 from tests.admission import documents
 from tests.admission.documents import H100, expr
-from tests.admission.fakes import REPO, FakeVerifier, make_admitter, make_policy
+from tests.admission.fakes import REGISTRY, REPO, FakeVerifier, digest_of, make_admitter, make_policy
 
 INDEX = f"{REPO}:vllm-gpus"
 H200 = "NVIDIA-H200"
@@ -163,9 +170,6 @@ def test_the_validating_endpoint_admits_without_a_patch(fleet: tuple[FakeVerifie
 def test_the_async_path_verifies_the_index_then_the_variant(
     fleet: tuple[FakeVerifier, dict[str, str]],
 ) -> None:
-    import asyncio
-    import time
-
     verifier, digests = fleet
     admitter = make_admitter(verifier)
     doc = pod(node_selector={PRODUCT: H100})
@@ -178,3 +182,98 @@ def test_the_async_path_verifies_the_index_then_the_variant(
     # Warm: both verdicts cached, answered at once.
     warm = admitter.review_nowait(doc, Endpoint.MUTATE, started=time.monotonic())
     assert isinstance(warm, dict) and warm["response"]["patch"] == response["patch"]
+
+
+class HoldsOne:
+    """The fleet's verifier, except that one reference holds its lane until released."""
+
+    def __init__(self, verifier: FakeVerifier, held: str) -> None:
+        self.verifier, self.held = verifier, held
+        self.release = threading.Event()
+
+    def __call__(self, reference: str) -> object:
+        if reference == self.held:
+            self.release.wait(30)
+            raise RegistryUnavailable(f"registry {REGISTRY} timed out")
+        return self.verifier(reference)
+
+
+BLOCKER = f"{REPO}@{digest_of('blocker')}"
+
+
+def held_lane(fleet: tuple[FakeVerifier, dict[str, str]], **policy: Any) -> tuple[HoldsOne, Admitter, str]:
+    """An admitter whose registry has one verification thread, held by another image, with
+    the index's verdict cached: a review of a pod naming the index has to queue its variant."""
+    verifier, digests = fleet
+    held = HoldsOne(verifier, BLOCKER)
+    admitter = make_admitter(
+        held, make_policy(deadline_seconds=0.3, concurrency=2, registry_concurrency=1, **policy)
+    )
+    assert isinstance(admitter.gateway.submit(parse_reference(INDEX)).result(timeout=30), IndexAccepted)
+    admitter.gateway.submit(parse_reference(BLOCKER))
+    assert admitter.gateway.running(REGISTRY) == 1
+    return held, admitter, f"{REPO}@{digests['h100']}"
+
+
+def test_the_variants_verification_queues_in_its_registrys_lane_and_is_dropped_with_the_review(
+    fleet: tuple[FakeVerifier, dict[str, str]],
+) -> None:
+    held, admitter, variant = held_lane(fleet)
+    try:
+        response = admitter.review(pod(node_selector={PRODUCT: H100}), Endpoint.MUTATE)["response"]
+        assert response["allowed"] is False and response["status"]["code"] == 503, response
+        # Nobody waits for the variant any more: out of the queue, never verified, not asked twice.
+        assert admitter.gateway.queued(REGISTRY) == 0
+    finally:
+        held.release.set()
+    assert variant not in fleet[0].calls
+
+
+def test_the_async_path_drops_the_queued_variant_with_the_review(
+    fleet: tuple[FakeVerifier, dict[str, str]],
+) -> None:
+    held, admitter, variant = held_lane(fleet)
+    try:
+        pending = admitter.review_nowait(
+            pod(node_selector={PRODUCT: H100}), Endpoint.MUTATE, started=time.monotonic()
+        )
+        # The variant is queued behind the held verification before anything is awaited.
+        assert not isinstance(pending, dict) and admitter.gateway.queued(REGISTRY) == 1
+        response = asyncio.run(pending)["response"]
+        assert response["allowed"] is False and response["status"]["code"] == 503, response
+        assert admitter.gateway.queued(REGISTRY) == 0
+    finally:
+        held.release.set()
+    assert variant not in fleet[0].calls
+
+
+def test_a_saturated_lane_denies_the_variant_with_the_reason(
+    fleet: tuple[FakeVerifier, dict[str, str]],
+) -> None:
+    held, admitter, _ = held_lane(fleet, registry_queue=0)
+    try:
+        response = admitter.review(pod(node_selector={PRODUCT: H100}), Endpoint.MUTATE)["response"]
+    finally:
+        held.release.set()
+    assert response["allowed"] is False and response["status"]["code"] == 503
+    assert f"registry {REGISTRY} is saturated (0 verifications queued)" in response["status"]["message"]
+
+
+def test_a_variant_shared_by_two_reviews_stays_queued_until_both_give_up(
+    fleet: tuple[FakeVerifier, dict[str, str]],
+) -> None:
+    held, admitter, variant = held_lane(fleet)
+    doc = pod(node_selector={PRODUCT: H100})
+    try:
+        # The second review starts later, so it still waits for the variant when the first gives up.
+        late = admitter.review_nowait(doc, Endpoint.MUTATE, started=time.monotonic() + 0.5)
+        assert not isinstance(late, dict)
+        assert admitter.review(doc, Endpoint.MUTATE)["response"]["status"]["code"] == 503
+        assert admitter.gateway.queued(REGISTRY) == 1, "the later review still waits for it"
+        held.release.set()
+        # The lane frees up: the variant runs, verifies, and the later review admits the pod.
+        response = asyncio.run(late)["response"]
+    finally:
+        held.release.set()
+    assert response["allowed"] is True, response
+    assert fleet[0].calls.count(variant) == 1

@@ -2,8 +2,10 @@
 
 A verifier is any callable ``reference -> verified image`` (the real one is
 ``kernelbake.signing.verify.verify_image`` bound to the policy, see ``verifying``); tests inject
-their own. The gateway runs verifiers on a bounded pool, lets concurrent reviews of the same
-reference share one verification, and keeps verdicts:
+their own. The gateway runs verifiers on a bounded pool where each registry has its own share
+(``lanes``: a slow or flooded registry fills its own lane and queue, never another's), lets
+concurrent reviews of the same reference share one verification, drops queued verifications
+that no review waits for any more, and keeps verdicts:
 
 - accepted digests for ``cache.ttl_seconds`` (a digest's content cannot change);
 - tag → digest resolutions for ``cache.tag_ttl_seconds`` (tags move);
@@ -16,14 +18,16 @@ reviews arrive.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeAlias
 
+from kernelbake.admission.lanes import Lanes, Saturated
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
 from kernelbake.cache import BoundedCache
@@ -105,17 +109,26 @@ class Gateway:
         *,
         cache: CachePolicy,
         workers: int,
+        registry_workers: int | None = None,
+        registry_queue: int = 64,
         resolve: Resolver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``workers`` verifications at once in all, at most ``registry_workers`` (default: all)
+        of them for one registry, and at most ``registry_queue`` waiting per registry."""
         self._verify = verify
         self._resolve = resolve
         self._policy = cache
         self._verdicts: BoundedCache[str, Outcome] = BoundedCache(cache.max_entries, clock=clock)
         self._tags: BoundedCache[str, str] = BoundedCache(cache.max_entries, clock=clock)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kb-verify")
+        self._lanes: Lanes[Outcome] = Lanes(
+            workers, registry_workers or workers, registry_queue, thread_name_prefix="kb-verify"
+        )
         self._inflight: dict[str, concurrent.futures.Future[Outcome]] = {}
-        self._lock = threading.Lock()
+        # Reviews waiting for each verification in flight; at 0 a queued one is dropped.
+        self._waiters: collections.Counter[concurrent.futures.Future[Outcome]] = collections.Counter()
+        # Re-entrant: cancelling a queued job runs its done-callback (``_forget``) at once.
+        self._lock = threading.RLock()
 
     @property
     def cached_entries(self) -> int:
@@ -132,34 +145,62 @@ class Gateway:
 
     def submit(self, ref: ImageRef) -> concurrent.futures.Future[Outcome]:
         """A future for the verdict on ``ref``; already done when cached. If both a tag and a
-        digest are given, the digest is what is verified."""
+        digest are given, the digest is what is verified. The caller counts as waiting for it
+        until it calls ``done_waiting``; one that never does lets the verification run."""
         hit = self.cached(ref)
         if hit is not None:
-            done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
-            done.set_result(hit)
-            return done
+            return _done(hit)
         target = ref.by_digest() if ref.digest is not None else str(ref)
         with self._lock:
             running = self._inflight.get(target)
             if running is not None:
+                self._waiters[running] += 1
                 return running
             try:
-                future = self._pool.submit(self._run, ref, target)
+                future = self._lanes.submit(ref.domain, lambda: self._run(ref, target))
+            except Saturated as exc:
+                return _done(
+                    Unavailable(
+                        f"could not ask: registry {ref.domain} is saturated "
+                        f"({exc.queued} verifications queued)"
+                    )
+                )
             except RuntimeError:
-                # The pool is shut down: the server is stopping.
-                stopped: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
-                stopped.set_result(Unavailable("the webhook is shutting down"))
-                return stopped
+                # The lanes are shut down: the server is stopping.
+                return _done(Unavailable("the webhook is shutting down"))
             self._inflight[target] = future
-        future.add_done_callback(lambda _: self._forget(target))
+            self._waiters[future] = 1
+            future.add_done_callback(lambda _: self._forget(target, future))
         return future
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _forget(self, target: str) -> None:
+    def done_waiting(self, futures: Iterable[concurrent.futures.Future[Outcome]]) -> None:
+        """A review no longer waits for ``futures`` (answered, or out of time). A verification
+        nobody waits for any more is dropped if it has not started; one that has started runs
+        on and fills the cache."""
         with self._lock:
-            self._inflight.pop(target, None)
+            for future in futures:
+                if future not in self._waiters:
+                    continue
+                self._waiters[future] -= 1
+                if self._waiters[future] <= 0:
+                    del self._waiters[future]
+                    self._lanes.cancel(future)
+
+    def queued(self, registry: str) -> int:
+        """Verifications waiting for a thread in ``registry``'s lane."""
+        return self._lanes.queued(registry)
+
+    def running(self, registry: str) -> int:
+        return self._lanes.running(registry)
+
+    def close(self) -> None:
+        self._lanes.shutdown()
+
+    def _forget(self, target: str, future: concurrent.futures.Future[Outcome]) -> None:
+        with self._lock:
+            if self._inflight.get(target) is future:
+                del self._inflight[target]
+            self._waiters.pop(future, None)
 
     def _verdict(self, key: str) -> Outcome | None:
         value = self._verdicts.get(key)
@@ -190,3 +231,9 @@ class Gateway:
         if ref.digest is None:
             self._tags.put(str(ref), image.digest, self._policy.tag_ttl_seconds)
         return accepted
+
+
+def _done(outcome: Outcome) -> concurrent.futures.Future[Outcome]:
+    future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+    future.set_result(outcome)
+    return future

@@ -44,7 +44,18 @@ class OnRegistryError(enum.Enum):
     UNSAFE_ALLOW = "unsafe-allow"
 
 
-_TOP = ("mode", "images", "verify", "gpu", "registry_errors", "deadline_seconds", "cache", "concurrency")
+_TOP = (
+    "mode",
+    "images",
+    "verify",
+    "gpu",
+    "registry_errors",
+    "deadline_seconds",
+    "cache",
+    "concurrency",
+    "registry_concurrency",
+    "registry_queue",
+)
 _CACHE = ("ttl_seconds", "tag_ttl_seconds", "rejected_ttl_seconds", "max_entries")
 _GPU = ("match",)
 
@@ -74,7 +85,13 @@ class AdmissionPolicy:
     # denial with a reason, not a timeout the user cannot read.
     deadline_seconds: float = 8.0
     cache: CachePolicy = CachePolicy()
+    # Verifications at once, all registries together …
     concurrency: int = 8
+    # … of which one registry (host[:port]) may use at most this many (default: half), so a
+    # slow or flooded registry leaves the others their share …
+    registry_concurrency: int = 4
+    # … and keep at most this many waiting; beyond, a review is "could not ask" (503) at once.
+    registry_queue: int = 64
     # Where ``verify`` came from, so its errors (found when it is parsed) name file:line too.
     verify_source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -109,6 +126,20 @@ class AdmissionPolicy:
                 "deadline_seconds",
                 f"{deadline} must be above 0 and below the webhook's timeoutSeconds (at most 30)",
             )
+        concurrency = src.positive_int(data.get("concurrency", cls.concurrency), "concurrency")
+        registry_concurrency = src.positive_int(
+            data.get("registry_concurrency", max(1, concurrency // 2)), "registry_concurrency"
+        )
+        if registry_concurrency > concurrency:
+            raise src.error(
+                "registry_concurrency",
+                f"{registry_concurrency} is more than concurrency ({concurrency}), "
+                "the verifications at once for all registries together",
+            )
+        registry_queue = data.get("registry_queue", cls.registry_queue)
+        # 0 is allowed: no queue, a registry whose share is busy is "saturated" at once.
+        if not isinstance(registry_queue, int) or isinstance(registry_queue, bool) or registry_queue < 0:
+            raise src.error("registry_queue", f"expected an integer >= 0, got {registry_queue!r}")
         return cls(
             source=src.name,
             images=images,
@@ -120,7 +151,9 @@ class AdmissionPolicy:
             ),
             deadline_seconds=deadline,
             cache=cache_policy,
-            concurrency=src.positive_int(data.get("concurrency", cls.concurrency), "concurrency"),
+            concurrency=concurrency,
+            registry_concurrency=registry_concurrency,
+            registry_queue=registry_queue,
             verify_source=src.child("verify"),
         )
 

@@ -1,13 +1,17 @@
 """The HTTPS endpoint the API server calls: ``POST /mutate``, ``POST /validate``, ``GET /healthz``.
 
-An ``asyncio.Protocol`` per connection over TLS, with the small HTTP/1.1 reader in ``http``:
-the API server keeps connections open and sends many small requests, and a cached review is
-answered inside ``data_received`` (no task, no thread hop, no stream machinery). Only reviews
-that must wait for a verification become a task, bounded by ``max_inflight``; verifications run
-on the gateway's pool. No dependency beyond the standard library.
+HTTP/1.1 and TLS are uvicorn's (with httptools' parser); this module is the ASGI app around
+``Admitter`` and the limits a webhook needs that uvicorn leaves to the application:
 
-Never a crash: broken HTTP gets its 4xx and the connection closes; a body that is not JSON gets
-HTTP 400; anything that parses gets an AdmissionReview answer (``Admitter`` does not raise).
+- a body larger than ``MAX_BODY`` is HTTP 413, a head larger than ``HEADER_LIMIT`` 431
+  (httptools has no bound of its own), and the connection closes;
+- a connection has ``IDLE_SECONDS`` to start a request (and between requests), and
+  ``HEADER_SECONDS`` to send the whole of one once it started (a stalled client is dropped);
+- a review waits for its verifications until the policy's deadline (``Admitter``);
+- a rotated certificate (a mounted Secret updated in place) is loaded without a restart.
+
+Never a crash: broken HTTP gets uvicorn's 400 and the connection closes; a body that is not JSON
+gets HTTP 400; anything that parses gets an AdmissionReview answer (``Admitter`` does not raise).
 """
 
 from __future__ import annotations
@@ -22,25 +26,31 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from kernelbake.admission import http
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kernelbake.admission import workers
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.review import Code, Response
 from kernelbake.admission.service import Admitter
 
 log = logging.getLogger("kernelbake.admission.server")
 
+# An AdmissionReview carries object and oldObject; etcd caps an object at 1.5 MiB.
+MAX_BODY = 8 * 1024 * 1024
+HEADER_LIMIT = 64 * 1024
 IDLE_SECONDS = 120.0
 # A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
 CERT_CHECK_SECONDS = 60.0
-REAP_SECONDS = 1.0
 _ROUTES = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE}
 
-Answer = tuple[int, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -50,104 +60,156 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return ctx
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: requests answered in order, one at a time."""
+class _Corked(asyncio.Transport):
+    """A connection's transport whose writes within one turn of the event loop go out as one.
 
-    def __init__(self, server: AdmissionServer) -> None:
-        self.server = server
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.paused = False
-        self.closing = False
-        # When the reaper drops this connection; one deadline instead of a timer per read.
-        self.deadline = math.inf
-        self.started = 0.0
+    uvicorn writes a response's head and body separately; over TLS each write is a record and
+    a send(2) (asyncio sends at once, with TCP_NODELAY), and the second send cost as much as the
+    whole review. Everything uvicorn calls on its transport is passed through."""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.deadline = time.monotonic() + IDLE_SECONDS
-        self.server.connections.add(self)
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
-        self.closing = True
-        if self.task is not None:
-            self.task.cancel()
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
 
-    def data_received(self, data: bytes) -> None:
-        if not self.buf:
-            self.started = time.monotonic()
-            if self.task is None:
-                self.deadline = self.started + HEADER_SECONDS
-        self.buf += data
-        if len(self.buf) > http.MAX_BODY + http.HEADER_LIMIT and self.transport is not None:
-            # A client piling up requests behind one that waits for the registry.
-            self.transport.pause_reading()
-        try:
-            self._next()
-        except Exception:
-            log.exception("connection handler failed")
-            self.abort()
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
 
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self._next()
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
 
     def abort(self) -> None:
-        self.closing = True
-        if self.transport is not None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds it does not keep: time before the first
+    request (uvicorn's keep-alive timer only runs between requests), time while a request is
+    arriving (a client that sends a few bytes and stalls would otherwise hold its connection),
+    and the size of a request's head (httptools buffers a header line of any length)."""
+
+    _timer: asyncio.TimerHandle | None = None
+    # Bytes of the request head read so far; None while a body is arriving or being answered.
+    _head: int | None = 0
+    _refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_Corked(transport, self.loop))
+        self._arm(IDLE_SECONDS)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._head is not None:
+            # Counted before the parser sees it; a head completed in this chunk resets it.
+            self._head += len(data)
+        super().data_received(data)
+        if not self._refused and self._head is not None and self._head > HEADER_LIMIT:
+            self._refuse(
+                431, "Request Header Fields Too Large", f"request head larger than {HEADER_LIMIT} bytes"
+            )
+
+    def on_message_begin(self) -> None:
+        self._arm(HEADER_SECONDS)
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._head = None
+        # A head that arrived in one read is only seen whole here.
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > HEADER_LIMIT:
+            self._refuse(
+                431, "Request Header Fields Too Large", f"request head larger than {HEADER_LIMIT} bytes"
+            )
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        # From here the review's own deadline applies, then uvicorn's keep-alive timer.
+        self._disarm()
+        self._head = 0
+        super().on_message_complete()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        # Like uvicorn's own answer to a request it cannot parse: a fixed response, then close.
+        self._refused = True
+        body = json.dumps({"error": message}).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+        )
+        self.transport.close()
+
+    def shutdown(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            # No TLS close_notify exchange on the way out: a peer that does not answer it
+            # would hold the shutdown for asyncio's 30 s SSL shutdown timeout.
             self.transport.abort()
+        else:
+            super().shutdown()
 
-    def _next(self) -> None:
-        while self.buf and self.task is None and not self.paused and not self.closing:
-            try:
-                parsed = http.parse_request(self.buf)
-            except http.BadRequest as exc:
-                self._reply((exc.status, {"error": exc.message}), close=True)
-                return
-            if parsed is None:
-                return
-            request, used = parsed
-            del self.buf[:used]
-            answer = self.server.handle(request, self.started)
-            self.started = time.monotonic()
-            if isinstance(answer, tuple):
-                self._reply(answer, close=not request.keep_alive)
-            else:
-                # Reviews end by the policy's deadline on their own.
-                self.deadline = math.inf
-                self.task = asyncio.get_running_loop().create_task(self._finish(answer, request.keep_alive))
-                return
-        if self.task is None and self.transport is not None and not self.closing:
-            if not self.buf:
-                self.deadline = time.monotonic() + IDLE_SECONDS
-            if not self.transport.is_reading():
-                self.transport.resume_reading()
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self.transport.abort)
 
-    async def _finish(self, pending: Coroutine[Any, Any, Answer], keep_alive: bool) -> None:
-        try:
-            answer = await pending
-        except Exception:
-            log.exception("a review failed")
-            self.abort()
-            return
-        self.task = None
-        if not self.closing:
-            self._reply(answer, close=not keep_alive)
-            self._next()
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    def _reply(self, answer: Answer, *, close: bool) -> None:
-        if self.transport is None or self.closing:
-            return
-        self.transport.write(http.response(*answer, close=close))
-        if close:
-            self.closing = True
-            self.transport.close()
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # SIGTERM/SIGINT are AdmissionServer.serve's: uvicorn's own handlers re-raise the
+        # signal after the graceful stop, so a worker would die by it instead of exiting 0.
+        yield
 
 
 class AdmissionServer:
@@ -160,7 +222,6 @@ class AdmissionServer:
         host: str = "0.0.0.0",
         port: int = 8443,
         sock: socket.socket | None = None,
-        max_inflight: int = 512,
     ) -> None:
         self.admitter = admitter
         # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
@@ -169,29 +230,44 @@ class AdmissionServer:
         self.host, self.port = host, port
         self.tls = tls_context(cert, key)
         self._cert_mtimes = self._mtimes()
-        self._slots = asyncio.Semaphore(max_inflight)
-        self._server: asyncio.Server | None = None
-        self.connections: set[_Connection] = set()
-        self._reaper: asyncio.Task[None] | None = None
-        self._busy = 0
+        self._server: _Uvicorn | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._reloader: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Bind and return the port (useful with port 0)."""
-        loop = asyncio.get_running_loop()
-        if self.sock is not None:
-            self._server = await loop.create_server(lambda: _Connection(self), sock=self.sock, ssl=self.tls)
-        else:
-            self._server = await loop.create_server(
-                lambda: _Connection(self), self.host, self.port, ssl=self.tls, backlog=1024
-            )
-        self._reaper = asyncio.create_task(self._reap())
-        port: int = self._server.sockets[0].getsockname()[1]
+        """Listen and return the port (useful with port 0)."""
+        sock = self.sock or workers.listening_sockets(self.host, self.port, 1)[0]
+        config = uvicorn.Config(
+            self,
+            http=_Protocol,
+            lifespan="off",
+            interface="asgi3",
+            # The kernelbake.admission loggers say what matters; a line per request costs
+            # more than a cached review.
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            # Nothing sits in front of the webhook but the API server: no X-Forwarded-* to trust.
+            proxy_headers=False,
+            ssl_context_factory=lambda config, default: self.tls,
+            timeout_keep_alive=math.ceil(IDLE_SECONDS),
+            # Reviews in flight end by the policy's deadline; then the rest is cut.
+            timeout_graceful_shutdown=math.ceil(self.admitter.policy.deadline_seconds) + 1,
+        )
+        self._server = _Uvicorn(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._serving.done():
+                self._serving.result()
+                raise RuntimeError("the HTTPS server stopped while starting")
+            await asyncio.sleep(0.01)
+        self._reloader = asyncio.create_task(self._watch_certificate())
+        port: int = sock.getsockname()[1]
         return port
 
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT, then close gracefully."""
         await self.start()
-        assert self._server is not None
         # Imports, the catalogue and the policy live as long as the process: keep them out of
         # the garbage collector's full passes, which otherwise show up as latency spikes.
         gc.collect()
@@ -201,26 +277,19 @@ class AdmissionServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
-        reloader = asyncio.create_task(self._watch_certificate())
-        await stop.wait()
+        assert self._serving is not None
+        await asyncio.wait([asyncio.ensure_future(stop.wait()), self._serving], return_when="FIRST_COMPLETED")
         log.info("stopping: no new connections, finishing reviews in flight")
-        reloader.cancel()
         await self.close()
 
     async def close(self) -> None:
         """Stop listening, let reviews in flight end (they end by their deadline), drop idle
         connections, stop the verification pool."""
-        if self._server is not None:
-            self._server.close()
-        deadline = time.monotonic() + self.admitter.policy.deadline_seconds
-        while self._busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self._reaper is not None:
-            self._reaper.cancel()
-        # No TLS close_notify exchange on the way out: a peer that does not answer it would
-        # hold the shutdown for asyncio's 30 s SSL shutdown timeout.
-        for conn in list(self.connections):
-            conn.abort()
+        if self._reloader is not None:
+            self._reloader.cancel()
+        if self._server is not None and self._serving is not None:
+            self._server.should_exit = True
+            await self._serving
         self.admitter.gateway.close()
 
     def _mtimes(self) -> tuple[float, float]:
@@ -231,65 +300,77 @@ class AdmissionServer:
         # handshakes pick up the new pair without a restart.
         while True:
             await asyncio.sleep(CERT_CHECK_SECONDS)
-            try:
-                mtimes = self._mtimes()
-                if mtimes != self._cert_mtimes:
-                    self.tls.load_cert_chain(self.cert, self.key)
-                    self._cert_mtimes = mtimes
-                    log.info("reloaded the serving certificate %s", self.cert)
-            except (OSError, ssl.SSLError) as exc:
-                log.warning("serving certificate not reloaded: %s", exc)
+            self.reload_certificate()
 
-    async def _reap(self) -> None:
-        """Drop connections idle past IDLE_SECONDS or slow to send a request they started."""
-        while True:
-            await asyncio.sleep(REAP_SECONDS)
-            now = time.monotonic()
-            for conn in [c for c in self.connections if c.deadline < now]:
-                conn.abort()
+    def reload_certificate(self) -> bool:
+        """Load the certificate pair again if either file changed; True if it did."""
+        try:
+            mtimes = self._mtimes()
+            if mtimes == self._cert_mtimes:
+                return False
+            self.tls.load_cert_chain(self.cert, self.key)
+            self._cert_mtimes = mtimes
+            log.info("reloaded the serving certificate %s", self.cert)
+            return True
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("serving certificate not reloaded: %s", exc)
+            return False
 
-    def handle(self, request: http.Request, started: float) -> Answer | Coroutine[Any, Any, Answer]:
-        """The answer now, or a coroutine when a review has to wait for a verification."""
-        path = request.path
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI application: one request, one answer."""
+        if scope["type"] != "http":
+            return
+        started = time.monotonic()
+        status, payload, close = await self._handle(scope, receive, started)
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _handle(self, scope: Scope, receive: Receive, started: float) -> tuple[int, Any, bool]:
+        version: str = scope["http_version"]
+        if not version.startswith("1."):
+            # httptools parses any version; the API server speaks HTTP/1.1 to webhooks.
+            return 505, {"error": f"HTTP/{version} is not supported"}, True
+        path: str = scope["path"]
         if path in ("/healthz", "/readyz"):
-            return 200, {"status": "ok"}
+            return 200, {"status": "ok"}, False
         endpoint = _ROUTES.get(path)
         if endpoint is None:
-            return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}
-        if request.method != "POST":
-            return 405, {"error": f"{request.method} {path}: POST an AdmissionReview"}
+            return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}, False
+        method: str = scope["method"]
+        if method != "POST":
+            return 405, {"error": f"{method} {path}: POST an AdmissionReview"}, False
+        body = await _body(scope, receive)
+        if isinstance(body, tuple):
+            return body
         try:
-            doc = json.loads(request.body)
+            doc = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            return 400, {"error": f"the body is not JSON: {exc}"}
+            return 400, {"error": f"the body is not JSON: {exc}"}, False
         answer = self.admitter.review_nowait(doc, endpoint, started=started)
-        if isinstance(answer, dict):
-            return 200, answer
-        return self._waiting(doc, answer, started)
-
-    async def _waiting(self, doc: Any, review: Coroutine[Any, Any, dict[str, Any]], started: float) -> Answer:
-        remaining = self.admitter.policy.deadline_seconds - (time.monotonic() - started)
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await self._slots.acquire()
-        except TimeoutError:
-            review.close()
-            busy = Response(
-                uid=_uid(doc),
-                allowed=False,
-                code=Code.UNAVAILABLE,
-                message="kernelbake admission: too many reviews in flight; try again",
-            )
-            return 200, busy.to_document()
-        self._busy += 1
-        try:
-            return 200, await review
-        finally:
-            self._busy -= 1
-            self._slots.release()
+        return 200, answer if isinstance(answer, dict) else await answer, False
 
 
-def _uid(doc: Any) -> str:
-    request = doc.get("request") if isinstance(doc, dict) else None
-    uid = request.get("uid") if isinstance(request, dict) else None
-    return uid if isinstance(uid, str) else ""
+async def _body(scope: Scope, receive: Receive) -> bytes | tuple[int, Any, bool]:
+    """The request body, or the answer (413, and close) when it is larger than ``MAX_BODY``."""
+    too_large = (413, {"error": f"body larger than {MAX_BODY} bytes"}, True)
+    for name, value in scope["headers"]:
+        # httptools already refused a Content-Length that is not a number.
+        if name == b"content-length" and int(value) > MAX_BODY:
+            return too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return 400, {"error": "the client hung up"}, True
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            return too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

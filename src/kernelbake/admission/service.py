@@ -24,11 +24,21 @@ log = logging.getLogger("kernelbake.admission")
 
 
 class Admitter:
-    def __init__(self, policy: AdmissionPolicy, gateway: Gateway, catalogue: Catalogue | None = None) -> None:
+    def __init__(
+        self,
+        policy: AdmissionPolicy,
+        gateway: Gateway,
+        catalogue: Catalogue | None = None,
+        *,
+        max_waiting: int = 512,
+    ) -> None:
         self.policy = policy
         self.gateway = gateway
         self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
         self.picker = Picker(self.judge.catalogue, policy.gpu_match)
+        # Reviews of the async path waiting for a verification at once (each holds its
+        # document); beyond, a review waits for a slot until its deadline, then is "busy".
+        self._slots = asyncio.Semaphore(max_waiting)
 
     def review(self, doc: Any, endpoint: Endpoint, *, started: float | None = None) -> dict[str, Any]:
         """Answer one parsed AdmissionReview document, waiting for verification at most until
@@ -44,33 +54,43 @@ class Admitter:
         if isinstance(first, Response):
             return self._answer(first, None)
         outcomes, futures = self._lookup(first.refs)
+        asked = set(futures)
         # Twice at most: a GPU index's verdict names the variant to verify next.
-        for _ in range(2):
+        for last in (False, True):
             if futures:
-                remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-                concurrent.futures.wait(futures.values(), timeout=remaining)
+                try:
+                    concurrent.futures.wait(futures.values(), timeout=self._remaining(started))
+                finally:
+                    self.gateway.done_waiting(futures.values())
                 outcomes.update(_done(futures))
-            futures = self._next(first, outcomes)
+            if last:
+                break
+            futures = self._next(first, outcomes, asked)
         return self._decide(first, outcomes, endpoint)
 
     def review_nowait(
         self, doc: Any, endpoint: Endpoint, *, started: float
     ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
         """The answer at once when no verification has to run (the common, cached case: no
-        task, no thread), else a coroutine that waits for it until the policy's deadline."""
+        task, no thread), else a coroutine that waits for it until the policy's deadline. The
+        coroutine must be awaited: until it ends, the review counts as waiting for its
+        verifications."""
+        futures: dict[str, concurrent.futures.Future[Outcome]] = {}
         try:
             first = self._plan(doc)
             if isinstance(first, Response):
                 return self._answer(first, None)
             outcomes, futures = self._lookup(first.refs)
+            asked = set(futures)
             if not futures:
-                futures = self._next(first, outcomes)
+                futures = self._next(first, outcomes, asked)
             if not futures:
                 return self._decide(first, outcomes, endpoint)
         except Exception:
             log.exception("a review failed")
+            self.gateway.done_waiting(futures.values())
             return _internal(doc).to_document()
-        return self._wait(doc, first, outcomes, futures, endpoint, started)
+        return self._wait(doc, first, outcomes, futures, asked, endpoint, started)
 
     async def _wait(
         self,
@@ -78,45 +98,84 @@ class Admitter:
         first: Plan,
         outcomes: dict[str, Outcome],
         futures: dict[str, concurrent.futures.Future[Outcome]],
+        asked: set[str],
         endpoint: Endpoint,
         started: float,
     ) -> dict[str, Any]:
+        # ``futures`` holds what this review still waits for: each one is given back to the
+        # gateway exactly once (when its round ends, else in the last ``finally``), so that a
+        # verification shared with other reviews is dropped only when none waits for it.
         try:
-            # Twice at most: a GPU index's verdict names the variant to verify next.
-            for _ in range(2):
-                pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
-                if pending:
-                    remaining = max(0.0, started + self.policy.deadline_seconds - time.monotonic())
-                    await asyncio.wait(pending, timeout=remaining)
-                outcomes.update(_done(futures))
-                futures = self._next(first, outcomes)
+            try:
+                async with asyncio.timeout(self._remaining(started)):
+                    await self._slots.acquire()
+            except TimeoutError:
+                busy = Response(
+                    uid=first.request.uid,
+                    api_version=first.request.api_version,
+                    allowed=False,
+                    code=Code.UNAVAILABLE,
+                    message="kernelbake admission: too many reviews in flight; try again",
+                )
+                return self._answer(busy, first)
+            try:
+                # Twice at most: a GPU index's verdict names the variant to verify next.
+                for last in (False, True):
+                    pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+                    if pending:
+                        await asyncio.wait(pending, timeout=self._remaining(started))
+                    held, futures = futures, {}
+                    self.gateway.done_waiting(held.values())
+                    outcomes.update(_done(held))
+                    if last:
+                        break
+                    futures = self._next(first, outcomes, asked)
+            finally:
+                self._slots.release()
             return self._decide(first, outcomes, endpoint)
         except Exception:
             log.exception("a review failed")
             return _internal(doc).to_document()
+        finally:
+            self.gateway.done_waiting(futures.values())
+
+    def _remaining(self, started: float) -> float:
+        return max(0.0, started + self.policy.deadline_seconds - time.monotonic())
 
     def _next(
-        self, first: Plan, outcomes: dict[str, Outcome]
+        self, first: Plan, outcomes: dict[str, Outcome], asked: set[str]
     ) -> dict[str, concurrent.futures.Future[Outcome]]:
         """The variants GPU indexes pick that have no verdict yet: cached ones go straight
-        into ``outcomes``, the rest are submitted."""
-        wanted = {t: r for t, r in variant_refs(first, outcomes, self.picker).items() if t not in outcomes}
+        into ``outcomes``, the rest are submitted (through the same per-registry lanes as any
+        verification) and added to ``asked``. One asked already and unfinished is not asked
+        again: the review waited for it once and gave it back."""
+        wanted = {
+            t: r
+            for t, r in variant_refs(first, outcomes, self.picker).items()
+            if t not in outcomes and t not in asked
+        }
         found, futures = self._lookup(wanted)
         outcomes.update(found)
+        asked.update(futures)
         return futures
 
     def _lookup(
         self, refs: Mapping[str, ImageRef]
     ) -> tuple[dict[str, Outcome], dict[str, concurrent.futures.Future[Outcome]]]:
-        """Cached verdicts at once (the common case, no future, no thread); the rest submitted."""
+        """Cached verdicts at once (the common case, no future, no thread); the rest submitted.
+        The caller waits for the futures and gives them back (``Gateway.done_waiting``)."""
         outcomes: dict[str, Outcome] = {}
         futures: dict[str, concurrent.futures.Future[Outcome]] = {}
-        for target, ref in refs.items():
-            hit = self.gateway.cached(ref)
-            if hit is not None:
-                outcomes[target] = hit
-            else:
-                futures[target] = self.gateway.submit(ref)
+        try:
+            for target, ref in refs.items():
+                hit = self.gateway.cached(ref)
+                if hit is not None:
+                    outcomes[target] = hit
+                else:
+                    futures[target] = self.gateway.submit(ref)
+        except BaseException:
+            self.gateway.done_waiting(futures.values())
+            raise
         return outcomes, futures
 
     def _plan(self, doc: Any) -> Plan | Response:

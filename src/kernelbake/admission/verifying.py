@@ -98,8 +98,16 @@ def _sorted(call: Callable[[], _T]) -> _T:
 
 def build_gateway(policy: AdmissionPolicy, *, settings: Settings | None = None) -> Gateway:
     # A verification gives up a little before the review's deadline, so that the answer carries
-    # the registry's reason (which registry, which call) instead of "did not finish".
+    # the registry's reason (which registry, which call) instead of "did not finish". It also
+    # gives the verification's thread back to its registry's lane by then.
     verifier = SignedImageVerifier(
         verify_policy(policy), settings=settings, timeout=policy.deadline_seconds * 0.9
     )
-    return Gateway(verifier, cache=policy.cache, workers=policy.concurrency, resolve=verifier.resolve)
+    return Gateway(
+        verifier,
+        cache=policy.cache,
+        workers=policy.concurrency,
+        registry_workers=policy.registry_concurrency,
+        registry_queue=policy.registry_queue,
+        resolve=verifier.resolve,
+    )
