@@ -125,7 +125,8 @@ def test_no_gpu_constraint_is_denied_with_the_node_selector_to_add(verifier: Fak
     assert message == (
         f'kernelbake admission: container "vllm": image {TAG} was baked for NVIDIA H100 80GB HBM3 (sm_90a) '
         f"but the pod (no nodeSelector, no required node affinity) does not pin a GPU; "
-        f"add nodeSelector {PRODUCT}: {H100}"
+        f"add nodeSelector {PRODUCT}: {H100} "
+        "(judged from the image's key, the fallback: vLLM's own cache check runs at kernelbake serve)"
     )
 
 

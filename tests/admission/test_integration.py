@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kernelbake.admission.admit import KEY_FALLBACK
 from tests.admission import documents, live
 from tests.admission.conftest import client_tls
 from tests.admission.documents import H100
@@ -170,7 +171,7 @@ def test_a_pod_without_a_gpu_constraint_is_told_what_to_add(world: World) -> Non
     response = world.post("/mutate", doc)
     assert response["allowed"] is False
     assert response["status"]["message"].endswith(
-        f"does not pin a GPU; add nodeSelector nvidia.com/gpu.product: {H100}"
+        f"does not pin a GPU; add nodeSelector nvidia.com/gpu.product: {H100} ({KEY_FALLBACK})"
     )
 
 

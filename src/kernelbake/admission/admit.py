@@ -30,6 +30,11 @@ from kernelbake.contract.variants import Variant
 _CHECKED_SUBRESOURCES = ("", "ephemeralcontainers")
 
 
+# Admission cannot import the engine, so the GPU verdict comes from the image's key (the
+# fallback of issue 11's prediction); the pod's `kernelbake serve` asks vLLM itself.
+KEY_FALLBACK = "judged from the image's key, the fallback: vLLM's own cache check runs at kernelbake serve"
+
+
 class Endpoint(enum.Enum):
     MUTATE = "mutate"
     VALIDATE = "validate"
@@ -234,9 +239,9 @@ def decide(
             if not verdict.ok:
                 problems.append(
                     f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
-                    f"{'; '.join(verdict.problems)}; {verdict.hint}"
+                    f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})"
                 )
-            notes += [f"{subject}: {n}" for n in verdict.notes]
+            notes += [f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes]
             pinned = g.ref.rewritten(image.digest)
             if endpoint is Endpoint.MUTATE and pinned != g.container.image and not g.unchanged:
                 patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
