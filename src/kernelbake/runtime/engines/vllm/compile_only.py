@@ -4,7 +4,8 @@ before torch or vLLM is imported and GPU memory can be measured for this run alo
     python -m kernelbake.runtime.engines.vllm.compile_only --report R.json -- <vllm serve flags>
 
 It starts vLLM in-process exactly as ``vllm serve`` would configure it (the same parser,
-the same usage context), with the weights faked (see ``_v0_26``), then stops. Every cache
+the same usage context), with the weights faked on a GPU (``_v0_26``) and vLLM's dummy
+weights on the CPU build (``_v0_32``), then stops. Every cache
 vLLM and its libraries fill during start-up lands in the directories the caller chose.
 """
 
@@ -27,18 +28,16 @@ from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 # block): the warm-up then runs the batch size a real start runs, so Triton specialises its
 # kernels the same way.
 _EXTRA_BLOCKS = 1
+# The CPU backend reserves a fraction of the host's memory unless given a KV size; the
+# warm-up batch needs little (not in the hash either).
+_CPU_KV_BYTES = 256 << 20
 
 
 def parse_serve_argv(argv: Sequence[str]) -> Any:
-    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    """EngineArgs from ``vllm serve`` flags, through the installed release's own serve parser."""
+    from kernelbake.runtime.engines.vllm import compat_layer
 
-    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
-    if getattr(ns, "model_tag", None):
-        ns.model = ns.model_tag
-    return AsyncEngineArgs.from_cli_args(ns)
+    return compat_layer.patches_for_installed_vllm().parse_serve_argv(argv)
 
 
 def hashed_env() -> dict[str, str]:
@@ -71,33 +70,38 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
 
     import torch
 
-    from kernelbake.runtime.engines.vllm import plugin
-    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT
+    from kernelbake.runtime.engines.vllm import compat_layer, plugin
 
     plugin.register()
     report = plugin.REPORT
+    adapter = compat_layer.patches_for_installed_vllm()
+    cpu = compat_layer.is_cpu_build()
     import vllm.envs as envs
 
-    if not envs.VLLM_USE_AOT_COMPILE:
+    # The CPU build compiles with stock Inductor, whose own cache is what it bakes there.
+    if not cpu and not envs.VLLM_USE_AOT_COMPILE:
         raise SystemExit(
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
 
-    engine_args = parse_serve_argv(serve_argv)
+    engine_args = adapter.parse_serve_argv(serve_argv)
     # None of these enter vLLM's compile hash; they keep the build small.
-    engine_args.load_format = LOAD_FORMAT
+    engine_args.load_format = adapter.load_format()
     engine_args.gpu_memory_utilization = 0.05
-    engine_args.kv_cache_memory_bytes = 1 << 30
+    engine_args.kv_cache_memory_bytes = _CPU_KV_BYTES if cpu else 1 << 30
     engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
 
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    torch.cuda.reset_peak_memory_stats()
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
     report["extra_jit"] = _bake_extra_jit()
-    report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
+    if gpu:
+        report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
     report["hashed_env"] = hashed_env()
     engine.engine_core.shutdown()
@@ -106,9 +110,10 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     # alive; the build should end holding nothing.
     torch._dynamo.reset()
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    report["allocated_after_bytes"] = torch.cuda.memory_allocated()
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        report["allocated_after_bytes"] = torch.cuda.memory_allocated()
     report["wall_s"] = round(time.monotonic() - started, 2)
     return dict(report)
 
