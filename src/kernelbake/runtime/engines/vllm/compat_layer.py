@@ -99,3 +99,26 @@ def hook_problems(hooks: tuple[Hook, ...]) -> list[str]:
         if found != hook.params:
             problems.append(f"{hook.path}: parameters {found}, the adapter expects {hook.params}")
     return problems
+
+
+def main() -> int:
+    """``python3 -m kernelbake.runtime.engines.vllm.compat_layer`` in an image: the installed
+    release's adapter and every hook of it that moved, as JSON; exit 1 when any did."""
+    import json
+
+    adapter = patches_for_installed_vllm()
+    dist, version = installed_vllm()
+    hooks: tuple[Hook, ...] = adapter.HOOKS
+    problems = hook_problems(hooks)
+    doc = {
+        "vllm": f"{dist} {version}",
+        "adapter": adapter.__name__,
+        "hooks": len(hooks),
+        "problems": problems,
+    }
+    print(json.dumps(doc, indent=1))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -84,12 +84,20 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
 
+    # As this process was given them, which is what a serving process is given: vLLM's
+    # platforms set some themselves during start-up (the CPU platform sets
+    # VLLM_DISABLE_SHARED_EXPERTS_STREAM and VLLM_SSM_CONV_STATE_LAYOUT) and do so again
+    # at serve time, so recording them afterwards would flag a difference that is not one.
+    given_env = hashed_env()
     engine_args = adapter.parse_serve_argv(serve_argv)
     # None of these enter vLLM's compile hash; they keep the build small.
     engine_args.load_format = adapter.load_format()
     engine_args.gpu_memory_utilization = 0.05
     engine_args.kv_cache_memory_bytes = _CPU_KV_BYTES if cpu else 1 << 30
-    engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
+    if not cpu:
+        # The GPU adapter skips vLLM's KV admission check; the CPU build keeps it, and the
+        # KV size above holds max_model_len.
+        engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
 
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -103,7 +111,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     if gpu:
         report["peak_after_aot_save_bytes"] = torch.cuda.max_memory_allocated()
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
-    report["hashed_env"] = hashed_env()
+    report["hashed_env"] = given_env
     engine.engine_core.shutdown()
     del engine
     # Dynamo's code cache and guards keep the compiled module (and through it the KV cache)
