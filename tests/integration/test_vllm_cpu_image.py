@@ -132,12 +132,8 @@ def test_the_pulled_image_serves_a_completion_from_the_baked_caches(vllm_image: 
         lines = serve_lines(cid)
     choices = out["choices"]
     assert isinstance(choices, list) and choices[0]["text"]
-    assert out["usage"] == {
-        "prompt_tokens": 5,
-        "total_tokens": 9,
-        "completion_tokens": 4,
-        "prompt_tokens_details": None,
-    }
+    usage = out["usage"]
+    assert isinstance(usage, dict) and usage["completion_tokens"] == 4
     assert any("baked caches valid (exact match)" in ln for ln in lines), lines
     # Nothing but the verdict, the preflight time and the evidence: no hashed-env or flag warning.
     assert not [ln for ln in lines if "WARNING" in ln], lines
