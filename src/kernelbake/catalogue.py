@@ -89,7 +89,7 @@ class Catalogue:
         return next((g for g in self.gpus.values() if product in g.gfd_product), None)
 
     def supported(self, engine: Engine) -> str:
-        """``0.26.0 (cuda: h200), 0.32.0 (cpu: cpu, cuda: none)``: every listed release of
+        """``0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none)``: every listed release of
         ``engine`` with the level at which each build was validated."""
         by_version: dict[str, list[str]] = {}
         for (e, v, b), r in sorted(
@@ -111,7 +111,7 @@ class Catalogue:
                 f"supported: {self.supported(engine)}"
             )
         raise UnknownName(
-            f"{where}: {engine.value} {version!r} is not a supported release{did_you_mean(version, known)}; "
+            f"{where}: {engine.value} {version!r} is not a supported release; "
             f"supported: {self.supported(engine)} (src/kernelbake/data/engines.yaml)"
         )
 
