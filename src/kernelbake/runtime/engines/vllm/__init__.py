@@ -164,7 +164,12 @@ class VllmEngine:
         # One answer per worker (compile_only asks each); a world above 1 must have them all.
         answers = report.get("ranks", [])
         world = target.serve.tensor_parallel_size * target.serve.pipeline_parallel_size
-        entries = ranks.rank_entries(root, answers, world) if answers or world > 1 else ()
+        # The CPU build keeps no per-rank artifacts (AOT compile is off there, and Inductor's
+        # cache is shared), so it records no rank entries: entries of 0 files would read as
+        # "rank 0 was never compiled" at serve time. A CPU world above 1 (not validated) then
+        # starts cold, as any bundle without its ranks does.
+        per_rank = not is_cpu_build(target.key) and (bool(answers) or world > 1)
+        entries = ranks.rank_entries(root, answers, world) if per_rank else ()
         if answers:
             kept["ranks"] = ranks.rank_facts(answers)
         return CompileResult(
