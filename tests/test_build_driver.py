@@ -19,7 +19,7 @@ from tests.support.recorder import Recorder
 
 @pytest.fixture
 def target() -> BuildTarget:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"], registry="127.0.0.1:5999/kb")
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"], registry="127.0.0.1:5999/kb")
     return t
 
 

@@ -18,11 +18,15 @@ CASES = [
     ("malformed.yaml", "malformed YAML", ":3"),
     ("unknown-gpu.yaml", "unknown GPU 'h1000'", "did you mean 'h100'"),
     ("unknown-engine.yaml", "engine.name: unknown value 'vlm'", "did you mean 'vllm'"),
-    ("unknown-engine-version.yaml", "no data for torch '2.13.1'", "did you mean '2.13.0'"),
+    (
+        "unknown-engine-version.yaml",
+        "torch '2.13.1' is not a supported release",
+        "supported: 2.13.0 (cpu: cpu)",
+    ),
     ("bad-revision.yaml", "model.revision: must be a pinned 40-hex commit", "'main'"),
     ("missing-field.yaml", "missing required key engine", "missing-field.yaml"),
     ("unknown-key.yaml", "serve.max_model_length: unknown key", "did you mean 'max_model_len'"),
-    ("wrong-target.yaml", "needs a CUDA engine build", "wrong-target.yaml"),
+    ("wrong-target.yaml", "torch 2.13.0 has no cuda build", "wrong-target.yaml"),
 ]
 
 
@@ -72,7 +76,7 @@ def test_docker_missing_is_environment_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("KERNELBAKE_DOCKER", str(tmp_path / "no-docker"))
-    rc = main(["build", str(REPO / "images" / "tiny-llama.yaml"), "--out", str(tmp_path / "out")])
+    rc = main(["build", str(REPO / "images" / "tiny-llama-torch.yaml"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 3
     assert err[-1].startswith("kernelbake build: error: ") and "command not found" in err[-1]
@@ -85,7 +89,7 @@ def test_daemon_down_is_environment_error(
     fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///x.sock' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("KERNELBAKE_DOCKER", str(fake))
-    rc = main(["build", str(REPO / "images" / "tiny-llama.yaml"), "--out", str(tmp_path / "out")])
+    rc = main(["build", str(REPO / "images" / "tiny-llama-torch.yaml"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 3
     assert "Docker daemon is not reachable (Cannot connect to the Docker daemon" in err[-1]
@@ -105,7 +109,7 @@ def test_registry_unreachable_stops_before_building(
     rc = main(
         [
             "build",
-            str(REPO / "images" / "tiny-llama.yaml"),
+            str(REPO / "images" / "tiny-llama-torch.yaml"),
             "--push",
             f"127.0.0.1:{port}/kb",
             "--out",
@@ -135,7 +139,10 @@ def test_plan_errors_name_the_line_too(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["plan", str(SPECS / "unknown-gpu.yaml")]) == 2
     assert "unknown-gpu.yaml:4: targets[0]: unknown GPU 'h1000'" in capsys.readouterr().err
     assert main(["plan", str(SPECS / "unknown-engine-version.yaml")]) == 2
-    assert "unknown-engine-version.yaml:3: engine.version: kernelbake has no data" in capsys.readouterr().err
+    assert (
+        "unknown-engine-version.yaml:3: engine.version: torch '2.13.1' is not a supported"
+        in capsys.readouterr().err
+    )
 
 
 # -- files that are not text, not files, or empty --------------------------------------------

@@ -34,9 +34,9 @@ def test_runtime_commands_load_without_host_dependencies() -> None:
 
 
 def test_host_commands_say_what_is_missing_only_when_run() -> None:
-    result = _cli("plan", "images/tiny-llama.yaml", "--gpu", "cpu")
+    result = _cli("plan", "images/tiny-llama-torch.yaml", "--gpu", "cpu")
     assert result.returncode == 0, result.stderr
-    assert "tiny-llama-cpu" in result.stdout
+    assert "tiny-llama-torch-cpu" in result.stdout
 
 
 def test_in_image_commands_import_none_of_the_host_areas() -> None:

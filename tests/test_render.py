@@ -45,7 +45,7 @@ def _render(spec: str, gpu: str, **kw: object) -> Rendered:
 
 
 def test_cpu_target_compiles_in_a_plain_run() -> None:
-    r = _render("tiny-llama", "cpu")
+    r = _render("tiny-llama-torch", "cpu")
     assert "syntax=" not in r.dockerfile
     assert "--device" not in r.dockerfile
     stages = _stages(r.dockerfile)
@@ -93,8 +93,8 @@ def test_two_phase_mode_has_no_labs_syntax_and_keeps_the_device_for_docker_run()
 
 def test_two_phase_needs_a_device() -> None:
     with pytest.raises(BadInput, match="two-phase build runs the compile step with a CDI device"):
-        _render("tiny-llama", "cpu", mode=BuildMode.TWO_PHASE)
-    r = _render("tiny-llama", "cpu", mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder")
+        _render("tiny-llama-torch", "cpu", mode=BuildMode.TWO_PHASE)
+    r = _render("tiny-llama-torch", "cpu", mode=BuildMode.TWO_PHASE, device="kernelbake.dev/test=builder")
     assert r.device == "kernelbake.dev/test=builder"
 
 
@@ -135,12 +135,14 @@ def test_every_gpu_of_every_spec_renders() -> None:
 def test_write_context_lays_out_the_build_context(tmp_path: Path) -> None:
     wheel = tmp_path / "kb.whl"
     wheel.write_bytes(b"wheel")
-    r = _render("tiny-llama", "cpu")
+    r = _render("tiny-llama-torch", "cpu")
     ctx = write_context(r, tmp_path / "ctx", wheel)
     assert sorted(p.relative_to(ctx).as_posix() for p in ctx.rglob("*")) == [
         "Dockerfile",
         "model",
         "model/config.json",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
         "target.json",
         "wheels",
         "wheels/kb.whl",
@@ -148,7 +150,7 @@ def test_write_context_lays_out_the_build_context(tmp_path: Path) -> None:
 
 
 def test_bake_single_mode_targets(tmp_path: Path) -> None:
-    r = _render("tiny-llama", "cpu")
+    r = _render("tiny-llama-torch", "cpu")
     layout = bake.Layout(tmp_path / r.target.name)
     targets = bake.bake_targets(r, layout, push=False)
     n = r.target.name

@@ -30,7 +30,7 @@ from tests.support.fake_engine import FakeEngine, platform_for
 
 @pytest.fixture
 def target(tmp_path: Path) -> TargetConfig:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     return config

@@ -88,7 +88,7 @@ class _VllmLikeEngine(FakeEngine):
 def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
     environ = {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}

@@ -21,7 +21,7 @@ from tests.conftest import REPO
 
 @pytest.fixture
 def target(tmp_path: Path) -> TargetConfig:
-    spec = load_spec(REPO / "images" / "tiny-llama.yaml")
+    spec = load_spec(REPO / "images" / "tiny-llama-torch.yaml")
     (t,) = plan(spec, ["cpu"])
     return dataclasses.replace(target_config(t), cache_root=str(tmp_path), shapes=((1, 32), (1, 128)))
 

@@ -98,7 +98,7 @@ def test_torch_engine_host_side() -> None:
     assert env["TRITON_CACHE_DIR"] == "/opt/kernelbake/cache/triton"
     assert env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
     assert set(engine.hashed_env_names()) >= {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"}
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
     assert engine.shape_args(target_config(t), ["--port", "9000", "--shapes=2x64", "--warmup-only"]) == [
         "--shapes 2x64 are not among the baked shapes (Dynamo decides whether they compile)"
     ]

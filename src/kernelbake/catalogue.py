@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from collections.abc import Mapping
 from importlib import resources
@@ -11,11 +12,26 @@ from typing import Any
 import yaml
 
 from kernelbake._suggest import did_you_mean
+from kernelbake.contract.engines import Build
 from kernelbake.contract.key import NONE, Engine
 from kernelbake.contract.platform import Software
 from kernelbake.errors import UnknownName
 
+__all__ = ["CPU", "Build", "Catalogue", "EngineRelease", "Gpu", "Validation", "load_catalogue"]
+
 CPU = "cpu"
+
+
+class Validation(enum.Enum):
+    """How far a release's data has been proven (engines.yaml ``validated``)."""
+
+    # Built, compiled and served from the bundle on an H200 (bench/results/vllm-*-h200*).
+    H200 = "h200"
+    # Built, pushed, pulled and served by CI on the CPU (tests/integration).
+    CPU = "cpu"
+    # Data only: nobody has run it; the compile stage still refuses a base image whose
+    # measured versions differ from these.
+    NONE = "none"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +54,10 @@ class Gpu:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineRelease:
     engine: Engine
+    build: Build
+    validated: Validation
+    # The module that adapts kernelbake to this release line (``none``: the engine needs none).
+    adapter: str
     # What the release ships, which the planned key records and the compile stage measures.
     software: Software
     transformers: str
@@ -52,7 +72,7 @@ class EngineRelease:
 class Catalogue:
     gpus: Mapping[str, Gpu]
     cuda_min_driver: Mapping[str, str]
-    engines: Mapping[tuple[Engine, str], EngineRelease]
+    engines: Mapping[tuple[Engine, str, Build], EngineRelease]
 
     def gpu(self, name: str, *, where: str = "--gpu") -> Gpu:
         try:
@@ -66,14 +86,32 @@ class Catalogue:
     def gpu_by_product(self, product: str) -> Gpu | None:
         return next((g for g in self.gpus.values() if product in g.gfd_product), None)
 
-    def engine(self, engine: Engine, version: str, *, where: str) -> EngineRelease:
+    def supported(self, engine: Engine) -> str:
+        """``0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none)``: every listed release of
+        ``engine`` with the level at which each build was validated."""
+        by_version: dict[str, list[str]] = {}
+        for (e, v, b), r in sorted(
+            self.engines.items(), key=lambda kv: (_version_order(kv[0][1]), kv[0][2].value)
+        ):
+            if e is engine:
+                by_version.setdefault(v, []).append(f"{b.value}: {r.validated.value}")
+        return ", ".join(f"{v} ({'; '.join(builds)})" for v, builds in by_version.items())
+
+    def engine(self, engine: Engine, version: str, build: Build, *, where: str) -> EngineRelease:
         try:
-            return self.engines[(engine, version)]
+            return self.engines[(engine, version, build)]
         except KeyError:
-            known = [v for (e, v) in self.engines if e is engine]
+            pass
+        known = sorted({v for (e, v, _b) in self.engines if e is engine}, key=_version_order)
+        if version in known:
             raise UnknownName(
-                f"{where}: kernelbake has no data for {engine.value} {version!r}{did_you_mean(version, known)}"
-            ) from None
+                f"{where}: {engine.value} {version} has no {build.value} build in kernelbake's data; "
+                f"supported: {self.supported(engine)}"
+            )
+        raise UnknownName(
+            f"{where}: {engine.value} {version!r} is not a supported release; "
+            f"supported: {self.supported(engine)} (src/kernelbake/data/engines.yaml)"
+        )
 
     def driver_floor(self, gpu: Gpu, cuda: str) -> str:
         """The higher of the chip's and the CUDA version's minimum driver."""
@@ -87,8 +125,13 @@ class Catalogue:
         return max(floors, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
-# engines.yaml lists, per release, the software it ships (its version is the entry's name).
+# engines.yaml lists, per release and build, the software it ships (its version is the
+# release's name).
 _SHIPPED = tuple(f.name for f in dataclasses.fields(Software) if f.name != "engine_version")
+
+
+def _version_order(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
 def _load(name: str) -> Any:
@@ -112,12 +155,21 @@ def load_catalogue() -> Catalogue:
         )
         for name, entry in gpus_doc["gpus"].items()
     }
-    engines: dict[tuple[Engine, str], EngineRelease] = {}
+    engines: dict[tuple[Engine, str, Build], EngineRelease] = {}
     for engine_name, releases in _load("engines.yaml").items():
         engine = Engine(engine_name)
         for version, entry in releases.items():
-            values = {k: str(v) for k, v in entry.items()}
-            software = Software(engine_version=str(version), **{n: values.pop(n) for n in _SHIPPED})
-            engines[(engine, str(version))] = EngineRelease(engine=engine, software=software, **values)
+            for build_name, fields in entry["builds"].items():
+                build = Build(build_name)
+                values = {k: str(v) for k, v in fields.items() if k != "validated"}
+                software = Software(engine_version=str(version), **{n: values.pop(n) for n in _SHIPPED})
+                engines[(engine, str(version), build)] = EngineRelease(
+                    engine=engine,
+                    build=build,
+                    validated=Validation(str(fields["validated"])),
+                    adapter=str(entry.get("adapter", NONE)),
+                    software=software,
+                    **values,
+                )
     cuda = {str(k): str(v) for k, v in gpus_doc["cuda_min_driver"].items()}
     return Catalogue(gpus=gpus, cuda_min_driver=cuda, engines=engines)

@@ -8,8 +8,8 @@ from typing import Any
 
 from kernelbake import __version__
 from kernelbake._suggest import did_you_mean
-from kernelbake.catalogue import Catalogue, EngineRelease, Gpu, load_catalogue
-from kernelbake.contract.key import NONE, CacheKey
+from kernelbake.catalogue import Build, Catalogue, EngineRelease, Gpu, load_catalogue
+from kernelbake.contract.key import CacheKey
 from kernelbake.errors import SpecError
 from kernelbake.labels import derived_labels
 from kernelbake.spec import ImageSpec
@@ -45,6 +45,8 @@ class BuildTarget:
             "arch": self.gpu.arch,
             "cdi": self.gpu.cdi,
             "base_image": self.base_image,
+            "engine_build": self.release.build.value,
+            "validated": self.release.validated.value,
             "ref": self.ref,
             "key": str(self.key),
             "key_digest": self.key.digest,
@@ -113,15 +115,13 @@ def plan(
 ) -> list[BuildTarget]:
     """One target per GPU. ``gpus`` empty or ``["all"]`` means every target in the spec."""
     cat = catalogue or load_catalogue()
-    release = cat.engine(spec.engine, spec.engine_version, where=spec.where("engine.version"))
+    where = spec.where("engine.version")
     targets = []
     for gpu in resolve_gpus(spec, gpus, cat):
-        cpu_only = release.software.cuda == NONE
-        if gpu.is_cpu != cpu_only:
-            raise SpecError(
-                f"{spec.where('targets')}: {gpu.name} needs a {'CPU' if gpu.is_cpu else 'CUDA'} engine build, "
-                f"but {spec.engine.value} {spec.engine_version} is {'CPU-only' if cpu_only else 'CUDA'}"
-            )
+        # The CPU target takes the engine's CPU build, a GPU its CUDA build.
+        release = cat.engine(
+            spec.engine, spec.engine_version, Build.CPU if gpu.is_cpu else Build.CUDA, where=where
+        )
         base = spec.base_for(gpu.family) or release.base_image
         key = _key(spec, gpu, release, cat)
         tag = key.tag(gpu.name)

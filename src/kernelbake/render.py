@@ -17,7 +17,7 @@ import jinja2
 
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
-from kernelbake.contract.engines import DECLARATIONS
+from kernelbake.contract.engines import DECLARATIONS, is_cpu_build
 from kernelbake.contract.layout import TARGET_FILE, CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
@@ -98,7 +98,8 @@ def render(
             f"and {target.gpu.name} has none; pass --cdi-device or use --mode single"
         )
     config = target_config(target)
-    env = sorted({**dict(target.spec.serve.env), **engine.cache_env(Path(config.cache_root))}.items())
+    cache_env = engine.cache_env(Path(config.cache_root), cpu=is_cpu_build(target.key))
+    env = sorted({**dict(target.spec.serve.env), **cache_env}.items())
     text = (
         _environment()
         .get_template("Dockerfile.j2")

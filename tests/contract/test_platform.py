@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernelbake.catalogue import load_catalogue
+from kernelbake.catalogue import Build, load_catalogue
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.platform import Platform, Software, arch_for
 
@@ -38,6 +38,6 @@ def test_platform_fields_are_the_keys_measured_fields_in_its_order_with_the_inst
 def test_an_engine_release_ships_the_software_its_key_records() -> None:
     from kernelbake.contract.key import Engine
 
-    release = load_catalogue().engine(Engine.VLLM, "0.26.0", where="test")
+    release = load_catalogue().engine(Engine.VLLM, "0.26.0", Build.CUDA, where="test")
     assert release.version == release.software.engine_version == "0.26.0"
     assert release.software.cuda == "13.0" and release.base_image.endswith(":v0.26.0")

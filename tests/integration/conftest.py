@@ -10,16 +10,16 @@ from kernelbake.render import BuildMode
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.docker import require_cpu_base
+from tests.support.docker import CPU_BASE, VLLM_CPU_BASE, require_cpu_base
 
 TEST_CDI = REPO / "buildkit" / "cdi" / "kernelbake-test.yaml"
 INSTALLED_CDI = Path("/etc/cdi/kernelbake-test.yaml")
 TEST_DEVICE = "kernelbake.dev/test=builder"
 
 
-def build_tiny(out: Path, registry: str, **options: object) -> Built:
-    require_cpu_base()
-    targets = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"], registry=registry)
+def build_tiny(out: Path, registry: str, spec: str = "tiny-llama-torch", **options: object) -> Built:
+    require_cpu_base(VLLM_CPU_BASE if spec == "tiny-llama" else CPU_BASE)
+    targets = plan(load_spec(REPO / "images" / f"{spec}.yaml"), ["cpu"], registry=registry)
     (built,) = Driver(Settings.from_env()).build(targets, BuildOptions(out=out, push=True, **options))  # type: ignore[arg-type]
     return built
 
@@ -28,6 +28,12 @@ def build_tiny(out: Path, registry: str, **options: object) -> Built:
 def single_image(registry: str, tmp_path_factory: pytest.TempPathFactory) -> Built:
     """tiny-llama built in one build (compile stage inside BuildKit) and pushed."""
     return build_tiny(tmp_path_factory.mktemp("single"), f"{registry}/single")
+
+
+@pytest.fixture(scope="session")
+def vllm_image(registry: str, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """tiny-llama on vLLM's CPU build (the `make image` default), built and pushed."""
+    return build_tiny(tmp_path_factory.mktemp("vllm"), f"{registry}/vllm", spec="tiny-llama")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The tiny-llama CPU image for real: build, push, pull, run; cache hits and cold fallback."""
+"""The torch engine's tiny-llama CPU image (tiny-llama-torch.yaml) for real: build, push, pull, run; cache hits and cold fallback."""
 
 from __future__ import annotations
 
@@ -201,7 +201,11 @@ def test_layers_end_with_one_per_cache_kind_then_the_manifest(single_image: Buil
     inductor = _layer_files(client, single_image.pushed, layers[-3])
     assert inductor and all(f.startswith("opt/kernelbake/cache/inductor/") for f in inductor)
     model = _layer_files(client, single_image.pushed, layers[-4])
-    assert model == ["models/tiny-llama/config.json"]
+    assert model == [
+        "models/tiny-llama/config.json",
+        "models/tiny-llama/tokenizer.json",
+        "models/tiny-llama/tokenizer_config.json",
+    ]
     assert _layer_files(client, single_image.pushed, layers[-5]) == ["opt/kernelbake/target.json"]
 
 

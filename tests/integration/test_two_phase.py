@@ -44,7 +44,7 @@ def test_unknown_cdi_device_fails_the_compile_stage(
             device="kernelbake.dev/test=nope",
         )
     assert "stage 'compile'" in str(info.value)
-    log = tmp_path / "tiny-llama-cpu" / "logs" / "compile.log"
+    log = tmp_path / "tiny-llama-torch-cpu" / "logs" / "compile.log"
     assert "unresolvable CDI devices kernelbake.dev/test=nope" in log.read_text()
     assert (
         docker(

@@ -42,7 +42,7 @@ class PushedImage:
 
 
 def tiny_llama_target() -> BuildTarget:
-    return plan(load_spec(REPO / "images/tiny-llama.yaml"), ["cpu"], registry="test")[0]
+    return plan(load_spec(REPO / "images/tiny-llama-torch.yaml"), ["cpu"], registry="test")[0]
 
 
 def _tar(files: Mapping[str, bytes]) -> bytes:

@@ -7,6 +7,7 @@ import subprocess
 from typing import Any
 
 CPU_BASE = "kernelbake/cpu-base:bookworm-torch2.13.0"
+VLLM_CPU_BASE = "kernelbake/vllm-cpu-base:bookworm-vllm0.32.0"
 
 
 def docker(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -18,9 +19,9 @@ def docker(*args: str, check: bool = True, timeout: float = 900) -> subprocess.C
     return res
 
 
-def require_cpu_base() -> None:
-    if docker("image", "inspect", CPU_BASE, check=False).returncode != 0:
-        raise AssertionError(f"{CPU_BASE} is missing: run `make cpu-base` (make test does)")
+def require_cpu_base(image: str = CPU_BASE) -> None:
+    if docker("image", "inspect", image, check=False).returncode != 0:
+        raise AssertionError(f"{image} is missing: run `make cpu-base` (make test does)")
 
 
 def ready_line(stdout: str) -> dict[str, Any]:

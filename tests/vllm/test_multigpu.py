@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from kernelbake.contract.serve import ServeArgs
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, BuildFailed
 from kernelbake.plan import plan
+from kernelbake.runner import Result
 from kernelbake.runtime import compile as compile_step
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest, write_manifest
@@ -260,3 +262,35 @@ def test_a_bundle_that_records_no_ranks_starts_cold_at_tp_above_1(
     verdict = pf.preflight(_env(tmp_path), engine=_engine(target, MultiRankCompileOnly(4, 4), monkeypatch))
     assert verdict.problems[0].startswith("the bundle holds no caches for rank(s) 0, 1, 2, 3 of the 4")
     assert "(it holds rank(s) none)" in verdict.problems[0]
+
+
+# -- vLLM's CPU build: no per-rank artifacts ----------------------------------------------------
+
+
+class _CpuCompileOnly:
+    """vLLM's CPU build at one rank: AOT compile off, so everything it bakes is in Inductor's
+    shared cache, and rank 0 answers without a directory of its own."""
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **_: object) -> Result:
+        assert env is not None and env["VLLM_USE_AOT_COMPILE"] == "0"
+        graph = Path(env["TORCHINDUCTOR_CACHE_DIR"]) / "fxgraph" / "g"
+        graph.parent.mkdir(parents=True, exist_ok=True)
+        graph.write_bytes(b"graph")
+        report: dict[str, object] = {"hashed_env": {"VLLM_X": "1"}, "wall_s": 1.0}
+        fold_ranks(report, [{"rank": 0, "dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "aot_paths": []}])
+        Path(argv[argv.index("--report") + 1]).write_text(json.dumps(report))
+        return Result(tuple(argv), 0)
+
+
+def test_the_cpu_build_records_no_rank_entries_and_its_bundle_starts_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = load_spec(REPO / "images/tiny-llama.yaml")
+    t = plan(s, ["cpu"])[0]
+    target = TargetConfig(key=t.key, gpu="cpu", serve=s.serve, shapes=(), cache_root=str(tmp_path / "cache"))
+    (tmp_path / "target.json").write_text(target.to_json())
+    engine = _engine(target, _CpuCompileOnly(), monkeypatch)  # type: ignore[arg-type]
+    manifest = compile_step.run_compile(_env(tmp_path), engine=engine)
+    assert manifest.ranks == ()
+    verdict = pf.preflight(_env(tmp_path), engine=engine)
+    assert verdict.warm, verdict.problems

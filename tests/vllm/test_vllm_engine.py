@@ -198,8 +198,12 @@ def test_compile_falls_back_to_uninitialised_weights_then_fails_clearly(tmp_path
 
 
 def test_unsupported_vllm_version_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compat_layer, "dist_version", lambda name: "0.31.2")
-    with pytest.raises(KeyMismatch, match=r"supports vLLM 0\.26"):
+    from kernelbake.runtime import probe
+
+    monkeypatch.setattr(probe, "dist_version", lambda name: "0.31.2")
+    with pytest.raises(
+        KeyMismatch, match=r"vllm 0\.31\.2: .* supports vLLM 0\.26\.0 \(cuda\), 0\.32\.0 \(cpu, cuda\)"
+    ):
         compat_layer.patches_for_installed_vllm()
 
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Build the torch engine's CPU base image (the catalogue's base_image for torch $1) from
 # Debian packages and wheels only: no image can be pulled from a public registry here.
-#   1. debootstrap a Debian 12 rootfs with python3, pip, g++ and the Python headers and
-#      import it as kernelbake/debian-rootfs:bookworm;
+#   1. the Debian 12 rootfs image (../rootfs.sh);
 #   2. pip download transformers (and torch's dependencies) on the host, next to the torch
 #      CPU wheel ($TORCH_WHEEL), because containers cannot reach PyPI with TLS;
 #   3. install them into the rootfs image (Dockerfile beside this script).
@@ -13,14 +12,13 @@ ENGINE_VERSION=${1:-2.13.0}
 VENV=${VENV:-.venv}
 WORK=${WORK:-.cache/cpu-base}
 ROOTFS_IMAGE=${ROOTFS_IMAGE:-kernelbake/debian-rootfs:bookworm}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # Versions and the image name come from the catalogue, the one place that states them.
 read -r TORCH_VERSION TRANSFORMERS_VERSION IMAGE < <("$VENV/bin/python" - "$ENGINE_VERSION" <<'PY'
 import sys
-from kernelbake.catalogue import load_catalogue
+from kernelbake.catalogue import Build, load_catalogue
 from kernelbake.contract.key import Engine
-r = load_catalogue().engine(Engine.TORCH, sys.argv[1], where="images/base/cpu/build.sh")
+r = load_catalogue().engine(Engine.TORCH, sys.argv[1], Build.CPU, where="images/base/cpu/build.sh")
 print(r.software.torch, r.transformers, r.base_image)
 PY
 )
@@ -37,15 +35,7 @@ if [ ! -f "$TORCH_WHEEL" ]; then
   exit 3
 fi
 
-if ! docker image inspect "$ROOTFS_IMAGE" >/dev/null 2>&1; then
-  rootfs=$(mktemp -d /tmp/kernelbake-rootfs.XXXXXX)
-  echo "cpu-base: debootstrap bookworm into $rootfs"
-  debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates,g++,python3-dev \
-    bookworm "$rootfs" "$MIRROR" > "$WORK.debootstrap.log" 2>&1 \
-    || { echo "cpu-base: debootstrap failed; see $WORK.debootstrap.log" >&2; exit 4; }
-  tar -C "$rootfs" -c . | docker import - "$ROOTFS_IMAGE"
-  rm -rf "$rootfs"
-fi
+ROOTFS_IMAGE=$ROOTFS_IMAGE LOG="$WORK.debootstrap.log" images/base/rootfs.sh
 
 mkdir -p "$WORK/wheels"
 echo "cpu-base: downloading wheels for Python 3.11 into $WORK/wheels"

@@ -9,11 +9,19 @@ its caches with the same declaration, so both sides agree by construction.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from pathlib import Path
 
-from kernelbake.contract.key import Engine
+from kernelbake.contract.key import NONE, CacheKey, Engine
 from kernelbake.contract.layout import CacheKind, kind_dir
+
+
+class Build(enum.Enum):
+    """Which build of an engine release an image uses: the CPU wheels or the CUDA image."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,13 +34,41 @@ class EngineDeclaration:
     # Variables the engine folds into its compile hash that are known without asking it;
     # an engine that can say so itself (vLLM) adds its own answer at compile time.
     hashed_env: tuple[str, ...] = ()
+    # Fixed variables set on the engine's CPU build only (a key without CUDA).
+    cpu_variables: tuple[tuple[str, str], ...] = ()
+    # (release, build) → the runtime module that adapts kernelbake to it (one per release
+    # line, the only code that touches the engine's internals). Image code reads it here,
+    # since it never sees the catalogue; tests/vllm/test_releases.py holds engines.yaml's
+    # releases and ``adapter`` to it.
+    adapters: tuple[tuple[str, Build, str], ...] = ()
 
-    def cache_env(self, root: Path) -> dict[str, str]:
-        """Environment variables that point the engine at the caches under ``root``."""
+    def cache_env(self, root: Path, *, cpu: bool = False) -> dict[str, str]:
+        """Environment variables that point the engine at the caches under ``root``; with
+        ``cpu`` (see ``is_cpu_build``), also those its CPU build needs."""
         return {
-            name: str(kind_dir(root, value)) if isinstance(value, CacheKind) else value
-            for name, value in self.cache_variables
+            **(dict(self.cpu_variables) if cpu else {}),
+            **{
+                name: str(kind_dir(root, value)) if isinstance(value, CacheKind) else value
+                for name, value in self.cache_variables
+            },
         }
+
+    def adapter(self, version: str, build: Build) -> str:
+        """The adapter module for that build of ``version``; ``none`` for one kernelbake has
+        not listed."""
+        return next((m for v, b, m in self.adapters if (v, b) == (version, build)), NONE)
+
+    def adapted(self) -> str:
+        """``0.26.0 (cuda), 0.32.0 (cpu, cuda)``: the releases and builds with an adapter."""
+        builds: dict[str, list[str]] = {}
+        for v, b, _m in self.adapters:
+            builds.setdefault(v, []).append(b.value)
+        return ", ".join(f"{v} ({', '.join(bs)})" for v, bs in builds.items())
+
+
+def is_cpu_build(key: CacheKey) -> bool:
+    """Whether the image's engine is its CPU build: the key records no CUDA."""
+    return key.cuda == NONE
 
 
 TORCH = EngineDeclaration(
@@ -70,6 +106,18 @@ VLLM_PINNED_HASHED_ENV = {
     "VLLM_XLA_CACHE_PATH": "/opt/kernelbake/xla-cache",
 }
 
+# vLLM's CPU build (0.32): its AOT artifact is written but never reloads ("Compiling model
+# again due to a load failure … 'function' object has no attribute 'finalize_loading'"), so a
+# baked start would recompile. Without AOT compile, Inductor's FX-graph cache under
+# TORCHINDUCTOR_CACHE_DIR is used and hits, also relocated. Inductor keys that cache on
+# whether C++ headers are precompiled; the precompiled header (149 MB) lives under $TMPDIR,
+# outside the bundle, so it is off at build and serve alike. Both are in the image's ENV and
+# set identically at compile and serve time, and vLLM hashes the first (manifest hashed_env).
+VLLM_CPU_PINNED_ENV = {
+    "VLLM_USE_AOT_COMPILE": "0",
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+}
+
 # Where vLLM and each library it uses keeps its JIT cache. vLLM's hashed variables are not
 # listed: the compile step asks vLLM for them (``compile_factors``).
 VLLM = EngineDeclaration(
@@ -97,6 +145,12 @@ VLLM = EngineDeclaration(
         ("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", CacheKind.CUTE_DSL),
         ("CUTE_DSL_CACHE_DIR", CacheKind.CUTE_DSL),
         *VLLM_PINNED_HASHED_ENV.items(),
+    ),
+    cpu_variables=tuple(VLLM_CPU_PINNED_ENV.items()),
+    adapters=(
+        ("0.26.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_26"),
+        ("0.32.0", Build.CPU, "kernelbake.runtime.engines.vllm._v0_32"),
+        ("0.32.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_32"),
     ),
 )
 

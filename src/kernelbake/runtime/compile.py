@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from kernelbake.contract.compat import check
+from kernelbake.contract.engines import is_cpu_build
 from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -75,7 +76,10 @@ def run_compile(
         )
     root = cache_root or Path(target.cache_root)
     _prepare_root(root, engine)
-    variables = {**dict(target.serve.env), **engine.declaration.cache_env(root)}
+    variables = {
+        **dict(target.serve.env),
+        **engine.declaration.cache_env(root, cpu=is_cpu_build(target.key)),
+    }
     runtime_env.apply(variables)
     result = engine.compile(target, root)
     effective = {**env.environ, **variables}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.compat import Match, Reason, check
+from kernelbake.contract.engines import is_cpu_build
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -207,12 +208,8 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
-    return {
-        **engine.launch_env(),
-        **env.environ,
-        **dict(target.serve.env),
-        **engine.declaration.cache_env(root),
-    }
+    cache_env = engine.declaration.cache_env(root, cpu=is_cpu_build(target.key))
+    return {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
 
 
 def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:
@@ -269,8 +266,8 @@ def preflight(
     if not asks_engine:
         # What the engine will see, its launch defaults included: were one of them hashed,
         # this is where a start that misses the caches would be named.
-        seen = {**engine.launch_env(), **env.environ, **pinned, **engine.declaration.cache_env(baked)}
-        notes += _hashed_env_notes(manifest, seen)
+        cache_env = engine.declaration.cache_env(baked, cpu=is_cpu_build(target.key))
+        notes += _hashed_env_notes(manifest, {**engine.launch_env(), **env.environ, **pinned, **cache_env})
         if shape := engine.shape_args(target, user_args):
             notes.append(
                 f"serve arguments change what was compiled ({'; '.join(shape)}): "

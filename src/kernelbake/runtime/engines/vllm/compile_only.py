@@ -4,7 +4,8 @@ before torch or vLLM is imported and GPU memory can be measured for this run alo
     python -m kernelbake.runtime.engines.vllm.compile_only --report R.json -- <vllm serve flags>
 
 It starts vLLM in-process exactly as ``vllm serve`` would configure it (the same parser,
-the same usage context), with the weights faked (see ``_v0_26``), then stops. Every cache
+the same usage context), with the weights faked on a GPU (``_v0_26``) and vLLM's dummy
+weights on the CPU build (``_v0_32``), then stops. Every cache
 vLLM and its libraries fill during start-up lands in the directories the caller chose.
 """
 
@@ -28,22 +29,16 @@ from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 # block): the warm-up then runs the batch size a real start runs, so Triton specialises its
 # kernels the same way.
 _EXTRA_BLOCKS = 1
+# The CPU backend reserves a fraction of the host's memory unless given a KV size; the
+# warm-up batch needs little (not in the hash either).
+_CPU_KV_BYTES = 256 << 20
 
 
 def parse_serve_argv(argv: Sequence[str]) -> Any:
-    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    """EngineArgs from ``vllm serve`` flags, through the installed release's own serve parser."""
+    from kernelbake.runtime.engines.vllm import compat_layer
 
-    try:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-    except ImportError:  # vLLM >= 0.3x moved the serve parser
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-
-    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
-    if getattr(ns, "model_tag", None):
-        ns.model = ns.model_tag
-    return AsyncEngineArgs.from_cli_args(ns)
+    return compat_layer.patches_for_installed_vllm().parse_serve_argv(argv)
 
 
 def hashed_env() -> dict[str, str]:
@@ -76,14 +71,16 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
 
     import torch
 
-    from kernelbake.runtime.engines.vllm import plugin, ranks
-    from kernelbake.runtime.engines.vllm._v0_26 import LOAD_FORMAT, rank_report
+    from kernelbake.runtime.engines.vllm import compat_layer, plugin, ranks
 
     plugin.register()
     report = plugin.REPORT
+    adapter = compat_layer.patches_for_installed_vllm()
+    cpu = compat_layer.is_cpu_build()
     import vllm.envs as envs
 
-    if not envs.VLLM_USE_AOT_COMPILE:
+    # The CPU build compiles with stock Inductor, whose own cache is what it bakes there.
+    if not cpu and not envs.VLLM_USE_AOT_COMPILE:
         raise SystemExit(
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
@@ -91,15 +88,23 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     from kernelbake.runtime.engines.vllm import identity, predict
     from kernelbake.runtime.engines.vllm.args import with_pins
 
+    # As this process was given them, which is what a serving process is given: vLLM's
+    # platforms set some themselves during start-up (the CPU platform sets
+    # VLLM_DISABLE_SHARED_EXPERTS_STREAM and VLLM_SSM_CONV_STATE_LAYOUT) and do so again
+    # at serve time, so recording them afterwards would flag a difference that is not one.
+    given_env = hashed_env()
     # vLLM derives some Inductor options from its logging level; fixed as flags here and at
     # serve time (from the manifest), VLLM_LOGGING_LEVEL=DEBUG keeps the compile hash.
     pins = identity.log_level_pins()
-    engine_args = parse_serve_argv(with_pins(serve_argv, pins))
+    engine_args = adapter.parse_serve_argv(with_pins(serve_argv, pins))
     # None of these enter vLLM's compile hash; they keep the build small.
-    engine_args.load_format = LOAD_FORMAT
+    engine_args.load_format = adapter.load_format()
     engine_args.gpu_memory_utilization = 0.05
-    engine_args.kv_cache_memory_bytes = 1 << 30
-    engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
+    engine_args.kv_cache_memory_bytes = _CPU_KV_BYTES if cpu else 1 << 30
+    if not cpu:
+        # The GPU adapter skips vLLM's KV admission check; the CPU build keeps it, and the
+        # KV size above holds max_model_len.
+        engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
 
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -114,10 +119,10 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     report["extra_jit"] = _bake_extra_jit()
     # Every worker answers for itself, through vLLM's own RPC to all of them: its rank, its
     # memory counters and where it saved its artifacts (the one worker is this process at 1).
-    ranks.fold_ranks(report, engine.collective_rpc(rank_report))
+    ranks.fold_ranks(report, engine.collective_rpc(adapter.rank_report))
     in_process = engine.vllm_config.parallel_config.world_size == 1
     report["vllm_config_hash"] = engine.vllm_config.compute_hash()
-    report["hashed_env"] = hashed_env()
+    report["hashed_env"] = given_env
     predict.finish_at_build(report)
     engine.engine_core.shutdown()
     del engine
@@ -125,7 +130,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     # alive; the build should end holding nothing.
     torch._dynamo.reset()
     gc.collect()
-    if in_process:
+    if in_process and not cpu:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         report["allocated_after_bytes"] = torch.cuda.memory_allocated()

