@@ -58,19 +58,3 @@ def test_a_changed_inductor_factor_is_named(target: TargetConfig, monkeypatch: p
         "inductor.config.max_autotune",
         "--shapes",
     ]
-
-
-def test_inductor_is_asked_for_its_factors(target: TargetConfig) -> None:
-    # Where torch is installed (the images, the vLLM CPU venv): Inductor's real answers.
-    pytest.importorskip("torch")
-    baked = torch_engine.inductor_identity()
-    _bake(target, baked)
-    p = TorchEngine().predict(target, ["--shapes", "1x32"], {})
-    assert p is not None and p.hit
-    assert p.kind("triton").outcome is Outcome.EMPTY  # type: ignore[union-attr]
-
-    changed = {**baked, "config": {**baked["config"], "max_autotune": "True"}}  # type: ignore[dict-item]
-    _bake(target, changed)
-    p = TorchEngine().predict(target, [], {})
-    assert p is not None and not p.hit
-    assert [c.factor for c in p.kind("inductor").changes] == ["inductor.config.max_autotune"]  # type: ignore[union-attr]

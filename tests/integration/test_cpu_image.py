@@ -257,3 +257,41 @@ def test_users_own_torch_compile_hits_the_baked_caches(single_image: Built) -> N
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["warm"] is True
     assert doc["fxgraph_cache_hit"] >= 1 and doc.get("fxgraph_cache_miss", 0) == 0
+
+
+def test_inductor_is_asked_for_its_factors_in_the_image(
+    single_image: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inductor's real answers (asked inside the image, where torch is) decide the prediction:
+    the same factors hit, a changed Inductor option is named as the miss."""
+    import dataclasses
+
+    from kernelbake.plan import plan
+    from kernelbake.render import target_config
+    from kernelbake.runtime.engines import torch_engine
+    from kernelbake.runtime.engines.torch_engine import TorchEngine
+    from kernelbake.spec import load_spec
+
+    probe = "import json; from kernelbake.runtime.engines.torch_engine import inductor_identity as i; print(json.dumps(i()))"
+    res = docker("run", "--rm", "--entrypoint", "python3", single_image.ref, "-c", probe)
+    asked = json.loads(res.stdout.strip().splitlines()[-1])
+    assert asked["torch_key"] and asked["system"] and "max_autotune" in asked["config"]
+    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
+    target = dataclasses.replace(target_config(t), cache_root=str(tmp_path))
+    monkeypatch.setattr(torch_engine, "inductor_identity", lambda: asked)
+
+    def bake(identity: dict[str, object]) -> None:
+        manifest = {
+            "compile_report": {"engine_identity": identity},
+            "files": [{"path": "inductor/x", "kind": "inductor", "size": 1, "sha256": "0"}],
+        }
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+
+    bake(asked)
+    hit = TorchEngine().predict(target, [], {})
+    assert hit is not None and hit.hit
+    flipped = "True" if asked["config"]["max_autotune"] == "False" else "False"
+    bake({**asked, "config": {**asked["config"], "max_autotune": flipped}})
+    miss = TorchEngine().predict(target, [], {})
+    assert miss is not None and not miss.hit
+    assert [c.factor for c in miss.kind("inductor").changes] == ["inductor.config.max_autotune"]  # type: ignore[union-attr]
