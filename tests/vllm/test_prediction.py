@@ -358,3 +358,15 @@ def test_h200_identity_records_what_vllm_named_and_traced(h200: dict[str, Any]) 
     assert all(len(d) == 64 for d in baked["code_files"].values())
     assert "/opt/kernelbake/cache/flashinfer" in baked["ninja_paths"]
     assert baked["triton"]["backend"].endswith("-90")
+
+
+def test_with_aot_compile_off_a_hashed_flag_misses_inductors_cache_not_vllms(cpu: dict[str, Any]) -> None:
+    # vLLM's CPU build (VLLM_USE_AOT_COMPILE=0): the graphs are Inductor's FX-graph cache
+    # entries; the vllm kind holds only model info (seen: 66 new inductor files, none in vllm).
+    baked = {**cpu["baseline"], "graphs": "inductor"}
+    now = {**cpu["max-logprobs-5"], "graphs": "inductor"}
+    p = predict(baked, now, KINDS)
+    assert not p.hit
+    assert p.kind("vllm").outcome is Outcome.HIT  # type: ignore[union-attr]
+    assert "model_config.max_logprobs" in _changes(p, "inductor")
+    assert predict(baked, {**cpu["baseline"], "graphs": "inductor"}, KINDS).hit

@@ -222,8 +222,15 @@ def predict(
         else:
             verdicts.append(KindVerdict(kind, Outcome.HIT))
 
-    add("vllm", tc)
-    add("inductor", _compiler_changes(baked, now))
+    if now.get("graphs") == "inductor":
+        # AOT compile off (vLLM's CPU build): the graphs torch.compile makes are Inductor's
+        # FX-graph cache entries, so what changes them misses there; the vllm kind then holds
+        # no graphs (only model info), which none of these factors keys.
+        add("vllm", [])
+        add("inductor", [*tc, *_compiler_changes(baked, now)])
+    else:
+        add("vllm", tc)
+        add("inductor", _compiler_changes(baked, now))
     follows = (
         "the graphs recompile: kernels whose generated source changed compile, the rest load" if tc else ""
     )

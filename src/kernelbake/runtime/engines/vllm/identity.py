@@ -277,6 +277,15 @@ def _device_side(vllm_config: Any) -> dict[str, Any]:
 # -- the whole identity --------------------------------------------------------------------
 
 
+def graphs_store() -> str:
+    """Where vLLM's compiled graphs are kept: its AOT artifact under ``VLLM_CACHE_ROOT``
+    (``vllm``), or, with AOT compile off (the CPU build, docs/vllm.md), Inductor's own FX-graph
+    cache under ``TORCHINDUCTOR_CACHE_DIR`` (``inductor``)."""
+    import vllm.envs as envs
+
+    return "vllm" if envs.VLLM_USE_AOT_COMPILE else "inductor"
+
+
 def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
     """Everything vLLM and its libraries key their caches on, for this config and process."""
     from vllm import __version__
@@ -288,6 +297,7 @@ def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
         "config": config_factors(vllm_config),
         "env": env_factors(),
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
+        "graphs": graphs_store(),
     }
     doc.update(_device_side(vllm_config))
     return doc
