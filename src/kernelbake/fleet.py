@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from kernelbake.catalogue import CPU, Catalogue, load_catalogue
 from kernelbake.contract.compat import Candidate, rank_variants
 from kernelbake.contract.key import key_from_labels
+from kernelbake.contract.platform import arch_for
 from kernelbake.contract.variants import (
     OCI_INDEX,
     Variant,
@@ -201,14 +202,4 @@ def found_here(runner: Runner = run) -> dict[str, str]:
         return {"device": CPU, "arch": platform.machine()}
     name, cap, driver = (p.strip() for p in res.stdout.splitlines()[0].split(",")[:3])
     major, _, minor = cap.partition(".")
-    return {"device": name, "arch": gpu_arch(name, (int(major), int(minor or 0))), "driver": driver}
-
-
-def gpu_arch(device_name: str, capability: tuple[int, int]) -> str:
-    """The catalogue's arch for a known device, else ``sm_XY`` (``a`` for the chips whose
-    kernels are built architecture-specific: Hopper, Blackwell)."""
-    gpu = load_catalogue().gpu_by_device_name(device_name)
-    if gpu is not None:
-        return gpu.arch
-    suffix = "a" if capability in {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)} else ""
-    return f"sm_{capability[0]}{capability[1]}{suffix}"
+    return {"device": name, "arch": arch_for((int(major), int(minor or 0))), "driver": driver}
