@@ -1,8 +1,11 @@
 """A rendered vLLM image's life on a GPU machine that has no Docker: build stages, then run.
 
     kernelbake render bench/specs/tiny-llama-ref.yaml --gpu h200 --out build/gpu-flow   # on the host
+    kernelbake render bench/specs/qwen3-8b-dummy.yaml --gpu h200 --out build/gpu-flow
     PYTHONPATH=/tmp/site python3 bench/vllm_image_flow.py \\
-        --context build/gpu-flow/tiny-llama-ref-h200/context --out $OUT                # on the GPU
+        --context build/gpu-flow/tiny-llama-ref-h200/context \\
+        --context build/gpu-flow/qwen3-8b-dummy-h200/context \\
+        --target tiny-llama-ref=6 --target qwen3-8b-dummy=5 --importtime --out $OUT   # on the GPU
 
 The GPU machine has vLLM 0.26.0 installed like the base image has it, but no Docker, so this
 executes the rendered Dockerfile itself, instruction by instruction, as root on the machine:
@@ -15,11 +18,14 @@ executes the rendered Dockerfile itself, instruction by instruction, as root on 
            the compile), then the ``COPY --from=caches`` layers put back.
 
 Then what ``docker run`` would do, with a HOME and TMPDIR of its own: the ENTRYPOINT with
-``check --json``, and the ENTRYPOINT (``kernelbake serve``) with user arguments, timed from
-launch until ``/health`` answers, then one greedy completion over HTTP and SIGTERM. A cold
-``kernelbake serve`` (``KERNELBAKE_CACHE=off``) runs alongside the compile for comparison.
-Last, ``check`` with a hashed vLLM variable changed, an unhashed one changed, and a
-shape-changing flag, to show which warn. Writes OUT/vllm-image-flow.json, OUT/logs/, and prints the JSON.
+``check --json``; a cold start (``KERNELBAKE_CACHE=off``) and then the baked start, each alone
+on the machine, timed from launch until ``/health`` answers (polled every 0.1 s), each followed
+by one greedy completion over HTTP and SIGTERM. Each start's timeline (``MARKS``, stamped as
+its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
+variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
+with ``--importtime`` what each process of a start imports. Models run one after the other
+(each image owns ``/opt/kernelbake``); OUT/vllm-image-flow.json is rewritten after each, and
+OUT/<model>/logs/ holds every log.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -177,10 +184,14 @@ def _post(url: str, doc: dict[str, Any]) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-# Where a start spends its time: the first line (seconds after launch) that contains each.
+# Where a start spends its time: the first line (seconds after launch) that contains each,
+# in the order a start passes them (``BREAKDOWN``). bench/warmstart_timeline.py reads old logs
+# with the same table.
 MARKS = {
+    "kernelbake_first_line": "kernelbake serve:",
     "preflight_done": "kernelbake serve: preflight took",
     "api_server_first_line": "(APIServer pid=",
+    "engine_prediction": "kernelbake: prediction from",
     "engine_core_first_line": "(EngineCore",
     "model_loaded": "Model loading took",
     "torch_compile_done": "torch.compile took",
@@ -189,6 +200,72 @@ MARKS = {
     "api_server_listening": "Starting vLLM server on",
     "forced_spawn": "We must use the `spawn` multiprocessing start method",
 }
+# What each segment of a start holds: (name, from mark, to mark, what happens there). The
+# preflight runs alongside (``kernelbake serve`` starts the engine behind its cache gate), so
+# it is reported on its own, not as a segment.
+BREAKDOWN = (
+    (
+        "kernelbake_start",
+        "launch",
+        "kernelbake_first_line",
+        "python3 -m kernelbake serve: interpreter, kernelbake's serve imports",
+    ),
+    (
+        "vllm_api_server_imports",
+        "kernelbake_first_line",
+        "api_server_first_line",
+        "vllm serve: imports, plugins, argument parsing",
+    ),
+    (
+        "engine_core_start",
+        "api_server_first_line",
+        "engine_core_first_line",
+        "config built, engine-core process started (spawn: its imports)",
+    ),
+    (
+        "engine_core_to_model_loaded",
+        "engine_core_first_line",
+        "model_loaded",
+        "device and distributed init, engine-core imports, dummy weights",
+    ),
+    (
+        "torch_compile",
+        "model_loaded",
+        "torch_compile_done",
+        "Dynamo/AOT artifact load and Inductor graphs (baked: loaded; cold: compiled)",
+    ),
+    (
+        "cuda_graphs",
+        "torch_compile_done",
+        "graphs_captured",
+        "KV cache, warm-up, FlashInfer, CUDA graph capture",
+    ),
+    ("engine_ready", "graphs_captured", "engine_init_done", "the rest of the engine's init"),
+    ("api_server_ready", "engine_init_done", "api_server_listening", "API server builds its app"),
+    ("health", "api_server_listening", "health_ok", "until /health answers 200 (polled every 0.1 s)"),
+)
+
+
+# Where vLLM says it reads and writes its compiled graphs: the hash directory names its
+# compile hash, so the same directory at build and at serve means the same hash.
+CACHE_DIR = re.compile(
+    r"(?:Using cache directory: |Directly load AOT compilation from path )"
+    r"(\S*torch_compile_cache/(?:torch_aot_compile/)?[0-9a-f]+)"
+)
+
+
+def _log_dirs(path: Path) -> list[str]:
+    return sorted(set(CACHE_DIR.findall(path.read_text(errors="replace")))) if path.is_file() else []
+
+
+def breakdown(timeline: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Seconds per segment of ``BREAKDOWN``, from one server's ``timeline_s``."""
+    at = {"launch": 0.0, **{k: v for k, v in timeline.items() if v is not None}}
+    out = []
+    for name, start, end, what in BREAKDOWN:
+        if start in at and end in at:
+            out.append({"segment": name, "s": round(at[end] - at[start], 2), "what": what})
+    return out
 
 
 class Server:
@@ -207,13 +284,12 @@ class Server:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.ready_s: float | None = None
-        # Polled on its own: the cold server becomes ready while the compile stage still runs,
-        # and a poll only from the main loop would date its readiness to the compile's end.
+        # Polled from its own thread, so readiness is dated to 0.1 s whatever the main loop does.
         threading.Thread(target=self._poll, daemon=True).start()
 
     def _poll(self) -> None:
         while self.proc.poll() is None and not self.poll_ready():
-            time.sleep(0.25)
+            time.sleep(0.1)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -230,7 +306,7 @@ class Server:
         if self.ready_s is not None:
             return True
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
                 if r.status == 200:
                     self.ready_s = round(time.monotonic() - self.t0, 2)
                     return True
@@ -264,9 +340,13 @@ class Server:
         self.reader.join(timeout=30)
         self.fh.close()
         text = self.log.read_text(errors="replace")
+        timeline = {**self.marks, "health_ok": self.ready_s}
+        dirs = sorted(set(CACHE_DIR.findall(text)))
         return {
             "ready_s": self.ready_s,
-            "timeline_s": {**self.marks, "health_ok": self.ready_s},
+            "timeline_s": timeline,
+            "breakdown_s": breakdown(timeline),
+            "compile_cache_dirs": dirs,
             "exit_code_after_sigterm": self.proc.returncode,
             "kernelbake_lines": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")],
             "log": self.log.name,
@@ -286,23 +366,77 @@ def _check(entrypoint: list[str], env: dict[str, str], extra: list[str], logs: P
     return {"rc": proc.returncode, "wall_s": wall, "verdict": doc}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--context", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--deadline", type=float, default=520.0)
-    ap.add_argument(
-        "--also-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="one more baked start after the first, with this variable set (A/B of a launch default)",
-    )
-    a = ap.parse_args()
-    context = a.context.resolve()
-    logs = a.out / "logs"
+def _gpu_processes() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return ["nvidia-smi not found"]
+    return subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+
+
+# What each process imports before it can work, measured with ``python -X importtime`` in the
+# served environment, after the timed starts (so it disturbs none of them).
+IMPORTS = {
+    "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.preflight, kernelbake.runtime.engines.vllm",
+    "preflight_probe": "import torch; torch.cuda.is_available()",
+    "vllm_api_server": "import vllm.entrypoints.cli.main, vllm.entrypoints.openai.api_server",
+}
+
+
+def _importtime_rows(stderr: str) -> list[tuple[int, int, int, str]]:
+    """(self us, cumulative us, depth, module) per ``-X importtime`` line."""
+    rows = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        self_us, cum_us, name = line.removeprefix("import time:").split("|", 2)
+        module = name[1:]
+        depth = (len(module) - len(module.lstrip(" "))) // 2
+        rows.append((int(self_us), int(cum_us), depth, module.strip()))
+    return rows
+
+
+def importtime(env: dict[str, str], logs: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, code in IMPORTS.items():
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code], env=env, cwd="/", capture_output=True, text=True
+        )
+        wall = round(time.monotonic() - t0, 2)
+        (logs / f"importtime-{name}.log").write_text(proc.stderr)
+        rows = _importtime_rows(proc.stderr)
+        out[name] = {
+            "code": code,
+            "rc": proc.returncode,
+            "wall_s": wall,
+            "modules": len(rows),
+            "imports_s": round(sum(r[0] for r in rows) / 1e6, 2),
+            "slowest_self_s": [
+                {"module": m, "self_s": round(su / 1e6, 3)}
+                for su, _cu, _d, m in sorted(rows, key=lambda r: -r[0])[:15]
+            ],
+            "top_level_cumulative_s": [
+                {"module": m, "cumulative_s": round(cu / 1e6, 3)}
+                for _su, cu, d, m in sorted((r for r in rows if r[2] == 0), key=lambda r: -r[1])[:15]
+            ],
+            "log": f"importtime-{name}.log",
+        }
+    return out
+
+
+def wait_ready(server: Server, started: float, deadline: float) -> None:
+    while server.proc.poll() is None and not server.poll_ready() and time.monotonic() - started < deadline:
+        time.sleep(0.1)
+
+
+def flow(context: Path, out: Path, started: float, a: argparse.Namespace, first: bool) -> dict[str, Any]:
+    """One model's image: its stages, then a cold start and a baked start, each alone on the
+    machine, then the checks. Returns the model's document."""
+    logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     plan = stages(context / "Dockerfile")
     target = json.loads((context / "target.json").read_text())
     cache_root = Path(target["cache_root"])
@@ -328,27 +462,22 @@ def main() -> int:
         tmp.mkdir(parents=True, exist_ok=True)
         return {**env, "HOME": str(home), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
 
+    def left() -> float:
+        return a.deadline - (time.monotonic() - started)
+
     record: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {
-        "bench": "vllm_image_flow",
-        "command": f"PYTHONPATH=/tmp/site python3 bench/vllm_image_flow.py --context {a.context} --out $OUT",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "key": target["key"],
-        "steps": record,
-    }
-    runtime_env = dict(base)
-    slash = Path("/")
-    Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
-    entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
-
-    cold_env = {**phase_env(runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-    cold = Server("serve-cold", [*entrypoint, *USER_ARGS], cold_env, 8001, logs)
-
-    compile_env = phase_env(runtime_env, "build")
-    t_compile = time.monotonic()
+    doc: dict[str, Any] = {"context": str(context), "key": target["key"], "steps": record}
     try:
+        runtime_env = dict(base)
+        slash = Path("/")
+        Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
+        entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
+
+        compile_env = phase_env(runtime_env, "build")
+        t_compile = time.monotonic()
         Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
         doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
+        doc["compile_cache_dirs"] = _log_dirs(logs / str(record[-1].get("log", "")))
         staging = WORK / "stage-caches"
         staging.mkdir()
         Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
@@ -365,41 +494,37 @@ def main() -> int:
 
         run_env = phase_env(final_env, "run")
         doc["check"] = _check(entrypoint, run_env, USER_ARGS, logs, "check")
+
+        # Cold: the same image with its caches off, alone on the machine (the compile is over).
+        cold_env = {**phase_env(runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
+        cold = Server("serve-cold", [*entrypoint, *USER_ARGS], cold_env, 8001, logs)
+        wait_ready(cold, started, a.deadline)
+        if cold.ready_s is not None:
+            doc["cold_generate"] = cold.generate(model_path)
+        doc["serve_cold"] = cold.stop()
+
         before = _files(cache_root)
         warm = Server("serve-warm", [*entrypoint, *USER_ARGS], run_env, 8000, logs)
-        while not warm.poll_ready() and warm.proc.poll() is None and time.monotonic() - started < a.deadline:
-            cold.poll_ready()
-            time.sleep(0.5)
+        wait_ready(warm, started, a.deadline)
         if warm.ready_s is not None:
             doc["warm_generate"] = warm.generate(model_path)
             # Which processes hold GPU memory while serving: the kernelbake supervisor
-            # (pid below) should not, since it only reads the engine's log.
+            # (pid below) should not, although its preflight imported torch.
             doc["gpu_processes_while_serving"] = {
                 "kernelbake_serve_pid": warm.proc.pid,
-                "nvidia_smi": subprocess.run(
-                    [
-                        "nvidia-smi",
-                        "--query-compute-apps=pid,process_name,used_memory",
-                        "--format=csv,noheader",
-                    ],
-                    capture_output=True,
-                    text=True,
-                ).stdout.splitlines(),
+                "nvidia_smi": _gpu_processes(),
             }
         doc["serve_warm"] = warm.stop()
         doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(cache_root) - before)[:50]
-        for i, pair in enumerate(a.also_env):
+        for i, pair in enumerate(a.also_env if first else []):
+            if left() < 90:
+                doc.setdefault("skipped", []).append(f"serve with {pair}: {left():.0f} s left")
+                continue
             name, _, value = pair.partition("=")
             other = Server(
                 f"serve-warm-{i + 1}", [*entrypoint, *USER_ARGS], {**run_env, name: value}, 8002, logs
             )
-            while (
-                not other.poll_ready()
-                and other.proc.poll() is None
-                and time.monotonic() - started < a.deadline
-            ):
-                cold.poll_ready()
-                time.sleep(0.5)
+            wait_ready(other, started, a.deadline)
             gen = other.generate(model_path) if other.ready_s is not None else None
             doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
         doc["check_hashed_env_changed"] = _check(
@@ -412,57 +537,131 @@ def main() -> int:
         doc["check_shape_changed"] = _check(
             entrypoint, run_env, [*USER_ARGS, "--max-model-len", "2048"], logs, "check-shape"
         )
-    finally:
-        while not cold.poll_ready() and cold.proc.poll() is None and time.monotonic() - started < a.deadline:
-            time.sleep(0.5)
-        if cold.ready_s is not None:
-            doc["cold_generate"] = cold.generate(model_path)
-        doc["serve_cold"] = cold.stop()
-        doc["wall_s"] = round(time.monotonic() - started, 1)
-        w, c = doc.get("serve_warm", {}), doc["serve_cold"]
-        doc["summary"] = {
-            "compile_wall_s": doc.get("compile_wall_s"),
-            "check_verdict": doc.get("check", {}).get("verdict", {}).get("verdict"),
-            "ready_cold_s": c.get("ready_s"),
-            "ready_warm_s": w.get("ready_s"),
-            "speedup_ready": round(c["ready_s"] / w["ready_s"], 2)
-            if c.get("ready_s") and w.get("ready_s")
-            else None,
-            "tokens_identical": (doc.get("cold_generate") or {}).get("tokens")
-            == (doc.get("warm_generate") or {}).get("tokens")
-            if doc.get("warm_generate") and doc.get("cold_generate")
-            else None,
-            "files_added_at_warm_start": len(w.get("files_added_to_cache_root", [])),
-            "timeline_warm_s": w.get("timeline_s"),
-            "timeline_cold_s": c.get("timeline_s"),
-            "tokens_warm": (doc.get("warm_generate") or {}).get("tokens"),
-            "warm_also": [
-                {
-                    "env": o["env"],
-                    "ready_s": o["ready_s"],
-                    "timeline_s": o["timeline_s"],
-                    "tokens_identical_to_warm": (o.get("generate") or {}).get("tokens")
-                    == (doc.get("warm_generate") or {}).get("tokens"),
-                }
-                for o in doc.get("serve_warm_also", [])
-            ],
-            "preflight": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
-            "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
-            "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),
-            "hashed_env_note": [
-                n
-                for n in doc.get("check_hashed_env_changed", {}).get("verdict", {}).get("notes", [])
-                if "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n
-            ],
-            "unhashed_env_notes": doc.get("check_unhashed_env_changed", {}).get("verdict", {}).get("notes"),
-            "shape_note": [
-                n
-                for n in doc.get("check_shape_changed", {}).get("verdict", {}).get("notes", [])
-                if "2048" in n
-            ],
+        if first and a.importtime:
+            doc["importtime"] = importtime(run_env, logs)
+    except SystemExit as exc:
+        doc["failed"] = str(exc)
+    doc["wall_s"] = round(time.monotonic() - started, 1)
+    doc["summary"] = summary(doc)
+    return doc
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    w, c = doc.get("serve_warm", {}), doc.get("serve_cold", {})
+    warm_tokens = (doc.get("warm_generate") or {}).get("tokens")
+    cold_tokens = (doc.get("cold_generate") or {}).get("tokens")
+    return {
+        "compile_wall_s": doc.get("compile_wall_s"),
+        "check_verdict": doc.get("check", {}).get("verdict", {}).get("verdict"),
+        "ready_cold_s": c.get("ready_s"),
+        "ready_warm_s": w.get("ready_s"),
+        "speedup_ready": round(c["ready_s"] / w["ready_s"], 2)
+        if c.get("ready_s") and w.get("ready_s")
+        else None,
+        "tokens_identical": cold_tokens == warm_tokens if warm_tokens and cold_tokens else None,
+        "files_added_at_warm_start": len(w.get("files_added_to_cache_root", [])),
+        "breakdown_warm_s": w.get("breakdown_s"),
+        "breakdown_cold_s": c.get("breakdown_s"),
+        "preflight_warm": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
+        # Build, baked start and each A/B start: one set of hash directories means one hash.
+        "compile_cache_dirs": {
+            "build": doc.get("compile_cache_dirs"),
+            "warm": w.get("compile_cache_dirs"),
+            **{f"warm {o['env']}": o.get("compile_cache_dirs") for o in doc.get("serve_warm_also", [])},
+        },
+        "warm_also": [
+            {
+                "env": o["env"],
+                "ready_s": o["ready_s"],
+                "breakdown_s": o.get("breakdown_s"),
+                "tokens_identical_to_warm": (o.get("generate") or {}).get("tokens") == warm_tokens,
+            }
+            for o in doc.get("serve_warm_also", [])
+        ],
+        "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
+        "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),
+        "hashed_env_note": [
+            n
+            for n in doc.get("check_hashed_env_changed", {}).get("verdict", {}).get("notes", [])
+            if "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n
+        ],
+        "unhashed_env_notes": doc.get("check_unhashed_env_changed", {}).get("verdict", {}).get("notes"),
+        "shape_note": [
+            n for n in doc.get("check_shape_changed", {}).get("verdict", {}).get("notes", []) if "2048" in n
+        ],
+        "failed": doc.get("failed"),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--context", type=Path, action="append", required=True, help="one per model, run in order"
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--deadline", type=float, default=520.0, help="seconds for the whole run")
+    ap.add_argument(
+        "--also-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="for the first model: one more baked start after the first, with this variable set (A/B of a launch default)",
+    )
+    ap.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="MODEL=RATIO",
+        help="the cold/warm launch->/health ratio a model must reach (reported, not enforced)",
+    )
+    ap.add_argument(
+        "--serve-args",
+        help="the user arguments of every start, one string (default: USER_ARGS, made for the GPU)",
+    )
+    ap.add_argument(
+        "--importtime",
+        action="store_true",
+        help="for the first model: python -X importtime of each start's imports",
+    )
+    a = ap.parse_args()
+    if a.serve_args is not None:
+        USER_ARGS[:] = shlex.split(a.serve_args)
+    started = time.monotonic()
+    targets = {m: float(r) for m, r in (t.split("=", 1) for t in a.target)}
+    result: dict[str, Any] = {
+        "bench": "vllm_image_flow",
+        "command": "PYTHONPATH=/tmp/site python3 bench/vllm_image_flow.py "
+        + " ".join(f"--context {c}" for c in a.context)
+        + "".join(f" --also-env {e}" for e in a.also_env)
+        + "".join(f" --target {t}" for t in a.target)
+        + (" --importtime" if a.importtime else "")
+        + f" --deadline {a.deadline:g} --out $OUT",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "method": "each model in turn: the rendered stages (compile alone), then a cold start "
+        "(KERNELBAKE_CACHE=off) and a baked start of the final stage, each alone on the machine",
+        "models": {},
+    }
+    out_json = a.out / "vllm-image-flow.json"
+    for i, context in enumerate(a.context):
+        name = context.resolve().parent.name.removesuffix("-h200")
+        doc = flow(context.resolve(), a.out / name, started, a, first=i == 0)
+        result["models"][name] = doc
+        result["summary"] = {
+            m: {
+                "ready_cold_s": d["summary"]["ready_cold_s"],
+                "ready_warm_s": d["summary"]["ready_warm_s"],
+                "speedup_ready": d["summary"]["speedup_ready"],
+                "target": targets.get(m),
+                "met": (d["summary"]["speedup_ready"] or 0) >= targets[m] if m in targets else None,
+                "tokens_identical": d["summary"]["tokens_identical"],
+                "files_added_at_warm_start": d["summary"]["files_added_at_warm_start"],
+            }
+            for m, d in result["models"].items()
         }
-        (a.out / "vllm-image-flow.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        print(json.dumps(doc["summary"], indent=1, default=str))
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        # Written after each model: a run cut short keeps what it measured.
+        out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(json.dumps(result["summary"], indent=1, default=str))
     return 0
 
 

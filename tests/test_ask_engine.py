@@ -260,7 +260,8 @@ def test_serve_holds_the_gate_then_checks_the_prediction_against_the_settled_ver
     assert main(["serve", "--api-key", SECRET]) == 0
     out = capfd.readouterr()
     assert "engine: held at gate True" in out.err
-    assert "verifying the sha256 of 3 files while the engine starts" in out.err
+    assert "baked caches found (3 files, key sha256:" in out.err
+    assert "checking this machine and the sha256 of every file while the engine starts" in out.err
     assert "prediction wrong: predicted hit, vLLM compiled (1 new files in inductor)" in out.err
     doc = json.loads(status.read_text())
     # The status holds the verdict the gate was opened with, not the one still hashing.

@@ -75,3 +75,119 @@ def test_the_harness_moves_the_bundle_like_the_cache_layers(tmp_path: Path) -> N
     assert sorted(p.name for p in root.iterdir()) == sorted(
         [k.value for k in VLLM.cache_kinds] + ["manifest.json"]
     )
+
+
+def test_the_breakdown_splits_a_start_at_its_marks_in_order() -> None:
+    flow = _flow()
+    timeline = {
+        "kernelbake_first_line": 0.2,
+        "preflight_done": 1.9,
+        "api_server_first_line": 9.0,
+        "engine_core_first_line": 9.1,
+        "model_loaded": 12.5,
+        "torch_compile_done": 15.0,
+        "graphs_captured": 19.5,
+        "engine_init_done": 20.0,
+        "api_server_listening": 20.3,
+        "health_ok": 20.4,
+    }
+    parts = flow.breakdown(timeline)
+    assert [p["segment"] for p in parts] == [name for name, *_ in flow.BREAKDOWN]
+    # The segments tile launch..health: the preflight, which runs alongside, is not one of them.
+    assert round(sum(p["s"] for p in parts), 2) == 20.4
+    assert parts[1] == {
+        "segment": "vllm_api_server_imports",
+        "s": 8.8,
+        "what": "vllm serve: imports, plugins, argument parsing",
+    }
+    # A start that never got so far has the segments it reached.
+    assert [p["segment"] for p in flow.breakdown({"kernelbake_first_line": 0.2, "health_ok": None})] == [
+        "kernelbake_start"
+    ]
+
+
+def test_the_marks_match_the_lines_they_stand_for() -> None:
+    """Each mark is the text of a line vLLM 0.26 or kernelbake prints (from the H200 logs)."""
+    flow = _flow()
+    lines = {
+        "kernelbake_first_line": "kernelbake serve: baked caches found (376 files, key sha256:ab): checking",
+        "preflight_done": "kernelbake serve: preflight took 1.6 s, while the engine started",
+        "api_server_first_line": "(APIServer pid=1603) INFO 12-01 09:13:49 [api_utils.py:345] ",
+        "engine_prediction": "kernelbake: prediction from vLLM's own cache keys: HIT",
+        "engine_core_first_line": "(EngineCore pid=1667) INFO 12-01 09:13:49 [core.py:116] Initializing",
+        "model_loaded": "(EngineCore pid=1667) INFO [model_runner.py:305] Model loading took 1.65 GiB",
+        "torch_compile_done": "(EngineCore pid=1667) INFO [monitor.py:53] torch.compile took 3.44 s in total",
+        "graphs_captured": "(EngineCore pid=1667) INFO [model_runner.py:747] Graph capturing finished in 4 secs",
+        "engine_init_done": "(EngineCore pid=1667) INFO [core.py:340] init engine (profile, create kv cache, "
+        "warmup model) took 9.14 s",
+        "api_server_listening": "(APIServer pid=1603) INFO [api_server.py:677] Starting vLLM server on http://",
+        "forced_spawn": "WARNING We must use the `spawn` multiprocessing start method. Overriding",
+    }
+    assert set(lines) == set(flow.MARKS)
+    for mark, line in lines.items():
+        assert flow.MARKS[mark] in line, mark
+    # The prediction line is the plugin's (kernelbake.runtime.prediction), not the supervisor's.
+    assert not lines["engine_prediction"].startswith(flow.MARKS["kernelbake_first_line"])
+
+
+def test_the_compile_hash_directory_is_read_from_vllms_lines() -> None:
+    flow = _flow()
+    build = (
+        "INFO 12-01 09:11:19 [backends.py:1094] Using cache directory: "
+        "/opt/kernelbake/cache/vllm/torch_compile_cache/cbcbf99e31/rank_0_0/backbone for vLLM's torch.compile"
+    )
+    serve = (
+        "(EngineCore pid=1667) INFO 12-01 09:13:56 [decorators.py:311] Directly load AOT compilation from "
+        "path /opt/kernelbake/cache/vllm/torch_compile_cache/torch_aot_compile/a3b0e6d9/rank_0_0/model"
+    )
+    assert flow.CACHE_DIR.findall(build + "\n" + serve) == [
+        "/opt/kernelbake/cache/vllm/torch_compile_cache/cbcbf99e31",
+        "/opt/kernelbake/cache/vllm/torch_compile_cache/torch_aot_compile/a3b0e6d9",
+    ]
+
+
+def test_importtime_rows_keep_self_time_and_depth() -> None:
+    flow = _flow()
+    stderr = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       120 |        120 |     _io\n"
+        "import time:      2000 |       2300 |   vllm.env_override\n"
+        "import time:       293 |    3060782 | vllm.entrypoints.cli.main\n"
+        "not an import line\n"
+    )
+    assert flow._importtime_rows(stderr) == [
+        (120, 120, 2, "_io"),
+        (2000, 2300, 1, "vllm.env_override"),
+        (293, 3060782, 0, "vllm.entrypoints.cli.main"),
+    ]
+
+
+def test_the_summary_compares_cold_with_warm_and_the_tokens() -> None:
+    flow = _flow()
+    doc = {
+        "compile_wall_s": 150.0,
+        "compile_cache_dirs": ["/c/torch_compile_cache/aa"],
+        "serve_cold": {"ready_s": 160.0, "kernelbake_lines": []},
+        "serve_warm": {
+            "ready_s": 25.0,
+            "files_added_to_cache_root": [],
+            "compile_cache_dirs": ["/c/torch_compile_cache/aa"],
+            "kernelbake_lines": ["kernelbake serve: preflight took 1.6 s, while the engine started"],
+        },
+        "cold_generate": {"tokens": [1, 2]},
+        "warm_generate": {"tokens": [1, 2]},
+        "serve_warm_also": [
+            {"env": "X=1", "ready_s": 30.0, "generate": {"tokens": [1, 3]}, "compile_cache_dirs": ["/c/x"]}
+        ],
+    }
+    s = flow.summary(doc)
+    assert s["speedup_ready"] == 6.4 and s["tokens_identical"] is True
+    assert s["preflight_warm"] == ["kernelbake serve: preflight took 1.6 s, while the engine started"]
+    assert s["compile_cache_dirs"] == {
+        "build": ["/c/torch_compile_cache/aa"],
+        "warm": ["/c/torch_compile_cache/aa"],
+        "warm X=1": ["/c/x"],
+    }
+    assert s["warm_also"][0]["tokens_identical_to_warm"] is False
+    doc["warm_generate"] = {"tokens": [9]}
+    assert flow.summary(doc)["tokens_identical"] is False

@@ -246,51 +246,74 @@ def test_missing_resized_or_unreadable_files_start_cold(tmp_path: Path, target: 
     assert not v.warm and "cannot read cache manifest" in v.problems[0]
 
 
-class _HeldHashing:
-    """Holds every sha256 until released, as a large bundle on a slow disk would."""
+class _Probed(FakeEngine):
+    """Counts its probes: speculation must not import the engine's libraries."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.release = threading.Event()
-        real = integrity._digest_problem
+    probes = 0
 
-        def held(root: Path, entry: FileEntry) -> str | None:
-            assert self.release.wait(30), "never released"
-            return real(root, entry)
-
-        monkeypatch.setattr(integrity, "_digest_problem", held)
+    def probe(self) -> Platform:
+        type(self).probes += 1
+        return super().probe()
 
 
-def test_serve_gets_a_pending_verdict_and_settles_it(
+def test_speculation_is_the_warm_verdicts_environment_without_a_probe_or_a_hash(
     tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _baked(tmp_path, target)
-    held = _HeldHashing(monkeypatch)
-    engine = FakeEngine(platform_for(target.key))
-    v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
-    assert v.pending is not None and not v.warm and v.cache_root == root
-    assert "verifying the sha256 of 2 files while the engine starts" in v.lines()[0]
-    held.release.set()
-    settled = pf.settle(v, _env(tmp_path), engine)
-    assert settled.warm and settled.pending is None and settled.cache_root == root
-    assert "2 files, sha256 of every file checked in" in settled.lines()[0]
+    engine = _Probed(platform_for(target.key))
+    hashed: list[str] = []
+    real = integrity._digest_problem
 
+    def digest(r: Path, e: FileEntry) -> str | None:
+        hashed.append(e.path)
+        return real(r, e)
 
-def test_a_pending_verdict_settles_cold_on_a_flipped_byte(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = _baked(tmp_path, target)
-    recorded, found = _flip_one_byte(root / "inductor" / "g1" / "graph.bin")
-    held = _HeldHashing(monkeypatch)
-    engine = FakeEngine(platform_for(target.key))
-    v = pf.preflight(_env(tmp_path), engine=engine, wait=False)
-    assert v.pending is not None and v.cache_root == root
-    held.release.set()
-    settled = pf.settle(v, _env(tmp_path), engine)
-    assert not settled.warm and settled.cache_root != root
-    assert settled.problems == (
-        f"cache integrity: inductor/g1/graph.bin: sha256 {found} but the manifest records {recorded}",
+    monkeypatch.setattr(integrity, "_digest_problem", digest)
+    guess = pf.speculate(_env(tmp_path), engine)
+    assert guess is not None and _Probed.probes == 0 and hashed == []
+    assert guess.cache_root == root and guess.manifest_files == 2
+    v = pf.preflight(_env(tmp_path), engine=engine)
+    assert (
+        v.warm
+        and _Probed.probes == 1
+        and sorted(hashed) == ["inductor/g0/graph.bin", "inductor/g1/graph.bin"]
     )
-    assert settled.env["FAKE_CACHE_DIR"] == str(settled.cache_root / "inductor")
+    # serve opens the gate only on this equality.
+    assert (v.cache_root, v.env) == (guess.cache_root, guess.env)
+
+
+def test_speculation_is_not_made_where_the_start_cannot_be_warm_in_place(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _baked(tmp_path, target)
+    engine = FakeEngine(platform_for(target.key))
+    assert pf.speculate(_env(tmp_path, KERNELBAKE_CACHE="off"), engine) is None
+    real = pf._usable
+    with monkeypatch.context() as m:
+        m.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
+        assert pf.speculate(_env(tmp_path), engine) is None
+    doc = json.loads((root / "manifest.json").read_text())
+    (root / "manifest.json").write_text(
+        json.dumps({**doc, "key": str(target.key.replace(max_model_len=4096))})
+    )
+    assert pf.speculate(_env(tmp_path), engine) is None
+    (root / "manifest.json").write_text("{")
+    assert pf.speculate(_env(tmp_path), engine) is None
+    # An unreadable target is the preflight's to report, with its file and line.
+    assert pf.speculate(_env(tmp_path, KERNELBAKE_TARGET=str(tmp_path / "missing.json")), engine) is None
+
+
+def test_speculation_goes_ahead_of_a_platform_the_preflight_then_refuses(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    """The probe is what the speculation skips: a machine the key does not fit is found by the
+    preflight, which then starts cold somewhere else, and serve closes the gate."""
+    root = _baked(tmp_path, target)
+    engine = FakeEngine(platform_for(target.key, arch="sm_80", device="NVIDIA A100-SXM4-80GB"))
+    guess = pf.speculate(_env(tmp_path), engine)
+    assert guess is not None and guess.cache_root == root
+    v = pf.preflight(_env(tmp_path), engine=engine)
+    assert not v.warm and v.cache_root != root and v.env != guess.env
 
 
 def test_preflight_waits_for_the_hashes_when_the_caches_must_be_copied(
@@ -300,8 +323,8 @@ def test_preflight_waits_for_the_hashes_when_the_caches_must_be_copied(
     _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
     real = pf._usable
     monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
-    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)), wait=False)
-    assert v.pending is None and not v.warm and "sha256" in v.problems[0]
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
+    assert not v.warm and "sha256" in v.problems[0]
     assert list(v.cache_root.rglob("*.bin")) == []
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.contract.manifest import FileEntry
+from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.plan import plan
 from kernelbake.render import target_config
@@ -182,9 +183,24 @@ _GATED_ENGINE = textwrap.dedent(
 
 class _GatedEngine(FakeEngine):
     gated = True
+    # Set by _serve_setup: the probe answers only once the engine waits at its gate, as
+    # torch's import would take seconds while the engine imports its own.
+    at_gate: Path | None = None
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [sys.executable, "-c", _GATED_ENGINE]
+
+    def probe(self) -> Platform:
+        if self.gated and self.at_gate is not None:
+            _wait_for(self.at_gate)
+        return super().probe()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "the engine never reached its gate"
+        time.sleep(0.01)
 
 
 def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
@@ -201,6 +217,7 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     }
     engine = _GatedEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
+    engine.at_gate = at_gate
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
@@ -208,17 +225,14 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     real = integrity._digest_problem
 
     def after_the_engine_reached_its_gate(root: Path, entry: FileEntry) -> str | None:
-        deadline = time.monotonic() + 30
-        while not at_gate.exists():
-            assert time.monotonic() < deadline, "the engine never reached its gate"
-            time.sleep(0.01)
+        _wait_for(at_gate)
         return real(root, entry)
 
     monkeypatch.setattr(integrity, "_digest_problem", after_the_engine_reached_its_gate)
     return Path(config.cache_root), at_gate
 
 
-def test_serve_starts_the_engine_while_hashing_and_opens_its_gate(
+def test_serve_starts_the_engine_while_probing_and_hashing_and_opens_its_gate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     root, at_gate = _serve_setup(tmp_path, monkeypatch)
@@ -226,11 +240,41 @@ def test_serve_starts_the_engine_while_hashing_and_opens_its_gate(
     assert main(["serve"]) == 0
     out, err = capfd.readouterr()
     assert at_gate.exists()
-    assert "verifying the sha256 of 2 files while the engine starts" in err
+    lines = err.splitlines()
+    assert lines[0].startswith("kernelbake serve: baked caches found (2 files, key sha256:")
+    assert lines[0].endswith(
+        "checking this machine and the sha256 of every file while the engine starts; "
+        "it waits before opening any cache"
+    )
     assert (
         "kernelbake serve: baked caches valid (exact match): 2 files, sha256 of every file checked in" in err
     )
+    assert re.search(r"kernelbake serve: preflight took \d+\.\d s, while the engine started", err)
     assert out.splitlines() == [f"engine: opened {root / 'inductor'}: 2 files"]
+
+
+def test_serve_on_a_machine_the_key_does_not_fit_stops_the_engine_at_its_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The speculative start skips the probe; the probe, answering while the engine waits,
+    finds another GPU, so the gate closes and the engine starts again cold."""
+    _, at_gate = _serve_setup(tmp_path, monkeypatch)
+    key = TargetConfig.load(tmp_path / "target.json").key
+    engine = _GatedEngine(platform_for(key, arch="sm_80", device="NVIDIA A100-SXM4-80GB"))
+    engine.at_gate = at_gate
+    monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
+    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    _no_exec(monkeypatch)
+    capfd.readouterr()
+    with pytest.raises(_Exec) as restarted:
+        main(["serve"])
+    out, err = capfd.readouterr()
+    assert at_gate.exists()
+    assert out.startswith("engine: the baked caches failed verification (arch: baked 'x86_64', found 'sm_80'")
+    assert "starting it again as preflight says" in err and "Traceback" not in err
+    env = restarted.value.args[1]
+    assert "KERNELBAKE_CACHE_GATE" not in env
+    assert env["FAKE_CACHE_DIR"].startswith(str(tmp_path / "scratch" / "kernelbake-cold-"))
 
 
 class _Exec(Exception):
@@ -270,7 +314,7 @@ def test_serve_with_a_flipped_byte_stops_the_engine_at_its_gate_and_starts_it_co
         r"sha256 [0-9a-f]{64} but the manifest records [0-9a-f]{64}",
         reason,
     )
-    assert "starting it again, cold" in err and "Traceback" not in err
+    assert "starting it again as preflight says" in err and "Traceback" not in err
     # Then serve starts it again, ungated, on a fresh directory.
     argv, env = restarted.value.args
     assert "KERNELBAKE_CACHE_GATE" not in env

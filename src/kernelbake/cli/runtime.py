@@ -20,8 +20,9 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.gate import GATE_CLOSED_EXIT, Gate
 
 if TYPE_CHECKING:
+    from kernelbake.contract.target import TargetConfig
     from kernelbake.runtime.engines import EngineRuntime
-    from kernelbake.runtime.preflight import Verdict
+    from kernelbake.runtime.preflight import Speculation, Verdict
     from kernelbake.runtime.redact import Redactor
 
 
@@ -48,76 +49,108 @@ def _say(lines: list[str]) -> None:
 
 def _launch(
     engine: EngineRuntime,
-    verdict: Verdict,
+    target: TargetConfig,
+    cache_root: Path,
+    engine_env: dict[str, str],
     user_args: list[str],
     gate_env: dict[str, str],
     *,
     redact: Redactor,
     status_file: Path | None,
-    current: Callable[[], Verdict],
+    current: Callable[[], Verdict | None],
 ) -> int:
-    """Start the engine for ``verdict``. ``current`` is the verdict the status file records
-    when the engine reports (the settled one, once the gate has been decided)."""
-    argv = engine.serve_argv(verdict.target, user_args)
-    watch = engine.serve_watcher(verdict.cache_root)
+    """Start the engine on the caches at ``cache_root``. ``current`` is the verdict the status
+    file records when the engine reports (the preflight's, once it has answered)."""
+    argv = engine.serve_argv(target, user_args)
+    watch = engine.serve_watcher(cache_root)
     if watch is None and not gate_env:
         _say([f"exec {' '.join(redact.argv(argv))}"])
-        os.execvpe(argv[0], argv, verdict.env)
+        os.execvpe(argv[0], argv, engine_env)
 
     def report(line: str) -> None:
         if watch is not None and (message := watch(line)):
             _say([redact(message)])
-            _write_status(status_file, current(), watch, redact)
+            if (verdict := current()) is not None:
+                _write_status(status_file, verdict, watch, redact)
 
     # Supervised rather than exec'd, to read the engine's own word on the caches, or to
     # answer at its cache gate. The engine's output is forwarded with secret values replaced
     # (vLLM echoes its arguments).
     return run(
         argv,
-        env={**verdict.env, **gate_env},
+        env={**engine_env, **gate_env},
         on_line=report if watch else None,
         forward_signals=True,
         redact=redact,
     ).returncode
 
 
-def _gated(
+def _start(
+    engine: EngineRuntime, verdict: Verdict, env: RuntimeEnv, user_args: list[str], redact: Redactor
+) -> int:
+    return _launch(
+        engine,
+        verdict.target,
+        verdict.cache_root,
+        verdict.env,
+        user_args,
+        {},
+        redact=redact,
+        status_file=env.status_file,
+        current=lambda: verdict,
+    )
+
+
+def _fits(verdict: Verdict, guess: Speculation) -> bool:
+    return verdict.warm and verdict.cache_root == guess.cache_root and verdict.env == guess.env
+
+
+def _overlapped(
     engine: EngineRuntime,
-    verdict: Verdict,
+    guess: Speculation,
     env: RuntimeEnv,
     gate: Gate,
     user_args: list[str],
     redact: Redactor,
+    started: float,
 ) -> int:
-    """The engine starts now and holds at its cache gate; the hashing finishes meanwhile.
-    A mismatch closes the gate, the engine stops there without having opened a cache, and
-    it starts again on a fresh directory."""
-    from kernelbake.runtime.preflight import settle
+    """The engine starts now, on the baked caches, and holds at its cache gate; the preflight
+    (the probe, which imports the engine's libraries, and the sha256 of every file) runs
+    meanwhile. The gate opens only on a warm verdict for this very environment; otherwise
+    the engine stops there without having opened a cache, and starts again as the preflight
+    says (cold, on a fresh directory)."""
+    from kernelbake.runtime.preflight import preflight
 
     final: list[Verdict] = []
     failure: list[BaseException] = []
 
     def decide() -> None:
         try:
-            final.append(settle(verdict, env, engine))
+            final.append(preflight(env, user_args, engine=engine))
         except BaseException as exc:
             failure.append(exc)
-        if final and final[0].warm:
+        verdict = final[0] if final else None
+        if verdict is not None and _fits(verdict, guess):
             gate.open()
-            _say([redact(x) for x in final[0].lines()[:1]])
+        elif verdict is not None and verdict.warm:
+            gate.close(["the preflight chose other caches or another environment than the engine has"])
         else:
-            gate.close(final[0].problems if final else [f"verification failed: {failure[0]}"])
-            if final:
-                _say([redact(x) for x in final[0].lines()])
+            gate.close(verdict.problems if verdict else [f"the preflight failed: {failure[0]}"])
+        if verdict is not None:
+            _say([redact(x) for x in verdict.lines()])
+            _say([f"preflight took {time.monotonic() - started:.1f} s, while the engine started"])
 
-    def current() -> Verdict:
-        return final[0] if final else verdict
+    def current() -> Verdict | None:
+        decider.join()
+        return final[0] if final else None
 
-    decider = threading.Thread(target=decide, name="kernelbake-verdict", daemon=True)
+    decider = threading.Thread(target=decide, name="kernelbake-preflight", daemon=True)
     decider.start()
     rc = _launch(
         engine,
-        verdict,
+        guess.target,
+        guess.cache_root,
+        guess.env,
         user_args,
         gate.env(),
         redact=redact,
@@ -127,40 +160,42 @@ def _gated(
     decider.join()
     if failure:
         raise failure[0]
-    if final[0].warm or rc != GATE_CLOSED_EXIT:
+    verdict = final[0]
+    if _fits(verdict, guess) or rc != GATE_CLOSED_EXIT:
         return rc
-    _say(["the engine stopped at its cache gate before opening any cache; starting it again, cold"])
-    cold = final[0]
-    return _launch(
-        engine, cold, user_args, {}, redact=redact, status_file=env.status_file, current=lambda: cold
+    _say(
+        ["the engine stopped at its cache gate before opening any cache; starting it again as preflight says"]
     )
+    return _start(engine, verdict, env, user_args, redact)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.runtime.engines import get_engine
-    from kernelbake.runtime.preflight import preflight, settle
+    from kernelbake.runtime.preflight import preflight, speculate
     from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
     user_args = list(args.engine_args)
     redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
-    # Hashing runs in threads from here on; it need not finish before the engine starts,
-    # only before the engine opens a cache, which the engine's cache gate makes it wait for.
-    verdict = preflight(env, user_args, wait=False)
+    guess = speculate(env)
+    if guess is not None:
+        engine = get_engine(guess.target.key.engine)
+        gate = Gate.create(env.scratch) if engine.holds_at_gate(guess.env) else None
+        if gate is not None:
+            _say(
+                [
+                    f"baked caches found ({guess.manifest_files} files, key {guess.target.key.digest}): "
+                    "checking this machine and the sha256 of every file while the engine starts; "
+                    "it waits before opening any cache"
+                ]
+            )
+            return _overlapped(engine, guess, env, gate, user_args, redact, started)
+    verdict = preflight(env, user_args)
     engine = get_engine(verdict.target.key.engine)
-    gate = None
-    if verdict.pending is not None:
-        gate = Gate.create(env.scratch) if engine.holds_at_gate(verdict.env) else None
-        if gate is None:
-            verdict = settle(verdict, env, engine)
     # Preflight sits on every replica's start path; its cost should be on record.
     _say([redact(x) for x in [*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"]])
-    if gate is not None:
-        return _gated(engine, verdict, env, gate, user_args, redact)
-    return _launch(
-        engine, verdict, user_args, {}, redact=redact, status_file=env.status_file, current=lambda: verdict
-    )
+    return _start(engine, verdict, env, user_args, redact)
 
 
 def _write_status(

@@ -31,7 +31,7 @@ from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
-from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
@@ -62,9 +62,6 @@ class Verdict:
     cache_root: Path
     env: dict[str, str]
     verify: VerifyMode = VerifyMode.SHA256
-    # Hashing still under way (``preflight(wait=False)``): the caches may be used only behind
-    # the cache gate, once ``settle`` says so.
-    pending: Check | None = dataclasses.field(default=None, compare=False)
     # How the files were checked, once they were ("3 files, sha256 of every file checked in 0.01 s").
     integrity: str = ""
     # Per cache kind: the engine's own verdict (``kernelbake check``, or vLLM's plugin at
@@ -74,7 +71,7 @@ class Verdict:
     @property
     def warm(self) -> bool:
         """The baked caches are used (some may still miss: see ``predicted_hit``)."""
-        return not self.problems and self.pending is None
+        return not self.problems
 
     @property
     def predicted_hit(self) -> bool:
@@ -98,12 +95,7 @@ class Verdict:
         }
 
     def lines(self) -> list[str]:
-        if self.pending is not None:
-            head = [
-                f"baked caches match ({self.match.summary()}): verifying the sha256 of {self.manifest_files} "
-                "files while the engine starts; it waits before opening any cache"
-            ]
-        elif self.warm:
+        if self.warm:
             head = [
                 f"baked caches valid ({self.match.summary()}): {self.integrity}, "
                 f"engine caches at {self.cache_root}"
@@ -233,16 +225,71 @@ def _device_only(match: Match, identity: dict[str, Any] | None) -> Reason | None
     return blocking[0]
 
 
+def _warm_env(
+    env: RuntimeEnv,
+    target: TargetConfig,
+    engine: EngineRuntime,
+    root: Path,
+    baked: Path,
+    identity: dict[str, Any] | None,
+) -> dict[str, str]:
+    """The engine's environment for a warm start on the caches at ``root`` (the baked ones, or
+    a writable copy); where the build recorded the engine's identity, the engine is also
+    pointed at the baked manifest to state its own prediction."""
+    run_env = _engine_env(env, target, engine, root)
+    if identity is not None:
+        run_env.update(engine.prediction_env(baked))
+    return run_env
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """How ``serve`` starts the engine before the preflight has answered: on the baked
+    caches in place, behind the cache gate, which opens only if ``preflight`` (run
+    meanwhile) ends warm with this very environment."""
+
+    target: TargetConfig
+    cache_root: Path
+    env: dict[str, str]
+    manifest_files: int
+
+
+def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculation | None:
+    """The warm start, from what is known without importing the engine's libraries or
+    hashing a file: the probe (torch and CUDA take seconds to load) and the sha256 check then
+    run alongside the engine's own imports instead of before them. ``None`` where the start
+    cannot be warm in place anyway (caches off, a foreign or unreadable manifest, ranks
+    missing, a read-only root): ``serve`` then runs the preflight first, as before."""
+    if env.cache is CacheMode.OFF:
+        return None
+    try:
+        target = TargetConfig.load(env.target_file)
+        baked = Path(target.cache_root)
+        manifest = read_manifest(baked)
+    except KernelbakeError:
+        # The preflight says what is wrong with the input, in order.
+        return None
+    if manifest.key != target.key or _rank_problems(manifest, target):
+        return None
+    engine = engine or get_engine(target.key.engine)
+    if not _usable([baked, *(kind_dir(baked, k) for k in engine.declaration.cache_kinds)]):
+        return None
+    return Speculation(
+        target=target,
+        cache_root=baked,
+        env=_warm_env(env, target, engine, baked, baked, _identity(manifest)),
+        manifest_files=len(manifest.files),
+    )
+
+
 def preflight(
     env: RuntimeEnv,
     user_args: Sequence[str] = (),
     *,
     engine: EngineRuntime | None = None,
-    wait: bool = True,
 ) -> Verdict:
-    """The verdict for this machine. With ``wait=False`` the sha256 check may still be
-    running when this returns (``Verdict.pending``): only ``serve`` asks for that, and it
-    lets the engine reach the baked caches only through the cache gate."""
+    """The verdict for this machine; waits for the sha256 check (``serve`` runs it in a
+    thread while the engine starts behind its cache gate: ``speculate``)."""
     target = TargetConfig.load(env.target_file)
     baked = Path(target.cache_root)
     # Hashing starts before the probe: the probe imports the engine's libraries (torch
@@ -284,12 +331,9 @@ def preflight(
     if pending is not None:
         if problems:
             pending.cancel()
-            pending = None
-        elif wait or not in_place or pending.done():
-            # A copy must be made of verified files, so the read-only case waits too.
+        else:
             problems += _integrity_problems(pending.result())
             summary = pending.summary()
-            pending = None
     if problems:
         root = _cold_root(env, baked, engine)
     elif in_place:
@@ -321,9 +365,10 @@ def preflight(
             else "the engine is asked by kernelbake check"
         )
         prediction = fallback(baked_kinds, changes, note=why)
-    run_env = _engine_env(env, target, engine, root)
-    if asks_engine and not problems:
-        run_env.update(engine.prediction_env(baked))
+    if problems:
+        run_env = _engine_env(env, target, engine, root)
+    else:
+        run_env = _warm_env(env, target, engine, root, baked, identity if asks_engine else None)
     return Verdict(
         target=target,
         platform=platform,
@@ -334,31 +379,8 @@ def preflight(
         cache_root=root,
         env=run_env,
         verify=env.verify,
-        pending=pending,
         integrity=summary,
         prediction=prediction,
-    )
-
-
-def settle(verdict: Verdict, env: RuntimeEnv, engine: EngineRuntime) -> Verdict:
-    """Wait for the sha256 check of a ``preflight(wait=False)`` verdict: the same verdict,
-    warm, or a cold one in a fresh directory naming each file that differs."""
-    if verdict.pending is None:
-        return verdict
-    bad = verdict.pending.result()
-    summary = verdict.pending.summary()
-    if not bad:
-        return dataclasses.replace(verdict, pending=None, integrity=summary)
-    root = _cold_root(env, verdict.cache_root, engine)
-    return dataclasses.replace(
-        verdict,
-        pending=None,
-        integrity=summary,
-        problems=tuple(_integrity_problems(bad)),
-        cache_root=root,
-        env=_engine_env(env, verdict.target, engine, root),
-        # Cold: no cache is used, so there is nothing left to predict.
-        prediction=None,
     )
 
 
