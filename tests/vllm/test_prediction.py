@@ -370,3 +370,51 @@ def test_with_aot_compile_off_a_hashed_flag_misses_inductors_cache_not_vllms(cpu
     assert p.kind("vllm").outcome is Outcome.HIT  # type: ignore[union-attr]
     assert "model_config.max_logprobs" in _changes(p, "inductor")
     assert predict(baked, {**cpu["baseline"], "graphs": "inductor"}, KINDS).hit
+
+
+# -- the serve-time prediction runs beside the engine core's start ---------------------------
+
+_DETACHED = r"""
+import os, sys, time
+from kernelbake.runtime.engines.vllm import predict
+
+def work():
+    time.sleep(float(sys.argv[1]))
+    if sys.argv[2] == "raise":
+        raise SystemExit("the copy must not return into the caller")
+    return "kernelbake: from the copy\n" + "x" * 10000 + "\n"
+
+t0 = time.monotonic()
+sys.stdout.write("buffered before the fork ")
+predict._detached(work)
+print(f"caller back after {time.monotonic() - t0:.2f} s", flush=True)
+try:
+    os.waitpid(-1, os.WNOHANG)
+    print("caller has a child left")
+except ChildProcessError:
+    print("caller has no child left")
+time.sleep(float(sys.argv[1]) + 1.5)
+"""
+
+
+@pytest.mark.parametrize("ends", ["return", "raise"])
+def test_the_prediction_is_stated_by_a_detached_copy_while_the_caller_goes_on(ends: str) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", _DETACHED, "1.0", ends], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    # The caller did not wait for the work, and keeps no child (no zombie in vLLM's server).
+    assert out[0].startswith("buffered before the fork caller back after 0.")
+    assert out[1:] == ["caller has no child left"]
+    # What was buffered before the fork is written once, by the caller alone.
+    assert res.stdout.count("buffered before the fork") == 1
+    if ends == "return":
+        # One write, whole, though over PIPE_BUF: the line after it is intact.
+        assert res.stderr == "kernelbake: from the copy\n" + "x" * 10000 + "\n"
+    else:
+        # The copy never returns into the caller's code: no second "caller back" line.
+        assert res.stderr == "" and res.stdout.count("caller back") == 1

@@ -286,8 +286,11 @@ def graphs_store() -> str:
     return "vllm" if envs.VLLM_USE_AOT_COMPILE else "inductor"
 
 
-def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
-    """Everything vLLM and its libraries key their caches on, for this config and process."""
+def identity(
+    vllm_config: Any, cache_env: Mapping[str, str], *, device_in_place: bool = False
+) -> dict[str, Any]:
+    """Everything vLLM and its libraries key their caches on, for this config and process.
+    ``device_in_place``: this process is a throwaway one, free to initialise CUDA itself."""
     from vllm import __version__
 
     doc: dict[str, Any] = {
@@ -299,7 +302,7 @@ def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
         "graphs": graphs_store(),
     }
-    doc.update(_device_side(vllm_config))
+    doc.update(_compiler_and_libraries(vllm_config) if device_in_place else _device_side(vllm_config))
     return doc
 
 

@@ -15,10 +15,11 @@ Imports vLLM; only runs where vLLM is installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,11 @@ def baked_identity(manifest: Path) -> tuple[dict[str, Any] | None, set[str]]:
     return (found if isinstance(found, dict) else None), kinds
 
 
-def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str, Any]:
+def now_identity(
+    vllm_config: Any, baked: Mapping[str, Any] | None, *, device_in_place: bool = False
+) -> dict[str, Any]:
     cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
-    doc = ident.identity(vllm_config, cache_env)
+    doc = ident.identity(vllm_config, cache_env, device_in_place=device_in_place)
     if baked is not None:
         doc["code_files"] = ident.code_digests(sorted(baked.get("code_files", {})))
         doc["ninja_paths_missing"] = [p for p in baked.get("ninja_paths", []) if not Path(p).exists()]
@@ -85,31 +88,67 @@ def finish_at_build(report: MutableMapping[str, Any]) -> None:
 # -- serve and check -------------------------------------------------------------------
 
 
-def _judge(config: Any, manifest: Path) -> Prediction:
+def _judge(config: Any, manifest: Path, *, device_in_place: bool = False) -> Prediction:
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
-    return predict(baked, now_identity(config, baked), kinds)
+    return predict(baked, now_identity(config, baked, device_in_place=device_in_place), kinds)
 
 
-def _print(prediction: Prediction) -> None:
-    for line in prediction.lines():
-        print(f"kernelbake: {line}", file=sys.stderr, flush=True)
-    print(MARK + json.dumps(prediction.to_json(), sort_keys=True), file=sys.stderr, flush=True)
+def _text(prediction: Prediction) -> str:
+    lines = [f"kernelbake: {line}" for line in prediction.lines()]
+    return "\n".join([*lines, MARK + json.dumps(prediction.to_json(), sort_keys=True)]) + "\n"
+
+
+def _verdict_text(config: Any, manifest: Path, *, device_in_place: bool) -> str:
+    try:
+        return _text(_judge(config, manifest, device_in_place=device_in_place))
+    except Exception as exc:  # a prediction must never stop the server
+        return f"kernelbake: no prediction: {type(exc).__name__}: {exc}\n"
+
+
+def _detached(work: Callable[[], str]) -> None:
+    """Runs ``work`` in a grandchild of this process and writes what it returns to stderr in
+    one write, then returns at once. vLLM's API server forks or spawns its engine core right
+    after building its config; computing the prediction there first (Inductor's and Triton's
+    source hashes, the device facts) held the engine core back by over a second on every warm
+    start. The grandchild is a copy of the server at this point, so it computes the same
+    identity; it may initialise CUDA (it only reads device properties, and is gone long
+    before the engine core measures free GPU memory), and it never returns into vLLM's code.
+    The intermediate child exits at once and is reaped here, so the server gains no zombie."""
+    if not hasattr(os, "fork"):
+        sys.stderr.write(work())
+        sys.stderr.flush()
+        return
+    # Output still buffered here would otherwise be written a second time by the copy.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:  # pragma: no cover - runs in the forked copies
+        if os.fork() == 0:
+            data = work().encode(errors="replace")
+            # One write: a pipe keeps it whole up to PIPE_BUF, and in practice beyond while
+            # the reader (kernelbake serve) keeps the pipe drained.
+            while data:
+                data = data[os.write(2, data) :]
+    finally:
+        os._exit(0)
 
 
 def serve_hook(manifest: Path) -> None:
-    """In vLLM's API server: the verdict, per kind, once vLLM built its config."""
+    """In vLLM's API server: the verdict, per kind, once vLLM built its config, stated by a
+    detached copy of the server so that the engine core starts meanwhile."""
     done: list[bool] = []
 
     def on_config(_engine_args: Any, config: Any) -> None:
         if done:
             return
         done.append(True)
-        try:
-            _print(_judge(config, manifest))
-        except Exception as exc:  # a prediction must never stop the server
-            print(f"kernelbake: no prediction: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        _detached(lambda: _verdict_text(config, manifest, device_in_place=True))
 
     ident.install_hook(on_config)
 
