@@ -240,7 +240,12 @@ BREAKDOWN = (
         "graphs_captured",
         "KV cache, warm-up, FlashInfer, CUDA graph capture",
     ),
-    ("engine_ready", "graphs_captured", "engine_init_done", "the rest of the engine's init"),
+    (
+        "engine_ready",
+        "graphs_captured",
+        "engine_init_done",
+        "sampler warm-up (cold: FlashInfer JIT-compiles its top-k/top-p kernels), rest of init",
+    ),
     ("api_server_ready", "engine_init_done", "api_server_listening", "API server builds its app"),
     ("health", "api_server_listening", "health_ok", "until /health answers 200 (polled every 0.1 s)"),
 )
@@ -580,20 +585,53 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         ],
         "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
         "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),
-        "hashed_env_note": [
-            n
-            for n in doc.get("check_hashed_env_changed", {}).get("verdict", {}).get("notes", [])
-            if "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n
-        ],
-        "unhashed_env_notes": doc.get("check_unhashed_env_changed", {}).get("verdict", {}).get("notes"),
-        "shape_note": [
-            n for n in doc.get("check_shape_changed", {}).get("verdict", {}).get("notes", []) if "2048" in n
-        ],
+        # vLLM's own verdict (kernelbake check) on a hashed variable, an unhashed one and a
+        # shape-changing flag: only the first and the last may predict a miss.
+        "checks": {
+            name: {
+                "rc": c.get("rc"),
+                "predicted": c.get("verdict", {}).get("predicted"),
+                "reasons": (c.get("verdict", {}).get("prediction") or {}).get("reasons"),
+                "notes": c.get("verdict", {}).get("notes"),
+            }
+            for name in (
+                "check",
+                "check_hashed_env_changed",
+                "check_unhashed_env_changed",
+                "check_shape_changed",
+            )
+            if (c := doc.get(name))
+        },
         "failed": doc.get("failed"),
     }
 
 
+def table(result: dict[str, Any]) -> str:
+    """The breakdown of each model's cold and baked start as a Markdown table (seconds)."""
+    starts = []
+    for model, doc in result["models"].items():
+        starts.append((f"{model}, cold", doc.get("serve_cold", {})))
+        starts.append((f"{model}, baked", doc.get("serve_warm", {})))
+        starts += [(f"{model}, baked, {o['env']}", o) for o in doc.get("serve_warm_also", [])]
+    head = "| segment | " + " | ".join(name for name, _ in starts) + " |"
+    rows = [head, "|---|" + "---:|" * len(starts)]
+    for name, *_ in BREAKDOWN:
+        cells = []
+        for _, start in starts:
+            found = [b["s"] for b in start.get("breakdown_s") or [] if b["segment"] == name]
+            cells.append(f"{found[0]:.2f}" if found else "")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    rows.append("| **launch → /health** | " + " | ".join(f"**{s.get('ready_s')}**" for _, s in starts) + " |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        # A committed run, summarised again by this version's summary() and table().
+        result = json.loads(Path(sys.argv[2]).read_text())
+        print(json.dumps({m: summary(d) for m, d in result["models"].items()}, indent=1, default=str))
+        print(table(result))
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--context", type=Path, action="append", required=True, help="one per model, run in order"
