@@ -32,6 +32,22 @@ if TYPE_CHECKING:
 
 LOAD_FORMAT = "kernelbake_meta"
 
+# What identity.py and the rank report ask of vLLM, the same in 0.26 and 0.32: its config
+# hashing, its compiler's factors, the config hook, the traced files, the parallel groups.
+IDENTITY_HOOKS: tuple[Hook, ...] = (
+    Hook("vllm.config.utils:hash_factors", ("items",)),
+    Hook("vllm.config.utils:normalize_value", ("x",)),
+    Hook("vllm.utils.hashing:safe_hash", ("data", "usedforsecurity")),
+    Hook("vllm.config:CompilationConfig"),
+    Hook("vllm.engine.arg_utils:EngineArgs.create_engine_config", ("self", "usage_context", "headless")),
+    Hook("vllm.compilation.backends:make_compiler", ("compilation_config",)),
+    Hook("vllm.compilation.backends:VllmBackend.__call__", ("self", "graph", "example_inputs")),
+    Hook("vllm.compilation.caching:aot_compile_hash_factors", ("vllm_config",)),
+    Hook("vllm.compilation.compiler_interface:get_inductor_factors", ()),
+    Hook("vllm.distributed:get_pp_group", ()),
+    Hook("vllm.distributed:get_tp_group", ()),
+)
+
 # Every vLLM object this module (and compile_only through it) calls or patches, with its
 # parameters in 0.26.0 (read from the release's source). CI checks the same list for each
 # release it can import (_v0_32.HOOKS, tests/integration/test_vllm_cpu_image.py).
@@ -66,6 +82,7 @@ HOOKS: tuple[Hook, ...] = (
         ("available_memory", "get_needed_memory", "max_model_len", "estimate_max_model_len"),
     ),
     Hook("vllm.v1.worker.gpu.model_runner:GPUModelRunner.profile_run", ("self",)),
+    *IDENTITY_HOOKS,
 )
 
 
