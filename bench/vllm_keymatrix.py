@@ -80,6 +80,10 @@ CASES: list[dict[str, Any]] = [
     {"name": "hashed-env-pp-layer-partition", "env": {"VLLM_PP_LAYER_PARTITION": "16"}, "args": []},
     {"name": "unhashed-env-log-stats-interval", "env": {"VLLM_LOG_STATS_INTERVAL": "30"}, "args": []},
     {"name": "unhashed-env-http-keepalive", "env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "9"}, "args": []},
+    # kernelbake serve forks the engine core (issue 14); vLLM's own default for `vllm serve`
+    # is spawn. Neither may change the compile hash.
+    {"name": "multiproc-spawn", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "args": []},
+    {"name": "multiproc-fork-explicit", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}, "args": []},
     {"name": "api-key-secret", "env": {"VLLM_API_KEY": SECRET}, "args": []},
     {"name": "api-key-flag-secret", "env": {}, "args": ["--api-key", SECRET]},
     {"name": "max-model-len-2048", "env": {}, "args": ["--max-model-len", "2048"]},
