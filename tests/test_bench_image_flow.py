@@ -191,3 +191,30 @@ def test_the_summary_compares_cold_with_warm_and_the_tokens() -> None:
     assert s["warm_also"][0]["tokens_identical_to_warm"] is False
     doc["warm_generate"] = {"tokens": [9]}
     assert flow.summary(doc)["tokens_identical"] is False
+    # vLLM's own verdict on each changed start, as check printed it.
+    doc["check_shape_changed"] = {
+        "rc": 6,
+        "verdict": {
+            "predicted": "miss",
+            "notes": [],
+            "prediction": {"reasons": ["vllm: model_config.max_model_len: 4096 → 2048"]},
+        },
+    }
+    assert flow.summary(doc)["checks"] == {
+        "check_shape_changed": {
+            "rc": 6,
+            "predicted": "miss",
+            "reasons": ["vllm: model_config.max_model_len: 4096 → 2048"],
+            "notes": [],
+        }
+    }
+
+
+def test_the_table_has_a_column_per_start_and_a_row_per_segment() -> None:
+    flow = _flow()
+    start = {"ready_s": 2.0, "breakdown_s": flow.breakdown({"kernelbake_first_line": 0.5, "health_ok": 2.0})}
+    text = flow.table({"models": {"m": {"serve_cold": start, "serve_warm": start, "serve_warm_also": []}}})
+    lines = text.splitlines()
+    assert lines[0] == "| segment | m, cold | m, baked |"
+    assert lines[2] == "| kernelbake_start | 0.50 | 0.50 |"
+    assert len(lines) == 2 + len(flow.BREAKDOWN) + 1 and lines[-1].endswith("**2.0** | **2.0** |")
