@@ -264,15 +264,10 @@ def test_serve_on_a_machine_the_key_does_not_fit_stops_the_engine_at_its_gate(
     engine.at_gate = at_gate
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
     monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
-    _no_exec(monkeypatch)
-    capfd.readouterr()
-    with pytest.raises(_Exec) as restarted:
-        main(["serve"])
-    out, err = capfd.readouterr()
+    (_argv, env), out, err = _serve_until_restarted(monkeypatch, capfd)
     assert at_gate.exists()
     assert out.startswith("engine: the baked caches failed verification (arch: baked 'x86_64', found 'sm_80'")
     assert "starting it again as preflight says" in err and "Traceback" not in err
-    env = restarted.value.args[1]
     assert "KERNELBAKE_CACHE_GATE" not in env
     assert env["FAKE_CACHE_DIR"].startswith(str(tmp_path / "scratch" / "kernelbake-cold-"))
 
@@ -288,6 +283,18 @@ def _no_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "execvpe", execvpe)
 
 
+def _serve_until_restarted(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> tuple[tuple[list[str], dict[str, str]], str, str]:
+    """``serve`` up to where it starts the engine again, ungated: (argv, env), stdout, stderr."""
+    _no_exec(monkeypatch)
+    capfd.readouterr()
+    with pytest.raises(_Exec) as restarted:
+        main(["serve"])
+    out, err = capfd.readouterr()
+    return restarted.value.args, out, err
+
+
 def test_serve_with_a_flipped_byte_stops_the_engine_at_its_gate_and_starts_it_cold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -296,11 +303,7 @@ def test_serve_with_a_flipped_byte_stops_the_engine_at_its_gate_and_starts_it_co
     data = bytearray(so.read_bytes())
     data[7] ^= 0x80
     so.write_bytes(bytes(data))
-    _no_exec(monkeypatch)
-    capfd.readouterr()
-    with pytest.raises(_Exec) as restarted:
-        main(["serve"])
-    out, err = capfd.readouterr()
+    (argv, env), out, err = _serve_until_restarted(monkeypatch, capfd)
     # The first start reached its gate while the hashes were computed, and stopped there.
     assert at_gate.exists()
     assert re.fullmatch(
@@ -316,7 +319,6 @@ def test_serve_with_a_flipped_byte_stops_the_engine_at_its_gate_and_starts_it_co
     )
     assert "starting it again as preflight says" in err and "Traceback" not in err
     # Then serve starts it again, ungated, on a fresh directory.
-    argv, env = restarted.value.args
     assert "KERNELBAKE_CACHE_GATE" not in env
     again = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     assert again.stdout.startswith(f"engine: opened {tmp_path / 'scratch'}/kernelbake-cold-")
