@@ -113,9 +113,11 @@ def _detached(work: Callable[[], str]) -> None:
     after building its config; computing the prediction there first (Inductor's and Triton's
     source hashes, the device facts) held the engine core back by over a second on every warm
     start. The grandchild is a copy of the server at this point, so it computes the same
-    identity; it may initialise CUDA (it only reads device properties, and is gone long
-    before the engine core measures free GPU memory), and it never returns into vLLM's code.
-    The intermediate child exits at once and is reaped here, so the server gains no zombie."""
+    identity. It initialises torch's CUDA state to read device properties, which creates no
+    CUDA context and so takes no GPU memory: the engine core, which snapshots free GPU memory
+    about a second after it starts, cannot see it come and go. It never returns into vLLM's
+    code. The intermediate child exits at once and is reaped here, so the server gains no
+    zombie."""
     if not hasattr(os, "fork"):
         sys.stderr.write(work())
         sys.stderr.flush()
