@@ -286,11 +286,8 @@ def graphs_store() -> str:
     return "vllm" if envs.VLLM_USE_AOT_COMPILE else "inductor"
 
 
-def identity(
-    vllm_config: Any, cache_env: Mapping[str, str], *, device_in_place: bool = False
-) -> dict[str, Any]:
-    """Everything vLLM and its libraries key their caches on, for this config and process.
-    ``device_in_place``: this process is a throwaway one, free to initialise CUDA itself."""
+def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
+    """Everything vLLM and its libraries key their caches on, for this config and process."""
     from vllm import __version__
 
     doc: dict[str, Any] = {
@@ -302,7 +299,7 @@ def identity(
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
         "graphs": graphs_store(),
     }
-    doc.update(_compiler_and_libraries(vllm_config) if device_in_place else _device_side(vllm_config))
+    doc.update(_device_side(vllm_config))
     return doc
 
 

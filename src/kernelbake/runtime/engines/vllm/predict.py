@@ -41,11 +41,9 @@ def baked_identity(manifest: Path) -> tuple[dict[str, Any] | None, set[str]]:
     return (found if isinstance(found, dict) else None), kinds
 
 
-def now_identity(
-    vllm_config: Any, baked: Mapping[str, Any] | None, *, device_in_place: bool = False
-) -> dict[str, Any]:
+def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str, Any]:
     cache_env = {k: os.environ[k] for k in _CACHE_VARS if k in os.environ}
-    doc = ident.identity(vllm_config, cache_env, device_in_place=device_in_place)
+    doc = ident.identity(vllm_config, cache_env)
     if baked is not None:
         doc["code_files"] = ident.code_digests(sorted(baked.get("code_files", {})))
         doc["ninja_paths_missing"] = [p for p in baked.get("ninja_paths", []) if not Path(p).exists()]
@@ -88,11 +86,11 @@ def finish_at_build(report: MutableMapping[str, Any]) -> None:
 # -- serve and check -------------------------------------------------------------------
 
 
-def _judge(config: Any, manifest: Path, *, device_in_place: bool = False) -> Prediction:
+def _judge(config: Any, manifest: Path) -> Prediction:
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
-    return predict(baked, now_identity(config, baked, device_in_place=device_in_place), kinds)
+    return predict(baked, now_identity(config, baked), kinds)
 
 
 def _text(prediction: Prediction) -> str:
@@ -100,9 +98,9 @@ def _text(prediction: Prediction) -> str:
     return "\n".join([*lines, MARK + json.dumps(prediction.to_json(), sort_keys=True)]) + "\n"
 
 
-def _verdict_text(config: Any, manifest: Path, *, device_in_place: bool) -> str:
+def _verdict_text(config: Any, manifest: Path) -> str:
     try:
-        return _text(_judge(config, manifest, device_in_place=device_in_place))
+        return _text(_judge(config, manifest))
     except Exception as exc:  # a prediction must never stop the server
         return f"kernelbake: no prediction: {type(exc).__name__}: {exc}\n"
 
@@ -113,11 +111,12 @@ def _detached(work: Callable[[], str]) -> None:
     after building its config; computing the prediction there first (Inductor's and Triton's
     source hashes, the device facts) held the engine core back by over a second on every warm
     start. The grandchild is a copy of the server at this point, so it computes the same
-    identity. It initialises torch's CUDA state to read device properties, which creates no
-    CUDA context and so takes no GPU memory: the engine core, which snapshots free GPU memory
-    about a second after it starts, cannot see it come and go. It never returns into vLLM's
-    code. The intermediate child exits at once and is reaped here, so the server gains no
-    zombie."""
+    identity. Its device facts come, as in ``kernelbake check``, from a child of its own
+    (``identity._device_side``), which initialises torch's CUDA state to read device
+    properties: that creates no CUDA context and takes no GPU memory, so the engine core,
+    which snapshots free GPU memory about a second after it starts, cannot see it come and go.
+    It never returns into vLLM's code. The intermediate child exits at once and is reaped
+    here, so the server gains no zombie."""
     if not hasattr(os, "fork"):
         sys.stderr.write(work())
         sys.stderr.flush()
@@ -150,7 +149,7 @@ def serve_hook(manifest: Path) -> None:
         if done:
             return
         done.append(True)
-        _detached(lambda: _verdict_text(config, manifest, device_in_place=True))
+        _detached(lambda: _verdict_text(config, manifest))
 
     ident.install_hook(on_config)
 
