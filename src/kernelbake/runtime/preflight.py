@@ -231,13 +231,13 @@ def _warm_env(
     engine: EngineRuntime,
     root: Path,
     baked: Path,
-    identity: dict[str, Any] | None,
+    asks_engine: bool,
 ) -> dict[str, str]:
     """The engine's environment for a warm start on the caches at ``root`` (the baked ones, or
-    a writable copy); where the build recorded the engine's identity, the engine is also
-    pointed at the baked manifest to state its own prediction."""
+    a writable copy); where the build recorded the engine's identity (``asks_engine``), the
+    engine is also pointed at the baked manifest to state its own prediction."""
     run_env = _engine_env(env, target, engine, root)
-    if identity is not None:
+    if asks_engine:
         run_env.update(engine.prediction_env(baked))
     return run_env
 
@@ -277,7 +277,7 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
     return Speculation(
         target=target,
         cache_root=baked,
-        env=_warm_env(env, target, engine, baked, baked, _identity(manifest)),
+        env=_warm_env(env, target, engine, baked, baked, _identity(manifest) is not None),
         manifest_files=len(manifest.files),
     )
 
@@ -368,7 +368,7 @@ def preflight(
     if problems:
         run_env = _engine_env(env, target, engine, root)
     else:
-        run_env = _warm_env(env, target, engine, root, baked, identity if asks_engine else None)
+        run_env = _warm_env(env, target, engine, root, baked, asks_engine)
     return Verdict(
         target=target,
         platform=platform,

@@ -86,16 +86,22 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
-def parse_serve_argv(argv: Sequence[str]) -> Any:
-    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
+def parse_with(make_arg_parser: Any, argv: Sequence[str]) -> Any:
+    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser (wherever the
+    release keeps it: each adapter passes its ``make_arg_parser``)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
     if getattr(ns, "model_tag", None):
         ns.model = ns.model_tag
     return AsyncEngineArgs.from_cli_args(ns)
+
+
+def parse_serve_argv(argv: Sequence[str]) -> Any:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    return parse_with(make_arg_parser, argv)
 
 
 def load_format() -> str:

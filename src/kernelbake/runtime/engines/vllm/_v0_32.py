@@ -48,15 +48,10 @@ rank_report = _v0_26.rank_report
 
 
 def parse_serve_argv(argv: Sequence[str]) -> Any:
-    """EngineArgs from ``vllm serve`` flags, through vLLM's own serve parser."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
+    """As 0.26's, with the serve parser where 0.32 moved it."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
-    if getattr(ns, "model_tag", None):
-        ns.model = ns.model_tag
-    return AsyncEngineArgs.from_cli_args(ns)
+    return _v0_26.parse_with(make_arg_parser, argv)
 
 
 def load_format() -> str:
