@@ -121,23 +121,39 @@ def _usable(paths: Sequence[Path]) -> bool:
     return True
 
 
-def _integrity(
-    root: Path, target: TargetConfig, mode: VerifyMode
-) -> tuple[Manifest | None, list[str], Check | None]:
+def _manifest(root: Path, target: TargetConfig) -> tuple[Manifest | None, list[str]]:
+    """The baked manifest, and why it cannot be used (unreadable, or another key's)."""
     try:
         manifest = read_manifest(root)
     except BadInput as exc:
-        return None, [str(exc)], None
+        return None, [str(exc)]
     if manifest.key != target.key:
-        return (
-            manifest,
-            [
-                f"the cache manifest was built for key {manifest.key.digest}, "
-                f"target.json says {target.key.digest}"
-            ],
-            None,
-        )
+        return manifest, [
+            f"the cache manifest was built for key {manifest.key.digest}, target.json says {target.key.digest}"
+        ]
+    return manifest, []
+
+
+def _integrity(
+    root: Path, target: TargetConfig, mode: VerifyMode
+) -> tuple[Manifest | None, list[str], Check | None]:
+    manifest, problems = _manifest(root, target)
+    if problems or manifest is None:
+        return manifest, problems, None
     return manifest, [], Check(root, manifest, hash_files=mode is VerifyMode.SHA256)
+
+
+def _known_problems(
+    env: RuntimeEnv, target: TargetConfig, manifest: Manifest | None, manifest_problems: list[str]
+) -> list[str]:
+    """What rules the baked caches out before the probe has run or a file is hashed."""
+    problems = ["KERNELBAKE_CACHE=off: starting cold on purpose"] if env.cache is CacheMode.OFF else []
+    problems += manifest_problems
+    return problems + _rank_problems(manifest if not manifest_problems else None, target)
+
+
+def _writable_in_place(baked: Path, engine: EngineRuntime) -> bool:
+    return _usable([baked, *(kind_dir(baked, k) for k in engine.declaration.cache_kinds)])
 
 
 def _integrity_problems(bad: Sequence[str]) -> list[str]:
@@ -260,19 +276,17 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
     run alongside the engine's own imports instead of before them. ``None`` where the start
     cannot be warm in place anyway (caches off, a foreign or unreadable manifest, ranks
     missing, a read-only root): ``serve`` then runs the preflight first, as before."""
-    if env.cache is CacheMode.OFF:
-        return None
     try:
         target = TargetConfig.load(env.target_file)
-        baked = Path(target.cache_root)
-        manifest = read_manifest(baked)
     except KernelbakeError:
-        # The preflight says what is wrong with the input, in order.
+        # The preflight says what is wrong with the input.
         return None
-    if manifest.key != target.key or _rank_problems(manifest, target):
+    baked = Path(target.cache_root)
+    manifest, manifest_problems = _manifest(baked, target)
+    if manifest is None or _known_problems(env, target, manifest, manifest_problems):
         return None
     engine = engine or get_engine(target.key.engine)
-    if not _usable([baked, *(kind_dir(baked, k) for k in engine.declaration.cache_kinds)]):
+    if not _writable_in_place(baked, engine):
         return None
     return Speculation(
         target=target,
@@ -301,10 +315,7 @@ def preflight(
     identity = _identity(manifest)
     device = _device_only(match, identity)
     problems = [str(r) for r in match.blocking if r is not device]
-    if env.cache is CacheMode.OFF:
-        problems.append("KERNELBAKE_CACHE=off: starting cold on purpose")
-    problems += integrity
-    problems += _rank_problems(manifest if not integrity else None, target)
+    problems += _known_problems(env, target, manifest, integrity)
     pinned = dict(target.serve.env)
     notes: list[str] = []
     # The engine states its own verdict as it starts (vLLM's plugin) only where it recorded
@@ -325,8 +336,7 @@ def preflight(
             "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
             "changed without changing its size is loaded and run by the engine"
         )
-    kinds = [kind_dir(baked, k) for k in engine.declaration.cache_kinds]
-    in_place = not problems and _usable([baked, *kinds])
+    in_place = not problems and _writable_in_place(baked, engine)
     summary = ""
     if pending is not None:
         if problems:
