@@ -101,9 +101,16 @@ def publish_index(pushed: Sequence[str], *, client: RegistryClient | None = None
 
 def read_index(reference: str, *, client: RegistryClient | None = None) -> FleetIndex | None:
     """The variant index ``reference`` names, or None when it names a single image."""
+    return read_top(reference, client=client)[1]
+
+
+def read_top(reference: str, *, client: RegistryClient | None = None) -> tuple[Manifest, FleetIndex | None]:
+    """What ``reference`` names (one manifest GET) and, when that is a model's GPU index, the
+    index. A command that goes on with a single image passes the manifest on (``top=``), so
+    that it reads a tag once: a second read could find the tag moved between the two."""
     ref = parse_reference(reference)
-    client = client or RegistryClient()
-    return index_of(ref, client.get_manifest(ref))
+    top = (client or RegistryClient()).get_manifest(ref)
+    return top, index_of(ref, top)
 
 
 def index_of(ref: Reference, top: Manifest) -> FleetIndex | None:

@@ -102,6 +102,16 @@ def read_labels(client: RegistryClient, ref: Reference, manifest: Manifest) -> d
     return {str(k): str(v) for k, v in labels.items()}
 
 
+def top_manifest(client: RegistryClient, ref: Reference, top: Manifest | None) -> Manifest:
+    """What ``ref`` names: ``top`` when the caller has read it already, else one GET."""
+    if top is None:
+        return client.get_manifest(ref)
+    if ref.digest and top.digest != ref.digest:
+        # A caller's bug, never a registry's answer: fail rather than read another image.
+        raise ValueError(f"{ref}: the manifest passed is {top.digest}")
+    return top
+
+
 def read_image(client: RegistryClient, ref: Reference, top: Manifest) -> ImageFacts:
     """``ref`` must be pinned to ``top.digest``."""
     manifest = image_manifest(client, ref, top)
@@ -199,12 +209,15 @@ class RemoteImage:
     cache_manifest_digest: str | None
 
 
-def inspect_remote(text: str, *, client: RegistryClient | None = None) -> RemoteImage:
-    """Labels, layers and cache manifest of a pushed image; reads its config and last layer only."""
+def inspect_remote(
+    text: str, *, client: RegistryClient | None = None, top: Manifest | None = None
+) -> RemoteImage:
+    """Labels, layers and cache manifest of a pushed image; reads its config and last layer only.
+    ``top``: what ``text`` names, when the caller has read it already (``fleet.read_top``)."""
     ref = parse_reference(text)
     client = client or RegistryClient()
     with registry_reachable(ref.registry):
-        top = client.get_manifest(ref)
+        top = top_manifest(client, ref, top)
         facts = read_image(client, ref.with_digest(top.digest), top)
         cache = read_cache_layer(client, facts)
     raw = cache.manifest if cache is not None else None

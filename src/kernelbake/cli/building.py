@@ -20,7 +20,7 @@ from kernelbake.spec import load_spec
 # kernelbake.remote needs requests (host only); ``inspect`` imports it when it runs, so that
 # this module loads inside images too.
 if TYPE_CHECKING:
-    from kernelbake.oci import RegistryClient
+    from kernelbake.fleet import FleetIndex
     from kernelbake.remote import RemoteImage
 
 
@@ -132,16 +132,8 @@ def _print_summary(doc: dict[str, Any]) -> None:
             print(f"  {name}={value}")
 
 
-def _inspect_index(args: argparse.Namespace, client: RegistryClient) -> bool:
-    """A model's GPU-variant index: the table of its variants (True), else nothing (False)."""
-    from kernelbake.fleet import read_index
-    from kernelbake.oci import parse_reference
-    from kernelbake.remote import registry_reachable
-
-    with registry_reachable(parse_reference(args.ref).registry):
-        index = read_index(args.ref, client=client)
-    if index is None:
-        return False
+def _print_index(args: argparse.Namespace, index: FleetIndex) -> None:
+    """A model's GPU-variant index: the table of its variants."""
     rows = [
         {
             "device": v.key.device,
@@ -155,24 +147,28 @@ def _inspect_index(args: argparse.Namespace, client: RegistryClient) -> bool:
     ]
     if args.json:
         print(json.dumps({"reference": args.ref, "index": index.ref.pinned(), "variants": rows}, indent=2))
-        return True
+        return
     print(f"index:      {index.ref.pinned()} ({len(rows)} variants; kernelbake resolve picks one)")
     columns = ("device", "arch", "engine", "key_digest", "digest")
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.replace("_", " ").ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
         print("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
-    return True
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from kernelbake.oci import RegistryClient
-    from kernelbake.remote import inspect_remote
+    from kernelbake.fleet import read_top
+    from kernelbake.oci import RegistryClient, parse_reference
+    from kernelbake.remote import inspect_remote, registry_reachable
 
     client = RegistryClient(Settings.from_env(), timeout=args.timeout)
-    if _inspect_index(args, client):
+    with registry_reachable(parse_reference(args.ref).registry):
+        # One read of the reference: what is shown is what the tag named at that read.
+        top, index = read_top(args.ref, client=client)
+    if index is not None:
+        _print_index(args, index)
         return 0
-    doc = _summary(inspect_remote(args.ref, client=client))
+    doc = _summary(inspect_remote(args.ref, client=client, top=top))
     consistent = doc["labels_consistent"] and (doc["cache_manifest"] or {}).get("key_matches_labels", False)
     if args.json:
         print(json.dumps(doc, indent=2))

@@ -14,7 +14,7 @@ from kernelbake.settings import Settings
 # that need them: the same CLI runs inside images, which have none of them.
 if TYPE_CHECKING:
     from kernelbake.fleet import FleetIndex
-    from kernelbake.oci import RegistryClient
+    from kernelbake.oci import Manifest, RegistryClient
     from kernelbake.signing.policy import VerifyPolicy
     from kernelbake.signing.signer import Signer
 
@@ -67,13 +67,13 @@ def _signer(args: argparse.Namespace, settings: Settings) -> Signer:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from kernelbake.fleet import read_index
+    from kernelbake.fleet import read_top
     from kernelbake.signing.sign import sign_image
 
     settings = Settings.from_env()
     signer = _signer(args, settings)
     client = _client(args, settings)
-    index = read_index(args.image, client=client)
+    top, index = read_top(args.image, client=client)
     if index is not None:
         # A model's GPU index: every variant (signed and attested), then the index itself
         # (signed; what it lists is in its signed bytes).
@@ -81,7 +81,9 @@ def cmd_sign(args: argparse.Namespace) -> int:
             done = sign_image(index.pinned(variant), signer, client=client, legacy=args.legacy)
             print(f"signed {done.reference} ({variant.key.device}) as {done.signer}", file=sys.stderr)
         args.image, args.no_attest = index.ref.pinned(), True
-    result = sign_image(args.image, signer, client=client, attest=not args.no_attest, legacy=args.legacy)
+    result = sign_image(
+        args.image, signer, client=client, attest=not args.no_attest, legacy=args.legacy, top=top
+    )
     if args.json:
         print(
             json.dumps(
@@ -117,10 +119,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     policy = _policy(args)
     client = _client(args, settings)
-    index = _variant_index(args.image, client)
+    top, index = _variant_index(args.image, client)
     if index is not None:
         return _verify_index(args, index, policy, client)
-    result = verify_image(args.image, policy, client=client)
+    result = verify_image(args.image, policy, client=client, top=top)
     if args.json:
         doc = {
             "verified": True,
@@ -147,18 +149,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _variant_index(reference: str, client: RegistryClient) -> FleetIndex | None:
-    """The GPU-variant index ``reference`` names, or None for anything else (verify_image then
-    says what is wrong with it)."""
+def _variant_index(reference: str, client: RegistryClient) -> tuple[Manifest, FleetIndex | None]:
+    """What ``reference`` names and the GPU-variant index that is, or None for anything else
+    (verify_image then says what is wrong with it)."""
     from kernelbake.contract.variants import InvalidIndex
-    from kernelbake.fleet import read_index
+    from kernelbake.fleet import read_top
     from kernelbake.oci import InvalidReference
     from kernelbake.signing.errors import InvalidImageReference, LabelMismatch
     from kernelbake.signing.verify import _registry_errors
 
     try:
         with _registry_errors(reference, missing_is_image=True):
-            return read_index(reference, client=client)
+            return read_top(reference, client=client)
     except InvalidReference as exc:
         raise InvalidImageReference(str(exc)) from None
     except InvalidIndex as exc:

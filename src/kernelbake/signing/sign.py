@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelbake.errors import BadInput
-from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, parse_reference
+from kernelbake.oci import Descriptor, Manifest, Reference, RegistryClient, RegistryNotFound, parse_reference
 from kernelbake.oci import types as mt
-from kernelbake.remote import read_cache_manifest, read_image
+from kernelbake.remote import read_cache_manifest, read_image, top_manifest
 from kernelbake.signing import formats, intoto
 from kernelbake.signing.predicate import PREDICATE_TYPE, KernelCachePredicate, predicate_for
 from kernelbake.signing.signer import Signer
@@ -76,15 +76,17 @@ def sign_image(
     client: RegistryClient | None = None,
     attest: bool = True,
     legacy: bool = False,
+    top: Manifest | None = None,
 ) -> SignResult:
     """Sign the digest ``reference`` resolves to (once); attest what the image holds.
 
     ``legacy`` also writes cosign 2's ``.sig``/``.att`` tags for verifiers that read only those.
-    A reference with both a tag and a digest is refused if the tag has moved.
+    A reference with both a tag and a digest is refused if the tag has moved. ``top``: the
+    manifest ``reference`` names, when the caller has read it already (``fleet.read_top``).
     """
     ref = parse_reference(reference)
     client = client or RegistryClient()
-    top = client.get_manifest(ref)
+    top = top_manifest(client, ref, top)
     if ref.tag and ref.digest:
         now = client.resolve(Reference(ref.registry, ref.repository, tag=ref.tag))
         if now != ref.digest:

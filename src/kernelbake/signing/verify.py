@@ -27,6 +27,7 @@ from kernelbake.errors import BadInput
 from kernelbake.labels import check_labels
 from kernelbake.oci import (
     InvalidReference,
+    Manifest,
     Reference,
     RegistryClient,
     RegistryDenied,
@@ -37,7 +38,7 @@ from kernelbake.oci import (
     parse_reference,
 )
 from kernelbake.oci.types import sha256_digest
-from kernelbake.remote import ImageFacts, ImageLayoutError, read_cache_manifest, read_image
+from kernelbake.remote import ImageFacts, ImageLayoutError, read_cache_manifest, read_image, top_manifest
 from kernelbake.signing import intoto
 from kernelbake.signing.discover import Artifact, Kind, Skipped, describe_skipped, find_artifacts
 from kernelbake.signing.errors import (
@@ -287,14 +288,14 @@ def _check_cache_manifest(where: str, predicate: KernelCachePredicate, layer_dig
     return digest
 
 
-def _resolve(client: RegistryClient, ref: Reference) -> tuple[Reference, ImageFacts]:
+def _resolve(client: RegistryClient, ref: Reference, given: Manifest | None) -> tuple[Reference, ImageFacts]:
     where = str(ref)
     with _registry_errors(where, missing_is_image=True):
         if ref.tag and ref.digest:
             moved_to = client.resolve(Reference(ref.registry, ref.repository, tag=ref.tag))
             if moved_to != ref.digest:
                 raise TagMoved(f"{where}: tag {ref.tag!r} now points to {moved_to}, not the pinned digest")
-        top = client.get_manifest(ref)
+        top = top_manifest(client, ref, given)
         pinned = ref.with_digest(top.digest) if not ref.digest else ref
         try:
             facts = read_image(client, pinned, top)
@@ -399,7 +400,11 @@ def verify_signature(client: RegistryClient, pinned: Reference, policy: VerifyPo
 
 
 def verify_image(
-    reference: str, policy: VerifyPolicy, *, client: RegistryClient | None = None
+    reference: str,
+    policy: VerifyPolicy,
+    *,
+    client: RegistryClient | None = None,
+    top: Manifest | None = None,
 ) -> VerifiedImage:
     """Verify ``reference`` (``host/repo:tag``, ``host/repo@sha256:…`` or both) against ``policy``.
 
@@ -407,6 +412,9 @@ def verify_image(
     cosign; the rest are skipped and listed in ``VerifiedImage.skipped``. Raises a
     ``VerificationFailed`` subclass for every failure, a malformed reference included
     (``InvalidImageReference``, also a ``BadInput``); returns only when every check passed.
+
+    ``top``: the manifest ``reference`` names, when the caller has read it already
+    (``fleet.read_top``), so that a tag is read once; every check is made against it.
     """
     if not isinstance(policy, VerifyPolicy):
         raise TypeError(
@@ -417,7 +425,7 @@ def verify_image(
     except InvalidReference as exc:
         raise InvalidImageReference(str(exc)) from None
     client = client or RegistryClient()
-    pinned, facts = _resolve(client, ref)
+    pinned, facts = _resolve(client, ref, top)
     digest = facts.top.digest
     where = f"{pinned.name}@{digest}"
     signed = _signed(client, pinned.with_digest(digest), policy)
