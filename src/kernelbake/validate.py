@@ -117,6 +117,11 @@ class Source:
             raise self.error(field, f"expected a positive integer, got {value!r}")
         return value
 
+    def non_negative_int(self, value: Any, field: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.error(field, f"expected an integer >= 0, got {value!r}")
+        return value
+
     def seconds(self, value: Any, field: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise self.error(field, f"expected a non-negative number of seconds, got {value!r}")

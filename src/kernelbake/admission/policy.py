@@ -136,10 +136,10 @@ class AdmissionPolicy:
                 f"{registry_concurrency} is more than concurrency ({concurrency}), "
                 "the verifications at once for all registries together",
             )
-        registry_queue = data.get("registry_queue", cls.registry_queue)
         # 0 is allowed: no queue, a registry whose share is busy is "saturated" at once.
-        if not isinstance(registry_queue, int) or isinstance(registry_queue, bool) or registry_queue < 0:
-            raise src.error("registry_queue", f"expected an integer >= 0, got {registry_queue!r}")
+        registry_queue = src.non_negative_int(
+            data.get("registry_queue", cls.registry_queue), "registry_queue"
+        )
         return cls(
             source=src.name,
             images=images,

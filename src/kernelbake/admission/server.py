@@ -145,9 +145,7 @@ class _Protocol(HttpToolsProtocol):
             self._head += len(data)
         super().data_received(data)
         if not self._refused and self._head is not None and self._head > HEADER_LIMIT:
-            self._refuse(
-                431, "Request Header Fields Too Large", f"request head larger than {HEADER_LIMIT} bytes"
-            )
+            self._refuse_head()
 
     def on_message_begin(self) -> None:
         self._arm(HEADER_SECONDS)
@@ -158,9 +156,7 @@ class _Protocol(HttpToolsProtocol):
         # A head that arrived in one read is only seen whole here.
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
         if size > HEADER_LIMIT:
-            self._refuse(
-                431, "Request Header Fields Too Large", f"request head larger than {HEADER_LIMIT} bytes"
-            )
+            self._refuse_head()
             return
         super().on_headers_complete()
 
@@ -176,13 +172,15 @@ class _Protocol(HttpToolsProtocol):
         self._head = 0
         super().on_message_complete()
 
-    def _refuse(self, status: int, reason: str, message: str) -> None:
-        # Like uvicorn's own answer to a request it cannot parse: a fixed response, then close.
+    def _refuse_head(self) -> None:
+        """431 for a head over ``HEADER_LIMIT``, counted as it arrives (``data_received``) or,
+        when it came in one read, once parsed. Like uvicorn's own answer to a request it cannot
+        parse: a fixed response, then close."""
         self._refused = True
-        body = json.dumps({"error": message}).encode()
+        body = json.dumps({"error": f"request head larger than {HEADER_LIMIT} bytes"}).encode()
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         )
         self.transport.close()
 

@@ -110,12 +110,8 @@ class Admitter:
                 async with asyncio.timeout(self._remaining(started)):
                     await self._slots.acquire()
             except TimeoutError:
-                busy = Response(
-                    uid=first.request.uid,
-                    api_version=first.request.api_version,
-                    allowed=False,
-                    code=Code.UNAVAILABLE,
-                    message="kernelbake admission: too many reviews in flight; try again",
+                busy = _refused(
+                    first, Code.UNAVAILABLE, "kernelbake admission: too many reviews in flight; try again"
                 )
                 return self._answer(busy, first)
             try:
@@ -192,12 +188,10 @@ class Admitter:
             response = decide(first, outcomes, self.policy, self.judge, endpoint, self.picker)
         except Exception:
             log.exception("deciding a review failed")
-            response = Response(
-                uid=first.request.uid,
-                api_version=first.request.api_version,
-                allowed=False,
-                code=Code.INTERNAL,
-                message="kernelbake admission: internal error while deciding; see the webhook's log",
+            response = _refused(
+                first,
+                Code.INTERNAL,
+                "kernelbake admission: internal error while deciding; see the webhook's log",
             )
         return self._answer(response, first)
 
@@ -231,6 +225,17 @@ def _done(futures: Mapping[str, concurrent.futures.Future[Outcome]]) -> dict[str
     return {
         t: f.result() for t, f in futures.items() if f.done() and not f.cancelled() and f.exception() is None
     }
+
+
+def _refused(first: Plan, code: Code, message: str) -> Response:
+    """A denial of the review ``first`` planned, answered in its own uid and apiVersion."""
+    return Response(
+        uid=first.request.uid,
+        api_version=first.request.api_version,
+        allowed=False,
+        code=code,
+        message=message,
+    )
 
 
 def _internal(doc: Any) -> Response:
