@@ -451,17 +451,18 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
     h100 = live.push_target(registry, REPOSITORY, "h100", "h100", work / "h100")
     live.sign(h100, key)
     unsigned = live.push_target(registry, REPOSITORY, "unsigned", "h100", work / "unsigned")
-    fresh = []
-    for i in range(args.fresh):
-        image = live.push_target(registry, REPOSITORY, f"fresh-{i}", "h100", work / f"fresh-{i}")
-        live.sign(image, key)
-        fresh.append(image)
-    during_burst = []
+
+    def signed(prefix: str, count: int) -> list[Any]:
+        images = []
+        for i in range(count):
+            image = live.push_target(registry, REPOSITORY, f"{prefix}-{i}", "h100", work / f"{prefix}-{i}")
+            live.sign(image, key)
+            images.append(image)
+        return images
+
+    fresh = signed("fresh", args.fresh)
     # Half for the control window, half for the burst.
-    for i in range(2 * args.burst_fresh):
-        image = live.push_target(registry, REPOSITORY, f"burst-fresh-{i}", "h100", work / f"burst-fresh-{i}")
-        live.sign(image, key)
-        during_burst.append(image)
+    during_burst = signed("burst-fresh", 2 * args.burst_fresh)
     # The policy's defaults for capacity: concurrency 8, registry_concurrency 4, registry_queue 64.
     policy = live.write_policy(
         work / "policy.yaml", [f"{registry}/kernelbake/**", f"{slow}/kernelbake/**"], pub

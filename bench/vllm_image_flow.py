@@ -259,8 +259,20 @@ CACHE_DIR = re.compile(
 )
 
 
+def cache_dirs(text: str) -> list[str]:
+    """The hash directories a log says vLLM used."""
+    return sorted(set(CACHE_DIR.findall(text)))
+
+
 def _log_dirs(path: Path) -> list[str]:
-    return sorted(set(CACHE_DIR.findall(path.read_text(errors="replace")))) if path.is_file() else []
+    return cache_dirs(path.read_text(errors="replace")) if path.is_file() else []
+
+
+def note_marks(line: str, marks: dict[str, float], at: float) -> None:
+    """Dates, at ``at``, each of ``MARKS`` that ``line`` is the first to contain."""
+    for mark, text in MARKS.items():
+        if mark not in marks and text in line:
+            marks[mark] = at
 
 
 def breakdown(timeline: dict[str, float | None]) -> list[dict[str, Any]]:
@@ -302,10 +314,7 @@ class Server:
             now = round(time.monotonic() - self.t0, 2)
             self.fh.write(raw)
             self.fh.flush()
-            line = raw.decode(errors="replace")
-            for mark, text in MARKS.items():
-                if mark not in self.marks and text in line:
-                    self.marks[mark] = now
+            note_marks(raw.decode(errors="replace"), self.marks, now)
 
     def poll_ready(self) -> bool:
         if self.ready_s is not None:
@@ -346,12 +355,11 @@ class Server:
         self.fh.close()
         text = self.log.read_text(errors="replace")
         timeline = {**self.marks, "health_ok": self.ready_s}
-        dirs = sorted(set(CACHE_DIR.findall(text)))
         return {
             "ready_s": self.ready_s,
             "timeline_s": timeline,
             "breakdown_s": breakdown(timeline),
-            "compile_cache_dirs": dirs,
+            "compile_cache_dirs": cache_dirs(text),
             "exit_code_after_sigterm": self.proc.returncode,
             "kernelbake_lines": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")],
             "log": self.log.name,
@@ -433,7 +441,8 @@ def importtime(env: dict[str, str], logs: Path) -> dict[str, Any]:
 
 
 def wait_ready(server: Server, started: float, deadline: float) -> None:
-    while server.proc.poll() is None and not server.poll_ready() and time.monotonic() - started < deadline:
+    # The server's own thread polls /health and dates readiness; this only waits for it.
+    while server.proc.poll() is None and server.ready_s is None and time.monotonic() - started < deadline:
         time.sleep(0.1)
 
 

@@ -19,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-# The bench's own table of marks: this rebuilds the timelines it records as it runs.
+# The bench's own marks: this rebuilds the timelines it records as it runs.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_image_flow import MARKS
+from vllm_image_flow import note_marks
 
 STAMP = re.compile(r"^\((APIServer|EngineCore)[^)]*\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) ")
 LAUNCHED_AFTER = {"serve-warm.log": "check.log", "serve-cold.log": "runtime-0.log"}
@@ -43,9 +43,7 @@ def timeline(archive: str) -> dict[str, Any]:
                 if not m:
                     continue
                 at = datetime.strptime(f"{launch.year}-{m.group(2)}", "%Y-%m-%d %H:%M:%S")
-                for name, text in MARKS.items():
-                    if name not in marks and text in line:
-                        marks[name] = round((at - launch).total_seconds(), 1)
+                note_marks(line, marks, round((at - launch).total_seconds(), 1))
             out[log.removesuffix(".log")] = {"launched_after": before, **marks}
     warm, cold = out.get("serve-warm", {}), out.get("serve-cold", {})
     if warm.get("api_server_listening") and cold.get("api_server_listening"):
