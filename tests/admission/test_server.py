@@ -239,3 +239,55 @@ def test_a_rotated_certificate_is_served_without_a_restart(
         while not handshake(rotated, p) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert handshake(rotated, p) and not handshake(certs, p)
+
+
+def test_a_large_review_is_planned_off_the_event_loop(
+    verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a large review is decoded and planned, ``/healthz`` and small reviews still answer.
+
+    The planning is made to block until the test lets it go: were it on the event loop (as it
+    was when a pod spec of adversarial references stalled both workers for 21 s), nothing else
+    could answer meanwhile.
+    """
+    admitter = make_admitter(verifier)
+    planning = threading.Event()
+    release = threading.Event()
+    review_nowait = admitter.review_nowait
+
+    def slow_for_large(doc: Any, endpoint: Any, *, started: float) -> Any:
+        if len(documents.pod_spec(doc)["containers"]) > 1:
+            planning.set()
+            assert release.wait(30)
+        return review_nowait(doc, endpoint, started=started)
+
+    monkeypatch.setattr(admitter, "review_nowait", slow_for_large)
+    doc = documents.load("pod-create", TAG)
+    spec = documents.pod_spec(doc)
+    spec["containers"] = [dict(spec["containers"][0], name=f"c{i}") for i in range(400)]
+    body = json.dumps(doc).encode()
+    from kernelbake.admission.server import INLINE_BODY
+
+    assert len(body) > INLINE_BODY
+    with running_server(admitter, certs) as port:
+        answers: list[Any] = []
+
+        def send_large() -> None:
+            c = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=30)
+            answers.append(post(c, "/mutate", body))
+            c.close()
+
+        sender = threading.Thread(target=send_large)
+        sender.start()
+        assert planning.wait(30)
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=5)
+        c.request("GET", "/healthz")
+        health = c.getresponse()
+        assert (health.status, json.loads(health.read())) == (200, {"status": "ok"})
+        small = json.dumps(documents.load("pod-create", TAG)).encode()
+        assert post(c, "/mutate", small)[1]["response"]["allowed"] is True
+        c.close()
+        release.set()
+        sender.join(30)
+        status, answer = answers[0]
+        assert status == 200 and answer["response"]["allowed"] is True

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelbake.errors import BadInput
 from kernelbake.oci import InvalidReference, Reference, base_url, parse_reference
 from kernelbake.oci.client import fallback_tag
+from kernelbake.oci.reference import NAME_MAX, is_host_syntax
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -101,3 +105,82 @@ def test_round_trip(path: list[str], tag: str | None, digest: str | None) -> Non
     assert ref.digest == digest
     assert ref.tag == (tag if tag or digest else "latest")
     assert parse_reference(str(ref)) == ref
+
+
+# Reference parsing runs inside the admission webhook on text any pod author chooses: it must
+# take time linear in the input. The regular expression this replaced backtracked
+# exponentially on a run of letters that ends in a character no host may hold (issue 20: 25
+# letters cost 5.5 s, every further one doubled it). The bounds below are generous ceilings
+# for a loaded 2-core machine; the exponential pattern needed seconds at 25 characters.
+ADVERSARIAL = [
+    *("A" * n + "_/x:1" for n in (25, 27, 40, 64, 250, 255, 300, 4090)),
+    *("a" * n + "-/x" for n in (30, 250, 4090)),
+    "a." * 126 + "-/x",
+    "a" + "-a" * 2000 + "!/x",
+    "example.com/" + "a" * 4000 + "!",
+    "example.com/" + "a-" * 2000 + "!",
+    "example.com/" + "a." * 2000,
+    "example.com/" + "a_" * 2000 + "_",
+    "[" + "f:" * 2000 + "]/x",
+    "example.com:" + "9" * 4000 + "/x",
+    "example.com/x:" + "a" * 4000,
+    "example.com/x@sha256:" + "a" * 4000,
+]
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL, ids=lambda t: f"{t[:12]}…{len(t)}")
+def test_adversarial_references_are_refused_in_linear_time(text: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(InvalidReference):
+        parse_reference(text)
+    assert time.perf_counter() - started < 0.05
+
+
+reference_chars = st.sampled_from("aA0_-.:/@[]sha256bcdef" + "x" * 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(reference_chars, max_size=4096) | st.text(max_size=4096))
+def test_any_text_up_to_4_kib_parses_or_is_refused_fast(text: str) -> None:
+    started = time.perf_counter()
+    with contextlib.suppress(InvalidReference):
+        parse_reference(text)
+    assert time.perf_counter() - started < 0.05
+
+
+def test_names_longer_than_the_grammar_allows_are_refused() -> None:
+    longest = "example.com/" + "a" * (NAME_MAX - len("example.com/"))
+    assert parse_reference(longest + ":t").repository == "a" * (NAME_MAX - len("example.com/"))
+    with pytest.raises(InvalidReference, match="longer than 255"):
+        parse_reference(longest + "a:t")
+    with pytest.raises(InvalidReference, match="at most"):
+        parse_reference("example.com/x:" + "t" * 1000)
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("example.com", True),
+        ("example.com.", True),
+        ("a-b.c:5000", True),
+        ("[::1]:5000", True),
+        ("[::ffff:127.0.0.1]", True),
+        ("example..com", False),
+        ("-a.com", False),
+        ("a-.com", False),
+        ("a.com:", False),
+        ("a.com:5x", False),
+        ("a.com:00005000", True),
+        ("[::1]x", False),
+        ("[]", False),
+        ("a_b.com", False),
+    ],
+)
+def test_host_syntax(host: str, ok: bool) -> None:
+    assert is_host_syntax(host) is ok
+
+
+def test_ipv4_mapped_ipv6_host_becomes_ipv4() -> None:
+    # The README says so, and the canonical host does it; the syntax check used to refuse the
+    # dotted part first.
+    assert parse_reference("[::ffff:127.0.0.1]:5000/kb/x:t").registry == "127.0.0.1:5000"

@@ -117,9 +117,15 @@ def matches(name: str, pattern: str) -> bool:
 
 
 def _match(name: Sequence[str], pattern: Sequence[str]) -> bool:
-    if not pattern:
-        return not name
-    head, tail = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match(name[i:], tail) for i in range(len(name) + 1))
-    return bool(name) and fnmatch.fnmatchcase(name[0], head) and _match(name[1:], tail)
+    # Dynamic programming over (pattern position, name position): time is the product of the
+    # two lengths whatever the number of ``**`` (trying every split recursively is exponential
+    # in it, and the name is the pod author's to choose).
+    # reach[j]: the first i pattern segments can match the first j name segments.
+    reach = [True] + [False] * len(name)
+    for head in pattern:
+        if head == "**":
+            for j in range(1, len(reach)):
+                reach[j] = reach[j] or reach[j - 1]
+        else:
+            reach = [False] + [reach[j] and fnmatch.fnmatchcase(name[j], head) for j in range(len(name))]
+    return reach[-1]

@@ -8,6 +8,10 @@ HTTP/1.1 and TLS are uvicorn's (with httptools' parser); this module is the ASGI
 - a connection has ``IDLE_SECONDS`` to start a request (and between requests), and
   ``HEADER_SECONDS`` to send the whole of one once it started (a stalled client is dropped);
 - a review waits for its verifications until the policy's deadline (``Admitter``);
+- the event loop never parses or plans a large review itself: a body over ``INLINE_BODY`` is
+  decoded, planned and its answer encoded on a worker thread, so one pod spec stuffed with
+  thousands of references (each costs linear time, ``kernelbake.oci.reference``) cannot hold
+  ``/healthz`` or the other connections;
 - a rotated certificate (a mounted Secret updated in place) is loaded without a restart.
 
 Never a crash: broken HTTP gets uvicorn's 400 and the connection closes; a body that is not JSON
@@ -26,7 +30,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,9 @@ log = logging.getLogger("kernelbake.admission.server")
 # An AdmissionReview carries object and oldObject; etcd caps an object at 1.5 MiB.
 MAX_BODY = 8 * 1024 * 1024
 HEADER_LIMIT = 64 * 1024
+# Bodies up to this size are handled on the event loop (a real pod's review is a few KiB and
+# takes well under a millisecond to plan); larger ones on a thread (see the module docstring).
+INLINE_BODY = 64 * 1024
 IDLE_SECONDS = 120.0
 # A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
@@ -319,37 +326,55 @@ class AdmissionServer:
         if scope["type"] != "http":
             return
         started = time.monotonic()
-        status, payload, close = await self._handle(scope, receive, started)
-        body = json.dumps(payload, separators=(",", ":")).encode()
+        status, payload, close, large = await self._handle(scope, receive, started)
+        body = await asyncio.to_thread(_encode, payload) if large else _encode(payload)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _handle(self, scope: Scope, receive: Receive, started: float) -> tuple[int, Any, bool]:
+    async def _handle(self, scope: Scope, receive: Receive, started: float) -> tuple[int, Any, bool, bool]:
+        """``(status, payload, close the connection, the body was large)``."""
         version: str = scope["http_version"]
         if not version.startswith("1."):
             # httptools parses any version; the API server speaks HTTP/1.1 to webhooks.
-            return 505, {"error": f"HTTP/{version} is not supported"}, True
+            return 505, {"error": f"HTTP/{version} is not supported"}, True, False
         path: str = scope["path"]
         if path in ("/healthz", "/readyz"):
-            return 200, {"status": "ok"}, False
+            return 200, {"status": "ok"}, False, False
         endpoint = _ROUTES.get(path)
         if endpoint is None:
-            return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}, False
+            return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}, False, False
         method: str = scope["method"]
         if method != "POST":
-            return 405, {"error": f"{method} {path}: POST an AdmissionReview"}, False
+            return 405, {"error": f"{method} {path}: POST an AdmissionReview"}, False, False
         body = await _body(scope, receive)
         if isinstance(body, tuple):
-            return body
+            return (*body, False)
+        large = len(body) > INLINE_BODY
+        if large:
+            answer = await asyncio.to_thread(self._first_answer, body, endpoint, started)
+        else:
+            answer = self._first_answer(body, endpoint, started)
+        if isinstance(answer, tuple):
+            return (*answer, large)
+        return 200, answer if isinstance(answer, dict) else await answer, False, large
+
+    def _first_answer(
+        self, body: bytes, endpoint: Endpoint, started: float
+    ) -> tuple[int, Any, bool] | dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        """Decode and plan: the answer, the coroutine that waits for verifications (awaited on
+        the loop), or an HTTP error for a body that is not JSON."""
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as exc:
             return 400, {"error": f"the body is not JSON: {exc}"}, False
-        answer = self.admitter.review_nowait(doc, endpoint, started=started)
-        return 200, answer if isinstance(answer, dict) else await answer, False
+        return self.admitter.review_nowait(doc, endpoint, started=started)
+
+
+def _encode(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes | tuple[int, Any, bool]:

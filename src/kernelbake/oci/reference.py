@@ -15,9 +15,17 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
-_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.?)+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?"
-)
+# One DNS label (or the run of a one-label name). Matched per label with ``fullmatch``, never
+# as a repeated group over the whole host: the old ``(?:label\.?)+`` could split a run of
+# letters into labels in exponentially many ways, and ``AAAA…A_`` took seconds to refuse.
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
+_PORT = re.compile(r"[0-9]+")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}")
+# The distribution reference grammar's bounds: a name (host and path) of at most 255
+# characters, a tag of at most 128, a digest of a fixed size. Longer text is refused before
+# any pattern runs, so every reference costs time linear in at most this many characters.
+NAME_MAX = 255
+REFERENCE_MAX = NAME_MAX + 1 + 128 + 1 + len("sha512:") + 128
 
 
 class InvalidReference(BadInput, ValueError):
@@ -83,12 +91,17 @@ def parse_reference(text: str) -> Reference:
     yields one name.
     """
     raw = text.strip()
+    if len(raw) > REFERENCE_MAX:
+        raise InvalidReference(
+            f"image reference {raw[:64]!r}… is {len(raw)} characters long; "
+            f"references have at most {REFERENCE_MAX} (names at most {NAME_MAX})"
+        )
     rest, at, digest = raw.partition("@")
     if at and not is_digest(digest):
         raise InvalidReference(f"image reference {text!r}: digest {digest!r} is not sha256:<64 hex digits>")
     registry, path = split_registry(rest)
     if registry != DOCKER_HUB:
-        if not _HOST.fullmatch(registry):
+        if not is_host_syntax(registry):
             raise InvalidReference(f"image reference {text!r}: bad registry host {registry!r}")
         try:
             registry = canonical_host(registry)
@@ -101,6 +114,9 @@ def parse_reference(text: str) -> Reference:
         path, tag = path[:colon], path[colon + 1 :]
         if not _TAG.fullmatch(tag):
             raise InvalidReference(f"image reference {text!r}: bad tag {tag!r}")
+    # The name as written: ``rest`` without its tag.
+    if len(rest) - (len(tag) + 1 if tag is not None else 0) > NAME_MAX:
+        raise InvalidReference(f"image reference {text!r}: the name is longer than {NAME_MAX} characters")
     if registry == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"
     if not _REPOSITORY.fullmatch(path):
@@ -110,6 +126,26 @@ def parse_reference(text: str) -> Reference:
     if tag is None and not at:
         tag = "latest"
     return Reference(registry=registry, repository=path, tag=tag, digest=digest if at else None)
+
+
+def is_host_syntax(host: str) -> bool:
+    """``host[:port]`` or ``[ipv6][:port]`` as the reference grammar spells a registry, checked in
+    time linear in the length (labels one at a time; see ``_LABEL``)."""
+    if host.startswith("["):
+        end = host.find("]")
+        rest = host[end + 1 :]
+        return (
+            end > 0
+            and _IPV6.fullmatch(host[1:end]) is not None
+            and (not rest or (rest[0] == ":" and _PORT.fullmatch(rest[1:]) is not None))
+        )
+    name, colon, port = host.partition(":")
+    if colon and _PORT.fullmatch(port) is None:
+        return False
+    labels = name.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()  # one trailing dot: the DNS root
+    return all(_LABEL.fullmatch(label) for label in labels)
 
 
 def split_registry(name: str) -> tuple[str, str]:
