@@ -30,14 +30,14 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kernelbake.admission import workers
+from kernelbake.admission._uvicorn import QuietSignals, bounded_protocol
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.service import Admitter
 
@@ -67,156 +67,6 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return ctx
 
 
-class _Corked(asyncio.Transport):
-    """A connection's transport whose writes within one turn of the event loop go out as one.
-
-    uvicorn writes a response's head and body separately; over TLS each write is a record and
-    a send(2) (asyncio sends at once, with TCP_NODELAY), and the second send cost as much as the
-    whole review. Everything uvicorn calls on its transport is passed through."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(bytes(data))
-
-    def _flush(self) -> None:
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        self._transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
-
-
-class _Protocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the bounds it does not keep: time before the first
-    request (uvicorn's keep-alive timer only runs between requests), time while a request is
-    arriving (a client that sends a few bytes and stalls would otherwise hold its connection),
-    and the size of a request's head (httptools buffers a header line of any length)."""
-
-    _timer: asyncio.TimerHandle | None = None
-    # Bytes of the request head read so far; None while a body is arriving or being answered.
-    _head: int | None = 0
-    _refused = False
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_Corked(transport, self.loop))
-        self._arm(IDLE_SECONDS)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
-        if self._head is not None:
-            # Counted before the parser sees it; a head completed in this chunk resets it.
-            self._head += len(data)
-        super().data_received(data)
-        if not self._refused and self._head is not None and self._head > HEADER_LIMIT:
-            self._refuse_head()
-
-    def on_message_begin(self) -> None:
-        self._arm(HEADER_SECONDS)
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._head = None
-        # A head that arrived in one read is only seen whole here.
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
-        if size > HEADER_LIMIT:
-            self._refuse_head()
-            return
-        super().on_headers_complete()
-
-    def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        if self._refused:
-            return
-        # From here the review's own deadline applies, then uvicorn's keep-alive timer.
-        self._disarm()
-        self._head = 0
-        super().on_message_complete()
-
-    def _refuse_head(self) -> None:
-        """431 for a head over ``HEADER_LIMIT``, counted as it arrives (``data_received``) or,
-        when it came in one read, once parsed. Like uvicorn's own answer to a request it cannot
-        parse: a fixed response, then close."""
-        self._refused = True
-        body = json.dumps({"error": f"request head larger than {HEADER_LIMIT} bytes"}).encode()
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        self.transport.close()
-
-    def shutdown(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:
-            # No TLS close_notify exchange on the way out: a peer that does not answer it
-            # would hold the shutdown for asyncio's 30 s SSL shutdown timeout.
-            self.transport.abort()
-        else:
-            super().shutdown()
-
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self.transport.abort)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # SIGTERM/SIGINT are AdmissionServer.serve's: uvicorn's own handlers re-raise the
-        # signal after the graceful stop, so a worker would die by it instead of exiting 0.
-        yield
-
-
 class AdmissionServer:
     def __init__(
         self,
@@ -235,7 +85,7 @@ class AdmissionServer:
         self.host, self.port = host, port
         self.tls = tls_context(cert, key)
         self._cert_mtimes = self._mtimes()
-        self._server: _Uvicorn | None = None
+        self._server: QuietSignals | None = None
         self._serving: asyncio.Task[None] | None = None
         self._reloader: asyncio.Task[None] | None = None
 
@@ -244,7 +94,7 @@ class AdmissionServer:
         sock = self.sock or workers.listening_sockets(self.host, self.port, 1)[0]
         config = uvicorn.Config(
             self,
-            http=_Protocol,
+            http=bounded_protocol(idle=IDLE_SECONDS, arriving=HEADER_SECONDS, head_limit=HEADER_LIMIT),
             lifespan="off",
             interface="asgi3",
             # The kernelbake.admission loggers say what matters; a line per request costs
@@ -259,7 +109,7 @@ class AdmissionServer:
             # Reviews in flight end by the policy's deadline; then the rest is cut.
             timeout_graceful_shutdown=math.ceil(self.admitter.policy.deadline_seconds) + 1,
         )
-        self._server = _Uvicorn(config)
+        self._server = QuietSignals(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._serving.done():

@@ -1,0 +1,53 @@
+"""The private parts of uvicorn the webhook's server relies on (``kernelbake.admission._uvicorn``).
+
+When a uvicorn release renames or drops one of them, this fails naming it; the server tests
+would fail too, but somewhere in a TLS exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from kernelbake.admission._uvicorn import PRIVATE_ATTRIBUTES, PRIVATE_CALLBACKS, bounded_protocol
+
+
+async def _app(scope: object, receive: object, send: object) -> None:
+    return None
+
+
+def test_the_callbacks_the_bounded_protocol_extends_exist() -> None:
+    for name in PRIVATE_CALLBACKS:
+        assert callable(getattr(HttpToolsProtocol, name, None)), (
+            f"uvicorn's HttpToolsProtocol has no {name}()"
+        )
+        # The override is called with the arguments uvicorn's own method takes.
+        ours = inspect.signature(getattr(bounded_protocol(idle=1, arriving=1, head_limit=1), name))
+        theirs = inspect.signature(getattr(HttpToolsProtocol, name))
+        assert list(ours.parameters) == list(theirs.parameters), name
+
+
+def test_the_attributes_it_reads_are_set_by_uvicorn() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        config = uvicorn.Config(_app, lifespan="off", log_config=None)
+        config.load()
+        protocol = bounded_protocol(idle=1, arriving=1, head_limit=1)(
+            config=config, server_state=ServerState(), app_state={}, _loop=loop
+        )
+        # Set by the constructor, or (``url``) by a callback: assigned in the class either way.
+        source = inspect.getsource(HttpToolsProtocol)
+        missing = [n for n in PRIVATE_ATTRIBUTES if not hasattr(protocol, n) and f"self.{n} =" not in source]
+        assert not missing, f"uvicorn's HttpToolsProtocol no longer sets {missing}"
+    finally:
+        loop.close()
+
+
+def test_bounds_travel_as_class_attributes() -> None:
+    cls = bounded_protocol(idle=2.5, arriving=0.5, head_limit=10)
+    assert (cls.idle_seconds, cls.arriving_seconds, cls.head_limit) == (2.5, 0.5, 10)
+    assert issubclass(cls, HttpToolsProtocol)
