@@ -23,8 +23,6 @@ from typing import Any, Protocol
 import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from sigstore._internal.fulcio.client import ExpiredCertificate, FulcioClientError
-from sigstore._internal.rekor import RekorClientError
 from sigstore.dsse import Statement
 from sigstore.errors import CertValidationError, Error, VerificationError
 from sigstore.models import Bundle, ClientTrustConfig, InvalidBundle, TrustedRoot
@@ -37,6 +35,11 @@ from kernelbake.errors import BadInput
 from kernelbake.signing import formats
 from kernelbake.signing._internal import certs
 from kernelbake.signing._internal.instances import PUBLIC_GOOD, STAGING
+from kernelbake.signing._internal.sigstore_private import (
+    ExpiredCertificate,
+    FulcioClientError,
+    RekorClientError,
+)
 from kernelbake.signing.errors import (
     InvalidSignature,
     MalformedSignature,
@@ -385,9 +388,8 @@ def verify_legacy(
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID
-    from sigstore._internal.sct import verify_sct
-    from sigstore._internal.trust import KeyringPurpose
-    from sigstore._utils import KeyID
+
+    from kernelbake.signing._internal.sigstore_private import KeyID, KeyringPurpose, verify_sct
 
     leaf, chain, payload, entry_set = _legacy_material(annotations, source=source)
     if not any(r.matches(certs.issuer(leaf), certs.subjects(leaf)) for r in rules):
