@@ -229,6 +229,28 @@ def test_other_spellings_of_the_registry_host_cannot_bypass_the_policy(world: Wo
     assert f"write it as {world.registry}/{REPOSITORY}" in response["status"]["message"]
 
 
+def test_image_volumes_are_verified_and_pinned_like_containers(world: World) -> None:
+    """The attack of issue 20: an unsigned image of the governed repository mounted over the
+    cache root of a signed container was admitted. Denied now, on both endpoints; a signed
+    volume is pinned to its signed digest."""
+    attack = documents.add_image_volume(
+        documents.load("pod-create", world.h100.tagged), world.unsigned.tagged
+    )
+    for path in ("/mutate", "/validate"):
+        response = world.post(path, attack)
+        assert response["allowed"] is False, response
+        message = response["status"]["message"]
+        assert f'image volume "kernel-cache": image {world.unsigned.tagged} was rejected' in message
+        assert "no signature found" in message
+    doc = documents.add_image_volume(documents.load("pod-create", world.h100.tagged), world.a100.tagged)
+    response = world.post("/mutate", doc)
+    assert response["allowed"] is True, response
+    pod = documents.apply_patch(doc, response)
+    assert pod["spec"]["volumes"][1]["image"]["reference"] == world.a100.pinned
+    doc["request"]["object"] = pod
+    assert world.post("/validate", doc)["allowed"] is True
+
+
 def test_ungoverned_images_pass_untouched(world: World) -> None:
     doc = documents.schedule(documents.load("pod-create", "docker.io/library/busybox:1.36"))
     assert world.post("/mutate", doc) == {"uid": doc["request"]["uid"], "allowed": True}
