@@ -253,11 +253,53 @@ def test_delete_and_connect_are_allowed(verifier: FakeVerifier, operation: str) 
 def test_objects_being_deleted_and_status_updates_are_allowed(verifier: FakeVerifier) -> None:
     doc = documents.as_update(documents.load("pod-create", f"{REPO}:unsigned"), old_image=f"{REPO}:unsigned")
     doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
-    assert answer(verifier, doc)["allowed"] is True
+    # A finalizer removed, a grace period shortened: nothing that runs is new.
+    doc["request"]["object"]["metadata"]["finalizers"] = []
+    doc["request"]["object"]["spec"]["terminationGracePeriodSeconds"] = 0
+    assert answer(verifier, doc) == {"uid": doc["request"]["uid"], "allowed": True}
     doc["request"]["object"]["metadata"].pop("deletionTimestamp")
     doc["request"]["subResource"] = "status"
     assert answer(verifier, doc)["allowed"] is True
     assert verifier.calls == []
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+def test_a_create_carrying_a_deletion_timestamp_is_reviewed(
+    verifier: FakeVerifier, endpoint: Endpoint
+) -> None:
+    """The API server clears a new object's deletionTimestamp only after mutating admission:
+    skipping review for it admitted any image unverified and unpinned."""
+    doc = documents.load("pod-create", f"{REPO}:unsigned")
+    doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc, endpoint)
+    assert response["allowed"] is False
+    assert "has no signature from a trusted identity" in response["status"]["message"]
+    doc = documents.load("deployment-create", TAG)
+    doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc, endpoint)
+    assert response["allowed"] is True
+    if endpoint is Endpoint.MUTATE:
+        spec = documents.apply_patch(doc, response)["spec"]["template"]["spec"]
+        assert spec["containers"][0]["image"] == f"{REPO}@{DIGEST}"
+
+
+def test_an_update_of_an_object_being_deleted_that_brings_a_new_image_is_reviewed(
+    verifier: FakeVerifier,
+) -> None:
+    doc = documents.as_update(documents.load("deployment-create", f"{REPO}:unsigned"), old_image=TAG)
+    for which in ("object", "oldObject"):
+        doc["request"][which]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc)
+    assert response["allowed"] is False
+    assert f"image {REPO}:unsigned was rejected" in response["status"]["message"]
+    # A new image volume is a new image too.
+    doc = documents.as_update(documents.load("deployment-create", TAG), old_image=TAG)
+    for which in ("object", "oldObject"):
+        doc["request"][which]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    documents.add_image_volume(doc, f"{REPO}:unsigned")
+    response = answer(verifier, doc)
+    assert response["allowed"] is False
+    assert f'image volume "kernel-cache": image {REPO}:unsigned was rejected' in response["status"]["message"]
 
 
 def test_unknown_kinds_are_denied_in_enforce_mode_and_warned_in_warn_mode(verifier: FakeVerifier) -> None:

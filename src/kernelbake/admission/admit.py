@@ -77,10 +77,6 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
         return Plan(request, final=allow)
     if request.sub_resource not in _CHECKED_SUBRESOURCES:
         return Plan(request, final=allow)
-    metadata = request.object.get("metadata")
-    if isinstance(metadata, dict) and metadata.get("deletionTimestamp"):
-        # Being deleted: denying now would only block finalizers and garbage collection.
-        return Plan(request, final=allow)
     try:
         found = pod_spec(request.kind, request.object)
         if found is None:
@@ -100,6 +96,16 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
             if old is not None:
                 old_images = _images(spec_path, old)
         sites = list(image_sites(spec_path, spec))
+        if (
+            request.operation is Operation.UPDATE
+            and _being_deleted(request.object)
+            and all(old_images.get(s.path) == s.image for s in sites)
+        ):
+            # Being deleted, and every image was already there: denying now would only block
+            # finalizers and garbage collection. Never on CREATE: the API server clears a
+            # deletionTimestamp sent with a new object only after mutating admission, so it
+            # would wave an unreviewed image through.
+            return Plan(request, final=allow)
         governed: list[Governed] = []
         problems: list[str] = []
         notes: list[str] = []
@@ -139,6 +145,11 @@ def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator
     """Every image the pod pulls: its containers' and its image volumes'."""
     yield from containers(spec_path, spec)
     yield from image_volumes(spec_path, spec)
+
+
+def _being_deleted(obj: Mapping[str, Any]) -> bool:
+    metadata = obj.get("metadata")
+    return isinstance(metadata, dict) and bool(metadata.get("deletionTimestamp"))
 
 
 def _old_spec(request: Request) -> Mapping[str, Any] | None:
