@@ -1,11 +1,11 @@
 """The decision, in two pure halves around the gateway's I/O.
 
 ``plan`` reads the request: which containers and image volumes name governed images, what is
-wrong before any registry is asked (a reference without tag or digest, an unparseable one), or
-a final answer when there is nothing to check. ``decide`` turns verification outcomes into the
-response: signatures, GPU matching for every way the pod can schedule (containers; an image
-volume's check is ``volumes.check``), and in the mutating endpoint a JSONPatch pinning each
-governed image to the digest that was verified.
+wrong before any registry is asked (a reference without tag or digest, an unparseable one, an
+unlisted registry), or a final answer when there is nothing to check. ``decide`` turns
+verification outcomes into the response: signatures, GPU matching for every way the pod can
+schedule (containers; an image volume's check is ``volumes.check``), and in the mutating
+endpoint a JSONPatch pinning each governed image to the digest that was verified.
 """
 
 from __future__ import annotations
@@ -106,14 +106,15 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
             # deletionTimestamp sent with a new object only after mutating admission, so it
             # would wave an unreviewed image through.
             return Plan(request, final=allow)
+        registries = policy.listed_registries()
         governed: list[Governed] = []
         problems: list[str] = []
         notes: list[str] = []
         for site in sites:
-            ref = _classify(site.image, policy.images)
+            ref = _classify(site.image, policy.images, registries)
             if ref is None:
                 continue
-            if isinstance(ref, InvalidReference):
+            if isinstance(ref, str):
                 problems.append(f"{site.where}: {ref}")
                 continue
             if ref.tag is None and ref.digest is None:
@@ -169,27 +170,35 @@ def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[s
 
 
 @functools.lru_cache(maxsize=4096)
-def _classify(image: str, patterns: tuple[str, ...]) -> ImageRef | InvalidReference | None:
-    """The parsed reference if ``patterns`` govern it; a problem (as ``InvalidReference``) when
-    it cannot be canonicalised or may name a governed repository through another spelling of
-    its host; else None (ungoverned). Fails closed: a reference the runtime might read
-    differently from us is never waved through. Memoised: a cluster runs few images."""
+def _classify(
+    image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
+) -> ImageRef | str | None:
+    """The parsed reference if ``patterns`` govern it; a problem when it cannot be
+    canonicalised, may name a governed repository through another spelling of its host, or
+    (``registries`` given: ``unlisted_registries: deny``) comes from a registry not listed;
+    else None (ungoverned). Fails closed: a reference the runtime might read differently from
+    us is never waved through. Memoised: a cluster runs few images."""
     try:
         ref = parse_reference(image)
     except InvalidReference as exc:
-        return InvalidReference(f"{exc}; kernelbake admission admits only references it can read")
+        return f"{exc}; kernelbake admission admits only references it can read"
     if any(matches(ref.name, p) for p in patterns):
         if ref.digest is not None and not ref.digest.startswith("sha256:"):
-            return InvalidReference(
-                f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
-            )
+            return f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
         return ref
     for alias in alias_names(ref):
         if any(matches(alias, p) for p in patterns):
-            return InvalidReference(
+            return (
                 f"image {image!r} may name the governed repository {alias} through another spelling "
                 f"of its registry host; write it as {alias}"
             )
+    if registries is not None and not any(matches(ref.domain, r) for r in registries):
+        # The one answer to a name that reaches a governed registry in a way no name check can
+        # see (an /etc/hosts or DNS alias): only registries the policy names are pulled from.
+        return (
+            f"image {image!r} is from the registry {ref.domain}, which the policy does not list "
+            "(unlisted_registries: deny); govern it under images, or list it in unverified_registries"
+        )
     return None
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kernelbake import oci
 from kernelbake.oci import InvalidReference
-from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host_pattern
+from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host, canonical_host_pattern
 from kernelbake.oci.reference import is_digest, split_registry
 
 __all__ = ["ImageRef", "InvalidReference", "alias_names", "matches", "normalise_pattern", "parse_reference"]
@@ -66,6 +66,7 @@ def parse_reference(text: str) -> ImageRef:
     if not isinstance(text, str) or not text or text != text.strip():
         raise InvalidReference(f"image {text!r} is empty or has surrounding whitespace")
     rest, at, digest = text.partition("@")
+    _refuse_dotted_brackets(text, split_registry(rest)[0])
     if at and not is_digest(digest):
         if not _OTHER_DIGEST.fullmatch(digest):
             raise InvalidReference(
@@ -82,6 +83,22 @@ def parse_reference(text: str) -> ImageRef:
         tag=ref.tag if written_tag else None,
         digest=digest if at else None,
         written_name=rest[:colon] if written_tag else rest,
+    )
+
+
+def _refuse_dotted_brackets(text: str, host: str) -> None:
+    """``[::ffff:127.0.0.1]:5000``: the distribution reference grammar (what container runtimes
+    parse with) allows only hex digits and colons between brackets, so no runtime pulls this;
+    it is unreadable like any bad host, and the message names the spelling that works."""
+    if not (host.startswith("[") and "." in host.partition("]")[0]):
+        return
+    try:
+        instead = canonical_host(host)
+    except InvalidHost:
+        return  # not an address at all: the parser's own message
+    raise InvalidReference(
+        f"image reference {text!r}: registry host {host!r} has a dotted IPv4 address between "
+        f"brackets, which container runtimes do not accept as a reference; write {instead}"
     )
 
 
@@ -122,4 +139,5 @@ def _match(name: Sequence[str], pattern: Sequence[str]) -> bool:
     head, tail = pattern[0], pattern[1:]
     if head == "**":
         return any(_match(name[i:], tail) for i in range(len(name) + 1))
-    return bool(name) and fnmatch.fnmatchcase(name[0], head) and _match(name[1:], tail)
+    # Equal first: an IPv6 host (``[::1]:5000``) is a glob character class to fnmatch.
+    return bool(name) and (head == name[0] or fnmatch.fnmatchcase(name[0], head)) and _match(name[1:], tail)
