@@ -23,6 +23,7 @@ _SPEC_PATHS = {
     "Pod": ("spec",),
     "Deployment": ("spec", "template", "spec"),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+    "PodTemplate": ("template", "spec"),
 }
 
 
@@ -49,6 +50,26 @@ def set_images(doc: dict[str, Any], image: str, *, only: str | None = None) -> d
         for c in spec.get(field, []):
             if (only is None and c["image"] in ("IMAGE", image)) or c["name"] == only:
                 c["image"] = image
+    return doc
+
+
+def add_image_volume(
+    doc: dict[str, Any],
+    reference: str,
+    *,
+    name: str = "kernel-cache",
+    pull_policy: str = "IfNotPresent",
+    which: str = "object",
+) -> dict[str, Any]:
+    """Mount the image ``reference`` (a Kubernetes image volume) over the kernelbake cache root
+    of the first container, as the attack of issue 20 did."""
+    spec = pod_spec(doc, which)
+    spec.setdefault("volumes", []).append(
+        {"name": name, "image": {"reference": reference, "pullPolicy": pull_policy}}
+    )
+    spec["containers"][0].setdefault("volumeMounts", []).append(
+        {"name": name, "mountPath": "/opt/kernelbake/cache", "readOnly": True}
+    )
     return doc
 
 

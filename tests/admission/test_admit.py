@@ -151,6 +151,44 @@ def test_images_outside_the_policy_pass_untouched(verifier: FakeVerifier) -> Non
     assert verifier.calls == []
 
 
+def test_unlisted_registries_deny_closes_names_no_check_can_see_through(verifier: FakeVerifier) -> None:
+    """``vm:5101`` may be an /etc/hosts alias of the governed registry: no name check can tell.
+    With ``unlisted_registries: deny`` only the registries the policy names are pulled from."""
+    policy = {"unlisted_registries": "deny", "unverified_registries": ["docker.io"]}
+    doc = documents.load("pod-create", "vm:5101/kernelbake/qwen3-0.6b:h100")
+    assert answer(verifier, doc)["allowed"] is True
+    response = answer(verifier, doc, **policy)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        "kernelbake admission: container \"vllm\": image 'vm:5101/kernelbake/qwen3-0.6b:h100' is from the "
+        "registry vm:5101, which the policy does not list (unlisted_registries: deny); govern it under "
+        "images, or list it in unverified_registries"
+    )
+    # Governed images are verified as before; Docker Hub is listed; the governed host's other
+    # repositories pass untouched.
+    doc = documents.load("deployment-create", TAG)
+    documents.set_images(doc, "registry.example.com/tools/preflight:1", only="preflight")
+    documents.add_image_volume(doc, "ghcr.io/acme/cache:1")
+    response = answer(verifier, doc, **policy)
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        "kernelbake admission: image volume \"kernel-cache\": image 'ghcr.io/acme/cache:1' is from the "
+        "registry ghcr.io, which the policy does not list (unlisted_registries: deny); govern it under "
+        "images, or list it in unverified_registries"
+    )
+    documents.pod_spec(doc)["volumes"] = []
+    response = answer(verifier, doc, **policy)
+    assert response["allowed"] is True, response
+    assert [op["path"] for op in json.loads(base64.b64decode(response["patch"]))] == [
+        "/spec/template/spec/containers/0/image"
+    ]
+    warned = answer(verifier, documents.load("pod-create", "vm:5101/x:1"), mode="warn", **policy)
+    assert warned["allowed"] is True
+    assert warned["warnings"][0].startswith(
+        "kernelbake (warn mode) would deny: container \"vllm\": image 'vm:5101/x:1'"
+    )
+
+
 def test_a_reference_that_cannot_be_read_is_denied_wherever_it_points(verifier: FakeVerifier) -> None:
     # The runtime might read it differently from us: it could name a governed repository.
     response = answer(verifier, documents.schedule(documents.load("pod-create", "Not A Ref")))
@@ -253,11 +291,53 @@ def test_delete_and_connect_are_allowed(verifier: FakeVerifier, operation: str) 
 def test_objects_being_deleted_and_status_updates_are_allowed(verifier: FakeVerifier) -> None:
     doc = documents.as_update(documents.load("pod-create", f"{REPO}:unsigned"), old_image=f"{REPO}:unsigned")
     doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
-    assert answer(verifier, doc)["allowed"] is True
+    # A finalizer removed, a grace period shortened: nothing that runs is new.
+    doc["request"]["object"]["metadata"]["finalizers"] = []
+    doc["request"]["object"]["spec"]["terminationGracePeriodSeconds"] = 0
+    assert answer(verifier, doc) == {"uid": doc["request"]["uid"], "allowed": True}
     doc["request"]["object"]["metadata"].pop("deletionTimestamp")
     doc["request"]["subResource"] = "status"
     assert answer(verifier, doc)["allowed"] is True
     assert verifier.calls == []
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+def test_a_create_carrying_a_deletion_timestamp_is_reviewed(
+    verifier: FakeVerifier, endpoint: Endpoint
+) -> None:
+    """The API server clears a new object's deletionTimestamp only after mutating admission:
+    skipping review for it admitted any image unverified and unpinned."""
+    doc = documents.load("pod-create", f"{REPO}:unsigned")
+    doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc, endpoint)
+    assert response["allowed"] is False
+    assert "has no signature from a trusted identity" in response["status"]["message"]
+    doc = documents.load("deployment-create", TAG)
+    doc["request"]["object"]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc, endpoint)
+    assert response["allowed"] is True
+    if endpoint is Endpoint.MUTATE:
+        spec = documents.apply_patch(doc, response)["spec"]["template"]["spec"]
+        assert spec["containers"][0]["image"] == f"{REPO}@{DIGEST}"
+
+
+def test_an_update_of_an_object_being_deleted_that_brings_a_new_image_is_reviewed(
+    verifier: FakeVerifier,
+) -> None:
+    doc = documents.as_update(documents.load("deployment-create", f"{REPO}:unsigned"), old_image=TAG)
+    for which in ("object", "oldObject"):
+        doc["request"][which]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    response = answer(verifier, doc)
+    assert response["allowed"] is False
+    assert f"image {REPO}:unsigned was rejected" in response["status"]["message"]
+    # A new image volume is a new image too.
+    doc = documents.as_update(documents.load("deployment-create", TAG), old_image=TAG)
+    for which in ("object", "oldObject"):
+        doc["request"][which]["metadata"]["deletionTimestamp"] = "2025-11-03T10:00:00Z"
+    documents.add_image_volume(doc, f"{REPO}:unsigned")
+    response = answer(verifier, doc)
+    assert response["allowed"] is False
+    assert f'image volume "kernel-cache": image {REPO}:unsigned was rejected' in response["status"]["message"]
 
 
 def test_unknown_kinds_are_denied_in_enforce_mode_and_warned_in_warn_mode(verifier: FakeVerifier) -> None:

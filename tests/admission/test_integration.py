@@ -207,7 +207,8 @@ def test_registry_down_or_silent_is_a_503_denial(world: World, which: str) -> No
 def test_other_spellings_of_the_registry_host_cannot_bypass_the_policy(world: World) -> None:
     """The registry is governed as ``127.0.0.1:<port>``; the runtime reaches the same server
     through ``127.1:<port>`` or ``0x7f.0.0.1:<port>``: those are verified like the canonical
-    name, and ``localhost:<port>`` (maybe the same server) is denied naming the spelling."""
+    name, and ``localhost:<port>``, ``0.0.0.0:<port>`` … (maybe the same server) are denied
+    naming the spelling."""
     port = world.registry.rpartition(":")[2]
     unsigned = world.unsigned.tagged.replace(world.registry, f"0x7f.0.0.1:{port}")
     response = world.post("/mutate", documents.load("pod-create", unsigned))
@@ -223,10 +224,34 @@ def test_other_spellings_of_the_registry_host_cannot_bypass_the_policy(world: Wo
         f"127.1:0{port}/{REPOSITORY}@{world.h100.digest}"
     )
 
-    alias = world.unsigned.tagged.replace(world.registry, f"localhost:{port}")
-    response = world.post("/mutate", documents.load("pod-create", alias))
-    assert response["allowed"] is False
-    assert f"write it as {world.registry}/{REPOSITORY}" in response["status"]["message"]
+    # The unspecified addresses reach the local host as loopback does (issue 20, item 10).
+    for host in ("localhost", "0.0.0.0", "0", "[::]"):
+        alias = world.unsigned.tagged.replace(world.registry, f"{host}:{port}")
+        response = world.post("/mutate", documents.load("pod-create", alias))
+        assert response["allowed"] is False, (alias, response)
+        assert f"write it as {world.registry}/{REPOSITORY}" in response["status"]["message"]
+
+
+def test_image_volumes_are_verified_and_pinned_like_containers(world: World) -> None:
+    """The attack of issue 20: an unsigned image of the governed repository mounted over the
+    cache root of a signed container was admitted. Denied now, on both endpoints; a signed
+    volume is pinned to its signed digest."""
+    attack = documents.add_image_volume(
+        documents.load("pod-create", world.h100.tagged), world.unsigned.tagged
+    )
+    for path in ("/mutate", "/validate"):
+        response = world.post(path, attack)
+        assert response["allowed"] is False, response
+        message = response["status"]["message"]
+        assert f'image volume "kernel-cache": image {world.unsigned.tagged} was rejected' in message
+        assert "no signature found" in message
+    doc = documents.add_image_volume(documents.load("pod-create", world.h100.tagged), world.a100.tagged)
+    response = world.post("/mutate", doc)
+    assert response["allowed"] is True, response
+    pod = documents.apply_patch(doc, response)
+    assert pod["spec"]["volumes"][1]["image"]["reference"] == world.a100.pinned
+    doc["request"]["object"] = pod
+    assert world.post("/validate", doc)["allowed"] is True
 
 
 def test_ungoverned_images_pass_untouched(world: World) -> None:

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.admission.policy import GpuMatch, Mode, OnRegistryError, PolicyError, load_admission_policy
+from kernelbake.admission.policy import (
+    GpuMatch,
+    Mode,
+    OnRegistryError,
+    PolicyError,
+    UnlistedRegistries,
+    load_admission_policy,
+)
 from kernelbake.errors import BadInput
 
 GOOD = """\
@@ -129,6 +136,30 @@ def test_verification_capacity_per_registry(tmp_path: Path) -> None:
             "p.yaml:3: registry_queue: expected an integer >= 0, got -1",
         ),
         ("images: [a/**\nverify: x\n", "p.yaml:2: malformed YAML: "),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunlisted_registries: block\n",
+            "p.yaml:3: unlisted_registries: unknown value 'block'; expected one of: allow, deny",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunverified_registries: [docker.io]\n",
+            "p.yaml:3: unverified_registries: is read only with unlisted_registries: deny",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunlisted_registries: deny\nunverified_registries: docker.io\n",
+            "p.yaml:4: unverified_registries: expected a list, got str",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunlisted_registries: deny\nunverified_registries: [docker.io/prom]\n",
+            "p.yaml:4: unverified_registries[0]: 'docker.io/prom' is not a registry host[:port]",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunlisted_registries: deny\nunverified_registries:\n  - quay.io\n  - vm\n",
+            "p.yaml:6: unverified_registries[1]: registry host 'vm': a one-label host without a port",
+        ),
+        (
+            "images: [a/**]\nverify: {k: 1}\nunlisted_registries: deny\nunverified_registries: ['r.io:99999']\n",
+            "p.yaml:4: unverified_registries[0]: registry host 'r.io:99999': port",
+        ),
     ],
 )
 def test_bad_policies_name_file_and_field(tmp_path: Path, text: str, where: str) -> None:
@@ -140,6 +171,32 @@ def test_bad_policies_name_file_and_field(tmp_path: Path, text: str, where: str)
     assert message.startswith(where), message
     assert "\n" not in message
     assert isinstance(err.value, BadInput) and err.value.return_code == 2
+
+
+def test_unlisted_registries_allow_by_default_and_deny_lists_the_policys_hosts(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("images: [r.example.com/kb/**, 'LOCALHOST:05101/kb/**']\nverify: {keys: [k.pem]}\n")
+    policy = load_admission_policy(path)
+    assert policy.unlisted_registries is UnlistedRegistries.ALLOW
+    assert policy.listed_registries() is None
+    path.write_text(
+        "images: [r.example.com/kb/**, 'LOCALHOST:05101/kb/**', r.example.com/other/**]\n"
+        "verify: {keys: [k.pem]}\n"
+        "unlisted_registries: deny\n"
+        "unverified_registries: [index.docker.io, Quay.IO, '*.mirror.example.com:5000', '[::1]:5000']\n"
+    )
+    policy = load_admission_policy(path)
+    assert policy.unlisted_registries is UnlistedRegistries.DENY
+    assert policy.listed_registries() == (
+        "r.example.com",
+        "localhost:5101",
+        "docker.io",
+        "quay.io",
+        "*.mirror.example.com:5000",
+        "[::1]:5000",
+    )
+    path.write_text("images: [r.example.com/kb/**]\nverify: {keys: [k.pem]}\nunlisted_registries: deny\n")
+    assert load_admission_policy(path).listed_registries() == ("r.example.com",)
 
 
 def test_a_missing_policy_file_is_bad_input(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ D = "sha256:" + "a" * 64
         ("0x7f.0.0.1:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
         ("0177.0.0.1:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
         ("2130706433:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("[::ffff:7f00:1]:5000/kb/x:1", "127.0.0.1:5000/kb/x", "1", None),
+        ("0:5000/kb/x:1", "0.0.0.0:5000/kb/x", "1", None),
+        ("[0::0]:5000/kb/x:1", "[::]:5000/kb/x", "1", None),
         ("123abc.de/kb/x:1", "123abc.de/kb/x", "1", None),
         # Any digest algorithm parses (ungoverned images may use them).
         (f"ubuntu@sha512:{'b' * 128}", "docker.io/library/ubuntu", None, f"sha512:{'b' * 128}"),
@@ -139,8 +142,8 @@ GOVERNED = tuple(
 )
 
 
-def classify(image: str) -> ImageRef | InvalidReference | None:
-    return _classify(image, GOVERNED)
+def classify(image: str, registries: tuple[str, ...] | None = None) -> ImageRef | str | None:
+    return _classify(image, GOVERNED, registries)
 
 
 def test_the_spelling_bypass_is_closed() -> None:
@@ -158,26 +161,62 @@ def test_the_spelling_bypass_is_closed() -> None:
         ("127.0.0.2:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x"),
         ("localhost:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
         ("registry.example.com:80/kb/x:1", "registry.example.com/kb/x"),
+        # A connection to the unspecified address reaches the local host.
+        ("0.0.0.0:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
+        ("0:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
+        ("[::]:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
+        ("[::ffff:0:0]:5000/kb/x:v1", "127.0.0.1:5000/kb/x"),
+        ("0.0.0.0:5055/kernelbake/x:v1", "localhost:5055/kernelbake/x"),
     ],
 )
 def test_another_server_spelling_that_may_be_governed_is_denied_naming_the_spelling(
     image: str, alias: str
 ) -> None:
     problem = classify(image)
-    assert isinstance(problem, InvalidReference)
-    assert f"write it as {alias}" in str(problem)
+    assert isinstance(problem, str)
+    assert f"write it as {alias}" in problem
+
+
+def test_a_governed_unspecified_address_governs_its_loopback_spellings() -> None:
+    governed = (normalise_pattern("0.0.0.0:5101/kb/**"), normalise_pattern("[::1]:5102/kb/**"))
+    for image, alias in [
+        ("127.0.0.1:5101/kb/x:1", "0.0.0.0:5101/kb/x"),
+        ("[::]:5101/kb/x:1", "0.0.0.0:5101/kb/x"),
+        ("localhost:5102/kb/x:1", "[::1]:5102/kb/x"),
+    ]:
+        problem = _classify(image, governed, None)
+        assert isinstance(problem, str) and f"write it as {alias}" in problem, (image, problem)
+    # An IPv6 host in a pattern is matched as written, not read as a glob character class.
+    for image in ("[::1]:5102/kb/x:1", "[0:0::1]:5102/kb/x:1"):
+        ref = _classify(image, governed, None)
+        assert isinstance(ref, ImageRef) and ref.name == "[::1]:5102/kb/x"
+
+
+def test_an_ipv4_address_between_brackets_is_denied_naming_the_spelling_to_write() -> None:
+    """The README said IPv4-mapped hosts become IPv4, and ``[::ffff:127.0.0.1]`` was denied as a
+    "bad registry host". Both hold now, and say so: the hex form becomes IPv4, the dotted form
+    is no reference a runtime pulls (the distribution grammar allows hex digits and colons
+    between brackets) and the message names the IPv4 spelling."""
+    with pytest.raises(InvalidReference) as err:
+        parse_reference("[::ffff:127.0.0.1]:5000/kb/x:1")
+    assert "container runtimes do not accept" in str(err.value)
+    assert str(err.value).endswith("write 127.0.0.1:5000")
+    problem = classify("[::ffff:127.0.0.1]:5000/kb/x:1")
+    assert isinstance(problem, str) and "write 127.0.0.1:5000" in problem
+    ref = classify("[::ffff:7f00:1]:5000/kb/x:1")
+    assert isinstance(ref, ImageRef) and ref.name == "127.0.0.1:5000/kb/x"
 
 
 @pytest.mark.parametrize("image", ["Not A Ref", "registry.example.com/KB/x:1", "x@sha256:", "::::"])
 def test_what_cannot_be_canonicalised_is_denied_with_the_reason(image: str) -> None:
     problem = classify(image)
-    assert isinstance(problem, InvalidReference)
-    assert "admits only references it can read" in str(problem)
+    assert isinstance(problem, str)
+    assert "admits only references it can read" in problem
 
 
 def test_a_governed_image_pinned_by_another_digest_algorithm_is_denied() -> None:
     problem = classify(f"registry.example.com/kb/x@sha512:{'b' * 128}")
-    assert isinstance(problem, InvalidReference) and "sha256 digests only" in str(problem)
+    assert isinstance(problem, str) and "sha256 digests only" in problem
     assert classify(f"registry.example.com/other/x@sha512:{'b' * 128}") is None
 
 
@@ -186,6 +225,42 @@ def test_a_governed_image_pinned_by_another_digest_algorithm_is_denied() -> None
 )
 def test_ungoverned_images_stay_ungoverned(image: str) -> None:
     assert classify(image) is None
+
+
+LISTED = ("localhost:5055", "127.0.0.1:5000", "registry.example.com", "docker.io", "*.mirror.example.com")
+
+
+@pytest.mark.parametrize(
+    ("image", "registry"),
+    [
+        # An /etc/hosts alias of 127.0.0.1: no name check can tell.
+        ("vm:5000/kb/x:1", "vm:5000"),
+        ("quay.io/acme/x:1", "quay.io"),
+        ("localhost:5000/other/x:1", "localhost:5000"),
+        ("mirror.example.com/x:1", "mirror.example.com"),
+    ],
+)
+def test_unlisted_registries_deny_names_the_registry(image: str, registry: str) -> None:
+    problem = classify(image, LISTED)
+    assert isinstance(problem, str)
+    assert f"is from the registry {registry}, which the policy does not list" in problem
+    assert "unverified_registries" in problem
+    assert classify(image) is None
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["nginx:1", "registry.example.com/other/x:1", "127.0.0.1:5000/other/x:1", "a.mirror.example.com/x:1"],
+)
+def test_listed_registries_pass_their_ungoverned_images(image: str) -> None:
+    assert classify(image, LISTED) is None
+
+
+def test_governed_images_and_aliases_are_decided_before_the_registry_list() -> None:
+    ref = classify("registry.example.com/kb/x:1", ())
+    assert isinstance(ref, ImageRef)
+    problem = classify("localhost:5000/kb/x:1", ())
+    assert isinstance(problem, str) and "write it as 127.0.0.1:5000/kb/x" in problem
 
 
 # --- properties over the distribution reference grammar -------------------------------------
@@ -283,9 +358,10 @@ def test_every_spelling_of_a_governed_repository_is_governed_under_its_canonical
 
 def _loopback(host: str) -> bool:
     try:
-        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return False
+        return host == "localhost"
+    return address.is_loopback or address.is_unspecified
 
 
 @given(st.one_of(st.text(max_size=60), grammar_references(), spellings_of_governed().map(lambda c: c[0])))
@@ -307,7 +383,7 @@ def test_nothing_that_could_be_governed_is_waved_through(text: str) -> None:
         )
     )
     if _loopback(host):
-        for other in ("localhost", "127.0.0.1", "[::1]"):
+        for other in ("localhost", "127.0.0.1", "[::1]", "0.0.0.0", "[::]"):
             name = f"{other}:{port}/{ref.path}" if port else f"{other}/{ref.path}"
             assert not any(matches(name, p) for p in GOVERNED), (text, name)
 
@@ -319,7 +395,11 @@ def _recursive_match(name: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     head, tail = pattern[0], pattern[1:]
     if head == "**":
         return any(_recursive_match(name[i:], tail) for i in range(len(name) + 1))
-    return bool(name) and fnmatch.fnmatchcase(name[0], head) and _recursive_match(name[1:], tail)
+    return (
+        bool(name)
+        and (head == name[0] or fnmatch.fnmatchcase(name[0], head))
+        and _recursive_match(name[1:], tail)
+    )
 
 
 segments = st.sampled_from(["a", "b", "ab", ""])

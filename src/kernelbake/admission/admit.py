@@ -1,10 +1,11 @@
 """The decision, in two pure halves around the gateway's I/O.
 
-``plan`` reads the request: which containers run governed images, what is wrong before any
-registry is asked (a reference without tag or digest, an unparseable one), or a final answer
-when there is nothing to check. ``decide`` turns verification outcomes into the response:
-signatures, GPU matching for every way the pod can schedule, and in the mutating endpoint a
-JSONPatch pinning each governed image to the digest that was verified.
+``plan`` reads the request: which containers and image volumes name governed images, what is
+wrong before any registry is asked (a reference without tag or digest, an unparseable one, an
+unlisted registry), or a final answer when there is nothing to check. ``decide`` turns
+verification outcomes into the response: signatures, GPU matching for every way the pod can
+schedule (containers; an image volume's check is ``volumes.check``), and in the mutating
+endpoint a JSONPatch pinning each governed image to the digest that was verified.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kernelbake.admission import gpus
+from kernelbake.admission import gpus, volumes
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
 from kernelbake.admission.variants import Picker
-from kernelbake.admission.workloads import Container, MalformedObject, containers, known_kinds, pod_spec
+from kernelbake.admission.volumes import ImageVolume, image_volumes
+from kernelbake.admission.workloads import ImageSite, MalformedObject, containers, known_kinds, pod_spec
 from kernelbake.contract.variants import Variant
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
@@ -42,10 +44,10 @@ class Endpoint(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Governed:
-    container: Container
+    site: ImageSite
     ref: ImageRef
-    # UPDATE that leaves this container's image as it was: checked, never rewritten (on a
-    # running Pod a new image string restarts the container).
+    # UPDATE that leaves this image as it was: checked, never rewritten (on a running Pod a new
+    # image string restarts the container).
     unchanged: bool = False
 
     @property
@@ -75,10 +77,6 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
         return Plan(request, final=allow)
     if request.sub_resource not in _CHECKED_SUBRESOURCES:
         return Plan(request, final=allow)
-    metadata = request.object.get("metadata")
-    if isinstance(metadata, dict) and metadata.get("deletionTimestamp"):
-        # Being deleted: denying now would only block finalizers and garbage collection.
-        return Plan(request, final=allow)
     try:
         found = pod_spec(request.kind, request.object)
         if found is None:
@@ -88,7 +86,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
             )
             return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
         spec_path, spec = found
-        old_images: dict[tuple[str, int], str] = {}
+        old_images: dict[tuple[str, ...], str] = {}
         if request.operation is Operation.UPDATE and request.old_object is not None:
             old = _old_spec(request)
             if old == spec:
@@ -97,28 +95,40 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                 return Plan(request, final=allow)
             if old is not None:
                 old_images = _images(spec_path, old)
+        sites = list(image_sites(spec_path, spec))
+        if (
+            request.operation is Operation.UPDATE
+            and _being_deleted(request.object)
+            and all(old_images.get(s.path) == s.image for s in sites)
+        ):
+            # Being deleted, and every image was already there: denying now would only block
+            # finalizers and garbage collection. Never on CREATE: the API server clears a
+            # deletionTimestamp sent with a new object only after mutating admission, so it
+            # would wave an unreviewed image through.
+            return Plan(request, final=allow)
+        registries = policy.listed_registries()
         governed: list[Governed] = []
         problems: list[str] = []
         notes: list[str] = []
-        for c in containers(spec_path, spec):
-            ref = _classify(c.image, policy.images)
+        for site in sites:
+            ref = _classify(site.image, policy.images, registries)
             if ref is None:
                 continue
-            if isinstance(ref, InvalidReference):
-                problems.append(f"{c.where}: {ref}")
+            if isinstance(ref, str):
+                problems.append(f"{site.where}: {ref}")
                 continue
             if ref.tag is None and ref.digest is None:
                 problems.append(
-                    f"{c.where}: image {c.image} has no tag or digest; name the tag kernelbake built "
+                    f"{site.where}: image {site.image} has no tag or digest; name the tag kernelbake built "
                     "(kernelbake plan shows it) or pin a digest"
                 )
                 continue
             if ref.tag is not None and ref.digest is not None:
                 notes.append(
-                    f"{c.where}: image {c.image} names a tag and a digest; the digest wins: it is what "
+                    f"{site.where}: image {site.image} names a tag and a digest; the digest wins: it is what "
                     "was verified, and the tag is dropped"
                 )
-            governed.append(Governed(c, ref, unchanged=old_images.get((c.field, c.index)) == c.image))
+            governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
         found_ways = tuple(ways(spec)) if governed else ()
     except MalformedObject as exc:
         return Plan(
@@ -132,6 +142,17 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
     return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
 
 
+def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[ImageSite]:
+    """Every image the pod pulls: its containers' and its image volumes'."""
+    yield from containers(spec_path, spec)
+    yield from image_volumes(spec_path, spec)
+
+
+def _being_deleted(obj: Mapping[str, Any]) -> bool:
+    metadata = obj.get("metadata")
+    return isinstance(metadata, dict) and bool(metadata.get("deletionTimestamp"))
+
+
 def _old_spec(request: Request) -> Mapping[str, Any] | None:
     assert request.old_object is not None
     try:
@@ -141,35 +162,43 @@ def _old_spec(request: Request) -> Mapping[str, Any] | None:
     return found[1] if found else None
 
 
-def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[str, ...], str]:
     try:
-        return {(c.field, c.index): c.image for c in containers(spec_path, spec)}
+        return {s.path: s.image for s in image_sites(spec_path, spec)}
     except MalformedObject:
         return {}
 
 
 @functools.lru_cache(maxsize=4096)
-def _classify(image: str, patterns: tuple[str, ...]) -> ImageRef | InvalidReference | None:
-    """The parsed reference if ``patterns`` govern it; a problem (as ``InvalidReference``) when
-    it cannot be canonicalised or may name a governed repository through another spelling of
-    its host; else None (ungoverned). Fails closed: a reference the runtime might read
-    differently from us is never waved through. Memoised: a cluster runs few images."""
+def _classify(
+    image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
+) -> ImageRef | str | None:
+    """The parsed reference if ``patterns`` govern it; a problem when it cannot be
+    canonicalised, may name a governed repository through another spelling of its host, or
+    (``registries`` given: ``unlisted_registries: deny``) comes from a registry not listed;
+    else None (ungoverned). Fails closed: a reference the runtime might read differently from
+    us is never waved through. Memoised: a cluster runs few images."""
     try:
         ref = parse_reference(image)
     except InvalidReference as exc:
-        return InvalidReference(f"{exc}; kernelbake admission admits only references it can read")
+        return f"{exc}; kernelbake admission admits only references it can read"
     if any(matches(ref.name, p) for p in patterns):
         if ref.digest is not None and not ref.digest.startswith("sha256:"):
-            return InvalidReference(
-                f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
-            )
+            return f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
         return ref
     for alias in alias_names(ref):
         if any(matches(alias, p) for p in patterns):
-            return InvalidReference(
+            return (
                 f"image {image!r} may name the governed repository {alias} through another spelling "
                 f"of its registry host; write it as {alias}"
             )
+    if registries is not None and not any(matches(ref.domain, r) for r in registries):
+        # The one answer to a name that reaches a governed registry in a way no name check can
+        # see (an /etc/hosts or DNS alias): only registries the policy names are pulled from.
+        return (
+            f"image {image!r} is from the registry {ref.domain}, which the policy does not list "
+            "(unlisted_registries: deny); govern it under images, or list it in unverified_registries"
+        )
     return None
 
 
@@ -193,7 +222,7 @@ def decide(
     )
     for g in plan.governed:
         outcome = outcomes.get(g.target) or late
-        subject = f"{g.container.where}: image {g.container.image}"
+        subject = f"{g.site.where}: image {g.site.image}"
         asked = g.ref.digest
         claimed = None
         if isinstance(outcome, IndexAccepted):
@@ -235,16 +264,21 @@ def decide(
                     f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index"
                 )
                 continue
-            verdict = judge(image.key, plan.ways)
-            if not verdict.ok:
-                problems.append(
-                    f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
-                    f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})"
-                )
-            notes += [f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes]
+            if isinstance(g.site, ImageVolume):
+                found, said = volumes.check(image.key, plan.ways)
+                problems += [f"{subject}: {p}" for p in found]
+                notes += [f"{subject}: {n}" for n in said]
+            else:
+                verdict = judge(image.key, plan.ways)
+                if not verdict.ok:
+                    problems.append(
+                        f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
+                        f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})"
+                    )
+                notes += [f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes]
             pinned = g.ref.rewritten(image.digest)
-            if endpoint is Endpoint.MUTATE and pinned != g.container.image and not g.unchanged:
-                patch.append({"op": "replace", "path": g.container.pointer, "value": pinned})
+            if endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
+                patch.append({"op": "replace", "path": g.site.pointer, "value": pinned})
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
 

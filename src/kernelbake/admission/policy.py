@@ -15,6 +15,7 @@ from typing import Any
 
 from kernelbake.admission.references import InvalidReference, matches, normalise_pattern
 from kernelbake.errors import BadInput
+from kernelbake.oci.hosts import InvalidHost, canonical_host_pattern
 from kernelbake.validate import Source, load_yaml
 
 
@@ -44,9 +45,21 @@ class OnRegistryError(enum.Enum):
     UNSAFE_ALLOW = "unsafe-allow"
 
 
+class UnlistedRegistries(enum.Enum):
+    # Images outside ``images`` pass untouched, wherever they come from (the default: a policy
+    # governs its repositories and nothing else).
+    ALLOW = "allow"
+    # Only registries the policy names are pulled from: hosts in ``images`` patterns (their
+    # other repositories pass untouched) and ``unverified_registries``. The answer to a name
+    # that reaches a governed registry through an alias no name check can see (/etc/hosts, DNS).
+    DENY = "deny"
+
+
 _TOP = (
     "mode",
     "images",
+    "unlisted_registries",
+    "unverified_registries",
     "verify",
     "gpu",
     "registry_errors",
@@ -79,6 +92,9 @@ class AdmissionPolicy:
     images: tuple[str, ...]
     verify: Mapping[str, Any]
     mode: Mode = Mode.ENFORCE
+    unlisted_registries: UnlistedRegistries = UnlistedRegistries.ALLOW
+    # Registry host patterns whose images outside ``images`` pass unverified (deny mode only).
+    unverified_registries: tuple[str, ...] = ()
     gpu_match: GpuMatch = GpuMatch.DEVICE
     registry_errors: OnRegistryError = OnRegistryError.DENY
     # Below the API server's default webhook timeout (10 s) so a slow registry yields a
@@ -99,11 +115,25 @@ class AdmissionPolicy:
         """Whether the normalised ``host/repository`` is one this policy checks."""
         return any(matches(name, p) for p in self.images)
 
+    def listed_registries(self) -> tuple[str, ...] | None:
+        """The registry host patterns images may come from, or None when any may
+        (``unlisted_registries: allow``)."""
+        if self.unlisted_registries is UnlistedRegistries.ALLOW:
+            return None
+        hosts = tuple(p.partition("/")[0] for p in self.images)
+        return tuple(dict.fromkeys(hosts + self.unverified_registries))
+
     @classmethod
     def from_mapping(cls, data: Any, *, source: str | Source) -> AdmissionPolicy:
         src = (source if isinstance(source, Source) else Source(source)).with_error(PolicyError)
         data = src.mapping(data, "", _TOP)
         images = _images(src, data.get("images"))
+        unlisted = src.enum(
+            UnlistedRegistries,
+            data.get("unlisted_registries", UnlistedRegistries.ALLOW.value),
+            "unlisted_registries",
+        )
+        unverified = _registries(src, data.get("unverified_registries"), unlisted)
         verify = data.get("verify")
         if not isinstance(verify, Mapping) or not verify:
             raise src.error("verify", "required: the trusted identities or keys (see deploy/policy.yaml)")
@@ -145,6 +175,8 @@ class AdmissionPolicy:
             images=images,
             verify=verify,
             mode=src.enum(Mode, data.get("mode", Mode.ENFORCE.value), "mode"),
+            unlisted_registries=unlisted,
+            unverified_registries=unverified,
             gpu_match=src.enum(GpuMatch, gpu.get("match", GpuMatch.DEVICE.value), "gpu.match"),
             registry_errors=src.enum(
                 OnRegistryError, data.get("registry_errors", OnRegistryError.DENY.value), "registry_errors"
@@ -190,3 +222,30 @@ def _images(src: Source, value: Any) -> tuple[str, ...]:
         except InvalidReference as exc:
             raise src.error(f"images[{i}]", str(exc)) from None
     return tuple(patterns)
+
+
+def _registries(src: Source, value: Any, unlisted: UnlistedRegistries) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if unlisted is UnlistedRegistries.ALLOW:
+        # A list that changes nothing would read as a restriction that is not there.
+        raise src.error(
+            "unverified_registries",
+            "is read only with unlisted_registries: deny (with allow, every registry is admitted)",
+        )
+    hosts = []
+    for i, item in enumerate(src.optional_list(value, "unverified_registries")):
+        field = f"unverified_registries[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            raise src.error(field, f"expected a registry host[:port] (globs allowed), got {item!r}")
+        if "/" in item or "@" in item:
+            raise src.error(
+                field,
+                f"{item!r} is not a registry host[:port]; this list names whole registries "
+                "(repositories to verify go under images)",
+            )
+        try:
+            hosts.append(canonical_host_pattern(item.strip()))
+        except InvalidHost as exc:
+            raise src.error(field, str(exc)) from None
+    return tuple(hosts)

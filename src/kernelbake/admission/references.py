@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kernelbake import oci
 from kernelbake.oci import InvalidReference
-from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host_pattern
+from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host, canonical_host_pattern
 from kernelbake.oci.reference import is_digest, split_registry
 
 __all__ = ["ImageRef", "InvalidReference", "alias_names", "matches", "normalise_pattern", "parse_reference"]
@@ -66,6 +66,7 @@ def parse_reference(text: str) -> ImageRef:
     if not isinstance(text, str) or not text or text != text.strip():
         raise InvalidReference(f"image {text!r} is empty or has surrounding whitespace")
     rest, at, digest = text.partition("@")
+    _refuse_dotted_brackets(text, split_registry(rest)[0])
     if at and not is_digest(digest):
         if not _OTHER_DIGEST.fullmatch(digest):
             raise InvalidReference(
@@ -82,6 +83,22 @@ def parse_reference(text: str) -> ImageRef:
         tag=ref.tag if written_tag else None,
         digest=digest if at else None,
         written_name=rest[:colon] if written_tag else rest,
+    )
+
+
+def _refuse_dotted_brackets(text: str, host: str) -> None:
+    """``[::ffff:127.0.0.1]:5000``: the distribution reference grammar (what container runtimes
+    parse with) allows only hex digits and colons between brackets, so no runtime pulls this;
+    it is unreadable like any bad host, and the message names the spelling that works."""
+    if not (host.startswith("[") and "." in host.partition("]")[0]):
+        return
+    try:
+        instead = canonical_host(host)
+    except InvalidHost:
+        return  # not an address at all: the parser's own message
+    raise InvalidReference(
+        f"image reference {text!r}: registry host {host!r} has a dotted IPv4 address between "
+        f"brackets, which container runtimes do not accept as a reference; write {instead}"
     )
 
 
@@ -127,5 +144,8 @@ def _match(name: Sequence[str], pattern: Sequence[str]) -> bool:
             for j in range(1, len(reach)):
                 reach[j] = reach[j] or reach[j - 1]
         else:
-            reach = [False] + [reach[j] and fnmatch.fnmatchcase(name[j], head) for j in range(len(name))]
+            # Equal first: an IPv6 host (``[::1]:5000``) is a glob character class to fnmatch.
+            reach = [False] + [
+                reach[j] and (head == name[j] or fnmatch.fnmatchcase(name[j], head)) for j in range(len(name))
+            ]
     return reach[-1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kernelbake.admission.review import GroupKind
 from kernelbake.errors import BadInput
@@ -31,6 +31,24 @@ CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
 
 class MalformedObject(BadInput):
     """The object does not have the shape of its kind (answered with code 400)."""
+
+
+class ImageSite(Protocol):
+    """A place in a pod spec that names an image the kubelet pulls: a container's ``image``
+    (``Container``) or an image volume's ``reference`` (``volumes.ImageVolume``)."""
+
+    @property
+    def image(self) -> str: ...
+
+    # JSON pointer segments of the field, for the patch and for comparing with the old object.
+    @property
+    def path(self) -> tuple[str, ...]: ...
+
+    @property
+    def pointer(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,14 +8,19 @@ maps every spelling that is *certainly* the same server to one string:
 - DNS names are case-insensitive: lowercased; one trailing dot (the root) is dropped;
 - IPv4 addresses in the forms the C resolver accepts (``127.1``, ``0x7f.0.0.1``,
   ``2130706433``, ``0177.0.0.1``) become dotted quads; IPv6 addresses are compressed, and an
-  IPv4-mapped one (``[::ffff:127.0.0.1]``) is its IPv4 address;
+  IPv4-mapped one (``[::ffff:7f00:1]``) is its IPv4 address (``[::ffff:127.0.0.1]`` is the
+  same address, but no runtime accepts it in a reference: the distribution grammar allows only
+  hex digits and colons between brackets);
 - port numbers lose leading zeros, and ``:443`` (the HTTPS default) is dropped;
 - Docker Hub's other names (``index.docker.io``, ``registry-1.docker.io``,
   ``registry.hub.docker.com``) are ``docker.io``.
 
 ``aliases`` lists spellings that *may* reach the same server but cannot be proven to from the
 name alone: every loopback name for one port (``localhost``, ``127.0.0.1``, ``[::1]``, any
-127/8 address), and a host with and without ``:80`` (a plain-HTTP registry's default).
+127/8 address, and the unspecified addresses ``0.0.0.0`` and ``[::]``, which a connection on
+Linux takes to the local host), and a host with and without ``:80`` (a plain-HTTP registry's
+default). Names that reach a server through /etc/hosts or DNS cannot be seen from here: a
+policy's ``unlisted_registries: deny`` is the answer to those.
 Admission denies a reference whose alias is governed, naming the spelling to write instead.
 """
 
@@ -34,7 +39,9 @@ _LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
 _NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 # What inet_aton might read as an address: digits, hex digits, 'x' and dots, starting with a digit.
 _NUMERIC = re.compile(r"[0-9][0-9a-fx.]*")
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+# Connecting to the unspecified address reaches the local host (Linux), so it is a loopback
+# name too.
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0", "[::]")
 
 
 class InvalidHost(BadInput, ValueError):
@@ -129,6 +136,7 @@ def _is_loopback(name: str) -> bool:
     if name == "localhost":
         return True
     try:
-        return ipaddress.ip_address(name.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name.strip("[]"))
     except ValueError:
         return False
+    return address.is_loopback or address.is_unspecified

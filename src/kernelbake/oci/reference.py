@@ -20,7 +20,9 @@ _DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 # letters into labels in exponentially many ways, and ``AAAA…A_`` took seconds to refuse.
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
 _PORT = re.compile(r"[0-9]+")
-_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}")
+# The distribution grammar: hex digits and colons only (no dotted IPv4 tail), so no runtime
+# pulls ``[::ffff:127.0.0.1]``; admission names the spelling to write instead.
+_IPV6 = re.compile(r"[0-9A-Fa-f:]{2,39}")
 # The distribution reference grammar's bounds: a name (host and path) of at most 255
 # characters, a tag of at most 128, a digest of a fixed size. Longer text is refused before
 # any pattern runs, so every reference costs time linear in at most this many characters.
