@@ -270,11 +270,21 @@ COMPILE_LINE = re.compile(
 )
 
 
+# kernelbake's own verdict on the start (it matches "compil" but says nothing was).
+_NOTHING_COMPILED = "start-up compiled nothing"
+
+
 def compile_lines(lines: list[tuple[float, str]], after: float | None) -> list[str]:
-    """The lines logged at or after ``after`` seconds that say something compiles."""
+    """The lines logged at or after ``after`` seconds that say something compiles. vLLM
+    0.26's JIT monitor logs a Triton kernel's first launch in the process, also when Triton
+    loads it from its cache: the files a directory gained tell the two apart."""
     if after is None:
         return []
-    return [f"{t:.2f} {ln.rstrip()}"[:400] for t, ln in lines if t >= after and COMPILE_LINE.search(ln)]
+    return [
+        f"{t:.2f} {ln.rstrip()}"[:400]
+        for t, ln in lines
+        if t >= after and COMPILE_LINE.search(ln) and _NOTHING_COMPILED not in ln
+    ]
 
 
 def cache_dirs(text: str) -> list[str]:
@@ -489,6 +499,19 @@ def added(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, 
     return {name: files for name, files in out.items() if files}
 
 
+# Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)
+# and kernelbake's own start-up state (its status file and cache-gate verdict).
+NOT_CACHE = re.compile(
+    r"^(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|kernelbake-status\.json|kernelbake-gate-[^/]+/.*)$"
+)
+
+
+def cache_files(files: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``files`` less what is not a cache (``NOT_CACHE``, at the top of TMPDIR)."""
+    out = {k: [f for f in v if not (k == "tmp" and NOT_CACHE.match(f))] for k, v in files.items()}
+    return {k: v for k, v in out.items() if v}
+
+
 def count(files: dict[str, list[str]]) -> int:
     return sum(len(v) for v in files.values())
 
@@ -692,9 +715,14 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         if c.get("ready_s") and w.get("ready_s")
         else None,
         "tokens_identical": cold_tokens == warm_tokens if warm_tokens and cold_tokens else None,
-        "files_added_at_warm_start": w.get(
-            "files_added_until_ready_count", len(w.get("files_added_to_cache_root", []))
-        ),
+        # Launch to /health, in the bundle, HOME and TMPDIR (runs before the request mix
+        # counted the bundle only).
+        "files_added_at_warm_start": count(cache_files(w["files_added_until_ready"]))
+        if "files_added_until_ready" in w
+        else len(w.get("files_added_to_cache_root", [])),
+        "files_added_at_warm_start_by_dir": {
+            k: v[:20] for k, v in cache_files(w.get("files_added_until_ready") or {}).items()
+        },
         **mix_summary(w, c),
         "weights_mode": (doc.get("compile_report") or {}).get("weights_mode"),
         "compile_peak_gpu_bytes": _peak(doc.get("compile_report") or {}),
@@ -740,6 +768,13 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _still_compiling(start: dict[str, Any]) -> list[str]:
+    """A start's compile lines after /health, without kernelbake's own all-clear (also in
+    runs recorded before ``compile_lines`` left it out), timestamps and process prefix cut."""
+    lines = [ln for ln in start.get("compile_lines_after_ready") or [] if _NOTHING_COMPILED not in ln]
+    return [re.sub(r"^[0-9.]+ (\(EngineCore pid=\d+\) )?", "", ln)[:200] for ln in lines]
+
+
 def _peak(report: dict[str, Any]) -> int | None:
     """The compile's peak GPU memory: the larger of the peak up to the AOT save and after it
     (the counter is reset there), over the ranks vLLM reported."""
@@ -760,13 +795,17 @@ def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
     wm, cm = warm.get("request_mix") or {}, cold.get("request_mix") or {}
     first_w, first_c = wm.get("first_request_latency_s", {}), cm.get("first_request_latency_s", {})
     return {
-        "files_added_after_ready": warm.get("files_added_after_ready_count"),
-        "files_added_after_ready_cold": cold.get("files_added_after_ready_count"),
+        "files_added_after_ready": count(cache_files(warm.get("files_added_after_ready") or {}))
+        if warm
+        else None,
+        "files_added_after_ready_cold": count(cache_files(cold.get("files_added_after_ready") or {}))
+        if cold
+        else None,
         "files_added_after_ready_by_dir": {
-            k: len(v) for k, v in (warm.get("files_added_after_ready") or {}).items()
+            k: v[:20] for k, v in cache_files(warm.get("files_added_after_ready") or {}).items()
         },
-        "compile_lines_after_ready": len(warm.get("compile_lines_after_ready") or []),
-        "compile_lines_after_ready_cold": len(cold.get("compile_lines_after_ready") or []) if cold else None,
+        "compile_lines_after_ready": _still_compiling(warm),
+        "compile_lines_after_ready_cold": _still_compiling(cold) if cold else None,
         "requests_after_ready": {
             "baked": {
                 k: wm.get(k)
@@ -784,7 +823,8 @@ def table(result: dict[str, Any]) -> str:
     """The breakdown of each model's cold and baked start as a Markdown table (seconds)."""
     starts = []
     for model, doc in result["models"].items():
-        starts.append((f"{model}, cold", doc.get("serve_cold", {})))
+        if "serve_cold" in doc:
+            starts.append((f"{model}, cold", doc["serve_cold"]))
         starts.append((f"{model}, baked", doc.get("serve_warm", {})))
         starts += [(f"{model}, baked, {o['env']}", o) for o in doc.get("serve_warm_also", [])]
     head = "| segment | " + " | ".join(name for name, _ in starts) + " |"
@@ -799,7 +839,66 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, Any]:
+    """The result's ``summary``: per model, the start-up ratio against its target and what
+    compiled at and after each start."""
+    keys = (
+        "files_added_at_warm_start_by_dir",
+        "files_added_after_ready",
+        "files_added_after_ready_cold",
+        "files_added_after_ready_by_dir",
+        "compile_lines_after_ready",
+        "compile_lines_after_ready_cold",
+        "requests_after_ready",
+        "compile_wall_s",
+        "weights_mode",
+        "compile_peak_gpu_bytes",
+        "failed",
+    )
+    out = {}
+    for m, d in models.items():
+        s = d["summary"]
+        out[m] = {
+            "ready_cold_s": s["ready_cold_s"],
+            "ready_warm_s": s["ready_warm_s"],
+            "speedup_ready": s["speedup_ready"],
+            "target": targets.get(m),
+            "met": (s["speedup_ready"] or 0) >= targets[m] if m in targets else None,
+            "tokens_identical": s["tokens_identical"],
+            "files_added_at_warm_start": s["files_added_at_warm_start"],
+            **{k: s.get(k) for k in keys},
+        }
+    return out
+
+
+def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
+    """Several runs' results as one: every model's document, summarised again by this
+    version's ``summary``; each model keeps the target and the command of its own run."""
+    merged: dict[str, Any] = {"bench": "vllm_image_flow", "runs": [], "models": {}}
+    targets: dict[str, float] = {}
+    for path in inputs:
+        run = json.loads(path.read_text())
+        merged["runs"].append(
+            {k: run.get(k) for k in ("command", "date", "wall_s", "skipped")} | {"file": path.name}
+        )
+        for m, d in run["models"].items():
+            d["summary"] = summary(d)
+            merged["models"][m] = d
+            target = (run.get("summary") or {}).get(m, {}).get("target")
+            if target is not None:
+                targets[m] = float(target)
+    merged["method"] = run.get("method")
+    merged["summary"] = top_summary(merged["models"], targets)
+    out.write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    return merged
+
+
 def main() -> int:
+    if len(sys.argv) >= 4 and sys.argv[1] == "--merge":
+        # Runs of one session that could not share a device call, as one result.
+        merged = merge(Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
+        print(json.dumps(merged["summary"], indent=1, default=str))
+        return 0
     if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
         # A committed run, summarised again by this version's summary() and table().
         result = json.loads(Path(sys.argv[2]).read_text())
@@ -877,6 +976,10 @@ def main() -> int:
         + " ".join(f"--context {c}" for c in a.context)
         + "".join(f" --also-env {e}" for e in a.also_env)
         + "".join(f" --target {t}" for t in a.target)
+        + "".join(f" --serve-args-for {shlex.quote(x)}" for x in a.serve_args_for)
+        + "".join(f" --baked-only {m}" for m in a.baked_only)
+        + (" --skip-checks" if a.skip_checks else "")
+        + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -894,32 +997,7 @@ def main() -> int:
             continue
         doc = flow(context.resolve(), a.out / name, started, a, first=i == 0, name=name)
         result["models"][name] = doc
-        result["summary"] = {
-            m: {
-                "ready_cold_s": d["summary"]["ready_cold_s"],
-                "ready_warm_s": d["summary"]["ready_warm_s"],
-                "speedup_ready": d["summary"]["speedup_ready"],
-                "target": targets.get(m),
-                "met": (d["summary"]["speedup_ready"] or 0) >= targets[m] if m in targets else None,
-                "tokens_identical": d["summary"]["tokens_identical"],
-                "files_added_at_warm_start": d["summary"]["files_added_at_warm_start"],
-                **{
-                    k: d["summary"].get(k)
-                    for k in (
-                        "files_added_after_ready",
-                        "files_added_after_ready_cold",
-                        "compile_lines_after_ready",
-                        "compile_lines_after_ready_cold",
-                        "requests_after_ready",
-                        "compile_wall_s",
-                        "weights_mode",
-                        "compile_peak_gpu_bytes",
-                        "failed",
-                    )
-                },
-            }
-            for m, d in result["models"].items()
-        }
+        result["summary"] = top_summary(result["models"], targets)
         result["wall_s"] = round(time.monotonic() - started, 1)
         # Written after each model: a run cut short keeps what it measured.
         out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -177,6 +177,7 @@ def test_the_flow_counts_files_per_directory_and_compile_lines_after_ready(tmp_p
         (5.0, "INFO: POST /v1/completions HTTP/1.1 200\n"),
         (6.0, "WARNING: FlashInfer is JIT-compiling a module that was not baked\n"),
         (7.0, "DeepGEMM: building kernel sm90_fp8_gemm\n"),
+        (8.0, "kernelbake serve: start-up compiled nothing: 0 new files in vllm, triton\n"),
     ]
     found = flow.compile_lines(lines, after=4.0)
     assert len(found) == 2 and found[0].startswith("6.00 WARNING: FlashInfer")
@@ -196,14 +197,26 @@ def test_the_summary_puts_the_mix_of_each_start_side_by_side() -> None:
         "serve_cold": {
             "ready_s": 300.0,
             "request_mix": cold_mix,
-            "files_added_after_ready_count": 12,
-            "compile_lines_after_ready": ["a", "b"],
+            "files_added_after_ready": {
+                "tmp": ["kernelbake-cold-x/triton/A/k.cubin", "kernelbake-cold-x/triton/A/k.json"]
+            },
+            "compile_lines_after_ready": [
+                "301.00 (EngineCore pid=7) WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: k",
+                "302.00 kernelbake serve: start-up compiled nothing: 0 new files in vllm",
+            ],
         },
         "serve_warm": {
             "ready_s": 40.0,
             "request_mix": mix,
-            "files_added_until_ready_count": 0,
-            "files_added_after_ready_count": 0,
+            # vLLM's ZMQ sockets and kernelbake's own state are not caches; $HOME is.
+            "files_added_until_ready": {
+                "tmp": [
+                    "3389d13a-157a-4946-9490-e0f2d44d448a",
+                    "kernelbake-status.json",
+                    "kernelbake-gate-ab/verdict",
+                ],
+                "home": [".tensorrt_llm/cache/gemm_1/nvcc_kernel.cubin"],
+            },
             "files_added_after_ready": {},
             "compile_lines_after_ready": [],
         },
@@ -215,8 +228,28 @@ def test_the_summary_puts_the_mix_of_each_start_side_by_side() -> None:
     }
     s = flow.summary(doc)
     assert s["speedup_ready"] == 7.5
-    assert s["files_added_at_warm_start"] == 0 and s["files_added_after_ready"] == 0
-    assert s["files_added_after_ready_cold"] == 12 and s["compile_lines_after_ready_cold"] == 2
+    assert s["files_added_at_warm_start"] == 1
+    assert s["files_added_at_warm_start_by_dir"] == {"home": [".tensorrt_llm/cache/gemm_1/nvcc_kernel.cubin"]}
+    assert s["files_added_after_ready"] == 0 and s["files_added_after_ready_cold"] == 2
+    assert s["compile_lines_after_ready"] == []
+    assert s["compile_lines_after_ready_cold"] == [
+        "WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: k"
+    ]
     assert s["first_request_latency_s"] == {"greedy_short": {"baked": 0.05, "cold": 9.5}}
     assert s["requests_after_ready"]["baked"]["requests"] == 200
     assert s["weights_mode"] == "dummy" and s["compile_peak_gpu_bytes"] == 9
+
+
+def test_merge_resummarises_runs_into_one_result_keyed_by_model(tmp_path: Path) -> None:
+    flow = _load("vllm_image_flow")
+    start = {"ready_s": 10.0, "files_added_until_ready": {}, "files_added_after_ready": {}}
+    for name, model, target in (("a.json", "m1", 6.0), ("b.json", "m2", None)):
+        doc = {"serve_warm": start, "serve_cold": {"ready_s": 70.0}, "summary": {}}
+        run = {"command": f"run {name}", "models": {model: doc}, "summary": {model: {"target": target}}}
+        (tmp_path / name).write_text(json.dumps(run))
+    merged = flow.merge(tmp_path / "out.json", [tmp_path / "a.json", tmp_path / "b.json"])
+    assert list(merged["summary"]) == ["m1", "m2"]
+    assert merged["summary"]["m1"]["speedup_ready"] == 7.0 and merged["summary"]["m1"]["met"] is True
+    assert merged["summary"]["m2"]["met"] is None
+    assert [r["command"] for r in merged["runs"]] == ["run a.json", "run b.json"]
+    assert json.loads((tmp_path / "out.json").read_text())["summary"] == merged["summary"]

@@ -17,7 +17,13 @@ def test_the_plan_runs_each_class_alone_then_every_batch_size() -> None:
     assert all(len(w) == 1 for w in waves[:19])
     kinds = [w[0].kind for w in waves[:19]]
     assert len(kinds) == len(set(kinds)) == 19
-    assert [len(w) for w in waves[19:]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [len(w) for w in waves[19:26]] == [1, 2, 4, 8, 16, 32, 64]
+    # Then one batch per top-k/top-p variant of vLLM's Triton sampler, all rows alike.
+    tail = waves[26:]
+    assert [(w[0].kind, len(w)) for w in tail] == [
+        (kind, n) for kind in warmup.SAMPLER_VARIANTS for n in (8, 9, 16)
+    ]
+    assert all(len({r.kind for r in w}) == 1 and "seed" in w[0].sampling_kwargs() for w in tail)
     params = [r.sampling_kwargs() for w in waves for r in w]
     for key in ("top_k", "top_p", "min_p", "repetition_penalty", "logprobs", "prompt_logprobs", "logit_bias"):
         assert any(key in p for p in params), key

@@ -85,6 +85,10 @@ def _classes(
     }
 
 
+# The classes whose batches pick one Triton top-k/top-p variant each (seeded: no FlashInfer).
+SAMPLER_VARIANTS = ("sampled_top_k", "sampled_top_p", "sampled_top_k_top_p")
+
+
 def batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, … and ``max_num_seqs`` itself: the batch sizes the plan runs concurrently."""
     sizes, size = [], 1
@@ -113,6 +117,13 @@ def plan(
     short = [k for k, (length, _p) in classes.items() if length <= 64]
     for size in batch_sizes(max_num_seqs):
         waves.append([request(short[i % len(short)]) for i in range(size)])
+    # Seeded requests sample through vLLM's Triton top-k/top-p kernel once a batch has 8 rows
+    # or more, one variant per filter set in the batch (top-k, top-p, both) and per batch-size
+    # divisibility by 16. Mixed batches only reach "both": seen on the H200 (FP8 MoE), the
+    # top-p-only variant was compiled after /health.
+    for kind in SAMPLER_VARIANTS:
+        for size in (n for n in (8, 9, 16) if n <= max_num_seqs):
+            waves.append([request(kind)] * size)
     return waves
 
 
