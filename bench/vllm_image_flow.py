@@ -20,7 +20,11 @@ executes the rendered Dockerfile itself, instruction by instruction, as root on 
 Then what ``docker run`` would do, with a HOME and TMPDIR of its own: the ENTRYPOINT with
 ``check --json``; a cold start (``KERNELBAKE_CACHE=off``) and then the baked start, each alone
 on the machine, timed from launch until ``/health`` answers (polled every 0.1 s), each followed
-by one greedy completion over HTTP and SIGTERM. Each start's timeline (``MARKS``, stamped as
+by the request mix of ``bench/request_mix.py`` (``--mix-total``; the files the bundle, HOME and
+TMPDIR gained until /health and during the mix, every compile or JIT line logged after
+/health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
+``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
+a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
 its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
 variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
 with ``--importtime`` what each process of a start imports. Models run one after the other
