@@ -20,7 +20,11 @@ executes the rendered Dockerfile itself, instruction by instruction, as root on 
 Then what ``docker run`` would do, with a HOME and TMPDIR of its own: the ENTRYPOINT with
 ``check --json``; a cold start (``KERNELBAKE_CACHE=off``) and then the baked start, each alone
 on the machine, timed from launch until ``/health`` answers (polled every 0.1 s), each followed
-by one greedy completion over HTTP and SIGTERM. Each start's timeline (``MARKS``, stamped as
+by the request mix of ``bench/request_mix.py`` (``--mix-total``; the files the bundle, HOME and
+TMPDIR gained until /health and during the mix, every compile or JIT line logged after
+/health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
+``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
+a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
 its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
 variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
 with ``--importtime`` what each process of a start imports. Models run one after the other
@@ -45,6 +49,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import request_mix
 
 WORK = Path("/opt/kernelbake-flow")
 PROMPT = list(range(1, 17))
@@ -259,6 +266,31 @@ CACHE_DIR = re.compile(
 )
 
 
+# A line that says something is being compiled or JIT-built (vLLM, Inductor, Triton autotune,
+# FlashInfer's and DeepGEMM's builds, kernelbake's own evidence watcher).
+COMPILE_LINE = re.compile(
+    r"(?i)(compil|\bjit\b|jit-compil|nvcc|ninja|autotun|building .*(module|kernel)|warming up|"
+    r"deep_?gemm|was not baked)"
+)
+
+
+# kernelbake's own verdict on the start (it matches "compil" but says nothing was).
+_NOTHING_COMPILED = "start-up compiled nothing"
+
+
+def compile_lines(lines: list[tuple[float, str]], after: float | None) -> list[str]:
+    """The lines logged at or after ``after`` seconds that say something compiles. vLLM
+    0.26's JIT monitor logs a Triton kernel's first launch in the process, also when Triton
+    loads it from its cache: the files a directory gained tell the two apart."""
+    if after is None:
+        return []
+    return [
+        f"{t:.2f} {ln.rstrip()}"[:400]
+        for t, ln in lines
+        if t >= after and COMPILE_LINE.search(ln) and _NOTHING_COMPILED not in ln
+    ]
+
+
 def cache_dirs(text: str) -> list[str]:
     """The hash directories a log says vLLM used."""
     return sorted(set(CACHE_DIR.findall(text)))
@@ -294,6 +326,7 @@ class Server:
         self.log = logs / f"{name}.log"
         self.fh = self.log.open("wb")
         self.marks: dict[str, float] = {}
+        self.lines: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [*argv, "--port", str(port)], env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -314,7 +347,9 @@ class Server:
             now = round(time.monotonic() - self.t0, 2)
             self.fh.write(raw)
             self.fh.flush()
-            note_marks(raw.decode(errors="replace"), self.marks, now)
+            line = raw.decode(errors="replace")
+            self.lines.append((now, line))
+            note_marks(line, self.marks, now)
 
     def poll_ready(self) -> bool:
         if self.ready_s is not None:
@@ -360,6 +395,7 @@ class Server:
             "timeline_s": timeline,
             "breakdown_s": breakdown(timeline),
             "compile_cache_dirs": cache_dirs(text),
+            "compile_lines_after_ready": compile_lines(self.lines, self.ready_s),
             "exit_code_after_sigterm": self.proc.returncode,
             "kernelbake_lines": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")],
             "log": self.log.name,
@@ -377,6 +413,17 @@ def _check(entrypoint: list[str], env: dict[str, str], extra: list[str], logs: P
     except json.JSONDecodeError:
         doc = {"unparsed": proc.stdout[-2000:]}
     return {"rc": proc.returncode, "wall_s": wall, "verdict": doc}
+
+
+def _compile_report(cache_root: Path) -> dict[str, Any]:
+    """What the compile stage recorded in the bundle's manifest: weights mode, peak GPU
+    memory, the request warm-up."""
+    path = cache_root / "manifest.json"
+    if not path.is_file():
+        return {}
+    manifest = json.loads(path.read_text())
+    report = manifest.get("compile_report") or {}
+    return report if isinstance(report, dict) else {}
 
 
 def _gpu_processes() -> list[str]:
@@ -440,13 +487,88 @@ def importtime(env: dict[str, str], logs: Path) -> dict[str, Any]:
     return out
 
 
+def watched_dirs(cache_root: Path, env: dict[str, str]) -> dict[str, Path]:
+    """Where a start may write: the bundle, and its HOME and TMPDIR (every library's default
+    cache: ~/.cache/flashinfer, ~/.triton, /tmp/torchinductor_*, the cold start's root)."""
+    return {"cache_root": cache_root, "home": Path(env["HOME"]), "tmp": Path(env["TMPDIR"])}
+
+
+def snapshot(dirs: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: _files(path) if path.is_dir() else set() for name, path in dirs.items()}
+
+
+def added(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Files each directory gained, by directory; directories that gained none are left out."""
+    out = {name: sorted(after[name] - before.get(name, set())) for name in after}
+    return {name: files for name, files in out.items() if files}
+
+
+# Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)
+# and kernelbake's own start-up state (its status file and cache-gate verdict).
+NOT_CACHE = re.compile(
+    r"^(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|kernelbake-status\.json|kernelbake-gate-[^/]+/.*)$"
+)
+
+
+def cache_files(files: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``files`` less what is not a cache (``NOT_CACHE``, at the top of TMPDIR)."""
+    out = {k: [f for f in v if not (k == "tmp" and NOT_CACHE.match(f))] for k, v in files.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def count(files: dict[str, list[str]]) -> int:
+    return sum(len(v) for v in files.values())
+
+
+def mix_plan(target: dict[str, Any], total: int) -> list[list[request_mix.Request]]:
+    """The request mix for a model, sized by the serve arguments its image was built with."""
+    serve = target["serve"]
+    return request_mix.plan(
+        max_model_len=int(serve["max_model_len"]),
+        max_num_seqs=int(serve["max_num_seqs"]),
+        max_num_batched_tokens=int(serve["max_num_batched_tokens"]),
+        tokenizer="--skip-tokenizer-init" not in serve.get("extra_args", []),
+        total=total,
+    )
+
+
+def after_ready(
+    server: Server, model: str, dirs: dict[str, Path], at_launch: dict[str, set[str]], waves: Any
+) -> dict[str, Any]:
+    """Once ``/health`` answers: what the start wrote until then, then the request mix, then
+    what the mix made each directory gain."""
+    at_ready = snapshot(dirs)
+    mix = request_mix.run(f"http://127.0.0.1:{server.port}", model, waves)
+    after = snapshot(dirs)
+    start_files, mix_files = added(at_launch, at_ready), added(at_ready, after)
+    return {
+        "files_added_until_ready": {k: v[:100] for k, v in start_files.items()},
+        "files_added_until_ready_count": count(start_files),
+        "files_added_after_ready": {k: v[:100] for k, v in mix_files.items()},
+        "files_added_after_ready_count": count(mix_files),
+        "request_mix": mix,
+    }
+
+
 def wait_ready(server: Server, started: float, deadline: float) -> None:
     # The server's own thread polls /health and dates readiness; this only waits for it.
     while server.proc.poll() is None and server.ready_s is None and time.monotonic() - started < deadline:
         time.sleep(0.1)
 
 
-def flow(context: Path, out: Path, started: float, a: argparse.Namespace, first: bool) -> dict[str, Any]:
+def serve_args(a: argparse.Namespace, model: str) -> list[str]:
+    """The user arguments of every start of ``model``: its ``--serve-args-for``, else
+    ``USER_ARGS``."""
+    for pair in a.serve_args_for:
+        name, _, args = pair.partition("=")
+        if name == model:
+            return shlex.split(args)
+    return list(USER_ARGS)
+
+
+def flow(
+    context: Path, out: Path, started: float, a: argparse.Namespace, first: bool, name: str = ""
+) -> dict[str, Any]:
     """One model's image: its stages, then a cold start and a baked start, each alone on the
     machine, then the checks. Returns the model's document."""
     logs = out / "logs"
@@ -480,7 +602,13 @@ def flow(context: Path, out: Path, started: float, a: argparse.Namespace, first:
         return a.deadline - (time.monotonic() - started)
 
     record: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {"context": str(context), "key": target["key"], "steps": record}
+    user_args = serve_args(a, name)
+    doc: dict[str, Any] = {
+        "context": str(context),
+        "key": target["key"],
+        "user_args": user_args,
+        "steps": record,
+    }
     try:
         runtime_env = dict(base)
         slash = Path("/")
@@ -504,23 +632,39 @@ def flow(context: Path, out: Path, started: float, a: argparse.Namespace, first:
         doc["bundle"] = {
             "files": len(_files(cache_root)),
             "manifest": (cache_root / "manifest.json").is_file(),
+            "files_by_kind": {p.name: len(_files(p)) for p in sorted(cache_root.iterdir()) if p.is_dir()},
         }
+        doc["compile_report"] = _compile_report(cache_root)
 
         run_env = phase_env(final_env, "run")
-        doc["check"] = _check(entrypoint, run_env, USER_ARGS, logs, "check")
+        doc["check"] = _check(entrypoint, run_env, user_args, logs, "check")
 
         # Cold: the same image with its caches off, alone on the machine (the compile is over).
         cold_env = {**phase_env(runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-        cold = Server("serve-cold", [*entrypoint, *USER_ARGS], cold_env, 8001, logs)
-        wait_ready(cold, started, a.deadline)
-        if cold.ready_s is not None:
-            doc["cold_generate"] = cold.generate(model_path)
-        doc["serve_cold"] = cold.stop()
+        waves = mix_plan(target, a.mix_total)
+        if name in a.baked_only:
+            doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
+        else:
+            cold_dirs = watched_dirs(cache_root, cold_env)
+            cold_launch = snapshot(cold_dirs)
+            cold = Server("serve-cold", [*entrypoint, *user_args], cold_env, 8001, logs)
+            wait_ready(cold, started, a.deadline)
+            cold_mix: dict[str, Any] = {}
+            if cold.ready_s is not None:
+                if a.mix_total:
+                    cold_mix = after_ready(cold, model_path, cold_dirs, cold_launch, waves)
+                doc["cold_generate"] = cold.generate(model_path)
+            doc["serve_cold"] = {**cold.stop(), **cold_mix}
 
         before = _files(cache_root)
-        warm = Server("serve-warm", [*entrypoint, *USER_ARGS], run_env, 8000, logs)
+        warm_dirs = watched_dirs(cache_root, run_env)
+        warm_launch = snapshot(warm_dirs)
+        warm = Server("serve-warm", [*entrypoint, *user_args], run_env, 8000, logs)
         wait_ready(warm, started, a.deadline)
+        warm_mix: dict[str, Any] = {}
         if warm.ready_s is not None:
+            if a.mix_total:
+                warm_mix = after_ready(warm, model_path, warm_dirs, warm_launch, waves)
             doc["warm_generate"] = warm.generate(model_path)
             # Which processes hold GPU memory while serving: the kernelbake supervisor
             # (pid below) should not, although its preflight imported torch.
@@ -528,29 +672,31 @@ def flow(context: Path, out: Path, started: float, a: argparse.Namespace, first:
                 "kernelbake_serve_pid": warm.proc.pid,
                 "nvidia_smi": _gpu_processes(),
             }
-        doc["serve_warm"] = warm.stop()
+        doc["serve_warm"] = {**warm.stop(), **warm_mix}
         doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(cache_root) - before)[:50]
         for i, pair in enumerate(a.also_env if first else []):
             if left() < 90:
                 doc.setdefault("skipped", []).append(f"serve with {pair}: {left():.0f} s left")
                 continue
-            name, _, value = pair.partition("=")
+            var, _, value = pair.partition("=")
             other = Server(
-                f"serve-warm-{i + 1}", [*entrypoint, *USER_ARGS], {**run_env, name: value}, 8002, logs
+                f"serve-warm-{i + 1}", [*entrypoint, *user_args], {**run_env, var: value}, 8002, logs
             )
             wait_ready(other, started, a.deadline)
             gen = other.generate(model_path) if other.ready_s is not None else None
             doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
-        doc["check_hashed_env_changed"] = _check(
-            entrypoint, {**run_env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, USER_ARGS, logs, "check-env"
-        )
-        # vLLM 0.26 leaves its logging variables out of the hash: no warning expected.
-        doc["check_unhashed_env_changed"] = _check(
-            entrypoint, {**run_env, "VLLM_LOGGING_LEVEL": "DEBUG"}, USER_ARGS, logs, "check-env-unhashed"
-        )
-        doc["check_shape_changed"] = _check(
-            entrypoint, run_env, [*USER_ARGS, "--max-model-len", "2048"], logs, "check-shape"
-        )
+        # vLLM 0.26 leaves its logging variables out of the hash: no warning expected for
+        # the second; the first and the third predict a miss.
+        checks = {
+            "check_hashed_env_changed": ({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, [], "check-env"),
+            "check_unhashed_env_changed": ({"VLLM_LOGGING_LEVEL": "DEBUG"}, [], "check-env-unhashed"),
+            "check_shape_changed": ({}, ["--max-model-len", "2048"], "check-shape"),
+        }
+        if a.skip_checks:
+            doc.setdefault("skipped", []).append("checks after the starts: --skip-checks (device time)")
+            checks = {}
+        for key, (extra_env, extra_args, log_name) in checks.items():
+            doc[key] = _check(entrypoint, {**run_env, **extra_env}, [*user_args, *extra_args], logs, log_name)
         if first and a.importtime:
             doc["importtime"] = importtime(run_env, logs)
     except SystemExit as exc:
@@ -573,7 +719,18 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         if c.get("ready_s") and w.get("ready_s")
         else None,
         "tokens_identical": cold_tokens == warm_tokens if warm_tokens and cold_tokens else None,
-        "files_added_at_warm_start": len(w.get("files_added_to_cache_root", [])),
+        # Launch to /health, in the bundle, HOME and TMPDIR (runs before the request mix
+        # counted the bundle only).
+        "files_added_at_warm_start": count(cache_files(w["files_added_until_ready"]))
+        if "files_added_until_ready" in w
+        else len(w.get("files_added_to_cache_root", [])),
+        "files_added_at_warm_start_by_dir": {
+            k: v[:20] for k, v in cache_files(w.get("files_added_until_ready") or {}).items()
+        },
+        **mix_summary(w, c),
+        "weights_mode": (doc.get("compile_report") or {}).get("weights_mode"),
+        "compile_peak_gpu_bytes": _peak(doc.get("compile_report") or {}),
+        "request_warmup_at_build": (doc.get("compile_report") or {}).get("request_warmup"),
         "breakdown_warm_s": w.get("breakdown_s"),
         "breakdown_cold_s": c.get("breakdown_s"),
         "preflight_warm": [ln for ln in w.get("kernelbake_lines", []) if "preflight took" in ln],
@@ -615,11 +772,63 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _still_compiling(start: dict[str, Any]) -> list[str]:
+    """A start's compile lines after /health, without kernelbake's own all-clear (also in
+    runs recorded before ``compile_lines`` left it out), timestamps and process prefix cut."""
+    lines = [ln for ln in start.get("compile_lines_after_ready") or [] if _NOTHING_COMPILED not in ln]
+    return [re.sub(r"^[0-9.]+ (\(EngineCore pid=\d+\) )?", "", ln)[:200] for ln in lines]
+
+
+def _peak(report: dict[str, Any]) -> int | None:
+    """The compile's peak GPU memory: the larger of the peak up to the AOT save and after it
+    (the counter is reset there), over the ranks vLLM reported."""
+    peaks = [report.get("peak_at_aot_save_bytes"), report.get("peak_after_aot_save_bytes")]
+    ranks = report.get("ranks") or {}
+    for r in ranks.values() if isinstance(ranks, dict) else ranks:
+        if isinstance(r, dict):
+            peaks += [r.get("peak_at_aot_save_bytes"), r.get("peak_after_aot_save_bytes")]
+    found = [int(p) for p in peaks if isinstance(p, (int, float))]
+    return max(found) if found else None
+
+
+def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
+    """What the request mix after ``/health`` made each start compile, and how long each
+    class's first request took, baked against cold."""
+    if "request_mix" not in warm and "request_mix" not in cold:
+        return {}
+    wm, cm = warm.get("request_mix") or {}, cold.get("request_mix") or {}
+    first_w, first_c = wm.get("first_request_latency_s", {}), cm.get("first_request_latency_s", {})
+    return {
+        "files_added_after_ready": count(cache_files(warm.get("files_added_after_ready") or {}))
+        if warm
+        else None,
+        "files_added_after_ready_cold": count(cache_files(cold.get("files_added_after_ready") or {}))
+        if cold
+        else None,
+        "files_added_after_ready_by_dir": {
+            k: v[:20] for k, v in cache_files(warm.get("files_added_after_ready") or {}).items()
+        },
+        "compile_lines_after_ready": _still_compiling(warm),
+        "compile_lines_after_ready_cold": _still_compiling(cold) if cold else None,
+        "requests_after_ready": {
+            "baked": {
+                k: wm.get(k)
+                for k in ("requests", "ok", "failed_per_class", "concurrent_batch_sizes", "max_prompt_len")
+            },
+            "cold": {k: cm.get(k) for k in ("requests", "ok", "failed_per_class")} if cm else None,
+        },
+        "first_request_latency_s": {
+            k: {"baked": first_w.get(k), "cold": first_c.get(k)} for k in sorted({*first_w, *first_c})
+        },
+    }
+
+
 def table(result: dict[str, Any]) -> str:
     """The breakdown of each model's cold and baked start as a Markdown table (seconds)."""
     starts = []
     for model, doc in result["models"].items():
-        starts.append((f"{model}, cold", doc.get("serve_cold", {})))
+        if "serve_cold" in doc:
+            starts.append((f"{model}, cold", doc["serve_cold"]))
         starts.append((f"{model}, baked", doc.get("serve_warm", {})))
         starts += [(f"{model}, baked, {o['env']}", o) for o in doc.get("serve_warm_also", [])]
     head = "| segment | " + " | ".join(name for name, _ in starts) + " |"
@@ -634,7 +843,66 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, Any]:
+    """The result's ``summary``: per model, the start-up ratio against its target and what
+    compiled at and after each start."""
+    keys = (
+        "files_added_at_warm_start_by_dir",
+        "files_added_after_ready",
+        "files_added_after_ready_cold",
+        "files_added_after_ready_by_dir",
+        "compile_lines_after_ready",
+        "compile_lines_after_ready_cold",
+        "requests_after_ready",
+        "compile_wall_s",
+        "weights_mode",
+        "compile_peak_gpu_bytes",
+        "failed",
+    )
+    out = {}
+    for m, d in models.items():
+        s = d["summary"]
+        out[m] = {
+            "ready_cold_s": s["ready_cold_s"],
+            "ready_warm_s": s["ready_warm_s"],
+            "speedup_ready": s["speedup_ready"],
+            "target": targets.get(m),
+            "met": (s["speedup_ready"] or 0) >= targets[m] if m in targets else None,
+            "tokens_identical": s["tokens_identical"],
+            "files_added_at_warm_start": s["files_added_at_warm_start"],
+            **{k: s.get(k) for k in keys},
+        }
+    return out
+
+
+def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
+    """Several runs' results as one: every model's document, summarised again by this
+    version's ``summary``; each model keeps the target and the command of its own run."""
+    merged: dict[str, Any] = {"bench": "vllm_image_flow", "runs": [], "models": {}}
+    targets: dict[str, float] = {}
+    for path in inputs:
+        run = json.loads(path.read_text())
+        merged["runs"].append(
+            {k: run.get(k) for k in ("command", "date", "wall_s", "skipped")} | {"file": path.name}
+        )
+        for m, d in run["models"].items():
+            d["summary"] = summary(d)
+            merged["models"][m] = d
+            target = (run.get("summary") or {}).get(m, {}).get("target")
+            if target is not None:
+                targets[m] = float(target)
+    merged["method"] = run.get("method")
+    merged["summary"] = top_summary(merged["models"], targets)
+    out.write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    return merged
+
+
 def main() -> int:
+    if len(sys.argv) >= 4 and sys.argv[1] == "--merge":
+        # Runs of one session that could not share a device call, as one result.
+        merged = merge(Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
+        print(json.dumps(merged["summary"], indent=1, default=str))
+        return 0
     if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
         # A committed run, summarised again by this version's summary() and table().
         result = json.loads(Path(sys.argv[2]).read_text())
@@ -666,6 +934,37 @@ def main() -> int:
         help="the user arguments of every start, one string (default: USER_ARGS, made for the GPU)",
     )
     ap.add_argument(
+        "--serve-args-for",
+        action="append",
+        default=[],
+        metavar="MODEL=ARGS",
+        help="the user arguments of one model's starts, one string (instead of --serve-args)",
+    )
+    ap.add_argument(
+        "--mix-total",
+        type=int,
+        default=200,
+        help="requests of the mix (bench/request_mix.py) each start serves right after /health; 0: none",
+    )
+    ap.add_argument(
+        "--min-left",
+        type=float,
+        default=240.0,
+        help="seconds of --deadline a model after the first needs left to be started at all",
+    )
+    ap.add_argument(
+        "--baked-only",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="for this model: the compile and the baked start only, no cold start (device time)",
+    )
+    ap.add_argument(
+        "--skip-checks",
+        action="store_true",
+        help="leave out the kernelbake check runs after the starts (device time)",
+    )
+    ap.add_argument(
         "--importtime",
         action="store_true",
         help="for the first model: python -X importtime of each start's imports",
@@ -681,6 +980,10 @@ def main() -> int:
         + " ".join(f"--context {c}" for c in a.context)
         + "".join(f" --also-env {e}" for e in a.also_env)
         + "".join(f" --target {t}" for t in a.target)
+        + "".join(f" --serve-args-for {shlex.quote(x)}" for x in a.serve_args_for)
+        + "".join(f" --baked-only {m}" for m in a.baked_only)
+        + (" --skip-checks" if a.skip_checks else "")
+        + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -691,20 +994,14 @@ def main() -> int:
     out_json = a.out / "vllm-image-flow.json"
     for i, context in enumerate(a.context):
         name = context.resolve().parent.name.removesuffix("-h200")
-        doc = flow(context.resolve(), a.out / name, started, a, first=i == 0)
+        if i and a.deadline - (time.monotonic() - started) < a.min_left:
+            # Too little time for a compile and a start: say so rather than run half of it.
+            result.setdefault("skipped", []).append(f"{name}: {a.min_left:g} s or less left")
+            out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+            continue
+        doc = flow(context.resolve(), a.out / name, started, a, first=i == 0, name=name)
         result["models"][name] = doc
-        result["summary"] = {
-            m: {
-                "ready_cold_s": d["summary"]["ready_cold_s"],
-                "ready_warm_s": d["summary"]["ready_warm_s"],
-                "speedup_ready": d["summary"]["speedup_ready"],
-                "target": targets.get(m),
-                "met": (d["summary"]["speedup_ready"] or 0) >= targets[m] if m in targets else None,
-                "tokens_identical": d["summary"]["tokens_identical"],
-                "files_added_at_warm_start": d["summary"]["files_added_at_warm_start"],
-            }
-            for m, d in result["models"].items()
-        }
+        result["summary"] = top_summary(result["models"], targets)
         result["wall_s"] = round(time.monotonic() - started, 1)
         # Written after each model: a run cut short keeps what it measured.
         out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -30,3 +30,5 @@ def test_cache_env_follows_the_root_and_keeps_fixed_values() -> None:
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere/inductor"
     assert env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
     assert VLLM.cache_env(Path("/elsewhere"))["CUTE_DSL_CACHE_DIR"] == "/elsewhere/cute-dsl"
+    # Seen on the H200 with an FP8 MoE: without it, three kernels went to $HOME at each start.
+    assert VLLM.cache_env(Path("/elsewhere"))["TRTLLM_DG_CACHE_DIR"] == "/elsewhere/trtllm-deepgemm"

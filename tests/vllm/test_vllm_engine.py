@@ -168,7 +168,15 @@ class _FakeCompileOnly:
             return Result(tuple(argv), 1)
         report = Path(argv[argv.index("--report") + 1])
         report.write_text(
-            json.dumps({"weights_mode": mode, "hashed_env": {"VLLM_X": "1"}, "wall_s": 1.0, "junk": 1})
+            # compile_only resolves ``auto`` by asking vLLM; a dense model gets fake weights.
+            json.dumps(
+                {
+                    "weights_mode": {"auto": "fake"}.get(mode, mode),
+                    "hashed_env": {"VLLM_X": "1"},
+                    "wall_s": 1.0,
+                    "junk": 1,
+                }
+            )
         )
         return Result(tuple(argv), 0)
 
@@ -176,7 +184,7 @@ class _FakeCompileOnly:
 def test_compile_uses_fake_weights_and_the_bundle_env(tmp_path: Path) -> None:
     fake = _FakeCompileOnly(fail=set())
     result = VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={"HOME": "/root"})
-    assert [m for m, _ in fake.calls] == ["fake"]
+    assert [m for m, _ in fake.calls] == ["auto"]
     env = fake.calls[0][1]
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
     assert env["HOME"] == "/root"
@@ -187,12 +195,12 @@ def test_compile_uses_fake_weights_and_the_bundle_env(tmp_path: Path) -> None:
 
 
 def test_compile_falls_back_to_uninitialised_weights_then_fails_clearly(tmp_path: Path) -> None:
-    fake = _FakeCompileOnly(fail={"fake"})
+    fake = _FakeCompileOnly(fail={"auto"})
     result = VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})
-    assert [m for m, _ in fake.calls] == ["fake", "empty"]
+    assert [m for m, _ in fake.calls] == ["auto", "empty"]
     assert result.report["weights_mode"] == "empty"
     with pytest.raises(BuildFailed, match="fake and with uninitialised weights"):
-        VllmEngine(runner=_FakeCompileOnly(fail={"fake", "empty"})).compile(
+        VllmEngine(runner=_FakeCompileOnly(fail={"auto", "empty"})).compile(
             _target(), tmp_path / "c2", environ={}
         )
 
@@ -224,7 +232,7 @@ def test_native_vllm_compile_runs_first_when_available(
     monkeypatch.setattr(compat_layer, "native_compile_available", lambda: True)
     fake = _FakeCompileOnly(fail=set())
     VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})
-    assert [m for m, _ in fake.calls] == ["native", "fake"]
+    assert [m for m, _ in fake.calls] == ["native", "auto"]
 
 
 def test_serve_watcher_reports_each_kind_of_evidence_once(tmp_path: Path) -> None:

@@ -130,6 +130,7 @@ VLLM = EngineDeclaration(
         CacheKind.DEEPGEMM,
         CacheKind.TILELANG,
         CacheKind.CUTE_DSL,
+        CacheKind.TRTLLM_DEEPGEMM,
     ),
     cache_variables=(
         # torch.compile artifacts (AOT + Inductor) and FlashInfer's autotune results.
@@ -140,6 +141,11 @@ VLLM = EngineDeclaration(
         # JIT modules and downloaded cubins; not relocatable (absolute paths in build.ninja).
         ("FLASHINFER_WORKSPACE_BASE", CacheKind.FLASHINFER),
         ("DG_JIT_CACHE_DIR", CacheKind.DEEPGEMM),
+        # FlashInfer's copy of TensorRT-LLM's DeepGEMM (vLLM 0.26 picks it for FP8 block-
+        # quantised linear layers on Hopper) nvcc-compiles one kernel per GEMM shape at every
+        # start into $HOME/.tensorrt_llm/cache unless this points elsewhere; files are named
+        # by shape only, so the directory relocates.
+        ("TRTLLM_DG_CACHE_DIR", CacheKind.TRTLLM_DEEPGEMM),
         ("TILELANG_CACHE_DIR", CacheKind.TILELANG),
         ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1"),
         ("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", CacheKind.CUTE_DSL),

@@ -28,6 +28,7 @@ class CacheKind(enum.Enum):
     DEEPGEMM = "deepgemm"  # DG_JIT_CACHE_DIR
     TILELANG = "tilelang"  # TILELANG_CACHE_DIR
     CUTE_DSL = "cute-dsl"  # CUTE_DSL_CACHE_DIR
+    TRTLLM_DEEPGEMM = "trtllm-deepgemm"  # TRTLLM_DG_CACHE_DIR (FlashInfer's FP8 block GEMMs)
 
 
 def kind_dir(root: Path, kind: CacheKind) -> Path:

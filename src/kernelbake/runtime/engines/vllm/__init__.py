@@ -40,6 +40,8 @@ _REPORT_KEYS = (
     "compiled_modules",
     "fake_tensors",
     "extra_jit",
+    "request_warmup",
+    "weights_reason",
     "vllm_config_hash",
     "weights_mode",
     "lent_bytes",
@@ -156,13 +158,13 @@ class VllmEngine:
                     f"vllm compile failed (exit {native.returncode})",
                     hint=f"see {log.with_name('compile-vllm-native.log')}",
                 )
-        report = self._compile_only(target, env, log, WeightsMode.FAKE)
+        report = self._compile_only(target, env, log, WeightsMode.AUTO)
         if report is None and compat_layer.is_cpu_build():
             # The CPU build runs vLLM's dummy weights (_v0_32): no other weights mode to try.
             raise BuildFailed("vLLM compile-only (CPU build, dummy weights) failed", hint=f"see {log}")
         if report is None:
             print(
-                f"kernelbake: compile-only with fake weights failed (see {log}); retrying with uninitialised "
+                f"kernelbake: compile-only with fake (or dummy) weights failed (see {log}); retrying with uninitialised "
                 "weights on the GPU, which needs the weights' memory",
                 file=sys.stderr,
                 flush=True,

@@ -206,11 +206,24 @@ def rank_report(worker: Any) -> dict[str, Any]:
     return answer
 
 
+def _weights_mode(model_config: Any, report: MutableMapping[str, Any]) -> WeightsMode:
+    """The mode ``WEIGHTS_ENV`` names; ``auto`` asks vLLM's model config whether the forward
+    calls kernels that compile on first use (MoE, quantized layers): then ``dummy``."""
+    weights = WeightsMode(os.environ.get(WEIGHTS_ENV, WeightsMode.AUTO.value))
+    if weights is WeightsMode.AUTO:
+        moe, quantized = bool(model_config.is_moe), bool(model_config.is_quantized)
+        weights = WeightsMode.DUMMY if moe or quantized else WeightsMode.FAKE
+        report["weights_reason"] = f"auto: is_moe={moe}, is_quantized={quantized}"
+    report["weights_mode"] = weights.value
+    return weights
+
+
 def _stub_after_save(
-    model: torch.nn.Module, stub: Callable[..., Any], report: MutableMapping[str, Any]
+    model: torch.nn.Module, stub: Callable[..., Any] | None, report: MutableMapping[str, Any]
 ) -> int:
-    """After each compiled submodule saves its AOT artifact, swap in ``stub``. Returns how
-    many compiled submodules were found (0 means vLLM would not compile this model)."""
+    """After each compiled submodule saves its AOT artifact, swap in ``stub`` (``None``:
+    keep the compiled forward). Returns how many compiled submodules were found (0 means
+    vLLM would not compile this model)."""
     import torch
 
     found = 0
@@ -231,7 +244,8 @@ def _stub_after_save(
             report["peak_at_aot_save_bytes"] = torch.cuda.max_memory_allocated()
             # From here on the peak counter measures the warm-up (KV cache, sampler, graphs).
             torch.cuda.reset_peak_memory_stats()
-            _m.aot_compiled_fn = stub
+            if stub is not None:
+                _m.aot_compiled_fn = stub
 
         module.save_aot_compiled_function = save_then_stub
     return found
@@ -263,8 +277,15 @@ def install(report: MutableMapping[str, Any]) -> None:
             device = torch.device(vllm_config.device_config.device)
             if device.index is None and device.type == "cuda":
                 device = torch.device("cuda", torch.cuda.current_device())
-            weights = WeightsMode(os.environ.get(WEIGHTS_ENV, WeightsMode.FAKE.value))
-            report["weights_mode"] = weights.value
+            weights = _weights_mode(model_config, report)
+            if weights is WeightsMode.DUMMY:
+                from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+                model = DummyModelLoader(self.load_config).load_model(vllm_config, model_config, prefix)
+                # The forward stays real: only the AOT saves are recorded.
+                report["compiled_modules"] = _stub_after_save(model, None, report)
+                report["allocated_after_load_bytes"] = torch.cuda.memory_allocated()
+                return model.eval()
             init_device = torch.device("meta") if weights is WeightsMode.FAKE else device
             with set_default_torch_dtype(model_config.dtype), init_device:
                 model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
@@ -298,6 +319,8 @@ def install(report: MutableMapping[str, Any]) -> None:
             return None
         report["aot_loaded"] = report.get("aot_loaded", 0) + 1
         report.setdefault("aot_paths", []).append(path)
+        if report.get("weights_mode") == WeightsMode.DUMMY.value:
+            return loaded
         cfg = model.vllm_config.model_config
         return _zeros_forward(cfg.get_hidden_size(), cfg.dtype, last_rank=_last_pp_rank())
 

@@ -29,6 +29,9 @@ from kernelbake.runtime.engines.vllm.plugin import COMPILE_ONLY_ENV
 # block): the warm-up then runs the batch size a real start runs, so Triton specialises its
 # kernels the same way.
 _EXTRA_BLOCKS = 1
+# The request warm-up (``warmup``) also sends prompts near max_model_len: room for two of
+# them, in blocks of vLLM's smallest size on the GPU.
+_MIN_BLOCK_TOKENS = 16
 # The CPU backend reserves a fraction of the host's memory unless given a KV size; the
 # warm-up batch needs little (not in the hash either).
 _CPU_KV_BYTES = 256 << 20
@@ -60,6 +63,24 @@ def _bake_extra_jit() -> list[str]:
     flashinfer.sampling.get_sampling_module()
     built.append("flashinfer.sampling")
     return built
+
+
+def _warm_requests(engine: Any) -> dict[str, Any]:
+    """Serves the request classes of ``warmup`` once, so what their first request compiles
+    (sampler variants, prompt logprobs, chunked prefill, every batch size) is in the bundle."""
+    from kernelbake.runtime.engines.vllm import warmup
+
+    config = engine.vllm_config
+    vocab = int(config.model_config.get_vocab_size())
+    waves = warmup.plan(
+        max_model_len=int(config.model_config.max_model_len),
+        max_num_seqs=int(config.scheduler_config.max_num_seqs),
+        max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens),
+        vocab=vocab,
+    )
+    started = time.monotonic()
+    done = warmup.serve(engine, waves, vocab)
+    return {**done, "wall_s": round(time.monotonic() - started, 2)}
 
 
 def run(serve_argv: Sequence[str]) -> dict[str, Any]:
@@ -104,7 +125,10 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     if not cpu:
         # The GPU adapter skips vLLM's KV admission check; the CPU build keeps it, and the
         # KV size above holds max_model_len.
-        engine_args.num_gpu_blocks_override = int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS
+        long_prompt_blocks = 2 * -(-int(engine_args.max_model_len or 0) // _MIN_BLOCK_TOKENS)
+        engine_args.num_gpu_blocks_override = (
+            int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS + long_prompt_blocks
+        )
 
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -117,6 +141,8 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
     report["extra_jit"] = _bake_extra_jit()
+    # The CPU build's sampler is plain torch: nothing there compiles per request.
+    report["request_warmup"] = {"skipped": "CPU build"} if cpu else _warm_requests(engine)
     # Every worker answers for itself, through vLLM's own RPC to all of them: its rank, its
     # memory counters and where it saved its artifacts (the one worker is this process at 1).
     ranks.fold_ranks(report, engine.collective_rpc(adapter.rank_report))

@@ -25,8 +25,14 @@ BAKED_MANIFEST_ENV = "KERNELBAKE_BAKED_MANIFEST"
 
 
 class WeightsMode(enum.Enum):
-    # FakeTensors: no weight memory at all (the default).
+    # FAKE, unless vLLM says the model is MoE or quantized: then DUMMY (the default).
+    AUTO = "auto"
+    # FakeTensors: no weight memory at all.
     FAKE = "fake"
+    # vLLM's own dummy weights on the GPU, and the real forward: MoE and quantized layers
+    # call JIT-compiled kernels (fused-MoE Triton kernels, DeepGEMM, FP8 quantisation) that
+    # only run, and so only compile, on real tensors. Needs the weights' memory.
+    DUMMY = "dummy"
     # Uninitialised GPU tensors: for models whose weight post-processing cannot run on the
     # meta device (some quantized kernels repack weights with CUDA ops). Needs the weights'
     # memory, still never reads them.
