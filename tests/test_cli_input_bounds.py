@@ -147,3 +147,16 @@ def test_a_pipe_that_stays_open_is_written_whole() -> None:
     # The quiet exit is for a reader that left, not a change to normal output.
     done = _run("plan", "--print", str(REPO / "images" / "qwen3-8b.yaml"))
     assert done.returncode == 0 and json.loads(done.stdout)["targets"]
+
+
+@pytest.mark.registry
+def test_verify_json_into_a_reader_that_went_away_ends_quietly(registry: str, tmp_path: Path) -> None:
+    from tests.admission import live
+
+    key, pub = live.generate_key(tmp_path / "keys", "k")
+    image = live.push_target(registry, "kernelbake/pipe", "h100", "h100", tmp_path / "img")
+    live.sign(image, key)
+    argv = ["verify", image.pinned, "--key", str(pub), "--json"]
+    assert json.loads(_run(*argv).stdout)["verified"] is True
+    rc, err = _closed_reader(*argv)
+    assert (rc, err) == (EXIT_BROKEN_PIPE, "")

@@ -46,7 +46,8 @@ from kernelbake.signing.keys import PublicKey
 # + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 30 MiB, all under the
 # client's deadlines; and one ECDSA verification per listed referrer that claims a trusted key's
 # vouch, the listing itself being at most the client's 4 MiB manifest limit (a referrer carrying
-# a vouch is over 450 bytes listed: under 9,400 verifications, ~1.6 s of one core measured).
+# a vouch is ~700 bytes listed: about 5,500 of them; bench/junk_referrers.py measured 2.7 s for
+# the whole verify on a 2-core machine).
 MAX_BUNDLES = 32
 MAX_LEGACY_LAYERS = 16
 # Bundles measured in tests/signing: key-based 0.7-2.6 KiB, keyless (certificate chain and
