@@ -192,6 +192,10 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
     return None if data is None else Artifact(Kind.BUNDLE, origin, data, name=name)
 
 
+# A DER P-256 signature is at most 72 bytes, 96 in base64: a longer vouch is not decoded.
+_MAX_VOUCH_SIGNATURE = 128
+
+
 class _Vouches:
     """Which listed referrers a trusted key vouches for (``formats.ANN_VOUCH_*``), from the
     listing alone: one signature check per distinct claim, nothing fetched."""
@@ -216,7 +220,6 @@ class _Vouches:
         return self._checked[claim]
 
     def _verifies(self, key: PublicKey, layer: str, signature: str) -> bool:
-        # A DER P-256 signature is at most 72 bytes (96 in base64): longer is not one.
         if not is_digest(layer) or len(signature) > _MAX_VOUCH_SIGNATURE:
             return False
         try:
@@ -226,9 +229,6 @@ class _Vouches:
         return key.verifies(raw, formats.vouch_payload(self._subject, layer))
 
 
-_MAX_VOUCH_SIGNATURE = 128
-
-
 def _vouched(
     client: RegistryClient, ref: Reference, descs: Sequence[Descriptor], tally: _Tally
 ) -> list[Artifact]:
@@ -236,7 +236,13 @@ def _vouched(
     the key signed (content-addressed: no manifest to fetch, nothing a look-alike can swap)."""
     layers: dict[str, Descriptor] = {}
     for desc in reversed(descs):
-        layers.setdefault(desc.annotations[formats.ANN_VOUCH_LAYER], desc)
+        layer = desc.annotations[formats.ANN_VOUCH_LAYER]
+        if layer in layers:
+            # A copy (or a re-push) of a vouched referrer: the same bundle, read once.
+            reason = f"vouches for the same bundle as {layers[layer].digest[:19]}, read once"
+            tally.group("vouched again", f"referrer {desc.digest[:19]}", reason)
+        else:
+            layers[layer] = desc
     out = []
     for i, (layer, desc) in enumerate(layers.items()):
         name = f"bundle {desc.digest[:19]}"
