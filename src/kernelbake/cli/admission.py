@@ -66,12 +66,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     verify_policy(policy)
     _say_what_is_permissive(policy)
     cert, key = Path(args.tls_cert), Path(args.tls_key)
-    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
         # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
         try:
-            read_bytes(path, flag)
+            read_bytes(path, what)
         except BadInput as exc:
-            raise BadInput(f"{flag} {exc}", hint="deploy/make-cert.sh makes one") from None
+            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
     try:
         tls_context(cert, key)
     except (OSError, ssl.SSLError) as exc:
