@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from kernelbake import textfile
+from kernelbake.admission.server import MAX_BODY
 from kernelbake.cli import main
 from kernelbake.errors import BadInput
 from tests.conftest import REPO
@@ -151,9 +154,20 @@ def test_plan_errors_name_the_line_too(capsys: pytest.CaptureFixture[str]) -> No
 BAD_FILES = {
     "latin-1": (lambda p: p.write_bytes("name: caf\xe9\n".encode("latin-1")), "(byte 0xe9 at offset 9)"),
     "png": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"), "(byte 0x89 at offset 0)"),
-    "directory": (lambda p: p.mkdir(), "Is a directory"),
+    "directory": (lambda p: p.mkdir(), "a directory, not a regular file"),
     "under-a-file": (lambda p: None, "Not a directory"),
     "empty": (lambda p: p.write_bytes(b""), ""),
+    "nul-byte": (lambda p: p.write_bytes(b"name: x\x00y\n"), "is not text (a NUL byte at offset 7)"),
+    # Each command says what the nesting is to it (YAML: too deep; JSON: not JSON; a token: not
+    # one); what matters here is one line, exit 2, no RecursionError.
+    "nested-100000-deep": (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), ""),
+    "over-the-size-limit": (
+        lambda p: p.write_bytes(b"#" * (textfile.MAX_INPUT_BYTES + 1)),
+        f"over the {textfile.MAX_INPUT_BYTES}-byte limit",
+    ),
+    # Opened without waiting for a writer, and refused: a plain open() would hang here.
+    "fifo": (lambda p: os.mkfifo(p), "a FIFO, not a regular file"),
+    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "a character device, not a regular file"),
 }
 _DIGEST = "sha256:" + "0" * 64
 _NOWHERE = f"127.0.0.1:1/kb/x@{_DIGEST}"
@@ -201,8 +215,15 @@ FILE_COMMANDS: dict[str, Callable[[str, dict[str, str]], list[str]]] = {
 }
 
 
-@pytest.mark.parametrize("bad", list(BAD_FILES))
-@pytest.mark.parametrize("command", list(FILE_COMMANDS))
+# A token is one line of text, not a structure: nesting means nothing to it (it is refused as no
+# JWT, by the signing stack's own exit code).
+_NOT_STRUCTURED = {("sign --identity-token-file", "nested-100000-deep")}
+
+
+@pytest.mark.parametrize(
+    ("command", "bad"),
+    [(c, b) for c in FILE_COMMANDS for b in BAD_FILES if (c, b) not in _NOT_STRUCTURED],
+)
 def test_a_bad_file_is_one_line_naming_it_exit_2(
     command: str,
     bad: str,
@@ -212,8 +233,18 @@ def test_a_bad_file_is_one_line_naming_it_exit_2(
 ) -> None:
     monkeypatch.setenv("KERNELBAKE_DOCKER", str(tmp_path / "no-docker"))
     make, detail = BAD_FILES[bad]
+    if bad == "over-the-size-limit" and command == "admission review REQUEST":
+        # A request is read up to the webhook's own body limit; a YAML file's limit is far lower.
+        make = lambda p: p.write_bytes(b" " * (MAX_BODY + 1))  # noqa: E731
+        detail = f"over the {MAX_BODY}-byte limit"
     # PEM files are read by OpenSSL, which says what it found, not where.
-    pem = command == "admission --tls-cert" and bad in ("latin-1", "png", "empty")
+    pem = command == "admission --tls-cert" and bad in (
+        "latin-1",
+        "png",
+        "empty",
+        "nul-byte",
+        "nested-100000-deep",
+    )
     if pem:
         detail = "not a PEM certificate and its private key"
     path = tmp_path / "a-file" / "input.yaml" if bad == "under-a-file" else tmp_path / "input.yaml"

@@ -140,13 +140,45 @@ def _join(parent: str, key: str) -> str:
     return f"{parent}.{key}" if parent else key
 
 
+# Real documents nest a few levels; PyYAML composes nodes recursively, so a document nested
+# thousands deep would end in a RecursionError. Past this depth the file is refused instead.
+MAX_YAML_DEPTH = 64
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting deeper than ``MAX_YAML_DEPTH`` before recursing further."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.CollectionStartEvent):
+            if self._depth >= MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested deeper than {MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+                )
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
+
+
 def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadInput) -> tuple[Any, Source]:
     """The parsed document and its ``Source``; unreadable or malformed files raise
-    ``error_type`` naming ``file:line``. ``what`` names the file in messages (spec, policy)."""
+    ``error_type`` naming ``file:line``. ``what`` names the file in messages (spec, policy).
+    The file is read within ``textfile``'s bounds and nests at most ``MAX_YAML_DEPTH`` deep."""
     p = Path(path)
     text = read_text(p, what, error=error_type)
-    loader = yaml.SafeLoader(text)
+    loader: _BoundedLoader | None = None
     try:
+        # The reader checks the characters as it is built: a control character raises here.
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
@@ -155,5 +187,6 @@ def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadIn
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise error_type(f"{where}: malformed YAML: {problem}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, Source(str(p), error_type, node)

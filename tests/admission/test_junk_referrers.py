@@ -12,10 +12,10 @@ import pytest
 from kernelbake.oci import RegistryClient
 from kernelbake.oci.types import sha256_digest
 from kernelbake.settings import Settings
-from kernelbake.signing import formats
+from kernelbake.signing import formats, intoto
 from tests.admission import documents, live
 from tests.signing.images import PushedImage
-from tests.signing.tamper import delete_blob, list_referrers, push_referrer
+from tests.signing.tamper import delete_blob, list_around, list_referrers, push_lookalikes, push_referrer
 
 pytestmark = pytest.mark.registry
 
@@ -63,3 +63,27 @@ def test_a_signed_image_with_junk_referrers_is_admitted_and_junk_alone_is_not(
     assert rc == 1 and response["allowed"] is False
     message = json.dumps(response["status"])
     assert "no usable signature found; skipped 66 attached artifacts" in message, message
+
+
+def test_lookalikes_appended_after_signing_do_not_get_a_signed_image_denied(
+    registry: str, tmp_path: Path
+) -> None:
+    # The report: 32 bundle referrers with cosign's predicate annotation, appended after a valid
+    # signing, pushed the real signature out of the 32 examined and the pod was denied. Here 200
+    # before and 200 after, half copying every annotation of the real referrers (the vouch too).
+    key, pub = live.generate_key(tmp_path / "keys", "trusted")
+    signed = live.push_target(registry, "kernelbake/lookalikes", "h100", "h100", tmp_path / "signed")
+    live.sign(signed, key)
+    client = RegistryClient(Settings(docker_config=tmp_path / "docker-config"), timeout=30)
+    real = [dict(d.annotations) for d in client.referrers(signed.ref.with_digest(signed.digest))]
+    predicate_only = {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE}
+
+    def annotate(i: int) -> dict[str, str]:
+        return {**(real[i % len(real)] if i % 2 else predicate_only), "junk": str(i)}
+
+    before = push_lookalikes(client, signed, 200, annotate)
+    after = push_lookalikes(client, signed, 200, lambda i: annotate(200 + i))
+    list_around(client, signed, before, after)
+    policy = live.write_policy(tmp_path / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
+    rc, response, err = _review(policy, tmp_path, documents.load("pod-create", signed.tagged))
+    assert rc == 0 and response["allowed"] is True, err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, fallback_tag
@@ -17,7 +17,10 @@ def _rewrite_referrers(
     client: RegistryClient, image: PushedImage, edit_blob: Callable[[bytes], bytes]
 ) -> list[str]:
     """Replace every bundle referrer of ``image`` by one whose bundle blob is ``edit_blob(old)``,
-    and point the fallback index at the replacements. Returns the new manifest digests."""
+    and point the fallback index at the replacements. Returns the new manifest digests.
+
+    The key's vouch goes (an editor without the key cannot vouch for the new blob; one it kept
+    would still name the genuine bundle, which verification would then read and accept)."""
     ref = image.ref.with_digest(image.digest)
     new_entries = []
     for desc in client.referrers(ref):
@@ -27,12 +30,22 @@ def _rewrite_referrers(
         client.put_blob(ref, blob)
         doc = dict(manifest.doc)
         doc["layers"] = [{**layer.to_json(), "digest": mt.sha256_digest(blob), "size": len(blob)}]
+        annotations = _without_vouch(manifest.annotations)
+        doc["annotations"] = annotations
         data = mt.encode_json(doc)
         pushed = client.put_manifest(Reference(ref.registry, ref.repository), data, mt.OCI_MANIFEST)
-        new_entries.append({**desc.to_json(), "digest": pushed.digest, "size": len(data)})
+        entry = {**desc.to_json(), "digest": pushed.digest, "size": len(data), "annotations": annotations}
+        new_entries.append(entry)
     index = mt.encode_json({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": new_entries})
     client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)
     return [e["digest"] for e in new_entries]
+
+
+VOUCH = (formats.ANN_VOUCH_LAYER, formats.ANN_VOUCH_KEY, formats.ANN_VOUCH_SIGNATURE)
+
+
+def _without_vouch(annotations: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k not in VOUCH}
 
 
 def rewrite_bundles(
@@ -155,3 +168,54 @@ def prepend_legacy_layers(client: RegistryClient, image: PushedImage, count: int
     doc = dict(manifest.doc)
     doc["layers"] = junk + [d.to_json() for d in manifest.layers]
     client.put_manifest(tag_ref, mt.encode_json(doc), manifest.media_type)
+
+
+def push_lookalikes(
+    client: RegistryClient,
+    image: PushedImage,
+    count: int,
+    annotations: Callable[[int], dict[str, str]],
+    blob: bytes = b'{"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json"}',
+) -> list[dict[str, Any]]:
+    """``count`` bundle-typed referrer manifests of ``image`` sharing one junk ``blob``, the
+    ``i``-th annotated ``annotations(i)``; their descriptors, not yet listed anywhere."""
+    ref = image.ref.with_digest(image.digest)
+    client.put_blob(ref, mt.EMPTY_JSON)
+    client.put_blob(ref, blob)
+    subject = client.get_manifest(ref).descriptor().to_json()
+    layer = {"mediaType": formats.BUNDLE_V03, "digest": mt.sha256_digest(blob), "size": len(blob)}
+    entries = []
+    for i in range(count):
+        doc = {
+            "schemaVersion": 2,
+            "mediaType": mt.OCI_MANIFEST,
+            "artifactType": formats.BUNDLE_V03,
+            "config": {"mediaType": mt.OCI_EMPTY, "digest": mt.sha256_digest(mt.EMPTY_JSON), "size": 2},
+            "layers": [layer],
+            "subject": subject,
+            "annotations": annotations(i),
+        }
+        data = mt.encode_json(doc)
+        pushed = client.put_manifest(Reference(ref.registry, ref.repository), data, mt.OCI_MANIFEST)
+        entries.append(
+            {
+                "mediaType": mt.OCI_MANIFEST,
+                "digest": pushed.digest,
+                "size": len(data),
+                "artifactType": formats.BUNDLE_V03,
+                "annotations": annotations(i),
+            }
+        )
+    return entries
+
+
+def list_around(
+    client: RegistryClient, image: PushedImage, before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> None:
+    """List ``image``'s referrers between ``before`` (oldest) and ``after`` (newest)."""
+    ref = image.ref.with_digest(image.digest)
+    current = [d.to_json() for d in client.referrers(ref)]
+    index = mt.encode_json(
+        {"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": before + current + after}
+    )
+    client.put_manifest(ref.with_tag(fallback_tag(image.digest)), index, mt.OCI_INDEX)

@@ -5,6 +5,7 @@ and says why."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
@@ -19,16 +20,20 @@ from kernelbake.oci import RegistryClient
 from kernelbake.oci.types import sha256_digest
 from kernelbake.signing import discover, formats, intoto
 from kernelbake.signing.errors import MalformedSignature, Unsigned, UntrustedSigner, VerificationFailed
+from kernelbake.signing.keys import PublicKey
 from kernelbake.signing.predicate import PREDICATE_TYPE
 from kernelbake.signing.sign import attach_statement, sign_image
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
 from tests.signing.images import PushedImage
 from tests.signing.tamper import (
+    copy_signatures,
     delete_blob,
     drop_bundles,
+    list_around,
     list_referrers,
     prepend_legacy_layers,
+    push_lookalikes,
     push_referrer,
     replace_bundles,
 )
@@ -83,9 +88,10 @@ def _other_types_first(client: RegistryClient, image: PushedImage) -> tuple[str,
 
 
 def _junk_bundles_first(client: RegistryClient, image: PushedImage) -> tuple[str, list[dict[str, Any]]]:
-    # Bundle-typed but no signature; no predicate annotation, so the real ones are tried first.
+    # Bundle-typed but no signature: the real ones, vouched for by the key, are read apart from
+    # them; the junk fills the bound of the others.
     entries = [push_referrer(client, image, b'{"junk": %d}' % i) for i in range(64)]
-    examined = discover.MAX_BUNDLES - 2
+    examined = discover.MAX_BUNDLES
     return f"{64 - examined} times: not examined: only {discover.MAX_BUNDLES} candidate bundles are", entries
 
 
@@ -230,22 +236,134 @@ def test_junk_next_to_an_untrusted_signature_names_the_signer(
     assert "skipped 65 other artifacts" in message and "64 times: not a Sigstore bundle" in message
 
 
-def test_junk_that_copies_the_annotations_past_the_bound_fails_closed(
-    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+# -- look-alikes: any number of them, before and after the real signature ---------------------
+
+LOOKALIKES = 250  # before the real referrers, and as many again after them (the newest)
+
+
+@pytest.fixture
+def verifications(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The fingerprint of the key of every signature verification made."""
+    made: list[str] = []
+    real = PublicKey.verifies
+
+    def counting(self: PublicKey, signature: bytes, data: bytes) -> bool:
+        made.append(self.fingerprint)
+        return real(self, signature, data)
+
+    monkeypatch.setattr(PublicKey, "verifies", counting)
+    yield made
+
+
+def _real_annotations(client: RegistryClient, image: PushedImage) -> list[dict[str, str]]:
+    return [dict(d.annotations) for d in client.referrers(image.ref.with_digest(image.digest))]
+
+
+def _copied(real: list[dict[str, str]], keys: KeyPair, other: KeyPair) -> Callable[[int], dict[str, str]]:
+    # Every annotation of a real referrer, vouch included: the vouch names the real bundle.
+    return lambda i: {**real[i % len(real)], "junk": str(i)}
+
+
+def _forged(real: list[dict[str, str]], keys: KeyPair, other: KeyPair) -> Callable[[int], dict[str, str]]:
+    # The real annotations and the trusted key's hint, vouching for the junk layer with a
+    # signature that key never made (another key's, over the same payload shape).
+    junk_layer = sha256_digest(b'{"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json"}')
+
+    def forge(i: int) -> dict[str, str]:
+        payload = formats.vouch_payload("sha256:" + f"{i:064x}", junk_layer)
+        signature = base64.b64encode(other.private.sign(payload)).decode()
+        vouch = {formats.ANN_VOUCH_LAYER: junk_layer, formats.ANN_VOUCH_SIGNATURE: signature}
+        return {**real[i % len(real)], **vouch}
+
+    return forge
+
+
+def _untrusted_vouch(
+    real: list[dict[str, str]], keys: KeyPair, other: KeyPair
+) -> Callable[[int], dict[str, str]]:
+    # A genuine vouch by a key the policy does not trust: an ordinary candidate, within the bound.
+    return lambda i: {**real[i % len(real)], formats.ANN_VOUCH_KEY: other.public.hint, "junk": str(i)}
+
+
+def _predicate_only(
+    real: list[dict[str, str]], keys: KeyPair, other: KeyPair
+) -> Callable[[int], dict[str, str]]:
+    # cosign's own annotation, no vouch: what denied a signed image when the bound was all there was.
+    return lambda i: {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE, "junk": str(i)}
+
+
+LOOKALIKE_KINDS = {
+    "copied-annotations": (_copied, "vouches for the same bundle as"),
+    "forged-vouch": (_forged, "vouch by a trusted key does not verify for this digest"),
+    "vouch-by-an-untrusted-key": (_untrusted_vouch, "not examined: only 32 candidate bundles are"),
+    "predicate-annotation-only": (_predicate_only, "not examined: only 32 candidate bundles are"),
+}
+
+
+@pytest.mark.parametrize("kind", list(LOOKALIKE_KINDS))
+def test_no_number_of_lookalikes_hides_a_key_signed_image(
+    make_image: ImageFactory,
+    client: RegistryClient,
+    keys: KeyPair,
+    other_keys: KeyPair,
+    kind: str,
+    bytes_read: list[int],
+    verifications: list[str],
 ) -> None:
-    # Whoever may push can always deny (delete the signature, or bury it under more than the bound
-    # of look-alikes, listed as the newest); what matters is that this costs bounded work and says so.
     image = make_image()
     sign_image(image.tagged, keys.signer, client=client)
-    annotations = {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE}
-    entries = [
-        push_referrer(client, image, b'{"junk": %d}' % i, annotations=annotations)
-        for i in range(discover.MAX_BUNDLES)
-    ]
-    list_referrers(client, image, entries, first=False)
-    with pytest.raises(MalformedSignature) as failed:
-        verify_image(image.pinned, keys.policy(), client=client)
-    assert f"not examined: only {discover.MAX_BUNDLES} candidate bundles are" in str(failed.value)
+    make, expected = LOOKALIKE_KINDS[kind]
+    annotate = make(_real_annotations(client, image), keys, other_keys)
+    before = push_lookalikes(client, image, LOOKALIKES, annotate)
+    after = push_lookalikes(client, image, LOOKALIKES, lambda i: annotate(LOOKALIKES + i))
+    list_around(client, image, before, after)
+    fresh = RegistryClient(client.settings, timeout=10.0)
+    bytes_read.clear()
+    verifications.clear()
+
+    verified = verify_image(image.pinned, keys.policy(), client=fresh)
+
+    assert verified.signer == f"key {keys.public.fingerprint}"
+    assert verified.attestation["key"] == str(image.key)
+    note = verified.skipped_note()
+    # Every look-alike is accounted for (copies of a vouch: the real bundle, read once).
+    assert note is not None and note.startswith(f"skipped {2 * LOOKALIKES} attached artifacts: "), note
+    assert expected in note, note
+    # The listing (~500 entries) and at most 32 small junk referrers plus the real two: bounded,
+    # whatever the count. Vouch checks: at most one per listed referrer, and per distinct claim.
+    assert sum(bytes_read) < 2 << 20, sum(bytes_read)
+    vouch_checks = sum(1 for f in verifications if f == keys.public.fingerprint)
+    assert vouch_checks <= 2 * LOOKALIKES + 2 + 2  # every listed vouch, then the two real bundles
+
+
+def test_a_vouch_copied_from_another_image_does_not_sign_this_one(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    # The vouch signs the subject digest too: replayed on an unsigned image it is junk.
+    signed = make_image(tag="signed")
+    unsigned = make_image(tag="unsigned", repo=signed.ref.repository)
+    sign_image(signed.tagged, keys.signer, client=client)
+    copy_signatures(client, signed, unsigned)
+    with pytest.raises(VerificationFailed) as failed:
+        verify_image(unsigned.pinned, keys.policy(), client=client)
+    assert "vouch by a trusted key does not verify for this digest" in str(failed.value)
+
+
+def test_an_edited_manifest_that_keeps_the_vouch_still_reads_the_signed_bundle(
+    make_image: ImageFactory, client: RegistryClient, keys: KeyPair
+) -> None:
+    # The vouch names the bundle by digest: swapping the manifest's layer (and keeping the
+    # annotations) leads verification to the bundle the key signed, not the substitute.
+    image = make_image()
+    sign_image(image.tagged, keys.signer, client=client)
+    ref = image.ref.with_digest(image.digest)
+    real = list(client.referrers(ref))
+    entries = push_lookalikes(client, image, len(real), lambda i: dict(real[i].annotations), blob=b"junk")
+    drop_bundles(client, image)
+    list_referrers(client, image, entries)
+    verified = verify_image(image.pinned, keys.policy(), client=client)
+    assert verified.signer == f"key {keys.public.fingerprint}" and verified.skipped_note() is None
+    assert verified.attestation["key"] == str(image.key)
 
 
 def test_legacy_layers_are_tried_newest_first_within_their_bound(

@@ -9,7 +9,14 @@ from pathlib import Path
 import kernelbake.signing._internal as internal
 
 # Vocabulary shared by both layers; none of them imports anything of signing's public layer.
-ALLOWED = {"kernelbake.cache", "kernelbake.errors", "kernelbake.signing.errors", "kernelbake.signing.formats"}
+# (textfile: the bounded reader of every file a user names, the trust config included.)
+ALLOWED = {
+    "kernelbake.cache",
+    "kernelbake.errors",
+    "kernelbake.signing.errors",
+    "kernelbake.signing.formats",
+    "kernelbake.textfile",
+}
 
 
 def _imports(path: Path) -> set[str]:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -57,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.engine_args = extra[1:] if extra[:1] == ["--"] else extra
     try:
         rc: int = args.func(args)
+        # Flushed here, so that a reader that went away is seen below and not at exit.
+        sys.stdout.flush()
         return rc
     except KernelbakeError as exc:
         print(f"kernelbake {args.command}: error: {exc}", file=sys.stderr)
@@ -64,3 +68,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kernelbake {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+# What a shell reports for a tool that SIGPIPE ended (``yes | head -1``: 128 + 13).
+EXIT_BROKEN_PIPE = 141
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``kernelbake plan --print | head -1``): stop quietly,
+    as Unix tools do. Python's documentation (signal, "Note on SIGPIPE") points stdout at
+    /dev/null, so that flushing it again at exit does not fail a second time; the status is the
+    one a shell gives a tool that SIGPIPE killed, so ``set -o pipefail`` still sees it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # not a real file (captured in tests)
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
-from kernelbake.textfile import read_text
+from kernelbake.textfile import read_bytes, read_text
 
 if TYPE_CHECKING:
     from kernelbake.admission.policy import AdmissionPolicy
@@ -66,13 +66,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     verify_policy(policy)
     _say_what_is_permissive(policy)
     cert, key = Path(args.tls_cert), Path(args.tls_key)
-    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
+        # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
         try:
-            path.read_bytes()
-        except OSError as exc:
-            raise BadInput(
-                f"{flag} {path}: cannot read it: {exc.strerror}", hint="deploy/make-cert.sh makes one"
-            ) from None
+            read_bytes(path, what)
+        except BadInput as exc:
+            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
     try:
         tls_context(cert, key)
     except (OSError, ssl.SSLError) as exc:
@@ -118,13 +117,28 @@ def _say_what_is_permissive(policy: AdmissionPolicy) -> None:
         )
 
 
+def _stdin_text(limit: int) -> str:
+    # The same bound as a file (the webhook's body limit): stdin may be /dev/zero.
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise BadInput(f"<stdin>: the AdmissionReview is over the {limit}-byte limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"<stdin>: the AdmissionReview is not UTF-8 text (offset {exc.start})") from None
+
+
 def cmd_review(args: argparse.Namespace) -> int:
     from kernelbake.admission.admit import Endpoint
+    from kernelbake.admission.server import MAX_BODY
 
     _logging("warning")
     source = "<stdin>" if args.request == "-" else args.request
     try:
-        text = sys.stdin.read() if args.request == "-" else read_text(args.request, "the AdmissionReview")
+        if args.request == "-":
+            text = _stdin_text(MAX_BODY)
+        else:
+            text = read_text(args.request, "the AdmissionReview", limit=MAX_BODY)
         doc = json.loads(text)
     except OSError as exc:
         raise BadInput(f"{source}: cannot read: {exc.strerror or exc}") from None

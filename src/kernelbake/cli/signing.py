@@ -79,7 +79,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
         # (signed; what it lists is in its signed bytes).
         for variant in index.variants:
             done = sign_image(index.pinned(variant), signer, client=client, legacy=args.legacy)
-            print(f"signed {done.reference} ({variant.key.device}) as {done.signer}", file=sys.stderr)
+            print(f"{done.describe()} ({variant.key.device})", file=sys.stderr)
         args.image, args.no_attest = index.ref.pinned(), True
     result = sign_image(
         args.image, signer, client=client, attest=not args.no_attest, legacy=args.legacy, top=top
@@ -93,15 +93,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
                     "signer": result.signer,
                     "referrers": list(result.referrers),
                     "legacy_tags": list(result.legacy_tags),
+                    "already": list(result.already),
                     "predicate": result.predicate.to_json() if result.predicate else None,
                 },
                 indent=2,
             )
         )
     else:
-        what = "signed and attested" if result.predicate else "signed"
-        legacy = f" (+ {', '.join(result.legacy_tags)})" if result.legacy_tags else ""
-        print(f"{what} {result.reference} by {result.signer}{legacy}")
+        print(result.describe())
     return 0
 
 

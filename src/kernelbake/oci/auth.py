@@ -15,6 +15,7 @@ from kernelbake.errors import BadInput
 from kernelbake.oci.hosts import DOCKER_HUB
 from kernelbake.oci.reference import DOCKER_HUB_API
 from kernelbake.runner import Runner, run
+from kernelbake.textfile import read_text
 
 # docker stores Docker Hub credentials under its v1 index URL.
 _HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", DOCKER_HUB, DOCKER_HUB_API)
@@ -48,11 +49,12 @@ def _host_keys(host: str) -> tuple[str, ...]:
 
 def _read_config(config_dir: Path) -> dict[str, Any]:
     path = config_dir / "config.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except (OSError, ValueError) as exc:
+    text = read_text(path, "docker config")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise BadInput(f"{path}: cannot read docker config ({exc})") from None
     if not isinstance(doc, dict):
         raise BadInput(f"{path}: docker config is not a JSON object")

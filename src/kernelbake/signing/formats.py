@@ -27,6 +27,13 @@ BUNDLE_MEDIA_TYPES = (
 ANN_BUNDLE_CONTENT = "dev.sigstore.bundle.content"
 ANN_BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
 ANN_CREATED = "org.opencontainers.image.created"
+# kernelbake's vouch for a key-signed bundle referrer, readable from the referrers listing alone:
+# the bundle layer's digest, the signing key's hint, and that key's signature over both and the
+# subject (``vouch_payload``). A verifier that trusts the key finds its bundles among any number
+# of look-alikes without fetching them; cosign and others ignore these annotations.
+ANN_VOUCH_LAYER = "dev.kernelbake.bundle.layer"
+ANN_VOUCH_KEY = "dev.kernelbake.bundle.key"
+ANN_VOUCH_SIGNATURE = "dev.kernelbake.bundle.signature"
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
@@ -48,10 +55,21 @@ def legacy_tag(digest: str, suffix: str) -> str:
     return check_digest(digest).replace(":", "-") + suffix
 
 
+def vouch_payload(subject_digest: str, layer_digest: str) -> bytes:
+    """What a vouch signs: this bundle layer, for this subject (never another image's)."""
+    return f"kernelbake-bundle-vouch-v1 {subject_digest} {layer_digest}".encode()
+
+
 def bundle_referrer(
-    subject: Descriptor, bundle: bytes, predicate_type: str, *, created: str
+    subject: Descriptor,
+    bundle: bytes,
+    predicate_type: str,
+    *,
+    created: str,
+    vouch: Mapping[str, str] | None = None,
 ) -> tuple[bytes, bytes]:
-    """(manifest bytes, bundle bytes) of one bundle referrer, laid out as cosign 3 writes it."""
+    """(manifest bytes, bundle bytes) of one bundle referrer, laid out as cosign 3 writes it;
+    ``vouch``: the ``ANN_VOUCH_*`` annotations, for key-signed bundles."""
     layer = Descriptor.of(bundle, BUNDLE_V03)
     empty = Descriptor.of(mt.EMPTY_JSON, mt.OCI_EMPTY)
     doc = {
@@ -67,6 +85,7 @@ def bundle_referrer(
             ANN_BUNDLE_CONTENT: "dsse-envelope",
             ANN_BUNDLE_PREDICATE: predicate_type,
             ANN_CREATED: created,
+            **(vouch or {}),
         },
     }
     return encode_json(doc), bundle

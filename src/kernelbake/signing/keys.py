@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kernelbake.errors import BadInput
+from kernelbake.textfile import read_bytes
 
 PRIVATE_SUFFIX = ".key"
 PUBLIC_SUFFIX = ".pub"
@@ -85,18 +86,12 @@ def load_public_key(pem: bytes, *, source: str) -> PublicKey:
 
 
 def load_public_key_file(path: Path) -> PublicKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read public key ({exc.strerror})") from None
+    data = read_bytes(path, "public key")
     return load_public_key(data, source=str(path))
 
 
 def load_private_key(path: Path, password: str | None = None) -> PrivateKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read signing key ({exc.strerror})") from None
+    data = read_bytes(path, "signing key")
     if b"ENCRYPTED SIGSTORE PRIVATE KEY" in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
         raise BadInput(
             f"{path}: cosign's encrypted key format is not supported",

@@ -181,7 +181,7 @@ def _trusted_root(src: Source, value: Any, base: Path) -> str:
         doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
     except PolicyError as exc:
         raise src.error("trusted_root", str(exc)) from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise src.error("trusted_root", f"{path} is not JSON") from None
     if not isinstance(doc, dict) or doc.get("mediaType") != TRUSTED_ROOT_MEDIA_TYPE:
         raise src.error("trusted_root", f"{path} is not a Sigstore trusted root ({TRUSTED_ROOT_MEDIA_TYPE})")

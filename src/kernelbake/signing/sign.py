@@ -10,10 +10,13 @@ from typing import Any
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Manifest, Reference, RegistryClient, RegistryNotFound, parse_reference
 from kernelbake.oci import types as mt
+from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import read_cache_manifest, read_image, top_manifest
 from kernelbake.signing import formats, intoto
+from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, KernelCachePredicate, predicate_for
 from kernelbake.signing.signer import Signer
+from kernelbake.signing.verify import Existing, existing_signatures
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -24,12 +27,49 @@ class SignResult:
     referrers: tuple[str, ...]  # digests of the bundle manifests pushed
     legacy_tags: tuple[str, ...]  # .sig/.att tags written
     predicate: KernelCachePredicate | None
+    # What was not signed again: the same key had signed it already ("signature",
+    # "attestation", and with legacy ".sig", ".att").
+    already: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line: what was signed, and what the same key had signed already."""
+        legacy = f" (+ {', '.join(self.legacy_tags)})" if self.legacy_tags else ""
+        if not self.already:
+            what = "signed and attested" if self.predicate else "signed"
+            return f"{what} {self.reference} by {self.signer}{legacy}"
+        skipped = f"already signed by {self.signer}, skipped ({', '.join(self.already)})"
+        if not self.referrers and not self.legacy_tags:
+            return f"{self.reference}: {skipped}"
+        written = ", ".join([*(["bundle"] * len(self.referrers)), *self.legacy_tags])
+        return f"signed {self.reference} by {self.signer} ({written}); {skipped}"
+
+
+def _vouch(signer: Signer, subject: Descriptor, bundle: bytes) -> dict[str, str]:
+    """The vouch annotations of a key-signed bundle (none for keyless: checking one would need the
+    certificate chain and log proof, i.e. the whole bundle)."""
+    key = signer.public_key
+    if key is None:
+        return {}
+    layer = sha256_digest(bundle)
+    signature = signer.sign_payload(formats.vouch_payload(subject.digest, layer)).signature
+    return {
+        formats.ANN_VOUCH_LAYER: layer,
+        formats.ANN_VOUCH_KEY: key.hint,
+        formats.ANN_VOUCH_SIGNATURE: signature,
+    }
 
 
 def _push_bundle(
-    client: RegistryClient, ref: Reference, subject: Descriptor, bundle: bytes, predicate_type: str
+    client: RegistryClient,
+    ref: Reference,
+    subject: Descriptor,
+    bundle: bytes,
+    predicate_type: str,
+    signer: Signer,
 ) -> str:
-    manifest, blob = formats.bundle_referrer(subject, bundle, predicate_type, created=formats.now_rfc3339())
+    manifest, blob = formats.bundle_referrer(
+        subject, bundle, predicate_type, created=formats.now_rfc3339(), vouch=_vouch(signer, subject, bundle)
+    )
     client.put_blob(ref, mt.EMPTY_JSON)
     client.put_blob(ref, blob)
     return client.push_referrer(ref, manifest, mt.OCI_MANIFEST)
@@ -50,7 +90,7 @@ def attach_statement(
     top = client.get_manifest(ref)
     pinned = Reference(ref.registry, ref.repository, digest=top.digest)
     signed = signer.sign_statement(intoto.make_statement(pinned.name, top.digest, predicate_type, predicate))
-    return _push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type)
+    return _push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type, signer)
 
 
 def _append_legacy(client: RegistryClient, ref: Reference, tag: str, layer: Descriptor, data: bytes) -> None:
@@ -67,6 +107,17 @@ def _append_legacy(client: RegistryClient, ref: Reference, tag: str, layer: Desc
     client.put_blob(ref, data)
     client.put_blob(ref, config)
     client.put_manifest(tag_ref, manifest, mt.OCI_MANIFEST)
+
+
+def _existing(client: RegistryClient, pinned: Reference, signer: Signer) -> Existing:
+    """What ``signer``'s key already attached to the digest (nothing for keyless signers, which
+    always sign): each ``make image`` signs what it pushed, and an unchanged digest would
+    otherwise collect one more signature and attestation per run."""
+    key = signer.public_key
+    if key is None:
+        return Existing()
+    policy = VerifyPolicy(keys=(key,), require_attestation=False, source=f"key {key.fingerprint}")
+    return existing_signatures(client, pinned, policy)
 
 
 def sign_image(
@@ -100,28 +151,46 @@ def sign_image(
         layer, cache_manifest = read_cache_manifest(client, facts)
         predicate = predicate_for(facts, layer.digest, cache_manifest)
 
-    signature = signer.sign_statement(
-        intoto.make_statement(pinned.name, top.digest, intoto.COSIGN_SIGN_PREDICATE, {})
-    )
-    referrers = [_push_bundle(client, pinned, subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE)]
-    attestation = None
-    if predicate is not None:
-        attestation = signer.sign_statement(
-            intoto.make_statement(pinned.name, top.digest, PREDICATE_TYPE, predicate.to_json())
+    existing = _existing(client, pinned, signer)
+    wanted = predicate.to_json() if predicate is not None else None
+    already: list[str] = []
+    referrers: list[str] = []
+    if existing.signature:
+        already.append("signature")
+    else:
+        signature = signer.sign_statement(
+            intoto.make_statement(pinned.name, top.digest, intoto.COSIGN_SIGN_PREDICATE, {})
         )
-        referrers.append(_push_bundle(client, pinned, subject, attestation.bundle, PREDICATE_TYPE))
+        referrers.append(
+            _push_bundle(client, pinned, subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE, signer)
+        )
+    # An attestation is made once, for whichever of its two places (bundle, .att) lacks it.
+    need_bundle = predicate is not None and wanted not in existing.attestations
+    need_legacy = legacy and predicate is not None and wanted not in existing.legacy_attestations
+    attestation = None
+    if need_bundle or need_legacy:
+        attestation = signer.sign_statement(
+            intoto.make_statement(pinned.name, top.digest, PREDICATE_TYPE, wanted or {})
+        )
+    if need_bundle and attestation is not None:
+        referrers.append(_push_bundle(client, pinned, subject, attestation.bundle, PREDICATE_TYPE, signer))
+    elif predicate is not None:
+        already.append("attestation")
 
     tags: list[str] = []
     if legacy:
-        payload = intoto.simple_signing_payload(pinned.name, top.digest)
-        sig = signer.sign_payload(payload)
         tag = formats.legacy_tag(top.digest, formats.SIG_SUFFIX)
-        layer_desc = formats.legacy_layer(
-            payload, formats.SIMPLE_SIGNING, {formats.ANN_SIGNATURE: sig.signature, **sig.annotations}
-        )
-        _append_legacy(client, pinned, tag, layer_desc, payload)
-        tags.append(tag)
-        if attestation is not None:
+        if existing.legacy_signature:
+            already.append(formats.SIG_SUFFIX)
+        else:
+            payload = intoto.simple_signing_payload(pinned.name, top.digest)
+            sig = signer.sign_payload(payload)
+            layer_desc = formats.legacy_layer(
+                payload, formats.SIMPLE_SIGNING, {formats.ANN_SIGNATURE: sig.signature, **sig.annotations}
+            )
+            _append_legacy(client, pinned, tag, layer_desc, payload)
+            tags.append(tag)
+        if need_legacy and attestation is not None:
             tag = formats.legacy_tag(top.digest, formats.ATT_SUFFIX)
             layer_desc = formats.legacy_layer(
                 attestation.envelope,
@@ -134,6 +203,8 @@ def sign_image(
             )
             _append_legacy(client, pinned, tag, layer_desc, attestation.envelope)
             tags.append(tag)
+        elif predicate is not None:
+            already.append(formats.ATT_SUFFIX)
 
     return SignResult(
         reference=pinned.pinned(),
@@ -142,4 +213,5 @@ def sign_image(
         referrers=tuple(referrers),
         legacy_tags=tuple(tags),
         predicate=predicate,
+        already=tuple(already),
     )

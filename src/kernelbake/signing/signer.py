@@ -18,7 +18,7 @@ from kernelbake.settings import Settings
 from kernelbake.signing.errors import TokenMissing
 from kernelbake.signing.formats import BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
-from kernelbake.signing.keys import PrivateKey, generate_key_pair, load_private_key
+from kernelbake.signing.keys import PrivateKey, PublicKey, generate_key_pair, load_private_key
 from kernelbake.textfile import read_text
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ class Signer(Protocol):
     @property
     def identity(self) -> str: ...
 
+    @property
+    def public_key(self) -> PublicKey | None:
+        """The key whose existing signatures make signing again unnecessary; None: always sign."""
+        ...
+
     def sign_statement(self, statement: bytes) -> SignedStatement: ...
 
     def sign_payload(self, payload: bytes) -> LegacySignature: ...
@@ -61,6 +66,10 @@ class KeySigner:
     @property
     def identity(self) -> str:
         return f"key {self._key.public.fingerprint}"
+
+    @property
+    def public_key(self) -> PublicKey:
+        return self._key.public
 
     def sign_statement(self, statement: bytes) -> SignedStatement:
         envelope = Envelope(PAYLOAD_TYPE, statement, ())
@@ -89,6 +98,13 @@ class KeylessSigner:
     @property
     def identity(self) -> str:
         return self._session.identity
+
+    @property
+    def public_key(self) -> None:
+        # Never skipped: a keyless signature is a new certificate and a new transparency-log
+        # entry (when, by which CI run); telling "the same identity" apart would need the
+        # verifier's trust root and identity policy here, which signing does not have.
+        return None
 
     def sign_statement(self, statement: bytes) -> SignedStatement:
         bundle, envelope, annotations = self._session.sign_statement(statement)

@@ -69,7 +69,15 @@ from kernelbake.signing.trust import (
     verify_legacy_signature,
 )
 
-__all__ = ["VerificationFailed", "VerifiedImage", "VerifiedSignature", "verify_image", "verify_signature"]
+__all__ = [
+    "Existing",
+    "VerificationFailed",
+    "VerifiedImage",
+    "VerifiedSignature",
+    "existing_signatures",
+    "verify_image",
+    "verify_signature",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -368,7 +376,9 @@ def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> 
     digest = pinned.digest
     where = f"{pinned.name}@{digest}"
     with _registry_errors(where, missing_is_image=False):
-        found = find_artifacts(client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE))
+        found = find_artifacts(
+            client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE), vouchers=policy.keys
+        )
     outcomes = [_check(a, policy) for a in found.artifacts]
     claims = [o.claim for o in outcomes if o.claim is not None]
     # Everything passed over, the artifacts that did not verify first (the most telling).
@@ -396,6 +406,40 @@ def verify_signature(client: RegistryClient, pinned: Reference, policy: VerifyPo
         digest=pinned.digest,
         signer=signed.signature.verified.signer,
         skipped=tuple(signed.skipped),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Existing:
+    """What the policy's signers have already attached to one digest, by format: signing the
+    same digest again with the same key can then be skipped."""
+
+    signature: bool = False  # a cosign sign/v1 bundle
+    legacy_signature: bool = False  # a .sig layer
+    attestations: tuple[Mapping[str, Any], ...] = ()  # kernelbake predicates, in bundles
+    legacy_attestations: tuple[Mapping[str, Any], ...] = ()  # and in .att layers
+
+
+def existing_signatures(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> Existing:
+    """The signatures and attestations attached to ``pinned.digest`` that verify under
+    ``policy``, found and checked as ``verify_image`` does (within the same bounds); junk and
+    other signers' artifacts are passed over."""
+    assert pinned.digest is not None
+    found = find_artifacts(
+        client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE), vouchers=policy.keys
+    )
+    outcomes = [_check(a, policy) for a in found.artifacts]
+    mine = [
+        (o.artifact.kind, o.claim)
+        for o in outcomes
+        if o.claim is not None and pinned.digest in o.claim.digests
+    ]
+    legacy = (Kind.LEGACY_SIGNATURE, Kind.LEGACY_ATTESTATION)
+    return Existing(
+        signature=any(k is Kind.BUNDLE and c.kind == "signature" for k, c in mine),
+        legacy_signature=any(k is Kind.LEGACY_SIGNATURE and c.kind == "signature" for k, c in mine),
+        attestations=tuple(c.predicate for k, c in mine if k is Kind.BUNDLE and c.kind == "attestation"),
+        legacy_attestations=tuple(c.predicate for k, c in mine if k in legacy and c.kind == "attestation"),
     )
 
 

@@ -49,6 +49,7 @@ from kernelbake.signing.errors import (
     TrustRootUnavailable,
     UntrustedSigner,
 )
+from kernelbake.textfile import read_text
 
 
 class Identity(Protocol):
@@ -84,11 +85,10 @@ def load_trust_config(value: str) -> ClientTrustConfig:
     except (Error, OSError, requests.RequestException) as exc:
         raise SigningServiceError(f"cannot fetch the {value} trust config through TUF: {exc}") from None
     path = Path(value)
+    text = read_text(path, "trust config")
     try:
-        return ClientTrustConfig.from_json(path.read_text())
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read trust config ({exc.strerror})") from None
-    except (ValueError, Error) as exc:
+        return ClientTrustConfig.from_json(text)
+    except (ValueError, RecursionError, Error) as exc:
         raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
 
 

@@ -1,0 +1,190 @@
+"""What look-alike referrers cost ``verify`` of a key-signed image, and that it still verifies:
+a signed kernelbake image in a local Debian docker-registry, its fallback referrers index filled
+with junk before and after the real entries, verified by digest with a fresh client.
+
+Kinds of junk (each listed half before, half after the real referrers):
+* ``forged-vouch``: every annotation of the real referrers, the trusted key's hint, and a vouch
+  for a junk layer with a signature that key never made; ``-fill-4MiB``: as many as the client's
+  4 MiB listing limit holds, the most signature checks junk can cause.
+* ``copied-annotations``: real manifests copying every annotation of the real ones (their vouch
+  too), with a junk bundle layer.
+* ``predicate-only``: real manifests with cosign's predicate annotation and a junk bundle (what
+  denied a signed image when 32 examined candidates was the only rule).
+
+For each: verified or not, seconds (worst of ``--runs``), listing bytes, body bytes read and
+signature verifications made. Prints JSON and writes bench/results/junk_referrers.json.
+
+    .venv/bin/python bench/junk_referrers.py [--count 1000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.admission import live  # noqa: E402
+from tests.signing.images import PushedImage  # noqa: E402
+from tests.signing.tamper import list_around, push_lookalikes  # noqa: E402
+from tests.support.registry import running_registry  # noqa: E402
+
+from kernelbake import __version__  # noqa: E402
+from kernelbake.oci import RegistryClient  # noqa: E402
+from kernelbake.oci.client import MAX_MANIFEST_BYTES  # noqa: E402
+from kernelbake.oci.types import sha256_digest  # noqa: E402
+from kernelbake.settings import Settings  # noqa: E402
+from kernelbake.signing import formats, intoto  # noqa: E402
+from kernelbake.signing.keys import PublicKey, generate_key_pair, load_private_key  # noqa: E402
+from kernelbake.signing.policy import VerifyPolicy  # noqa: E402
+from kernelbake.signing.verify import verify_image  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "junk_referrers.json"
+REPOSITORY = "kernelbake/junk"
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.verifications = 0
+
+
+def _counting(counters: _Counters) -> None:
+    real_iter = requests.Response.iter_content
+    real_verifies = PublicKey.verifies
+
+    def iter_content(self: requests.Response, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for chunk in real_iter(self, *args, **kwargs):
+            counters.bytes += len(chunk)
+            yield chunk
+
+    def verifies(self: PublicKey, signature: bytes, data: bytes) -> bool:
+        counters.verifications += 1
+        return real_verifies(self, signature, data)
+
+    requests.Response.iter_content = iter_content  # type: ignore[method-assign]
+    PublicKey.verifies = verifies  # type: ignore[method-assign]
+
+
+def _forge(real: list[dict[str, Any]], forger: Any) -> Callable[[int], dict[str, str]]:
+    """Annotations: the real ones, vouching for a junk layer with a signature by another key."""
+    junk_layer = sha256_digest(b"junk")
+
+    def annotate(i: int) -> dict[str, str]:
+        payload = formats.vouch_payload("sha256:" + f"{i:064x}", junk_layer)
+        vouch = {
+            formats.ANN_VOUCH_LAYER: junk_layer,
+            formats.ANN_VOUCH_SIGNATURE: base64.b64encode(forger.sign(payload)).decode(),
+        }
+        return {**real[i % len(real)]["annotations"], **vouch}
+
+    return annotate
+
+
+def _fill_count(real: list[dict[str, Any]], forger: Any) -> int:
+    """How many forged entries fit in one listing under the client's manifest limit."""
+    entry = {**real[0], "digest": "sha256:" + "0" * 64, "size": 1000, "annotations": _forge(real, forger)(0)}
+    # With spaces after separators (more than the index takes), and 64 KiB to spare: the
+    # registry's own limit on a manifest it accepts is the same 4 MiB.
+    one = len(json.dumps(entry)) + 2
+    listed = len(json.dumps({"schemaVersion": 2, "mediaType": "x", "manifests": real}))
+    return (MAX_MANIFEST_BYTES - listed - (64 << 10)) // one
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=1000, help="junk manifests pushed per kind")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    counters = _Counters()
+    _counting(counters)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, running_registry(Path(tmp) / "registry") as registry:
+        work = Path(tmp)
+        key_path, pub_path = generate_key_pair(work / "keys", name="trusted")
+        forger = load_private_key(generate_key_pair(work / "keys", name="forger")[0])
+        policy = VerifyPolicy.from_mapping({"keys": [str(pub_path)]}, source="bench")
+        client = RegistryClient(Settings(docker_config=work / "docker-config"), timeout=30)
+
+        def signed(name: str) -> tuple[PushedImage, list[dict[str, Any]]]:
+            image = live.push_target(registry, REPOSITORY, name, "h100", work / name)
+            live.sign(image, key_path)
+            ref = image.ref.with_digest(image.digest)
+            return image, [d.to_json() for d in client.referrers(ref)]
+
+        def pushed(annotate: Callable[[list[dict[str, Any]]], Callable[[int], dict[str, str]]]) -> Any:
+            def setup(image: PushedImage, real: list[dict[str, Any]], count: int) -> None:
+                make = annotate(real)
+                half = count // 2
+                before = push_lookalikes(client, image, half, make)
+                after = push_lookalikes(client, image, count - half, lambda i: make(half + i))
+                list_around(client, image, before, after)
+
+            return setup
+
+        predicate = {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE}
+        forged = pushed(lambda real: _forge(real, forger))
+        cases: list[tuple[str, Any, int | None]] = [
+            ("forged-vouch", forged, args.count),
+            ("forged-vouch-fill-4MiB", forged, None),
+            (
+                "copied-annotations",
+                pushed(lambda real: lambda i: {**real[i % len(real)]["annotations"], "junk": str(i)}),
+                args.count,
+            ),
+            ("predicate-only", pushed(lambda real: lambda i: {**predicate, "junk": str(i)}), args.count),
+        ]
+        for n, (name, setup, count) in enumerate(cases):
+            image, real = signed(f"case{n}")
+            count = count if count is not None else _fill_count(real, forger)
+            setup(image, real, count)
+            worst, read, checks, outcome = 0.0, 0, 0, ""
+            for _ in range(args.runs):
+                fresh = RegistryClient(client.settings, timeout=30)
+                counters.bytes = counters.verifications = 0
+                started = time.monotonic()
+                try:
+                    verified = verify_image(image.pinned, policy, client=fresh)
+                    outcome = f"verified, signed by {verified.signer}"
+                except Exception as exc:  # reported, not raised: the bench records it
+                    outcome = f"FAILED: {type(exc).__name__}: {exc}"
+                worst = max(worst, time.monotonic() - started)
+                read, checks = max(read, counters.bytes), max(checks, counters.verifications)
+            results.append(
+                {
+                    "junk": name,
+                    "junk_referrers": count,
+                    "outcome": outcome,
+                    "seconds_worst": round(worst, 3),
+                    "body_bytes_read": read,
+                    "signature_verifications": checks,
+                }
+            )
+            print(json.dumps(results[-1]), file=sys.stderr)
+    doc = {
+        "bench": "junk_referrers",
+        "kernelbake": __version__,
+        "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version()},
+        "runs": args.runs,
+        "results": results,
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    RESULTS.write_text(text + "\n")
+    return 0 if all(r["outcome"].startswith("verified") for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
