@@ -187,6 +187,10 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
         target = cdir / "target.json"
         target.write_text(_target_json(case["model_path"]))
         env["KERNELBAKE_TARGET"] = str(target)
+        # The runtime trusts the manifest only beside a pinned copy, as the image's final stage makes.
+        from kernelbake.contract.layout import PINNED_MANIFEST_NAME
+
+        shutil.copy(TARGET.parent / PINNED_MANIFEST_NAME, cdir / PINNED_MANIFEST_NAME)
     args = [*case["args"]]
     out: dict[str, Any] = {"name": name, **_shown(case)}
     started = time.monotonic()
@@ -320,6 +324,10 @@ def prepare(out: Path) -> dict[str, Any]:
         ).returncode
     info: dict[str, Any] = {"compile_rc": rc, "compile_s": round(time.monotonic() - started, 1)}
     if rc == 0:
+        # What the image's final stage does: the manifest's pinned copy beside target.json.
+        from kernelbake.contract.layout import PINNED_MANIFEST_NAME
+
+        shutil.copy(CACHE_ROOT / "manifest.json", TARGET.parent / PINNED_MANIFEST_NAME)
         shutil.copytree(CACHE_ROOT, WORK / "pristine", symlinks=True)
         manifest = json.loads((CACHE_ROOT / "manifest.json").read_text())
         info["kinds"] = manifest.get("kinds")

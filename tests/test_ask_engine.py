@@ -24,6 +24,7 @@ from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runtime import integrity, redact
 from kernelbake.runtime import preflight as pf
+from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import evidence
@@ -31,7 +32,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, platform_for
+from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 
 SECRET = "sk-test-0123456789"
 # As the compile stage records it (engines.vllm.identity): the device name sits in Inductor's
@@ -102,6 +103,7 @@ def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
 
 def _bake(tmp_path: Path, target: TargetConfig) -> None:
     run_compile(_env(tmp_path), engine=AskingEngine(platform_for(target.key)))
+    pin_manifest(tmp_path / "target.json")
 
 
 def _hit() -> Prediction:
@@ -203,14 +205,15 @@ def test_a_hashed_secret_is_stored_as_a_digest_and_still_compares(
     tmp_path: Path, target: TargetConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_compile(_env(tmp_path, VLLM_API_KEY=SECRET), engine=AskingEngine(platform_for(target.key)))
+    pin_manifest(tmp_path / "target.json")
     manifest = (Path(target.cache_root) / "manifest.json").read_text()
     assert SECRET not in manifest and redact.digest(SECRET) in manifest
     same = pf._hashed_env_notes(
-        pf.read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": SECRET}
+        read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": SECRET}
     )
     assert same == []
     (note,) = pf._hashed_env_notes(
-        pf.read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": "other-secret"}
+        read_manifest(Path(target.cache_root)), {"FAKE_HASHED": "1", "VLLM_API_KEY": "other-secret"}
     )
     assert "other-secret" not in note and SECRET not in note and redact.digest("other-secret") in note
     assert SECRET not in capsys.readouterr().out

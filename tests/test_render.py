@@ -64,7 +64,9 @@ def test_final_layer_order_is_install_target_model_kinds_manifest() -> None:
     assert layer_steps[1] == "COPY target.json /opt/kernelbake/target.json"
     assert layer_steps[2] == "RUN --mount=type=secret,id=hf_token python3 -m kernelbake fetch-model"
     kinds = [k.value for k in VLLM.cache_kinds]
-    assert layer_steps[3:-1] == [f"COPY --from=caches /{k}/ /opt/kernelbake/cache/{k}/" for k in kinds]
+    # The manifest's copy outside the cache root, which the runtime checks the cache root's against.
+    assert layer_steps[3] == "COPY --from=caches /manifest.json /opt/kernelbake/pinned-manifest.json"
+    assert layer_steps[4:-1] == [f"COPY --from=caches /{k}/ /opt/kernelbake/cache/{k}/" for k in kinds]
     assert layer_steps[-1] == "COPY --from=caches /manifest.json /opt/kernelbake/cache/manifest.json"
     # Nothing after the manifest adds a layer.
     after = final[final.index(layer_steps[-1]) + 1 :]

@@ -25,7 +25,7 @@ from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv, VerifyMode
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, platform_for
+from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
 
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
     run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(platform_for(target.key)))
+    pin_manifest(tmp_path / "target.json")
     return Path(target.cache_root)
 
 
@@ -84,6 +85,7 @@ def test_a_log_the_engine_appends_to_is_no_cache_and_a_second_start_stays_warm(
 ) -> None:
     engine = _LoggingEngine(platform_for(target.key))
     run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=engine)
+    pin_manifest(tmp_path / "target.json")
     root = Path(target.cache_root)
     log = kind_dir(root, CacheKind.INDUCTOR) / "engine_jit.log"
     assert log.is_file()  # still in the bundle: a start finds it and adds no file
@@ -333,6 +335,7 @@ def test_manifest_for_another_key_starts_cold(tmp_path: Path, target: TargetConf
     doc = json.loads((root / "manifest.json").read_text())
     doc["key"] = str(target.key.replace(max_model_len=4096))
     (root / "manifest.json").write_text(json.dumps(doc))
+    pin_manifest(tmp_path / "target.json")  # an image built for that key, cache and pin alike
     v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "the cache manifest was built for key" in v.problems[0]
 
@@ -383,17 +386,57 @@ def test_no_usable_scratch_is_a_clear_error(
 
 def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
-    assert pf.seed(root, tmp_path / "seed") == 2
-    assert read_manifest(tmp_path / "seed") == read_manifest(root)
+    done = pf.seed(_env(tmp_path), tmp_path / "seed")
+    assert (done.files, done.skipped, done.root) == (2, (), root)
+    assert (tmp_path / "seed" / "manifest.json").read_bytes() == (root / "manifest.json").read_bytes()
+    assert (tmp_path / "seed" / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
+    # The seeded copy is what a serving container then mounts at the cache root: warm.
+    seeded = dataclasses.replace(target, cache_root=str(tmp_path / "seed"))
+    (tmp_path / "target.json").write_text(seeded.to_json())
+    assert pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key))).warm
 
 
 def test_seed_refuses_a_tampered_bundle(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     _flip_one_byte(root / "inductor" / "g0" / "graph.bin")
     with pytest.raises(
-        BadInput, match=r"differs from the manifest: inductor/g0/graph.bin: sha256 [0-9a-f]{64} but"
+        BadInput, match=r"seed-cache: copying .*: inductor/g0/graph.bin: sha256 [0-9a-f]{64} \("
     ):
-        pf.seed(root, tmp_path / "seed")
+        pf.seed(_env(tmp_path), tmp_path / "seed")
+
+
+def test_seed_follows_no_symlink_copies_no_stranger_and_counts_what_it_copied(
+    tmp_path: Path, target: TargetConfig
+) -> None:
+    root = _baked(tmp_path, target)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a cache")
+    (root / "inductor" / "planted.so").write_bytes(b"unverified")
+    (root / "inductor" / "link.so").symlink_to(secret)
+    (root / "triton" / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    done = pf.seed(_env(tmp_path), tmp_path / "seed")
+    assert done.files == 2
+    assert sorted(done.skipped) == [
+        "inductor/link.so: a symlink the manifest does not list",
+        "inductor/planted.so: a file the manifest does not list",
+        "triton/elsewhere: a symlink the manifest does not list",
+    ]
+    copied = sorted(p.relative_to(tmp_path / "seed").as_posix() for p in (tmp_path / "seed").rglob("*"))
+    assert copied == [
+        "inductor",
+        "inductor/g0",
+        "inductor/g0/graph.bin",
+        "inductor/g1",
+        "inductor/g1/graph.bin",
+        "manifest.json",
+    ]
+    # A listed file that became a symlink (to a file of the same bytes, even) is not followed.
+    graph = root / "inductor" / "g0" / "graph.bin"
+    (tmp_path / "same.bin").write_bytes(graph.read_bytes())
+    graph.unlink()
+    graph.symlink_to(tmp_path / "same.bin")
+    with pytest.raises(BadInput, match=r"inductor/g0/graph\.bin: cannot be copied"):
+        pf.seed(_env(tmp_path), tmp_path / "seed2")
 
 
 def test_a_broken_engine_is_one_line(tmp_path: Path, target: TargetConfig) -> None:

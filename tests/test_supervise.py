@@ -31,7 +31,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.gate import Gate
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import FakeEngine, platform_for
+from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 
 # The handler uses os.write, not print: the signal can land while print("ready") is still
 # flushing, and a second print into the same buffer raises "reentrant call".
@@ -95,6 +95,7 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     environ = {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
     engine = _VllmLikeEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
+    pin_manifest(tmp_path / "target.json")
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
@@ -217,6 +218,7 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     }
     engine = _GatedEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
+    pin_manifest(tmp_path / "target.json")
     engine.at_gate = at_gate
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

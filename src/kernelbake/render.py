@@ -18,7 +18,7 @@ import jinja2
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
 from kernelbake.contract.engines import DECLARATIONS, is_cpu_build
-from kernelbake.contract.layout import TARGET_FILE, CacheKind
+from kernelbake.contract.layout import PINNED_MANIFEST, TARGET_FILE, CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.plan import BuildTarget
@@ -113,6 +113,7 @@ def render(
             base_image=target.base_image,
             wheel=wheel,
             target_file=TARGET_FILE,
+            pinned_manifest=PINNED_MANIFEST,
             cache_root=config.cache_root,
             local_model=target.spec.model.local_dir is not None,
             model_path=target.key.model_path,

@@ -200,13 +200,15 @@ def test_layers_end_with_one_per_cache_kind_then_the_manifest(single_image: Buil
     assert _layer_files(client, single_image.pushed, layers[-2]) == []  # triton: empty on the CPU
     inductor = _layer_files(client, single_image.pushed, layers[-3])
     assert inductor and all(f.startswith("opt/kernelbake/cache/inductor/") for f in inductor)
-    model = _layer_files(client, single_image.pushed, layers[-4])
+    # The manifest's pinned copy, outside the cache root, below the cache layers.
+    assert _layer_files(client, single_image.pushed, layers[-4]) == ["opt/kernelbake/pinned-manifest.json"]
+    model = _layer_files(client, single_image.pushed, layers[-5])
     assert model == [
         "models/tiny-llama/config.json",
         "models/tiny-llama/tokenizer.json",
         "models/tiny-llama/tokenizer_config.json",
     ]
-    assert _layer_files(client, single_image.pushed, layers[-5]) == ["opt/kernelbake/target.json"]
+    assert _layer_files(client, single_image.pushed, layers[-6]) == ["opt/kernelbake/target.json"]
 
 
 def test_inspect_shows_key_and_cache_manifest(

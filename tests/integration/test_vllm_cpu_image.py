@@ -7,6 +7,7 @@ against the release the image ships."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -29,11 +30,14 @@ HEALTH_TIMEOUT_S = 900
 
 
 @contextmanager
-def serving(image: str, args: Sequence[str] = (), env: Sequence[str] = ()) -> Iterator[tuple[int, str]]:
-    """A container of ``image`` serving on a free port, until /health answers; (port, id)."""
+def serving(
+    image: str, args: Sequence[str] = (), env: Sequence[str] = (), run: Sequence[str] = ()
+) -> Iterator[tuple[int, str]]:
+    """A container of ``image`` serving on a free port, until /health answers; (port, id).
+    ``run``: more ``docker run`` flags (``--user``, ``--read-only``, volumes)."""
     port = free_port()
     flags = [x for e in env for x in ("-e", e)]
-    cid = docker("run", "-d", *SHM, *flags, "-p", f"127.0.0.1:{port}:8000", image, *args).stdout.strip()
+    cid = docker("run", "-d", *SHM, *flags, *run, "-p", f"127.0.0.1:{port}:8000", image, *args).stdout.strip()
     try:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         while True:
@@ -176,3 +180,115 @@ def test_a_changed_hashed_flag_is_predicted_and_seen_to_miss(vllm_image: Built) 
     assert "inductor" in evidence
     # What vLLM then did is what it predicted.
     assert not [ln for ln in lines if "prediction wrong" in ln], lines
+
+
+def test_a_non_root_user_starts_warm(vllm_image: Built) -> None:
+    """Every baked file is readable by any uid (vLLM writes its model info 0600); the root
+    cache path is not writable by uid 1000, so the preflight copies the verified files."""
+    assert vllm_image.pushed is not None
+    with serving(vllm_image.pushed, run=("--user", "1000:1000")) as (port, cid):
+        complete(port)
+        evidence = wait_for_evidence(cid)
+        lines = serve_lines(cid)
+    assert any("baked caches valid (exact match)" in ln for ln in lines), lines
+    assert not [ln for ln in lines if "Permission denied" in ln or "starting COLD" in ln], lines
+    assert evidence.startswith(
+        "kernelbake serve: start-up compiled nothing: 0 new files in vllm, triton, inductor"
+    ), evidence
+
+
+def test_the_read_only_recipe_starts_warm_in_place(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    recipe = ("--read-only", "-v", "/opt/kernelbake/cache", "--tmpfs", "/tmp:exec")
+    with serving(vllm_image.pushed, run=recipe) as (port, cid):
+        complete(port)
+        evidence = wait_for_evidence(cid)
+        lines = serve_lines(cid)
+    assert any("engine caches at /opt/kernelbake/cache" in ln for ln in lines), lines
+    assert evidence.startswith("kernelbake serve: start-up compiled nothing: 0 new files"), evidence
+
+
+def test_read_only_without_the_recipe_names_it(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    res = docker("run", "--rm", *SHM, "--read-only", vllm_image.pushed, check=False)
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "/tmp is not a writable directory, and the engine needs one to start" in res.stderr
+    assert "docker run --read-only -v /opt/kernelbake/cache --tmpfs /tmp:exec --shm-size 1g" in res.stderr
+    assert "is the engine installed" not in res.stderr and "Traceback" not in res.stderr
+
+
+# A writable cache volume (or a layer of a derived image) with a changed cache file and a
+# manifest entry that matches it: everything in the cache root agrees with itself.
+_SWAP = """
+import hashlib, json, pathlib, subprocess, sys
+root = pathlib.Path("/opt/kernelbake/cache")
+doc = json.loads((root / "manifest.json").read_text())
+entry = doc["files"][0]
+f = root / entry["path"]
+f.write_bytes(f.read_bytes() + b"x")
+entry["size"], entry["sha256"] = f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()
+(root / "manifest.json").write_text(json.dumps(doc))
+sys.exit(subprocess.run([sys.executable, "-m", "kernelbake", *sys.argv[1:]]).returncode)
+"""
+
+
+def test_a_cache_file_swapped_with_its_manifest_entry_is_refused(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    run = ("docker", "run", "--rm", *SHM, "--entrypoint", "python3", vllm_image.pushed, "-c", _SWAP)
+    res = docker(*run[1:], "check", check=False)
+    assert res.returncode == 6, res.stdout + res.stderr[-2000:]
+    assert "WARNING: starting COLD" in res.stdout
+    assert re.search(
+        r"/opt/kernelbake/cache/manifest.json is sha256:[0-9a-f]{64}, but this image "
+        r"\(/opt/kernelbake/pinned-manifest.json\) pins sha256:[0-9a-f]{64}: ",
+        res.stdout,
+    ), res.stdout
+    seeded = docker(*run[1:], "seed-cache", "/tmp/seed", check=False)
+    assert seeded.returncode == 2 and "seed-cache: /opt/kernelbake/cache/manifest.json is sha256:" in (
+        seeded.stdout + seeded.stderr
+    )
+
+
+def test_seed_cache_copies_every_listed_file_as_any_uid(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    manifest = json.loads(
+        docker(
+            "run", "--rm", "--entrypoint", "cat", vllm_image.pushed, "/opt/kernelbake/cache/manifest.json"
+        ).stdout
+    )
+    res = docker(
+        "run",
+        "--rm",
+        "--user",
+        "1000:1000",
+        "--entrypoint",
+        "python3",
+        vllm_image.pushed,
+        "-m",
+        "kernelbake",
+        "seed-cache",
+        "/tmp/seed",
+    )
+    assert (
+        f"kernelbake seed-cache: {len(manifest['files'])} files copied from /opt/kernelbake/cache"
+        in res.stdout
+    )
+
+
+def test_check_with_enforce_eager_is_a_verdict(vllm_image: Built) -> None:
+    assert vllm_image.pushed is not None
+    res = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        vllm_image.pushed,
+        "-m",
+        "kernelbake",
+        "check",
+        "--enforce-eager",
+        check=False,
+    )
+    assert res.returncode in (0, 6), res.stderr[-3000:]
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert res.stdout.splitlines()[0].startswith("baked caches valid (exact match)"), res.stdout

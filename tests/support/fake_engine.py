@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kernelbake.contract.engines import EngineDeclaration
 from kernelbake.contract.key import CacheKey, Engine
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME, CacheKind, kind_dir
 from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.engines import CompileResult
@@ -72,3 +72,11 @@ class FakeEngine:
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         return [f"{a} changes the shapes" for a in user_args if a.startswith("--shapes")]
+
+
+def pin_manifest(target_file: Path) -> None:
+    """What the image's final stage does after the compile: a copy of the cache manifest
+    beside target.json, outside the cache root, which the runtime checks the manifest against."""
+    config = TargetConfig.load(target_file)
+    pinned = target_file.parent / PINNED_MANIFEST_NAME
+    pinned.write_bytes((Path(config.cache_root) / MANIFEST).read_bytes())

@@ -27,7 +27,7 @@ from kernelbake.runtime.engines.vllm.ranks import fold_ranks, rank_entries
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.fake_engine import platform_for
+from tests.support.fake_engine import pin_manifest, platform_for
 from tests.support.fake_ranks import MIB, MultiRankCompileOnly, collective, vllm_layout
 
 SPEC_TP4 = "images/llama-3.1-70b-instruct.yaml"
@@ -64,7 +64,9 @@ def _engine(
 def _bake(tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, **kw: object) -> Manifest:
     world = target.serve.tensor_parallel_size * target.serve.pipeline_parallel_size
     runner = MultiRankCompileOnly(world, target.serve.tensor_parallel_size, **kw)
-    return compile_step.run_compile(_env(tmp_path), engine=_engine(target, runner, monkeypatch))
+    manifest = compile_step.run_compile(_env(tmp_path), engine=_engine(target, runner, monkeypatch))
+    pin_manifest(tmp_path / "target.json")
+    return manifest
 
 
 # -- keys and flags ---------------------------------------------------------------------------
@@ -237,6 +239,7 @@ def _rewrite_without(root: Path, manifest: Manifest, dropped: set[int]) -> None:
         report=dict(manifest.compile_report),
         ranks=[r for r in manifest.ranks if r.rank not in dropped],
     )
+    pin_manifest(root.parent / "target.json")  # the image such a build makes pins it
 
 
 def test_a_missing_rank_starts_cold_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,6 +294,7 @@ def test_the_cpu_build_records_no_rank_entries_and_its_bundle_starts_warm(
     (tmp_path / "target.json").write_text(target.to_json())
     engine = _engine(target, _CpuCompileOnly(), monkeypatch)  # type: ignore[arg-type]
     manifest = compile_step.run_compile(_env(tmp_path), engine=engine)
+    pin_manifest(tmp_path / "target.json")
     assert manifest.ranks == ()
     verdict = pf.preflight(_env(tmp_path), engine=engine)
     assert verdict.warm, verdict.problems

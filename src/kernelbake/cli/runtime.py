@@ -214,7 +214,7 @@ def _write_status(
 def cmd_check(args: argparse.Namespace) -> int:
     from kernelbake.runtime.engines import get_engine
     from kernelbake.runtime.env import VerifyMode
-    from kernelbake.runtime.preflight import preflight
+    from kernelbake.runtime.preflight import ask_engine, preflight
     from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
@@ -224,12 +224,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdict = preflight(env, user_args)
     if verdict.warm:
         # The engine's own verdict, computed by its code with the environment serve gives it.
-        engine = get_engine(verdict.target.key.engine)
-        asked = engine.predict(verdict.target, user_args, verdict.env)
-        if asked is not None:
-            verdict = dataclasses.replace(verdict, prediction=asked)
-            if args.identity_out and asked.identity is not None:
-                args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
+        verdict = ask_engine(get_engine(verdict.target.key.engine), verdict, user_args)
+        asked = verdict.prediction
+        if args.identity_out and asked is not None and asked.identity is not None:
+            args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
     redact = Redactor.for_run(verdict.env, user_args)
     if args.json:
         print(redact(json.dumps(verdict.to_json(), indent=2)))
@@ -247,12 +245,16 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_cache(args: argparse.Namespace) -> int:
-    from kernelbake.contract.target import TargetConfig
     from kernelbake.runtime.preflight import seed
 
-    target = TargetConfig.load(RuntimeEnv.from_env().target_file)
-    count = seed(Path(target.cache_root), args.dest)
-    print(f"kernelbake seed-cache: {count} files copied from {target.cache_root} to {args.dest}")
+    done = seed(RuntimeEnv.from_env(), args.dest)
+    print(
+        f"kernelbake seed-cache: {done.files} files copied from {done.root} to {args.dest}, each sha256-checked"
+    )
+    if done.skipped:
+        print(
+            f"kernelbake seed-cache: left behind {len(done.skipped)} not in the manifest, e.g. {done.skipped[0]}"
+        )
     return 0
 
 

@@ -2,6 +2,7 @@
 and reads back from pushed images, and the code in the image reads and writes.
 
     /opt/kernelbake/target.json
+    /opt/kernelbake/pinned-manifest.json    a copy of the cache manifest, outside the cache root
     /opt/kernelbake/cache/manifest.json
     /opt/kernelbake/cache/<kind>/...        e.g. inductor/, triton/, vllm/, flashinfer/
 """
@@ -18,6 +19,12 @@ CACHE_ROOT = "/opt/kernelbake/cache"
 MANIFEST = "manifest.json"
 # Where the cache manifest lives in every kernelbake image, and the only file its last layer holds.
 CACHE_MANIFEST_PATH = f"{CACHE_ROOT.lstrip('/')}/{MANIFEST}"
+# The same bytes again, beside target.json and outside the cache root, in a layer of their own
+# that the image's signature covers like every other. A volume mounted over the cache root
+# (the read-only recipe, a seeded emptyDir) replaces the manifest there but not this copy, so
+# the runtime ties the manifest it finds to the one this image was built with.
+PINNED_MANIFEST_NAME = "pinned-manifest.json"
+PINNED_MANIFEST = f"{TARGET_FILE.rsplit('/', 1)[0]}/{PINNED_MANIFEST_NAME}"
 
 
 class CacheKind(enum.Enum):

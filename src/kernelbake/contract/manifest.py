@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 from kernelbake.contract.key import CacheKey, parse_key
@@ -19,6 +20,22 @@ from kernelbake.errors import BadInput
 # A hashed variable that was not set at compile time (so setting it later is a change).
 UNSET = "<unset>"
 SCHEMA = 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def bundle_path_problem(path: str, kind: CacheKind | None = None) -> str | None:
+    """Why ``path`` is not a file of the bundle: every path is relative, stays inside the
+    cache root (no ``..``, no absolute path, no empty or ``.`` part) and, given its kind, lies
+    under that kind's directory. A manifest is data from the image or a volume; a path that
+    leaves the root would have the runtime hash (and name the digest of) any file it can read."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or "\0" in path:
+        return "is not a relative path"
+    if any(p in ("", ".", "..") for p in parts):
+        return "leaves the cache root or is not normalised (an empty, '.' or '..' part)"
+    if kind is not None and (len(parts) < 2 or parts[0] != kind.value):
+        return f"is not under its kind's directory {kind.value}/"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +70,9 @@ class Manifest:
     # Per-rank directories, sorted by rank; empty for an engine without ranks (torch) and
     # for bundles written before ranks were recorded.
     ranks: tuple[RankEntry, ...] = ()
+    # Bundle-relative paths of logs the engine appends to (not hashed: nothing loads them).
+    # Every other file in the cache root that is not listed in ``files`` is a stranger.
+    logs: tuple[str, ...] = ()
 
     def rank_totals(self) -> dict[int, dict[str, int]]:
         """Files and bytes under each rank's directories, derived from ``files`` so the two
@@ -86,6 +106,8 @@ class Manifest:
                 {"path": f.path, "size": f.size, "sha256": f.sha256, "kind": f.kind.value} for f in self.files
             ],
         }
+        if self.logs:
+            doc["logs"] = list(self.logs)
         if self.ranks:
             # Written only when there are ranks, so bundles without them keep their bytes.
             totals = self.rank_totals()
@@ -98,21 +120,37 @@ class Manifest:
             doc = json.loads(text)
             if doc.get("schema") != SCHEMA:
                 raise BadInput(f"{source}: manifest schema {doc.get('schema')!r} is not {SCHEMA}")
-            files = tuple(
-                FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"]), CacheKind(f["kind"]))
-                for f in doc["files"]
-            )
+            files = tuple(_entry(f, source) for f in doc["files"])
             return cls(
                 key=parse_key(doc["key"]),
                 files=files,
                 hashed_env=tuple(sorted((str(k), str(v)) for k, v in doc.get("hashed_env", {}).items())),
                 compile_report=tuple(sorted(doc.get("compile_report", {}).items())),
                 ranks=_ranks(doc.get("ranks", []), source),
+                logs=_logs(doc.get("logs", []), source),
             )
         except BadInput:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BadInput(f"{source}: not a valid cache manifest ({type(exc).__name__}: {exc})") from None
+
+
+def _entry(raw: Any, source: str) -> FileEntry:
+    entry = FileEntry(str(raw["path"]), int(raw["size"]), str(raw["sha256"]), CacheKind(raw["kind"]))
+    if problem := bundle_path_problem(entry.path, entry.kind):
+        raise BadInput(f"{source}: manifest file {entry.path!r} {problem}")
+    if entry.size < 0 or not _SHA256.fullmatch(entry.sha256):
+        raise BadInput(f"{source}: manifest file {entry.path!r}: size or sha256 is not valid")
+    return entry
+
+
+def _logs(raw: Any, source: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise BadInput(f"{source}: manifest logs must be a list of paths")
+    for path in raw:
+        if problem := bundle_path_problem(path):
+            raise BadInput(f"{source}: manifest log {path!r} {problem}")
+    return tuple(raw)
 
 
 def _ranks(raw: Any, source: str) -> tuple[RankEntry, ...]:

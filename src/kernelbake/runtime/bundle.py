@@ -9,6 +9,7 @@ Here the manifest is written from the files and the files are checked against it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,7 @@ from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
 from kernelbake.contract.manifest import FileEntry, Manifest, RankEntry
 from kernelbake.errors import BadInput
+from kernelbake.runtime.integrity import open_beneath, read_file
 
 
 def _sha256(path: Path) -> str:
@@ -31,11 +33,13 @@ def _sha256(path: Path) -> str:
 
 def scan(
     root: Path, kinds: Iterable[CacheKind], *, logs: frozenset[str] = frozenset()
-) -> tuple[FileEntry, ...]:
+) -> tuple[tuple[FileEntry, ...], tuple[str, ...]]:
     """Every regular file under each kind's directory, sorted; symlinks are refused because
     COPY would follow or break them and the manifest could not vouch for their target.
-    Files named in ``logs`` (logs the engine appends to, which nothing loads) are left out."""
+    Files named in ``logs`` (logs the engine appends to, which nothing loads) are left out of
+    the first list and returned, by path, in the second."""
     entries = []
+    kept: list[str] = []
     for kind in kinds:
         base = kind_dir(root, kind)
         if not base.exists():
@@ -44,12 +48,13 @@ def scan(
             for name in names:
                 p = Path(dirpath) / name
                 if name in logs and not p.is_symlink():
+                    kept.append(p.relative_to(root).as_posix())
                     continue
                 if p.is_symlink():
                     raise BadInput(f"cache bundle: {p} is a symlink; caches must be plain files")
                 rel = p.relative_to(root).as_posix()
                 entries.append(FileEntry(rel, p.stat().st_size, _sha256(p), kind))
-    return tuple(sorted(entries, key=lambda e: e.path))
+    return tuple(sorted(entries, key=lambda e: e.path)), tuple(sorted(kept))
 
 
 def write_manifest(
@@ -62,9 +67,11 @@ def write_manifest(
     ranks: Iterable[RankEntry] = (),
     logs: frozenset[str] = frozenset(),
 ) -> Manifest:
+    files, kept = scan(root, kinds, logs=logs)
     manifest = Manifest(
         key=key,
-        files=scan(root, kinds, logs=logs),
+        files=files,
+        logs=kept,
         hashed_env=tuple(sorted((hashed_env or {}).items())),
         compile_report=tuple(sorted((report or {}).items())),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
@@ -73,12 +80,89 @@ def write_manifest(
     return manifest
 
 
-def read_manifest(root: Path) -> Manifest:
+def readable_by_all(root: Path) -> None:
+    """Every file and directory of the bundle readable (directories also searchable) by any
+    uid: engines write some cache files 0600 (vLLM's model info), and an image run with
+    ``--user`` would then find its own caches unreadable and start cold. Only read bits are
+    added; nothing becomes writable or executable that was not."""
+    for dirpath, dirs, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                p.chmod(p.stat().st_mode | 0o444)
+        for name in dirs:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                p.chmod(p.stat().st_mode | 0o555)
+    root.chmod(root.stat().st_mode | 0o555)
+
+
+def load_manifest(root: Path) -> tuple[Manifest, bytes]:
+    """The manifest and its exact bytes (parsed from the same read that is hashed against the
+    pin). A symlink at its path is refused: the manifest must be a file of the cache root."""
     path = root / MANIFEST
     try:
-        text = path.read_text()
+        data = read_file(root, MANIFEST)
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read cache manifest: {exc.strerror}") from None
+        raise BadInput(f"{path}: cannot read cache manifest: {exc.strerror or exc}") from None
+    try:
+        text = data.decode()
     except UnicodeDecodeError as exc:
         raise BadInput(f"{path}: not a cache manifest (byte {exc.start} is not UTF-8)") from None
-    return Manifest.from_json(text, source=str(path))
+    return Manifest.from_json(text, source=str(path)), data
+
+
+def read_manifest(root: Path) -> Manifest:
+    return load_manifest(root)[0]
+
+
+def _copy_one(root: Path, rel: str, dest: Path) -> tuple[int, str]:
+    """Copies ``rel`` (never through a symlink, never onto one); its size and sha256."""
+    h = hashlib.sha256()
+    size = 0
+    with open_beneath(root, rel) as src:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        mode = os.fstat(src).st_mode & 0o777
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+    return size, h.hexdigest()
+
+
+def copy_bundle(root: Path, manifest: Manifest, data: bytes, dest: Path) -> int:
+    """Copies what the manifest lists from ``root`` to ``dest``, hashing each file as it goes,
+    then the engine's logs and the manifest (``data``: the bytes that were checked) last.
+    Nothing else is copied: no unlisted file, and no symlink is followed. Returns the number
+    of cache files copied; the first file that differs from the manifest raises ``BadInput``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for entry in manifest.files:
+        try:
+            size, digest = _copy_one(root, entry.path, dest)
+        except OSError as exc:
+            raise BadInput(f"{root / entry.path}: cannot be copied ({exc.strerror or exc})") from None
+        if (size, digest) != (entry.size, entry.sha256):
+            raise BadInput(
+                f"{entry.path}: sha256 {digest} ({size} B) but the manifest records "
+                f"{entry.sha256} ({entry.size} B)"
+            )
+        copied += 1
+    for log in manifest.logs:
+        # A log is appended to, never loaded: copied when it is a plain file, else left out.
+        with contextlib.suppress(OSError):
+            _copy_one(root, log, dest)
+    for kind in {f.kind for f in manifest.files}:
+        kind_dir(dest, kind).mkdir(exist_ok=True)
+    tmp = dest / f".{MANIFEST}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.write_bytes(data)
+    tmp.replace(dest / MANIFEST)
+    return copied

@@ -19,7 +19,7 @@ from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BuildFailed, KeyMismatch
 from kernelbake.runtime import env as runtime_env
 from kernelbake.runtime import redact
-from kernelbake.runtime.bundle import write_manifest
+from kernelbake.runtime.bundle import readable_by_all, write_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import RuntimeEnv
 
@@ -98,6 +98,8 @@ def run_compile(
     )
     if not manifest.files:
         raise BuildFailed(f"{engine.declaration.engine.value} compile left no cache files under {root}")
+    # The image may run as any uid (docker run --user, Kubernetes runAsUser); COPY keeps modes.
+    readable_by_all(root)
     if owner is not None:
         _chown(root, owner)
     totals = ", ".join(f"{k}: {t['files']} files, {t['bytes']} B" for k, t in manifest.totals().items())

@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from kernelbake.contract.layout import TARGET_FILE
+from kernelbake.contract.layout import PINNED_MANIFEST_NAME, TARGET_FILE
 from kernelbake.errors import BadInput
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
@@ -46,6 +47,12 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
 
+# The sha256 of the cache manifest, as whoever starts the pod verified it (``runtime.pin``):
+# for caches that arrive by volume into an image without a pinned manifest of its own. It can
+# only add a requirement: where the image pins a manifest, both must agree.
+MANIFEST_DIGEST_ENV = "KERNELBAKE_MANIFEST_DIGEST"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
 
 def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
     try:
@@ -53,6 +60,14 @@ def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
     except ValueError:
         choices = ", ".join(m.value for m in cls)
         raise BadInput(f"${name}={raw!r}: expected one of {choices}") from None
+
+
+def _digest(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    if not _DIGEST.fullmatch(raw):
+        raise BadInput(f"${MANIFEST_DIGEST_ENV}={raw!r}: expected sha256: and 64 lowercase hex digits")
+    return raw
 
 
 def _pid(raw: str | None) -> int | None:
@@ -80,6 +95,10 @@ class RuntimeEnv:
     gate_owner: int | None = None
     # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
     status_file: Path | None = None
+    # The copy of the cache manifest the image pins, beside target.json (outside the cache
+    # root); not a variable of its own, so that no setting moves it into a cache volume.
+    pinned_manifest: Path = Path(TARGET_FILE).parent / PINNED_MANIFEST_NAME
+    manifest_digest: str | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -98,8 +117,9 @@ class RuntimeEnv:
         raw_verify = _VERIFY_ALIASES.get(raw_verify.lower(), raw_verify)
         verify = _enum_value(VerifyMode, "KERNELBAKE_VERIFY", raw_verify)
         assert isinstance(cache, CacheMode) and isinstance(verify, VerifyMode)
+        target_file = Path(env.get("KERNELBAKE_TARGET", TARGET_FILE))
         return cls(
-            target_file=Path(env.get("KERNELBAKE_TARGET", TARGET_FILE)),
+            target_file=target_file,
             cache=cache,
             verify=verify,
             scratch=Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp"),
@@ -113,6 +133,8 @@ class RuntimeEnv:
                 or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
                 / "kernelbake-status.json"
             ),
+            pinned_manifest=target_file.parent / PINNED_MANIFEST_NAME,
+            manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             environ=env,
         )
 

@@ -5,44 +5,129 @@ thread pool that starts as soon as the manifest is read, so it runs while the pr
 imports the engine's libraries and, under ``serve``, while the engine itself starts
 (``runtime.gate`` holds the engine until the verdict is in). ``hashlib`` releases the GIL
 while it hashes and the reads release it too, so the threads really run beside an import.
+
+Files are opened beneath the cache root one path part at a time, none of them followed if it
+is a symlink, so a manifest entry or a planted link cannot make the runtime read (or name the
+digest of) a file elsewhere. A file or link in the cache root that the manifest does not list
+is a problem too: an engine looks its entries up by name and would load it unverified.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
 import hashlib
 import os
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from kernelbake.contract.manifest import FileEntry, Manifest
+from kernelbake.contract.layout import MANIFEST
+from kernelbake.contract.manifest import FileEntry, Manifest, bundle_path_problem
 
 # Reads from a freshly pulled overlay filesystem wait on the disk; a few threads per core
 # keep it busy without starving the engine's import of the remaining cores.
 _MAX_WORKERS = 8
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotPlain(OSError):
+    """A path part is a symlink, or the file is not a regular file."""
+
+
+@contextlib.contextmanager
+def open_beneath(root: Path, rel: str) -> Iterator[int]:
+    """A read-only descriptor of the regular file ``rel`` under ``root``, reached without
+    following a symlink at any part of ``rel`` (``root`` itself may be one: /opt/... in an
+    image is the administrator's, not the bundle's)."""
+    if problem := bundle_path_problem(rel):
+        raise NotPlain(errno.EINVAL, f"the path {problem}")
+    *dirs, name = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            try:
+                nxt = os.open(part, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotPlain(exc.errno, f"{part} is a symlink or not a directory") from None
+                raise
+            os.close(fd)
+            fd = nxt
+        try:
+            # O_NONBLOCK: a FIFO planted at the path must not hang the start.
+            out = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotPlain(exc.errno, "a symlink") from None
+            raise
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(out).st_mode):
+            raise NotPlain(errno.EINVAL, "not a regular file")
+        yield out
+    finally:
+        os.close(out)
+
+
+def read_file(root: Path, rel: str) -> bytes:
+    with open_beneath(root, rel) as fd, os.fdopen(os.dup(fd), "rb") as fh:
+        return fh.read()
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 def size_problems(root: Path, manifest: Manifest) -> list[str]:
     problems = []
     for f in manifest.files:
-        p = root / f.path
         try:
-            size = p.stat().st_size if p.is_file() and not p.is_symlink() else None
-        except OSError:
-            size = None
-        if size is None:
+            with open_beneath(root, f.path) as fd:
+                size = os.fstat(fd).st_size
+        except NotPlain as exc:
+            problems.append(f"{f.path}: not a plain file of the cache root ({_why(exc)})")
+            continue
+        except FileNotFoundError:
             problems.append(f"{f.path}: missing")
-        elif size != f.size:
+            continue
+        except OSError as exc:
+            problems.append(f"{f.path}: cannot be read ({_why(exc)})")
+            continue
+        if size != f.size:
             problems.append(f"{f.path}: size {size} but the manifest records {f.size}")
     return problems
 
 
+def strangers(root: Path, manifest: Manifest) -> list[str]:
+    """Everything in the cache root the manifest does not account for: symlinks anywhere,
+    and files that are neither listed, the manifest itself, nor one of the engine's logs."""
+    listed = {f.path for f in manifest.files}  # ``size_problems`` judges these
+    unhashed = {*manifest.logs, MANIFEST}
+    found = []
+    for dirpath, dirs, files in os.walk(root):
+        base = Path(dirpath)
+        for name in sorted([*dirs, *files]):
+            p = base / name
+            rel = p.relative_to(root).as_posix()
+            link = p.is_symlink()
+            if rel in listed or (rel in unhashed and not link) or (name in dirs and not link):
+                continue
+            found.append(f"{rel}: a {'symlink' if link else 'file'} the manifest does not list")
+    return found
+
+
 def _digest_problem(root: Path, entry: FileEntry) -> str | None:
     try:
-        with (root / entry.path).open("rb") as fh:
+        with open_beneath(root, entry.path) as fd, os.fdopen(os.dup(fd), "rb") as fh:
             found = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
-        return f"{entry.path}: cannot be read ({exc.strerror})"
+        return f"{entry.path}: cannot be read ({_why(exc)})"
     if found != entry.sha256:
         return f"{entry.path}: sha256 {found} but the manifest records {entry.sha256}"
     return None
@@ -56,7 +141,7 @@ class Check:
         self.hashed = hash_files
         self.started = time.monotonic()
         self._finished: float | None = None
-        self._problems = size_problems(root, manifest)
+        self._problems = size_problems(root, manifest) + strangers(root, manifest)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._futures: list[concurrent.futures.Future[str | None]] = []
         if hash_files and not self._problems and manifest.files:

@@ -35,6 +35,8 @@ class Outcome(enum.Enum):
 class Source(enum.Enum):
     ENGINE = "engine"
     FALLBACK = "fallback"
+    # The engine was asked and failed to answer (``unavailable``): nothing is predicted.
+    NONE = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +109,8 @@ class Prediction:
         return cls(source=Source(doc["source"]), kinds=kinds, note=str(doc.get("note", "")))
 
     def lines(self) -> list[str]:
+        if self.source is Source.NONE:
+            return [f"no prediction: {self.note}"]
         how = "vLLM's own cache keys" if self.source is Source.ENGINE else "the image key only (FALLBACK)"
         out = [
             f"prediction from {how}: {'HIT' if self.hit else 'MISS'}"
@@ -242,6 +246,13 @@ def predict(
     for kind in sorted(present - {v.kind for v in verdicts}):
         verdicts.append(KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind"))
     return Prediction(Source.ENGINE, tuple(verdicts), note, identity=now)
+
+
+def unavailable(kinds: Iterable[str], reason: str) -> Prediction:
+    """The engine failed while predicting: every baked kind ``UNKNOWN``, so not a hit (the
+    reason says why, e.g. ``KeyError: 'vllm_c'`` from vLLM's own hash function)."""
+    verdicts = tuple(KindVerdict(k, Outcome.UNKNOWN, (), "the engine did not answer") for k in kinds)
+    return Prediction(Source.NONE, verdicts, reason)
 
 
 def fallback(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,16 +31,18 @@ from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
-from kernelbake.runtime.bundle import read_manifest
+from kernelbake.runtime import pin
+from kernelbake.runtime.bundle import copy_bundle, load_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
 from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
-from kernelbake.runtime.integrity import Check, verify
-from kernelbake.runtime.prediction import Change, Prediction, fallback
+from kernelbake.runtime.integrity import Check, strangers
+from kernelbake.runtime.prediction import Change, Prediction, fallback, unavailable
 from kernelbake.runtime.redact import shown
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
-    "docker run --read-only -v {root} ... (an anonymous volume starts as a copy of the image's caches); "
+    "docker run --read-only -v {root} --tmpfs /tmp:exec --shm-size 1g ... "
+    "(an anonymous volume starts as a copy of the image's caches); "
     "Kubernetes: an initContainer running 'python3 -m kernelbake seed-cache /seed' into an emptyDir "
     "mounted at /seed, and the same emptyDir mounted at {root} in the serving container "
     "(see README, 'Read-only root filesystems')"
@@ -121,26 +122,34 @@ def _usable(paths: Sequence[Path]) -> bool:
     return True
 
 
-def _manifest(root: Path, target: TargetConfig) -> tuple[Manifest | None, list[str]]:
-    """The baked manifest, and why it cannot be used (unreadable, or another key's)."""
+def _manifest(env: RuntimeEnv, root: Path, target: TargetConfig) -> tuple[Manifest | None, bytes, list[str]]:
+    """The baked manifest, and why it cannot be used (unreadable, not the one the image pins,
+    or another key's). A manifest that is not the pinned one is not returned: nothing it says
+    is trusted. Also its exact bytes, which a copy of the bundle carries."""
     try:
-        manifest = read_manifest(root)
+        manifest, data = load_manifest(root)
     except BadInput as exc:
-        return None, [str(exc)]
+        return None, b"", [str(exc)]
+    if problems := pin.problems(env, root, data):
+        return None, b"", problems
     if manifest.key != target.key:
-        return manifest, [
-            f"the cache manifest was built for key {manifest.key.digest}, target.json says {target.key.digest}"
-        ]
-    return manifest, []
+        return (
+            manifest,
+            data,
+            [
+                f"the cache manifest was built for key {manifest.key.digest}, target.json says {target.key.digest}"
+            ],
+        )
+    return manifest, data, []
 
 
 def _integrity(
-    root: Path, target: TargetConfig, mode: VerifyMode
-) -> tuple[Manifest | None, list[str], Check | None]:
-    manifest, problems = _manifest(root, target)
+    env: RuntimeEnv, root: Path, target: TargetConfig
+) -> tuple[Manifest | None, bytes, list[str], Check | None]:
+    manifest, data, problems = _manifest(env, root, target)
     if problems or manifest is None:
-        return manifest, problems, None
-    return manifest, [], Check(root, manifest, hash_files=mode is VerifyMode.SHA256)
+        return manifest, data, problems, None
+    return manifest, data, [], Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256)
 
 
 def _known_problems(
@@ -201,6 +210,36 @@ def _hashed_env_notes(manifest: Manifest | None, effective: dict[str, str]) -> l
                 "so affected graphs compile at startup (unset it or rebuild with it pinned in serve.env)"
             )
     return notes
+
+
+def _temp_dirs(env: RuntimeEnv) -> list[Path]:
+    """Where this process and the engine put temporary files: kernelbake's scratch, and the
+    directory Python's ``tempfile`` (torch, vLLM's IPC sockets) picks first."""
+    return list(dict.fromkeys([env.scratch, Path(env.environ.get("TMPDIR") or "/tmp")]))
+
+
+def _writable(paths: Sequence[Path]) -> bool:
+    for p in paths:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=p, prefix=".kernelbake-probe-"):
+                pass
+        except OSError:
+            return False
+    return True
+
+
+def _need_temp_dir(env: RuntimeEnv, root: Path) -> None:
+    """Every start needs a writable temporary directory, warm or cold: without one the engine's
+    import fails (``--read-only`` without a tmpfs) with an error that names neither the
+    directory nor the recipe."""
+    bad = [p for p in _temp_dirs(env) if not _writable([p])]
+    if bad:
+        raise EnvironmentProblem(
+            f"{bad[0]} is not a writable directory, and the engine needs one to start",
+            hint=f"{READ_ONLY_RECIPE.format(root=root)}; or point TMPDIR and KERNELBAKE_SCRATCH at "
+            "a writable directory that allows executing compiled kernels",
+        )
 
 
 def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
@@ -282,8 +321,11 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
         # The preflight says what is wrong with the input.
         return None
     baked = Path(target.cache_root)
-    manifest, manifest_problems = _manifest(baked, target)
+    manifest, _data, manifest_problems = _manifest(env, baked, target)
     if manifest is None or _known_problems(env, target, manifest, manifest_problems):
+        return None
+    if not _writable(_temp_dirs(env)):
+        # The preflight says which directory, and the recipe.
         return None
     engine = engine or get_engine(target.key.engine)
     if not _writable_in_place(baked, engine):
@@ -306,9 +348,10 @@ def preflight(
     thread while the engine starts behind its cache gate: ``speculate``)."""
     target = TargetConfig.load(env.target_file)
     baked = Path(target.cache_root)
+    _need_temp_dir(env, baked)
     # Hashing starts before the probe: the probe imports the engine's libraries (torch
     # takes seconds), and the hashing threads run meanwhile.
-    manifest, integrity, pending = _integrity(baked, target, env.verify)
+    manifest, data, integrity, pending = _integrity(env, baked, target)
     engine = engine or get_engine(target.key.engine)
     platform = measure(engine)
     match = check(target.key, platform)
@@ -344,17 +387,21 @@ def preflight(
         else:
             problems += _integrity_problems(pending.result())
             summary = pending.summary()
+    root = baked
+    if not problems and not in_place:
+        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
+        assert manifest is not None  # no problems: the manifest was read and pinned
+        try:
+            # Only what the manifest lists, hashed again as it is copied (never a symlink).
+            copy_bundle(baked, manifest, data, root)
+            notes.append(
+                f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
+                f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
+            )
+        except BadInput as exc:
+            problems += _integrity_problems([f"while copying: {exc}"])
     if problems:
         root = _cold_root(env, baked, engine)
-    elif in_place:
-        root = baked
-    else:
-        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
-        shutil.copytree(baked, root, dirs_exist_ok=True)
-        notes.append(
-            f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
-            f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
-        )
     for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
     baked_kinds = sorted({f.kind.value for f in manifest.files}) if manifest else []
@@ -394,13 +441,49 @@ def preflight(
     )
 
 
-def seed(root: Path, dest: Path) -> int:
+@dataclasses.dataclass(frozen=True)
+class Seeded:
+    root: Path
+    # Cache files copied (each hashed on the way against the pinned manifest).
+    files: int
+    # What the cache root held that the manifest does not list: left behind.
+    skipped: tuple[str, ...]
+
+
+def seed(env: RuntimeEnv, dest: Path) -> Seeded:
     """Copy the baked bundle into ``dest`` (an emptyDir in a Kubernetes initContainer) so it
-    can be mounted writable at the cache root's own path. Returns the number of files."""
-    manifest = read_manifest(root)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(root, dest, dirs_exist_ok=True)
-    problems = verify(dest, manifest)
-    if problems:
-        raise BadInput(f"seed-cache: the copy in {dest} differs from the manifest: {problems[0]}")
-    return len(manifest.files)
+    can be mounted writable at the cache root's own path: the manifest only if it is the one
+    the image pins, then every file it lists, hashed as it is copied. Files and symlinks it
+    does not list are left behind, and no symlink is followed."""
+    root = Path(TargetConfig.load(env.target_file).cache_root)
+    try:
+        manifest, data = load_manifest(root)
+    except BadInput as exc:
+        raise BadInput(f"seed-cache: {exc}") from None
+    if problems := pin.problems(env, root, data):
+        raise BadInput(f"seed-cache: {problems[0]}")
+    skipped = tuple(strangers(root, manifest))
+    try:
+        copied = copy_bundle(root, manifest, data, dest)
+    except BadInput as exc:
+        raise BadInput(f"seed-cache: copying {root} to {dest}: {exc}") from None
+    return Seeded(root, copied, skipped)
+
+
+def ask_engine(engine: EngineRuntime, verdict: Verdict, user_args: Sequence[str]) -> Verdict:
+    """``kernelbake check``: the verdict with the engine's own prediction, computed by its code
+    with the environment ``serve`` gives it. Whatever the engine raises while predicting (vLLM's
+    own hash functions on an engine configuration they do not expect, its parser exiting on an
+    argument) becomes ``no prediction: <reason>``, which is not a hit: check then exits 6."""
+    if not verdict.warm:
+        return verdict
+    try:
+        asked = engine.predict(verdict.target, user_args, verdict.env)
+    except (Exception, SystemExit) as exc:
+        if isinstance(exc, SystemExit):
+            reason = f"the engine's argument parser exited ({exc.code})"
+        else:
+            reason = f"{type(exc).__name__}: {exc}"
+        kinds = sorted({k.kind for k in verdict.prediction.kinds}) if verdict.prediction else []
+        asked = unavailable(kinds or [k.value for k in engine.declaration.cache_kinds], reason)
+    return verdict if asked is None else dataclasses.replace(verdict, prediction=asked)
