@@ -30,7 +30,7 @@ from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
 from kernelbake.progress import Progress
-from kernelbake.render import BuildMode, Rendered, render, write_context
+from kernelbake.render import BuildMode, Rendered, device_for, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
 
@@ -41,6 +41,10 @@ _STAGE_WHAT = {
     "push": "push to the registry",
 }
 BUILDER_PREFIX = "kernelbake-"
+# What a single-mode GPU compile stage needs from its builder: the Dockerfile frontend named in
+# the rendered `# syntax=` line (RUN --device), which BuildKit fetches from its registry.
+LABS_FRONTEND = "docker/dockerfile:1-labs"
+SETUP_BUILDER = "buildkit/setup-builder.sh"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +122,9 @@ class Docker:
         name = f"{BUILDER_PREFIX}{family}"
         return name if self("context", "inspect", name, capture=True).returncode == 0 else None
 
+    def has_image(self, ref: str) -> bool:
+        return self("image", "inspect", "--format", "{{.Id}}", ref, capture=True).returncode == 0
+
     def labels(self, ref: str) -> dict[str, str]:
         res = self("image", "inspect", "--format", "{{json .Config.Labels}}", ref, capture=True)
         if res.returncode != 0:
@@ -140,6 +147,14 @@ class Lane:
 
     docker: Docker
     builder: str | None = None
+    # The docker context or builder found for the family; None: this daemon's default builder.
+    name: str | None = None
+
+    @property
+    def where(self) -> str:
+        if self.builder is not None:
+            return f"buildx builder {self.builder}"
+        return f"docker context {self.name}" if self.name else "this Docker daemon"
 
 
 class Driver:
@@ -201,9 +216,9 @@ class Driver:
         for family in dict.fromkeys(families):
             context = self.docker.context_for(family)
             if context is not None:
-                lanes[family] = Lane(self.docker.on(context))
+                lanes[family] = Lane(self.docker.on(context), name=context)
             elif has_buildx and (builder := self.docker.builder_for(family)) is not None:
-                lanes[family] = Lane(self.docker, builder)
+                lanes[family] = Lane(self.docker, builder, name=builder)
             else:
                 lanes[family] = Lane(self.docker)
         return lanes
@@ -219,12 +234,13 @@ class Driver:
                 "a two-phase build needs docker buildx (named build contexts)",
                 hint="install docker-buildx (make deps does)",
             )
+        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
+        self._preflight(targets, lanes, options)
         if options.push:
             _ping_registries(targets, self.settings)
         out = options.out.resolve()
         wheel = build_wheel(out / "wheels")
         rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
-        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
         layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}
         for r in rendered:
@@ -277,6 +293,49 @@ class Driver:
                 hint=f"nothing of those was pushed{'; built: ' + ', '.join(done) if done else ''}; no index",
             )
         return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
+
+    def _preflight(
+        self, targets: Sequence[BuildTarget], lanes: Mapping[str, Lane], options: BuildOptions
+    ) -> None:
+        """Before anything is built or pulled: every GPU target has its family's builder, and
+        what each builder will still have to pull is said up front. The default builder of
+        this daemon has no GPU (and, here, no registry for the labs frontend): a GPU target
+        on it would pull gigabytes and fail only at its compile stage."""
+        missing = {t.gpu.family: t for t in targets if not t.gpu.is_cpu and lanes[t.gpu.family].name is None}
+        if missing:
+            first = next(iter(missing.values()))
+            families = ", ".join(
+                f"{BUILDER_PREFIX}{family} (for {t.gpu.name}, CDI device {device_for(t, options.device)})"
+                for family, t in missing.items()
+            )
+            raise EnvironmentProblem(
+                f"no GPU builder {families}: neither a docker context nor a buildx builder of that name, "
+                "and this daemon's default builder has no GPU",
+                hint=f"run {SETUP_BUILDER} {first.gpu.family}"
+                f"{'' if options.device is None else ' ' + options.device} on the build host with that GPU, "
+                f"or create a docker context {BUILDER_PREFIX}{first.gpu.family} for a daemon that has the "
+                "device (buildkit/README.md); nothing was built",
+            )
+        for family, lane in lanes.items():
+            queue = [t for t in targets if t.gpu.family == family]
+            gpu = not queue[0].gpu.is_cpu
+            pulls = []
+            if gpu and options.mode is BuildMode.SINGLE:
+                pulls.append(f"the Dockerfile frontend {LABS_FRONTEND} (RUN --device)")
+            # A container builder's own store cannot be asked; a daemon's can.
+            if lane.builder is None:
+                pulls += [
+                    f"the base image {base}"
+                    for base in dict.fromkeys(t.base_image for t in queue)
+                    if not lane.docker.has_image(base)
+                ]
+            if pulls:
+                print(
+                    f"kernelbake build: {lane.where} has to pull {' and '.join(pulls)} "
+                    "from its registry unless it has them cached",
+                    file=self.stream,
+                    flush=True,
+                )
 
     def _build_one(
         self,
