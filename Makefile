@@ -28,7 +28,7 @@ SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean
+.PHONY: image deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean distclean
 
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
 	@$(MAKE) --no-print-directory build-image
@@ -87,6 +87,11 @@ test-fast: venv
 bench: image
 	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)"
 
+# Keeps the signing key, the local registry's storage and the wheel downloads, and says so;
+# distclean deletes those too, naming each (scripts/clean.sh says why they are kept).
 clean:
-	rm -rf $(BUILD) .cache
+	@scripts/clean.sh $(BUILD) $(SIGNING_DIR) $(WHEELS)
+
+distclean:
+	@scripts/clean.sh --all $(BUILD) $(SIGNING_DIR) $(WHEELS)
 signing-deps: deps
