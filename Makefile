@@ -84,8 +84,12 @@ FAST_TESTS := not docker and not registry and not sigstore and not cosign
 test-fast: venv
 	$(VENV)/bin/pytest -m "$(FAST_TESTS)"
 
+# ~8 min on two cores, with a line per run; the result goes to $(BUILD)/bench/, or with
+# UPDATE_RESULTS=1 to the committed bench/results/coldstart_cpu.json.
+UPDATE_RESULTS ?=
 bench: image
-	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)"
+	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)" \
+	  $(if $(UPDATE_RESULTS),--update-results,--out $(BUILD)/bench/coldstart_cpu.json)
 
 # Keeps the signing key, the local registry's storage and the wheel downloads, and says so;
 # distclean deletes those too, naming each (scripts/clean.sh says why they are kept).
