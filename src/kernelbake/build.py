@@ -41,10 +41,8 @@ _STAGE_WHAT = {
     "push": "push to the registry",
 }
 BUILDER_PREFIX = "kernelbake-"
-# What a single-mode GPU compile stage needs from its builder: the Dockerfile frontend named in
-# the rendered `# syntax=` line (RUN --device), which BuildKit fetches from its registry.
-LABS_FRONTEND = "docker/dockerfile:1-labs"
 SETUP_BUILDER = "buildkit/setup-builder.sh"
+_SYNTAX = "# syntax="
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,6 +155,29 @@ class Lane:
         return f"docker context {self.name}" if self.name else "this Docker daemon"
 
 
+def _require_gpu_builders(
+    targets: Sequence[BuildTarget], lanes: Mapping[str, Lane], device: str | None
+) -> None:
+    """Before anything is built, pulled or pushed: every GPU target has its family's builder.
+    This daemon's default builder has no GPU; a GPU target on it would pull gigabytes and
+    fail only at its compile stage."""
+    missing = {t.gpu.family: t for t in targets if not t.gpu.is_cpu and lanes[t.gpu.family].name is None}
+    if not missing:
+        return
+    first = next(iter(missing.values())).gpu.family
+    families = ", ".join(
+        f"{BUILDER_PREFIX}{family} (for {t.gpu.name}, CDI device {device_for(t, device)})"
+        for family, t in missing.items()
+    )
+    raise EnvironmentProblem(
+        f"no GPU builder {families}: neither a docker context nor a buildx builder of that name, "
+        "and this daemon's default builder has no GPU",
+        hint=f"run {SETUP_BUILDER} {first}{'' if device is None else ' ' + device} on the build host "
+        f"with that GPU, or create a docker context {BUILDER_PREFIX}{first} for a daemon that has the "
+        "device (buildkit/README.md); nothing was built",
+    )
+
+
 class Driver:
     def __init__(self, settings: Settings, runner: Runner = run, *, stream: TextIO | None = None) -> None:
         self.settings = settings
@@ -235,12 +256,13 @@ class Driver:
                 hint="install docker-buildx (make deps does)",
             )
         lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
-        self._preflight(targets, lanes, options)
+        _require_gpu_builders(targets, lanes, options.device)
         if options.push:
             _ping_registries(targets, self.settings)
         out = options.out.resolve()
         wheel = build_wheel(out / "wheels")
         rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
+        self._say_pulls(rendered, lanes)
         layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}
         for r in rendered:
@@ -294,45 +316,28 @@ class Driver:
             )
         return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
 
-    def _preflight(
-        self, targets: Sequence[BuildTarget], lanes: Mapping[str, Lane], options: BuildOptions
-    ) -> None:
-        """Before anything is built or pulled: every GPU target has its family's builder, and
-        what each builder will still have to pull is said up front. The default builder of
-        this daemon has no GPU (and, here, no registry for the labs frontend): a GPU target
-        on it would pull gigabytes and fail only at its compile stage."""
-        missing = {t.gpu.family: t for t in targets if not t.gpu.is_cpu and lanes[t.gpu.family].name is None}
-        if missing:
-            first = next(iter(missing.values()))
-            families = ", ".join(
-                f"{BUILDER_PREFIX}{family} (for {t.gpu.name}, CDI device {device_for(t, options.device)})"
-                for family, t in missing.items()
-            )
-            raise EnvironmentProblem(
-                f"no GPU builder {families}: neither a docker context nor a buildx builder of that name, "
-                "and this daemon's default builder has no GPU",
-                hint=f"run {SETUP_BUILDER} {first.gpu.family}"
-                f"{'' if options.device is None else ' ' + options.device} on the build host with that GPU, "
-                f"or create a docker context {BUILDER_PREFIX}{first.gpu.family} for a daemon that has the "
-                "device (buildkit/README.md); nothing was built",
-            )
+    def _say_pulls(self, rendered: Sequence[Rendered], lanes: Mapping[str, Lane]) -> None:
+        """What each builder will fetch from a registry before its first stage can run, said
+        before the build: a vLLM base image is 10+ GB, and a builder without a registry fails
+        on it only once the build is under way."""
         for family, lane in lanes.items():
-            queue = [t for t in targets if t.gpu.family == family]
-            gpu = not queue[0].gpu.is_cpu
-            pulls = []
-            if gpu and options.mode is BuildMode.SINGLE:
-                pulls.append(f"the Dockerfile frontend {LABS_FRONTEND} (RUN --device)")
-            # A container builder's own store cannot be asked; a daemon's can.
-            if lane.builder is None:
-                pulls += [
-                    f"the base image {base}"
-                    for base in dict.fromkeys(t.base_image for t in queue)
-                    if not lane.docker.has_image(base)
-                ]
+            queue = [r for r in rendered if r.target.gpu.family == family]
+            pulls = [
+                f"base image {base} (not in its image store)"
+                # A container builder's own store cannot be asked; a daemon's can.
+                for base in dict.fromkeys(r.target.base_image for r in queue)
+                if lane.builder is None and not lane.docker.has_image(base)
+            ]
+            # The rendered Dockerfile names the frontend it needs (the labs one for RUN --device).
+            pulls += [
+                f"Dockerfile frontend {line.removeprefix(_SYNTAX).strip()} (unless BuildKit has it cached)"
+                for line in dict.fromkeys(
+                    ln for r in queue for ln in r.dockerfile.splitlines() if ln.startswith(_SYNTAX)
+                )
+            ]
             if pulls:
                 print(
-                    f"kernelbake build: {lane.where} has to pull {' and '.join(pulls)} "
-                    "from its registry unless it has them cached",
+                    f"kernelbake build: {lane.where} will pull: {'; '.join(pulls)}",
                     file=self.stream,
                     flush=True,
                 )
