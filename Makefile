@@ -4,6 +4,8 @@
 #                # family's builder, and one signed index of the variants)
 #   make test    # unit and integration tests (real Docker builds)
 #   make test-fast  # the tests that need no Docker, registry, node or cosign (no root either)
+#   make clean      # build outputs; keeps the signing key, the registry's storage, the wheels
+#   make distclean  # those too, each named first
 SHELL := /bin/bash
 .DEFAULT_GOAL := image
 
