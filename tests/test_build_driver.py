@@ -11,6 +11,7 @@ from kernelbake.build import BuildOptions, Driver
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.render import BuildMode
+from kernelbake.runner import Result
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
@@ -200,7 +201,11 @@ def test_a_failing_target_stops_no_other_and_nothing_of_it_is_pushed(
     monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
     targets = _gpu_targets("h100", "a100-80gb")
     bad, good = targets[0], targets[1]
-    rec = Recorder(fail_bake=f"{bad.name}-compile", labels_by_ref={t.ref: dict(t.labels) for t in targets})
+    rec = Recorder(
+        fail_bake=f"{bad.name}-compile",
+        labels_by_ref={t.ref: dict(t.labels) for t in targets},
+        contexts=("kernelbake-hopper", "kernelbake-ampere"),
+    )
     stream = io.StringIO()
     with pytest.raises(BuildFailed) as info:
         Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec, stream=stream).build(
@@ -217,3 +222,81 @@ def test_a_failing_target_stops_no_other_and_nothing_of_it_is_pushed(
 def test_max_parallel_must_be_positive(target: BuildTarget, tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="at least 1"):
         _driver(Recorder()).build([target], BuildOptions(out=tmp_path, max_parallel=0))
+
+
+@pytest.mark.parametrize("mode", [BuildMode.SINGLE, BuildMode.TWO_PHASE])
+def test_a_gpu_target_without_its_familys_builder_fails_before_anything_builds(
+    tmp_path: Path, mode: BuildMode
+) -> None:
+    (t,) = _gpu_targets("h100")
+    rec = Recorder()
+    with pytest.raises(EnvironmentProblem) as info:
+        _driver(rec).build([t], BuildOptions(out=tmp_path, push=True, mode=mode))
+    message = str(info.value)
+    assert info.value.return_code == 3
+    assert "kernelbake-hopper (for h100, CDI device nvidia.com/gpu=all)" in message
+    assert "buildkit/setup-builder.sh hopper" in message and "\n" not in message
+    # Nothing was built, pulled or pushed, and no registry was asked (no ping patched here).
+    assert not any(c[:2] == ("buildx", "bake") or c[0] in ("build", "run", "push", "pull") for c in rec.calls)
+    assert not (tmp_path / "wheels").exists()
+
+
+def test_every_family_without_a_builder_is_named_at_once(tmp_path: Path) -> None:
+    targets = _gpu_targets("h100", "a100-80gb", "l40s")
+    rec = Recorder(contexts=("kernelbake-ampere",))
+    with pytest.raises(EnvironmentProblem) as info:
+        _driver(rec).build(targets, BuildOptions(out=tmp_path, device="nvidia.com/gpu=0"))
+    message = str(info.value)
+    assert "kernelbake-hopper (for h100, CDI device nvidia.com/gpu=0)" in message
+    assert "kernelbake-ada-lovelace (for l40s" in message and "kernelbake-ampere" not in message
+    assert "buildkit/setup-builder.sh hopper nvidia.com/gpu=0" in message
+
+
+def test_what_a_builder_still_has_to_pull_is_said_before_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    (t,) = _gpu_targets("h100")
+
+    class NoBase(Recorder):
+        def __call__(self, argv, **kw):  # type: ignore[no-untyped-def]
+            if list(argv[-4:]) == ["inspect", "--format", "{{.Id}}", t.base_image]:
+                return Result(tuple(argv), 1)
+            return super().__call__(argv, **kw)
+
+    rec = NoBase(contexts=("kernelbake-hopper",), labels=dict(t.labels))
+    stream = io.StringIO()
+    Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec, stream=stream).build(
+        [t], BuildOptions(out=tmp_path, mode=BuildMode.TWO_PHASE)
+    )
+    first = stream.getvalue().splitlines()[0]
+    assert first == (
+        f"kernelbake build: docker context kernelbake-hopper will pull: base image {t.base_image} "
+        "(not in its image store)"
+    )
+    stream = io.StringIO()
+    Driver(
+        Settings.from_env({"PATH": "/usr/bin"}),
+        runner=Recorder(builders=("kernelbake-hopper",), labels=dict(t.labels)),
+        stream=stream,
+    ).build([t], BuildOptions(out=tmp_path))
+    assert (
+        "kernelbake build: buildx builder kernelbake-hopper will pull: "
+        "Dockerfile frontend docker/dockerfile:1-labs (unless BuildKit has it cached)\n"
+    ) in stream.getvalue()
+
+
+def test_cpu_and_stand_in_targets_build_on_this_daemon_without_a_family_builder(
+    target: BuildTarget, tmp_path: Path
+) -> None:
+    import io
+
+    rec = Recorder(labels=dict(target.labels))
+    stream = io.StringIO()
+    Driver(Settings.from_env({"PATH": "/usr/bin"}), runner=rec, stream=stream).build(
+        [target], BuildOptions(out=tmp_path)
+    )
+    assert "will pull" not in stream.getvalue()
+    assert _bake_targets(rec)[-1] == target.name

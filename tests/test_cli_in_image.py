@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 _BLOCK_HOST_DEPS = """
@@ -63,3 +65,43 @@ def test_the_top_level_help_still_lists_every_command() -> None:
     assert result.returncode == 0, result.stderr
     for command in ("plan", "render", "build", "sign", "verify", "serve", "check"):
         assert command in result.stdout
+
+
+def test_a_kernelbake_command_after_the_entrypoints_serve_runs_that_command() -> None:
+    """``docker run IMAGE check --json`` is ``kernelbake serve check --json`` in the image."""
+    from kernelbake.cli import image_command
+
+    assert image_command(["serve", "check", "--json"]) == ["check", "--json"]
+    assert image_command(["serve", "kernelbake", "check"]) == ["check"]
+    assert image_command(["serve", "seed-cache", "/cache"]) == ["seed-cache", "/cache"]
+    assert image_command(["serve", "serve", "--max-num-seqs", "8"]) == ["serve", "--max-num-seqs", "8"]
+    # Options (and their values) still go to the engine; other commands are left alone.
+    assert image_command(["serve", "--max-model-len", "512"]) == ["serve", "--max-model-len", "512"]
+    assert image_command(["serve"]) == ["serve"]
+    assert image_command(["check", "serve"]) == ["check", "serve"]
+
+
+def test_the_entrypoint_runs_check_for_docker_run_image_check() -> None:
+    # No target file here: check itself runs and says so (exit 2), instead of the engine
+    # starting with 'check' as its model.
+    result = _cli("serve", "check", "--json")
+    assert result.returncode != 0
+    assert result.stderr.startswith("kernelbake check: error:"), result.stderr
+    assert "+ " not in result.stderr  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("words", "refused"),
+    [
+        (["serve", "Qwen/Qwen3-8B"], "Qwen/Qwen3-8B"),
+        (["serve", "plan", "x.yaml"], "plan"),
+        (["serve", "kernelbake", "nope"], "nope"),
+    ],
+)
+def test_a_stray_positional_is_refused_before_the_engine_starts(words: list[str], refused: str) -> None:
+    result = _cli(*words)
+    assert result.returncode == 2
+    message = result.stderr.strip()
+    assert "\n" not in message and not result.stdout
+    assert message.startswith(f"kernelbake serve: error: {refused!r} is neither an option nor a command")
+    assert "(check, compile, fetch-model, seed-cache, serve)" in message

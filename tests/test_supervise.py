@@ -52,6 +52,23 @@ def test_on_line_sees_every_line_and_the_exit_code_passes_through() -> None:
     assert result.returncode == 7
 
 
+def test_lines_for_the_watcher_alone_stay_off_the_console_but_not_out_of_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's prediction JSON is for serve's watcher and status file; the console has it in words."""
+    mark = evidence.PREDICTION_MARK
+    script = f"print('kernelbake: vllm: cache HIT'); print({mark!r} + '{{\"kinds\": {{}}}}')"
+    seen: list[str] = []
+    log = tmp_path / "engine.log"
+    watcher = evidence.Watcher({})
+    run([sys.executable, "-c", script], on_line=seen.append, log=log, hide=watcher.quiet)
+    console = capsys.readouterr().err
+    lines = console.splitlines()
+    assert "kernelbake: vllm: cache HIT" in lines and not any(ln.startswith(mark) for ln in lines)
+    assert len(seen) == 2 and seen[1].startswith(mark)
+    assert mark in log.read_text()
+
+
 def test_signals_are_forwarded_to_the_supervised_child(tmp_path: Path) -> None:
     supervisor = textwrap.dedent(
         f"""

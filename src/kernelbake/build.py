@@ -30,7 +30,7 @@ from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
 from kernelbake.progress import Progress
-from kernelbake.render import BuildMode, Rendered, render, write_context
+from kernelbake.render import BuildMode, Rendered, device_for, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
 
@@ -41,6 +41,8 @@ _STAGE_WHAT = {
     "push": "push to the registry",
 }
 BUILDER_PREFIX = "kernelbake-"
+SETUP_BUILDER = "buildkit/setup-builder.sh"
+_SYNTAX = "# syntax="
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +120,9 @@ class Docker:
         name = f"{BUILDER_PREFIX}{family}"
         return name if self("context", "inspect", name, capture=True).returncode == 0 else None
 
+    def has_image(self, ref: str) -> bool:
+        return self("image", "inspect", "--format", "{{.Id}}", ref, capture=True).returncode == 0
+
     def labels(self, ref: str) -> dict[str, str]:
         res = self("image", "inspect", "--format", "{{json .Config.Labels}}", ref, capture=True)
         if res.returncode != 0:
@@ -140,6 +145,37 @@ class Lane:
 
     docker: Docker
     builder: str | None = None
+    # The docker context or builder found for the family; None: this daemon's default builder.
+    name: str | None = None
+
+    @property
+    def where(self) -> str:
+        if self.builder is not None:
+            return f"buildx builder {self.builder}"
+        return f"docker context {self.name}" if self.name else "this Docker daemon"
+
+
+def _require_gpu_builders(
+    targets: Sequence[BuildTarget], lanes: Mapping[str, Lane], device: str | None
+) -> None:
+    """Before anything is built, pulled or pushed: every GPU target has its family's builder.
+    This daemon's default builder has no GPU; a GPU target on it would pull gigabytes and
+    fail only at its compile stage."""
+    missing = {t.gpu.family: t for t in targets if not t.gpu.is_cpu and lanes[t.gpu.family].name is None}
+    if not missing:
+        return
+    first = next(iter(missing.values())).gpu.family
+    families = ", ".join(
+        f"{BUILDER_PREFIX}{family} (for {t.gpu.name}, CDI device {device_for(t, device)})"
+        for family, t in missing.items()
+    )
+    raise EnvironmentProblem(
+        f"no GPU builder {families}: neither a docker context nor a buildx builder of that name, "
+        "and this daemon's default builder has no GPU",
+        hint=f"run {SETUP_BUILDER} {first}{'' if device is None else ' ' + device} on the build host "
+        f"with that GPU, or create a docker context {BUILDER_PREFIX}{first} for a daemon that has the "
+        "device (buildkit/README.md); nothing was built",
+    )
 
 
 class Driver:
@@ -201,9 +237,9 @@ class Driver:
         for family in dict.fromkeys(families):
             context = self.docker.context_for(family)
             if context is not None:
-                lanes[family] = Lane(self.docker.on(context))
+                lanes[family] = Lane(self.docker.on(context), name=context)
             elif has_buildx and (builder := self.docker.builder_for(family)) is not None:
-                lanes[family] = Lane(self.docker, builder)
+                lanes[family] = Lane(self.docker, builder, name=builder)
             else:
                 lanes[family] = Lane(self.docker)
         return lanes
@@ -219,12 +255,14 @@ class Driver:
                 "a two-phase build needs docker buildx (named build contexts)",
                 hint="install docker-buildx (make deps does)",
             )
+        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
+        _require_gpu_builders(targets, lanes, options.device)
         if options.push:
             _ping_registries(targets, self.settings)
         out = options.out.resolve()
         wheel = build_wheel(out / "wheels")
         rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
-        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
+        self._say_pulls(rendered, lanes)
         layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}
         for r in rendered:
@@ -277,6 +315,32 @@ class Driver:
                 hint=f"nothing of those was pushed{'; built: ' + ', '.join(done) if done else ''}; no index",
             )
         return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
+
+    def _say_pulls(self, rendered: Sequence[Rendered], lanes: Mapping[str, Lane]) -> None:
+        """What each builder will fetch from a registry before its first stage can run, said
+        before the build: a vLLM base image is 10+ GB, and a builder without a registry fails
+        on it only once the build is under way."""
+        for family, lane in lanes.items():
+            queue = [r for r in rendered if r.target.gpu.family == family]
+            pulls = [
+                f"base image {base} (not in its image store)"
+                # A container builder's own store cannot be asked; a daemon's can.
+                for base in dict.fromkeys(r.target.base_image for r in queue)
+                if lane.builder is None and not lane.docker.has_image(base)
+            ]
+            # The rendered Dockerfile names the frontend it needs (the labs one for RUN --device).
+            pulls += [
+                f"Dockerfile frontend {line.removeprefix(_SYNTAX).strip()} (unless BuildKit has it cached)"
+                for line in dict.fromkeys(
+                    ln for r in queue for ln in r.dockerfile.splitlines() if ln.startswith(_SYNTAX)
+                )
+            ]
+            if pulls:
+                print(
+                    f"kernelbake build: {lane.where} will pull: {'; '.join(pulls)}",
+                    file=self.stream,
+                    flush=True,
+                )
 
     def _build_one(
         self,

@@ -72,6 +72,7 @@ def run(
     on_line: Callable[[str], None] | None = None,
     forward_signals: bool = False,
     redact: Callable[[str], str] | None = None,
+    hide: Callable[[str], bool] | None = None,
 ) -> Result:
     """Run ``argv``; never raises on a non-zero exit (callers decide what a failure means).
 
@@ -81,7 +82,8 @@ def run(
     passes SIGTERM/SIGINT/SIGHUP on to the child, for a supervisor standing in for it as a
     container's main process. ``env`` is the complete environment, built by the caller.
     ``redact`` rewrites the echoed command and each line of output read through kernelbake
-    (with ``log`` or ``on_line``; secret values → digests).
+    (with ``log`` or ``on_line``; secret values → digests). ``hide`` keeps lines meant for
+    ``on_line`` alone (machine-readable ones) off the terminal; the log still has them.
     """
     shown = redact or (lambda text: text)
     print(shown(format_cmd(argv)), file=echo or sys.stderr, flush=True)
@@ -118,7 +120,8 @@ def run(
                 proc.stdin.close()
             assert proc.stdout is not None
             for line in proc.stdout:
-                sys.stderr.write(shown(line))
+                if hide is None or not hide(line):
+                    sys.stderr.write(shown(line))
                 if fh is not None:
                     fh.write(shown(line))
                 if on_line is not None:

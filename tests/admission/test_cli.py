@@ -67,3 +67,29 @@ def test_review_of_a_file_that_is_not_json(tmp_path: Path, capsys: pytest.Captur
     assert rc == 2 and "request.json: not JSON" in err
     rc, _, err = run(capsys, "review", "--policy", str(policy), str(tmp_path / "absent.json"))
     assert rc == 2 and "cannot read" in err
+
+
+def test_the_readmes_local_example_policy_and_review_load_as_shipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deploy/examples (the README's "Run it"): the policy trusts the key `make image` makes, and
+    the review is a Pod that `make admission-try` fills in."""
+    import json
+    import shutil
+
+    from kernelbake.signing.keys import generate_key_pair
+    from tests.conftest import REPO
+
+    examples = tmp_path / "deploy" / "examples"
+    shutil.copytree(REPO / "deploy" / "examples", examples)
+    generate_key_pair(tmp_path / "build" / "signing", name="kernelbake")
+    policy = examples / "local-policy.yaml"
+    rc, out, _ = run(capsys, "check-policy", str(policy))
+    assert rc == 0 and "governs 127.0.0.1:5000/kernelbake/**" in out
+    review = json.loads((examples / "local-pod.json").read_text())
+    assert review["request"]["object"]["spec"]["containers"][0]["image"] == "IMAGE"
+    # Outside the governed repositories it is admitted untouched: the request itself is sound.
+    request = tmp_path / "review.json"
+    request.write_text(json.dumps(review).replace('"IMAGE"', '"registry.example.com/other/app:1"'))
+    rc, out, _ = run(capsys, "review", "--policy", str(policy), str(request))
+    assert rc == 0 and json.loads(out)["response"]["allowed"] is True

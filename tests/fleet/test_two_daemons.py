@@ -5,6 +5,8 @@ and resolve to the variant of each family."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from kernelbake.render import BuildMode
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.admission import live
+from tests.support.docker import CPU_BASE
 from tests.support.fleet import SPEC, two_daemons
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -71,3 +74,25 @@ def test_the_index_signs_verifies_and_resolves_per_family(built: list[Built], tm
         )
         assert doc["run"] == b.pushed
         assert [v["tier"] for v in doc["variants"]] == ["same device", "same arch, other device"]
+
+
+def test_each_stand_in_daemon_runs_its_containers_on_its_own_core(fleet_env: dict[str, str]) -> None:
+    """bench/fleet_build.py's premise: two builders at once share no core, as separate hosts."""
+    root = Path(fleet_env["DOCKER_CONFIG"]).parent
+    assert (os.cpu_count() or 1) >= 2, "the stand-in daemons need a core each"
+    seen = {}
+    for family in ("a", "b"):
+        cpus = (root / family / "cpuset").read_text().strip()
+        docker = ["docker", "--context", f"kernelbake-test-{family}"]
+        probe = ["--entrypoint", "grep", CPU_BASE, "Cpus_allowed_list", "/proc/self/status"]
+        ran = subprocess.run(
+            [*docker, "run", "--rm", "--network", "none", *probe],
+            env=fleet_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert ran.returncode == 0, ran.stderr
+        seen[family] = ran.stdout.split()[-1]
+        assert seen[family] == cpus
+    assert seen == {"a": "0", "b": "1"}

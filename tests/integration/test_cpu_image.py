@@ -163,6 +163,16 @@ def test_check_reports_a_warm_verdict(single_image: Built) -> None:
     assert verdict["found"]["device"] == "cpu" and verdict["found"]["torch"] == "2.13.0"
 
 
+def test_docker_run_image_check_runs_check_through_the_entrypoint(single_image: Built) -> None:
+    """The README's ``docker run --rm IMAGE check --json``: the entrypoint is ``kernelbake
+    serve``, and a kernelbake command after it runs that command, not the engine."""
+    assert single_image.pushed is not None
+    res = docker("run", "--rm", single_image.pushed, "check", "--json")
+    assert json.loads(res.stdout)["verdict"] == "warm"
+    stray = docker("run", "--rm", single_image.pushed, "some-model", check=False)
+    assert stray.returncode == 2 and "'some-model' is neither an option nor a command" in stray.stderr
+
+
 def test_serves_http(single_image: Built) -> None:
     assert single_image.pushed is not None
     port = free_port()

@@ -31,4 +31,6 @@ def two_daemons(workdir: Path) -> Iterator[dict[str, str]]:
             raise AssertionError(f"test-fleet.sh up failed:\n{done.stdout}\n{done.stderr}")
         yield {**os.environ, "DOCKER_CONFIG": str(root / "config")}
     finally:
-        subprocess.run(["bash", str(SCRIPT), "down", str(root)], capture_output=True, timeout=120)
+        # Stopping two daemons and removing their data roots (each a copy of the base image)
+        # took over two minutes on a loaded 2-core host.
+        subprocess.run(["bash", str(SCRIPT), "down", str(root)], capture_output=True, timeout=900)

@@ -47,12 +47,42 @@ def build_parser(areas: Sequence[str] = _AREAS) -> argparse.ArgumentParser:
     return parser
 
 
+class _Refused(Exception):
+    """A command line ``main`` refuses before parsing (exit 2, as argparse does)."""
+
+
+def image_command(words: Sequence[str]) -> list[str]:
+    """The command line an image's entrypoint (``kernelbake serve``) really means.
+
+    ``docker run IMAGE check --json`` arrives as ``serve check --json``: a kernelbake command
+    first (optionally after ``kernelbake``) runs that command. Any other word that is not an
+    option would reach the engine as a positional argument, which vLLM takes as the model
+    and then serves forever; the model is baked in, so that is refused."""
+    if words[:1] != ["serve"] or len(words) < 2 or words[1].startswith("-"):
+        return list(words)
+    rest = list(words[1:])
+    if rest[0] == "kernelbake" and len(rest) > 1:
+        rest = rest[1:]
+    if rest[0] in _IN_IMAGE:
+        return rest
+    commands = ", ".join(sorted(_IN_IMAGE))
+    raise _Refused(
+        f"kernelbake serve: error: {rest[0]!r} is neither an option nor a command of the image "
+        f"({commands}); the model is baked in, so serve takes options only "
+        "(docker run IMAGE check --json, or docker run IMAGE --max-num-seqs 8)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        words = image_command(sys.argv[1:] if argv is None else list(argv))
+    except _Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
     area = _IN_IMAGE.get(words[0]) if words else None
     parser = build_parser((area,) if area else _AREAS)
     # ``serve`` and ``check`` pass whatever they do not know to the engine, options included.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(words)
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "passthrough", False):

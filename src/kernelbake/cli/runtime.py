@@ -82,6 +82,9 @@ def _launch(
         on_line=report if watch else None,
         forward_signals=True,
         redact=redact,
+        # The engine's machine-readable lines (vLLM's prediction JSON) are for the watcher and
+        # the status file, not the console, which has the same verdict in words.
+        hide=getattr(watch, "quiet", None),
     ).returncode
 
 

@@ -132,6 +132,11 @@ class Watcher:
         report = _REPORTS.get(signal)
         return f"{report} ({line.strip()[:160]})" if report else None
 
+    @staticmethod
+    def quiet(line: str) -> bool:
+        """The prediction's JSON line: read here and kept in the status file, not shown."""
+        return PREDICTION_MARK in line
+
     def status(self) -> dict[str, object]:
         return {
             "prediction": self.prediction.to_json() if self.prediction else None,
