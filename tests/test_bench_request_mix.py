@@ -140,8 +140,9 @@ def test_the_client_sends_each_wave_at_once_and_reports_per_class(server: str) -
     waves = MIX.plan(max_model_len=512, max_num_seqs=8, max_num_batched_tokens=128, tokenizer=False, total=40)
     result = MIX.run(server, "/models/m", waves, timeout=10)
     assert result["requests"] == len(_Handler.bodies) == sum(len(w) for w in waves) == 40
-    # The wave of 8 ran concurrently; the first requests one at a time.
-    assert _Handler.most == 8
+    # The waves ran concurrently (how many overlapped at the server is the machine's timing, so
+    # only that some did; the client's own record of each wave's size is checked below).
+    assert 2 <= _Handler.most <= 8
     body = _Handler.bodies[0]
     assert body["model"] == "/models/m" and body["return_tokens_as_token_ids"] is True
     assert isinstance(body["prompt"], list) and body["max_tokens"] == MIX.MAX_TOKENS
