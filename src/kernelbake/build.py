@@ -488,9 +488,13 @@ def engine_image(docker: Docker, name: str, settings: Settings) -> EngineImage:
             config = str(doc["Id"])
             repo = name.rsplit("@", 1)[0]
             repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
-            found = [d for d in doc.get("RepoDigests") or [] if d.startswith(f"{repo}@")]
+            digests = [str(d) for d in doc.get("RepoDigests") or []]
         except (ValueError, KeyError, TypeError):
             raise BuildFailed(f"{name}: docker image inspect gave no image id") from None
+        # Its own repository's digest first; another one's (the image pushed elsewhere under
+        # another name, e.g. a mirror the cluster pulls from) names the same manifest when this
+        # daemon pushed both (same layers, compressed once).
+        found = sorted(digests, key=lambda d: not d.startswith(f"{repo}@"))
         return EngineImage(
             name=name, config_digest=config, digest=found[0].rsplit("@", 1)[1] if found else None
         )
