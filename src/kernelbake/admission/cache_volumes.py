@@ -35,15 +35,16 @@ from typing import Any
 
 from kernelbake.admission import gpus
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
+from kernelbake.admission.gpus import admitted
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
 from kernelbake.admission.scheduling import Way
-from kernelbake.admission.variants import pick
+from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.workloads import MalformedObject, pointer
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, ArtifactKind, CacheArtifactFacts
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import CACHE_ROOT
-from kernelbake.contract.variants import Variant
+from kernelbake.contract.variants import Variant, is_gpu, of_kind
 
 ANNOTATION_INDEX = "kernelbake.dev/cache-index"
 ANNOTATION_MOUNT = "kernelbake.dev/cache-mount"
@@ -117,7 +118,7 @@ def plan_caches(
     mode = MountMode.IMAGE_VOLUME
     raw_index = annotations.get(ANNOTATION_INDEX)
     if raw_index is not None:
-        index, problem = _governed_ref(str(raw_index), f"annotation {ANNOTATION_INDEX}", policy)
+        index, problem = _governed_ref(raw_index, f"annotation {ANNOTATION_INDEX}", policy, required=True)
         problems += [problem] if problem else []
         raw_mode = annotations.get(ANNOTATION_MOUNT, MountMode.IMAGE_VOLUME.value)
         try:
@@ -167,8 +168,11 @@ def _list(spec: Mapping[str, Any], field: str, spec_path: tuple[str, ...]) -> li
     return items
 
 
-def _governed_ref(text: Any, where: str, policy: AdmissionPolicy) -> tuple[ImageRef | None, str | None]:
-    """(the reference when the policy governs it, a problem when it cannot be read)."""
+def _governed_ref(
+    text: Any, where: str, policy: AdmissionPolicy, *, required: bool = False
+) -> tuple[ImageRef | None, str | None]:
+    """(the reference when the policy governs it, a problem when it cannot be read, or when it
+    is ``required`` to be governed and is not)."""
     if not isinstance(text, str):
         return None, f"{where}: the reference must be a string"
     try:
@@ -176,10 +180,8 @@ def _governed_ref(text: Any, where: str, policy: AdmissionPolicy) -> tuple[Image
     except InvalidReference as exc:
         return None, f"{where}: {exc}"
     if not policy.governs(ref.name):
-        # An opt-in naming an ungoverned index cannot be verified: refuse, fail closed.
-        return None, (
-            f"{where}: {ref.name} is not a repository this policy governs" if "annotation" in where else None
-        )
+        # An opt-in naming an index this policy does not govern could not be verified.
+        return None, f"{where}: {ref.name} is not a repository this policy governs" if required else None
     if ref.tag is None and ref.digest is None:
         return None, f"{where}: {text} has no tag or digest"
     return ref, None
@@ -225,9 +227,15 @@ def _chosen(
     if not isinstance(outcome, IndexAccepted):
         return f"annotation {ANNOTATION_INDEX}: {plan.index} is one image, not a model's variant index"
     variants = outcome.index.variants
-    chosen = pick(variants, ways, judge.catalogue, policy.gpu_match, ArtifactKind.CACHE)
+    cpu = [v for v in of_kind(variants, ArtifactKind.CACHE) if not is_gpu(v.key)]
+    if cpu and ways and not any(admitted(w, judge.catalogue).pins_gpu for w in ways):
+        # A pod that asks for no GPU runs the CPU build: its caches, when the model has them.
+        chosen = Pick(cpu[0])
+    else:
+        chosen = pick(variants, ways, judge.catalogue, policy.gpu_match, ArtifactKind.CACHE)
     if chosen.variant is None:
-        return f"annotation {ANNOTATION_INDEX}: {'; '.join(chosen.problems)}{'; ' + chosen.hint if chosen.hint else ''}"
+        hint = f"; {chosen.hint}" if chosen.hint else ""
+        return f"annotation {ANNOTATION_INDEX}: {'; '.join(chosen.problems)}{hint}"
     image = None
     if plan.mode is MountMode.INIT_CONTAINER:
         image = next(
@@ -379,7 +387,9 @@ def _opt_in(
         }
         _append(patch, plan.spec, base, "initContainers", seed)
     _append(patch, plan.spec, base, "volumes", volume)
-    mount = {"name": VOLUME_NAME, "mountPath": CACHE_ROOT, "readOnly": seed_image is None}
+    mount: dict[str, Any] = {"name": VOLUME_NAME, "mountPath": CACHE_ROOT}
+    if seed_image is None:
+        mount["readOnly"] = True
     _append(patch, container, c_ptr, "volumeMounts", mount)
     present = {e.get("name") for e in container.get("env") or [] if isinstance(e, dict)}
     for name, value in [*got.facts.env, (MANIFEST_DIGEST_ENV, got.facts.manifest_digest)]:
