@@ -11,6 +11,7 @@ from kernelbake import bake
 from kernelbake._wheel import build_wheel
 from kernelbake.build import BuildOptions, Driver, Publish
 from kernelbake.cli.planning import add_spec_args
+from kernelbake.contract.artifact import ArtifactKind, artifact_facts, kind_of
 from kernelbake.labels import check_labels
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode, render, write_context
@@ -89,6 +90,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _summary(image: RemoteImage) -> dict[str, Any]:
     checked = check_labels(image.labels)
     key = checked.key
+    artifact = None
+    if kind_of(image.labels) is ArtifactKind.CACHE:
+        artifact = artifact_facts(image.labels, source=str(image.ref))
+    artifact_labels = artifact.labels() if artifact is not None else {}
     doc: dict[str, Any] = {
         "ref": str(image.ref),
         "digest": image.digest,
@@ -101,7 +106,9 @@ def _summary(image: RemoteImage) -> dict[str, Any]:
         "labels_consistent": checked.consistent,
         "label_problems": list(checked.problems),
         # Not derived from the key: nothing checks them; shown apart, never as part of the key.
-        "unattested_labels": dict(checked.unattested),
+        "unattested_labels": {k: v for k, v in checked.unattested.items() if k not in artifact_labels},
+        # A cache artifact's engine image, manifest digest and engine command: attested.
+        "artifact": artifact.to_json() if artifact is not None else None,
         "layers": len(image.layers),
         "cache_manifest": None,
     }
@@ -130,6 +137,14 @@ def _print_summary(doc: dict[str, Any]) -> None:
         for problem in doc["label_problems"]:
             print(f"  {problem}")
     print(f"key:        {doc['key']}")
+    if doc["artifact"]:
+        art = doc["artifact"]
+        engine = art["engineImage"]
+        print(f"artifact:   cache-only, mount at /opt/kernelbake/cache of {engine['name']}")
+        print(
+            f"  engine:   config {engine['config']}, manifest {engine['digest'] or 'unknown (built from a local image)'}"
+        )
+        print(f"  command:  {' '.join(art['command'])}")
     if doc["unattested_labels"]:
         print("unattested: (labels outside the key; nothing checks them)")
         for name, value in doc["unattested_labels"].items():
