@@ -319,3 +319,19 @@ def test_bad_annotations_are_problems_not_tracebacks(policy: AdmissionPolicy) ->
     ]:
         plan = planned(opt_in(mode, index=index), policy)
         assert any(expect in p for p in plan.problems), plan.problems
+
+
+def test_a_pod_patched_already_is_checked_not_patched_twice(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    first = planned(doc, policy)
+    outcomes = outcomes_for(first, cpu_key(keys), facts)
+    once = patched(doc, first, outcomes, policy, judge)
+    again = planned(once, policy)
+    assert len(again.volumes) == 1  # the patched-in image volume, checked as any other
+    decision = decide_caches(
+        again, outcomes, tuple(ways(once["spec"]["template"]["spec"])), policy, judge, mutate=True
+    )
+    assert decision.problems == () and decision.patch == ()

@@ -311,7 +311,14 @@ def decide_caches(
                     "value": pinned,
                 }
             )
-    if plan.index is not None and not plan.problems:
+    applied = any(
+        isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in plan.spec.get("volumes") or []
+    )
+    if applied and plan.index is not None:
+        # Patched already (an UPDATE, or the validating webhook after the mutating one): the
+        # image volume was checked above as any other; patching again would duplicate it.
+        notes.append(f"annotation {ANNOTATION_INDEX}: the pod has its {VOLUME_NAME} volume already")
+    elif plan.index is not None and not plan.problems:
         chosen = _chosen(plan, outcomes, ways, policy, judge)
         if isinstance(chosen, str):
             problems.append(chosen)
