@@ -204,7 +204,8 @@ def test_a_gpu_pod_gets_its_gpus_artifact_and_a_pod_for_another_gpu_is_refused(
     spec["nodeSelector"] = {PRODUCT: H100}
     plan = planned(doc, policy)
     got = patched(doc, plan, outcomes_for(plan, keys["h100"], facts), policy, judge)
-    assert got["spec"]["template"]["spec"]["volumes"][-1]["image"]["reference"].endswith("2" * 64)
+    artifact = next(v for v in got["spec"]["template"]["spec"]["volumes"] if "image" in v)
+    assert artifact["image"]["reference"].endswith("2" * 64)
     # Only an A100 artifact in the index: the H100 pod gets nothing and is told why.
     decision = decide_caches(
         plan, outcomes_for(plan, keys["a100-80gb"], facts), tuple(ways(spec)), policy, judge, mutate=True
@@ -277,7 +278,7 @@ def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
     assert "--max-model-len 4096 (key: 2048)" in decision.problems[0]
     # A cache variable pointing elsewhere is refused.
     c["command"] = facts.command
-    c["env"][0]["value"] = "/tmp/inductor"
+    next(e for e in c["env"] if e["name"] == "TORCHINDUCTOR_CACHE_DIR")["value"] = "/tmp/inductor"
     decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
     assert "TORCHINDUCTOR_CACHE_DIR='/tmp/inductor'" in decision.problems[0]
 

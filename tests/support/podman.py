@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 PODMAN = "podman"
+# Podman 4.3 as root raises RLIMIT_NOFILE and RLIMIT_NPROC to 1048576/4194304 in every
+# container; CI's machines (and these VMs) refuse that to runc ("error setting rlimits …
+# operation not permitted"). Limits below the host's are allowed; vLLM needs nothing above.
+ULIMITS = ("--ulimit", "nofile=16384:16384", "--ulimit", "nproc=32768:32768")
 
 
 def podman(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -68,9 +72,9 @@ class PodRun:
 
     def init_containers(self) -> None:
         for c in self.spec.get("initContainers") or []:
-            podman("run", "--rm", *self.flags(c), c["image"], *(c.get("args") or []))
+            podman("run", "--rm", *ULIMITS, *self.flags(c), c["image"], *(c.get("args") or []))
 
     def main_argv(self, extra: Sequence[str] = ()) -> list[str]:
         """``podman run -d`` argv for the first container, ``extra`` flags before the image."""
         c = self.spec["containers"][0]
-        return [PODMAN, "run", "-d", *extra, *self.flags(c), c["image"], *(c.get("args") or [])]
+        return [PODMAN, "run", "-d", *ULIMITS, *extra, *self.flags(c), c["image"], *(c.get("args") or [])]

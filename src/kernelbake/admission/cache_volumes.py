@@ -51,6 +51,9 @@ ANNOTATION_MOUNT = "kernelbake.dev/cache-mount"
 # Which container gets the caches (default: the first of spec.containers).
 ANNOTATION_CONTAINER = "kernelbake.dev/cache-container"
 VOLUME_NAME = "kernelbake-cache"
+ARTIFACT_VOLUME = "kernelbake-cache-artifact"
+ARTIFACT_PATH = "/kernelbake-artifact"
+COPY_CONTAINER = "kernelbake-cache-copy"
 SEED_CONTAINER = "kernelbake-cache-seed"
 SEED_PATH = "/kernelbake-seed"
 
@@ -67,8 +70,8 @@ class CacheVolume:
     index: int
     name: str
     ref: ImageRef
-    # Containers (spec.containers index, name, image) that mount it.
-    mounted_by: tuple[tuple[int, str, str], ...]
+    # Containers that mount it: (field, index, name, image), init containers too (the copy).
+    mounted_by: tuple[tuple[str, int, str, str], ...]
 
     @property
     def target(self) -> str:
@@ -146,8 +149,9 @@ def plan_caches(
         if ref is None:
             continue
         users = tuple(
-            (j, str(c.get("name", "")), str(c.get("image", "")))
-            for j, c in enumerate(containers)
+            (field, j, str(c.get("name", "")), str(c.get("image", "")))
+            for field in ("initContainers", "containers")
+            for j, c in enumerate(_list(spec, field, spec_path))
             if isinstance(c, dict)
             and any(isinstance(m, dict) and m.get("name") == name for m in c.get("volumeMounts") or [])
         )
@@ -297,11 +301,15 @@ def decide_caches(
             problems.append(got)
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
-        for index, name, image in volume.mounted_by:
-            container = containers[index] if index < len(containers) else {}
-            problems += _engine_problems(f'container "{name}"', image, got)
-            problems += _args_problems(f'container "{name}"', container, got)
-            problems += _env_problems(f'container "{name}"', container, got)
+        for field, _index, name, image in volume.mounted_by:
+            problems += _engine_problems(f'{_kind(field)} "{name}"', image, got)
+        for index in _engine_containers(plan.spec, volume):
+            c = containers[index]
+            where = f'container "{c.get("name", index)}"'
+            if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
+                problems += _engine_problems(where, str(c.get("image", "")), got)
+            problems += _args_problems(where, c, got)
+            problems += _env_problems(where, c, got)
         pinned = volume.ref.rewritten(got.pinned.rsplit("@", 1)[1])
         if mutate and volume.ref.digest != got.pinned.rsplit("@", 1)[1]:
             patch.append(
@@ -376,32 +384,36 @@ def _opt_in(
         seed_image = f"{plan.index.written_name}@{image.digest}"
     base = plan.spec_path
     c_ptr = (*base, "containers", str(plan.container))
+    seed_mounts = [{"name": VOLUME_NAME, "mountPath": SEED_PATH}]
     if seed_image is None:
-        volume: dict[str, Any] = {
-            "name": VOLUME_NAME,
-            "image": {
-                "reference": f"{plan.index.written_name}@{variant.digest}",
-                "pullPolicy": "IfNotPresent",
-            },
+        # The artifact, read-only, copied by the engine image itself (cp -a keeps mtimes) into
+        # the writable cache root: Inductor takes lock files under its cache directory on every
+        # start, so a read-only mount at the cache root fails ("Read-only file system").
+        artifact = {"reference": f"{plan.index.written_name}@{variant.digest}", "pullPolicy": "IfNotPresent"}
+        _append(patch, plan.spec, base, "volumes", {"name": ARTIFACT_VOLUME, "image": artifact})
+        seed: dict[str, Any] = {
+            "name": COPY_CONTAINER,
+            "image": str(container.get("image", "")),
+            "command": ["cp", "-a", f"{ARTIFACT_PATH}/.", f"{SEED_PATH}/"],
+            "volumeMounts": [
+                {"name": ARTIFACT_VOLUME, "mountPath": ARTIFACT_PATH, "readOnly": True},
+                *seed_mounts,
+            ],
         }
     else:
-        volume = {"name": VOLUME_NAME, "emptyDir": {}}
         seed = {
             "name": SEED_CONTAINER,
             "image": seed_image,
             "command": ["python3", "-m", "kernelbake", "seed-cache", SEED_PATH],
-            "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SEED_PATH}],
+            "volumeMounts": seed_mounts,
         }
-        _append(patch, plan.spec, base, "initContainers", seed)
-    _append(patch, plan.spec, base, "volumes", volume)
-    mount: dict[str, Any] = {"name": VOLUME_NAME, "mountPath": CACHE_ROOT}
-    if seed_image is None:
-        mount["readOnly"] = True
-    _append(patch, container, c_ptr, "volumeMounts", mount)
+    _append(patch, plan.spec, base, "volumes", {"name": VOLUME_NAME, "emptyDir": {}})
+    _append(patch, plan.spec, base, "initContainers", seed)
+    _append(patch, container, c_ptr, "volumeMounts", {"name": VOLUME_NAME, "mountPath": CACHE_ROOT})
     present = {e.get("name") for e in container.get("env") or [] if isinstance(e, dict)}
     for name, value in [*got.facts.env, (MANIFEST_DIGEST_ENV, got.facts.manifest_digest)]:
         if name not in present:
-            _append(patch, container, c_ptr, "env", {"name": name, "value": value}, grows=True)
+            _append(patch, container, c_ptr, "env", {"name": name, "value": value})
             present.add(name)
     if not given:
         patch.append({"op": "add", "path": pointer((*c_ptr, "command")), "value": list(got.facts.command)})
@@ -410,23 +422,32 @@ def _opt_in(
 
 
 def _append(
-    patch: list[dict[str, Any]],
-    obj: Mapping[str, Any],
-    at: tuple[str, ...],
-    field: str,
-    value: Any,
-    *,
-    grows: bool = False,
+    patch: list[dict[str, Any]], obj: Mapping[str, Any], at: tuple[str, ...], field: str, value: Any
 ) -> None:
-    """Add ``value`` to the list ``obj[field]``, creating the list when the pod has none (or
-    when an earlier op of this patch is creating it: ``grows``)."""
-    has = isinstance(obj.get(field), list) or any(
-        op["path"] == pointer((*at, field)) for op in patch if grows
-    )
-    if has:
+    """Add ``value`` to the list ``obj[field]``, creating the list when neither the pod nor an
+    earlier op of this patch has it."""
+    whole = pointer((*at, field))
+    if isinstance(obj.get(field), list) or any(op["path"] == whole for op in patch):
         patch.append({"op": "add", "path": pointer((*at, field, "-")), "value": value})
     else:
-        patch.append({"op": "add", "path": pointer((*at, field)), "value": [value]})
+        patch.append({"op": "add", "path": whole, "value": [value]})
+
+
+def _kind(field: str) -> str:
+    return "init container" if field == "initContainers" else "container"
+
+
+def _engine_containers(spec: Mapping[str, Any], volume: CacheVolume) -> list[int]:
+    """spec.containers that run the engine on the artifact's caches: those that mount it, and
+    those that mount anything at the cache root (the emptyDir an init container copied it to)."""
+    out = []
+    for j, c in enumerate(spec.get("containers") or []):
+        mounts = (
+            [m for m in c.get("volumeMounts") or [] if isinstance(m, dict)] if isinstance(c, dict) else []
+        )
+        if any(m.get("name") == volume.name or m.get("mountPath") == CACHE_ROOT for m in mounts):
+            out.append(j)
+    return out
 
 
 def _judged(
