@@ -6,11 +6,12 @@ decide), so that review wires them in beside the images:
 1. **Opt-in.** A pod annotated ``kernelbake.dev/cache-index: <the model's variant index>`` gets
    the index's cache artifact for its GPU (``variants.pick`` with ``ArtifactKind.CACHE``, the
    ranking ``kernelbake resolve --cache-artifact`` prints), verified like an image, patched in
-   pinned by digest: an image volume mounted read-only at ``/opt/kernelbake/cache`` (default),
-   or with ``kernelbake.dev/cache-mount: init-container`` an emptyDir that an init container
-   running the model's full image of the same key fills (``kernelbake seed-cache``, which keeps
-   mtimes and checks every file against the manifest), for clusters without image volumes and
-   starts that may write. The engine container gets the engine variables the artifact records,
+   pinned by digest: an image volume that an init container running the pod's own engine image
+   copies (``cp -a``, mtimes kept) into an emptyDir at ``/opt/kernelbake/cache`` (default; the
+   cache root must be writable: Inductor takes lock files there on every start), or with
+   ``kernelbake.dev/cache-mount: init-container`` an emptyDir that the model's full image of
+   the same key fills (``kernelbake seed-cache``, which keeps mtimes and checks every file
+   against the manifest), for clusters without image volumes. The engine container gets the engine variables the artifact records,
    ``KERNELBAKE_MANIFEST_DIGEST`` and, when it sets neither command nor args, the recorded command.
 2. **Image volumes already in a pod** (``spec.volumes[].image.reference``) that name a governed
    repository: verified (a kernelbake image there is refused: it is not a cache), pinned, the

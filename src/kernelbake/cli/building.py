@@ -140,7 +140,7 @@ def _print_summary(doc: dict[str, Any]) -> None:
     if doc["artifact"]:
         art = doc["artifact"]
         engine = art["engineImage"]
-        print(f"artifact:   cache-only, mount at /opt/kernelbake/cache of {engine['name']}")
+        print(f"artifact:   cache-only, the caches at /opt/kernelbake/cache of {engine['name']}")
         print(
             f"  engine:   config {engine['config']}, manifest {engine['digest'] or 'unknown (built from a local image)'}"
         )

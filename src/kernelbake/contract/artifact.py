@@ -2,9 +2,10 @@
 
 A minimal OCI image (``FROM scratch``) whose root is the cache root of a kernelbake image
 (``/manifest.json``, ``/<kind>/…``, one layer per kind, the manifest last and alone), so that
-a Kubernetes image volume, ``podman --mount type=image`` or ``docker create`` + copy mounts it
-at ``/opt/kernelbake/cache`` of the *unchanged* engine image it was compiled in. Its config
-labels say what it is and what it must be mounted into:
+a Kubernetes image volume, ``podman --mount type=image`` or ``docker create`` + copy brings it
+to the *unchanged* engine image it was compiled in, which copies it to ``/opt/kernelbake/cache``
+(writable: Inductor takes lock files there even on a warm start). Its config labels say what it
+is and what it must be used with:
 
 - the key labels, as on images (``CacheKey.labels``);
 - ``dev.kernelbake.artifact=cache/v1``: an image whose root is a cache bundle, not a rootfs;
