@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
+from kernelbake.admission.cache_checks import VerifiedArtifact, args_problems, engine_problems, env_problems
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.gpus import admitted
 from kernelbake.admission.policy import AdmissionPolicy
@@ -255,14 +256,7 @@ def _chosen(
     return chosen.variant, image
 
 
-@dataclasses.dataclass(frozen=True)
-class _Artifact:
-    pinned: str
-    key: CacheKey
-    facts: CacheArtifactFacts
-
-
-def _verified_artifact(subject: str, target: str, outcome: Outcome | None) -> _Artifact | str:
+def _verified_artifact(subject: str, target: str, outcome: Outcome | None) -> VerifiedArtifact | str:
     if outcome is None:
         return f"{subject}: verification did not finish in time"
     if isinstance(outcome, Rejected):
@@ -276,7 +270,7 @@ def _verified_artifact(subject: str, target: str, outcome: Outcome | None) -> _A
     if not isinstance(facts, CacheArtifactFacts):
         return f"{subject} is a kernelbake image, not a cache artifact: an image volume takes the REPO:TAG-cache artifact"
     name = target.rsplit("@", 1)[0] if "@" in target else target.rsplit(":", 1)[0]
-    return _Artifact(f"{name}@{outcome.image.digest}", outcome.image.key, facts)
+    return VerifiedArtifact(f"{name}@{outcome.image.digest}", outcome.image.key, facts)
 
 
 def decide_caches(
@@ -303,14 +297,14 @@ def decide_caches(
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
         for field, _index, name, image in volume.mounted_by:
-            problems += _engine_problems(f'{_kind(field)} "{name}"', image, got)
+            problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
         for index in _engine_containers(plan.spec, volume):
             c = containers[index]
             where = f'container "{c.get("name", index)}"'
             if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
-                problems += _engine_problems(where, str(c.get("image", "")), got)
-            problems += _args_problems(where, c, got)
-            problems += _env_problems(where, c, got)
+                problems += engine_problems(where, str(c.get("image", "")), got)
+            problems += args_problems(where, c, got)
+            problems += env_problems(where, c, got)
         pinned = volume.ref.rewritten(got.pinned.rsplit("@", 1)[1])
         if mutate and volume.ref.digest != got.pinned.rsplit("@", 1)[1]:
             patch.append(
@@ -364,11 +358,11 @@ def _opt_in(
     containers = plan.spec["containers"]
     container = containers[plan.container]
     where = f'container "{container.get("name", plan.container)}"'
-    problems += _engine_problems(where, str(container.get("image", "")), got)
-    problems += _env_problems(where, container, got)
+    problems += engine_problems(where, str(container.get("image", "")), got)
+    problems += env_problems(where, container, got)
     given = bool(container.get("command") or container.get("args"))
     if given:
-        problems += _args_problems(where, container, got)
+        problems += args_problems(where, container, got)
     if problems:
         return problems
     seed_image = None
@@ -461,101 +455,3 @@ def _judged(
     return [
         f"{subject} was baked for {key.device} ({key.arch}) but {'; '.join(verdict.problems)}; {verdict.hint}"
     ]
-
-
-def _engine_problems(where: str, image: str, got: _Artifact) -> list[str]:
-    """The container must run the engine image the caches were compiled in, by manifest
-    digest: the only digest admission can compare without reading that image."""
-    engine = got.facts.engine
-    if engine.digest is None:
-        return [
-            f"{where}: {got.pinned} names its engine image {engine.name} by config digest "
-            f"{engine.config_digest} only (it was built from a local image), so the pod's image cannot "
-            "be checked against it; build the artifact from an engine image pulled from a registry"
-        ]
-    try:
-        ref = parse_reference(image)
-    except InvalidReference as exc:
-        return [f"{where}: {exc}"]
-    if ref.digest != engine.digest:
-        return [
-            f"{where}: runs {image}, but the caches of {got.pinned} were compiled in {engine.name}@{engine.digest}; "
-            f"run that image pinned by digest"
-        ]
-    return []
-
-
-# The serve flags whose values the key records (by key field), with their short spellings.
-_KEY_FLAGS: Mapping[str, tuple[str, ...]] = {
-    "dtype": ("--dtype",),
-    "max_model_len": ("--max-model-len",),
-    "max_num_batched_tokens": ("--max-num-batched-tokens",),
-    "tp": ("--tensor-parallel-size", "-tp"),
-    "pp": ("--pipeline-parallel-size", "-pp"),
-}
-# Left out by the pod, these take the engine's default, which is what the key holds when 1.
-_DEFAULT_ONE = {"tp", "pp"}
-
-
-def _flags(argv: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for i, a in enumerate(argv):
-        if not a.startswith("-"):
-            continue
-        name, eq, value = a.partition("=")
-        if not eq:
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-        out[name] = value
-    return out
-
-
-def _model(argv: Sequence[str]) -> str | None:
-    flags = _flags(argv)
-    if "--model" in flags:
-        return flags["--model"]
-    if "serve" in argv:
-        rest = argv[argv.index("serve") + 1 :]
-        return rest[0] if rest and not rest[0].startswith("-") else None
-    return None
-
-
-def _args_problems(where: str, container: Mapping[str, Any], got: _Artifact) -> list[str]:
-    """The serve arguments the pod gives against the key (and the compilation config against
-    the recorded command, which holds the options the build pinned)."""
-    argv = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
-    if not argv:
-        return [
-            f"{where}: mounts the caches of {got.pinned} but gives no command or args; vLLM's defaults are not what the key holds"
-        ]
-    flags, key = _flags(argv), got.key.as_dict()
-    differ: list[str] = []
-    model = _model(argv)
-    if model != got.key.model_path:
-        differ.append(f"model {model!r} (key: {got.key.model_path!r})")
-    for field, spellings in _KEY_FLAGS.items():
-        value = next((flags[f] for f in spellings if f in flags), None)
-        if value is None:
-            if not (field in _DEFAULT_ONE and str(key[field]) == "1"):
-                differ.append(f"{spellings[0]} not given (key: {key[field]})")
-        elif value.lower() != str(key[field]).lower():
-            differ.append(f"{spellings[0]} {value} (key: {key[field]})")
-    recorded = _flags(got.facts.command).get("--compilation-config")
-    if recorded is not None and flags.get("--compilation-config") != recorded:
-        differ.append("--compilation-config differs from the command the caches were compiled for")
-    if differ:
-        return [f"{where}: its serve arguments do not match the caches of {got.pinned}: {'; '.join(differ)}"]
-    return []
-
-
-def _env_problems(where: str, container: Mapping[str, Any], got: _Artifact) -> list[str]:
-    """Variables the pod sets itself must have the recorded values (they point the engine at
-    the caches and enter its compile hash)."""
-    wanted = {**dict(got.facts.env), MANIFEST_DIGEST_ENV: got.facts.manifest_digest}
-    differ = [
-        f"{e['name']}={e.get('value')!r} (recorded: {wanted[e['name']]!r})"
-        for e in container.get("env") or []
-        if isinstance(e, dict) and e.get("name") in wanted and e.get("value") != wanted[e["name"]]
-    ]
-    if differ:
-        return [f"{where}: sets {', '.join(differ)}, not what the caches of {got.pinned} need"]
-    return []
