@@ -88,7 +88,9 @@ def fresh_registry(root: Path) -> Iterator[str]:
 
 def run(*argv: str) -> float:
     start = time.monotonic()
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
     return time.monotonic() - start
 
 
@@ -106,7 +108,8 @@ def push_seconds(ref: str, work: Path, name: str) -> float:
 
 def pull_seconds(refs: list[str], work: Path, timed: str) -> float:
     """``podman pull`` of ``timed`` into a fresh store that already holds ``refs``."""
-    store = Path(tempfile.mkdtemp(dir=work, prefix="podman-"))
+    # Podman refuses a runroot path longer than 50 characters.
+    store = Path(tempfile.mkdtemp(dir="/tmp", prefix="kbp"))
     flags = ["--root", str(store / "root"), "--runroot", str(store / "run"), "--storage-driver", "overlay"]
     try:
         for ref in refs:
@@ -147,16 +150,16 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="kb-bench-artifact-") as tmp:
         work = Path(tmp)
-        doc["push"] = {
-            "artifact": timed(args.repeat, lambda: push_seconds(args.artifact, work, "artifact")),
-            "image": timed(args.repeat, lambda: push_seconds(args.image, work, "image")),
-        }
         doc["pull"] = {
             "artifact": timed(args.repeat, lambda: pull_seconds([], work, args.artifact)),
             "image": timed(args.repeat, lambda: pull_seconds([], work, args.image)),
             "image_with_engine_present": timed(
                 args.repeat, lambda: pull_seconds([args.engine], work, args.image)
             ),
+        }
+        doc["push"] = {
+            "artifact": timed(args.repeat, lambda: push_seconds(args.artifact, work, "artifact")),
+            "image": timed(args.repeat, lambda: push_seconds(args.image, work, "image")),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
