@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -147,6 +148,8 @@ def main() -> int:
             "image_layers_not_in_engine": sum(on_top.values()),
         },
         "layers": {"artifact": len(artifact) - 1, "image": len(image) - 1},
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
     }
     with tempfile.TemporaryDirectory(prefix="kb-bench-artifact-") as tmp:
         work = Path(tmp)
@@ -161,6 +164,7 @@ def main() -> int:
             "artifact": timed(args.repeat, lambda: push_seconds(args.artifact, work, "artifact")),
             "image": timed(args.repeat, lambda: push_seconds(args.image, work, "image")),
         }
+    doc["load_average_at_end"] = os.getloadavg()[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     json.dump(doc, sys.stdout, indent=2)
