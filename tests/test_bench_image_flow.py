@@ -36,7 +36,7 @@ def _context(tmp_path: Path) -> Path:
 def test_the_harness_reads_the_rendered_stages(tmp_path: Path) -> None:
     flow = _flow()
     stages = flow.stages(_context(tmp_path) / "Dockerfile")
-    assert list(stages) == ["runtime", "compile", "caches", "final"]
+    assert list(stages) == ["runtime", "compile", "caches", "cache-artifact", "final"]
     (run,) = [rest for word, rest in stages["compile"] if word == "RUN"]
     assert flow._flags(run) == ({"device": "nvidia.com/gpu=all"}, "python3 -m kernelbake compile")
     entrypoint = next(rest for word, rest in stages["final"] if word == "ENTRYPOINT")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from kernelbake.build import BuildOptions, Driver
+from kernelbake.build import BuildOptions, Driver, Publish
+from kernelbake.contract.artifact import CacheArtifactFacts, EngineImage, artifact_ref
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem
+from kernelbake.oci.types import sha256_digest
 from kernelbake.plan import BuildTarget, plan
-from kernelbake.render import BuildMode
+from kernelbake.render import BuildMode, engine_env
 from kernelbake.runner import Result
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
@@ -300,3 +303,78 @@ def test_cpu_and_stand_in_targets_build_on_this_daemon_without_a_family_builder(
     )
     assert "will pull" not in stream.getvalue()
     assert _bake_targets(rec)[-1] == target.name
+
+
+# -- the cache-only artifact ----------------------------------------------------------------
+
+
+def _artifact_setup(target: BuildTarget, tmp_path: Path) -> tuple[Recorder, CacheArtifactFacts]:
+    """A recorder for a build that publishes the artifact: the caches directory the export
+    would write, the engine image's inspect output and the image's engine command."""
+    manifest = b'{"schema": 1}\n'
+    caches = tmp_path / target.name / "caches"
+    caches.mkdir(parents=True)
+    (caches / "manifest.json").write_bytes(manifest)
+    engine = EngineImage(
+        name=target.base_image, config_digest="sha256:" + "1" * 64, digest="sha256:" + "2" * 64
+    )
+    command = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/x"]
+    facts = CacheArtifactFacts(
+        engine=engine,
+        manifest_digest=sha256_digest(manifest),
+        command=tuple(command),
+        env=tuple(sorted({"VLLM_WORKER_MULTIPROC_METHOD": "fork", **dict(engine_env(target))}.items())),
+    )
+    rec = Recorder(
+        labels_by_ref={
+            target.ref: dict(target.labels),
+            artifact_ref(target.ref): {**dict(target.labels), **facts.labels()},
+        },
+        stdout_for={
+            "image inspect --format {{json .}}": json.dumps(
+                {"Id": engine.config_digest, "RepoDigests": [f"elsewhere/vllm@{engine.digest}"]}
+            ),
+            "run --rm --network none --entrypoint python3": json.dumps(
+                {"command": command, "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}}
+            ),
+        },
+    )
+    return rec, facts
+
+
+def test_publish_cache_builds_the_artifact_from_the_exported_caches_and_pushes_only_it(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    rec, facts = _artifact_setup(target, tmp_path)
+    (built,) = _driver(rec).build([target], BuildOptions(out=tmp_path, push=True, publish=Publish.CACHE))
+    n = target.name
+    assert _bake_targets(rec) == [f"{n}-runtime", f"{n}-compile", n, f"{n}-caches", f"{n}-cache-artifact"]
+    bake_file = json.loads((tmp_path / "docker-bake.json").read_text())
+    assert bake_file["target"][f"{n}-caches"]["output"] == [f"type=local,dest={tmp_path / n / 'caches'}"]
+    art = json.loads((tmp_path / n / "artifact-bake.json").read_text())["target"][f"{n}-cache-artifact"]
+    assert art["target"] == "cache-artifact" and art["contexts"] == {"caches": str(tmp_path / n / "caches")}
+    assert art["labels"] == facts.labels() and art["tags"] == [artifact_ref(target.ref)]
+    assert built.pushed is None and built.cache is not None and built.cache.facts == facts
+    assert [c[1] for c in rec.calls if c[0] == "push"] == [artifact_ref(target.ref)]
+    assert built.published == [built.cache.pushed]
+
+
+def test_an_artifact_whose_labels_differ_from_the_record_is_not_pushed(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    rec, _facts = _artifact_setup(target, tmp_path)
+    assert rec.labels_by_ref is not None
+    rec.labels_by_ref = {**rec.labels_by_ref, artifact_ref(target.ref): {**dict(target.labels)}}
+    with pytest.raises(BuildFailed, match="artifact's labels differ"):
+        _driver(rec).build([target], BuildOptions(out=tmp_path, push=True, publish=Publish.BOTH))
+    # The image was pushed before the artifact was built; the artifact never was.
+    assert [c[1] for c in rec.calls if c[0] == "push"] == [target.ref]
+
+
+def test_a_build_without_the_caches_manifest_names_it(target: BuildTarget, tmp_path: Path) -> None:
+    rec, _ = _artifact_setup(target, tmp_path)
+    (tmp_path / target.name / "caches" / "manifest.json").unlink()
+    with pytest.raises(BuildFailed, match=r"manifest\.json is missing after compile"):
+        _driver(rec).build([target], BuildOptions(out=tmp_path, publish=Publish.CACHE))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.cli import main
+from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
 from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.manifest import Manifest
 from kernelbake.contract.target import TargetConfig
@@ -22,7 +23,7 @@ from kernelbake.render import target_config
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines import CompileResult
-from kernelbake.runtime.env import MANIFEST_DIGEST_ENV, RuntimeEnv
+from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.prediction import Prediction
 from kernelbake.spec import load_spec
 from tests.conftest import REPO

@@ -3,8 +3,11 @@ host-side dependencies (requests, cryptography, sigstore), or every image's entr
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +32,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_runtime_commands_load_without_host_dependencies() -> None:
-    for command in ("compile", "serve", "check", "seed-cache"):
+    for command in ("compile", "serve", "check", "seed-cache", "engine-command"):
         result = _cli(command, "--help")
         assert result.returncode == 0, result.stderr
         assert "usage:" in result.stdout
@@ -104,4 +107,26 @@ def test_a_stray_positional_is_refused_before_the_engine_starts(words: list[str]
     message = result.stderr.strip()
     assert "\n" not in message and not result.stdout
     assert message.startswith(f"kernelbake serve: error: {refused!r} is neither an option nor a command")
-    assert "(check, compile, fetch-model, seed-cache, serve)" in message
+    assert "(check, compile, engine-command, fetch-model, seed-cache, serve)" in message
+
+
+def test_engine_command_prints_what_serve_would_exec(tmp_path: Path) -> None:
+    """What a build records on the cache artifact: the engine's own command for the target."""
+    from kernelbake.plan import plan
+    from kernelbake.render import target_config
+    from kernelbake.spec import load_spec
+
+    (target,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"], registry="r")
+    (tmp_path / "target.json").write_text(target_config(target).to_json())
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_HOST_DEPS, "engine-command"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**os.environ, "KERNELBAKE_TARGET": str(tmp_path / "target.json")},
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["command"][1:3] == ["-m", "kernelbake.runtime.engines.torch_serve"]
+    assert isinstance(doc["env"], dict)

@@ -49,7 +49,7 @@ def test_cpu_target_compiles_in_a_plain_run() -> None:
     assert "syntax=" not in r.dockerfile
     assert "--device" not in r.dockerfile
     stages = _stages(r.dockerfile)
-    assert list(stages) == ["runtime", "compile", "caches", "final"]
+    assert list(stages) == ["runtime", "compile", "caches", "cache-artifact", "final"]
     assert stages["compile"] == ["FROM runtime AS compile", "RUN python3 -m kernelbake compile"]
     assert stages["runtime"][0] == "FROM kernelbake/cpu-base:bookworm-torch2.13.0 AS runtime"
     assert "COPY model/ /models/tiny-llama/" in stages["runtime"]

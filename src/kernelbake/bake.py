@@ -7,6 +7,11 @@ Per build target ``<spec>-<gpu>`` (single mode):
 Two-phase mode: ``<name>-runtime`` is loaded as the compile-env image that ``docker run``
 uses, and ``<name>`` takes the compiled directory as the named build context ``caches``.
 The driver runs the bake targets one at a time, so a failure names its stage.
+
+With a cache artifact (``--publish cache|both``), single mode also exports the ``caches``
+stage (``<name>-caches``, to ``<build>/<name>/caches``) and, once the caches exist, the driver
+writes ``<build>/<name>/artifact-bake.json`` with ``<name>-cache-artifact``: the
+``cache-artifact`` stage built from that directory, with the labels only known then.
 """
 
 from __future__ import annotations
@@ -45,22 +50,58 @@ class Layout:
     def metadata(self) -> Path:
         return self.root / "metadata.json"
 
+    @property
+    def artifact_bake(self) -> Path:
+        return self.root / "artifact-bake.json"
+
+    @property
+    def artifact_metadata(self) -> Path:
+        return self.root / "artifact-metadata.json"
+
 
 def compile_env_ref(target: BuildTarget) -> str:
     """Local tag of the two-phase compile-env image (never pushed)."""
     return f"kernelbake-compile-env/{target.spec.name}:{target.tag}"
 
 
-def step_names(rendered: Rendered) -> list[tuple[str, str]]:
+def step_names(rendered: Rendered, *, cache_artifact: bool = False) -> list[tuple[str, str]]:
     """(stage, bake target) in the order the driver runs them."""
     n = rendered.target.name
     if rendered.mode is BuildMode.TWO_PHASE:
         return [("runtime", f"{n}-runtime"), ("final", n)]
-    return [("runtime", f"{n}-runtime"), ("compile", f"{n}-compile"), ("final", n)]
+    export = [("caches", f"{n}-caches")] if cache_artifact else []
+    return [("runtime", f"{n}-runtime"), ("compile", f"{n}-compile"), ("final", n), *export]
+
+
+def artifact_target_name(rendered: Rendered) -> str:
+    return f"{rendered.target.name}-cache-artifact"
+
+
+def artifact_document(
+    rendered: Rendered, layout: Layout, *, ref: str, labels: Mapping[str, str], push: bool
+) -> dict[str, Any]:
+    """The bake file of one target's cache artifact: its caches directory as the ``caches``
+    context (what was compiled, in either mode), and the labels read from it."""
+    name = artifact_target_name(rendered)
+    target = {
+        "context": str(layout.context),
+        "dockerfile": "Dockerfile",
+        "target": "cache-artifact",
+        "contexts": {"caches": str(layout.caches)},
+        "labels": dict(sorted(labels.items())),
+        "tags": [ref],
+        "output": ["type=image,push=true" if push else "type=docker"],
+    }
+    return {"group": {"default": {"targets": [name]}}, "target": {name: target}}
 
 
 def bake_targets(
-    rendered: Rendered, layout: Layout, *, push: bool, secrets: Sequence[str] = ()
+    rendered: Rendered,
+    layout: Layout,
+    *,
+    push: bool,
+    secrets: Sequence[str] = (),
+    cache_artifact: bool = False,
 ) -> dict[str, dict[str, Any]]:
     target = rendered.target
     common: dict[str, Any] = {"context": str(layout.context), "dockerfile": "Dockerfile"}
@@ -83,11 +124,20 @@ def bake_targets(
             },
             n: {**final, "contexts": {"caches": str(layout.caches)}},
         }
-    return {
+    targets = {
         f"{n}-runtime": {**common, "target": "runtime", "output": ["type=cacheonly"]},
         f"{n}-compile": {**common, "target": "compile", "output": ["type=cacheonly"]},
         n: final,
     }
+    if cache_artifact:
+        # What compile wrote, as files: the artifact is built from them and labelled with
+        # their manifest's digest.
+        targets[f"{n}-caches"] = {
+            **common,
+            "target": "caches",
+            "output": [f"type=local,dest={layout.caches}"],
+        }
+    return targets
 
 
 def bake_document(targets: Mapping[str, Mapping[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import enum
 import json
 import os
 import shutil
@@ -25,12 +26,19 @@ from typing import TextIO
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
+from kernelbake.contract.artifact import (
+    CacheArtifactFacts,
+    EngineImage,
+    InvalidArtifact,
+    artifact_facts,
+    artifact_ref,
+)
 from kernelbake.contract.key import key_from_labels
-from kernelbake.contract.layout import CACHE_ROOT
+from kernelbake.contract.layout import CACHE_ROOT, MANIFEST
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
 from kernelbake.progress import Progress
-from kernelbake.render import BuildMode, Rendered, device_for, render, write_context
+from kernelbake.render import BuildMode, Rendered, device_for, engine_env, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
 
@@ -38,11 +46,29 @@ _STAGE_WHAT = {
     "runtime": "base image, kernelbake install, target.json, model files",
     "compile": "kernelbake compile: measure the builder, compile, write the cache bundle",
     "final": "caches and manifest layers, labels, entrypoint",
+    "caches": "export the compiled caches for the cache artifact",
+    "cache-artifact": "the cache-only artifact: cache layers, manifest, labels",
     "push": "push to the registry",
 }
 BUILDER_PREFIX = "kernelbake-"
 SETUP_BUILDER = "buildkit/setup-builder.sh"
 _SYNTAX = "# syntax="
+
+
+class Publish(enum.Enum):
+    """What a build publishes per target: the image, the cache-only artifact, or both."""
+
+    IMAGE = "image"
+    CACHE = "cache"
+    BOTH = "both"
+
+    @property
+    def image(self) -> bool:
+        return self is not Publish.CACHE
+
+    @property
+    def cache(self) -> bool:
+        return self is not Publish.IMAGE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +81,16 @@ class BuildOptions:
     device: str | None = None
     # GPU families built at once (each on its own builder); None: all of them.
     max_parallel: int | None = None
+    # The image is built either way (the artifact's engine command is read from it); this
+    # says what is pushed.
+    publish: Publish = Publish.IMAGE
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheBuilt:
+    ref: str  # ``repo:tag-cache``
+    pushed: str | None  # ``repo@sha256:…`` once pushed
+    facts: CacheArtifactFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +99,12 @@ class Built:
     ref: str
     # ``repo@sha256:…`` once pushed.
     pushed: str | None
+    cache: CacheBuilt | None = None
+
+    @property
+    def published(self) -> list[str]:
+        """What was pushed (image, artifact), for the variant index."""
+        return [p for p in (self.pushed, self.cache.pushed if self.cache else None) if p]
 
 
 def _ping_registries(targets: Sequence[BuildTarget], settings: Settings) -> None:
@@ -183,6 +225,7 @@ class Driver:
         self.settings = settings
         self.docker = Docker(settings, runner)
         self.stream = stream or sys.stderr
+        self._has_buildx = False
 
     def _fail(self, target: BuildTarget, stage: str, log: Path) -> BuildFailed:
         return BuildFailed(
@@ -203,6 +246,8 @@ class Driver:
         args = ["build", "--progress=plain", "--target", stage, "-f", str(layout.context / "Dockerfile")]
         if stage == "final":
             args += ["-t", rendered.target.ref]
+        elif stage == "caches":
+            args += ["--output", f"type=local,dest={layout.caches}"]
         if rendered.target.spec.model.local_dir is None and "HF_TOKEN" in lane.docker.env:
             args += ["--secret", bake.HF_TOKEN_SECRET]
         return lane.docker(*args, str(layout.context), log=log, env={"DOCKER_BUILDKIT": "1"})
@@ -249,7 +294,7 @@ class Driver:
             raise BadInput("nothing to build")
         if options.max_parallel is not None and options.max_parallel < 1:
             raise BadInput(f"--max-parallel {options.max_parallel}: must be at least 1")
-        has_buildx = self.docker.check()
+        has_buildx = self._has_buildx = self.docker.check()
         if options.mode is BuildMode.TWO_PHASE and not has_buildx:
             raise EnvironmentProblem(
                 "a two-phase build needs docker buildx (named build contexts)",
@@ -270,8 +315,12 @@ class Driver:
             write_context(r, layout.context, wheel)
             hub = r.target.spec.model.local_dir is None
             secrets = [bake.HF_TOKEN_SECRET] if hub and "HF_TOKEN" in self.docker.env else []
-            push_from_builder = options.push and lanes[r.target.gpu.family].builder is not None
-            groups[r.target.name] = bake.bake_targets(r, layout, push=push_from_builder, secrets=secrets)
+            push_from_builder = (
+                options.push and options.publish.image and lanes[r.target.gpu.family].builder is not None
+            )
+            groups[r.target.name] = bake.bake_targets(
+                r, layout, push=push_from_builder, secrets=secrets, cache_artifact=options.publish.cache
+            )
         bake_file = out / "docker-bake.json"
         bake_file.write_text(bake.dumps(bake.bake_document(groups)))
         print(f"kernelbake build: bake file {bake_file}", file=self.stream, flush=True)
@@ -298,7 +347,8 @@ class Driver:
                         progress.done(name, "FAILED", str(exc))
                     else:
                         outcomes[name] = built
-                        progress.done(name, "pushed" if built.pushed else "built", built.pushed or built.ref)
+                        shown = built.published or [built.ref, *([built.cache.ref] if built.cache else [])]
+                        progress.done(name, "pushed" if built.published else "built", ", ".join(shown))
 
             for future in [pool.submit(lane_work, f, q) for f, q in by_family.items()]:
                 future.result()
@@ -353,7 +403,7 @@ class Driver:
         progress: Progress,
     ) -> Built:
         target = rendered.target
-        for stage, bake_target in bake.step_names(rendered):
+        for stage, bake_target in bake.step_names(rendered, cache_artifact=options.publish.cache):
             if stage == "final" and rendered.mode is BuildMode.TWO_PHASE:
                 log = layout.logs / "compile.log"
                 progress.stage(target.name, "compile", str(log))
@@ -367,28 +417,162 @@ class Driver:
                 res = self._plain_build(lane, rendered, layout, stage, log)
             if res.returncode != 0:
                 raise self._fail(target, stage, log)
-        if lane.builder is not None and options.push:
+        if lane.builder is not None and options.push and options.publish.image:
             # A container builder pushed the image itself, at the end of a complete build.
-            return Built(target, target.ref, self._pushed_by_builder(target, layout))
-        labels = lane.docker.labels(target.ref)
-        if key_from_labels(labels) != target.key:
-            raise BuildFailed(
-                f"{target.ref}: the image's key labels differ from the planned key; not pushing"
-            )
-        if not options.push:
-            return Built(target, target.ref, None)
-        log = layout.logs / "push.log"
-        progress.stage(target.name, "push", str(log))
-        if lane.docker("push", target.ref, log=log).returncode != 0:
-            raise RegistryError(f"{target.name}: push of {target.ref} failed; log: {log}")
-        return Built(target, target.ref, lane.docker.repo_digest(target.ref, target.repository))
+            pushed: str | None = self._pushed_by_builder(target.name, layout.metadata, target.repository)
+        else:
+            labels = lane.docker.labels(target.ref)
+            if key_from_labels(labels) != target.key:
+                raise BuildFailed(
+                    f"{target.ref}: the image's key labels differ from the planned key; not pushing"
+                )
+            pushed = None
+            if options.push and options.publish.image:
+                pushed = self._push(lane, target, target.ref, layout, progress)
+        cache = (
+            self._cache_artifact(lane, rendered, layout, options, progress) if options.publish.cache else None
+        )
+        return Built(target, target.ref, pushed, cache)
 
-    def _pushed_by_builder(self, target: BuildTarget, layout: bake.Layout) -> str:
+    def _push(
+        self, lane: Lane, target: BuildTarget, ref: str, layout: bake.Layout, progress: Progress
+    ) -> str:
+        log = layout.logs / ("push.log" if ref == target.ref else "push-cache-artifact.log")
+        progress.stage(target.name, "push", str(log))
+        if lane.docker("push", ref, log=log).returncode != 0:
+            raise RegistryError(f"{target.name}: push of {ref} failed; log: {log}")
+        return lane.docker.repo_digest(ref, target.repository)
+
+    def _cache_artifact(
+        self, lane: Lane, rendered: Rendered, layout: bake.Layout, options: BuildOptions, progress: Progress
+    ) -> CacheBuilt:
+        """Build (and push) the target's cache-only artifact from the caches the build compiled."""
+        from kernelbake.oci.types import sha256_digest
+
+        target = rendered.target
+        manifest = layout.caches / MANIFEST
         try:
-            meta = json.loads(layout.metadata.read_text())
-            digest = meta[target.name]["containerimage.digest"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise RegistryError(
-                f"{target.name}: pushed, but {layout.metadata} has no digest ({exc})"
+            data = manifest.read_bytes()
+        except OSError:
+            raise BuildFailed(
+                f"{target.name}: {manifest} is missing after compile; the cache artifact needs it",
+                hint="nothing of this target's artifact was pushed",
             ) from None
-        return f"{target.repository}@{digest}"
+        command, launch = self._engine_command(lane, target, layout)
+        facts = CacheArtifactFacts(
+            engine=engine_image(lane.docker, target.base_image, self.settings),
+            manifest_digest=sha256_digest(data),
+            command=tuple(command),
+            # The image's own variables win over the launch defaults, as in the image.
+            env=tuple(sorted({**launch, **dict(engine_env(target))}.items())),
+        )
+        ref = artifact_ref(target.ref)
+        push_from_builder = options.push and lane.builder is not None
+        layout.artifact_bake.write_text(
+            bake.dumps(
+                bake.artifact_document(
+                    rendered, layout, ref=ref, labels=facts.labels(), push=push_from_builder
+                )
+            )
+        )
+        log = layout.logs / "cache-artifact.log"
+        progress.stage(target.name, "cache-artifact", str(log))
+        name = bake.artifact_target_name(rendered)
+        if self._has_buildx:
+            res = self._bake(lane, layout.artifact_bake, name, log, layout.artifact_metadata)
+        else:
+            # Single mode only (no named contexts): the same caches, from the Dockerfile's stage.
+            labels = [x for k, v in sorted(facts.labels().items()) for x in ("--label", f"{k}={v}")]
+            res = lane.docker(
+                "build", "--progress=plain", "--target", "cache-artifact", *labels, "-t", ref,
+                "-f", str(layout.context / "Dockerfile"), str(layout.context),
+                log=log, env={"DOCKER_BUILDKIT": "1"},
+            )  # fmt: skip
+        if res.returncode != 0:
+            raise self._fail(target, "cache-artifact", log)
+        if push_from_builder:
+            return CacheBuilt(
+                ref, self._pushed_by_builder(name, layout.artifact_metadata, target.repository), facts
+            )
+        labels_seen = lane.docker.labels(ref)
+        try:
+            same = (
+                key_from_labels(labels_seen) == target.key
+                and artifact_facts(labels_seen, source=ref) == facts
+            )
+        except (InvalidArtifact, BadInput):
+            same = False
+        if not same:
+            raise BuildFailed(
+                f"{ref}: the artifact's labels differ from what the build recorded; not pushing"
+            )
+        pushed = self._push(lane, target, ref, layout, progress) if options.push else None
+        return CacheBuilt(ref, pushed, facts)
+
+    def _engine_command(
+        self, lane: Lane, target: BuildTarget, layout: bake.Layout
+    ) -> tuple[list[str], dict[str, str]]:
+        """The engine command and launch variables, as the built image's own ``serve`` has them."""
+        log = layout.logs / "engine-command.log"
+        res = lane.docker(
+            "run", "--rm", "--network", "none", "--entrypoint", "python3", target.ref,
+            "-m", "kernelbake", "engine-command",
+            capture=True,
+        )  # fmt: skip
+        log.write_text(res.stdout + res.stderr)
+        try:
+            doc = json.loads((res.stdout.strip().splitlines() or ["null"])[-1])
+            command, launch = doc["command"], doc["env"]
+            if not (isinstance(command, list) and isinstance(launch, dict)):
+                raise TypeError("not a list and an object")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BuildFailed(
+                f"{target.ref}: `kernelbake engine-command` gave no command ({exc}); log: {log}",
+                hint="nothing of this target's artifact was pushed",
+            ) from None
+        return [str(a) for a in command], {str(k): str(v) for k, v in launch.items()}
+
+    def _pushed_by_builder(self, name: str, metadata: Path, repository: str) -> str:
+        try:
+            meta = json.loads(metadata.read_text())
+            digest = meta[name]["containerimage.digest"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise RegistryError(f"{name}: pushed, but {metadata} has no digest ({exc})") from None
+        return f"{repository}@{digest}"
+
+
+def engine_image(docker: Docker, name: str, settings: Settings) -> EngineImage:
+    """The image the runtime stage was built on, by digest: the daemon's copy (what a docker-
+    driver build used) when it has one, else the registry's. Its config digest is what stays
+    the same when the image is pushed elsewhere, so that is what the artifact names first."""
+    res = docker("image", "inspect", "--format", "{{json .}}", name, capture=True)
+    if res.returncode == 0:
+        try:
+            doc = json.loads(res.stdout)
+            config = str(doc["Id"])
+            repo = name.rsplit("@", 1)[0]
+            repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
+            digests = [str(d) for d in doc.get("RepoDigests") or []]
+        except (ValueError, KeyError, TypeError):
+            raise BuildFailed(f"{name}: docker image inspect gave no image id") from None
+        # Its own repository's digest first; another one's (the image pushed elsewhere under
+        # another name, e.g. a mirror the cluster pulls from) names the same manifest when this
+        # daemon pushed both (same layers, compressed once).
+        found = sorted(digests, key=lambda d: not d.startswith(f"{repo}@"))
+        return EngineImage(
+            name=name, config_digest=config, digest=found[0].rsplit("@", 1)[1] if found else None
+        )
+    from kernelbake.oci import RegistryClient, parse_reference
+    from kernelbake.remote import image_manifest
+
+    try:
+        ref = parse_reference(name)
+        client = RegistryClient(settings, timeout=30)
+        top = client.get_manifest(ref)
+        manifest = image_manifest(client, ref.with_digest(top.digest), top)
+    except (RegistryError, BadInput) as exc:
+        raise BuildFailed(
+            f"{name}: the engine image is neither in the daemon nor readable from its registry ({exc})",
+            hint="the cache artifact must name the engine image by digest; pull it first",
+        ) from None
+    return EngineImage(name=name, config_digest=manifest.config.digest, digest=top.digest)

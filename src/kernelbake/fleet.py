@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from kernelbake.catalogue import CPU, Catalogue, load_catalogue
+from kernelbake.contract.artifact import ArtifactKind, kind_of
 from kernelbake.contract.compat import Candidate, rank_variants
 from kernelbake.contract.key import key_from_labels
 from kernelbake.contract.platform import arch_for
@@ -26,6 +27,7 @@ from kernelbake.contract.variants import (
     index_document,
     index_tag,
     is_variant_index,
+    of_kind,
     variants_from_index,
 )
 from kernelbake.errors import BadInput, EnvironmentProblem, KeyMismatch, UnknownName
@@ -52,6 +54,8 @@ class Resolution:
     index: FleetIndex
     found: Mapping[str, str]
     candidates: tuple[Candidate, ...]  # best first
+    # The entries of the kind asked for (images, or cache artifacts), that candidates index.
+    variants: tuple[Variant, ...] = ()
 
     @property
     def best(self) -> Candidate | None:
@@ -59,7 +63,7 @@ class Resolution:
         return first if first is not None and first.fits else None
 
     def variant(self, candidate: Candidate) -> Variant:
-        return self.index.variants[candidate.index]
+        return self.variants[candidate.index]
 
 
 def variant_of(client: RegistryClient, pushed: str) -> Variant:
@@ -79,6 +83,7 @@ def variant_of(client: RegistryClient, pushed: str) -> Variant:
         media_type=top.media_type,
         os=str(config.get("os") or "linux"),
         architecture=_ARCHITECTURES.get(arch, arch),
+        kind=kind_of(facts.labels),
     )
 
 
@@ -120,9 +125,14 @@ def index_of(ref: Reference, top: Manifest) -> FleetIndex | None:
     return FleetIndex(pinned, variants_from_index(top.doc, source=pinned.pinned()))
 
 
-def resolve(index: FleetIndex, found: Mapping[str, str]) -> Resolution:
-    candidates = rank_variants([v.key for v in index.variants], found)
-    return Resolution(index, dict(found), tuple(candidates))
+def resolve(
+    index: FleetIndex, found: Mapping[str, str], kind: ArtifactKind = ArtifactKind.IMAGE
+) -> Resolution:
+    """The entries of ``kind`` ranked for ``found``: an image is never picked as a cache
+    artifact, nor the other way round."""
+    variants = of_kind(index.variants, kind)
+    candidates = rank_variants([v.key for v in variants], found)
+    return Resolution(index, dict(found), tuple(candidates), variants)
 
 
 def require_fit(resolution: Resolution) -> Variant:

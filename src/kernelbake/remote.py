@@ -16,7 +16,7 @@ import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
 
-from kernelbake.contract.layout import CACHE_MANIFEST_PATH
+from kernelbake.contract.artifact import cache_manifest_path
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.oci import (
@@ -56,6 +56,12 @@ class ImageFacts:
     top: Manifest  # what the digest names (an image manifest, or an index)
     manifest: Manifest  # the image manifest (== top unless top is an index)
     labels: Mapping[str, str]
+
+    @property
+    def cache_manifest_path(self) -> str:
+        """Where the cache manifest is: under the cache root of an image, at the root of a
+        cache artifact (whose root is mounted as the cache root)."""
+        return cache_manifest_path(self.labels)
 
     @property
     def last_layer(self) -> Descriptor | None:
@@ -139,7 +145,7 @@ class CacheLayer:
         return self.manifest
 
 
-def _layer_files(blob: bytes, where: str) -> tuple[bytes | None, tuple[str, ...]]:
+def _layer_files(blob: bytes, where: str, path: str) -> tuple[bytes | None, tuple[str, ...]]:
     """(the cache manifest's bytes or None, every other file), directories aside."""
     raw = gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
     found: bytes | None = None
@@ -150,11 +156,11 @@ def _layer_files(blob: bytes, where: str) -> tuple[bytes | None, tuple[str, ...]
             if member.isdir():
                 continue
             # A second copy, or a link at the path, is something else: only one file is read.
-            if name != CACHE_MANIFEST_PATH or not member.isreg() or found is not None:
+            if name != path or not member.isreg() or found is not None:
                 others.append(name)
                 continue
             if member.size > MAX_CACHE_MANIFEST_BYTES:
-                raise ImageLayoutError(f"{where}: {CACHE_MANIFEST_PATH} is {member.size} bytes, too large")
+                raise ImageLayoutError(f"{where}: {path} is {member.size} bytes, too large")
             fh = tar.extractfile(member)
             found = fh.read() if fh else b""
     return found, tuple(others)
@@ -163,6 +169,7 @@ def _layer_files(blob: bytes, where: str) -> tuple[bytes | None, tuple[str, ...]
 def read_cache_layer(client: RegistryClient, facts: ImageFacts) -> CacheLayer | None:
     """The image's last layer and the cache manifest in it; None when the image has no layers."""
     where = facts.ref.pinned()
+    path = facts.cache_manifest_path
     layer = facts.last_layer
     if layer is None:
         return None
@@ -173,20 +180,18 @@ def read_cache_layer(client: RegistryClient, facts: ImageFacts) -> CacheLayer | 
         return CacheLayer(
             layer,
             None,
-            f"{where}: last layer {layer.digest} is {layer.size} bytes; it must hold only {CACHE_MANIFEST_PATH}",
+            f"{where}: last layer {layer.digest} is {layer.size} bytes; it must hold only {path}",
         )
     blob = client.get_blob(facts.ref, layer.digest, max_bytes=MAX_CACHE_LAYER_BYTES)
     try:
-        found, others = _layer_files(blob, where)
+        found, others = _layer_files(blob, where, path)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise ImageLayoutError(f"{where}: last layer {layer.digest} is not a readable tar ({exc})") from None
     problem = None
     if others:
-        problem = (
-            f"{where}: last layer {layer.digest} holds {others[0]!r}; it must hold only {CACHE_MANIFEST_PATH}"
-        )
+        problem = f"{where}: last layer {layer.digest} holds {others[0]!r}; it must hold only {path}"
     elif found is None:
-        problem = f"{where}: last layer {layer.digest} does not hold {CACHE_MANIFEST_PATH}"
+        problem = f"{where}: last layer {layer.digest} does not hold {path}"
     return CacheLayer(layer, found, problem)
 
 
@@ -223,7 +228,7 @@ def inspect_remote(
     raw = cache.manifest if cache is not None else None
     manifest = None
     if raw is not None:
-        source = f"{facts.ref.pinned()} /{CACHE_MANIFEST_PATH}"
+        source = f"{facts.ref.pinned()} /{facts.cache_manifest_path}"
         manifest = CacheManifest.from_json(raw.decode("utf-8", "replace"), source=source)
     return RemoteImage(
         ref=ref,

@@ -17,6 +17,7 @@ import jinja2
 
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
+from kernelbake.contract.artifact import LABEL_ARTIFACT, ArtifactKind
 from kernelbake.contract.engines import DECLARATIONS, is_cpu_build
 from kernelbake.contract.layout import PINNED_MANIFEST, TARGET_FILE, CacheKind
 from kernelbake.contract.target import TargetConfig
@@ -75,6 +76,14 @@ def target_config(target: BuildTarget) -> TargetConfig:
     return TargetConfig(key=target.key, gpu=target.gpu.name, serve=spec.serve, shapes=spec.compile.shapes)
 
 
+def engine_env(target: BuildTarget) -> list[tuple[str, str]]:
+    """The variables the image sets for its engine: the spec's pinned ones and those that
+    point the engine at the caches. A stock image given a cache artifact needs the same."""
+    engine = DECLARATIONS[target.key.engine]
+    cache_env = engine.cache_env(Path(target_config(target).cache_root), cpu=is_cpu_build(target.key))
+    return sorted({**dict(target.spec.serve.env), **cache_env}.items())
+
+
 def device_for(target: BuildTarget, override: str | None = None) -> str | None:
     if override:
         return override
@@ -98,8 +107,7 @@ def render(
             f"and {target.gpu.name} has none; pass --cdi-device or use --mode single"
         )
     config = target_config(target)
-    cache_env = engine.cache_env(Path(config.cache_root), cpu=is_cpu_build(target.key))
-    env = sorted({**dict(target.spec.serve.env), **cache_env}.items())
+    env = engine_env(target)
     text = (
         _environment()
         .get_template("Dockerfile.j2")
@@ -120,6 +128,7 @@ def render(
             env=env,
             kinds=[k.value for k in engine.cache_kinds],
             labels=list(target.labels),
+            artifact_labels=[*target.labels, (LABEL_ARTIFACT, ArtifactKind.CACHE.value)],
         )
     )
     return Rendered(
@@ -152,6 +161,7 @@ __all__ = [
     "BuildMode",
     "Rendered",
     "device_for",
+    "engine_env",
     "render",
     "target_config",
     "write_context",

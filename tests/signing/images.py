@@ -76,10 +76,13 @@ def push_image(
     last_layer_files: Mapping[str, bytes] | None = None,
     salt: str = "",
     target: BuildTarget | None = None,
+    root_dir: str = CACHE_ROOT,
+    manifest_path: str = CACHE_MANIFEST_PATH,
 ) -> PushedImage:
     """Push a kernelbake-shaped image; ``labels``, ``last_layer_extra`` (added to the cache
     manifest) and ``last_layer_files`` (instead of it) let tests break it; ``target`` (a
-    ``BuildTarget``, default tiny-llama on cpu) gives the key and labels."""
+    ``BuildTarget``, default tiny-llama on cpu) gives the key and labels; ``root_dir`` and
+    ``manifest_path`` (both "" and "manifest.json") shape a cache artifact instead."""
     target = target or tiny_llama_target()
     key = target.key
     root = workdir / "cache"
@@ -92,8 +95,8 @@ def push_image(
         (root / rel).write_bytes(data)
     write_manifest(root, key, [CacheKind.INDUCTOR, CacheKind.TRITON], report={"builder": builder})
     manifest_json = (root / "manifest.json").read_bytes()
-    cache_layer = _tar({f"{CACHE_ROOT}/{rel}": data for rel, data in files.items()})
-    last_files = {CACHE_MANIFEST_PATH: manifest_json, **(last_layer_extra or {})}
+    cache_layer = _tar({f"{root_dir}/{rel}".lstrip("/"): data for rel, data in files.items()})
+    last_files = {manifest_path: manifest_json, **(last_layer_extra or {})}
     last_layer = _tar(last_files if last_layer_files is None else last_layer_files)
     image_labels = dict(target.labels) if labels is None else dict(labels)
     ref = parse_reference(reference)

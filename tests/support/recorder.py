@@ -22,7 +22,10 @@ class Recorder:
         contexts: tuple[str, ...] = (),
         labels_by_ref: Mapping[str, Mapping[str, str]] | None = None,
         bake_seconds: float = 0.0,
+        stdout_for: Mapping[str, str] | None = None,
     ) -> None:
+        # A docker subcommand's words (``image inspect --format {{json .}}``) → what it prints.
+        self.stdout_for = dict(stdout_for or {})
         # Names of existing buildx builders (container builders for GPU families).
         self.builders = builders
         # Names of existing docker contexts (other daemons); calls record theirs.
@@ -80,6 +83,9 @@ class Recorder:
             meta = Path(args[args.index("--metadata-file") + 1])
             meta.parent.mkdir(parents=True, exist_ok=True)
             meta.write_text(json.dumps({args[-1]: {"containerimage.digest": "sha256:" + "cd" * 32}}))
+        for words, out in self.stdout_for.items():
+            if " ".join(args).startswith(words):
+                return Result(tuple(argv), 0, out)
         if args[:1] == ("version",):
             return Result(tuple(argv), 0, "26.1.5\n")
         if args[:2] == ("image", "inspect") and "{{json .Config.Labels}}" in args:

@@ -19,8 +19,9 @@ from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Way
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import Catalogue
+from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.compat import Tier, rank_variants
-from kernelbake.contract.variants import Variant
+from kernelbake.contract.variants import Variant, of_kind
 from kernelbake.gfd import PRODUCT, product_for
 
 _LISTED = 3
@@ -43,7 +44,18 @@ def _label(variant: Variant) -> str:
     return f"{variant.key.device} ({variant.digest[:19]}…)"
 
 
-def pick(variants: Sequence[Variant], ways: Sequence[Way], catalogue: Catalogue, match: GpuMatch) -> Pick:
+def pick(
+    variants: Sequence[Variant],
+    ways: Sequence[Way],
+    catalogue: Catalogue,
+    match: GpuMatch,
+    kind: ArtifactKind = ArtifactKind.IMAGE,
+) -> Pick:
+    """The entry of ``kind`` to use; a pod's image is only ever an image entry, never a cache
+    artifact listed beside it."""
+    variants = of_kind(variants, kind)
+    if not variants:
+        return Pick(None, (f"the index lists no {kind.value} entry",))
     fits = (Tier.SAME_DEVICE,) if match is GpuMatch.DEVICE else (Tier.SAME_DEVICE, Tier.SAME_ARCH)
     keys = [v.key for v in variants]
     products = ", ".join(dict.fromkeys(f"{PRODUCT}: {product_for(v.key.device)}" for v in variants))

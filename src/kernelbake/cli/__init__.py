@@ -33,6 +33,7 @@ _IN_IMAGE = {
     "check": "kernelbake.cli.runtime",
     "fetch-model": "kernelbake.cli.runtime",
     "seed-cache": "kernelbake.cli.runtime",
+    "engine-command": "kernelbake.cli.runtime",
 }
 
 

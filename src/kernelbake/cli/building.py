@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernelbake import bake
 from kernelbake._wheel import build_wheel
-from kernelbake.build import BuildOptions, Driver
+from kernelbake.build import BuildOptions, Driver, Publish
 from kernelbake.cli.planning import add_spec_args
+from kernelbake.contract.artifact import ArtifactKind, artifact_facts, kind_of
 from kernelbake.labels import check_labels
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode, render, write_context
@@ -66,14 +67,18 @@ def cmd_build(args: argparse.Namespace) -> int:
         mode=args.mode,
         device=args.cdi_device,
         max_parallel=args.max_parallel,
+        publish=args.publish,
     )
     built = Driver(settings).build(targets, options)
     for b in built:
         print(f"built\t{b.ref}")
         if b.pushed:
             print(f"pushed\t{b.pushed}")
-    pushed = [b.pushed for b in built if b.pushed]
-    if len(pushed) > 1:
+        if b.cache is not None:
+            print(f"cache\t{b.cache.pushed or b.cache.ref}")
+    pushed = [p for b in built for p in b.published]
+    # A cache artifact is found through the index (resolve, admission), so even one gets one.
+    if len(pushed) > 1 or any(b.cache is not None and b.cache.pushed for b in built):
         # Every target is pushed (the driver raised otherwise): one index lists them all.
         from kernelbake.fleet import publish_index
         from kernelbake.oci import RegistryClient
@@ -85,6 +90,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _summary(image: RemoteImage) -> dict[str, Any]:
     checked = check_labels(image.labels)
     key = checked.key
+    artifact = None
+    if kind_of(image.labels) is ArtifactKind.CACHE:
+        artifact = artifact_facts(image.labels, source=str(image.ref))
+    artifact_labels = artifact.labels() if artifact is not None else {}
     doc: dict[str, Any] = {
         "ref": str(image.ref),
         "digest": image.digest,
@@ -97,7 +106,9 @@ def _summary(image: RemoteImage) -> dict[str, Any]:
         "labels_consistent": checked.consistent,
         "label_problems": list(checked.problems),
         # Not derived from the key: nothing checks them; shown apart, never as part of the key.
-        "unattested_labels": dict(checked.unattested),
+        "unattested_labels": {k: v for k, v in checked.unattested.items() if k not in artifact_labels},
+        # A cache artifact's engine image, manifest digest and engine command: attested.
+        "artifact": artifact.to_json() if artifact is not None else None,
         "layers": len(image.layers),
         "cache_manifest": None,
     }
@@ -126,6 +137,14 @@ def _print_summary(doc: dict[str, Any]) -> None:
         for problem in doc["label_problems"]:
             print(f"  {problem}")
     print(f"key:        {doc['key']}")
+    if doc["artifact"]:
+        art = doc["artifact"]
+        engine = art["engineImage"]
+        print(f"artifact:   cache-only, the caches at /opt/kernelbake/cache of {engine['name']}")
+        print(
+            f"  engine:   config {engine['config']}, manifest {engine['digest'] or 'unknown (built from a local image)'}"
+        )
+        print(f"  command:  {' '.join(art['command'])}")
     if doc["unattested_labels"]:
         print("unattested: (labels outside the key; nothing checks them)")
         for name, value in doc["unattested_labels"].items():
@@ -141,6 +160,7 @@ def _print_index(args: argparse.Namespace, index: FleetIndex) -> None:
             "engine": f"{v.key.engine.value} {v.key.engine_version}",
             "key_digest": v.key.digest,
             "digest": v.digest,
+            "kind": v.kind.value,
             "platform": "/".join(filter(None, (v.os, v.architecture, v.platform().get("variant")))),
         }
         for v in index.variants
@@ -149,7 +169,7 @@ def _print_index(args: argparse.Namespace, index: FleetIndex) -> None:
         print(json.dumps({"reference": args.ref, "index": index.ref.pinned(), "variants": rows}, indent=2))
         return
     print(f"index:      {index.ref.pinned()} ({len(rows)} variants; kernelbake resolve picks one)")
-    columns = ("device", "arch", "engine", "key_digest", "digest")
+    columns = ("kind", "device", "arch", "engine", "key_digest", "digest")
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.replace("_", " ").ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
@@ -202,6 +222,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         metavar="N",
         help="GPU families built at once, each on its own builder (default: all)",
+    )
+    p.add_argument(
+        "--publish",
+        type=Publish,
+        choices=list(Publish),
+        metavar="{" + ",".join(m.value for m in Publish) + "}",
+        default=Publish.IMAGE,
+        help="push the image (default), the cache-only artifact for the stock engine image "
+        "(REPO:TAG-cache, mountable as an image volume), or both; all go in the variant index",
     )
     _add_build_args(p)
     p.set_defaults(func=cmd_build)

@@ -31,7 +31,10 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         raise BadInput(
             f"{args.ref}: not a kernelbake GPU-variant index (kernelbake inspect shows what it is)"
         )
-    resolution = fleet.resolve(index, found)
+    from kernelbake.contract.artifact import ArtifactKind
+
+    kind = ArtifactKind.CACHE if args.cache_artifact else ArtifactKind.IMAGE
+    resolution = fleet.resolve(index, found, kind)
     best = resolution.best
     rows: list[dict[str, Any]] = [
         {
@@ -59,7 +62,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         if run is not None:
             print(f"run:   {run}")
     if best is None:
-        raise KeyMismatch(f"{index.ref.pinned()}: no variant fits; every one would start cold or cannot run")
+        what = "cache artifact" if args.cache_artifact else "variant"
+        raise KeyMismatch(f"{index.ref.pinned()}: no {what} fits; every one would start cold or cannot run")
     return 0
 
 
@@ -77,5 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--node-labels", metavar="K=V,...", help="a node's labels, e.g. nvidia.com/gpu.product=NVIDIA-H200"
     )
     which.add_argument("--here", action="store_true", help="this machine's GPU (nvidia-smi), the default")
+    p.add_argument(
+        "--cache-artifact",
+        action="store_true",
+        help="pick the cache-only artifact (for a stock engine image) instead of the image",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_resolve)

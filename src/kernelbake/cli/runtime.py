@@ -240,6 +240,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if verdict.predicted_hit else KeyMismatch.return_code
 
 
+def cmd_engine_command(args: argparse.Namespace) -> int:
+    """The command and launch variables ``serve`` starts the engine with (no user arguments),
+    as JSON: a build records them on the cache artifact, so that the unchanged engine image
+    can be started the way this image starts it, by the engine's own adapter's answer."""
+    from kernelbake.contract.target import TargetConfig
+    from kernelbake.runtime.engines import get_engine
+
+    target = TargetConfig.load(RuntimeEnv.from_env().target_file)
+    engine = get_engine(target.key.engine)
+    doc = {"command": engine.serve_argv(target, []), "env": engine.launch_env()}
+    print(json.dumps(doc, sort_keys=True))
+    return 0
+
+
 def cmd_fetch_model(args: argparse.Namespace) -> int:
     from kernelbake.runtime.fetch import fetch_model
 
@@ -290,6 +304,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write the engine's cache identity now (to diff against the manifest's)",
     )
     p.set_defaults(func=cmd_check, passthrough=True)
+
+    p = sub.add_parser(
+        "engine-command", help="(inside the image) the engine command and variables serve uses, as JSON"
+    )
+    p.set_defaults(func=cmd_engine_command)
 
     p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")
     p.set_defaults(func=cmd_fetch_model)

@@ -12,6 +12,11 @@ handing an H100 node the kernels of an L4, and a CPU variant (no GPU kernels), w
 has one, is the index's first entry and stays plain ``linux/amd64``. We chose a loud failure
 over a cold image in first place: starting silently at cold speed is the failure kernelbake
 exists to prevent, and the digest to run is one ``kernelbake resolve`` away.
+
+A cache-only artifact (``contract.artifact``) of a variant is listed beside its image, with
+``dev.kernelbake.artifact: cache/v1`` in its annotations and the platform variant
+``kernelbake-cache-<arch>``, which no runtime matches either: it is never run as an image.
+Entries without that annotation are images, as every index written before it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract.artifact import LABEL_ARTIFACT, ArtifactKind, InvalidArtifact, kind_of
 from kernelbake.contract.key import LABEL_NS, CacheKey, InvalidKey, parse_key
 from kernelbake.errors import BadInput
 
@@ -34,6 +40,7 @@ ANNOTATION_ENGINE = f"{LABEL_NS}.engine"
 ANNOTATION_KIND = f"{LABEL_NS}.index"
 INDEX_KIND = "gpu-variants/v1"
 VARIANT_PREFIX = "kernelbake-"
+CACHE_VARIANT_PREFIX = "kernelbake-cache-"
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
@@ -48,7 +55,7 @@ def is_gpu(key: CacheKey) -> bool:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Variant:
-    """One entry of the index: an image and the key it was baked with."""
+    """One entry of the index: an image (or a cache artifact) and the key it was baked with."""
 
     key: CacheKey
     digest: str
@@ -56,21 +63,27 @@ class Variant:
     media_type: str
     os: str = "linux"
     architecture: str = "amd64"
+    kind: ArtifactKind = ArtifactKind.IMAGE
 
     def platform(self) -> dict[str, str]:
         platform = {"architecture": self.architecture, "os": self.os}
-        if is_gpu(self.key):
+        if self.kind is ArtifactKind.CACHE:
+            platform["variant"] = f"{CACHE_VARIANT_PREFIX}{self.key.arch}"
+        elif is_gpu(self.key):
             platform["variant"] = f"{VARIANT_PREFIX}{self.key.arch}"
         return platform
 
     def annotations(self) -> dict[str, str]:
-        return {
+        annotations = {
             ANNOTATION_KEY: str(self.key),
             ANNOTATION_KEY_DIGEST: self.key.digest,
             ANNOTATION_DEVICE: self.key.device,
             ANNOTATION_ARCH: self.key.arch,
             ANNOTATION_ENGINE: f"{self.key.engine.value} {self.key.engine_version}",
         }
+        if self.kind is not ArtifactKind.IMAGE:
+            annotations[LABEL_ARTIFACT] = self.kind.value
+        return annotations
 
     def descriptor(self) -> dict[str, Any]:
         return {
@@ -83,18 +96,25 @@ class Variant:
 
 
 def ordered(variants: Sequence[Variant]) -> list[Variant]:
-    """CPU variants (no GPU kernels) first, then GPU variants as given."""
-    return sorted(variants, key=lambda v: is_gpu(v.key))
+    """Images before cache artifacts; in each, CPU variants (no GPU kernels) first, then GPU
+    variants as given."""
+    return sorted(variants, key=lambda v: (v.kind is ArtifactKind.CACHE, is_gpu(v.key)))
+
+
+def of_kind(variants: Sequence[Variant], kind: ArtifactKind) -> tuple[Variant, ...]:
+    return tuple(v for v in variants if v.kind is kind)
 
 
 def index_document(variants: Sequence[Variant]) -> dict[str, Any]:
     if not variants:
         raise InvalidIndex("an index needs at least one variant")
-    seen: dict[str, str] = {}
+    seen: dict[tuple[ArtifactKind, str], str] = {}
     for v in variants:
-        if v.key.digest in seen:
-            raise InvalidIndex(f"{v.digest} and {seen[v.key.digest]} have the same key {v.key.digest}")
-        seen[v.key.digest] = v.digest
+        if (v.kind, v.key.digest) in seen:
+            raise InvalidIndex(
+                f"{v.digest} and {seen[v.kind, v.key.digest]} are both a {v.kind.value} with the same key {v.key.digest}"
+            )
+        seen[v.kind, v.key.digest] = v.digest
     return {
         "schemaVersion": 2,
         "mediaType": OCI_INDEX,
@@ -143,7 +163,8 @@ def variants_from_index(doc: Mapping[str, Any], *, source: str) -> tuple[Variant
             raise InvalidIndex(f"{where}: annotations and platform must be mappings")
         try:
             key = parse_key(str(annotations.get(ANNOTATION_KEY, "")))
-        except InvalidKey as exc:
+            kind = kind_of({k: str(v) for k, v in annotations.items()})
+        except (InvalidKey, InvalidArtifact) as exc:
             raise InvalidIndex(f"{where}: {exc}") from None
         variant = Variant(
             key=key,
@@ -152,6 +173,7 @@ def variants_from_index(doc: Mapping[str, Any], *, source: str) -> tuple[Variant
             media_type=str(entry.get("mediaType", "")),
             os=str(platform.get("os", "")),
             architecture=str(platform.get("architecture", "")),
+            kind=kind,
         )
         expected = variant.descriptor()
         if annotations != expected["annotations"] or platform != expected["platform"]:

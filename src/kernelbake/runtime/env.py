@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
 from kernelbake.contract.layout import PINNED_MANIFEST_NAME, TARGET_FILE
 from kernelbake.errors import BadInput
 
@@ -49,8 +50,8 @@ GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
 
 # The sha256 of the cache manifest, as whoever starts the pod verified it (``runtime.pin``):
 # for caches that arrive by volume into an image without a pinned manifest of its own. It can
-# only add a requirement: where the image pins a manifest, both must agree.
-MANIFEST_DIGEST_ENV = "KERNELBAKE_MANIFEST_DIGEST"
+# only add a requirement: where the image pins a manifest, both must agree. The name is the
+# contract's: admission and the stock-vLLM recipes set it (``contract.artifact``).
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 

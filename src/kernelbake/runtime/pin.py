@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
 from kernelbake.contract.layout import MANIFEST
-from kernelbake.runtime.env import MANIFEST_DIGEST_ENV, RuntimeEnv
+from kernelbake.runtime.env import RuntimeEnv
 
 _RESEED = (
     "the cache root holds another bundle than the one this image was built with; remove the volume "

@@ -8,6 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelbake import __version__
+from kernelbake.contract.artifact import (
+    ArtifactKind,
+    CacheArtifactFacts,
+    InvalidArtifact,
+    artifact_facts,
+    kind_of,
+)
 from kernelbake.contract.key import CacheKey, InvalidKey, parse_key
 from kernelbake.contract.layout import CACHE_MANIFEST_PATH
 from kernelbake.contract.manifest import Manifest as CacheManifest
@@ -36,14 +43,18 @@ class KernelCachePredicate:
     # compile_report.builder from the cache manifest: the builder's GPU + driver, or "cpu".
     builder: Any
     kernelbake_version: str
+    # Relative to the root of what was signed: the cache root of an image, the root of a cache artifact.
+    cache_manifest_path: str = CACHE_MANIFEST_PATH
+    # A cache artifact's engine image, manifest digest, engine command and env (its labels).
+    artifact: CacheArtifactFacts | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "key": str(self.key),
             "keyDigest": self.key.digest,
             "keyFields": self.key.as_dict(),
             "cacheManifest": {
-                "path": "/" + CACHE_MANIFEST_PATH,
+                "path": "/" + self.cache_manifest_path,
                 "digest": self.cache_manifest_digest,
                 "layerDigest": self.cache_layer_digest,
             },
@@ -51,6 +62,9 @@ class KernelCachePredicate:
             "builder": self.builder,
             "kernelbakeVersion": self.kernelbake_version,
         }
+        if self.artifact is not None:
+            doc["cacheArtifact"] = self.artifact.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], *, source: str) -> KernelCachePredicate:
@@ -69,6 +83,11 @@ class KernelCachePredicate:
             version = doc["kernelbakeVersion"]
             if not isinstance(version, str):
                 raise BadPredicate(f"{source}: kernelbakeVersion is not a string")
+            path = cache.get("path", "/" + CACHE_MANIFEST_PATH)
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise BadPredicate(f"{source}: cacheManifest.path {path!r} is not an absolute path")
+            artifact = doc.get("cacheArtifact")
+            facts = None if artifact is None else CacheArtifactFacts.from_json(artifact, source=source)
             return cls(
                 key=key,
                 cache_manifest_digest=digest,
@@ -77,8 +96,10 @@ class KernelCachePredicate:
                 base_digest=_opt_str(base.get("digest")),
                 builder=doc.get("builder"),
                 kernelbake_version=version,
+                cache_manifest_path=path.removeprefix("/"),
+                artifact=facts,
             )
-        except InvalidKey as exc:
+        except (InvalidKey, InvalidArtifact) as exc:
             raise BadPredicate(f"{source}: {exc}") from None
         except (KeyError, TypeError, AttributeError) as exc:
             raise BadPredicate(
@@ -97,10 +118,18 @@ def predicate_for(facts: ImageFacts, layer_digest: str, cache_manifest: bytes) -
     if checked.problems:
         raise BadInput(f"{where}: labels are inconsistent: {'; '.join(checked.problems)}")
     key = checked.key
-    source = f"{where}: /{CACHE_MANIFEST_PATH}"
+    source = f"{where}: /{facts.cache_manifest_path}"
     parsed = CacheManifest.from_json(cache_manifest.decode("utf-8", "replace"), source=source)
     if parsed.key != key:
         raise BadInput(f"{source}: built for key {parsed.key.digest}, but the labels say {key.digest}")
+    artifact = None
+    if kind_of(facts.labels) is ArtifactKind.CACHE:
+        artifact = artifact_facts(facts.labels, source=where)
+        if artifact.manifest_digest != sha256_digest(cache_manifest):
+            raise BadInput(
+                f"{where}: label says cache manifest {artifact.manifest_digest}, "
+                f"the artifact holds {sha256_digest(cache_manifest)}"
+            )
     return KernelCachePredicate(
         key=key,
         cache_manifest_digest=sha256_digest(cache_manifest),
@@ -109,4 +138,6 @@ def predicate_for(facts: ImageFacts, layer_digest: str, cache_manifest: bytes) -
         base_digest=facts.labels.get(BASE_DIGEST_LABEL),
         builder=json.loads(json.dumps(dict(parsed.compile_report).get("builder"))),
         kernelbake_version=__version__,
+        cache_manifest_path=facts.cache_manifest_path,
+        artifact=artifact,
     )

@@ -20,8 +20,14 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract.artifact import (
+    ArtifactKind,
+    CacheArtifactFacts,
+    InvalidArtifact,
+    artifact_facts,
+    kind_of,
+)
 from kernelbake.contract.key import LABEL_KEY, CacheKey, InvalidKey
-from kernelbake.contract.layout import CACHE_MANIFEST_PATH
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
 from kernelbake.labels import check_labels
@@ -91,6 +97,9 @@ class VerifiedImage:
     attestation: Mapping[str, Any]  # the decoded kernelbake predicate ({} without one)
     # What is attached to the digest but was not used (junk, other signers, other digests), and why.
     skipped: tuple[Skipped, ...] = ()
+    # A cache artifact's labels (engine image, command, env): signed with its config, checked
+    # against its manifest and, when attested, against the attestation. None for an image.
+    artifact: CacheArtifactFacts | None = None
 
     def pinned(self) -> str:
         return f"{self.repository}@{self.digest}"
@@ -259,19 +268,42 @@ def _check_predicate(where: str, facts: ImageFacts, key: CacheKey, claim: _Claim
         raise LabelMismatch(
             f"{where}: label {BASE_NAME_LABEL}={base!r} but attested {predicate.base_image!r}"
         )
+    if predicate.cache_manifest_path != facts.cache_manifest_path:
+        raise LabelMismatch(
+            f"{where}: attested for the cache manifest at /{predicate.cache_manifest_path}, "
+            f"but this is a {kind_of(facts.labels).value} with it at /{facts.cache_manifest_path}"
+        )
+    if predicate.artifact != _artifact(where, facts):
+        raise LabelMismatch(f"{where}: cache artifact labels differ from the attested ones")
     return predicate
+
+
+def _artifact(where: str, facts: ImageFacts) -> CacheArtifactFacts | None:
+    """The cache artifact facts of ``facts``' labels; None for an image."""
+    try:
+        if kind_of(facts.labels) is not ArtifactKind.CACHE:
+            return None
+        return artifact_facts(facts.labels, source=where)
+    except InvalidArtifact as exc:
+        raise LabelMismatch(str(exc)) from None
 
 
 def _cache_manifest(
     where: str, client: RegistryClient, facts: ImageFacts, key: CacheKey
 ) -> tuple[str, bytes]:
-    """(last layer digest, cache manifest bytes), after checking it was built for ``key``."""
+    """(last layer digest, cache manifest bytes), after checking it was built for ``key`` (and,
+    for a cache artifact, that it is the manifest its label names)."""
+    artifact = _artifact(where, facts)
     with _registry_errors(where, missing_is_image=False):
         try:
             layer, data = read_cache_manifest(client, facts)
         except ImageLayoutError as exc:
             raise CacheManifestMismatch(str(exc)) from None
-    source = f"{where}: /{CACHE_MANIFEST_PATH}"
+    source = f"{where}: /{facts.cache_manifest_path}"
+    if artifact is not None and artifact.manifest_digest != sha256_digest(data):
+        raise CacheManifestMismatch(
+            f"{source} hashes to {sha256_digest(data)}; the artifact's label says {artifact.manifest_digest}"
+        )
     try:
         parsed = CacheManifest.from_json(data.decode("utf-8", "replace"), source=source)
     except BadInput as exc:
@@ -493,4 +525,5 @@ def verify_image(
         signer=signature.verified.signer,
         attestation=attested,
         skipped=tuple(skipped),
+        artifact=_artifact(where, facts),
     )

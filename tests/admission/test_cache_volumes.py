@@ -1,0 +1,338 @@
+"""Cache artifacts at admission (admission/cache_volumes.py), pure: the opt-in annotation is
+resolved for the pod's GPU and patched in as the recipes in deploy/stock-vllm spell out, and
+image volumes already in a pod are verified, pinned and checked against the pod's GPU, engine
+image, serve arguments and env. Verification outcomes are given, as the gateway would give them."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from kernelbake.admission import gpus
+from kernelbake.admission.cache_volumes import (
+    ANNOTATION_INDEX,
+    ANNOTATION_MOUNT,
+    CachePlan,
+    decide_caches,
+    next_cache_refs,
+    plan_caches,
+)
+from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, VerifiedIndex
+from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.scheduling import ways
+from kernelbake.catalogue import load_catalogue
+from kernelbake.contract.artifact import ArtifactKind, CacheArtifactFacts, EngineImage
+from kernelbake.contract.key import CacheKey
+from kernelbake.contract.variants import Variant
+from kernelbake.gfd import PRODUCT
+from kernelbake.oci.types import OCI_MANIFEST
+from kernelbake.plan import plan as plan_targets
+from kernelbake.spec import load_spec
+from tests.admission.documents import H100
+from tests.admission.fakes import REPO, FakeVerified, digest_of, make_policy
+from tests.conftest import REPO as SOURCE_TREE
+
+RECIPES = SOURCE_TREE / "deploy" / "stock-vllm"
+SPEC_PATH = ("spec", "template", "spec")
+
+
+def recipe(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((RECIPES / name).read_text())
+    return doc
+
+
+def facts_of(deployment: Mapping[str, Any]) -> tuple[CacheArtifactFacts, str, str]:
+    """The artifact facts image-volume.yaml was written from: (facts, artifact, engine image)."""
+    spec = deployment["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    manifest = env.pop("KERNELBAKE_MANIFEST_DIGEST")
+    artifact = next(v for v in spec["volumes"] if "image" in v)["image"]["reference"]
+    engine_name, engine_digest = c["image"].split("@")
+    facts = CacheArtifactFacts(
+        engine=EngineImage(
+            name=engine_name + ":0.32.0", config_digest="sha256:" + "5" * 64, digest=engine_digest
+        ),
+        manifest_digest=manifest,
+        command=tuple(c["command"]),
+        env=tuple(sorted(env.items())),
+    )
+    return facts, artifact, c["image"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified(FakeVerified):
+    artifact: CacheArtifactFacts | None = None
+
+
+@pytest.fixture
+def policy() -> AdmissionPolicy:
+    return make_policy(images=["registry.example.com/kb/**", f"{REPO.split('/')[0]}/kernelbake/**"])
+
+
+@pytest.fixture
+def judge(policy: AdmissionPolicy) -> gpus.Judge:
+    return gpus.Judge(load_catalogue(), policy.gpu_match)
+
+
+def cpu_key(keys: dict[str, CacheKey]) -> CacheKey:
+    """tiny-llama's CPU key: the model and serve arguments the recipes run."""
+    (target,) = plan_targets(load_spec(SOURCE_TREE / "images" / "tiny-llama.yaml"), ["cpu"], registry="r")
+    return target.key
+
+
+def opt_in(
+    mode: str | None = None, *, index: str = "registry.example.com/kb/tiny-llama:vllm0.32.0-gpus-0a1b2c3d"
+) -> dict[str, Any]:
+    doc = recipe("opt-in.yaml")
+    annotations = doc["spec"]["template"]["metadata"]["annotations"]
+    annotations[ANNOTATION_INDEX] = index
+    if mode:
+        annotations[ANNOTATION_MOUNT] = mode
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = facts_of(recipe("image-volume.yaml"))[2]
+    return doc
+
+
+def planned(doc: Mapping[str, Any], policy: AdmissionPolicy) -> CachePlan:
+    found = plan_caches(
+        SPEC_PATH, doc["spec"]["template"]["spec"], doc["spec"]["template"]["metadata"], policy
+    )
+    assert found is not None
+    return found
+
+
+def outcomes_for(
+    plan: CachePlan, key: CacheKey, facts: CacheArtifactFacts, *, image_too: bool = False
+) -> dict[str, Outcome]:
+    """The gateway's verdicts: the index lists the artifact (and the same key's image)."""
+    assert plan.index is not None
+    art_digest = "sha256:" + "2" * 64
+    img_digest = "sha256:" + "4" * 64
+    variants = [Variant(key=key, digest=art_digest, size=1, media_type=OCI_MANIFEST, kind=ArtifactKind.CACHE)]
+    if image_too:
+        variants.append(Variant(key=key, digest=img_digest, size=1, media_type=OCI_MANIFEST))
+    name = plan.index.name
+    out: dict[str, Outcome] = {
+        str(plan.index): IndexAccepted(VerifiedIndex(digest_of("index"), "ci", tuple(variants))),
+        f"{name}@{art_digest}": Accepted(
+            Verified(name, name, art_digest, key, facts.manifest_digest, "ci", {}, facts)
+        ),
+    }
+    if image_too:
+        out[f"{name}@{img_digest}"] = Accepted(
+            Verified(name, name, img_digest, key, facts.manifest_digest, "ci", {})
+        )
+    return out
+
+
+def patched(
+    doc: dict[str, Any],
+    plan: CachePlan,
+    outcomes: Mapping[str, Outcome],
+    policy: AdmissionPolicy,
+    judge: gpus.Judge,
+) -> dict[str, Any]:
+    spec = doc["spec"]["template"]["spec"]
+    decision = decide_caches(plan, outcomes, tuple(ways(spec)), policy, judge, mutate=True)
+    assert decision.problems == ()
+    result: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(doc), list(decision.patch))
+    return result
+
+
+def test_the_opt_in_is_patched_into_exactly_the_image_volume_recipe(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    plan = planned(doc, policy)
+    outcomes = outcomes_for(plan, cpu_key(keys), facts)
+    # First round: the index; second: the artifact its pick names.
+    assert set(plan.refs()) == {str(plan.index)}
+    assert set(
+        next_cache_refs(plan, outcomes, tuple(ways(doc["spec"]["template"]["spec"])), policy, judge)
+    ) == {f"registry.example.com/kb/tiny-llama@sha256:{'2' * 64}"}
+    got = patched(doc, plan, outcomes, policy, judge)
+    want = recipe("image-volume.yaml")
+    got["spec"]["template"]["metadata"].pop("annotations")
+    assert got == want
+
+
+def test_the_init_container_opt_in_is_the_init_container_recipe(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in("init-container")
+    plan = planned(doc, policy)
+    outcomes = outcomes_for(plan, cpu_key(keys), facts, image_too=True)
+    spec_ways = tuple(ways(doc["spec"]["template"]["spec"]))
+    assert len(next_cache_refs(plan, outcomes, spec_ways, policy, judge)) == 2
+    got = patched(doc, plan, outcomes, policy, judge)
+    got["spec"]["template"]["metadata"].pop("annotations")
+    assert got == recipe("init-container.yaml")
+
+
+def test_an_init_container_without_the_same_keys_image_in_the_index_is_refused(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in("init-container")
+    plan = planned(doc, policy)
+    decision = decide_caches(
+        plan,
+        outcomes_for(plan, cpu_key(keys), facts),
+        tuple(ways(doc["spec"]["template"]["spec"])),
+        policy,
+        judge,
+        mutate=True,
+    )
+    assert decision.patch == ()
+    assert "--publish both" in decision.problems[0]
+
+
+def test_a_gpu_pod_gets_its_gpus_artifact_and_a_pod_for_another_gpu_is_refused(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    spec = doc["spec"]["template"]["spec"]
+    spec["nodeSelector"] = {PRODUCT: H100}
+    plan = planned(doc, policy)
+    got = patched(doc, plan, outcomes_for(plan, keys["h100"], facts), policy, judge)
+    artifact = next(v for v in got["spec"]["template"]["spec"]["volumes"] if "image" in v)
+    assert artifact["image"]["reference"].endswith("2" * 64)
+    # Only an A100 artifact in the index: the H100 pod gets nothing and is told why.
+    decision = decide_caches(
+        plan, outcomes_for(plan, keys["a100-80gb"], facts), tuple(ways(spec)), policy, judge, mutate=True
+    )
+    assert decision.patch == () and "no variant fits" in decision.problems[0]
+
+
+def test_an_engine_image_other_than_the_one_compiled_in_is_refused(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.example.com/engine/vllm-cpu:latest"
+    plan = planned(doc, policy)
+    decision = decide_caches(
+        plan,
+        outcomes_for(plan, cpu_key(keys), facts),
+        tuple(ways(doc["spec"]["template"]["spec"])),
+        policy,
+        judge,
+        mutate=True,
+    )
+    assert decision.patch == ()
+    assert "were compiled in registry.example.com/engine/vllm-cpu:0.32.0@sha256:1111" in decision.problems[0]
+
+
+def test_an_artifact_built_from_a_local_engine_image_cannot_be_matched_and_is_refused(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    local = dataclasses.replace(facts, engine=dataclasses.replace(facts.engine, digest=None))
+    doc = opt_in()
+    plan = planned(doc, policy)
+    decision = decide_caches(
+        plan,
+        outcomes_for(plan, cpu_key(keys), local),
+        tuple(ways(doc["spec"]["template"]["spec"])),
+        policy,
+        judge,
+        mutate=True,
+    )
+    assert "by config digest" in decision.problems[0]
+
+
+def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, artifact, _ = facts_of(recipe("image-volume.yaml"))
+    doc = recipe("image-volume.yaml")
+    spec = doc["spec"]["template"]["spec"]
+    spec["volumes"][1]["image"]["reference"] = "registry.example.com/kb/tiny-llama:cpu-cache"
+    plan = planned(doc, policy)
+    assert plan.index is None and set(plan.refs()) == {"registry.example.com/kb/tiny-llama:cpu-cache"}
+    name = "registry.example.com/kb/tiny-llama"
+    digest = artifact.split("@")[1]
+    ok = {
+        "registry.example.com/kb/tiny-llama:cpu-cache": Accepted(
+            Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts)
+        )
+    }
+    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    assert decision.problems == ()
+    assert decision.patch == (
+        {"op": "replace", "path": "/spec/template/spec/volumes/1/image/reference", "value": artifact},
+    )
+    # The serve arguments the key records: another max-model-len is refused.
+    c = spec["containers"][0]
+    c["command"] = [("4096" if a == "2048" else a) for a in c["command"]]
+    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    assert "--max-model-len 4096 (key: 2048)" in decision.problems[0]
+    # A cache variable pointing elsewhere is refused.
+    c["command"] = facts.command
+    next(e for e in c["env"] if e["name"] == "TORCHINDUCTOR_CACHE_DIR")["value"] = "/tmp/inductor"
+    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    assert "TORCHINDUCTOR_CACHE_DIR='/tmp/inductor'" in decision.problems[0]
+
+
+def test_an_image_volume_naming_a_kernelbake_image_or_an_unsigned_one_is_refused(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    doc = recipe("image-volume.yaml")
+    spec = doc["spec"]["template"]["spec"]
+    plan = planned(doc, policy)
+    (target,) = plan.refs()
+    name = target.split("@")[0]
+    image = {
+        target: Accepted(
+            Verified(name, name, target.split("@")[1], cpu_key(keys), "sha256:" + "3" * 64, "ci", {})
+        )
+    }
+    decision = decide_caches(plan, image, tuple(ways(spec)), policy, judge, mutate=True)
+    assert "is a kernelbake image, not a cache artifact" in decision.problems[0]
+    unsigned = {target: Rejected("no signature from a trusted identity")}
+    decision = decide_caches(plan, unsigned, tuple(ways(spec)), policy, judge, mutate=True)
+    assert "was rejected: no signature" in decision.problems[0] and decision.patch == ()
+
+
+def test_pods_without_the_annotation_or_governed_volumes_are_left_alone(policy: AdmissionPolicy) -> None:
+    doc = recipe("opt-in.yaml")
+    doc["spec"]["template"]["metadata"].pop("annotations")
+    assert (
+        plan_caches(SPEC_PATH, doc["spec"]["template"]["spec"], doc["spec"]["template"]["metadata"], policy)
+        is None
+    )
+
+
+def test_bad_annotations_are_problems_not_tracebacks(policy: AdmissionPolicy) -> None:
+    for index, mode, expect in [
+        ("not a reference!", None, "annotation kernelbake.dev/cache-index"),
+        ("docker.io/library/ubuntu:22.04", None, "not a repository this policy governs"),
+        ("registry.example.com/kb/tiny-llama:x", "tmpfs", "is not one of image-volume, init-container"),
+    ]:
+        plan = planned(opt_in(mode, index=index), policy)
+        assert any(expect in p for p in plan.problems), plan.problems
+
+
+def test_a_pod_patched_already_is_checked_not_patched_twice(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
+) -> None:
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    first = planned(doc, policy)
+    outcomes = outcomes_for(first, cpu_key(keys), facts)
+    once = patched(doc, first, outcomes, policy, judge)
+    again = planned(once, policy)
+    assert len(again.volumes) == 1  # the patched-in image volume, checked as any other
+    decision = decide_caches(
+        again, outcomes, tuple(ways(once["spec"]["template"]["spec"])), policy, judge, mutate=True
+    )
+    assert decision.problems == () and decision.patch == ()
