@@ -336,3 +336,115 @@ def test_a_pod_patched_already_is_checked_not_patched_twice(
         again, outcomes, tuple(ways(once["spec"]["template"]["spec"])), policy, judge, mutate=True
     )
     assert decision.problems == () and decision.patch == ()
+
+
+# -- through the webhook's Admitter: plan, the gateway's two rounds, decide ---------------------
+
+
+class _ArtifactVerifier:
+    """The gateway's verifier for the opt-in recipe: the index, then the artifact it lists."""
+
+    def __init__(self, index_ref: str, key: CacheKey, facts: CacheArtifactFacts) -> None:
+        self.name = index_ref.split(":")[0] if "@" not in index_ref else index_ref.split("@")[0]
+        self.index_digest = digest_of("index")
+        self.art_digest = "sha256:" + "2" * 64
+        self.key, self.facts = key, facts
+        self.calls: list[str] = []
+
+    def __call__(self, reference: str) -> Any:
+        self.calls.append(reference)
+        if reference.endswith("@" + self.art_digest):
+            name = reference.split("@")[0]
+            return Verified(
+                name, name, self.art_digest, self.key, self.facts.manifest_digest, "ci", {}, self.facts
+            )
+        if reference.startswith(self.name):
+            variant = Variant(
+                key=self.key, digest=self.art_digest, size=1, media_type=OCI_MANIFEST, kind=ArtifactKind.CACHE
+            )
+            return VerifiedIndex(self.index_digest, "ci", (variant,))
+        from kernelbake.admission.gateway import ImageRejected
+
+        raise ImageRejected(f"{reference} has no signature from a trusted identity")
+
+
+def _review(admitter: Any, doc: dict[str, Any], endpoint: Any) -> dict[str, Any]:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "object": doc,
+        },
+    }
+    answer: dict[str, Any] = admitter.review(review, endpoint)
+    return answer["response"]
+
+
+def test_the_webhook_patches_the_opt_in_and_validates_the_result(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy
+) -> None:
+    import base64
+    import json
+
+    from kernelbake.admission.admit import Endpoint
+    from tests.admission.fakes import make_admitter
+
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = opt_in()
+    verifier = _ArtifactVerifier(
+        doc["spec"]["template"]["metadata"]["annotations"][ANNOTATION_INDEX], cpu_key(keys), facts
+    )
+    admitter = make_admitter(verifier, policy)
+    try:
+        response = _review(admitter, copy.deepcopy(doc), Endpoint.MUTATE)
+        assert response["allowed"] is True, response
+        patch = json.loads(base64.b64decode(response["patch"]))
+        got = jsonpatch.apply_patch(copy.deepcopy(doc), patch)
+        spec = got["spec"]["template"]["spec"]
+        artifact = next(v for v in spec["volumes"] if "image" in v)["image"]["reference"]
+        assert artifact.endswith("@" + verifier.art_digest)
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        assert env["KERNELBAKE_MANIFEST_DIGEST"] == facts.manifest_digest
+        # Both rounds ran: the index, then the artifact its GPU pick named.
+        assert any(c.endswith("@" + verifier.art_digest) for c in verifier.calls)
+        # The patched pod passes the validating webhook: its image volume is now a governed,
+        # pinned artifact, checked against the engine container and not patched again.
+        validated = _review(admitter, got, Endpoint.VALIDATE)
+        assert validated["allowed"] is True, validated
+        assert not any("not judged for image volumes" in w for w in validated.get("warnings", []))
+    finally:
+        admitter.gateway.close()
+
+
+def test_the_webhook_denies_an_image_volume_artifact_for_another_engine_image(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy
+) -> None:
+    from kernelbake.admission.admit import Endpoint
+    from tests.admission.fakes import make_admitter
+
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = recipe("image-volume.yaml")
+    spec = doc["spec"]["template"]["spec"]
+    verifier = _ArtifactVerifier(
+        next(v for v in spec["volumes"] if "image" in v)["image"]["reference"], cpu_key(keys), facts
+    )
+    verifier.art_digest = next(v for v in spec["volumes"] if "image" in v)["image"]["reference"].split("@")[1]
+    admitter = make_admitter(verifier, policy)
+    try:
+        assert _review(admitter, copy.deepcopy(doc), Endpoint.VALIDATE)["allowed"] is True
+        other = copy.deepcopy(doc)
+        for c in (
+            *other["spec"]["template"]["spec"]["containers"],
+            *other["spec"]["template"]["spec"].get("initContainers", []),
+        ):
+            c["image"] = c["image"].split("@")[0] + "@sha256:" + "9" * 64
+        denied = _review(admitter, other, Endpoint.VALIDATE)
+        assert denied["allowed"] is False
+        assert "run that image pinned by digest" in denied["status"]["message"]
+    finally:
+        admitter.gateway.close()

@@ -4,8 +4,10 @@
 wrong before any registry is asked (a reference without tag or digest, an unparseable one, an
 unlisted registry), or a final answer when there is nothing to check. ``decide`` turns
 verification outcomes into the response: signatures, GPU matching for every way the pod can
-schedule (containers; an image volume's check is ``volumes.check``), and in the mutating
-endpoint a JSONPatch pinning each governed image to the digest that was verified.
+schedule (containers; an image volume holding a cache artifact is judged by ``cache_volumes``
+against the pod's GPUs and engine image, any other by ``volumes.check``), the opt-in's cache
+artifact (``cache_volumes``), and in the mutating endpoint a JSONPatch pinning each governed
+image to the digest that was verified.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus, volumes
+from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
@@ -63,12 +66,20 @@ class Plan:
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     ways: tuple[Way, ...] = ()
+    # The pod's cache artifacts (``cache_volumes``): the opt-in annotation, and what governed
+    # image volumes hold, judged against the pod's GPUs and engine image.
+    caches: CachePlan | None = None
     # Set when the answer needs no verification.
     final: Response | None = None
 
     @property
     def refs(self) -> dict[str, ImageRef]:
-        return {g.target: g.ref for g in self.governed}
+        refs = {g.target: g.ref for g in self.governed}
+        if self.caches is not None:
+            # Governed image volumes are verified as image sites above (same targets); the
+            # cache plan adds only what no site names: the opt-in's variant index.
+            refs.update(self.caches.opt_in_refs())
+        return refs
 
 
 def plan(request: Request, policy: AdmissionPolicy) -> Plan:
@@ -89,7 +100,9 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
         old_images: dict[tuple[str, ...], str] = {}
         if request.operation is Operation.UPDATE and request.old_object is not None:
             old = _old_spec(request)
-            if old == spec:
+            if old == spec and opt_in_of(request.kind, request.object) == opt_in_of(
+                request.kind, request.old_object
+            ):
                 # Nothing that runs or where it runs changed (labels, annotations, replicas …):
                 # re-checking would only turn a registry outage into failed updates.
                 return Plan(request, final=allow)
@@ -129,7 +142,8 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                     "was verified, and the tag is dropped"
                 )
             governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
-        found_ways = tuple(ways(spec)) if governed else ()
+        caches = plan_caches(spec_path, spec, _template_metadata(request.object, spec_path), policy)
+        found_ways = tuple(ways(spec)) if governed or caches is not None else ()
     except MalformedObject as exc:
         return Plan(
             request,
@@ -137,9 +151,17 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                 request, policy, [f"malformed {request.kind}: {exc}"], (), Code.BAD_REQUEST, always_deny=True
             ),
         )
-    if not governed and not problems:
+    if not governed and not problems and caches is None:
         return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
-    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways)
+    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
+
+
+def _template_metadata(obj: Mapping[str, Any], spec_path: tuple[str, ...]) -> Any:
+    """The metadata beside the pod spec at ``spec_path``: the Pod's own, or its template's."""
+    node: Any = obj
+    for segment in spec_path[:-1]:
+        node = node.get(segment) if isinstance(node, dict) else None
+    return node.get("metadata") if isinstance(node, dict) else None
 
 
 def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[ImageSite]:
@@ -264,7 +286,9 @@ def decide(
                     f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index"
                 )
                 continue
-            if isinstance(g.site, ImageVolume):
+            if isinstance(g.site, ImageVolume) and getattr(image, "artifact", None) is not None:
+                pass  # A cache artifact: what it holds is judged with the pod's caches, below.
+            elif isinstance(g.site, ImageVolume):
                 found, said = volumes.check(image.key, plan.ways)
                 problems += [f"{subject}: {p}" for p in found]
                 notes += [f"{subject}: {n}" for n in said]
@@ -279,6 +303,21 @@ def decide(
             pinned = g.ref.rewritten(image.digest)
             if endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
                 patch.append({"op": "replace", "path": g.site.pointer, "value": pinned})
+    if plan.caches is not None:
+        cached = decide_caches(
+            plan.caches,
+            outcomes,
+            plan.ways,
+            policy,
+            judge,
+            mutate=endpoint is Endpoint.MUTATE,
+            verified_elsewhere=True,
+        )
+        problems += cached.problems
+        notes += cached.notes
+        # A governed image volume is pinned above, with the other images; not twice.
+        pinned_here = {op["path"] for op in patch}
+        patch += [dict(op) for op in cached.patch if op["path"] not in pinned_here]
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
 

@@ -19,8 +19,8 @@ decide), so that review wires them in beside the images:
    it must run the engine image the caches were compiled in (by manifest digest), and its
    serve arguments, when it gives any, must be the ones the key records.
 
-The lead wires this into ``review``/``service`` (see ``plan_caches``, ``cache_refs``,
-``next_cache_refs`` and ``decide_caches``); nothing here does I/O.
+``admit.plan`` calls ``plan_caches``, ``service`` asks the gateway for ``next_cache_refs`` beside
+the GPU indexes' variants, and ``admit.decide`` merges ``decide_caches``; nothing here does I/O.
 
 What no one checks on this path is stated in the README's table ("Caches for a stock vLLM
 image"): without kernelbake in the image nothing hashes the mounted files at start, and the
@@ -91,6 +91,10 @@ class CachePlan:
     volumes: tuple[CacheVolume, ...] = ()
     problems: tuple[str, ...] = ()
 
+    def opt_in_refs(self) -> dict[str, ImageRef]:
+        """The opt-in's variant index alone (the webhook verifies image volumes as images)."""
+        return {} if self.index is None else {_target(self.index): self.index}
+
     def refs(self) -> dict[str, ImageRef]:
         """What the gateway verifies first: the index and every governed image volume."""
         refs = {v.target: v.ref for v in self.volumes}
@@ -144,8 +148,13 @@ def plan_caches(
     for i, volume in enumerate(_list(spec, "volumes", spec_path)):
         if not isinstance(volume, dict) or not isinstance(volume.get("image"), dict):
             continue
+        reference = volume["image"].get("reference")
+        if reference is None or reference == "":
+            # Not set yet (templates filled in later; the API server refuses a Pod without
+            # one): nothing is pulled, as ``volumes.image_volumes`` reads it too.
+            continue
         name = str(volume.get("name", f"volumes[{i}]"))
-        ref, problem = _governed_ref(volume["image"].get("reference"), f'image volume "{name}"', policy)
+        ref, problem = _governed_ref(reference, f'image volume "{name}"', policy)
         if problem:
             problems.append(problem)
         if ref is None:
@@ -163,6 +172,27 @@ def plan_caches(
     if raw_index is not None and not containers:
         problems.append(f"annotation {ANNOTATION_INDEX}: the pod has no container to give the caches to")
     return CachePlan(spec_path, spec, index, mode, container, tuple(volumes), tuple(problems))
+
+
+def opt_in_of(kind: Any, obj: Any) -> tuple[Any, ...]:
+    """The cache annotations of ``obj``'s pod (template), to tell whether an UPDATE changed the
+    opt-in even where the pod spec stayed the same."""
+    from kernelbake.admission.workloads import pod_spec
+
+    try:
+        found = pod_spec(kind, obj)
+    except MalformedObject:
+        return ()
+    if found is None:
+        return ()
+    node: Any = obj
+    for segment in found[0][:-1]:
+        node = node.get(segment) if isinstance(node, dict) else None
+    metadata = node.get("metadata") if isinstance(node, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict):
+        return ()
+    return tuple(annotations.get(a) for a in (ANNOTATION_INDEX, ANNOTATION_MOUNT, ANNOTATION_CONTAINER))
 
 
 def _list(spec: Mapping[str, Any], field: str, spec_path: tuple[str, ...]) -> list[Any]:
@@ -281,9 +311,13 @@ def decide_caches(
     judge: gpus.Judge,
     *,
     mutate: bool,
+    verified_elsewhere: bool = False,
 ) -> CacheDecision:
     """Problems, notes and (``mutate``) the JSONPatch for the pod's caches. ``review`` denies
-    (or, in warn mode, warns) on problems exactly as for images."""
+    (or, in warn mode, warns) on problems exactly as for images. ``verified_elsewhere``: an
+    image volume that did not verify, or verified as a kernelbake image or GPU index rather than
+    a cache artifact, is judged by the image review (which verifies every governed image volume:
+    denied, or admitted with its note) and not said twice here."""
     problems = list(plan.problems)
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
@@ -291,9 +325,16 @@ def decide_caches(
     containers = plan.spec.get("containers") or []
     for volume in plan.volumes:
         subject = f'image volume "{volume.name}" ({volume.ref})'
-        got = _verified_artifact(subject, volume.target, outcomes.get(volume.target))
+        outcome = outcomes.get(volume.target)
+        got = _verified_artifact(subject, volume.target, outcome)
         if isinstance(got, str):
-            problems.append(got)
+            # With the webhook's image review beside this, what did not verify is its problem
+            # already, and a kernelbake image or GPU index as a volume is judged there too.
+            is_artifact = (
+                isinstance(outcome, Accepted) and getattr(outcome.image, "artifact", None) is not None
+            )
+            if not verified_elsewhere or is_artifact:
+                problems.append(got)
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
         for field, _index, name, image in volume.mounted_by:

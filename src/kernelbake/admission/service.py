@@ -12,6 +12,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from kernelbake.admission.admit import Endpoint, Plan, decide, plan, variant_refs
+from kernelbake.admission.cache_volumes import next_cache_refs
 from kernelbake.admission.gateway import Gateway, Outcome
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.policy import AdmissionPolicy
@@ -145,11 +146,10 @@ class Admitter:
         into ``outcomes``, the rest are submitted (through the same per-registry lanes as any
         verification) and added to ``asked``. One asked already and unfinished is not asked
         again: the review waited for it once and gave it back."""
-        wanted = {
-            t: r
-            for t, r in variant_refs(first, outcomes, self.picker).items()
-            if t not in outcomes and t not in asked
-        }
+        following = variant_refs(first, outcomes, self.picker)
+        if first.caches is not None:
+            following.update(next_cache_refs(first.caches, outcomes, first.ways, self.policy, self.judge))
+        wanted = {t: r for t, r in following.items() if t not in outcomes and t not in asked}
         found, futures = self._lookup(wanted)
         outcomes.update(found)
         asked.update(futures)
