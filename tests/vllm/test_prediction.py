@@ -197,7 +197,7 @@ def test_serve_says_loudly_when_a_predicted_hit_compiled(cpu: dict[str, Any], tm
     message = w("INFO:     Application startup complete.\n")
     assert (
         message is not None
-        and "prediction wrong: predicted hit, vLLM compiled (2 new files in vllm" in message
+        and "prediction wrong: predicted hit for vllm, vLLM compiled (2 new files in vllm" in message
     )
     assert w.status()["prediction_wrong"] and w.status()["evidence"]["actual"]["vllm"] == "miss"  # type: ignore[index]
 
