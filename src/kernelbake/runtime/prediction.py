@@ -47,9 +47,10 @@ class Outcome(enum.Enum):
 NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY})
 # The overall level of a prediction: the first of these that any kind has (``predicted``).
 _LEVELS = (
+    # A bypass is the cause of what then compiles elsewhere (Triton's partial), so it leads.
+    (Outcome.BYPASSED, "bypassed"),
     (Outcome.MISS, "miss"),
     (Outcome.PARTIAL, "miss"),
-    (Outcome.BYPASSED, "bypassed"),
     (Outcome.UNKNOWN, "unknown"),
     (Outcome.RETRACE, "retrace"),
     (Outcome.SKIPPED, "no-compile"),

