@@ -78,7 +78,12 @@ CASES: list[dict[str, Any]] = [
     {"name": "generation-config-vllm", "env": {}, "args": ["--generation-config", "vllm"]},
     {"name": "dtype-bfloat16", "env": {}, "args": ["--dtype", "bfloat16"]},
     {"name": "config-rope-theta", "env": {}, "args": [], "config": {"rope_theta": 20000.0}},
-    {"name": "config-max-position-embeddings", "env": {}, "args": [], "config": {"max_position_embeddings": 1024}},
+    {
+        "name": "config-max-position-embeddings",
+        "env": {},
+        "args": [],
+        "config": {"max_position_embeddings": 1024},
+    },
     {"name": "model-source-comment", "env": {}, "args": [], "source": "comment"},
     {"name": "model-source-other-graph", "env": {}, "args": [], "source": "graph"},
     {"name": "omp-threads-nobind", "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, "args": []},
@@ -128,10 +133,19 @@ def _mounts(case: dict[str, Any], image: str, work: Path) -> list[str]:
         path.write_text(json.dumps({**base, **changes}, indent=2))
         flags += ["-v", f"{path}:{MODEL}/config.json:ro"]
     if kind := case.get("source"):
-        where = docker(
-            "run", "--rm", "--entrypoint", "python3", image, "-c",
-            "import vllm.model_executor.models.llama as m; print(m.__file__)",
-        ).stdout.strip().splitlines()[-1]
+        where = (
+            docker(
+                "run",
+                "--rm",
+                "--entrypoint",
+                "python3",
+                image,
+                "-c",
+                "import vllm.model_executor.models.llama as m; print(m.__file__)",
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         text = docker("run", "--rm", "--entrypoint", "cat", image, where).stdout
         if kind == "graph":
             assert _MLP_RETURN in text, "LlamaMLP.forward changed shape: adapt _MLP_RETURN"
@@ -146,7 +160,18 @@ def _mounts(case: dict[str, Any], image: str, work: Path) -> list[str]:
 
 def run_check(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
     started = time.monotonic()
-    argv = [*DOCKER_RUN, "--rm", *flags, "--entrypoint", "python3", image, "-m", "kernelbake", "check", "--json"]
+    argv = [
+        *DOCKER_RUN,
+        "--rm",
+        *flags,
+        "--entrypoint",
+        "python3",
+        image,
+        "-m",
+        "kernelbake",
+        "check",
+        "--json",
+    ]
     try:
         res = subprocess.run([*argv, *case["args"]], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
         stdout, stderr, rc = res.stdout, res.stderr, res.returncode
@@ -171,7 +196,9 @@ def run_check(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
 def _leaves(paths: list[str]) -> list[str]:
     """``docker diff`` names every changed directory above a changed file: keep the files."""
     ordered = sorted(set(paths))
-    return [p for i, p in enumerate(ordered) if not (i + 1 < len(ordered) and ordered[i + 1].startswith(p + "/"))]
+    return [
+        p for i, p in enumerate(ordered) if not (i + 1 < len(ordered) and ordered[i + 1].startswith(p + "/"))
+    ]
 
 
 def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
@@ -197,7 +224,9 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
     finally:
         docker("rm", "-f", cid, check=False)
     (logdir / "serve.log").write_text(text)
-    changed = _leaves([line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")])
+    changed = _leaves(
+        [line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")]
+    )
     per_kind: dict[str, list[str]] = {}
     for path in changed:
         kind = path[len(CACHE_ROOT) + 1 :].split("/", 1)[0]
@@ -226,7 +255,13 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
 
 
 # What each predicted level must see (module docstring).
-EXPECTED = {"hit": {"hit"}, "retrace": {"hit"}, "no-compile": {"no-compile"}, "bypassed": {"miss"}, "miss": {"miss"}}
+EXPECTED = {
+    "hit": {"hit"},
+    "retrace": {"hit"},
+    "no-compile": {"no-compile"},
+    "bypassed": {"miss"},
+    "miss": {"miss"},
+}
 
 
 def run_case(case: dict[str, Any], image: str, work: Path) -> dict[str, Any]:
@@ -273,10 +308,21 @@ def main() -> int:
         try:
             result = run_case(case, a.image, work)
         except Exception as exc:  # one broken case must not lose the others' results
-            result = {"name": case["name"], **_shown(case), "predicted": "error", "actual": "error",
-                      "right": False, "reasons": [f"{type(exc).__name__}: {exc}"[:300]]}
+            result = {
+                "name": case["name"],
+                **_shown(case),
+                "predicted": "error",
+                "actual": "error",
+                "right": False,
+                "reasons": [f"{type(exc).__name__}: {exc}"[:300]],
+            }
         results.append(result)
-        print(json.dumps({k: result.get(k) for k in ("name", "predicted", "actual", "right", "check_s", "serve_s")}), flush=True)
+        print(
+            json.dumps(
+                {k: result.get(k) for k in ("name", "predicted", "actual", "right", "check_s", "serve_s")}
+            ),
+            flush=True,
+        )
     digest = docker("image", "inspect", "-f", "{{.Id}}", a.image, check=False).stdout.strip()
     doc = {
         "command": "PYTHONPATH=src python3 bench/vllm_cpu_keymatrix.py --image IMAGE --out bench/results",
@@ -290,7 +336,9 @@ def main() -> int:
     }
     logs = sorted(work.rglob("*.log"))
     doc["secret_in_result"] = SECRET in json.dumps(doc)
-    doc["secret_in_logs"] = [str(p.relative_to(work)) for p in logs if SECRET in p.read_text(errors="replace")]
+    doc["secret_in_logs"] = [
+        str(p.relative_to(work)) for p in logs if SECRET in p.read_text(errors="replace")
+    ]
     (a.out / RESULT).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     with tarfile.open(a.out / LOGS, "w:gz") as tar:
         for path in logs:

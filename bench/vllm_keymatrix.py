@@ -125,7 +125,13 @@ CASES: list[dict[str, Any]] = [
     {"name": "uid-1000-root-owned-cache", "env": {}, "args": [], "uid": 1000},
 ]
 # What each predicted level must see (docs/vllm.md, "Outcome levels"): ``bypassed`` compiles.
-EXPECTED = {"hit": {"hit"}, "retrace": {"hit"}, "no-compile": {"no-compile"}, "bypassed": {"miss"}, "miss": {"miss"}}
+EXPECTED = {
+    "hit": {"hit"},
+    "retrace": {"hit"},
+    "no-compile": {"no-compile"},
+    "bypassed": {"miss"},
+    "miss": {"miss"},
+}
 
 
 def _target_json(model_path: str | None = None) -> str:
@@ -407,7 +413,9 @@ def shlex_quote(a: str) -> str:
 
 def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
     decided = [
-        c for c in cases if c.get("predicted") in EXPECTED and c.get("actual") in ("hit", "miss", "no-compile")
+        c
+        for c in cases
+        if c.get("predicted") in EXPECTED and c.get("actual") in ("hit", "miss", "no-compile")
     ]
     compiles = {"miss", "bypassed"}
     return {
@@ -418,7 +426,9 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "predicted_hit_missed": [
             c["name"] for c in decided if c["predicted"] not in compiles and c["actual"] == "miss"
         ],
-        "predicted_miss_hit": [c["name"] for c in decided if c["predicted"] in compiles and c["actual"] != "miss"],
+        "predicted_miss_hit": [
+            c["name"] for c in decided if c["predicted"] in compiles and c["actual"] != "miss"
+        ],
         "undecided": [c["name"] for c in cases if c not in decided],
         "self_check_disagreed": [c["name"] for c in cases if c.get("prediction_wrong_lines")],
     }

@@ -16,7 +16,7 @@ import pytest
 
 from kernelbake.runtime import redact
 from kernelbake.runtime.engines.vllm import evidence
-from kernelbake.runtime.prediction import Outcome, Prediction, Source, diff, fallback, predict
+from kernelbake.runtime.prediction import KindVerdict, Outcome, Prediction, Source, diff, fallback, predict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 CPU = FIXTURES / "cpu-0.32.0-identities.json"
@@ -202,6 +202,39 @@ def test_serve_says_loudly_when_a_predicted_hit_compiled(cpu: dict[str, Any], tm
         and "prediction wrong: predicted hit for vllm, vLLM compiled (2 new files in vllm" in message
     )
     assert w.status()["prediction_wrong"] and w.status()["evidence"]["actual"]["vllm"] == "miss"  # type: ignore[index]
+
+
+def test_a_file_rewritten_in_place_is_evidence_too(tmp_path: Path) -> None:
+    # Inductor regenerates a baked module under the same name when its graph compiles again.
+    d = tmp_path / "inductor"
+    (d / "ab").mkdir(parents=True)
+    (d / "ab" / "module.py").write_text("old")
+    before = evidence.snapshot({"inductor": d})
+    (d / "ab" / "module.py").write_text("regenerated")
+    assert evidence.added(before, evidence.snapshot({"inductor": d})) == {"inductor": {"ab/module.py"}}
+    assert evidence.added(before, before) == {"inductor": set()}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "files", "wrong"),
+    [
+        (Outcome.RETRACE, 0, False),
+        (Outcome.RETRACE, 1, True),
+        (Outcome.SKIPPED, 0, False),
+        (Outcome.SKIPPED, 3, True),
+        (Outcome.BYPASSED, 0, True),
+        (Outcome.BYPASSED, 2, False),
+        (Outcome.UNKNOWN, 0, False),
+        (Outcome.UNKNOWN, 2, False),
+    ],
+)
+def test_the_self_check_holds_each_level_to_what_it_promises(
+    tmp_path: Path, outcome: Outcome, files: int, wrong: bool
+) -> None:
+    p = Prediction(Source.ENGINE, (KindVerdict("vllm", outcome, (), "why"),))
+    w = _watch(tmp_path, p, [], {"vllm": files})
+    w("Application startup complete.\n")
+    assert bool(w.wrong) is wrong, w.wrong
 
 
 def test_serve_says_loudly_when_a_predicted_miss_compiled_nothing(
@@ -406,7 +439,10 @@ def test_on_the_cpu_build_a_hashed_flag_is_unknown_until_inductor_is_asked(cpu: 
 
 def test_on_the_cpu_build_a_traced_graph_inductor_holds_is_a_retrace(cpu: dict[str, Any]) -> None:
     baked = _with_state(cpu["baseline"], "inductor")
-    now = {**_with_state(cpu["max_model_len-underscore"], "inductor"), "inductor_trace": {"compiled": False, "took_s": 21.5}}
+    now = {
+        **_with_state(cpu["max_model_len-underscore"], "inductor"),
+        "inductor_trace": {"compiled": False, "took_s": 21.5},
+    }
     p = predict(baked, now, CPU_KINDS)
     # Nothing compiles (check exits 0), and the level says the trace is paid, with its cost.
     assert p.hit and p.predicted == "retrace"
@@ -418,7 +454,9 @@ def test_on_the_cpu_build_a_traced_graph_inductor_holds_is_a_retrace(cpu: dict[s
     assert predict(baked, same, CPU_KINDS).predicted == "hit"
 
 
-def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_config(cpu: dict[str, Any]) -> None:
+def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_config(
+    cpu: dict[str, Any],
+) -> None:
     # A patched model file with the same values: vLLM's hash is the same, the graph is not.
     baked = _with_state(cpu["baseline"], "inductor")
     now = {**_with_state(cpu["baseline"], "inductor"), "inductor_trace": {"compiled": True}}
@@ -430,7 +468,11 @@ def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_co
 def test_compiler_changes_are_named_once(cpu: dict[str, Any]) -> None:
     baked = _with_state(cpu["baseline"], "inductor")
     now = _with_state(cpu["baseline"], "inductor")
-    now["compiler"] = {**now["compiler"], "hash": "other", "factors": {**now["compiler"]["factors"], "torch_key": "x"}}
+    now["compiler"] = {
+        **now["compiler"],
+        "hash": "other",
+        "factors": {**now["compiler"]["factors"], "torch_key": "x"},
+    }
     p = predict(baked, now, KINDS)
     assert len(p.reasons) == len(set(p.reasons))
     assert sum("torch_key" in r for r in p.reasons) == 1
@@ -444,7 +486,9 @@ def test_compiler_changes_are_named_once(cpu: dict[str, Any]) -> None:
         ("inductor", {"backend": "eager"}, "compilation_config.backend: inductor → eager"),
     ],
 )
-def test_a_start_that_compiles_nothing_says_so(cpu: dict[str, Any], graphs: str, state: dict[str, Any], reason: str) -> None:
+def test_a_start_that_compiles_nothing_says_so(
+    cpu: dict[str, Any], graphs: str, state: dict[str, Any], reason: str
+) -> None:
     p = predict(_with_state(cpu["baseline"], graphs), _with_state(cpu["baseline"], graphs, **state), KINDS)
     assert p.hit and p.predicted == "no-compile"
     for kind in ("vllm", "inductor"):
@@ -456,7 +500,11 @@ def test_a_start_that_compiles_nothing_says_so(cpu: dict[str, Any], graphs: str,
 @pytest.mark.parametrize(
     ("switches", "dirs", "reason"),
     [
-        ({"torch._inductor.config.fx_graph_cache": False}, {}, "torch._inductor.config.fx_graph_cache: True → False"),
+        (
+            {"torch._inductor.config.fx_graph_cache": False},
+            {},
+            "torch._inductor.config.fx_graph_cache: True → False",
+        ),
         ({"torch._inductor.config.force_disable_caches": True}, {}, "force_disable_caches: False → True"),
         ({"vllm is_compile_cache_enabled": False}, {}, "vllm is_compile_cache_enabled: True → False"),
         ({}, {"vllm": "/tmp/elsewhere"}, "vllm cache directory: /opt/kernelbake/cache/vllm → /tmp/elsewhere"),
@@ -475,20 +523,29 @@ def test_a_knob_that_switches_a_cache_off_is_bypassed_and_named(
     assert predict(_with_state(h200["baked"], switches=switches, dirs=dirs), now, KINDS).predicted == "hit"
 
 
-def test_on_the_cpu_build_a_switched_off_cache_the_trace_still_finds_is_a_retrace(cpu: dict[str, Any]) -> None:
+def test_on_the_cpu_build_a_switched_off_cache_the_trace_still_finds_is_a_retrace(
+    cpu: dict[str, Any],
+) -> None:
     baked = _with_state(cpu["baseline"], "inductor")
     off = {"torch._functorch.config.enable_autograd_cache": False}
     now = {**_with_state(cpu["baseline"], "inductor", switches=off), "inductor_trace": {"compiled": False}}
     assert predict(baked, now, CPU_KINDS).predicted == "retrace"
     now["inductor_trace"] = {"compiled": True}
     p = predict(baked, now, CPU_KINDS)
-    assert p.predicted == "bypassed" and "inductor: torch._functorch.config.enable_autograd_cache: True → False" in p.reasons
+    assert (
+        p.predicted == "bypassed"
+        and "inductor: torch._functorch.config.enable_autograd_cache: True → False" in p.reasons
+    )
 
 
 def test_a_model_config_hashed_as_json_names_the_field() -> None:
-    baked = {"hf_config": json.dumps({"architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0}, indent=2)}
+    baked = {
+        "hf_config": json.dumps({"architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0}, indent=2)
+    }
     now = {"hf_config": json.dumps({"architectures": ["LlamaForCausalLM"], "rope_theta": 20000.0}, indent=2)}
-    assert [str(c) for c in diff(baked, now, "model_config")] == ["model_config.hf_config.rope_theta: 10000.0 → 20000.0"]
+    assert [str(c) for c in diff(baked, now, "model_config")] == [
+        "model_config.hf_config.rope_theta: 10000.0 → 20000.0"
+    ]
 
 
 # -- the serve-time prediction runs beside the engine core's start ---------------------------

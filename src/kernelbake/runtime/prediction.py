@@ -150,10 +150,7 @@ class Prediction:
 
     def lines(self) -> list[str]:
         how = "vLLM's own cache keys" if self.source is Source.ENGINE else "the image key only (FALLBACK)"
-        out = [
-            f"prediction from {how}: {self.predicted.upper()}"
-            + (f" ({self.note})" if self.note else "")
-        ]
+        out = [f"prediction from {how}: {self.predicted.upper()}" + (f" ({self.note})" if self.note else "")]
         for k in self.kinds:
             if k.outcome is Outcome.EMPTY:
                 continue
@@ -297,7 +294,10 @@ def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Chang
         for name in sorted(b_dirs)
         if n_dirs.get(name) != b_dirs[name]
     ]
-    out += [Change(f"{name} cache directory", "absent", str(n_dirs[name])) for name in sorted(set(n_dirs) - set(b_dirs))]
+    out += [
+        Change(f"{name} cache directory", "absent", str(n_dirs[name]))
+        for name in sorted(set(n_dirs) - set(b_dirs))
+    ]
     return out
 
 
@@ -319,7 +319,9 @@ def _inductor_graphs(
         if trace["compiled"]:
             missing = Change("Inductor FX-graph key", "baked", f"{key} not in the baked cache")
             if bypass:
-                return KindVerdict(kind, Outcome.BYPASSED, (*bypass, *tc), _traced_note(trace) + ": it compiles")
+                return KindVerdict(
+                    kind, Outcome.BYPASSED, (*bypass, *tc), _traced_note(trace) + ": it compiles"
+                )
             return KindVerdict(kind, Outcome.MISS, (*tc, missing), _traced_note(trace))
         if tc or bypass:
             note = (

@@ -323,9 +323,12 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
         switches["vllm is_compile_cache_enabled"] = not bool(envs.VLLM_DISABLE_COMPILE_CACHE)
     # Computed as Inductor computes it, without its side effects (it creates the directory).
     inductor_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
-    dirs = {"inductor": os.path.abspath(inductor_dir), "vllm": os.path.abspath(str(envs.VLLM_CACHE_ROOT))}
+    dirs = {
+        "inductor": str(Path(inductor_dir).absolute()),
+        "vllm": str(Path(envs.VLLM_CACHE_ROOT).absolute()),
+    }
     if getattr(cc, "cache_dir", ""):
-        dirs["vllm compilation_config.cache_dir"] = os.path.abspath(str(cc.cache_dir))
+        dirs["vllm compilation_config.cache_dir"] = str(Path(cc.cache_dir).absolute())
     return {
         "mode": str(getattr(cc.mode, "name", cc.mode)),
         "backend": str(cc.backend),
