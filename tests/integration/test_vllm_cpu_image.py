@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,3 +177,42 @@ def test_a_changed_hashed_flag_is_predicted_and_seen_to_miss(vllm_image: Built) 
     assert "inductor" in evidence
     # What vLLM then did is what it predicted.
     assert not [ln for ln in lines if "prediction wrong" in ln], lines
+
+
+def _keymatrix() -> Any:
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "vllm_cpu_keymatrix", REPO / "bench" / "vllm_cpu_keymatrix.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A handful of bench/vllm_cpu_keymatrix.py's cases, one per outcome level that nothing else
+# here covers: re-trace only, compilation off, a cache switched off, another graph with the
+# same config (the matrix's false hit before check traced the model).
+@pytest.mark.parametrize(
+    ("case", "predicted", "actual"),
+    [
+        ("max-model-len-1024", "retrace", "hit"),
+        ("enforce-eager", "no-compile", "no-compile"),
+        ("inductor-fx-graph-cache-off", "bypassed", "miss"),
+        ("model-source-other-graph", "miss", "miss"),
+    ],
+)
+def test_key_matrix_cases_on_the_default_image(
+    vllm_image: Built, tmp_path: Path, case: str, predicted: str, actual: str
+) -> None:
+    assert vllm_image.pushed is not None
+    matrix = _keymatrix()
+    spec = next(c for c in matrix.CASES if c["name"] == case)
+    result = matrix.run_case(spec, vllm_image.pushed, tmp_path)
+    assert (result["predicted"], result["actual"]) == (predicted, actual), result
+    assert result["right"] and result["reasons"], result
+    # check's exit code is the contract: 6 exactly when a kernel compiles.
+    assert result["check_rc"] == (6 if actual == "miss" else 0), result

@@ -462,7 +462,7 @@ def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_co
     now = {**_with_state(cpu["baseline"], "inductor"), "inductor_trace": {"compiled": True}}
     p = predict(baked, now, CPU_KINDS)
     assert not p.hit and p.predicted == "miss"
-    assert _changes(p, "inductor") == ["Inductor FX-graph key"]
+    assert _changes(p, "inductor") == ["Inductor's cache"]
 
 
 def test_compiler_changes_are_named_once(cpu: dict[str, Any]) -> None:

@@ -315,9 +315,9 @@ def _inductor_graphs(
     only once the model is traced (``trace``, ``kernelbake check``)."""
     kind = "inductor"
     if trace is not None and isinstance(trace.get("compiled"), bool):
-        key = str(trace.get("key") or "the traced graph")
+        key = f"FX-graph key {trace['key']}" if trace.get("key") else "the traced graph"
         if trace["compiled"]:
-            missing = Change("Inductor FX-graph key", "baked", f"{key} not in the baked cache")
+            missing = Change("Inductor's cache", "holds the baked graph", f"{key}: not in the baked cache")
             if bypass:
                 return KindVerdict(
                     kind, Outcome.BYPASSED, (*bypass, *tc), _traced_note(trace) + ": it compiles"
@@ -325,7 +325,7 @@ def _inductor_graphs(
             return KindVerdict(kind, Outcome.MISS, (*tc, missing), _traced_note(trace))
         if tc or bypass:
             note = (
-                f"{_traced_note(trace)}: its FX-graph key {key} is baked, nothing compiles; "
+                f"{_traced_note(trace)}: {key} is in the baked cache, nothing compiles; "
                 "the trace is what every start on this build pays"
             )
             return KindVerdict(kind, Outcome.RETRACE, (*bypass, *tc), note)

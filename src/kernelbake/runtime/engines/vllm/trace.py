@@ -38,6 +38,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
     """``{"compiled": bool, "took_s": …}``: whether Inductor had to generate code for the
     graph this start traces; ``{"error": …}`` when the start stopped before asking it."""
     import torch._inductor.compile_fx as cfx
+    from torch._inductor.codecache import FxGraphCache
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -45,12 +46,22 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="kernelbake-trace-"))
     codegen, compile_fx = cfx.fx_codegen_and_compile, cfx.compile_fx
+    prepare_key = FxGraphCache.__dict__["prepare_key"]
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_ENABLE_V1_MULTIPROCESSING")}
 
     def record_codegen(gm: Any, *args: Any, **kwargs: Any) -> Any:
         answer["compiled"] = True
         answer["graph_nodes"] = len(gm.graph.nodes)
         raise _Answered
+
+    def record_key(*args: Any, **kwargs: Any) -> Any:
+        key_info, cache_info = prepare_key.__func__(*args, **kwargs)
+        # Not computed when AOTAutograd's own cache held the graph; a bypass says why.
+        if key_info is not None:
+            answer["key"] = str(key_info[0])
+        elif isinstance(cache_info, dict) and cache_info.get("cache_bypass_reason"):
+            answer["bypass"] = str(cache_info["cache_bypass_reason"])[:200]
+        return key_info, cache_info
 
     def record_compile(*args: Any, **kwargs: Any) -> Any:
         out = compile_fx(*args, **kwargs)
@@ -72,6 +83,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
         engine_args.kv_cache_memory_bytes = _KV_BYTES
         cfx.fx_codegen_and_compile = record_codegen
         cfx.compile_fx = record_compile
+        FxGraphCache.prepare_key = staticmethod(record_key)  # type: ignore[method-assign]
         try:
             engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
             engine.engine_core.shutdown()
@@ -81,6 +93,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
                 answer["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         cfx.fx_codegen_and_compile, cfx.compile_fx = codegen, compile_fx
+        FxGraphCache.prepare_key = prepare_key  # type: ignore[method-assign]
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
