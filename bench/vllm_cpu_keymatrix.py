@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import re
 import subprocess
@@ -53,6 +54,8 @@ SECRET = "kb-secret-cpu-5d21e7"
 # vLLM's engine core and worker talk through /dev/shm (Docker's default 64 MiB is too small).
 DOCKER_RUN = ["docker", "run", "--shm-size", "1g"]
 SERVE_TIMEOUT_S = 420
+# kernelbake serve's JSON status (preflight, prediction, evidence): its default place.
+STATUS = "${KERNELBAKE_STATUS:-${TMPDIR:-/tmp}/kernelbake-status.json}"
 CHECK_TIMEOUT_S = 300
 # What vLLM logs when the model goes through torch.compile on this build: the CPU model
 # runner warms up "for the compilation" unless the compilation mode is NONE
@@ -212,6 +215,8 @@ def _leaves(paths: list[str]) -> list[str]:
 
 def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
     started = time.monotonic()
+    # Files written from here on are the start's (the image's own are older: it was built before).
+    since = int(time.time()) - 1
     cid = docker("run", "-d", "--shm-size", "1g", *flags, image, *case["args"]).stdout.strip()
     out: dict[str, Any] = {}
     decided = "timeout"
@@ -228,6 +233,13 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
             time.sleep(2)
         out["serve_s"] = round(time.monotonic() - started, 1)
         diff = docker("diff", cid, check=False).stdout.splitlines()
+        # A cold start puts its caches elsewhere (preflight's cache_root, in serve's status
+        # file), possibly on a tmpfs that docker diff does not see: files newer than the start.
+        status = docker("exec", cid, "sh", "-c", f"cat {STATUS}", check=False).stdout
+        root = CACHE_ROOT
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            root = str(json.loads(status)["preflight"]["cache_root"])
+        found = docker("exec", cid, "find", root, "-type", "f", "-newermt", f"@{since}", check=False)
         logs = docker("logs", cid, check=False)
         text = logs.stdout + logs.stderr
     finally:
@@ -237,9 +249,13 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
         [line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")]
     )
     per_kind: dict[str, list[str]] = {}
-    for path in changed:
-        kind = path[len(CACHE_ROOT) + 1 :].split("/", 1)[0]
-        per_kind.setdefault(kind, []).append(path)
+    for base, paths in ((CACHE_ROOT, changed), (root, found.stdout.splitlines())):
+        for path in paths:
+            if path.startswith(base + "/"):
+                kind = path[len(base) + 1 :].split("/", 1)[0]
+                if path not in per_kind.setdefault(kind, []):
+                    per_kind[kind].append(path)
+    out["cache_root"] = root
     out["decided_by"] = decided
     out["files_added_or_changed"] = {k: len(v) for k, v in sorted(per_kind.items())}
     out["files_examples"] = {k: v[:3] for k, v in sorted(per_kind.items())}

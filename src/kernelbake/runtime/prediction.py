@@ -378,13 +378,15 @@ def predict(
         # AOT compile off (vLLM's CPU build): the graphs torch.compile makes are Inductor's
         # FX-graph cache entries; the vllm kind then holds no graphs (only model info), which
         # none of these factors keys.
-        vllm_dir = [c for c in bypass if c.factor.startswith("vllm")]
+        vllm_dir = [c for c in bypass if c.factor.startswith("vllm") and c.factor.endswith("cache directory")]
         if vllm_dir:
             put(KindVerdict("vllm", Outcome.BYPASSED, tuple(vllm_dir), "vLLM reads its cache elsewhere"))
         else:
             add("vllm", [])
-        torch_off = [c for c in bypass if not c.factor.startswith("vllm")]
-        put(_inductor_graphs(tc, torch_off, now.get("inductor_trace")))
+        # vLLM's own compile-cache switch included: on this build it governs no baked
+        # artifact, and the trace (when there is one) tells whether Inductor compiles.
+        rest = [c for c in bypass if c not in vllm_dir]
+        put(_inductor_graphs(tc, rest, now.get("inductor_trace")))
     elif bypass:
         # vLLM's AOT artifact holds Inductor's compiled graphs and is loaded through
         # Inductor's caches: a switch of either bypasses both (seen on the H200: with the
