@@ -322,6 +322,33 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def table(doc: dict[str, Any]) -> str:
+    """docs/vllm.md's table of the CPU matrix (``--table``)."""
+    rows = [
+        "| case | change | predicted (check exit) | start did | files added or rewritten | why (first reasons) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in doc["cases"]:
+        change = [f"{k}={v}" for k, v in c["env"].items()] + ([" ".join(c["args"])] if c["args"] else [])
+        for k in ("config", "source", "user", "read_only"):
+            if k in c:
+                change.append(f"{k}: {c[k]}")
+        files = ", ".join(f"{k} {n}" for k, n in sorted((c.get("files_added_or_changed") or {}).items()) if n)
+        reasons = [r if len(r) <= 100 else r[:99] + "…" for r in c.get("reasons", [])]
+        why = "; ".join(reasons[:2]) + (f" (+{len(reasons) - 2})" if len(reasons) > 2 else "")
+        mark = "" if c.get("right") else " **wrong**"
+        rows.append(
+            f"| {c['name']} | `{' '.join(change) or '—'}` | {c.get('predicted')} ({c.get('check_rc')}) "
+            f"| {c.get('actual')}{mark} | {files or '0'} | {(why or '—').replace('|', '/')} |"
+        )
+    s = doc["summary"]
+    rows.append("")
+    rows.append(
+        f"{s['right']} of {s['decided']} decided cases right ({s['cases']} run; wrong: {', '.join(s['wrong']) or 'none'}; without a verdict: {', '.join(s['without_verdict']) or 'none'})."
+    )
+    return "\n".join(rows)
+
+
 def _src_version(src: Path | None) -> str:
     """The commit (and whether the tree differed from it) whose predictor this case ran."""
     if src is None:
@@ -334,12 +361,18 @@ def _src_version(src: Path | None) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--image", required=True, help="the built default image (tiny-llama, --gpu cpu)")
+    p.add_argument("--image", help="the built default image (tiny-llama, --gpu cpu)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--table", action="store_true", help="print OUT's result as docs/vllm.md's table")
     p.add_argument("--only", nargs="*", help="re-run these cases, keep the others of OUT's result")
     p.add_argument("--parallel", type=int, default=2, help="cases at once (each is a check, then a start)")
     p.add_argument("--src", type=Path, help="mount SRC/kernelbake over the image's kernelbake")
     a = p.parse_args()
+    if a.table:
+        print(table(json.loads((a.out / RESULT).read_text())))
+        return 0
+    if not a.image:
+        p.error("--image is required to run the matrix")
     if a.src:
         SRC_MOUNT.extend(["-v", f"{a.src.resolve() / 'kernelbake'}:{SITE}:ro"])
     t0 = time.monotonic()
