@@ -83,7 +83,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
         engine_args.kv_cache_memory_bytes = _KV_BYTES
         cfx.fx_codegen_and_compile = record_codegen
         cfx.compile_fx = record_compile
-        FxGraphCache.prepare_key = staticmethod(record_key)  # type: ignore[method-assign]
+        FxGraphCache.prepare_key = staticmethod(record_key)
         try:
             engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
             engine.engine_core.shutdown()
@@ -93,7 +93,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
                 answer["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         cfx.fx_codegen_and_compile, cfx.compile_fx = codegen, compile_fx
-        FxGraphCache.prepare_key = prepare_key  # type: ignore[method-assign]
+        FxGraphCache.prepare_key = prepare_key
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
