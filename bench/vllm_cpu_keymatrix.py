@@ -88,7 +88,7 @@ CASES: list[dict[str, Any]] = [
         "name": "config-max-position-embeddings",
         "env": {},
         "args": [],
-        "config": {"max_position_embeddings": 1024},
+        "config": {"max_position_embeddings": 4096},
     },
     {"name": "model-source-comment", "env": {}, "args": [], "source": "comment"},
     {"name": "model-source-other-graph", "env": {}, "args": [], "source": "graph"},
