@@ -323,6 +323,14 @@ def _inductor_graphs(
                     kind, Outcome.BYPASSED, (*bypass, *tc), _traced_note(trace) + ": it compiles"
                 )
             return KindVerdict(kind, Outcome.MISS, (*tc, missing), _traced_note(trace))
+        if trace.get("codegen"):
+            # The FX-graph cache did not answer (switched off), yet every kernel the
+            # regenerated code needs is baked: a re-trace plus code generation, no compile.
+            note = (
+                f"{_traced_note(trace)}: Inductor generates the graph's code again and every "
+                "kernel it needs loads from the baked cache: nothing compiles"
+            )
+            return KindVerdict(kind, Outcome.RETRACE, (*bypass, *tc), note)
         if tc or bypass:
             note = (
                 f"{_traced_note(trace)}: {key} is in the baked cache, nothing compiles; "

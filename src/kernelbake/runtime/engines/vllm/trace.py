@@ -9,8 +9,10 @@ so this asks Inductor itself. vLLM starts in this process as ``serve`` would sta
 engine arguments; vLLM's dummy weights and a small KV cache, neither in Inductor's key) up to
 the model's first forward, where Dynamo traces it and hands the graph to Inductor. Inductor
 looks it up in a private copy of the baked Inductor cache (a lookup that hits writes the
-loaded module next to the entry, which must not happen in the baked directory); its code
-generation, which only a miss reaches, is replaced by a recorder, and the start stops there.
+loaded module next to the entry, which must not happen in the baked directory). Where it
+generates the graph's code again (a miss, or its FX-graph cache switched off), the kernels
+that code needs load by their source's hash from that copy; the first one that is not there
+is a C++ build, which is replaced by a recorder that stops the start: a kernel compiles.
 
 Cost: one start-up up to the first forward (the model built with random weights in memory,
 then the trace: about 20 s for the CPU default image on 2 cores) and a copy of the Inductor
@@ -35,10 +37,12 @@ class _Answered(Exception):
 
 
 def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
-    """``{"compiled": bool, "took_s": …}``: whether Inductor had to generate code for the
-    graph this start traces; ``{"error": …}`` when the start stopped before asking it."""
+    """``{"compiled": bool, "codegen": bool, "took_s": …}``: whether a kernel compiles for the
+    graph this start traces, and whether Inductor generated the graph's code again (seconds,
+    no compile); ``{"error": …}`` when the start stopped before asking it."""
     import torch._inductor.compile_fx as cfx
     from torch._inductor.codecache import FxGraphCache
+    from torch._inductor.cpp_builder import CppBuilder
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -47,11 +51,20 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kernelbake-trace-"))
     codegen, compile_fx = cfx.fx_codegen_and_compile, cfx.compile_fx
     prepare_key = FxGraphCache.__dict__["prepare_key"]
+    build = CppBuilder.build
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_ENABLE_V1_MULTIPROCESSING")}
 
     def record_codegen(gm: Any, *args: Any, **kwargs: Any) -> Any:
-        answer["compiled"] = True
+        # The FX-graph cache did not hold the graph (or is off): Inductor generates its code
+        # again. Whether a kernel then compiles is the C++ build's question (below); one whose
+        # source is already in the cache loads by that source's hash.
+        answer["codegen"] = True
         answer["graph_nodes"] = len(gm.graph.nodes)
+        return codegen(gm, *args, **kwargs)
+
+    def record_build(builder: Any, *args: Any, **kwargs: Any) -> Any:
+        answer["compiled"] = True
+        answer["kernel"] = str(getattr(builder, "_name", "") or type(builder).__name__)
         raise _Answered
 
     def record_key(*args: Any, **kwargs: Any) -> Any:
@@ -84,6 +97,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
         cfx.fx_codegen_and_compile = record_codegen
         cfx.compile_fx = record_compile
         FxGraphCache.prepare_key = staticmethod(record_key)
+        CppBuilder.build = record_build
         try:
             engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
             engine.engine_core.shutdown()
@@ -94,6 +108,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
     finally:
         cfx.fx_codegen_and_compile, cfx.compile_fx = codegen, compile_fx
         FxGraphCache.prepare_key = prepare_key
+        CppBuilder.build = build
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
