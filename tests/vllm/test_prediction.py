@@ -530,6 +530,17 @@ def test_on_the_cpu_build_a_switched_off_cache_the_trace_still_finds_is_a_retrac
     off = {"torch._functorch.config.enable_autograd_cache": False}
     now = {**_with_state(cpu["baseline"], "inductor", switches=off), "inductor_trace": {"compiled": False}}
     assert predict(baked, now, CPU_KINDS).predicted == "retrace"
+    # The FX-graph cache off: Inductor generates the code again, its kernels load by source.
+    fx_off = {"torch._inductor.config.fx_graph_cache": False}
+    regenerated = {"compiled": False, "codegen": True}
+    p = predict(
+        baked,
+        {**_with_state(cpu["baseline"], "inductor", switches=fx_off), "inductor_trace": regenerated},
+        CPU_KINDS,
+    )
+    assert p.hit and p.predicted == "retrace"
+    assert "inductor: torch._inductor.config.fx_graph_cache: True → False" in p.reasons
+    assert any("generates the graph's code again" in r for r in p.reasons)
     now["inductor_trace"] = {"compiled": True}
     p = predict(baked, now, CPU_KINDS)
     assert (
