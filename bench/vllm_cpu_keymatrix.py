@@ -277,15 +277,20 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
         "plugin": [ln.strip() for ln in text.splitlines() if ln.lstrip().startswith("kernelbake: ")][:14],
     }
     out["prediction_wrong_lines"] = [ln for ln in text.splitlines() if "prediction wrong" in ln]
-    if decided not in ("ready", "warmed-up"):
-        out["actual"] = "undecided"
-    elif any(per_kind.values()):
-        out["actual"] = "miss"
-    elif not traced or eager:
-        out["actual"] = "no-compile"
-    else:
-        out["actual"] = "hit"
+    out["actual"] = actual_of(out)
     return out
+
+
+def actual_of(out: dict[str, Any]) -> str:
+    """The truth from what was recorded: a file added or rewritten in a cache directory is a
+    miss even if the start had not finished (the H200 matrix stops on it too); otherwise only
+    a start that finished its warm-up decides."""
+    if any((out.get("files_added_or_changed") or {}).values()):
+        return "miss"
+    if out.get("decided_by") not in ("ready", "warmed-up"):
+        return "undecided"
+    log = out.get("log") or {}
+    return "no-compile" if not log.get("torch_compile") or log.get("eager_backend") else "hit"
 
 
 # What each predicted level must see (module docstring).
@@ -354,6 +359,11 @@ def merge(dirs: list[Path], out: Path) -> None:
     one result, in the case list's order."""
     docs = [json.loads((d / RESULT).read_text()) for d in dirs if (d / RESULT).is_file()]
     cases = {c["name"]: c for doc in docs for c in doc["cases"]}
+    for c in cases.values():
+        # The same rule as a run applies, on the evidence it recorded.
+        if "files_added_or_changed" in c:
+            c["actual"] = actual_of(c)
+            c["right"] = c["actual"] in EXPECTED.get(c["predicted"], set())
     results = [cases[c["name"]] for c in CASES if c["name"] in cases]
     first = docs[0]
     doc = {

@@ -257,6 +257,17 @@ def _compiler_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 _OFF_MODES = frozenset({"NONE", "0"})
 
 
+def model_info_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
+    """vLLM keys its model-info cache on the contents of the model's module (its registry
+    names the file, ``identity.model_modules``); the digests are the traced files'."""
+    b_code, n_code = baked.get("code_files", {}), now.get("code_files", {})
+    return [
+        Change(f"model info key (module {p})", str(b_code[p]), str(n_code.get(p, "missing")))
+        for p in now.get("model_modules", [])
+        if p in b_code and n_code.get(p) != b_code[p]
+    ]
+
+
 def compile_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[Change], str]:
     """Compilation is off for this start (vLLM chose mode NONE, e.g. ``--enforce-eager``), or
     Dynamo hands its graph to the eager backend: the compile caches are not used at all."""
@@ -387,8 +398,12 @@ def predict(
         # FX-graph cache entries; the vllm kind then holds no graphs (only model info), which
         # none of these factors keys.
         vllm_dir = [c for c in bypass if c.factor.startswith("vllm") and c.factor.endswith("cache directory")]
+        info = model_info_changes(baked, now)
         if vllm_dir:
             put(KindVerdict("vllm", Outcome.BYPASSED, tuple(vllm_dir), "vLLM reads its cache elsewhere"))
+        elif info:
+            note = "vLLM inspects the model class again and rewrites its model info (seconds; no kernel)"
+            put(KindVerdict("vllm", Outcome.MISS, tuple(info), note))
         else:
             add("vllm", [])
         # vLLM's own compile-cache switch included: on this build it governs no baked

@@ -337,6 +337,25 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
     }
 
 
+def model_modules(vllm_config: Any) -> list[str]:
+    """The source files vLLM keys its model-info cache (``VLLM_CACHE_ROOT/modelinfos``) on:
+    the module of each architecture's registered class, as vLLM's registry names it."""
+    import importlib.util
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    out: set[str] = set()
+    for arch in getattr(vllm_config.model_config, "architectures", None) or []:
+        module = getattr(ModelRegistry.models.get(arch), "module_name", None)
+        try:
+            spec = importlib.util.find_spec(module) if module else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            out.add(str(spec.origin))
+    return sorted(out)
+
+
 def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
     """Everything vLLM and its libraries key their caches on, for this config and process."""
     from vllm import __version__
@@ -350,6 +369,7 @@ def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
         "graphs": graphs_store(),
         "compile": compile_state(vllm_config),
+        "model_modules": model_modules(vllm_config),
     }
     doc.update(_device_side(vllm_config))
     return doc
