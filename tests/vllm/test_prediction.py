@@ -465,6 +465,24 @@ def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_co
     assert _changes(p, "inductor") == ["Inductor's cache"]
 
 
+def test_on_the_cpu_build_a_changed_model_module_misses_vllms_model_info(cpu: dict[str, Any]) -> None:
+    # vLLM keys VLLM_CACHE_ROOT/modelinfos on the module's contents: a comment added to the
+    # model file rewrites that entry (seen in the CPU matrix) while the graph stays the same.
+    module = "/site/vllm/model_executor/models/llama.py"
+    baked = {**_with_state(cpu["baseline"], "inductor"), "code_files": {module: "a" * 64}}
+    now = {
+        **_with_state(cpu["baseline"], "inductor"),
+        "code_files": {module: "b" * 64},
+        "model_modules": [module],
+        "inductor_trace": {"compiled": False},
+    }
+    p = predict(baked, now, CPU_KINDS)
+    vllm = p.kind("vllm")
+    assert vllm is not None and vllm.outcome is Outcome.MISS and p.predicted == "miss"
+    assert vllm.changes[0].factor == f"model info key (module {module})"
+    assert p.kind("inductor").outcome is Outcome.RETRACE  # type: ignore[union-attr]
+
+
 def test_compiler_changes_are_named_once(cpu: dict[str, Any]) -> None:
     baked = _with_state(cpu["baseline"], "inductor")
     now = _with_state(cpu["baseline"], "inductor")
