@@ -65,6 +65,7 @@ CHECK_TIMEOUT_S = 900
 _TORCH_COMPILE = re.compile(r"Warming up model for the compilation")
 _EAGER_BACKEND = re.compile(r"Detected eager backend")
 _WARMED_UP = re.compile(r"Warming up done")
+_COLD = re.compile(r"starting COLD; the baked caches are not used \(caches at (\S+?)\):")
 # Same values, another graph: every MLP output is multiplied by one, a node Inductor keys.
 _MLP_RETURN = "        x, _ = self.down_proj(x)\n        return x\n"
 _MLP_PATCHED = "        x, _ = self.down_proj(x)\n        return x * 1.0\n"
@@ -248,6 +249,9 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
         root = CACHE_ROOT
         with contextlib.suppress(ValueError, KeyError, TypeError):
             root = str(json.loads(status)["preflight"]["cache_root"])
+        if cold := _COLD.search(docker("logs", cid, check=False).stdout):
+            # Before the status file exists (it is written once the server is up).
+            root = cold.group(1)
         found = docker("exec", cid, "find", root, "-type", "f", "-newermt", f"@{since}", check=False)
         logs = docker("logs", cid, check=False)
         text = logs.stdout + logs.stderr
