@@ -201,7 +201,7 @@ def _keymatrix() -> Any:
     [
         ("max-model-len-1024", "retrace", "hit"),
         ("enforce-eager", "no-compile", "no-compile"),
-        ("inductor-fx-graph-cache-off", "bypassed", "miss"),
+        ("inductor-force-disable-caches", "bypassed", "miss"),
         ("model-source-other-graph", "miss", "miss"),
     ],
 )
