@@ -541,6 +541,19 @@ def test_a_knob_that_switches_a_cache_off_is_bypassed_and_named(
     assert predict(_with_state(h200["baked"], switches=switches, dirs=dirs), now, KINDS).predicted == "hit"
 
 
+def test_a_bundle_kernelbake_placed_elsewhere_is_not_a_bypass(cpu: dict[str, Any]) -> None:
+    # A read-only root: serve copies the bundle to a writable place and points the engine there.
+    moved = {"inductor": "/tmp/kb-copy/inductor", "vllm": "/tmp/kb-copy/vllm"}
+    now = _with_state(cpu["baseline"], "inductor", dirs=moved)
+    now["cache_env"] = {
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/kb-copy/inductor",
+        "VLLM_CACHE_ROOT": "/tmp/kb-copy/vllm",
+    }
+    assert predict(_with_state(cpu["baseline"], "inductor"), now, CPU_KINDS).predicted == "hit"
+    now["cache_env"] = {}
+    assert predict(_with_state(cpu["baseline"], "inductor"), now, CPU_KINDS).predicted == "bypassed"
+
+
 def test_on_the_cpu_build_a_switched_off_cache_the_trace_still_finds_is_a_retrace(
     cpu: dict[str, Any],
 ) -> None:

@@ -17,6 +17,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract.engines import VLLM
+from kernelbake.contract.layout import CacheKind
 from kernelbake.runtime import redact
 
 _SHOWN = 96
@@ -255,6 +257,8 @@ def _compiler_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 
 
 _OFF_MODES = frozenset({"NONE", "0"})
+# The variable through which kernelbake points each cache kind at the bundle.
+_PLACED_BY = {kind.value: var for var, kind in VLLM.cache_variables if isinstance(kind, CacheKind)}
 
 
 def model_info_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
@@ -300,10 +304,13 @@ def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Chang
         if _is_off(name, value) and not _is_off(name, b_sw.get(name))
     ]
     b_dirs, n_dirs = b.get("dirs", {}), n.get("dirs", {})
+    # Where kernelbake put the bundle for this start (a writable copy, on a read-only root)
+    # is not elsewhere: only a directory the engine reads other than that one is.
+    placed = {name: now.get("cache_env", {}).get(var) for name, var in _PLACED_BY.items()}
     out += [
         Change(f"{name} cache directory", str(b_dirs[name]), str(n_dirs.get(name, "absent")))
         for name in sorted(b_dirs)
-        if n_dirs.get(name) != b_dirs[name]
+        if n_dirs.get(name) not in (b_dirs[name], placed.get(name))
     ]
     out += [
         Change(f"{name} cache directory", "absent", str(n_dirs[name]))
