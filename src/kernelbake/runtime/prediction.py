@@ -246,7 +246,12 @@ def torch_compile_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> l
     out += _config_changes(baked.get("config", {}), now.get("config", {}))
     out += _hashed(baked.get("env", {}), now.get("env", {}), "env")
     out += _compiler_changes(baked, now)
-    out += diff(baked.get("code_files", {}), now.get("code_files", {}), "traced file")
+    b_code, n_code = baked.get("code_files", {}), now.get("code_files", {})
+    out += [
+        Change(f"traced file {path}", str(b_code.get(path, "absent")), str(n_code.get(path, "absent")))
+        for path in sorted(set(b_code) | set(n_code))
+        if b_code.get(path) != n_code.get(path)
+    ]
     if not out and baked.get("aot") != now.get("aot"):
         out += diff(baked.get("aot", {}), now.get("aot", {}), "aot_compile_hash_factors")
     return out
