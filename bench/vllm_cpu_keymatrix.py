@@ -459,6 +459,7 @@ def main() -> int:
         return doc
 
     def one(case: dict[str, Any]) -> None:
+        src = _src_version(a.src)
         try:
             result = run_case(case, a.image, work)
         except Exception as exc:  # one broken case must not lose the others' results
@@ -470,7 +471,7 @@ def main() -> int:
                 "right": False,
                 "reasons": [f"{type(exc).__name__}: {exc}"[:300]],
             }
-        result["kernelbake_src"] = _src_version(a.src)
+        result["kernelbake_src"] = src
         keys = ("name", "predicted", "actual", "right", "check_s", "serve_s")
         print(json.dumps({k: result.get(k) for k in keys}), flush=True)
         with lock:

@@ -361,15 +361,15 @@ def _inductor_graphs(
             )
             return KindVerdict(kind, Outcome.RETRACE, (*bypass, *tc), note)
         return KindVerdict(kind, Outcome.HIT)
-    if bypass:
-        return KindVerdict(kind, Outcome.BYPASSED, (*bypass, *tc), "Inductor compiles the graph again")
-    if tc:
+    if tc or bypass:
         why = f" (the trace failed: {trace['error']})" if trace and trace.get("error") else ""
+        # A switched-off cache included: with the FX-graph cache off every kernel may
+        # still load by its source's hash (seen in the CPU matrix), so only a trace tells.
         note = (
-            "Inductor compiles only if the traced graph differs from the baked one; "
+            "Inductor compiles only if the traced graph, or a kernel it needs, is not baked; "
             f"'kernelbake check' traces the model to tell{why}"
         )
-        return KindVerdict(kind, Outcome.UNKNOWN, tuple(tc), note)
+        return KindVerdict(kind, Outcome.UNKNOWN, (*bypass, *tc), note)
     return KindVerdict(kind, Outcome.HIT)
 
 
