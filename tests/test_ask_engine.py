@@ -192,7 +192,7 @@ def test_serve_records_a_wrong_prediction_in_its_status_and_leaks_no_secret(
     monkeypatch.setenv("VLLM_API_KEY", SECRET)
     assert main(["serve", "--api-key", SECRET]) == 0
     out = capfd.readouterr()
-    assert "prediction wrong: predicted hit, vLLM compiled (1 new files in inductor)" in out.err
+    assert "prediction wrong: predicted hit for inductor, vLLM compiled (1 new files in inductor)" in out.err
     doc = json.loads(status.read_text())
     assert doc["prediction"]["predicted"] == "hit"
     assert doc["prediction_wrong"] and doc["evidence"]["log"]["torch_compile_hit"] is False
@@ -265,7 +265,7 @@ def test_serve_holds_the_gate_then_checks_the_prediction_against_the_settled_ver
     assert "engine: held at gate True" in out.err
     assert "baked caches found (3 files, key sha256:" in out.err
     assert "checking this machine and the sha256 of every file while the engine starts" in out.err
-    assert "prediction wrong: predicted hit, vLLM compiled (1 new files in inductor)" in out.err
+    assert "prediction wrong: predicted hit for inductor, vLLM compiled (1 new files in inductor)" in out.err
     doc = json.loads(status.read_text())
     # The status holds the verdict the gate was opened with, not the one still hashing.
     assert doc["preflight"]["verdict"] == "warm" and "sha256 of every file" in doc["preflight"]["integrity"]

@@ -264,7 +264,8 @@ def test_an_engine_failing_to_predict_is_a_verdict_and_exit_6(
     assert out[0].startswith("baked caches valid (exact match)") and out[-1] == reason
     assert main(["check", "--json"]) == KeyMismatch.return_code
     doc = json.loads(capsys.readouterr().out)
-    assert doc["verdict"] == "warm" and doc["predicted"] == "miss"
+    # No prediction is its own level (docs/vllm.md), never a hit: check exits 6 for it.
+    assert doc["verdict"] == "warm" and doc["predicted"] == "unknown"
     assert doc["prediction"]["source"] == "none" and doc["prediction"]["note"] == reason.removeprefix(
         "no prediction: "
     )

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -292,3 +293,42 @@ def test_check_with_enforce_eager_is_a_verdict(vllm_image: Built) -> None:
     assert res.returncode in (0, 6), res.stderr[-3000:]
     assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     assert res.stdout.splitlines()[0].startswith("baked caches valid (exact match)"), res.stdout
+
+
+def _keymatrix() -> Any:
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "vllm_cpu_keymatrix", REPO / "bench" / "vllm_cpu_keymatrix.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A handful of bench/vllm_cpu_keymatrix.py's cases, one per outcome level that nothing else
+# here covers: re-trace only, compilation off, a cache switched off, another graph with the
+# same config (the matrix's false hit before check traced the model).
+@pytest.mark.parametrize(
+    ("case", "predicted", "actual"),
+    [
+        ("max-model-len-1024", "retrace", "hit"),
+        ("enforce-eager", "no-compile", "no-compile"),
+        ("inductor-force-disable-caches", "bypassed", "miss"),
+        ("model-source-other-graph", "miss", "miss"),
+    ],
+)
+def test_key_matrix_cases_on_the_default_image(
+    vllm_image: Built, tmp_path: Path, case: str, predicted: str, actual: str
+) -> None:
+    assert vllm_image.pushed is not None
+    matrix = _keymatrix()
+    spec = next(c for c in matrix.CASES if c["name"] == case)
+    result = matrix.run_case(spec, vllm_image.pushed, tmp_path)
+    assert (result["predicted"], result["actual"]) == (predicted, actual), result
+    assert result["right"] and result["reasons"], result
+    # check's exit code is the contract: 6 exactly when a kernel compiles.
+    assert result["check_rc"] == (6 if actual == "miss" else 0), result

@@ -16,12 +16,14 @@ import pytest
 
 from kernelbake.runtime import redact
 from kernelbake.runtime.engines.vllm import evidence
-from kernelbake.runtime.prediction import Outcome, Prediction, Source, diff, fallback, predict
+from kernelbake.runtime.prediction import KindVerdict, Outcome, Prediction, Source, diff, fallback, predict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 CPU = FIXTURES / "cpu-0.32.0-identities.json"
 FIXTURE_SECRET = "kb-fixture-secret-1234"
 KINDS = {"vllm", "inductor", "triton", "flashinfer"}
+# What the CPU default image's bundle holds files of.
+CPU_KINDS = {"vllm", "inductor"}
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +199,42 @@ def test_serve_says_loudly_when_a_predicted_hit_compiled(cpu: dict[str, Any], tm
     message = w("INFO:     Application startup complete.\n")
     assert (
         message is not None
-        and "prediction wrong: predicted hit, vLLM compiled (2 new files in vllm" in message
+        and "prediction wrong: predicted hit for vllm, vLLM compiled (2 new files in vllm" in message
     )
     assert w.status()["prediction_wrong"] and w.status()["evidence"]["actual"]["vllm"] == "miss"  # type: ignore[index]
+
+
+def test_a_file_rewritten_in_place_is_evidence_too(tmp_path: Path) -> None:
+    # Inductor regenerates a baked module under the same name when its graph compiles again.
+    d = tmp_path / "inductor"
+    (d / "ab").mkdir(parents=True)
+    (d / "ab" / "module.py").write_text("old")
+    before = evidence.snapshot({"inductor": d})
+    (d / "ab" / "module.py").write_text("regenerated")
+    assert evidence.added(before, evidence.snapshot({"inductor": d})) == {"inductor": {"ab/module.py"}}
+    assert evidence.added(before, before) == {"inductor": set()}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "files", "wrong"),
+    [
+        (Outcome.RETRACE, 0, False),
+        (Outcome.RETRACE, 1, True),
+        (Outcome.SKIPPED, 0, False),
+        (Outcome.SKIPPED, 3, True),
+        (Outcome.BYPASSED, 0, True),
+        (Outcome.BYPASSED, 2, False),
+        (Outcome.UNKNOWN, 0, False),
+        (Outcome.UNKNOWN, 2, False),
+    ],
+)
+def test_the_self_check_holds_each_level_to_what_it_promises(
+    tmp_path: Path, outcome: Outcome, files: int, wrong: bool
+) -> None:
+    p = Prediction(Source.ENGINE, (KindVerdict("vllm", outcome, (), "why"),))
+    w = _watch(tmp_path, p, [], {"vllm": files})
+    w("Application startup complete.\n")
+    assert bool(w.wrong) is wrong, w.wrong
 
 
 def test_serve_says_loudly_when_a_predicted_miss_compiled_nothing(
@@ -360,16 +395,199 @@ def test_h200_identity_records_what_vllm_named_and_traced(h200: dict[str, Any]) 
     assert baked["triton"]["backend"].endswith("-90")
 
 
-def test_with_aot_compile_off_a_hashed_flag_misses_inductors_cache_not_vllms(cpu: dict[str, Any]) -> None:
+_STATE = {
+    "mode": "DYNAMO_TRACE_ONCE",
+    "backend": "inductor",
+    "switches": {
+        "torch._functorch.config.enable_autograd_cache": True,
+        "torch._inductor.config.force_disable_caches": False,
+        "torch._inductor.config.fx_graph_cache": True,
+        "vllm is_compile_cache_enabled": True,
+    },
+    "dirs": {"inductor": "/opt/kernelbake/cache/inductor", "vllm": "/opt/kernelbake/cache/vllm"},
+}
+
+
+def _with_state(doc: dict[str, Any], graphs: str | None = None, **changes: Any) -> dict[str, Any]:
+    state = copy.deepcopy(_STATE)
+    for key, value in changes.items():
+        if key in ("switches", "dirs"):
+            state[key].update(value)
+        else:
+            state[key] = value
+    out = {**copy.deepcopy(doc), "compile": state}
+    if graphs:
+        out["graphs"] = graphs
+    return out
+
+
+def test_on_the_cpu_build_a_hashed_flag_is_unknown_until_inductor_is_asked(cpu: dict[str, Any]) -> None:
     # vLLM's CPU build (VLLM_USE_AOT_COMPILE=0): the graphs are Inductor's FX-graph cache
-    # entries; the vllm kind holds only model info (seen: 66 new inductor files, none in vllm).
-    baked = {**cpu["baseline"], "graphs": "inductor"}
-    now = {**cpu["max-logprobs-5"], "graphs": "inductor"}
-    p = predict(baked, now, KINDS)
-    assert not p.hit
+    # entries, keyed on the traced graph, not on vLLM's hash. Serve's fast path cannot tell
+    # (unknown, named); the vllm kind holds only model info.
+    baked = _with_state(cpu["baseline"], "inductor")
+    now = _with_state(cpu["max-logprobs-5"], "inductor")
+    p = predict(baked, now, CPU_KINDS)
+    assert not p.hit and p.predicted == "unknown"
     assert p.kind("vllm").outcome is Outcome.HIT  # type: ignore[union-attr]
+    inductor = p.kind("inductor")
+    assert inductor is not None and inductor.outcome is Outcome.UNKNOWN
     assert "model_config.max_logprobs" in _changes(p, "inductor")
-    assert predict(baked, {**cpu["baseline"], "graphs": "inductor"}, KINDS).hit
+    assert any("kernelbake check' traces" in r for r in p.reasons)
+    assert predict(baked, _with_state(cpu["baseline"], "inductor"), CPU_KINDS).predicted == "hit"
+
+
+def test_on_the_cpu_build_a_traced_graph_inductor_holds_is_a_retrace(cpu: dict[str, Any]) -> None:
+    baked = _with_state(cpu["baseline"], "inductor")
+    now = {
+        **_with_state(cpu["max_model_len-underscore"], "inductor"),
+        "inductor_trace": {"compiled": False, "took_s": 21.5},
+    }
+    p = predict(baked, now, CPU_KINDS)
+    # Nothing compiles (check exits 0), and the level says the trace is paid, with its cost.
+    assert p.hit and p.predicted == "retrace"
+    assert p.kind("inductor").outcome is Outcome.RETRACE  # type: ignore[union-attr]
+    assert "inductor: model_config.max_model_len: 2048 → 1024" in p.reasons
+    assert any(r.startswith("inductor: retrace: ") and "21.5 s" in r for r in p.reasons)
+    # The same trace with nothing changed is a plain hit.
+    same = {**_with_state(cpu["baseline"], "inductor"), "inductor_trace": {"compiled": False}}
+    assert predict(baked, same, CPU_KINDS).predicted == "hit"
+
+
+def test_on_the_cpu_build_a_graph_inductor_lacks_is_a_miss_even_with_the_same_config(
+    cpu: dict[str, Any],
+) -> None:
+    # A patched model file with the same values: vLLM's hash is the same, the graph is not.
+    baked = _with_state(cpu["baseline"], "inductor")
+    now = {**_with_state(cpu["baseline"], "inductor"), "inductor_trace": {"compiled": True}}
+    p = predict(baked, now, CPU_KINDS)
+    assert not p.hit and p.predicted == "miss"
+    assert _changes(p, "inductor") == ["Inductor's cache"]
+
+
+def test_on_the_cpu_build_a_changed_model_module_misses_vllms_model_info(cpu: dict[str, Any]) -> None:
+    # vLLM keys VLLM_CACHE_ROOT/modelinfos on the module's contents: a comment added to the
+    # model file rewrites that entry (seen in the CPU matrix) while the graph stays the same.
+    module = "/site/vllm/model_executor/models/llama.py"
+    baked = {**_with_state(cpu["baseline"], "inductor"), "code_files": {module: "a" * 64}}
+    now = {
+        **_with_state(cpu["baseline"], "inductor"),
+        "code_files": {module: "b" * 64},
+        "model_modules": [module],
+        "inductor_trace": {"compiled": False},
+    }
+    p = predict(baked, now, CPU_KINDS)
+    vllm = p.kind("vllm")
+    assert vllm is not None and vllm.outcome is Outcome.MISS and p.predicted == "miss"
+    assert vllm.changes[0].factor == f"model info key (module {module})"
+    assert p.kind("inductor").outcome is Outcome.RETRACE  # type: ignore[union-attr]
+
+
+def test_compiler_changes_are_named_once(cpu: dict[str, Any]) -> None:
+    baked = _with_state(cpu["baseline"], "inductor")
+    now = _with_state(cpu["baseline"], "inductor")
+    now["compiler"] = {
+        **now["compiler"],
+        "hash": "other",
+        "factors": {**now["compiler"]["factors"], "torch_key": "x"},
+    }
+    p = predict(baked, now, KINDS)
+    assert len(p.reasons) == len(set(p.reasons))
+    assert sum("torch_key" in r for r in p.reasons) == 1
+
+
+@pytest.mark.parametrize(
+    ("graphs", "state", "reason"),
+    [
+        ("vllm", {"mode": "NONE"}, "compilation_config.mode: DYNAMO_TRACE_ONCE → NONE"),
+        ("inductor", {"mode": "NONE"}, "compilation_config.mode: DYNAMO_TRACE_ONCE → NONE"),
+        ("inductor", {"backend": "eager"}, "compilation_config.backend: inductor → eager"),
+    ],
+)
+def test_a_start_that_compiles_nothing_says_so(
+    cpu: dict[str, Any], graphs: str, state: dict[str, Any], reason: str
+) -> None:
+    p = predict(_with_state(cpu["baseline"], graphs), _with_state(cpu["baseline"], graphs, **state), KINDS)
+    assert p.hit and p.predicted == "no-compile"
+    for kind in ("vllm", "inductor"):
+        assert p.kind(kind).outcome is Outcome.SKIPPED  # type: ignore[union-attr]
+    assert f"inductor: {reason}" in p.reasons
+    assert any("no-compile: " in r for r in p.reasons)
+
+
+@pytest.mark.parametrize(
+    ("switches", "dirs", "reason"),
+    [
+        (
+            {"torch._inductor.config.fx_graph_cache": False},
+            {},
+            "torch._inductor.config.fx_graph_cache: True → False",
+        ),
+        ({"torch._inductor.config.force_disable_caches": True}, {}, "force_disable_caches: False → True"),
+        ({"vllm is_compile_cache_enabled": False}, {}, "vllm is_compile_cache_enabled: True → False"),
+        ({}, {"vllm": "/tmp/elsewhere"}, "vllm cache directory: /opt/kernelbake/cache/vllm → /tmp/elsewhere"),
+    ],
+)
+def test_a_knob_that_switches_a_cache_off_is_bypassed_and_named(
+    h200: dict[str, Any], switches: dict[str, Any], dirs: dict[str, Any], reason: str
+) -> None:
+    baked = _with_state(h200["baked"])
+    now = _with_state(h200["cases"]["baseline"]["identity"], switches=switches, dirs=dirs)
+    p = predict(baked, now, KINDS)
+    assert not p.hit and p.predicted == "bypassed"
+    assert p.kind("vllm").outcome is Outcome.BYPASSED  # type: ignore[union-attr]
+    assert any(reason in r for r in p.reasons), p.reasons
+    # The same switch already off at build time bypasses nothing new.
+    assert predict(_with_state(h200["baked"], switches=switches, dirs=dirs), now, KINDS).predicted == "hit"
+
+
+def test_a_bundle_kernelbake_placed_elsewhere_is_not_a_bypass(cpu: dict[str, Any]) -> None:
+    # A read-only root: serve copies the bundle to a writable place and points the engine there.
+    moved = {"inductor": "/tmp/kb-copy/inductor", "vllm": "/tmp/kb-copy/vllm"}
+    now = _with_state(cpu["baseline"], "inductor", dirs=moved)
+    now["cache_env"] = {
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/kb-copy/inductor",
+        "VLLM_CACHE_ROOT": "/tmp/kb-copy/vllm",
+    }
+    assert predict(_with_state(cpu["baseline"], "inductor"), now, CPU_KINDS).predicted == "hit"
+    now["cache_env"] = {}
+    assert predict(_with_state(cpu["baseline"], "inductor"), now, CPU_KINDS).predicted == "bypassed"
+
+
+def test_on_the_cpu_build_a_switched_off_cache_the_trace_still_finds_is_a_retrace(
+    cpu: dict[str, Any],
+) -> None:
+    baked = _with_state(cpu["baseline"], "inductor")
+    off = {"torch._functorch.config.enable_autograd_cache": False}
+    now = {**_with_state(cpu["baseline"], "inductor", switches=off), "inductor_trace": {"compiled": False}}
+    assert predict(baked, now, CPU_KINDS).predicted == "retrace"
+    # The FX-graph cache off: Inductor generates the code again, its kernels load by source.
+    fx_off = {"torch._inductor.config.fx_graph_cache": False}
+    regenerated = {"compiled": False, "codegen": True}
+    p = predict(
+        baked,
+        {**_with_state(cpu["baseline"], "inductor", switches=fx_off), "inductor_trace": regenerated},
+        CPU_KINDS,
+    )
+    assert p.hit and p.predicted == "retrace"
+    assert "inductor: torch._inductor.config.fx_graph_cache: True → False" in p.reasons
+    assert any("generates the graph's code again" in r for r in p.reasons)
+    now["inductor_trace"] = {"compiled": True}
+    p = predict(baked, now, CPU_KINDS)
+    assert (
+        p.predicted == "bypassed"
+        and "inductor: torch._functorch.config.enable_autograd_cache: True → False" in p.reasons
+    )
+
+
+def test_a_model_config_hashed_as_json_names_the_field() -> None:
+    baked = {
+        "hf_config": json.dumps({"architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0}, indent=2)
+    }
+    now = {"hf_config": json.dumps({"architectures": ["LlamaForCausalLM"], "rope_theta": 20000.0}, indent=2)}
+    assert [str(c) for c in diff(baked, now, "model_config")] == [
+        "model_config.hf_config.rope_theta: 10000.0 → 20000.0"
+    ]
 
 
 # -- the serve-time prediction runs beside the engine core's start ---------------------------

@@ -17,19 +17,46 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract.engines import VLLM
+from kernelbake.contract.layout import CacheKind
 from kernelbake.runtime import redact
 
 _SHOWN = 96
 
 
 class Outcome(enum.Enum):
+    """What one cache kind does at start, cheapest first (docs/vllm.md, "Outcome levels")."""
+
     HIT = "hit"
+    # The engine traces the model again (Dynamo, seconds) because an input it keys its own
+    # artifact on changed, and every kernel then loads from the baked cache: nothing compiles.
+    RETRACE = "retrace"
+    # Compilation is off for this start (``--enforce-eager``, an eager backend): the kind is
+    # neither used nor missed, and nothing compiles.
+    SKIPPED = "no-compile"
+    # A knob switches this cache off (or points it elsewhere): what it holds is not read,
+    # and the engine compiles as if it were empty.
+    BYPASSED = "bypassed"
     MISS = "miss"
     # Some of this kind's entries still fit, the ones the changed inputs feed compile.
     PARTIAL = "partial"
     # Nothing of this kind was baked, so nothing can be missed.
     EMPTY = "empty"
     UNKNOWN = "unknown"
+
+
+# Outcomes under which nothing of a kind compiles (``kernelbake check`` exits 0).
+NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY})
+# The overall level of a prediction: the first of these that any kind has (``predicted``).
+_LEVELS = (
+    # A bypass is the cause of what then compiles elsewhere (Triton's partial), so it leads.
+    (Outcome.BYPASSED, "bypassed"),
+    (Outcome.MISS, "miss"),
+    (Outcome.PARTIAL, "miss"),
+    (Outcome.UNKNOWN, "unknown"),
+    (Outcome.RETRACE, "retrace"),
+    (Outcome.SKIPPED, "no-compile"),
+)
 
 
 class Source(enum.Enum):
@@ -74,22 +101,39 @@ class Prediction:
 
     @property
     def hit(self) -> bool:
-        return all(k.outcome in (Outcome.HIT, Outcome.EMPTY) for k in self.kinds)
+        """Nothing compiles: every kind hits, re-traces only, is skipped or was never baked."""
+        return all(k.outcome in NOTHING_COMPILES for k in self.kinds)
+
+    @property
+    def predicted(self) -> str:
+        """The level of the whole start: ``miss`` (a kernel compiles), ``bypassed`` (a knob
+        switches a cache off, so it compiles), ``unknown``, ``retrace`` (traced again,
+        nothing compiles), ``no-compile`` (compilation is off), or ``hit``."""
+        outcomes = {k.outcome for k in self.kinds}
+        return next((level for outcome, level in _LEVELS if outcome in outcomes), "hit")
 
     def kind(self, name: str) -> KindVerdict | None:
         return next((k for k in self.kinds if k.kind == name), None)
 
     @property
     def reasons(self) -> list[str]:
+        """Every change once, by kind, and for each kind that is not a plain hit or miss its
+        note (what a re-trace costs, which knob bypasses it, why it is skipped)."""
         out: list[str] = []
         for k in self.kinds:
-            out += [f"{k.kind}: {c}" for c in k.changes if f"{k.kind}: {c}" not in out]
+            for line in [f"{k.kind}: {c}" for c in k.changes]:
+                if line not in out:
+                    out.append(line)
+            if k.note and k.outcome not in (Outcome.HIT, Outcome.EMPTY, Outcome.PARTIAL):
+                line = f"{k.kind}: {k.outcome.value}: {k.note}"
+                if line not in out:
+                    out.append(line)
         return out
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source.value,
-            "predicted": "hit" if self.hit else "miss",
+            "predicted": self.predicted,
             "kinds": [k.to_json() for k in self.kinds],
             "reasons": self.reasons,
             **({"note": self.note} if self.note else {}),
@@ -112,10 +156,7 @@ class Prediction:
         if self.source is Source.NONE:
             return [f"no prediction: {self.note}"]
         how = "vLLM's own cache keys" if self.source is Source.ENGINE else "the image key only (FALLBACK)"
-        out = [
-            f"prediction from {how}: {'HIT' if self.hit else 'MISS'}"
-            + (f" ({self.note})" if self.note else "")
-        ]
+        out = [f"prediction from {how}: {self.predicted.upper()}" + (f" ({self.note})" if self.note else "")]
         for k in self.kinds:
             if k.outcome is Outcome.EMPTY:
                 continue
@@ -150,8 +191,22 @@ def diff(baked: Any, now: Any, path: str = "") -> list[Change]:
                 out += diff(baked[k], now[k], name)
         return out
     if baked != now:
+        # A config vLLM hashes as JSON text (the model's hf_config): name the field that differs.
+        parsed = _json_objects(baked, now)
+        if parsed is not None and (inner := diff(*parsed, path)):
+            return inner
         return [Change(path or "value", _short(baked, path), _short(now, path))]
     return []
+
+
+def _json_objects(baked: Any, now: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    if not (isinstance(baked, str) and isinstance(now, str) and baked[:1] == now[:1] == "{"):
+        return None
+    try:
+        b, n = json.loads(baked), json.loads(now)
+    except ValueError:
+        return None
+    return (b, n) if isinstance(b, Mapping) and isinstance(n, Mapping) else None
 
 
 def _config_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
@@ -195,7 +250,12 @@ def torch_compile_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> l
     out += _config_changes(baked.get("config", {}), now.get("config", {}))
     out += _hashed(baked.get("env", {}), now.get("env", {}), "env")
     out += _compiler_changes(baked, now)
-    out += diff(baked.get("code_files", {}), now.get("code_files", {}), "traced file")
+    b_code, n_code = baked.get("code_files", {}), now.get("code_files", {})
+    out += [
+        Change(f"traced file {path}", str(b_code.get(path, "absent")), str(n_code.get(path, "absent")))
+        for path in sorted(set(b_code) | set(n_code))
+        if b_code.get(path) != n_code.get(path)
+    ]
     if not out and baked.get("aot") != now.get("aot"):
         out += diff(baked.get("aot", {}), now.get("aot", {}), "aot_compile_hash_factors")
     return out
@@ -205,15 +265,131 @@ def _compiler_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[
     return _hashed(baked.get("compiler", {}), now.get("compiler", {}), "compiler")
 
 
+_OFF_MODES = frozenset({"NONE", "0"})
+# The variable through which kernelbake points each cache kind at the bundle.
+_PLACED_BY = {kind.value: var for var, kind in VLLM.cache_variables if isinstance(kind, CacheKind)}
+
+
+def model_info_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
+    """vLLM keys its model-info cache on the contents of the model's module (its registry
+    names the file, ``identity.model_modules``); the digests are the traced files'."""
+    b_code, n_code = baked.get("code_files", {}), now.get("code_files", {})
+    return [
+        Change(f"model info key (module {p})", str(b_code[p]), str(n_code.get(p, "missing")))
+        for p in now.get("model_modules", [])
+        if p in b_code and n_code.get(p) != b_code[p]
+    ]
+
+
+def compile_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[Change], str]:
+    """Compilation is off for this start (vLLM chose mode NONE, e.g. ``--enforce-eager``), or
+    Dynamo hands its graph to the eager backend: the compile caches are not used at all."""
+    b, n = baked.get("compile", {}), now.get("compile", {})
+    if n.get("mode") in _OFF_MODES and b.get("mode") not in _OFF_MODES:
+        why = [Change("compilation_config.mode", str(b.get("mode", "?")), str(n.get("mode")))]
+        return why, "compilation is off: the model runs eagerly and no compile cache is opened"
+    if n.get("backend") == "eager" and b.get("backend") != "eager":
+        why = [Change("compilation_config.backend", str(b.get("backend", "?")), "eager")]
+        return why, "Dynamo traces the model and runs the graph eagerly: Inductor is not called"
+    return [], ""
+
+
+def _is_off(name: str, value: Any) -> bool:
+    return bool(value) if "disable" in name else value is False
+
+
+def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
+    """Cache switches that this start turns off (they were on at build time), and cache
+    directories it reads from elsewhere. Both documents carry what the engine answered
+    (``identity.compile_state``)."""
+    b, n = baked.get("compile", {}), now.get("compile", {})
+    if not b:
+        # Built by a kernelbake that recorded no switches: nothing to compare them with.
+        return []
+    b_sw, n_sw = b.get("switches", {}), n.get("switches", {})
+    out = [
+        Change(name, str(b_sw.get(name, "?")), str(value))
+        for name, value in sorted(n_sw.items())
+        if _is_off(name, value) and not _is_off(name, b_sw.get(name))
+    ]
+    b_dirs, n_dirs = b.get("dirs", {}), n.get("dirs", {})
+    # Where kernelbake put the bundle for this start (a writable copy, on a read-only root)
+    # is not elsewhere: only a directory the engine reads other than that one is.
+    placed = {name: now.get("cache_env", {}).get(var) for name, var in _PLACED_BY.items()}
+    out += [
+        Change(f"{name} cache directory", str(b_dirs[name]), str(n_dirs.get(name, "absent")))
+        for name in sorted(b_dirs)
+        if n_dirs.get(name) not in (b_dirs[name], placed.get(name))
+    ]
+    out += [
+        Change(f"{name} cache directory", "absent", str(n_dirs[name]))
+        for name in sorted(set(n_dirs) - set(b_dirs))
+    ]
+    return out
+
+
+def _traced_note(trace: Mapping[str, Any]) -> str:
+    took = f", {trace['took_s']} s" if "took_s" in trace else ""
+    return f"kernelbake check traced the model and asked Inductor{took}"
+
+
+def _inductor_graphs(
+    tc: Sequence[Change], bypass: Sequence[Change], trace: Mapping[str, Any] | None
+) -> KindVerdict:
+    """The ``inductor`` kind where it holds the compiled graphs (AOT compile off: the CPU
+    build). Stock Inductor keys them on the traced graph and its own config, not on vLLM's
+    config hash, so a change of vLLM's identity compiles only if the graph changed: known
+    only once the model is traced (``trace``, ``kernelbake check``)."""
+    kind = "inductor"
+    if trace is not None and isinstance(trace.get("compiled"), bool):
+        key = f"FX-graph key {trace['key']}" if trace.get("key") else "the traced graph"
+        if trace["compiled"]:
+            missing = Change("Inductor's cache", "holds the baked graph", f"{key}: not in the baked cache")
+            if bypass:
+                return KindVerdict(
+                    kind, Outcome.BYPASSED, (*bypass, *tc), _traced_note(trace) + ": it compiles"
+                )
+            return KindVerdict(kind, Outcome.MISS, (*tc, missing), _traced_note(trace))
+        if trace.get("codegen"):
+            # The FX-graph cache did not answer (switched off), yet every kernel the
+            # regenerated code needs is baked: a re-trace plus code generation, no compile.
+            note = (
+                f"{_traced_note(trace)}: Inductor generates the graph's code again and every "
+                "kernel it needs loads from the baked cache: nothing compiles"
+            )
+            return KindVerdict(kind, Outcome.RETRACE, (*bypass, *tc), note)
+        if tc or bypass:
+            note = (
+                f"{_traced_note(trace)}: {key} is in the baked cache, nothing compiles; "
+                "the trace is what every start on this build pays"
+            )
+            return KindVerdict(kind, Outcome.RETRACE, (*bypass, *tc), note)
+        return KindVerdict(kind, Outcome.HIT)
+    if tc or bypass:
+        why = f" (the trace failed: {trace['error']})" if trace and trace.get("error") else ""
+        # A switched-off cache included: with the FX-graph cache off every kernel may
+        # still load by its source's hash (seen in the CPU matrix), so only a trace tells.
+        note = (
+            "Inductor compiles only if the traced graph, or a kernel it needs, is not baked; "
+            f"'kernelbake check' traces the model to tell{why}"
+        )
+        return KindVerdict(kind, Outcome.UNKNOWN, (*bypass, *tc), note)
+    return KindVerdict(kind, Outcome.HIT)
+
+
 def predict(
     baked: Mapping[str, Any], now: Mapping[str, Any], baked_kinds: Iterable[str], *, note: str = ""
 ) -> Prediction:
     """Per kind, from the build's identity and the one the engine computes now.
 
-    ``baked_kinds``: the kinds the bundle holds files of (others are ``EMPTY``)."""
+    ``baked_kinds``: the kinds the bundle holds files of (others are ``EMPTY``). ``now`` may
+    carry ``inductor_trace``, Inductor's own answer after a trace (``kernelbake check`` on
+    the CPU build)."""
     present = set(baked_kinds)
     tc = torch_compile_changes(baked, now)
     config_changed = bool(_config_changes(baked.get("config", {}), now.get("config", {})))
+    off, off_note = compile_off(baked, now)
+    bypass = switched_off(baked, now)
     verdicts: list[KindVerdict] = []
 
     def add(kind: str, changes: Sequence[Change], partial_note: str = "") -> None:
@@ -226,20 +402,44 @@ def predict(
         else:
             verdicts.append(KindVerdict(kind, Outcome.HIT))
 
-    if now.get("graphs") == "inductor":
+    def put(verdict: KindVerdict) -> None:
+        verdicts.append(verdict if verdict.kind in present else KindVerdict(verdict.kind, Outcome.EMPTY))
+
+    graphs_in_inductor = now.get("graphs") == "inductor"
+    if off:
+        put(KindVerdict("vllm", Outcome.SKIPPED, tuple(off), off_note))
+        put(KindVerdict("inductor", Outcome.SKIPPED, tuple(off), off_note))
+    elif graphs_in_inductor:
         # AOT compile off (vLLM's CPU build): the graphs torch.compile makes are Inductor's
-        # FX-graph cache entries, so what changes them misses there; the vllm kind then holds
-        # no graphs (only model info), which none of these factors keys.
-        add("vllm", [])
-        add("inductor", [*tc, *_compiler_changes(baked, now)])
+        # FX-graph cache entries; the vllm kind then holds no graphs (only model info), which
+        # none of these factors keys.
+        vllm_dir = [c for c in bypass if c.factor.startswith("vllm") and c.factor.endswith("cache directory")]
+        info = model_info_changes(baked, now)
+        if vllm_dir:
+            put(KindVerdict("vllm", Outcome.BYPASSED, tuple(vllm_dir), "vLLM reads its cache elsewhere"))
+        elif info:
+            note = "vLLM inspects the model class again and rewrites its model info (seconds; no kernel)"
+            put(KindVerdict("vllm", Outcome.MISS, tuple(info), note))
+        else:
+            add("vllm", [])
+        # vLLM's own compile-cache switch included: on this build it governs no baked
+        # artifact, and the trace (when there is one) tells whether Inductor compiles.
+        rest = [c for c in bypass if c not in vllm_dir]
+        put(_inductor_graphs(tc, rest, now.get("inductor_trace")))
+    elif bypass:
+        # vLLM's AOT artifact holds Inductor's compiled graphs and is loaded through
+        # Inductor's caches: a switch of either bypasses both (seen on the H200: with the
+        # FX-graph cache off vLLM reports a load failure and compiles again).
+        note = "the baked artifacts are not read: the model is compiled again"
+        put(KindVerdict("vllm", Outcome.BYPASSED, (*bypass, *tc), note))
+        put(KindVerdict("inductor", Outcome.BYPASSED, tuple(bypass), note))
     else:
         add("vllm", tc)
         add("inductor", _compiler_changes(baked, now))
-    follows = (
-        "the graphs recompile: kernels whose generated source changed compile, the rest load" if tc else ""
-    )
+    recompiles = (tc or bypass) and not off
+    follows = "the graphs recompile: kernels whose generated source changed compile, the rest load"
     triton = diff(baked.get("triton", {}), now.get("triton", {}), "triton")
-    add("triton", triton, follows)
+    add("triton", triton, follows if recompiles and not graphs_in_inductor else "")
     fi = diff(baked.get("flashinfer", {}), now.get("flashinfer", {}), "flashinfer")
     fi += [Change("flashinfer build.ninja path", p, "missing") for p in now.get("ninja_paths_missing", [])]
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")

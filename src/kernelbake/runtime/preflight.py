@@ -76,12 +76,20 @@ class Verdict:
 
     @property
     def predicted_hit(self) -> bool:
+        """Nothing compiles at start (``kernelbake check`` exits 0)."""
         return self.warm and (self.prediction is None or self.prediction.hit)
+
+    @property
+    def predicted(self) -> str:
+        """The outcome level (``prediction.Prediction.predicted``); ``miss`` when cold."""
+        if not self.warm:
+            return "miss"
+        return self.prediction.predicted if self.prediction is not None else "hit"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": "warm" if self.warm else "cold",
-            "predicted": "hit" if self.predicted_hit else "miss",
+            "predicted": self.predicted,
             "prediction": self.prediction.to_json() if self.prediction else None,
             "key": str(self.target.key),
             "key_digest": self.target.key.digest,

@@ -193,6 +193,10 @@ def rank_report(worker: Any) -> dict[str, Any]:
 
     parallel = worker.vllm_config.parallel_config
     answer = {k: v for k, v in REPORT.items() if k != "installed"}
+    # The files Dynamo traced, where vLLM's decorator recorded them: on the CPU build stock
+    # Inductor compiles and vLLM's backend (``identity.record_traced_files``) is never called.
+    traced = getattr(worker.vllm_config.compilation_config, "traced_files", ())
+    answer["traced_files"] = sorted(f for f in traced if f != "<string>")
     # The CPU build (_v0_32) has no GPU memory to count.
     gpu = torch.cuda.is_available()
     answer.update(

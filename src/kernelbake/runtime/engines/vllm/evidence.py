@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from kernelbake.contract.layout import CacheKind, kind_dir
-from kernelbake.runtime.prediction import Outcome, Prediction
+from kernelbake.runtime.prediction import NOTHING_COMPILES, Outcome, Prediction
 
 # The line vLLM's API server prints with its prediction (engines.vllm.predict.MARK).
 PREDICTION_MARK = "kernelbake-prediction-json: "
@@ -155,8 +155,9 @@ def watcher(dirs: Mapping[str, Path]) -> Watcher:
 
 
 def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
-    """What each kind did: ``hit`` when start-up wrote nothing there (and, for torch.compile,
-    vLLM said it loaded rather than compiled)."""
+    """What each kind did: ``hit`` when start-up wrote nothing there, neither a new file nor
+    a rewritten one (and, for torch.compile, vLLM said it loaded rather than compiled, when it
+    said either)."""
     out = {kind: ("miss" if files else "hit") for kind, files in new.items()}
     if "vllm" in out and log.torch_compile_hit is False:
         out["vllm"] = "miss"
@@ -164,7 +165,9 @@ def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
 
 
 def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
-    """Where the prediction and what vLLM did disagree, one loud line each."""
+    """Where the prediction and what vLLM did disagree, one loud line each: a kind predicted
+    to compile nothing (hit, re-trace only, no compile) that got files, or one predicted to
+    compile (miss, bypassed) that got none."""
     if prediction is None:
         return []
     did = actual(log, new)
@@ -173,14 +176,17 @@ def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, s
         seen = did.get(verdict.kind)
         if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
             continue
-        expected_hit = verdict.outcome in (Outcome.HIT, Outcome.EMPTY)
+        expected_hit = verdict.outcome in NOTHING_COMPILES
         if expected_hit and seen == "miss":
             what = f"{len(new.get(verdict.kind, ()))} new files in {verdict.kind}"
             if verdict.kind == "vllm" and (
                 example := log.examples.get(Signal.COMPILED) or log.examples.get(Signal.LOAD_FAILED)
             ):
                 what += f"; vLLM said {example[:120]!r}"
-            wrong.append(f"WARNING: prediction wrong: predicted hit, vLLM compiled ({what})")
+            wrong.append(
+                f"WARNING: prediction wrong: predicted {verdict.outcome.value} for {verdict.kind}, "
+                f"vLLM compiled ({what})"
+            )
         elif not expected_hit and seen == "hit":
             why = "; ".join(str(c) for c in verdict.changes[:3]) or verdict.note
             wrong.append(
@@ -205,19 +211,30 @@ def cache_dirs(root: Path, kinds: Iterable[CacheKind]) -> dict[str, Path]:
     return {kind.value: kind_dir(root, kind) for kind in kinds}
 
 
-def snapshot(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
-    """Relative paths of the files under each named directory."""
-    out: dict[str, set[str]] = {}
+def snapshot(dirs: Mapping[str, Path]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per named directory: each file's relative path with its size and modification time."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
     for name, root in dirs.items():
-        files: set[str] = set()
+        files: dict[str, tuple[int, int]] = {}
         if root.is_dir():
             for dirpath, _d, names in os.walk(root):
                 for n in names:
-                    files.add((Path(dirpath) / n).relative_to(root).as_posix())
+                    path = Path(dirpath) / n
+                    with contextlib.suppress(OSError):
+                        st = path.stat()
+                        files[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
         out[name] = files
     return out
 
 
-def added(before: Mapping[str, set[str]], after: Mapping[str, set[str]]) -> dict[str, set[str]]:
-    """Files each start added per directory: none means everything it needed was there."""
-    return {name: after.get(name, set()) - before.get(name, set()) for name in after}
+def added(
+    before: Mapping[str, Mapping[str, tuple[int, int]]], after: Mapping[str, Mapping[str, tuple[int, int]]]
+) -> dict[str, set[str]]:
+    """Files each start added or rewrote per directory: none means everything it needed was
+    there. A rewritten file counts: Inductor regenerates a baked module in place when the
+    graph that keys it compiled again."""
+    out: dict[str, set[str]] = {}
+    for name, files in after.items():
+        old = before.get(name, {})
+        out[name] = {path for path, stat in files.items() if old.get(path) != stat}
+    return out

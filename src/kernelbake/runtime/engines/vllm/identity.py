@@ -286,6 +286,76 @@ def graphs_store() -> str:
     return "vllm" if envs.VLLM_USE_AOT_COMPILE else "inductor"
 
 
+def _switch_values(prefix: str, config: Any) -> dict[str, bool]:
+    """A torch config module's boolean cache switches, by their dotted name. Which options
+    are switches is read off the module (its options whose name says cache), not listed."""
+    try:
+        values = config.get_config_copy()
+    except Exception:
+        return {}
+    return {f"{prefix}.{k}": v for k, v in sorted(values.items()) if "cache" in k and isinstance(v, bool)}
+
+
+def compile_state(vllm_config: Any) -> dict[str, Any]:
+    """How this start compiles, read after vLLM built its config and with this process's
+    environment applied: the compilation mode and backend vLLM chose (its platform may
+    change both: the CPU build's ``VLLM_CPU_CI_ENV`` picks the eager backend), the cache
+    switches of Inductor and AOTAutograd, vLLM's own answer to "is my compile cache on",
+    and where each cache is read from."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    import vllm.envs as envs
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    cc = vllm_config.compilation_config
+    switches = {
+        **_switch_values("torch._inductor.config", inductor_config),
+        **_switch_values("torch._functorch.config", functorch_config),
+    }
+    try:
+        from vllm.compilation.compiler_interface import is_compile_cache_enabled
+
+        switches["vllm is_compile_cache_enabled"] = bool(
+            is_compile_cache_enabled(dict(cc.inductor_compile_config or {}))
+        )
+    except Exception:
+        # Older releases: VLLM_DISABLE_COMPILE_CACHE is then vLLM's only switch.
+        switches["vllm is_compile_cache_enabled"] = not bool(envs.VLLM_DISABLE_COMPILE_CACHE)
+    # Computed as Inductor computes it, without its side effects (it creates the directory).
+    inductor_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    dirs = {
+        "inductor": str(Path(inductor_dir).absolute()),
+        "vllm": str(Path(envs.VLLM_CACHE_ROOT).absolute()),
+    }
+    if getattr(cc, "cache_dir", ""):
+        dirs["vllm compilation_config.cache_dir"] = str(Path(cc.cache_dir).absolute())
+    return {
+        "mode": str(getattr(cc.mode, "name", cc.mode)),
+        "backend": str(cc.backend),
+        "switches": switches,
+        "dirs": dirs,
+    }
+
+
+def model_modules(vllm_config: Any) -> list[str]:
+    """The source files vLLM keys its model-info cache (``VLLM_CACHE_ROOT/modelinfos``) on:
+    the module of each architecture's registered class, as vLLM's registry names it."""
+    import importlib.util
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    out: set[str] = set()
+    for arch in getattr(vllm_config.model_config, "architectures", None) or []:
+        module = getattr(ModelRegistry.models.get(arch), "module_name", None)
+        try:
+            spec = importlib.util.find_spec(module) if module else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            out.add(str(spec.origin))
+    return sorted(out)
+
+
 def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
     """Everything vLLM and its libraries key their caches on, for this config and process."""
     from vllm import __version__
@@ -298,6 +368,8 @@ def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
         "env": env_factors(),
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
         "graphs": graphs_store(),
+        "compile": compile_state(vllm_config),
+        "model_modules": model_modules(vllm_config),
     }
     doc.update(_device_side(vllm_config))
     return doc

@@ -25,7 +25,7 @@ from typing import Any
 
 from kernelbake.runtime.engines.vllm import identity as ident
 from kernelbake.runtime.engines.vllm.evidence import PREDICTION_MARK as MARK
-from kernelbake.runtime.prediction import Prediction, predict
+from kernelbake.runtime.prediction import Prediction, compile_off, predict
 
 _CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 
@@ -75,7 +75,10 @@ def finish_at_build(report: MutableMapping[str, Any]) -> None:
     doc = report.get(ident.REPORT_KEY)
     if not isinstance(doc, dict):
         return
-    doc["code_files"] = ident.code_digests(report.get("traced_files", []))
+    traced = set(report.get("traced_files", []))
+    for rank in report.get("ranks", []):
+        traced |= set(rank.pop("traced_files", []))
+    doc["code_files"] = ident.code_digests(sorted(traced))
     if root := os.environ.get("VLLM_CACHE_ROOT"):
         doc["dirs"] = ident.compile_dirs(Path(root))
     if base := os.environ.get("FLASHINFER_WORKSPACE_BASE"):
@@ -154,13 +157,24 @@ def serve_hook(manifest: Path) -> None:
     ident.install_hook(on_config)
 
 
-def check(serve_argv: Sequence[str], manifest: Path) -> Prediction:
+def check(serve_argv: Sequence[str], manifest: Path, *, trace: bool = True) -> Prediction:
     """``kernelbake check``: vLLM's parser and config builder in this process, with the
-    environment already set as ``serve`` sets it for vLLM."""
+    environment already set as ``serve`` sets it for vLLM. Where Inductor keys the compiled
+    graphs itself (the CPU build) and ``trace``, the model is traced and Inductor asked
+    (``trace.ask_inductor``: one start-up up to the first forward)."""
     from vllm.usage.usage_lib import UsageContext
 
     from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
 
     engine_args = parse_serve_argv(serve_argv)
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    return _judge(config, manifest)
+    baked, kinds = baked_identity(manifest)
+    if baked is None:
+        raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
+    now = now_identity(config, baked)
+    if trace and now.get("graphs") == "inductor" and "inductor" in kinds and not compile_off(baked, now)[0]:
+        from kernelbake.runtime.engines.vllm.trace import ask_inductor
+
+        # The directory Inductor itself would read (identity.compile_state).
+        now["inductor_trace"] = ask_inductor(engine_args, Path(now["compile"]["dirs"]["inductor"]))
+    return predict(baked, now, kinds)
