@@ -45,7 +45,7 @@ def one(model: str, args: list[str]) -> dict[str, Any]:
 
     from kernelbake.runtime.engines.vllm import identity as ident
     from kernelbake.runtime.engines.vllm.args import with_pins
-    from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+    from kernelbake.runtime.engines.vllm.compat_layer import parse_serve_argv
 
     pins = ident.log_level_pins()
     engine_args = parse_serve_argv([*with_pins([model, *BASE], pins), *args])

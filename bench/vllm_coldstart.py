@@ -154,7 +154,7 @@ def lane_serve(model: str, kind: str, out: Path, tp: int = 1) -> dict[str, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+    from kernelbake.runtime.engines.vllm.compat_layer import parse_serve_argv
     from vllm import SamplingParams
 
     t_import = time.monotonic() - t0

@@ -11,7 +11,9 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from kernelbake.contract.engines import VLLM, Build
 from kernelbake.contract.key import NONE
@@ -68,6 +70,12 @@ def patches_for_installed_vllm() -> ModuleType:
             hint="pin a supported engine version in the spec",
         )
     return importlib.import_module(adapter)
+
+
+def parse_serve_argv(argv: Sequence[str]) -> Any:
+    """EngineArgs from ``vllm serve`` flags, through the installed release's own serve parser
+    (compile-only at build and ``check`` at serve parse them alike)."""
+    return patches_for_installed_vllm().parse_serve_argv(argv)
 
 
 def resolve(path: str) -> object:

@@ -37,13 +37,6 @@ _MIN_BLOCK_TOKENS = 16
 _CPU_KV_BYTES = 256 << 20
 
 
-def parse_serve_argv(argv: Sequence[str]) -> Any:
-    """EngineArgs from ``vllm serve`` flags, through the installed release's own serve parser."""
-    from kernelbake.runtime.engines.vllm import compat_layer
-
-    return compat_layer.patches_for_installed_vllm().parse_serve_argv(argv)
-
-
 def hashed_env() -> dict[str, str]:
     """Every variable vLLM folds into its compile hash, as set in this process (``UNSET`` if
     not). Defaults that depend on the process (HOME, CPU count) are pinned by the engine's

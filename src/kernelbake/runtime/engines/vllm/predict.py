@@ -164,7 +164,7 @@ def check(serve_argv: Sequence[str], manifest: Path, *, trace: bool = True) -> P
     (``trace.ask_inductor``: one start-up up to the first forward)."""
     from vllm.usage.usage_lib import UsageContext
 
-    from kernelbake.runtime.engines.vllm.compile_only import parse_serve_argv
+    from kernelbake.runtime.engines.vllm.compat_layer import parse_serve_argv
 
     engine_args = parse_serve_argv(serve_argv)
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
