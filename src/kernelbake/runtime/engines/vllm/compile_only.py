@@ -90,7 +90,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     plugin.register()
     report = plugin.REPORT
     adapter = compat_layer.patches_for_installed_vllm()
-    cpu = compat_layer.is_cpu_build()
+    cpu = compat_layer.installed_is_cpu_build()
     import vllm.envs as envs
 
     # The CPU build compiles with stock Inductor, whose own cache is what it bakes there.
