@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.compat import Match, Reason, check
-from kernelbake.contract.engines import is_cpu_build
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -256,7 +255,7 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
-    cache_env = engine.declaration.cache_env(root, cpu=is_cpu_build(target.key))
+    cache_env = engine.declaration.cache_env_for(root, target.key)
     return {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
 
 
@@ -366,7 +365,7 @@ def _serve_time_notes(
     arguments that differ from the build's, each of which makes graphs compile at startup."""
     # What the engine will see, its launch defaults included: were one of them hashed,
     # this is where a start that misses the caches would be named.
-    cache_env = engine.declaration.cache_env(baked, cpu=is_cpu_build(target.key))
+    cache_env = engine.declaration.cache_env_for(baked, target.key)
     effective = {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
     texts = _hashed_env_notes(manifest, effective)
     if shape := engine.shape_args(target, user_args):
