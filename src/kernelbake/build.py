@@ -290,6 +290,23 @@ class Driver:
         return lanes
 
     def build(self, targets: Sequence[BuildTarget], options: BuildOptions) -> list[Built]:
+        has_buildx = self._preconditions(targets, options)
+        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
+        _require_gpu_builders(targets, lanes, options.device)
+        if options.push:
+            _ping_registries(targets, self.settings)
+        out = options.out.resolve()
+        wheel = build_wheel(out / "wheels")
+        rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
+        self._say_pulls(rendered, lanes)
+        layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
+        bake_file = self._write_bake(rendered, layouts, lanes, wheel, options)
+        outcomes = self._run_lanes(rendered, layouts, lanes, bake_file, options, has_buildx)
+        _raise_failures(len(rendered), outcomes)
+        return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
+
+    def _preconditions(self, targets: Sequence[BuildTarget], options: BuildOptions) -> bool:
+        """What is wrong with the request before anything is built; whether buildx is there."""
         if not targets:
             raise BadInput("nothing to build")
         if options.max_parallel is not None and options.max_parallel < 1:
@@ -300,15 +317,18 @@ class Driver:
                 "a two-phase build needs docker buildx (named build contexts)",
                 hint="install docker-buildx (make deps does)",
             )
-        lanes = self.lanes([t.gpu.family for t in targets], has_buildx)
-        _require_gpu_builders(targets, lanes, options.device)
-        if options.push:
-            _ping_registries(targets, self.settings)
+        return has_buildx
+
+    def _write_bake(
+        self,
+        rendered: Sequence[Rendered],
+        layouts: Mapping[str, bake.Layout],
+        lanes: Mapping[str, Lane],
+        wheel: Path,
+        options: BuildOptions,
+    ) -> Path:
+        """Each target's build context, and the one bake file that builds them all."""
         out = options.out.resolve()
-        wheel = build_wheel(out / "wheels")
-        rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
-        self._say_pulls(rendered, lanes)
-        layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
         groups = {}
         for r in rendered:
             layout = layouts[r.target.name]
@@ -324,7 +344,19 @@ class Driver:
         bake_file = out / "docker-bake.json"
         bake_file.write_text(bake.dumps(bake.bake_document(groups)))
         print(f"kernelbake build: bake file {bake_file}", file=self.stream, flush=True)
+        return bake_file
 
+    def _run_lanes(
+        self,
+        rendered: Sequence[Rendered],
+        layouts: Mapping[str, bake.Layout],
+        lanes: Mapping[str, Lane],
+        bake_file: Path,
+        options: BuildOptions,
+        has_buildx: bool,
+    ) -> dict[str, Built | KernelbakeError]:
+        """Every target built, families in parallel; what each ended as (a failure is kept,
+        not raised, so that the other targets finish)."""
         by_family: dict[str, list[Rendered]] = {}
         for r in rendered:
             by_family.setdefault(r.target.gpu.family, []).append(r)
@@ -354,17 +386,7 @@ class Driver:
                 future.result()
         if len(rendered) > 1:
             print(progress.summary(), file=self.stream, flush=True)
-        failed = {n: o for n, o in outcomes.items() if isinstance(o, KernelbakeError)}
-        if failed:
-            if len(rendered) == 1:
-                raise next(iter(failed.values()))
-            done = [n for n in outcomes if n not in failed]
-            raise BuildFailed(
-                f"{len(failed)} of {len(rendered)} targets failed: "
-                + "; ".join(e.message for e in failed.values()),
-                hint=f"nothing of those was pushed{'; built: ' + ', '.join(done) if done else ''}; no index",
-            )
-        return [o for r in rendered if isinstance(o := outcomes[r.target.name], Built)]
+        return outcomes
 
     def _say_pulls(self, rendered: Sequence[Rendered], lanes: Mapping[str, Lane]) -> None:
         """What each builder will fetch from a registry before its first stage can run, said
@@ -576,3 +598,17 @@ def engine_image(docker: Docker, name: str, settings: Settings) -> EngineImage:
             hint="the cache artifact must name the engine image by digest; pull it first",
         ) from None
     return EngineImage(name=name, config_digest=manifest.config.digest, digest=top.digest)
+
+
+def _raise_failures(targets: int, outcomes: Mapping[str, Built | KernelbakeError]) -> None:
+    """One target's own error, or one error naming every failed target and what was built."""
+    failed = {n: o for n, o in outcomes.items() if isinstance(o, KernelbakeError)}
+    if not failed:
+        return
+    if targets == 1:
+        raise next(iter(failed.values()))
+    done = [n for n in outcomes if n not in failed]
+    raise BuildFailed(
+        f"{len(failed)} of {targets} targets failed: " + "; ".join(e.message for e in failed.values()),
+        hint=f"nothing of those was pushed{'; built: ' + ', '.join(done) if done else ''}; no index",
+    )

@@ -1,8 +1,10 @@
 """The one in-memory cache: bounded, thread-safe, least recently used out first.
 
-Every cache in the host code is one of these (verdicts and tags in admission's gateway, GPU
-verdicts in the judge, digest-addressed registry content, keyless trusted roots), so memory
-stays flat however long a process runs. An entry may carry a time to live; content can also be
+Every cache of results in the host code is one of these (verdicts and tags in admission's
+gateway, GPU verdicts in the judge, digest-addressed registry content, keyless trusted roots),
+so memory stays flat however long a process runs. The one exception is admission's parse of an
+image reference against the policy's patterns (``admit._classify``): a pure function of a few
+strings, memoised by ``functools.lru_cache``, which is bounded too (and thread-safe). An entry may carry a time to live; content can also be
 weighed (bytes) with a total bound besides the entry count.
 """
 

@@ -30,7 +30,7 @@ from kernelbake.contract.variants import (
     of_kind,
     variants_from_index,
 )
-from kernelbake.errors import BadInput, EnvironmentProblem, KeyMismatch, UnknownName
+from kernelbake.errors import BadInput, EnvironmentProblem, UnknownName
 from kernelbake.gfd import GPU_LABELS, PRODUCT, node_gpu
 from kernelbake.oci import Manifest, Reference, RegistryClient, parse_reference
 from kernelbake.remote import MAX_CONFIG_BYTES, ImageLayoutError, read_image, registry_reachable
@@ -133,18 +133,6 @@ def resolve(
     variants = of_kind(index.variants, kind)
     candidates = rank_variants([v.key for v in variants], found)
     return Resolution(index, dict(found), tuple(candidates), variants)
-
-
-def require_fit(resolution: Resolution) -> Variant:
-    best = resolution.best
-    if best is None:
-        reasons = "; ".join(
-            f"{resolution.variant(c).key.device}: {c.summary()}" for c in resolution.candidates
-        )
-        raise KeyMismatch(
-            f"{resolution.index.ref.pinned()}: no variant fits {_describe(resolution.found)}: {reasons}"
-        )
-    return resolution.variant(best)
 
 
 def _describe(found: Mapping[str, str]) -> str:

@@ -18,7 +18,7 @@ import jinja2
 from kernelbake import __version__
 from kernelbake._wheel import templates_dir
 from kernelbake.contract.artifact import LABEL_ARTIFACT, ArtifactKind
-from kernelbake.contract.engines import DECLARATIONS, is_cpu_build
+from kernelbake.contract.engines import DECLARATIONS
 from kernelbake.contract.layout import PINNED_MANIFEST, TARGET_FILE, CacheKind
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
@@ -80,7 +80,7 @@ def engine_env(target: BuildTarget) -> list[tuple[str, str]]:
     """The variables the image sets for its engine: the spec's pinned ones and those that
     point the engine at the caches. A stock image given a cache artifact needs the same."""
     engine = DECLARATIONS[target.key.engine]
-    cache_env = engine.cache_env(Path(target_config(target).cache_root), cpu=is_cpu_build(target.key))
+    cache_env = engine.cache_env_for(Path(target_config(target).cache_root), target.key)
     return sorted({**dict(target.spec.serve.env), **cache_env}.items())
 
 

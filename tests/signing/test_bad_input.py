@@ -20,10 +20,11 @@ from kernelbake.labels import derived_labels
 from kernelbake.oci import RegistryClient
 from kernelbake.signing import errors as E
 from kernelbake.signing.predicate import PREDICATE_TYPE
-from kernelbake.signing.sign import attach_statement, sign_image
+from kernelbake.signing.sign import sign_image
 from tests.signing.conftest import ISSUER, SUBJECT, ImageFactory, KeyPair, MockSigstore, make_token
 from tests.signing.images import PushedImage, push_image, tiny_llama_target
 from tests.signing.tamper import copy_signatures, replace_bundles, rewrite_bundles
+from tests.support.attacks import attach_statement
 from tests.support.faults import fault_proxy, silent_registry
 
 

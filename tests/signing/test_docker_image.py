@@ -102,7 +102,7 @@ def test_docker_relabel_after_signing_is_caught(
     # A trusted pipeline that re-signs whatever is pushed and copies the attestation forward:
     sign_image(tag, keys.signer, client=client, attest=False)
     from kernelbake.signing.predicate import PREDICATE_TYPE
-    from kernelbake.signing.sign import attach_statement
+    from tests.support.attacks import attach_statement
 
     attach_statement(tag, keys.signer, PREDICATE_TYPE, signed.predicate.to_json(), client=client)
     with pytest.raises(LabelMismatch, match="device"):

@@ -22,7 +22,7 @@ from kernelbake.signing import discover, formats, intoto
 from kernelbake.signing.errors import MalformedSignature, Unsigned, UntrustedSigner, VerificationFailed
 from kernelbake.signing.keys import PublicKey
 from kernelbake.signing.predicate import PREDICATE_TYPE
-from kernelbake.signing.sign import attach_statement, sign_image
+from kernelbake.signing.sign import sign_image
 from kernelbake.signing.verify import verify_image
 from tests.signing.conftest import ImageFactory, KeyPair
 from tests.signing.images import PushedImage
@@ -37,6 +37,7 @@ from tests.signing.tamper import (
     push_referrer,
     replace_bundles,
 )
+from tests.support.attacks import attach_statement
 
 pytestmark = pytest.mark.registry
 

@@ -193,15 +193,16 @@ def test_make_image_default_key_is_generated_once_and_used(
     make_image: ImageFactory, client: RegistryClient, tmp_path: Path
 ) -> None:
     from kernelbake.settings import Settings
-    from kernelbake.signing.keys import load_public_key_file
-    from kernelbake.signing.signer import ensure_local_key, signer_from_settings
+    from kernelbake.signing.keys import generate_key_pair, load_public_key_file
+    from kernelbake.signing.signer import local_key_path, signer_from_settings
 
     settings = Settings(build_dir=tmp_path / "build", docker_config=tmp_path / "docker")
     with pytest.raises(BadInput, match="no signing key"):
         signer_from_settings(settings)
-    key = ensure_local_key(settings)
+    key = local_key_path(settings)
     assert key == tmp_path / "build/signing/kernelbake.key"
-    assert ensure_local_key(settings) == key and key.stat().st_mode & 0o777 == 0o600
+    # What `make signing-key` does: `kernelbake generate-key-pair --dir build/signing`.
+    assert generate_key_pair(key.parent)[0] == key and key.stat().st_mode & 0o777 == 0o600
     image = make_image()
     sign_image(image.tagged, signer_from_settings(settings), client=client)
     pub = load_public_key_file(key.with_suffix(".pub"))

@@ -14,11 +14,14 @@ import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelbake.runner import Result
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV
 from kernelbake.runtime.engines.vllm.ranks import fold_ranks
+
+if TYPE_CHECKING:
+    from kernelbake.runner import Runner
 
 BACKBONE_HASH = "67a6adfe44"
 AOT_HASH = "a3b0e6d9" * 8
@@ -104,3 +107,8 @@ class MultiRankCompileOnly:
         assert env[WEIGHTS_ENV] == "auto"
         Path(argv[argv.index("--report") + 1]).write_text(json.dumps(report))
         return Result(tuple(argv), 0)
+
+
+if TYPE_CHECKING:
+    # mypy: stands in wherever a Runner is taken (the other keywords are accepted and unused).
+    _runner: Runner = MultiRankCompileOnly(1, 1)

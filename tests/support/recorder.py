@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelbake.runner import Result
+
+if TYPE_CHECKING:
+    from kernelbake.runner import Runner
 
 
 class Recorder:
@@ -37,6 +41,8 @@ class Recorder:
         self.spans: list[tuple[str, float, float]] = []
         self._lock = threading.Lock()
         self.calls: list[tuple[str, ...]] = []
+        # Per call, whether the caller asked for signals to be forwarded to the command.
+        self.forwarded: list[bool] = []
         self.logs: list[Path] = []
         self.buildx = buildx
         # The bake target whose build fails.
@@ -53,7 +59,21 @@ class Recorder:
         log: Path | None = None,
         input: str | None = None,
         timeout: float | None = None,
+        on_line: Callable[[str], None] | None = None,
+        forward_signals: bool = False,
     ) -> Result:
+        """The whole ``Runner`` protocol: ``on_line`` is handed each line the command "printed",
+        as the real runner hands it each line of output; there is no process to forward
+        signals to, so ``forward_signals`` is only recorded."""
+        with self._lock:
+            self.forwarded.append(forward_signals)
+        result = self._answer(argv, log)
+        if on_line is not None:
+            for line in (result.stdout + result.stderr).splitlines():
+                on_line(line)
+        return result
+
+    def _answer(self, argv: Sequence[str], log: Path | None) -> Result:
         args = tuple(argv[1:])
         context = None
         if args[:1] == ("--context",):
@@ -98,3 +118,8 @@ class Recorder:
 
     def commands(self) -> list[str]:
         return [" ".join(c[:2]) for c in self.calls]
+
+
+if TYPE_CHECKING:
+    # mypy: the recorder stands in wherever a Runner is taken.
+    _runner: Runner = Recorder()

@@ -53,6 +53,11 @@ class EngineDeclaration:
             },
         }
 
+    def cache_env_for(self, root: Path, key: CacheKey) -> dict[str, str]:
+        """``cache_env`` for the image built for ``key``: its CPU build's variables too where
+        the key records no CUDA."""
+        return self.cache_env(root, cpu=is_cpu_build(key))
+
     def adapter(self, version: str, build: Build) -> str:
         """The adapter module for that build of ``version``; ``none`` for one kernelbake has
         not listed."""

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 from kernelbake.contract.compat import check
-from kernelbake.contract.engines import is_cpu_build
 from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -78,7 +77,7 @@ def run_compile(
     _prepare_root(root, engine)
     variables = {
         **dict(target.serve.env),
-        **engine.declaration.cache_env(root, cpu=is_cpu_build(target.key)),
+        **engine.declaration.cache_env_for(root, target.key),
     }
     runtime_env.apply(variables)
     result = engine.compile(target, root)

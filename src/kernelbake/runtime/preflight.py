@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 import tempfile
 from collections.abc import Sequence
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.compat import Match, Reason, check
-from kernelbake.contract.engines import is_cpu_build
 from kernelbake.contract.layout import kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
@@ -263,7 +263,7 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
-    cache_env = engine.declaration.cache_env(root, cpu=is_cpu_build(target.key))
+    cache_env = engine.declaration.cache_env_for(root, target.key)
     return {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
 
 
@@ -346,6 +346,134 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
     )
 
 
+class NoteKind(enum.Enum):
+    """What a preflight note is about: only a serve-time change makes graphs compile at
+    startup, and only such notes become changes in the fallback prediction."""
+
+    SERVE_TIME_CHANGE = "serve-time-change"
+    UNSAFE_VERIFY = "unsafe-verify"
+    READ_ONLY_COPY = "read-only-copy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    kind: NoteKind
+    text: str
+
+
+def _serve_time_notes(
+    env: RuntimeEnv,
+    target: TargetConfig,
+    engine: EngineRuntime,
+    manifest: Manifest | None,
+    baked: Path,
+    user_args: Sequence[str],
+) -> list[Note]:
+    """Where the engine does not state its own verdict: the hashed variables and the serve
+    arguments that differ from the build's, each of which makes graphs compile at startup."""
+    # What the engine will see, its launch defaults included: were one of them hashed,
+    # this is where a start that misses the caches would be named.
+    cache_env = engine.declaration.cache_env_for(baked, target.key)
+    effective = {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
+    texts = _hashed_env_notes(manifest, effective)
+    if shape := engine.shape_args(target, user_args):
+        texts.append(
+            f"serve arguments change what was compiled ({'; '.join(shape)}): "
+            "those graphs compile at startup instead of loading from the baked caches"
+        )
+    return [Note(NoteKind.SERVE_TIME_CHANGE, t) for t in texts]
+
+
+def _verify_notes(env: RuntimeEnv) -> list[Note]:
+    if env.verify is not VerifyMode.UNSAFE_SIZE_ONLY:
+        return []
+    return [
+        Note(
+            NoteKind.UNSAFE_VERIFY,
+            "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
+            "changed without changing its size is loaded and run by the engine",
+        )
+    ]
+
+
+def _await_integrity(pending: Check | None, problems: list[str]) -> str:
+    """Waits for the sha256 check (cancelled where the caches are ruled out anyway), adds what
+    differs to ``problems`` and returns how the files were checked."""
+    if pending is None:
+        return ""
+    if problems:
+        pending.cancel()
+        return ""
+    problems += _integrity_problems(pending.result())
+    return pending.summary()
+
+
+def _place_caches(
+    env: RuntimeEnv,
+    baked: Path,
+    engine: EngineRuntime,
+    manifest: Manifest | None,
+    data: bytes,
+    problems: list[str],
+    notes: list[Note],
+    in_place: bool,
+) -> Path:
+    """Where the engine's caches point: the baked ones in place, a checked copy where the
+    root is read-only, or a fresh directory for a cold start (``problems`` gains a failed
+    copy, ``notes`` the copy's warning)."""
+    root = baked
+    if not problems and not in_place:
+        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
+        assert manifest is not None  # no problems: the manifest was read and pinned
+        try:
+            # Only what the manifest lists, hashed again as it is copied (never a symlink).
+            copy_bundle(baked, manifest, data, root)
+            notes.append(
+                Note(
+                    NoteKind.READ_ONLY_COPY,
+                    f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
+                    f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}",
+                )
+            )
+        except BadInput as exc:
+            problems += _integrity_problems([f"while copying: {exc}"])
+    if problems:
+        root = _cold_root(env, baked, engine)
+    for kind in engine.declaration.cache_kinds:
+        kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _fallback_prediction(
+    manifest: Manifest | None,
+    identity: dict[str, Any] | None,
+    device: Reason | None,
+    asks_engine: bool,
+    notes: Sequence[Note],
+) -> Prediction | None:
+    """The prediction from the key, for a warm start the engine will not (yet) judge itself."""
+    baked_kinds = sorted({f.kind.value for f in manifest.files}) if manifest else []
+    if device is not None:
+        return fallback(
+            baked_kinds,
+            [],
+            baked_identity=identity,
+            device=(device.expected, device.found),
+            note="device name differs on the same architecture; the engine's verdict follows at start",
+        )
+    if asks_engine:
+        return None
+    changes = [
+        Change("serve-time change", "as baked", n.text) for n in notes if n.kind is NoteKind.SERVE_TIME_CHANGE
+    ]
+    why = (
+        "the bundle records no engine identity"
+        if identity is None
+        else "the engine is asked by kernelbake check"
+    )
+    return fallback(baked_kinds, changes, note=why)
+
+
 def preflight(
     env: RuntimeEnv,
     user_args: Sequence[str] = (),
@@ -367,69 +495,15 @@ def preflight(
     device = _device_only(match, identity)
     problems = [str(r) for r in match.blocking if r is not device]
     problems += _known_problems(env, target, manifest, integrity)
-    pinned = dict(target.serve.env)
-    notes: list[str] = []
     # The engine states its own verdict as it starts (vLLM's plugin) only where it recorded
     # its identity; otherwise the key, the hashed variables and the engine's flag check.
     asks_engine = identity is not None and bool(engine.prediction_env(baked))
-    if not asks_engine:
-        # What the engine will see, its launch defaults included: were one of them hashed,
-        # this is where a start that misses the caches would be named.
-        cache_env = engine.declaration.cache_env(baked, cpu=is_cpu_build(target.key))
-        notes += _hashed_env_notes(manifest, {**engine.launch_env(), **env.environ, **pinned, **cache_env})
-        if shape := engine.shape_args(target, user_args):
-            notes.append(
-                f"serve arguments change what was compiled ({'; '.join(shape)}): "
-                "those graphs compile at startup instead of loading from the baked caches"
-            )
-    if env.verify is VerifyMode.UNSAFE_SIZE_ONLY:
-        notes.append(
-            "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
-            "changed without changing its size is loaded and run by the engine"
-        )
+    notes = [] if asks_engine else _serve_time_notes(env, target, engine, manifest, baked, user_args)
+    notes += _verify_notes(env)
     in_place = not problems and _writable_in_place(baked, engine)
-    summary = ""
-    if pending is not None:
-        if problems:
-            pending.cancel()
-        else:
-            problems += _integrity_problems(pending.result())
-            summary = pending.summary()
-    root = baked
-    if not problems and not in_place:
-        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
-        assert manifest is not None  # no problems: the manifest was read and pinned
-        try:
-            # Only what the manifest lists, hashed again as it is copied (never a symlink).
-            copy_bundle(baked, manifest, data, root)
-            notes.append(
-                f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
-                f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}"
-            )
-        except BadInput as exc:
-            problems += _integrity_problems([f"while copying: {exc}"])
-    if problems:
-        root = _cold_root(env, baked, engine)
-    for kind in engine.declaration.cache_kinds:
-        kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
-    baked_kinds = sorted({f.kind.value for f in manifest.files}) if manifest else []
-    prediction = None
-    if device is not None and not problems:
-        prediction = fallback(
-            baked_kinds,
-            [],
-            baked_identity=identity,
-            device=(device.expected, device.found),
-            note="device name differs on the same architecture; the engine's verdict follows at start",
-        )
-    elif not asks_engine and not problems:
-        changes = [Change("serve-time change", "as baked", n) for n in notes if "compile" in n]
-        why = (
-            "the bundle records no engine identity"
-            if identity is None
-            else "the engine is asked by kernelbake check"
-        )
-        prediction = fallback(baked_kinds, changes, note=why)
+    summary = _await_integrity(pending, problems)
+    root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
+    prediction = None if problems else _fallback_prediction(manifest, identity, device, asks_engine, notes)
     if problems:
         run_env = _engine_env(env, target, engine, root)
     else:
@@ -439,7 +513,7 @@ def preflight(
         platform=platform,
         match=match,
         problems=tuple(problems),
-        notes=tuple(notes),
+        notes=tuple(n.text for n in notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
         env=run_env,

@@ -4,8 +4,6 @@ stored where cosign and admission controllers look for them."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Manifest, Reference, RegistryClient, RegistryNotFound, parse_reference
@@ -73,24 +71,6 @@ def _push_bundle(
     client.put_blob(ref, mt.EMPTY_JSON)
     client.put_blob(ref, blob)
     return client.push_referrer(ref, manifest, mt.OCI_MANIFEST)
-
-
-def attach_statement(
-    reference: str,
-    signer: Signer,
-    predicate_type: str,
-    predicate: Mapping[str, Any],
-    *,
-    client: RegistryClient | None = None,
-) -> str:
-    """Sign an in-toto statement about ``reference``'s digest and attach it as a bundle referrer
-    (e.g. another attestation type); returns the referrer manifest's digest."""
-    ref = parse_reference(reference)
-    client = client or RegistryClient()
-    top = client.get_manifest(ref)
-    pinned = Reference(ref.registry, ref.repository, digest=top.digest)
-    signed = signer.sign_statement(intoto.make_statement(pinned.name, top.digest, predicate_type, predicate))
-    return _push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type, signer)
 
 
 def _append_legacy(client: RegistryClient, ref: Reference, tag: str, layer: Descriptor, data: bytes) -> None:

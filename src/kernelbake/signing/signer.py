@@ -18,7 +18,7 @@ from kernelbake.settings import Settings
 from kernelbake.signing.errors import TokenMissing
 from kernelbake.signing.formats import BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
-from kernelbake.signing.keys import PrivateKey, PublicKey, generate_key_pair, load_private_key
+from kernelbake.signing.keys import PrivateKey, PublicKey, load_private_key
 from kernelbake.textfile import read_text
 
 if TYPE_CHECKING:
@@ -121,16 +121,6 @@ class KeylessSigner:
 def local_key_path(settings: Settings) -> Path:
     """$KERNELBAKE_SIGNING_KEY, else the key `make image` generates under the build dir."""
     return settings.signing_key or settings.build_dir / "signing" / "kernelbake.key"
-
-
-def ensure_local_key(settings: Settings) -> Path:
-    """The local signing key, generated (with its .pub) on first use."""
-    path = local_key_path(settings)
-    if not path.exists():
-        generate_key_pair(
-            path.parent, name=path.name.removesuffix(".key"), password=settings.signing_key_password
-        )
-    return path
 
 
 def identity_token(settings: Settings, token_file: Path | None = None) -> str:

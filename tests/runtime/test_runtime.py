@@ -375,6 +375,32 @@ def test_read_only_root_copies_with_a_loud_warning(
     assert "docker run --read-only -v" in v.notes[0]
 
 
+def test_only_serve_time_changes_are_the_fallbacks_changes_whatever_a_notes_path_says(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The copy's warning names the cache root, here a path that says "compile": it is a
+    # warning, not a serve-time change, so the start still predicts a hit.
+    config = dataclasses.replace(target, cache_root=str(tmp_path / "compiled"))
+    (tmp_path / "target.json").write_text(config.to_json())
+    root = _baked(tmp_path, config)
+    real = pf._usable
+    monkeypatch.setattr(pf, "_usable", lambda paths: root not in paths and real(paths))
+    v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(config.key)))
+    assert v.warm and "compiled" in v.notes[0] and "is read-only" in v.notes[0]
+    assert v.prediction is not None and v.prediction.hit and v.predicted_hit
+
+    class Engine(FakeEngine):
+        declaration = dataclasses.replace(
+            FakeEngine.declaration, cache_variables=(("FAKE_CACHE_DIR", CacheKind.INDUCTOR),)
+        )
+
+    changed = pf.preflight(_env(tmp_path, FAKE_HASHED="2"), engine=Engine(platform_for(config.key)))
+    assert changed.prediction is not None and not changed.prediction.hit
+    assert [c.now for k in changed.prediction.kinds for c in k.changes] == [
+        n for n in changed.notes if n.startswith("$FAKE_HASHED")
+    ] * len(changed.prediction.kinds)
+
+
 def test_no_usable_scratch_is_a_clear_error(
     tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
