@@ -84,9 +84,9 @@ def test_inspect_shows_the_variants_table(signed: Signed) -> None:
     done = live.kernelbake("inspect", signed.index)
     assert "index lists" not in done.stderr
     lines = done.stdout.splitlines()
-    assert lines[1].split() == ["device", "arch", "engine", "key", "digest", "digest"]
+    assert lines[1].split() == ["kind", "device", "arch", "engine", "key", "digest", "digest"]
     for image in signed.variants.values():
-        assert any(image.digest in line for line in lines[2:])
+        assert any(image.digest in line and line.split()[0] == "image" for line in lines[2:])
     doc = json.loads(live.kernelbake("inspect", signed.index, "--json").stdout)
     assert [v["platform"] for v in doc["variants"]] == ["linux/amd64/kernelbake-sm_90a"] * 2 + [
         "linux/amd64/kernelbake-sm_80"

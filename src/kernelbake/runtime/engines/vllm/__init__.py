@@ -139,7 +139,7 @@ class VllmEngine:
             environ = RuntimeEnv.from_env().environ
         env = dict(environ)
         env.update(dict(target.serve.env))
-        env.update(self.declaration.cache_env(root, cpu=is_cpu_build(target.key)))
+        env.update(self.declaration.cache_env_for(root, target.key))
         for kind in self.declaration.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
