@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelbake.runtime.engines.vllm.compat_layer import Hook
+from kernelbake.runtime.engines.vllm.compat_layer import Hook, VllmLookups
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 
 if TYPE_CHECKING:
@@ -32,9 +33,11 @@ if TYPE_CHECKING:
 
 LOAD_FORMAT = "kernelbake_meta"
 
-# What identity.py and the rank report ask of vLLM, the same in 0.26 and 0.32: its config
-# hashing, its compiler's factors, the config hook, the traced files, the parallel groups.
+# What identity.py (through LOOKUPS) and the rank report ask of vLLM, the same in 0.26 and
+# 0.32: its config hashing, its compiler's factors, the config hook, the traced files, the
+# compile switches and directories, the model registry, the parallel groups.
 IDENTITY_HOOKS: tuple[Hook, ...] = (
+    Hook("vllm:__version__"),
     Hook("vllm.config.utils:hash_factors", ("items",)),
     Hook("vllm.config.utils:normalize_value", ("x",)),
     Hook("vllm.utils.hashing:safe_hash", ("data", "usedforsecurity")),
@@ -44,6 +47,10 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     Hook("vllm.compilation.backends:VllmBackend.__call__", ("self", "graph", "example_inputs")),
     Hook("vllm.compilation.caching:aot_compile_hash_factors", ("vllm_config",)),
     Hook("vllm.compilation.compiler_interface:get_inductor_factors", ()),
+    Hook("vllm.envs:VLLM_USE_AOT_COMPILE"),
+    Hook("vllm.envs:VLLM_DISABLE_COMPILE_CACHE"),
+    Hook("vllm.envs:VLLM_CACHE_ROOT"),
+    Hook("vllm.model_executor.models.registry:ModelRegistry.models"),
     Hook("vllm.distributed:get_pp_group", ()),
     Hook("vllm.distributed:get_tp_group", ()),
 )
@@ -367,6 +374,132 @@ def _lean_profile_run(report: MutableMapping[str, Any]) -> None:
             penalties.output_bin_counts = torch.zeros(shape, dtype=dtype, device=device)
 
     GPUModelRunner.profile_run = profile_run
+
+
+# -- where identity.py finds vLLM's objects (LOOKUPS) ----------------------------------------
+
+
+def _version() -> str:
+    from vllm import __version__
+
+    return str(__version__)
+
+
+def _config_utils() -> Any:
+    import vllm.config.utils as cu
+
+    return cu
+
+
+def _config_modules() -> list[Any]:
+    # Each config module of vLLM's config package imports its hash helpers at module load.
+    return [m for name, m in list(sys.modules.items()) if name.startswith("vllm.config") and m is not None]
+
+
+def _normalize_value(value: Any) -> Any:
+    from vllm.config.utils import normalize_value
+
+    return normalize_value(value)
+
+
+def _hash_factors(items: dict[str, Any]) -> str:
+    # Looked up at call time, as vLLM's configs do (identity wraps it there while recording).
+    from vllm.config.utils import hash_factors
+
+    return str(hash_factors(items))
+
+
+def _env_compile_factors() -> dict[str, Any]:
+    import vllm.envs as envs
+
+    return dict(envs.compile_factors())
+
+
+def _make_compiler(compilation_config: Any) -> Any:
+    from vllm.compilation.backends import make_compiler
+
+    return make_compiler(compilation_config)
+
+
+def _aot_compile_hash_factors(vllm_config: Any) -> Any:
+    from vllm.compilation.caching import aot_compile_hash_factors
+
+    return aot_compile_hash_factors(vllm_config)
+
+
+def _inductor_factors() -> Sequence[Any]:
+    from vllm.compilation.compiler_interface import get_inductor_factors
+
+    return list(get_inductor_factors())
+
+
+def _aot_compile_enabled() -> bool:
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_USE_AOT_COMPILE)
+
+
+def _compile_cache_enabled(compilation_config: Any) -> bool:
+    import vllm.envs as envs
+
+    try:
+        from vllm.compilation.compiler_interface import is_compile_cache_enabled
+
+        return bool(is_compile_cache_enabled(dict(compilation_config.inductor_compile_config or {})))
+    except Exception:
+        # A build without it: VLLM_DISABLE_COMPILE_CACHE is then vLLM's only switch.
+        return not bool(envs.VLLM_DISABLE_COMPILE_CACHE)
+
+
+def _cache_root() -> str:
+    import vllm.envs as envs
+
+    return str(envs.VLLM_CACHE_ROOT)
+
+
+def _model_module(arch: str) -> str | None:
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    module = getattr(ModelRegistry.models.get(arch), "module_name", None)
+    return str(module) if module else None
+
+
+def _compilation_config_class() -> Any:
+    from vllm.config import CompilationConfig
+
+    return CompilationConfig
+
+
+def _engine_args_class() -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs
+
+
+def _backend_class() -> Any:
+    from vllm.compilation.backends import VllmBackend
+
+    return VllmBackend
+
+
+LOOKUPS = VllmLookups(
+    version=_version,
+    config_utils=_config_utils,
+    config_modules=_config_modules,
+    normalize_value=_normalize_value,
+    hash_factors=_hash_factors,
+    env_compile_factors=_env_compile_factors,
+    make_compiler=_make_compiler,
+    aot_compile_hash_factors=_aot_compile_hash_factors,
+    inductor_factors=_inductor_factors,
+    aot_compile_enabled=_aot_compile_enabled,
+    compile_cache_enabled=_compile_cache_enabled,
+    cache_root=_cache_root,
+    model_module=_model_module,
+    compilation_config_class=_compilation_config_class,
+    engine_args_class=_engine_args_class,
+    backend_class=_backend_class,
+)
 
 
 if TYPE_CHECKING:

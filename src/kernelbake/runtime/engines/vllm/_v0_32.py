@@ -40,7 +40,16 @@ HOOKS: tuple[Hook, ...] = (
     # Serving on the CPU build: `python3 -m vllm.entrypoints.openai.api_server` runs it.
     Hook("vllm.entrypoints.launchers.api_server.entry:main", ()),
     Hook("vllm.model_executor.model_loader.dummy_loader:DummyModelLoader"),
+    # vLLM's compile-cache switch, read by identity.compile_state (checked here, on the CPU
+    # build of this release; on a release without it the lookup falls back to
+    # VLLM_DISABLE_COMPILE_CACHE, already in _v0_26.HOOKS).
+    Hook(
+        "vllm.compilation.compiler_interface:is_compile_cache_enabled", ("vllm_additional_inductor_config",)
+    ),
 )
+
+# Where identity.py finds vLLM's objects: none of them moved since 0.26 (HOOKS says so).
+LOOKUPS = _v0_26.LOOKUPS
 
 
 # Every worker's answer at the end of compile-only, as on 0.26 (its hooks are in HOOKS).

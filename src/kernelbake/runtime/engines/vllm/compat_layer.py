@@ -2,7 +2,8 @@
 every vLLM function an adapter hooks is still where, and what, the adapter expects.
 
 An adapter (``_v0_26``, ``_v0_32``, …: one per release line, named in engines.yaml) exports
-``HOOKS``, ``parse_serve_argv(argv)``, ``load_format()`` and ``install(report)``.
+``HOOKS``, ``LOOKUPS``, ``parse_serve_argv(argv)``, ``load_format()``, ``install(report)`` and
+``rank_report(worker)`` (``ReleaseAdapter``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from kernelbake.contract.engines import VLLM, Build
@@ -33,6 +34,47 @@ class Hook:
     params: tuple[str, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class VllmLookups:
+    """Where the identity code (``identity``) finds each vLLM object it reads or patches. Each
+    adapter builds one (``_v0_32`` reuses 0.26's), so a release that moves one of them changes
+    its adapter only; each callable imports vLLM when called (importing it is slow, and the
+    host has none). Every object reached here is in the adapter's ``HOOKS``."""
+
+    # ``vllm.__version__``.
+    version: Callable[[], str]
+    # The module whose ``hash_factors`` vLLM's configs call at call time.
+    config_utils: Callable[[], Any]
+    # vLLM's config modules loaded so far: each bound ``hash_factors`` or ``safe_hash`` at import.
+    config_modules: Callable[[], list[Any]]
+    # A hash factor as vLLM normalises it before hashing.
+    normalize_value: Callable[[Any], Any]
+    # vLLM's own hash of a dict of factors.
+    hash_factors: Callable[[dict[str, Any]], str]
+    # The environment variables vLLM's compile hash includes, with their values.
+    env_compile_factors: Callable[[], dict[str, Any]]
+    # The compiler vLLM compiles the model with, for a compilation config.
+    make_compiler: Callable[[Any], Any]
+    # What vLLM's AOT-compile hash includes, for a VllmConfig.
+    aot_compile_hash_factors: Callable[[Any], Any]
+    # The Inductor factors the compiler's hash includes (system, torch key, configs).
+    inductor_factors: Callable[[], Sequence[Any]]
+    # Whether vLLM saves its compiled graphs as an AOT artifact (``VLLM_USE_AOT_COMPILE``).
+    aot_compile_enabled: Callable[[], bool]
+    # vLLM's own answer to "is my compile cache on", for a compilation config.
+    compile_cache_enabled: Callable[[Any], bool]
+    # ``VLLM_CACHE_ROOT`` as vLLM resolved it.
+    cache_root: Callable[[], str]
+    # The module of the class vLLM's model registry holds for an architecture (None: none).
+    model_module: Callable[[str], str | None]
+    # ``CompilationConfig``: built with defaults to read its Inductor options.
+    compilation_config_class: Callable[[], Any]
+    # The class whose ``create_engine_config`` builds a VllmConfig from engine arguments.
+    engine_args_class: Callable[[], Any]
+    # vLLM's compile backend, whose ``__call__`` receives each traced graph.
+    backend_class: Callable[[], Any]
+
+
 class ReleaseAdapter(Protocol):
     """What kernelbake asks of the module that adapts it to one vLLM release line
     (``_v0_26``, ``_v0_32`` …; the engine declaration maps releases to them). Each adapter
@@ -41,6 +83,8 @@ class ReleaseAdapter(Protocol):
 
     # Every vLLM object the adapter and the identity code reach, checked in the image.
     HOOKS: tuple[Hook, ...]
+    # Where identity.py finds each vLLM object it reads (all of them in HOOKS).
+    LOOKUPS: VllmLookups
 
     def parse_serve_argv(self, argv: Sequence[str]) -> Any: ...
 

@@ -14,6 +14,10 @@ module asks each of them and records both the hashes and the factors they were c
 - FlashInfer (``flashinfer``): its version, its JIT workspace (path includes the arch) and the
   absolute paths its build.ninja files name.
 
+Every vLLM object is found through the installed release's adapter (``_vllm``:
+``compat_layer.VllmLookups``), so a release that moves one changes its adapter, not this
+module. torch's and Triton's own internals (Inductor's config, ``triton_key`` …) are read here.
+
 The factors are recorded by watching vLLM's own hash functions receive them
 (``_recording``): nothing here decides what vLLM hashes. Values under secret-carrying names
 are digested before they are stored (``kernelbake.runtime.redact``).
@@ -32,12 +36,12 @@ import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kernelbake.runtime import redact
+from kernelbake.runtime.engines.vllm import compat_layer
 
 SCHEMA = 1
 # Where the identity lives in the manifest's compile report.
@@ -59,6 +63,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@functools.cache
+def _vllm() -> compat_layer.VllmLookups:
+    """Where the installed release keeps what this module reads (its adapter's ``LOOKUPS``)."""
+    return compat_layer.patches_for_installed_vllm().LOOKUPS
+
+
 # -- watching vLLM's hash functions ------------------------------------------------------
 
 
@@ -69,7 +79,8 @@ def _recording() -> Iterator[list[tuple[Any, str]]]:
     vLLM's configs hash either a named dict (``vllm.config.utils.hash_factors``, imported at
     call time) or ``str(list)`` (``safe_hash``, imported at module load in each config
     module), so both are wrapped where the configs look them up."""
-    import vllm.config.utils as cu
+    vllm = _vllm()
+    cu = vllm.config_utils()
 
     calls: list[tuple[Any, str]] = []
     original_hf = cu.hash_factors
@@ -81,10 +92,7 @@ def _recording() -> Iterator[list[tuple[Any, str]]]:
 
     patched: list[tuple[Any, str, Any]] = [(cu, "hash_factors", original_hf)]
     cu.hash_factors = hash_factors
-    modules: list[tuple[str, Any]] = list(sys.modules.items())
-    for name, module in modules:
-        if not name.startswith("vllm.config") or module is None:
-            continue
+    for module in vllm.config_modules():
         if getattr(module, "hash_factors", None) is original_hf:
             patched.append((module, "hash_factors", original_hf))
             module.hash_factors = hash_factors
@@ -129,8 +137,7 @@ def _factors_of(config: Any) -> tuple[str, Any]:
 def _fields(config: Any) -> dict[str, Any]:
     """Every field of a config, normalised as vLLM normalises hash factors: names the field
     that changed when a config hashes an unnamed list."""
-    from vllm.config.utils import normalize_value
-
+    normalize_value = _vllm().normalize_value
     out = {}
     for f in dataclasses.fields(config):
         try:
@@ -171,11 +178,9 @@ def config_factors(vllm_config: Any) -> dict[str, Any]:
 
 
 def env_factors() -> dict[str, Any]:
-    import vllm.envs as envs
-    from vllm.config.utils import hash_factors
-
-    factors = envs.compile_factors()
-    return {"hash": hash_factors(factors), "factors": redact.tree(_jsonable(factors))}
+    vllm = _vllm()
+    factors = vllm.env_compile_factors()
+    return {"hash": vllm.hash_factors(factors), "factors": redact.tree(_jsonable(factors))}
 
 
 # -- the compiler, Triton and FlashInfer (device facts) -----------------------------------
@@ -185,19 +190,16 @@ def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
     """Needs the device: runs where CUDA may be initialised (see ``_device_side``)."""
     out: dict[str, Any] = {}
     try:
-        from vllm.compilation.backends import make_compiler
-        from vllm.compilation.caching import aot_compile_hash_factors
-        from vllm.compilation.compiler_interface import get_inductor_factors
-
-        compiler = make_compiler(vllm_config.compilation_config)
+        vllm = _vllm()
+        compiler = vllm.make_compiler(vllm_config.compilation_config)
         names = ("system", "torch_key", "inductor_config", "functorch_config")
-        factors = get_inductor_factors()
+        factors = vllm.inductor_factors()
         out["compiler"] = {
             "name": type(compiler).__name__,
             "hash": str(compiler.compute_hash(vllm_config)),
             "factors": {names[i] if i < len(names) else str(i): _jsonable(v) for i, v in enumerate(factors)},
         }
-        out["aot"] = {"factors_digest": _sha256(str(aot_compile_hash_factors(vllm_config)).encode())}
+        out["aot"] = {"factors_digest": _sha256(str(vllm.aot_compile_hash_factors(vllm_config)).encode())}
     except Exception as exc:
         out["compiler"] = {"error": f"{type(exc).__name__}: {exc}"}
     out["triton"] = _triton_facts()
@@ -281,9 +283,7 @@ def graphs_store() -> str:
     """Where vLLM's compiled graphs are kept: its AOT artifact under ``VLLM_CACHE_ROOT``
     (``vllm``), or, with AOT compile off (the CPU build, docs/vllm.md), Inductor's own FX-graph
     cache under ``TORCHINDUCTOR_CACHE_DIR`` (``inductor``)."""
-    import vllm.envs as envs
-
-    return "vllm" if envs.VLLM_USE_AOT_COMPILE else "inductor"
+    return "vllm" if _vllm().aot_compile_enabled() else "inductor"
 
 
 def _switch_values(prefix: str, config: Any) -> dict[str, bool]:
@@ -304,28 +304,20 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
     and where each cache is read from."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
-    import vllm.envs as envs
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    vllm = _vllm()
     cc = vllm_config.compilation_config
     switches = {
         **_switch_values("torch._inductor.config", inductor_config),
         **_switch_values("torch._functorch.config", functorch_config),
     }
-    try:
-        from vllm.compilation.compiler_interface import is_compile_cache_enabled
-
-        switches["vllm is_compile_cache_enabled"] = bool(
-            is_compile_cache_enabled(dict(cc.inductor_compile_config or {}))
-        )
-    except Exception:
-        # Older releases: VLLM_DISABLE_COMPILE_CACHE is then vLLM's only switch.
-        switches["vllm is_compile_cache_enabled"] = not bool(envs.VLLM_DISABLE_COMPILE_CACHE)
+    switches["vllm is_compile_cache_enabled"] = vllm.compile_cache_enabled(cc)
     # Computed as Inductor computes it, without its side effects (it creates the directory).
     inductor_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
     dirs = {
         "inductor": str(Path(inductor_dir).absolute()),
-        "vllm": str(Path(envs.VLLM_CACHE_ROOT).absolute()),
+        "vllm": str(Path(vllm.cache_root()).absolute()),
     }
     if getattr(cc, "cache_dir", ""):
         dirs["vllm compilation_config.cache_dir"] = str(Path(cc.cache_dir).absolute())
@@ -342,11 +334,9 @@ def model_modules(vllm_config: Any) -> list[str]:
     the module of each architecture's registered class, as vLLM's registry names it."""
     import importlib.util
 
-    from vllm.model_executor.models.registry import ModelRegistry
-
     out: set[str] = set()
     for arch in getattr(vllm_config.model_config, "architectures", None) or []:
-        module = getattr(ModelRegistry.models.get(arch), "module_name", None)
+        module = _vllm().model_module(arch)
         try:
             spec = importlib.util.find_spec(module) if module else None
         except (ImportError, ValueError):
@@ -358,12 +348,10 @@ def model_modules(vllm_config: Any) -> list[str]:
 
 def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
     """Everything vLLM and its libraries key their caches on, for this config and process."""
-    from vllm import __version__
-
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "engine": "vllm",
-        "version": str(__version__),
+        "version": _vllm().version(),
         "config": config_factors(vllm_config),
         "env": env_factors(),
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
@@ -420,7 +408,7 @@ def log_level_pins() -> dict[str, Any]:
     """The Inductor options whose default vLLM derives from ``VLLM_LOGGING_LEVEL``, with their
     value at the default level: asked of vLLM by building its ``CompilationConfig`` at both
     levels. Empty where vLLM no longer ties them (torch >= 2.12)."""
-    from vllm.config import CompilationConfig
+    compilation_config = _vllm().compilation_config_class()
 
     def options(level: str | None) -> dict[str, Any]:
         saved = os.environ.get(_LOG_LEVEL)
@@ -429,7 +417,7 @@ def log_level_pins() -> dict[str, Any]:
                 os.environ.pop(_LOG_LEVEL, None)
             else:
                 os.environ[_LOG_LEVEL] = level
-            return dict(CompilationConfig().inductor_compile_config)
+            return dict(compilation_config().inductor_compile_config)
         finally:
             if saved is None:
                 os.environ.pop(_LOG_LEVEL, None)
@@ -451,10 +439,10 @@ def install_hook(on_config: Callable[[Any, Any], None]) -> None:
     """Call ``on_config(engine_args, vllm_config)`` each time vLLM builds its config from
     engine arguments (``EngineArgs.create_engine_config``: the API server calls it once,
     before it starts the engine core). The last install wins."""
-    from vllm.engine.arg_utils import EngineArgs
+    engine_args = _vllm().engine_args_class()
 
     original = getattr(
-        EngineArgs.create_engine_config, "_kernelbake_original", EngineArgs.create_engine_config
+        engine_args.create_engine_config, "_kernelbake_original", engine_args.create_engine_config
     )
 
     @functools.wraps(original)
@@ -464,15 +452,15 @@ def install_hook(on_config: Callable[[Any, Any], None]) -> None:
         return config
 
     create_engine_config._kernelbake_original = original  # type: ignore[attr-defined]
-    EngineArgs.create_engine_config = create_engine_config
+    engine_args.create_engine_config = create_engine_config
 
 
 def record_traced_files(report: MutableMapping[str, Any]) -> None:
     """Build time: the files Dynamo traced, as vLLM's backend hashes them (it clears the set
     once hashed, so they are read on the way in)."""
-    from vllm.compilation.backends import VllmBackend
+    backend = _vllm().backend_class()
 
-    original = VllmBackend.__call__
+    original = backend.__call__
     if getattr(original, "_kernelbake", False):
         return
 
@@ -484,4 +472,4 @@ def record_traced_files(report: MutableMapping[str, Any]) -> None:
         return original(self, graph, example_inputs)
 
     call._kernelbake = True  # type: ignore[attr-defined]
-    VllmBackend.__call__ = call
+    backend.__call__ = call
