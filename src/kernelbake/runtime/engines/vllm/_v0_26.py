@@ -33,11 +33,13 @@ if TYPE_CHECKING:
 
 LOAD_FORMAT = "kernelbake_meta"
 
-# What identity.py (through LOOKUPS) and the rank report ask of vLLM, the same in 0.26 and
-# 0.32: its config hashing, its compiler's factors, the config hook, the traced files, the
-# compile switches and directories, the model registry, the parallel groups.
+# What identity.py, compile-only, check and the warm-up (through LOOKUPS) and the rank report
+# ask of vLLM, the same in 0.26 and 0.32: its version, config hashing, compiler's factors, the
+# config hook, the traced files, the compile switches and directories, the model registry, the
+# engine and its request parameters, the parallel groups.
 IDENTITY_HOOKS: tuple[Hook, ...] = (
     Hook("vllm:__version__"),
+    Hook("vllm:SamplingParams"),
     Hook("vllm.config.utils:hash_factors", ("items",)),
     Hook("vllm.config.utils:normalize_value", ("x",)),
     Hook("vllm.utils.hashing:safe_hash", ("data", "usedforsecurity")),
@@ -482,6 +484,24 @@ def _backend_class() -> Any:
     return VllmBackend
 
 
+def _api_server_usage() -> Any:
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.OPENAI_API_SERVER
+
+
+def _engine_class() -> Any:
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    return LLMEngine
+
+
+def _sampling_params_class() -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams
+
+
 LOOKUPS = VllmLookups(
     version=_version,
     config_utils=_config_utils,
@@ -499,6 +519,9 @@ LOOKUPS = VllmLookups(
     compilation_config_class=_compilation_config_class,
     engine_args_class=_engine_args_class,
     backend_class=_backend_class,
+    api_server_usage=_api_server_usage,
+    engine_class=_engine_class,
+    sampling_params_class=_sampling_params_class,
 )
 
 

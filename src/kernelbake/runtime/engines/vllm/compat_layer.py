@@ -9,6 +9,7 @@ An adapter (``_v0_26``, ``_v0_32``, …: one per release line, named in engines.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -73,6 +74,12 @@ class VllmLookups:
     engine_args_class: Callable[[], Any]
     # vLLM's compile backend, whose ``__call__`` receives each traced graph.
     backend_class: Callable[[], Any]
+    # ``UsageContext.OPENAI_API_SERVER``: what compile-only and ``check`` start the engine as.
+    api_server_usage: Callable[[], Any]
+    # The in-process engine class (``LLMEngine``: ``from_engine_args``).
+    engine_class: Callable[[], Any]
+    # ``SamplingParams``, for the warm-up requests.
+    sampling_params_class: Callable[[], Any]
 
 
 class ReleaseAdapter(Protocol):
@@ -133,6 +140,13 @@ def patches_for_installed_vllm() -> ReleaseAdapter:
         )
     module: ReleaseAdapter = importlib.import_module(adapter)
     return module
+
+
+@functools.cache
+def lookups() -> VllmLookups:
+    """Where the installed release keeps the vLLM objects kernelbake's shared code reads (its
+    adapter's ``LOOKUPS``), for identity, compile-only, ``check`` and the warm-up."""
+    return patches_for_installed_vllm().LOOKUPS
 
 
 def parse_serve_argv(argv: Sequence[str]) -> Any:

@@ -41,9 +41,12 @@ def hashed_env() -> dict[str, str]:
     """Every variable vLLM folds into its compile hash, as set in this process (``UNSET`` if
     not). Defaults that depend on the process (HOME, CPU count) are pinned by the engine's
     cache env, so comparing what is set is enough to spot a change at serve time."""
-    import vllm.envs as envs
+    from kernelbake.runtime.engines.vllm.compat_layer import lookups
 
-    return {name: redact.shown(name, os.environ.get(name, UNSET)) for name in sorted(envs.compile_factors())}
+    return {
+        name: redact.shown(name, os.environ.get(name, UNSET))
+        for name in sorted(lookups().env_compile_factors())
+    }
 
 
 def _bake_extra_jit() -> list[str]:
@@ -91,10 +94,9 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     report = plugin.REPORT
     adapter = compat_layer.patches_for_installed_vllm()
     cpu = compat_layer.installed_is_cpu_build()
-    import vllm.envs as envs
-
+    vllm = compat_layer.lookups()
     # The CPU build compiles with stock Inductor, whose own cache is what it bakes there.
-    if not cpu and not envs.VLLM_USE_AOT_COMPILE:
+    if not cpu and not vllm.aot_compile_enabled():
         raise SystemExit(
             "kernelbake compile-only needs vLLM's AOT compile (VLLM_USE_AOT_COMPILE=1, torch>=2.10)"
         )
@@ -123,15 +125,13 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
             int(engine_args.max_num_seqs or 256) + _EXTRA_BLOCKS + long_prompt_blocks
         )
 
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.llm_engine import LLMEngine
-
+    engine_class, usage = vllm.engine_class(), vllm.api_server_usage()
     # vLLM's own cache identity, recorded where serve computes it (after the config is built).
     predict.record_at_build(report, pins)
     # No CUDA call in this process before the engine exists: at TP/PP > 1 the workers are
     # other processes, and a CUDA context here would take GPU 0's memory and make vLLM
     # spawn its workers instead of forking them.
-    engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
+    engine = engine_class.from_engine_args(engine_args, usage_context=usage)
     report["engine_ready_s"] = round(time.monotonic() - started, 2)
     report["extra_jit"] = _bake_extra_jit()
     # The CPU build's sampler is plain torch: nothing there compiles per request.

@@ -14,8 +14,8 @@ module asks each of them and records both the hashes and the factors they were c
 - FlashInfer (``flashinfer``): its version, its JIT workspace (path includes the arch) and the
   absolute paths its build.ninja files name.
 
-Every vLLM object is found through the installed release's adapter (``_vllm``:
-``compat_layer.VllmLookups``), so a release that moves one changes its adapter, not this
+Every vLLM object is found through the installed release's adapter (``compat_layer.lookups()``:
+its ``VllmLookups``), so a release that moves one changes its adapter, not this
 module. torch's and Triton's own internals (Inductor's config, ``triton_key`` …) are read here.
 
 The factors are recorded by watching vLLM's own hash functions receive them
@@ -63,12 +63,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@functools.cache
-def _vllm() -> compat_layer.VllmLookups:
-    """Where the installed release keeps what this module reads (its adapter's ``LOOKUPS``)."""
-    return compat_layer.patches_for_installed_vllm().LOOKUPS
-
-
 # -- watching vLLM's hash functions ------------------------------------------------------
 
 
@@ -79,7 +73,7 @@ def _recording() -> Iterator[list[tuple[Any, str]]]:
     vLLM's configs hash either a named dict (``vllm.config.utils.hash_factors``, imported at
     call time) or ``str(list)`` (``safe_hash``, imported at module load in each config
     module), so both are wrapped where the configs look them up."""
-    vllm = _vllm()
+    vllm = compat_layer.lookups()
     cu = vllm.config_utils()
 
     calls: list[tuple[Any, str]] = []
@@ -137,7 +131,7 @@ def _factors_of(config: Any) -> tuple[str, Any]:
 def _fields(config: Any) -> dict[str, Any]:
     """Every field of a config, normalised as vLLM normalises hash factors: names the field
     that changed when a config hashes an unnamed list."""
-    normalize_value = _vllm().normalize_value
+    normalize_value = compat_layer.lookups().normalize_value
     out = {}
     for f in dataclasses.fields(config):
         try:
@@ -178,7 +172,7 @@ def config_factors(vllm_config: Any) -> dict[str, Any]:
 
 
 def env_factors() -> dict[str, Any]:
-    vllm = _vllm()
+    vllm = compat_layer.lookups()
     factors = vllm.env_compile_factors()
     return {"hash": vllm.hash_factors(factors), "factors": redact.tree(_jsonable(factors))}
 
@@ -190,7 +184,7 @@ def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
     """Needs the device: runs where CUDA may be initialised (see ``_device_side``)."""
     out: dict[str, Any] = {}
     try:
-        vllm = _vllm()
+        vllm = compat_layer.lookups()
         compiler = vllm.make_compiler(vllm_config.compilation_config)
         names = ("system", "torch_key", "inductor_config", "functorch_config")
         factors = vllm.inductor_factors()
@@ -283,7 +277,7 @@ def graphs_store() -> str:
     """Where vLLM's compiled graphs are kept: its AOT artifact under ``VLLM_CACHE_ROOT``
     (``vllm``), or, with AOT compile off (the CPU build, docs/vllm.md), Inductor's own FX-graph
     cache under ``TORCHINDUCTOR_CACHE_DIR`` (``inductor``)."""
-    return "vllm" if _vllm().aot_compile_enabled() else "inductor"
+    return "vllm" if compat_layer.lookups().aot_compile_enabled() else "inductor"
 
 
 def _switch_values(prefix: str, config: Any) -> dict[str, bool]:
@@ -306,7 +300,7 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
     import torch._inductor.config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    vllm = _vllm()
+    vllm = compat_layer.lookups()
     cc = vllm_config.compilation_config
     switches = {
         **_switch_values("torch._inductor.config", inductor_config),
@@ -336,7 +330,7 @@ def model_modules(vllm_config: Any) -> list[str]:
 
     out: set[str] = set()
     for arch in getattr(vllm_config.model_config, "architectures", None) or []:
-        module = _vllm().model_module(arch)
+        module = compat_layer.lookups().model_module(arch)
         try:
             spec = importlib.util.find_spec(module) if module else None
         except (ImportError, ValueError):
@@ -351,7 +345,7 @@ def identity(vllm_config: Any, cache_env: Mapping[str, str]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "engine": "vllm",
-        "version": _vllm().version(),
+        "version": compat_layer.lookups().version(),
         "config": config_factors(vllm_config),
         "env": env_factors(),
         "cache_env": {k: redact.shown(k, v) for k, v in sorted(cache_env.items())},
@@ -408,7 +402,7 @@ def log_level_pins() -> dict[str, Any]:
     """The Inductor options whose default vLLM derives from ``VLLM_LOGGING_LEVEL``, with their
     value at the default level: asked of vLLM by building its ``CompilationConfig`` at both
     levels. Empty where vLLM no longer ties them (torch >= 2.12)."""
-    compilation_config = _vllm().compilation_config_class()
+    compilation_config = compat_layer.lookups().compilation_config_class()
 
     def options(level: str | None) -> dict[str, Any]:
         saved = os.environ.get(_LOG_LEVEL)
@@ -439,7 +433,7 @@ def install_hook(on_config: Callable[[Any, Any], None]) -> None:
     """Call ``on_config(engine_args, vllm_config)`` each time vLLM builds its config from
     engine arguments (``EngineArgs.create_engine_config``: the API server calls it once,
     before it starts the engine core). The last install wins."""
-    engine_args = _vllm().engine_args_class()
+    engine_args = compat_layer.lookups().engine_args_class()
 
     original = getattr(
         engine_args.create_engine_config, "_kernelbake_original", engine_args.create_engine_config
@@ -458,7 +452,7 @@ def install_hook(on_config: Callable[[Any, Any], None]) -> None:
 def record_traced_files(report: MutableMapping[str, Any]) -> None:
     """Build time: the files Dynamo traced, as vLLM's backend hashes them (it clears the set
     once hashed, so they are read on the way in)."""
-    backend = _vllm().backend_class()
+    backend = compat_layer.lookups().backend_class()
 
     original = backend.__call__
     if getattr(original, "_kernelbake", False):

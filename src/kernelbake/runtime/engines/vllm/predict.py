@@ -162,12 +162,10 @@ def check(serve_argv: Sequence[str], manifest: Path, *, trace: bool = True) -> P
     environment already set as ``serve`` sets it for vLLM. Where Inductor keys the compiled
     graphs itself (the CPU build) and ``trace``, the model is traced and Inductor asked
     (``trace.ask_inductor``: one start-up up to the first forward)."""
-    from vllm.usage.usage_lib import UsageContext
-
-    from kernelbake.runtime.engines.vllm.compat_layer import parse_serve_argv
+    from kernelbake.runtime.engines.vllm.compat_layer import lookups, parse_serve_argv
 
     engine_args = parse_serve_argv(serve_argv)
-    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    config = engine_args.create_engine_config(usage_context=lookups().api_server_usage())
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")

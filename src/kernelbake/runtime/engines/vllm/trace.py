@@ -43,8 +43,10 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
     import torch._inductor.compile_fx as cfx
     from torch._inductor.codecache import FxGraphCache
     from torch._inductor.cpp_builder import CppBuilder
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from kernelbake.runtime.engines.vllm.compat_layer import lookups
+
+    engine_class, usage = lookups().engine_class(), lookups().api_server_usage()
 
     answer: dict[str, Any] = {}
     started = time.monotonic()
@@ -99,7 +101,7 @@ def ask_inductor(engine_args: Any, inductor_dir: Path) -> dict[str, Any]:
         FxGraphCache.prepare_key = staticmethod(record_key)
         CppBuilder.build = record_build
         try:
-            engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
+            engine = engine_class.from_engine_args(engine_args, usage_context=usage)
             engine.engine_core.shutdown()
             answer.setdefault("error", "vLLM started without handing a graph to Inductor")
         except Exception as exc:  # _Answered arrives wrapped by Dynamo and vLLM

@@ -137,8 +137,9 @@ def prompt(length: int, salt: int, vocab: int) -> list[int]:
 def serve(engine: Any, waves: Sequence[Sequence[WarmRequest]], vocab: int) -> dict[str, Any]:
     """Runs ``waves`` through an in-process vLLM ``LLMEngine``, one wave at a time; returns
     what ran (counts per class, seconds per wave)."""
-    from vllm import SamplingParams
+    from kernelbake.runtime.engines.vllm.compat_layer import lookups
 
+    sampling_params = lookups().sampling_params_class()
     counts: dict[str, int] = {}
     # A class this vLLM refuses (its own validation) is left out and named: the bake goes
     # on, and the serve-time check (files added after /health) shows what that costs.
@@ -155,7 +156,7 @@ def serve(engine: Any, waves: Sequence[Sequence[WarmRequest]], vocab: int) -> di
                 engine.add_request(
                     f"kernelbake-warmup-{n}",
                     {"prompt_token_ids": prompt(req.prompt_len, n, vocab)},
-                    SamplingParams(**kwargs),
+                    sampling_params(**kwargs),
                 )
             except (ValueError, TypeError) as exc:
                 refused[req.kind] = f"{type(exc).__name__}: {exc}"[:300]
