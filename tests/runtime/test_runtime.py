@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -420,6 +421,23 @@ def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
     seeded = dataclasses.replace(target, cache_root=str(tmp_path / "seed"))
     (tmp_path / "target.json").write_text(seeded.to_json())
     assert pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key))).warm
+
+
+def test_seed_keeps_each_files_mtime(tmp_path: Path, target: TargetConfig) -> None:
+    # The init-container recipe promises a copy like ``cp -a``: a seeded cache reads as the
+    # baked one, file times included.
+    root = _baked(tmp_path, target)
+    for i, p in enumerate(sorted(root.rglob("*"))):
+        if p.is_file():
+            os.utime(p, ns=(1_000_000_000 * (i + 1), 1_500_000_000_000_000_000 + i))
+    pf.seed(_env(tmp_path), tmp_path / "seed")
+    baked = {p.relative_to(root): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    seeded = {
+        p.relative_to(tmp_path / "seed"): p.stat().st_mtime_ns
+        for p in (tmp_path / "seed").rglob("*")
+        if p.is_file()
+    }
+    assert seeded == baked
 
 
 def test_seed_refuses_a_tampered_bundle(tmp_path: Path, target: TargetConfig) -> None:

@@ -117,14 +117,19 @@ def read_manifest(root: Path) -> Manifest:
 
 
 def _copy_one(root: Path, rel: str, dest: Path) -> tuple[int, str]:
-    """Copies ``rel`` (never through a symlink, never onto one); its size and sha256."""
+    """Copies ``rel`` (never through a symlink, never onto one), keeping its mode and times;
+    its size and sha256. The times are kept because a copied cache must read as the baked one:
+    some engine caches compare a file's mtime with their own records (and the init-container
+    recipe promises a copy that keeps them, like ``cp -a``)."""
     h = hashlib.sha256()
     size = 0
     with open_beneath(root, rel) as src:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        mode = os.fstat(src).st_mode & 0o777
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        st = os.fstat(src)
+        out = os.open(
+            target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, st.st_mode & 0o777
+        )
         try:
             while chunk := os.read(src, 1 << 20):
                 h.update(chunk)
@@ -132,6 +137,7 @@ def _copy_one(root: Path, rel: str, dest: Path) -> tuple[int, str]:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(out, view) :]
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(out)
     return size, h.hexdigest()
@@ -164,5 +170,8 @@ def copy_bundle(root: Path, manifest: Manifest, data: bytes, dest: Path) -> int:
     tmp = dest / f".{MANIFEST}.tmp"
     tmp.unlink(missing_ok=True)
     tmp.write_bytes(data)
+    with contextlib.suppress(OSError):
+        st = (root / MANIFEST).lstat()
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
     tmp.replace(dest / MANIFEST)
     return copied
