@@ -27,7 +27,14 @@ from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
 from kernelbake.admission.variants import Picker
 from kernelbake.admission.volumes import ImageVolume, image_volumes
-from kernelbake.admission.workloads import ImageSite, MalformedObject, containers, known_kinds, pod_spec
+from kernelbake.admission.workloads import (
+    ImageSite,
+    MalformedObject,
+    containers,
+    known_kinds,
+    pod_spec,
+    template_metadata,
+)
 from kernelbake.contract.variants import Variant
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
@@ -56,7 +63,7 @@ class Governed:
     @property
     def target(self) -> str:
         """What is verified: the digest when one is given (it wins over a tag)."""
-        return self.ref.by_digest() if self.ref.digest else str(self.ref)
+        return self.ref.target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +149,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                     "was verified, and the tag is dropped"
                 )
             governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
-        caches = plan_caches(spec_path, spec, _template_metadata(request.object, spec_path), policy)
+        caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
         found_ways = tuple(ways(spec)) if governed or caches is not None else ()
     except MalformedObject as exc:
         return Plan(
@@ -154,14 +161,6 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
     if not governed and not problems and caches is None:
         return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
     return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
-
-
-def _template_metadata(obj: Mapping[str, Any], spec_path: tuple[str, ...]) -> Any:
-    """The metadata beside the pod spec at ``spec_path``: the Pod's own, or its template's."""
-    node: Any = obj
-    for segment in spec_path[:-1]:
-        node = node.get(segment) if isinstance(node, dict) else None
-    return node.get("metadata") if isinstance(node, dict) else None
 
 
 def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[ImageSite]:

@@ -42,7 +42,7 @@ from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
 from kernelbake.admission.scheduling import Way
 from kernelbake.admission.variants import Pick, pick
-from kernelbake.admission.workloads import MalformedObject, pointer
+from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, ArtifactKind, CacheArtifactFacts
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import CACHE_ROOT
@@ -77,7 +77,7 @@ class CacheVolume:
 
     @property
     def target(self) -> str:
-        return self.ref.by_digest() if self.ref.digest else str(self.ref)
+        return self.ref.target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ class CacheDecision:
 
 
 def _target(ref: ImageRef) -> str:
-    return ref.by_digest() if ref.digest else str(ref)
+    return ref.target
 
 
 def plan_caches(
@@ -177,18 +177,13 @@ def plan_caches(
 def opt_in_of(kind: Any, obj: Any) -> tuple[Any, ...]:
     """The cache annotations of ``obj``'s pod (template), to tell whether an UPDATE changed the
     opt-in even where the pod spec stayed the same."""
-    from kernelbake.admission.workloads import pod_spec
-
     try:
         found = pod_spec(kind, obj)
     except MalformedObject:
         return ()
     if found is None:
         return ()
-    node: Any = obj
-    for segment in found[0][:-1]:
-        node = node.get(segment) if isinstance(node, dict) else None
-    metadata = node.get("metadata") if isinstance(node, dict) else None
+    metadata = template_metadata(obj, found[0])
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     if not isinstance(annotations, dict):
         return ()

@@ -52,6 +52,11 @@ class ImageRef:
             raise ValueError(f"{self} has no digest")
         return f"{self.name}@{self.digest}"
 
+    @property
+    def target(self) -> str:
+        """What is verified: the digest when one is given (it wins over a tag), else the tag."""
+        return self.by_digest() if self.digest else str(self)
+
     def rewritten(self, digest: str) -> str:
         """The reference to run: the name as the user wrote it, pinned to ``digest``.
 

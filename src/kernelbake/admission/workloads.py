@@ -112,3 +112,11 @@ def containers(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[
             if not isinstance(image, str):
                 raise MalformedObject(f'{field}[{index}] ("{label}").image must be a string')
             yield Container(field, index, label, image, (*spec_path, field, str(index), "image"))
+
+
+def template_metadata(obj: Mapping[str, Any], spec_path: tuple[str, ...]) -> Any:
+    """The metadata beside the pod spec at ``spec_path``: the Pod's own, or its template's."""
+    node: Any = obj
+    for segment in spec_path[:-1]:
+        node = node.get(segment) if isinstance(node, dict) else None
+    return node.get("metadata") if isinstance(node, dict) else None
