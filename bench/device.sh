@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The one driver for bench runs on the device machine (/work/.library/device/README.md).
+#
+# That machine has no network and keeps nothing between leases; a call carries at most
+# 64 MiB and lasts at most 10 minutes, and the machine is given back ~30 s after a call ends.
+# So vLLM arrives as the three parts of shared/gpu-testenv/build-bundle.sh, one per call,
+# and a run longer than one call lives in its own session, in a copy of the tree (the next
+# call replaces the checkout it came from), with every call copying back what exists so far.
+#
+#   bench/device.sh stash PART                  calls 1 and 2: .gpu/bundle/PART to /root/stash
+#   bench/device.sh install                     call 3: the last part, then vLLM into /tmp/site
+#                                               and this tree to /opt/kernelbake-tree
+#   bench/device.sh start NAME [--after RUN] [--private-opt] -- CMD...
+#                                               CMD in /root/tree, in its own session (after RUN
+#                                               ended, if given); $RUN_OUT is its output folder.
+#                                               --private-opt: /opt/kernelbake and /models of its
+#                                               own (a mount namespace), so it can share the
+#                                               machine with an image flow, which owns them
+#   bench/device.sh collect SECONDS [RUN...]     wait up to SECONDS (from the call's start) for the
+#                                               runs (default: all) to end, then copy to $OUT one
+#                                               tarball per run (its output and stdout.log, no
+#                                               .so) and the install log, and show where each is
+#
+# Example (issue 25's runs; the contexts come from `kernelbake render SPEC --gpu h200 --out
+# .gpu/ctx`, carried as .gpu/ctx with the third part):
+#   run(carry=[".gpu/bundle/part1"]): bash bench/device.sh stash part1
+#   run(carry=[".gpu/bundle/part2"]): bash bench/device.sh stash part2
+#   run(carry=[".gpu/bundle/part3", ".gpu/ctx"]): bash bench/device.sh install &&
+#       bash bench/device.sh start moe -- python3 bench/vllm_image_flow.py --context ... &&
+#       bash bench/device.sh collect 540
+#   run(): bash bench/device.sh collect 560           (again, until every run has ended)
+set -u
+RUNS=/root/runs
+# Readable by any uid (a key-matrix case runs as uid 1000; /root is 0700).
+TREE=/opt/kernelbake-tree
+STASH=/root/stash
+SITE=/tmp/site
+
+die() { echo "device.sh: $*" >&2; exit 2; }
+
+stash() {
+  [ -d ".gpu/bundle/$1" ] || die "no .gpu/bundle/$1 here: carry it in this call"
+  mkdir -p "$STASH" && rm -rf "${STASH:?}/$1" && mv ".gpu/bundle/$1" "$STASH/"
+  du -sh "$STASH"/*
+}
+
+install() {
+  [ -d "$STASH/part1" ] && [ -d "$STASH/part2" ] || die "parts 1 and 2 are not in $STASH (new machine?)"
+  [ -d .gpu/bundle/part3 ] && stash part3 > /dev/null
+  bash "$STASH/part3/install.sh" "$STASH" "$SITE" > /root/install.log 2>&1 || { tail -20 /root/install.log; die "install failed"; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> /root/install.log
+  # The tree the runs use: the checkout without the bundle (the ignored .gpu/ctx travels).
+  rm -rf "$TREE" && mkdir -p "$TREE" && tar cf - --exclude=./.gpu/bundle . | tar xf - -C "$TREE"
+  mkdir -p /opt/kernelbake /models "$RUNS"
+  tail -2 /root/install.log
+  echo "installed at ${SECONDS}s"
+}
+
+start() {
+  local name=$1 after="" private=0
+  shift
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    case $1 in
+      --after) after=$2; shift 2 ;;
+      --private-opt) private=1; shift ;;
+      *) die "start: unknown option $1" ;;
+    esac
+  done
+  [ "${1:-}" = "--" ] || die "start NAME [--after RUN] [--private-opt] -- CMD..."
+  shift
+  [ -d "$SITE" ] || die "vLLM is not installed here: run install first"
+  local dir=$RUNS/$name
+  rm -rf "$dir" && mkdir -p "$dir/out"
+  printf '%q ' "$@" > "$dir/cmd"
+  local body="cd $TREE && export PYTHONPATH=$SITE:$TREE/src PYTHONUNBUFFERED=1 RUN_OUT=$dir/out && $(cat "$dir/cmd")"
+  if [ $private = 1 ]; then
+    mkdir -p "$dir/opt" "$dir/models" /opt/kernelbake /models
+    body="mount --bind $dir/opt /opt/kernelbake && mount --bind $dir/models /models && $body"
+    body="unshare -m --propagation private bash -c $(printf '%q' "$body")"
+  fi
+  local wait=""
+  [ -n "$after" ] && wait="while [ ! -f $RUNS/$after/rc ]; do sleep 2; done; "
+  setsid nohup bash -c "${wait}date -u +%FT%TZ > $dir/started; $body > $dir/stdout.log 2>&1; echo \$? > $dir/rc" \
+    < /dev/null > /dev/null 2>&1 &
+  echo "started $name${after:+ (after $after)} at ${SECONDS}s"
+}
+
+collect() {
+  local limit=$1
+  shift
+  local names=("$@")
+  [ ${#names[@]} -gt 0 ] || names=($(ls "$RUNS" 2>/dev/null))
+  pending() { for n in "${names[@]}"; do [ -f "$RUNS/$n/rc" ] || return 0; done; return 1; }
+  while pending && [ $SECONDS -lt "$limit" ]; do sleep 5; done
+  cp /root/install.log "$OUT/" 2>/dev/null
+  for n in "${names[@]}"; do
+    local dir=$RUNS/$n
+    echo "== $n: started $(cat "$dir/started" 2>/dev/null || echo no), rc $(cat "$dir/rc" 2>/dev/null || echo running) at ${SECONDS}s"
+    tar czf "$OUT/$n.tar.gz" -C "$dir" --exclude='*.so' cmd stdout.log out 2>/dev/null
+    tail -n "${TAIL:-12}" "$dir/stdout.log" 2>/dev/null
+  done
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  ls -la "$OUT"
+}
+
+cmd=${1:-}
+shift || true
+case $cmd in
+  stash) stash "$@" ;;
+  install) install ;;
+  start) start "$@" ;;
+  collect) collect "$@" ;;
+  *) die "usage: device.sh stash PART | install | start NAME [--after RUN] [--private-opt] -- CMD... | collect SECONDS [RUN...]" ;;
+esac
