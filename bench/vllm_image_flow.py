@@ -791,6 +791,9 @@ def _peak(report: dict[str, Any]) -> int | None:
     return max(found) if found else None
 
 
+_JIT_FIRST_LAUNCH = "Triton kernel JIT compilation during inference"
+
+
 def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
     """What the request mix after ``/health`` made each start compile, and how long each
     class's first request took, baked against cold."""
@@ -809,6 +812,13 @@ def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
             k: v[:20] for k, v in cache_files(warm.get("files_added_after_ready") or {}).items()
         },
         "compile_lines_after_ready": _still_compiling(warm),
+        # vLLM's JIT monitor logs a Triton kernel's first launch in the process after its
+        # warm-up, also when Triton loads the kernel from its cache; Triton writes every kernel
+        # it compiles to TRITON_CACHE_DIR (the bundle), so with no file added there, each of
+        # these was loaded, not compiled.
+        "loaded_first_launches_after_ready": [ln for ln in _still_compiling(warm) if _JIT_FIRST_LAUNCH in ln]
+        if warm and not count(cache_files(warm.get("files_added_after_ready") or {}))
+        else [],
         "compile_lines_after_ready_cold": _still_compiling(cold) if cold else None,
         "requests_after_ready": {
             "baked": {
@@ -857,6 +867,7 @@ def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, 
         "compile_wall_s",
         "weights_mode",
         "compile_peak_gpu_bytes",
+        "loaded_first_launches_after_ready",
         "failed",
     )
     out = {}
@@ -871,13 +882,21 @@ def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, 
             "tokens_identical": s["tokens_identical"],
             "files_added_at_warm_start": s["files_added_at_warm_start"],
             **{k: s.get(k) for k in keys},
+            "cold_from": d.get("cold_from"),
         }
     return out
 
 
+_COLD = ("serve_cold", "cold_generate")
+
+
 def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
-    """Several runs' results as one: every model's document, summarised again by this
-    version's ``summary``; each model keeps the target and the command of its own run."""
+    """Several runs' results as one: every model's document (a later run's replaces an
+    earlier one's), summarised again by this version's ``summary``; each model keeps the
+    target and the command of its own run. A later run that left a model's cold start out
+    (``--baked-only``, device time) takes the cold start of the latest earlier run of the
+    same image key (the cold start uses no bundle, so a new bake does not change it), and
+    says which in ``cold_from``; with another key it stays without one."""
     merged: dict[str, Any] = {"bench": "vllm_image_flow", "runs": [], "models": {}}
     targets: dict[str, float] = {}
     for path in inputs:
@@ -886,6 +905,14 @@ def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
             {k: run.get(k) for k in ("command", "date", "wall_s", "skipped")} | {"file": path.name}
         )
         for m, d in run["models"].items():
+            earlier = merged["models"].get(m)
+            if "serve_cold" not in d and earlier and "serve_cold" in earlier:
+                if earlier.get("key") == d.get("key"):
+                    d.update({k: earlier[k] for k in _COLD if k in earlier})
+                    d["cold_from"] = earlier.get("cold_from") or earlier.get("run")
+                else:
+                    d["cold_from"] = {"refused": "an earlier cold start of another image key"}
+            d["run"] = {"file": path.name, "date": run.get("date")}
             d["summary"] = summary(d)
             merged["models"][m] = d
             target = (run.get("summary") or {}).get(m, {}).get("target")

@@ -199,7 +199,14 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]:
     from kernelbake.runtime.engines.vllm import VllmEngine
-    from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, added, cache_dirs, snapshot
+    from kernelbake.runtime.engines.vllm.evidence import (
+        LogEvidence,
+        Signal,
+        added,
+        baked_digests,
+        cache_dirs,
+        snapshot,
+    )
 
     name = case["name"]
     cdir = WORK / "cases" / name
@@ -296,7 +303,11 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     if decided == "timeout" and proc.poll() is not None:
         decided = f"exited {proc.returncode}"
     out["serve_s"] = round(time.monotonic() - started, 1)
-    with_files = added(before, snapshot(dirs))
+    # A file rewritten with the bytes the manifest records compiled nothing (vLLM rewrites
+    # lock files at every start); one rewritten with other bytes did.
+    manifest = json.loads((CACHE_ROOT / "manifest.json").read_text())
+    baked = baked_digests(CACHE_ROOT, dirs, [(f["path"], f["sha256"]) for f in manifest["files"]])
+    with_files = added(before, snapshot(dirs), dirs, baked)
     timer.cancel()
     _kill(proc)
     proc.wait()
@@ -470,19 +481,24 @@ def main() -> int:
         info = prepare(a.out)
         (WORK / "prepare.json").write_text(json.dumps(info))
     print(json.dumps({"prepare": info}), flush=True)
-    cases = [c for c in CASES if not a.only or c["name"] in a.only]
+    # --only also orders: the cases named first start first.
+    by_name = {c["name"]: c for c in CASES}
+    cases = [by_name[n] for n in a.only] if a.only else list(CASES)
     results: list[dict[str, Any]] = []
     if info.get("compile_rc") == 0:
+        # Each case's result is written to OUT/cases/ as it ends: a run the device lease cuts
+        # short still brings back the cases it finished.
+        (a.out / "cases").mkdir(exist_ok=True)
         with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
-            futures = [pool.submit(launch, c, i, deadline) for i, c in enumerate(cases)]
-            for f in futures:
-                results.append(f.result())
+            futures = {pool.submit(launch, c, i, deadline): c for i, c in enumerate(cases)}
+            for f in concurrent.futures.as_completed(futures):
+                r = f.result()
+                (a.out / "cases" / f"{futures[f]['name']}.json").write_text(json.dumps(r, sort_keys=True))
                 print(
-                    json.dumps(
-                        {k: results[-1].get(k) for k in ("name", "predicted", "actual", "decided_by")}
-                    ),
+                    json.dumps({k: r.get(k) for k in ("name", "predicted", "actual", "decided_by")}),
                     flush=True,
                 )
+            results = [f.result() for f in futures]
     doc = {
         "command": "PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src python3 bench/vllm_keymatrix.py --out $OUT",
         "prepare": info,

@@ -254,3 +254,40 @@ def test_merge_resummarises_runs_into_one_result_keyed_by_model(tmp_path: Path) 
     assert merged["summary"]["m2"]["met"] is None
     assert [r["command"] for r in merged["runs"]] == ["run a.json", "run b.json"]
     assert json.loads((tmp_path / "out.json").read_text())["summary"] == merged["summary"]
+
+
+def test_merge_takes_a_baked_only_runs_cold_start_from_an_earlier_run_of_the_same_key(
+    tmp_path: Path,
+) -> None:
+    flow = _load("vllm_image_flow")
+
+    def run(name: str, key: str, cold: bool, warm_s: float) -> Path:
+        doc: dict[str, Any] = {
+            "key": key,
+            "serve_warm": {"ready_s": warm_s, "files_added_until_ready": {}, "files_added_after_ready": {}},
+        }
+        if cold:
+            doc["serve_cold"] = {"ready_s": 400.0}
+        path = tmp_path / name
+        path.write_text(json.dumps({"date": name, "models": {"m": doc}, "summary": {"m": {"target": 6}}}))
+        return path
+
+    old, new = run("old.json", "k1", True, 50.0), run("new.json", "k1", False, 40.0)
+    merged = flow.merge(tmp_path / "out.json", [old, new])
+    m = merged["summary"]["m"]
+    assert m["ready_warm_s"] == 40.0 and m["ready_cold_s"] == 400.0 and m["speedup_ready"] == 10.0
+    assert m["cold_from"] == {"file": "old.json", "date": "old.json"}
+    # Another image key: its cold start is not this image's.
+    other = run("other.json", "k2", False, 40.0)
+    m = flow.merge(tmp_path / "out.json", [old, other])["summary"]["m"]
+    assert m["speedup_ready"] is None and "refused" in m["cold_from"]
+
+
+def test_first_launches_with_no_file_added_are_loads_not_compiles() -> None:
+    flow = _load("vllm_image_flow")
+    line = "5.0 (EngineCore pid=7) WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: k"
+    warm = {"request_mix": {}, "files_added_after_ready": {}, "compile_lines_after_ready": [line]}
+    s = flow.mix_summary(warm, {})
+    assert s["loaded_first_launches_after_ready"] == [line.split(" ", 3)[3]]
+    warm["files_added_after_ready"] = {"bundle": ["triton/A/k.cubin"]}
+    assert flow.mix_summary(warm, {})["loaded_first_launches_after_ready"] == []

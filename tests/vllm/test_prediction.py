@@ -636,3 +636,127 @@ def test_the_prediction_is_stated_by_a_detached_copy_while_the_caller_goes_on(en
     else:
         # The copy never returns into the caller's code: no second "caller back" line.
         assert res.stderr == "" and res.stdout.count("caller back") == 1
+
+
+# -- found by the H200 matrix of 2026-12-02 (bench/results/vllm-0.26.0-h200-keymatrix.json) ----
+
+
+def test_vllm_disable_compile_cache_on_the_h200_is_bypassed_not_a_hit(h200: dict[str, Any]) -> None:
+    # VLLM_DISABLE_COMPILE_CACHE=1 also turns vLLM's AOT-compile default off, so the start
+    # stores graphs the CPU build's way; the baked graphs are vLLM's AOT artifact all the same,
+    # and vLLM compiled again (Inductor wrote 28 files). Predicted a reasonless hit before.
+    baked = _with_state(h200["baked"], "vllm")
+    now = _with_state(
+        h200["cases"]["baseline"]["identity"], "inductor", switches={"vllm is_compile_cache_enabled": False}
+    )
+    p = predict(baked, now, h200["kinds"])
+    assert not p.hit and p.predicted == "bypassed"
+    assert p.kind("vllm").outcome is Outcome.BYPASSED  # type: ignore[union-attr]
+    assert "vllm: vllm is_compile_cache_enabled: True → False" in p.reasons
+
+
+def test_aot_compile_off_for_one_start_is_a_retrace_of_the_baked_graphs(h200: dict[str, Any]) -> None:
+    baked = _with_state(h200["baked"], "vllm")
+    now = _with_state(h200["cases"]["baseline"]["identity"], "inductor")
+    p = predict(baked, now, h200["kinds"])
+    assert p.hit and p.predicted == "retrace"
+    assert p.reasons[0] == "vllm: vLLM AOT compile: on → off"
+    # A hashed change as well: the graphs are compiled again.
+    changed = _with_state(h200["cases"]["block-size-32"]["identity"], "inductor")
+    assert predict(baked, changed, h200["kinds"]).predicted == "miss"
+
+
+def _enforce_eager(identity: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM 0.26 gives with ``--enforce-eager`` on the H200: compilation off, and its own
+    whole-config hash failing (KernelConfig: KeyError 'vllm_c'), so no top hash."""
+    now = _with_state(identity, "vllm", mode="NONE")
+    config = now["config"]
+    config["hash"], config["other"], config["error"] = None, None, "KeyError: 'vllm_c'"
+    config["configs"]["compilation_config"] = {"hash": "other", "factors": {"mode": "NONE"}}
+    config["configs"]["kernel_config"] = {"hash": None, "error": "KeyError: 'vllm_c'"}
+    now["aot"] = {"error": "KeyError: 'vllm_c'"}
+    return now
+
+
+def test_enforce_eager_on_the_h200_is_no_compile_although_vllms_hash_fails(h200: dict[str, Any]) -> None:
+    baked = _with_state(h200["baked"], "vllm")
+    p = predict(baked, _enforce_eager(h200["cases"]["baseline"]["identity"]), h200["kinds"])
+    assert p.hit and p.predicted == "no-compile", p.reasons
+    assert {k.kind: k.outcome for k in p.kinds if k.outcome is not Outcome.EMPTY} == {
+        "vllm": Outcome.SKIPPED,
+        "triton": Outcome.HIT,
+        "flashinfer": Outcome.HIT,
+    }
+    # A change FlashInfer's modules do depend on still shows with compilation off.
+    other = _enforce_eager(h200["cases"]["block-size-32"]["identity"])
+    assert predict(baked, other, h200["kinds"]).kind("flashinfer").outcome is Outcome.PARTIAL  # type: ignore[union-attr]
+
+
+def test_a_config_vllm_cannot_hash_still_yields_its_sub_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from kernelbake.runtime.engines.vllm import identity
+
+    # vLLM's hash functions are not here: record nothing, name no fields.
+    monkeypatch.setattr(identity, "_recording", lambda: contextlib.nullcontext([]))
+    monkeypatch.setattr(identity, "_fields", lambda config: {})
+
+    class Sub:
+        def __init__(self, h: str) -> None:
+            self.h = h
+
+        def compute_hash(self) -> str:
+            return self.h
+
+    import dataclasses as dc
+
+    @dc.dataclass
+    class Config:
+        model_config: Any
+        kernel_config: Any
+
+        def compute_hash(self) -> str:
+            raise KeyError("vllm_c")
+
+    class Broken:
+        def compute_hash(self) -> str:
+            raise KeyError("vllm_c")
+
+    doc = identity.config_factors(Config(Sub("m1"), Broken()))
+    assert doc["hash"] is None and doc["other"] is None and doc["error"] == "KeyError: 'vllm_c'"
+    assert doc["configs"]["model_config"] == {"hash": "m1", "factors": None, "fields": {}}
+    assert doc["configs"]["kernel_config"] == {"hash": None, "error": "KeyError: 'vllm_c'"}
+
+
+def test_a_baked_file_rewritten_with_the_same_bytes_compiled_nothing(tmp_path: Path) -> None:
+    # On the H200 every start rewrote 12 files of the vllm kind and 2 of FlashInfer's with
+    # the bytes they had (a new mtime only); counted as compiles, they made every hit a miss.
+    import hashlib
+    import os
+
+    root = tmp_path / "cache"
+    d = root / "vllm"
+    (d / "locks").mkdir(parents=True)
+    (d / "locks" / "a.lock").write_text("")
+    (d / "module.py").write_text("baked")
+    files = [
+        (p.relative_to(root).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in d.rglob("*")
+        if p.is_file()
+    ]
+    dirs = {"vllm": d}
+    baked = evidence.baked_digests(root, dirs, files)
+    empty, module = hashlib.sha256(b"").hexdigest(), hashlib.sha256(b"baked").hexdigest()
+    assert baked == {"vllm": {"locks/a.lock": empty, "module.py": module}}
+    before = evidence.snapshot(dirs)
+    (d / "locks" / "a.lock").write_text("")
+    os.utime(d / "locks" / "a.lock", ns=(1, 1))
+    (d / "module.py").write_text("baked")
+    os.utime(d / "module.py", ns=(2, 2))
+    after = evidence.snapshot(dirs)
+    assert evidence.added(before, after) == {"vllm": {"locks/a.lock", "module.py"}}
+    assert evidence.added(before, after, dirs, baked) == {"vllm": set()}
+    # Other bytes, or a file the bundle did not have, still count.
+    (d / "module.py").write_text("regenerated")
+    (d / "new.so").write_text("x")
+    assert evidence.added(before, evidence.snapshot(dirs), dirs, baked) == {"vllm": {"module.py", "new.so"}}

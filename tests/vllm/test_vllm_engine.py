@@ -283,6 +283,40 @@ def test_a_start_that_compiled_nothing_says_so_for_every_kind(tmp_path: Path) ->
     assert all(k.value in report for k in VLLM.cache_kinds)
 
 
+def test_baked_files_a_start_rewrites_with_the_same_bytes_are_not_compiles(tmp_path: Path) -> None:
+    # vLLM 0.26 on the H200 rewrites baked files (lock files, same bytes) at every start: the
+    # watcher compares them with the manifest's sha256 rather than count them as compiled.
+    import hashlib
+    import os
+
+    lock = tmp_path / "vllm" / "locks" / "x.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    module = tmp_path / "vllm" / "graph.py"
+    module.write_text("baked")
+    files = [
+        {
+            "path": p.relative_to(tmp_path).as_posix(),
+            "size": p.stat().st_size,
+            "kind": "vllm",
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in (lock, module)
+    ]
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": files}))
+    watch = VllmEngine().serve_watcher(tmp_path)
+    lock.write_text("")
+    os.utime(lock, ns=(5, 5))
+    report = watch(_READY)
+    assert report is not None and report.startswith("start-up compiled nothing"), report
+    # Regenerated with other bytes: that is a compile.
+    watch = VllmEngine().serve_watcher(tmp_path)
+    module.write_text("regenerated")
+    os.utime(module, ns=(6, 6))
+    report = watch(_READY)
+    assert report is not None and "new files in vllm 1" in report, report
+
+
 def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernelbake.contract.compat import check
     from kernelbake.runtime import probe
