@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -161,6 +162,28 @@ def test_the_opt_in_is_patched_into_exactly_the_image_volume_recipe(
     want = recipe("image-volume.yaml")
     got["spec"]["template"]["metadata"].pop("annotations")
     assert got == want
+
+
+@pytest.mark.parametrize(
+    ("volumes", "message"),
+    [
+        ("not a list", "volumes must be a list"),
+        (["not an object"], "volumes[0] must be an object"),
+        ([{"name": "c", "image": "not an object"}], '("c").image must be an object'),
+        ([{"name": "c", "image": {"reference": 7}}], '("c").image.reference must be a string'),
+    ],
+)
+def test_the_cache_plan_reads_volumes_as_the_image_volume_review_does(
+    policy: AdmissionPolicy, volumes: Any, message: str
+) -> None:
+    # One reading of spec.volumes (volumes.image_volumes): a shape the review refuses is not
+    # skipped silently by the cache plan.
+    from kernelbake.admission.workloads import MalformedObject
+
+    doc = opt_in()
+    doc["spec"]["template"]["spec"]["volumes"] = volumes
+    with pytest.raises(MalformedObject, match=re.escape(message)):
+        planned(doc, policy)
 
 
 def test_the_init_container_opt_in_is_the_init_container_recipe(

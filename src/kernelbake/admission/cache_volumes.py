@@ -42,6 +42,7 @@ from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
 from kernelbake.admission.scheduling import Way
 from kernelbake.admission.variants import Pick, pick
+from kernelbake.admission.volumes import image_volumes
 from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, ArtifactKind, CacheArtifactFacts
 from kernelbake.contract.key import CacheKey
@@ -145,16 +146,11 @@ def plan_caches(
         else:
             container = names.index(wanted)
     volumes: list[CacheVolume] = []
-    for i, volume in enumerate(_list(spec, "volumes", spec_path)):
-        if not isinstance(volume, dict) or not isinstance(volume.get("image"), dict):
-            continue
-        reference = volume["image"].get("reference")
-        if reference is None or reference == "":
-            # Not set yet (templates filled in later; the API server refuses a Pod without
-            # one): nothing is pulled, as ``volumes.image_volumes`` reads it too.
-            continue
-        name = str(volume.get("name", f"volumes[{i}]"))
-        ref, problem = _governed_ref(reference, f'image volume "{name}"', policy)
+    # The same reading of the volumes as the image-volume review (a bad shape raises there
+    # and here alike; a reference not set yet is skipped by both).
+    for volume in image_volumes(spec_path, spec):
+        name = volume.name
+        ref, problem = _governed_ref(volume.image, volume.where, policy)
         if problem:
             problems.append(problem)
         if ref is None:
@@ -166,7 +162,7 @@ def plan_caches(
             if isinstance(c, dict)
             and any(isinstance(m, dict) and m.get("name") == name for m in c.get("volumeMounts") or [])
         )
-        volumes.append(CacheVolume(i, name, ref, users))
+        volumes.append(CacheVolume(volume.index, name, ref, users))
     if raw_index is None and not volumes and not problems:
         return None
     if raw_index is not None and not containers:

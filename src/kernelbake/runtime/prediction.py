@@ -226,7 +226,7 @@ def _config_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Ch
             changes = [Change(f"{name} (hashed factors)", _short(bf, name), _short(nf, name))]
             changes += diff(b.get("fields", {}), n.get("fields", {}), f"{name} field")
         out += changes or [Change(f"{name}.hash", str(b.get("hash")), str(n.get("hash")))]
-    if baked.get("other") != now.get("other"):
+    if now.get("other") is not None and baked.get("other") != now.get("other"):
         out.append(
             Change(
                 "vllm_config (version, additional_config)",
@@ -266,6 +266,7 @@ def _compiler_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 
 
 _OFF_MODES = frozenset({"NONE", "0"})
+_COMPILE_ONLY_CONFIGS = ("compilation_config", "kernel_config", "vllm_config")
 # The variable through which kernelbake points each cache kind at the bundle.
 _PLACED_BY = {kind.value: var for var, kind in VLLM.cache_variables if isinstance(kind, CacheKind)}
 
@@ -387,8 +388,14 @@ def predict(
     the CPU build)."""
     present = set(baked_kinds)
     tc = torch_compile_changes(baked, now)
-    config_changed = bool(_config_changes(baked.get("config", {}), now.get("config", {})))
     off, off_note = compile_off(baked, now)
+    config_changes = _config_changes(baked.get("config", {}), now.get("config", {}))
+    if off:
+        # With compilation off vLLM computes no compile hash: what the compilation and
+        # kernel configs and the whole config's hash say follows from that, and no
+        # FlashInfer module is chosen by them.
+        config_changes = [c for c in config_changes if not c.factor.startswith(_COMPILE_ONLY_CONFIGS)]
+    config_changed = bool(config_changes)
     bypass = switched_off(baked, now)
     verdicts: list[KindVerdict] = []
 
@@ -405,7 +412,10 @@ def predict(
     def put(verdict: KindVerdict) -> None:
         verdicts.append(verdict if verdict.kind in present else KindVerdict(verdict.kind, Outcome.EMPTY))
 
-    graphs_in_inductor = now.get("graphs") == "inductor"
+    # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
+    # (VLLM_USE_AOT_COMPILE=0, or VLLM_DISABLE_COMPILE_CACHE=1, which turns its default off).
+    aot_off_now = baked.get("graphs") == "vllm" and now.get("graphs") == "inductor"
+    graphs_in_inductor = now.get("graphs") == "inductor" and not aot_off_now
     if off:
         put(KindVerdict("vllm", Outcome.SKIPPED, tuple(off), off_note))
         put(KindVerdict("inductor", Outcome.SKIPPED, tuple(off), off_note))
@@ -433,6 +443,12 @@ def predict(
         note = "the baked artifacts are not read: the model is compiled again"
         put(KindVerdict("vllm", Outcome.BYPASSED, (*bypass, *tc), note))
         put(KindVerdict("inductor", Outcome.BYPASSED, tuple(bypass), note))
+    elif aot_off_now and not tc:
+        # vLLM traces the model (Dynamo) instead of loading its AOT artifact, and loads the
+        # compiled graphs from the same baked hash directory: nothing compiles.
+        note = "vLLM's AOT compile is off for this start: it traces the model again (seconds) and loads the baked graphs"
+        put(KindVerdict("vllm", Outcome.RETRACE, (Change("vLLM AOT compile", "on", "off"),), note))
+        add("inductor", _compiler_changes(baked, now))
     else:
         add("vllm", tc)
         add("inductor", _compiler_changes(baked, now))

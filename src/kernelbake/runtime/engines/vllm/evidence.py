@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import json
 import os
 import re
@@ -107,8 +108,11 @@ class Watcher:
     added to each cache directory, checked against that prediction. vLLM logs nothing when it
     compiles a Triton kernel, so those files are the only evidence there."""
 
-    def __init__(self, dirs: Mapping[str, Path]) -> None:
+    def __init__(
+        self, dirs: Mapping[str, Path], baked: Mapping[str, Mapping[str, str]] | None = None
+    ) -> None:
         self.dirs = dict(dirs)
+        self.baked = baked or {}
         self.before = snapshot(self.dirs)
         self.log = LogEvidence()
         self.prediction: Prediction | None = None
@@ -126,7 +130,7 @@ class Watcher:
             return None
         self._seen.add(signal)
         if signal is Signal.READY:
-            self.new = added(self.before, snapshot(self.dirs))
+            self.new = added(self.before, snapshot(self.dirs), self.dirs, self.baked)
             self.wrong = compare(self.prediction, self.log, self.new)
             return "\n".join([startup_report(self.new), *self.wrong])
         report = _REPORTS.get(signal)
@@ -150,8 +154,8 @@ class Watcher:
         }
 
 
-def watcher(dirs: Mapping[str, Path]) -> Watcher:
-    return Watcher(dirs)
+def watcher(dirs: Mapping[str, Path], baked: Mapping[str, Mapping[str, str]] | None = None) -> Watcher:
+    return Watcher(dirs, baked)
 
 
 def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
@@ -227,14 +231,52 @@ def snapshot(dirs: Mapping[str, Path]) -> dict[str, dict[str, tuple[int, int]]]:
     return out
 
 
+def baked_digests(
+    root: Path, dirs: Mapping[str, Path], files: Iterable[tuple[str, str]]
+) -> dict[str, dict[str, str]]:
+    """The manifest's ``(path, sha256)`` pairs (paths relative to ``root``) by watched
+    directory, each path relative to its directory: what ``added`` compares a rewritten file
+    with."""
+    out: dict[str, dict[str, str]] = {name: {} for name in dirs}
+    for path, sha256 in files:
+        full = root / path
+        for name, d in dirs.items():
+            if full.is_relative_to(d):
+                out[name][full.relative_to(d).as_posix()] = sha256
+                break
+    return out
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
 def added(
-    before: Mapping[str, Mapping[str, tuple[int, int]]], after: Mapping[str, Mapping[str, tuple[int, int]]]
+    before: Mapping[str, Mapping[str, tuple[int, int]]],
+    after: Mapping[str, Mapping[str, tuple[int, int]]],
+    dirs: Mapping[str, Path] | None = None,
+    baked: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, set[str]]:
     """Files each start added or rewrote per directory: none means everything it needed was
-    there. A rewritten file counts: Inductor regenerates a baked module in place when the
-    graph that keys it compiled again."""
+    there. A rewritten file counts when its bytes changed: Inductor regenerates a baked module
+    in place when the graph that keys it compiled again. vLLM and FlashInfer rewrite some
+    baked files at every start with the same bytes (a new mtime only), which compiles
+    nothing: a rewritten file whose sha256 is still the one ``baked`` (the manifest's, by
+    ``baked_digests``) records is left out. Without ``baked`` every rewrite counts."""
     out: dict[str, set[str]] = {}
     for name, files in after.items():
         old = before.get(name, {})
-        out[name] = {path for path, stat in files.items() if old.get(path) != stat}
+        known = (baked or {}).get(name, {})
+        changed = {path for path, stat in files.items() if old.get(path) != stat}
+        if dirs is not None and name in dirs:
+            changed = {
+                path
+                for path in changed
+                if not (path in old and path in known and _sha256(dirs[name] / path) == known[path])
+            }
+        out[name] = changed
     return out

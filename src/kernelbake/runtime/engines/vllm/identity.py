@@ -144,9 +144,17 @@ def _fields(config: Any) -> dict[str, Any]:
 def config_factors(vllm_config: Any) -> dict[str, Any]:
     """``VllmConfig.compute_hash()`` and, for each sub-config whose hash it includes, that
     sub-config's hash and factors."""
-    with _recording() as calls:
-        top = str(vllm_config.compute_hash())
-    top_input = str(calls[-1][0]) if calls else ""
+    error = ""
+    try:
+        with _recording() as calls:
+            top: str | None = str(vllm_config.compute_hash())
+        top_input: str | None = str(calls[-1][0]) if calls else ""
+    except Exception as exc:
+        # vLLM hashes its config only when it compiles. With compilation off
+        # (--enforce-eager) its own hash may fail (0.26 on the H200: KernelConfig raises
+        # KeyError 'vllm_c'), and what the start does is then decided by the compile state,
+        # not by this hash: the sub-configs are still hashed, each alone.
+        top, top_input, error = None, None, f"{type(exc).__name__}: {exc}"
     configs: dict[str, Any] = {}
     for f in dataclasses.fields(vllm_config):
         sub = getattr(vllm_config, f.name, None)
@@ -157,7 +165,7 @@ def config_factors(vllm_config: Any) -> dict[str, Any]:
         except Exception as exc:  # a config vLLM itself could not hash would fail vLLM too
             configs[f.name] = {"hash": None, "error": f"{type(exc).__name__}: {exc}"}
             continue
-        if h not in top_input:
+        if top_input is not None and h not in top_input:
             continue
         entry: dict[str, Any] = {"hash": h, "factors": factors}
         if not isinstance(factors, dict):
@@ -166,9 +174,9 @@ def config_factors(vllm_config: Any) -> dict[str, Any]:
     # What the top-level hash adds besides the sub-configs (vLLM's version, additional_config).
     rest = top_input
     for entry in configs.values():
-        if entry.get("hash"):
+        if entry.get("hash") and rest is not None:
             rest = rest.replace(entry["hash"], "…")
-    return {"hash": top, "configs": configs, "other": rest}
+    return {"hash": top, "configs": configs, "other": rest, **({"error": error} if error else {})}
 
 
 def env_factors() -> dict[str, Any]:
@@ -193,9 +201,15 @@ def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
             "hash": str(compiler.compute_hash(vllm_config)),
             "factors": {names[i] if i < len(names) else str(i): _jsonable(v) for i, v in enumerate(factors)},
         }
-        out["aot"] = {"factors_digest": _sha256(str(vllm.aot_compile_hash_factors(vllm_config)).encode())}
     except Exception as exc:
         out["compiler"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        # Apart from the compiler's: it hashes the whole config, which may fail where the
+        # compiler's own hash does not (compilation off, see ``config_factors``).
+        factors_aot = compat_layer.lookups().aot_compile_hash_factors(vllm_config)
+        out["aot"] = {"factors_digest": _sha256(str(factors_aot).encode())}
+    except Exception as exc:
+        out["aot"] = {"error": f"{type(exc).__name__}: {exc}"}
     out["triton"] = _triton_facts()
     out["flashinfer"] = _flashinfer_facts()
     return out
