@@ -1,6 +1,8 @@
-"""What look-alike referrers cost ``verify`` of a key-signed image, and that it still verifies:
-a signed kernelbake image in a local Debian docker-registry, its fallback referrers index filled
-with junk before and after the real entries, verified by digest with a fresh client.
+"""What look-alike referrers cost ``verify`` of a key-signed or keyless-signed image, and that it
+still verifies: a signed kernelbake image in a local Debian docker-registry, its fallback
+referrers index filled with junk before and after the real entries, verified by digest with a
+fresh client. Keyless signing uses the local Sigstore of the tests (``@sigstore/mock`` behind
+node), verified offline from its trusted root.
 
 Kinds of junk (each listed half before, half after the real referrers):
 * ``forged-vouch``: every annotation of the real referrers, the trusted key's hint, and a vouch
@@ -10,9 +12,15 @@ Kinds of junk (each listed half before, half after the real referrers):
   too), with a junk bundle layer.
 * ``predicate-only``: real manifests with cosign's predicate annotation and a junk bundle (what
   denied a signed image when 32 examined candidates was the only rule).
+* ``keyless-self-issued-cert``: keyless-signed image; each junk referrer carries a keyless vouch
+  with its own certificate claiming the trusted identity (issuer name copied from the real one)
+  that the trusted CA never signed, its key signing a vouch for a junk layer and this image
+  (``-fill-4MiB``: as many as the listing limit holds: the most chain checks junk can cause).
+* ``keyless-predicate-only``: keyless-signed image, junk as ``predicate-only``.
 
-For each: verified or not, seconds (worst of ``--runs``), listing bytes, body bytes read and
-signature verifications made. Prints JSON and writes bench/results/junk_referrers.json.
+For each: verified or not, seconds (worst of ``--runs``), listing bytes, body bytes read,
+signature verifications by keys, and registry requests made.
+Prints JSON and writes bench/results/junk_referrers.json.
 
     .venv/bin/python bench/junk_referrers.py [--count 1000] [--runs 3]
 """
@@ -32,13 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from cryptography import x509
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.admission import live  # noqa: E402
+from tests.signing.conftest import ISSUER, SUBJECT, make_token, mock_sigstore  # noqa: E402
 from tests.signing.images import PushedImage  # noqa: E402
 from tests.signing.tamper import list_around, push_lookalikes  # noqa: E402
+from tests.signing.test_junk_keyless import JUNK_LAYER, _self_issued, _sign  # noqa: E402
 from tests.support.registry import running_registry  # noqa: E402
 
 from kernelbake import __version__  # noqa: E402
@@ -47,8 +58,11 @@ from kernelbake.oci.client import MAX_MANIFEST_BYTES  # noqa: E402
 from kernelbake.oci.types import sha256_digest  # noqa: E402
 from kernelbake.settings import Settings  # noqa: E402
 from kernelbake.signing import formats, intoto  # noqa: E402
+from kernelbake.signing._internal.keyless import load_trust_config  # noqa: E402
 from kernelbake.signing.keys import PublicKey, generate_key_pair, load_private_key  # noqa: E402
 from kernelbake.signing.policy import VerifyPolicy  # noqa: E402
+from kernelbake.signing.sign import sign_image  # noqa: E402
+from kernelbake.signing.signer import KeylessSigner  # noqa: E402
 from kernelbake.signing.verify import verify_image  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "junk_referrers.json"
@@ -59,11 +73,13 @@ class _Counters:
     def __init__(self) -> None:
         self.bytes = 0
         self.verifications = 0
+        self.requests = 0
 
 
 def _counting(counters: _Counters) -> None:
     real_iter = requests.Response.iter_content
     real_verifies = PublicKey.verifies
+    real_request = RegistryClient._request
 
     def iter_content(self: requests.Response, *args: Any, **kwargs: Any) -> Iterator[Any]:
         for chunk in real_iter(self, *args, **kwargs):
@@ -74,7 +90,12 @@ def _counting(counters: _Counters) -> None:
         counters.verifications += 1
         return real_verifies(self, signature, data)
 
+    def request(self: RegistryClient, *args: Any, **kwargs: Any) -> Any:
+        counters.requests += 1
+        return real_request(self, *args, **kwargs)
+
     requests.Response.iter_content = iter_content  # type: ignore[method-assign]
+    RegistryClient._request = request  # type: ignore[method-assign]
     PublicKey.verifies = verifies  # type: ignore[method-assign]
 
 
@@ -93,9 +114,28 @@ def _forge(real: list[dict[str, Any]], forger: Any) -> Callable[[int], dict[str,
     return annotate
 
 
-def _fill_count(real: list[dict[str, Any]], forger: Any) -> int:
+def _self_issued_vouches(real: list[dict[str, Any]], subject: str) -> Callable[[int], dict[str, str]]:
+    """Annotations: the real ones, with a keyless vouch for a junk layer by a certificate of its
+    own per entry, claiming the trusted identity, that the trusted CA never signed."""
+    leaf = x509.load_der_x509_certificate(
+        base64.b64decode(real[0]["annotations"][formats.ANN_VOUCH_CERTIFICATE])
+    )
+
+    def annotate(i: int) -> dict[str, str]:
+        certificate, key = _self_issued(leaf)
+        return {
+            **real[i % len(real)]["annotations"],
+            formats.ANN_VOUCH_LAYER: JUNK_LAYER,
+            formats.ANN_VOUCH_CERTIFICATE: certificate,
+            formats.ANN_VOUCH_SIGNATURE: _sign(key, subject, JUNK_LAYER),
+        }
+
+    return annotate
+
+
+def _fill_count(real: list[dict[str, Any]], annotate: Callable[[int], dict[str, str]]) -> int:
     """How many forged entries fit in one listing under the client's manifest limit."""
-    entry = {**real[0], "digest": "sha256:" + "0" * 64, "size": 1000, "annotations": _forge(real, forger)(0)}
+    entry = {**real[0], "digest": "sha256:" + "0" * 64, "size": 1000, "annotations": annotate(0)}
     # With spaces after separators (more than the index takes), and 64 KiB to spare: the
     # registry's own limit on a manifest it accepts is the same 4 MiB.
     one = len(json.dumps(entry)) + 2
@@ -111,49 +151,71 @@ def main() -> int:
     counters = _Counters()
     _counting(counters)
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, running_registry(Path(tmp) / "registry") as registry:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_registry(Path(tmp) / "registry") as registry,
+        mock_sigstore(Path(tmp) / "sigstore") as sigstore,
+    ):
         work = Path(tmp)
         key_path, pub_path = generate_key_pair(work / "keys", name="trusted")
         forger = load_private_key(generate_key_pair(work / "keys", name="forger")[0])
-        policy = VerifyPolicy.from_mapping({"keys": [str(pub_path)]}, source="bench")
+        key_policy = VerifyPolicy.from_mapping({"keys": [str(pub_path)]}, source="bench")
+        keyless_policy = VerifyPolicy.from_mapping(
+            {
+                "identities": [{"issuer": ISSUER, "subject": SUBJECT}],
+                "trusted_root": str(sigstore.trusted_root),
+            },
+            source="bench",
+        )
         client = RegistryClient(Settings(docker_config=work / "docker-config"), timeout=30)
 
-        def signed(name: str) -> tuple[PushedImage, list[dict[str, Any]]]:
+        def signed(name: str, keyless: bool) -> tuple[PushedImage, list[dict[str, Any]]]:
             image = live.push_target(registry, REPOSITORY, name, "h100", work / name)
-            live.sign(image, key_path)
+            if keyless:
+                signer = KeylessSigner(load_trust_config(str(sigstore.trust_config)), make_token())
+                sign_image(image.tagged, signer, client=client)
+            else:
+                live.sign(image, key_path)
             ref = image.ref.with_digest(image.digest)
             return image, [d.to_json() for d in client.referrers(ref)]
 
-        def pushed(annotate: Callable[[list[dict[str, Any]]], Callable[[int], dict[str, str]]]) -> Any:
-            def setup(image: PushedImage, real: list[dict[str, Any]], count: int) -> None:
-                make = annotate(real)
-                half = count // 2
-                before = push_lookalikes(client, image, half, make)
-                after = push_lookalikes(client, image, count - half, lambda i: make(half + i))
-                list_around(client, image, before, after)
-
-            return setup
-
+        Annotate = Callable[[int], dict[str, str]]
         predicate = {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE}
-        forged = pushed(lambda real: _forge(real, forger))
-        cases: list[tuple[str, Any, int | None]] = [
-            ("forged-vouch", forged, args.count),
-            ("forged-vouch-fill-4MiB", forged, None),
+        forged: Callable[[list[dict[str, Any]], str], Annotate] = lambda real, _: _forge(real, forger)  # noqa: E731
+        cases: list[tuple[str, Callable[[list[dict[str, Any]], str], Annotate], int | None, bool]] = [
+            ("forged-vouch", forged, args.count, False),
+            ("forged-vouch-fill-4MiB", forged, None, False),
             (
                 "copied-annotations",
-                pushed(lambda real: lambda i: {**real[i % len(real)]["annotations"], "junk": str(i)}),
+                lambda real, _: lambda i: {**real[i % len(real)]["annotations"], "junk": str(i)},
                 args.count,
+                False,
             ),
-            ("predicate-only", pushed(lambda real: lambda i: {**predicate, "junk": str(i)}), args.count),
+            ("predicate-only", lambda real, _: lambda i: {**predicate, "junk": str(i)}, args.count, False),
+            ("keyless-self-issued-cert", _self_issued_vouches, args.count, True),
+            ("keyless-self-issued-cert-fill-4MiB", _self_issued_vouches, None, True),
+            (
+                "keyless-predicate-only",
+                lambda real, _: lambda i: {**predicate, "junk": str(i)},
+                args.count,
+                True,
+            ),
         ]
-        for n, (name, setup, count) in enumerate(cases):
-            image, real = signed(f"case{n}")
-            count = count if count is not None else _fill_count(real, forger)
-            setup(image, real, count)
-            worst, read, checks, outcome = 0.0, 0, 0, ""
+        for n, (name, annotate, count, keyless) in enumerate(cases):
+            image, real = signed(f"case{n}", keyless)
+            make = annotate(real, image.digest)
+            count = count if count is not None else _fill_count(real, make)
+            half = count // 2
+            before = push_lookalikes(client, image, half, make)
+            after = push_lookalikes(
+                client, image, count - half, lambda i, make=make, half=half: make(half + i)
+            )
+            list_around(client, image, before, after)
+            policy = keyless_policy if keyless else key_policy
+            worst, read, checks, calls, outcome = 0.0, 0, 0, 0, ""
             for _ in range(args.runs):
                 fresh = RegistryClient(client.settings, timeout=30)
-                counters.bytes = counters.verifications = 0
+                counters.bytes = counters.verifications = counters.requests = 0
                 started = time.monotonic()
                 try:
                     verified = verify_image(image.pinned, policy, client=fresh)
@@ -162,6 +224,7 @@ def main() -> int:
                     outcome = f"FAILED: {type(exc).__name__}: {exc}"
                 worst = max(worst, time.monotonic() - started)
                 read, checks = max(read, counters.bytes), max(checks, counters.verifications)
+                calls = max(calls, counters.requests)
             results.append(
                 {
                     "junk": name,
@@ -170,6 +233,7 @@ def main() -> int:
                     "seconds_worst": round(worst, 3),
                     "body_bytes_read": read,
                     "signature_verifications": checks,
+                    "registry_requests": calls,
                 }
             )
             print(json.dumps(results[-1]), file=sys.stderr)

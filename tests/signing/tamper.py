@@ -41,7 +41,12 @@ def _rewrite_referrers(
     return [e["digest"] for e in new_entries]
 
 
-VOUCH = (formats.ANN_VOUCH_LAYER, formats.ANN_VOUCH_KEY, formats.ANN_VOUCH_SIGNATURE)
+VOUCH = (
+    formats.ANN_VOUCH_LAYER,
+    formats.ANN_VOUCH_KEY,
+    formats.ANN_VOUCH_CERTIFICATE,
+    formats.ANN_VOUCH_SIGNATURE,
+)
 
 
 def _without_vouch(annotations: Mapping[str, str]) -> dict[str, str]:
@@ -186,6 +191,7 @@ def push_lookalikes(
     layer = {"mediaType": formats.BUNDLE_V03, "digest": mt.sha256_digest(blob), "size": len(blob)}
     entries = []
     for i in range(count):
+        annotated = annotations(i)  # once: a forger may make a fresh key each time
         doc = {
             "schemaVersion": 2,
             "mediaType": mt.OCI_MANIFEST,
@@ -193,7 +199,7 @@ def push_lookalikes(
             "config": {"mediaType": mt.OCI_EMPTY, "digest": mt.sha256_digest(mt.EMPTY_JSON), "size": 2},
             "layers": [layer],
             "subject": subject,
-            "annotations": annotations(i),
+            "annotations": annotated,
         }
         data = mt.encode_json(doc)
         pushed = client.put_manifest(Reference(ref.registry, ref.repository), data, mt.OCI_MANIFEST)
@@ -203,7 +209,7 @@ def push_lookalikes(
                 "digest": pushed.digest,
                 "size": len(data),
                 "artifactType": formats.BUNDLE_V03,
-                "annotations": annotations(i),
+                "annotations": annotated,
             }
         )
     return entries

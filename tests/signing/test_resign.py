@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,9 @@ class _NoKeySigner:
 
     def sign_payload(self, payload: bytes) -> LegacySignature:
         return self.inner.sign_payload(payload)
+
+    def vouch(self, payload: bytes, bundle: bytes) -> Mapping[str, str]:
+        return self.inner.vouch(payload, bundle)
 
 
 def test_a_signer_without_a_key_always_signs(

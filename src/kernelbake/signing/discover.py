@@ -8,16 +8,21 @@ policy is enough (``verify``); here, finding them:
 * what cannot be a signature is passed over from the listing alone, with nothing fetched: another
   ``artifactType``, not an OCI manifest, a declared size over the limit, a malformed digest;
 * every listed referrer is scanned for kernelbake's vouch (``formats.ANN_VOUCH_*``: the bundle
-  layer's digest signed, with the subject, by the signing key). A vouch by a trusted key is
-  checked from the listing (one ECDSA verification per distinct vouch, nothing fetched), and the
-  bundles vouched for are read first, by the layer digest the key signed. Junk cannot forge a
-  vouch, and copying one only names the real bundle again, so no number of look-alike referrers
-  hides a key-signed bundle; one that claims a trusted key's vouch that does not verify is junk
-  and is not fetched at all;
-* the rest (cosign's and keyless bundles, which carry no vouch): those annotated with a
-  predicate type the caller looks for first, then the others, each group newest (last listed)
-  first; at most ``MAX_BUNDLES`` of them and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are
-  fetched, each read with a size limit (never downloaded whole);
+  layer's digest signed, with the subject, by the signing key, or for keyless signing by the key
+  of the Fulcio certificate the vouch carries). A vouch by a trusted key, or by a certificate
+  for a trusted identity that chains to the trusted root, is checked from the listing (nothing
+  fetched: one ECDSA verification per distinct vouch, one chain check per distinct
+  certificate), and the bundles vouched for are read first, by the layer digest that was
+  signed. Junk cannot forge a vouch, and copying one only names the real bundle again, so no
+  number of look-alike referrers hides a bundle signed by kernelbake; one that claims a trusted
+  signer's vouch that does not verify is junk and is not fetched at all;
+* the rest (cosign's bundles, which carry no vouch): those annotated with a predicate type the
+  caller looks for first, then the others; within each group the oldest and the newest in turn,
+  so that junk appended after a signing fills at most half of the places examined; at most
+  ``MAX_BUNDLES`` of them and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each
+  read with a size limit (never downloaded whole). Nothing in the listing tells such a bundle
+  from junk, so junk listed both before and after it (pushed before the signing, or by whoever
+  may rewrite the fallback tag) can still hide it: README "Faults and time bounds";
 * a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
   skipped with a note, not an error.
 
@@ -32,6 +37,7 @@ import binascii
 import dataclasses
 import enum
 from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, RegistryProtocolError
 from kernelbake.oci import types as mt
@@ -39,15 +45,20 @@ from kernelbake.oci.reference import is_digest
 from kernelbake.signing import formats
 from kernelbake.signing.keys import PublicKey
 
+if TYPE_CHECKING:
+    from kernelbake.signing._internal.keyless import Identity, VouchChecker
+
 # Bounds, so that junk costs little. kernelbake writes two bundle referrers per signing (signature
 # and attestation) and, with --legacy, one layer in each of .sig and .att: 32 referrers and 16
 # layers per tag hold many re-signings (several keys, a key rotation) of one digest. The worst junk
 # can cause is then 32 * (referrer manifest + bundle) + 32 vouched bundles (trusted signers' own)
 # + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 30 MiB, all under the
-# client's deadlines; and one ECDSA verification per listed referrer that claims a trusted key's
-# vouch, the listing itself being at most the client's 4 MiB manifest limit (a referrer carrying
-# a vouch is ~700 bytes listed: about 5,500 of them; bench/junk_referrers.py measured 2.7 s for
-# the whole verify on a 2-core machine).
+# client's deadlines; and per listed referrer that claims a trusted signer's vouch, one ECDSA
+# verification (and for a keyless vouch one certificate chain check per distinct certificate),
+# the listing itself being at most the client's 4 MiB manifest limit (a referrer carrying a key
+# vouch is ~700 bytes listed: about 5,500 of them; one with a keyless vouch ~1.4 KiB with the
+# mock Sigstore's certificates: about 3,000; bench/junk_referrers.py measures the whole verify
+# for both on a 2-core machine: 1.0 s and 0.6 s).
 MAX_BUNDLES = 32
 MAX_LEGACY_LAYERS = 16
 # Bundles measured in tests/signing: key-based 0.7-2.6 KiB, keyless (certificate chain and
@@ -137,15 +148,29 @@ def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
 
 def _ranked(entries: Sequence[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
     # The annotation is a hint (anyone can copy it), so it only orders; verification decides.
-    # kernelbake and cosign append to the fallback index and to .sig/.att: the newest entries,
-    # made with the current key after a rotation, come last, so they are tried first.
+    # Within each group the oldest and the newest are taken in turn (oldest, newest, second
+    # oldest, …): kernelbake, cosign and registries append, so junk pushed after a signing
+    # (any amount of it) fills at most half of the examined places, and the oldest half still
+    # holds the real bundle; the newest half keeps a signature made after older junk (or after
+    # a key rotation) in view.
     def rank(d: Descriptor) -> tuple[bool, bool]:
         return (
             d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer,
             d.artifact_type not in formats.BUNDLE_MEDIA_TYPES,
         )
 
-    return sorted(reversed(entries), key=rank)
+    groups: dict[tuple[bool, bool], list[Descriptor]] = {}
+    for d in entries:
+        groups.setdefault(rank(d), []).append(d)
+    out: list[Descriptor] = []
+    for _, group in sorted(groups.items(), key=lambda item: item[0]):
+        oldest, newest = 0, len(group) - 1
+        while oldest <= newest:
+            out.append(group[oldest])
+            if newest != oldest:
+                out.append(group[newest])
+            oldest, newest = oldest + 1, newest - 1
+    return out
 
 
 def _read_blob(
@@ -194,46 +219,86 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
 
 # A DER P-256 signature is at most 72 bytes, 96 in base64: a longer vouch is not decoded.
 _MAX_VOUCH_SIGNATURE = 128
+# Distinct vouch claims checked (signature and, for keyless, certificate checks) per listing. A
+# listed entry that reaches a check is at least ~380 bytes (digest, media type, layer digest,
+# a trusted key's hint or a certificate, a signature), so the client's 4 MiB listing holds at
+# most ~11,000 of them: the cap is above that, never what stops a scan of a listing the client
+# accepts; it keeps the work bounded should the listing limit grow. Past it, a claim is not
+# checked and its referrer is an ordinary candidate.
+MAX_VOUCH_CLAIMS = 16384
 
 
 class _Vouches:
-    """Which listed referrers a trusted key vouches for (``formats.ANN_VOUCH_*``), from the
-    listing alone: one signature check per distinct claim, nothing fetched."""
+    """Which listed referrers a trusted signer vouches for (``formats.ANN_VOUCH_*``), from the
+    listing alone, nothing fetched: a trusted key's (one ECDSA check per distinct claim), or a
+    certificate for a trusted keyless identity (one chain check per distinct certificate, one
+    ECDSA check per distinct claim: ``keyless.VouchChecker``)."""
 
-    def __init__(self, subject: str, keys: Sequence[PublicKey]) -> None:
+    def __init__(
+        self,
+        subject: str,
+        keys: Sequence[PublicKey],
+        identities: Sequence[Identity],
+        trusted_root: str | None,
+    ) -> None:
         self._subject = subject
         self._keys = {k.hint: k for k in keys}
-        self._checked: dict[tuple[str, str, str], bool] = {}
+        self._identities = identities
+        self._trusted_root = trusted_root
+        self._keyless: VouchChecker | None = None
+        self._checked: dict[tuple[str, str, str], bool | None] = {}
 
     def check(self, desc: Descriptor) -> bool | None:
-        """True: vouched by a trusted key; False: claims a trusted key's vouch that does not
-        verify (kernelbake never writes one: junk); None: no vouch by a trusted key."""
+        """True: vouched by a trusted signer; False: claims a trusted signer's vouch that does
+        not verify (kernelbake never writes one: junk); None: no vouch by a trusted signer."""
         ann = desc.annotations
         layer = ann.get(formats.ANN_VOUCH_LAYER)
-        hint = ann.get(formats.ANN_VOUCH_KEY)
         signature = ann.get(formats.ANN_VOUCH_SIGNATURE)
-        if layer is None or hint is None or signature is None or hint not in self._keys:
+        if layer is None or signature is None:
             return None
-        claim = (hint, layer, signature)
+        hint = ann.get(formats.ANN_VOUCH_KEY)
+        certificate = ann.get(formats.ANN_VOUCH_CERTIFICATE)
+        if hint is not None:
+            if hint not in self._keys:
+                return None
+            claim = ("key", hint, layer + " " + signature)
+        elif certificate is not None and self._identities and self._trusted_root is not None:
+            claim = ("certificate", certificate, layer + " " + signature)
+        else:
+            return None
         if claim not in self._checked:
-            self._checked[claim] = self._verifies(self._keys[hint], layer, signature)
+            if len(self._checked) >= MAX_VOUCH_CLAIMS:
+                return None
+            self._checked[claim] = self._verifies(claim[0], claim[1], layer, signature)
         return self._checked[claim]
 
-    def _verifies(self, key: PublicKey, layer: str, signature: str) -> bool:
-        if not is_digest(layer) or len(signature) > _MAX_VOUCH_SIGNATURE:
+    def _verifies(self, kind: str, signer: str, layer: str, signature: str) -> bool | None:
+        if not is_digest(layer):
+            return False
+        payload = formats.vouch_payload(self._subject, layer)
+        if kind == "certificate":
+            assert self._trusted_root is not None
+            if self._keyless is None:
+                # Imported here: sigstore-python costs ~0.3 s to import, and only a listing
+                # with a keyless vouch under a policy with identities needs it.
+                from kernelbake.signing._internal.keyless import VouchChecker
+
+                self._keyless = VouchChecker(self._identities, self._trusted_root)
+            return self._keyless.check(signer, signature, payload)
+        if len(signature) > _MAX_VOUCH_SIGNATURE:
             return False
         try:
             raw = base64.b64decode(signature, validate=True)
         except (binascii.Error, ValueError):
             return False
-        return key.verifies(raw, formats.vouch_payload(self._subject, layer))
+        return self._keys[signer].verifies(raw, payload)
 
 
 def _vouched(
     client: RegistryClient, ref: Reference, descs: Sequence[Descriptor], tally: _Tally
 ) -> list[Artifact]:
-    """The bundles that trusted keys vouch for, newest first, each layer once, read by the digest
-    the key signed (content-addressed: no manifest to fetch, nothing a look-alike can swap)."""
+    """The bundles that trusted signers vouch for, newest first, each layer once, read by the digest
+    that was signed (content-addressed: no manifest to fetch, nothing a look-alike can swap)."""
     layers: dict[str, Descriptor] = {}
     for desc in reversed(descs):
         layer = desc.annotations[formats.ANN_VOUCH_LAYER]
@@ -261,11 +326,9 @@ def _bundles(
     client: RegistryClient,
     ref: Reference,
     prefer: Collection[str],
-    vouchers: Sequence[PublicKey],
+    vouches: _Vouches,
     tally: _Tally,
 ) -> list[Artifact]:
-    assert ref.digest is not None
-    vouches = _Vouches(ref.digest, vouchers)
     candidates, vouched = [], []
     for desc in client.referrers(ref):
         problem = _listing_problem(desc)
@@ -278,15 +341,17 @@ def _bundles(
         elif vouch:
             vouched.append(desc)
         else:
-            reason = "its vouch by a trusted key does not verify for this digest (copied or forged)"
-            tally.group("vouch", f"referrer {desc.digest[:19]}", reason)
+            who = "key" if formats.ANN_VOUCH_KEY in desc.annotations else "identity's certificate"
+            reason = f"its vouch by a trusted {who} does not verify for this digest (copied or forged)"
+            tally.group(f"vouch {who}", f"referrer {desc.digest[:19]}", reason)
     found = _vouched(client, ref, vouched, tally)
     ranked = _ranked(candidates, prefer)
     for desc in ranked[MAX_BUNDLES:]:
         tally.group(
             "bound",
             f"bundle {desc.digest[:19]}",
-            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred, then newest, first)",
+            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred first; the oldest "
+            "and the newest in turn)",
         )
     others = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
     return [*found, *(a for a in others if a is not None)]
@@ -308,7 +373,7 @@ def _legacy(
         tally.item(f"{suffix} tag", f"unreadable ({exc})")
         return []
     out, examined = [], 0
-    for i, layer in reversed(list(enumerate(layers))):  # newest first, as in _ranked
+    for i, layer in reversed(list(enumerate(layers))):  # newest first: cosign appends to the tag
         origin, name = f"{ref.name}:{tag} layer {i}", f"{suffix} layer {i}"
         if layer.media_type != media_type:
             reason = f"not a signature layer (mediaType {_shown(layer.media_type)})"
@@ -330,14 +395,19 @@ def find_artifacts(
     *,
     prefer: Collection[str] = (),
     vouchers: Sequence[PublicKey] = (),
+    identities: Sequence[Identity] = (),
+    trusted_root: str | None = None,
 ) -> Found:
     """Bundles (referrers API or fallback tag) and legacy ``.sig``/``.att`` layers of ``ref.digest``,
-    and what was passed over. Bundles that a key in ``vouchers`` vouches for come first (all of
-    them, however many other referrers there are), then the others: those whose predicate-type
-    annotation is in ``prefer`` first, within ``MAX_BUNDLES``."""
+    and what was passed over. Bundles that a key in ``vouchers``, or a certificate for one of
+    ``identities`` from ``trusted_root``'s CA, vouches for come first (all of them, however many
+    other referrers there are), then the others: those whose predicate-type annotation is in
+    ``prefer`` first, within ``MAX_BUNDLES``."""
+    assert ref.digest is not None
     tally = _Tally()
+    vouches = _Vouches(ref.digest, vouchers, identities, trusted_root)
     artifacts = [
-        *_bundles(client, ref, prefer, vouchers, tally),
+        *_bundles(client, ref, prefer, vouches, tally),
         *_legacy(client, ref, formats.SIG_SUFFIX, Kind.LEGACY_SIGNATURE, formats.SIMPLE_SIGNING, tally),
         *_legacy(client, ref, formats.ATT_SUFFIX, Kind.LEGACY_ATTESTATION, formats.DSSE_ENVELOPE, tally),
     ]

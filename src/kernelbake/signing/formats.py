@@ -27,12 +27,14 @@ BUNDLE_MEDIA_TYPES = (
 ANN_BUNDLE_CONTENT = "dev.sigstore.bundle.content"
 ANN_BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
 ANN_CREATED = "org.opencontainers.image.created"
-# kernelbake's vouch for a key-signed bundle referrer, readable from the referrers listing alone:
-# the bundle layer's digest, the signing key's hint, and that key's signature over both and the
-# subject (``vouch_payload``). A verifier that trusts the key finds its bundles among any number
-# of look-alikes without fetching them; cosign and others ignore these annotations.
+# kernelbake's vouch for a bundle referrer, readable from the referrers listing alone: the bundle
+# layer's digest, who signed (a key's hint, or for keyless the Fulcio leaf certificate, base64
+# DER), and a signature by that key (keyless: the certificate's ephemeral key) over both digests
+# (``vouch_payload``). A verifier that trusts the key or the certificate's identity finds its
+# bundles among any number of look-alikes without fetching them; cosign and others ignore these.
 ANN_VOUCH_LAYER = "dev.kernelbake.bundle.layer"
 ANN_VOUCH_KEY = "dev.kernelbake.bundle.key"
+ANN_VOUCH_CERTIFICATE = "dev.kernelbake.bundle.certificate"
 ANN_VOUCH_SIGNATURE = "dev.kernelbake.bundle.signature"
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -69,7 +71,7 @@ def bundle_referrer(
     vouch: Mapping[str, str] | None = None,
 ) -> tuple[bytes, bytes]:
     """(manifest bytes, bundle bytes) of one bundle referrer, laid out as cosign 3 writes it;
-    ``vouch``: the ``ANN_VOUCH_*`` annotations, for key-signed bundles."""
+    ``vouch``: the ``ANN_VOUCH_*`` annotations."""
     layer = Descriptor.of(bundle, BUNDLE_V03)
     empty = Descriptor.of(mt.EMPTY_JSON, mt.OCI_EMPTY)
     doc = {

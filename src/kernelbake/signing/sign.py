@@ -43,17 +43,12 @@ class SignResult:
 
 
 def _vouch(signer: Signer, subject: Descriptor, bundle: bytes) -> dict[str, str]:
-    """The vouch annotations of a key-signed bundle (none for keyless: checking one would need the
-    certificate chain and log proof, i.e. the whole bundle)."""
-    key = signer.public_key
-    if key is None:
-        return {}
+    """The vouch annotations of a bundle (``formats.ANN_VOUCH_*``): a verifier that trusts the
+    signer finds it from the referrers listing alone, among any number of look-alikes."""
     layer = sha256_digest(bundle)
-    signature = signer.sign_payload(formats.vouch_payload(subject.digest, layer)).signature
     return {
         formats.ANN_VOUCH_LAYER: layer,
-        formats.ANN_VOUCH_KEY: key.hint,
-        formats.ANN_VOUCH_SIGNATURE: signature,
+        **signer.vouch(formats.vouch_payload(subject.digest, layer), bundle),
     }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from kernelbake.errors import BadInput
 from kernelbake.settings import Settings
 from kernelbake.signing.errors import TokenMissing
-from kernelbake.signing.formats import BUNDLE_V03
+from kernelbake.signing.formats import ANN_VOUCH_KEY, ANN_VOUCH_SIGNATURE, BUNDLE_V03
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope
 from kernelbake.signing.keys import PrivateKey, PublicKey, load_private_key
 from kernelbake.textfile import read_text
@@ -52,6 +52,11 @@ class Signer(Protocol):
 
     def sign_payload(self, payload: bytes) -> LegacySignature: ...
 
+    def vouch(self, payload: bytes, bundle: bytes) -> Mapping[str, str]:
+        """The vouch annotations (``formats.ANN_VOUCH_*``, the layer digest aside) for ``bundle``,
+        this signer's: who signed, and a signature over ``payload``; nothing logged anywhere."""
+        ...
+
 
 def _json(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -85,6 +90,12 @@ class KeySigner:
     def sign_payload(self, payload: bytes) -> LegacySignature:
         return LegacySignature(base64.b64encode(self._key.sign(payload)).decode())
 
+    def vouch(self, payload: bytes, bundle: bytes) -> Mapping[str, str]:
+        return {
+            ANN_VOUCH_KEY: self._key.public.hint,
+            ANN_VOUCH_SIGNATURE: base64.b64encode(self._key.sign(payload)).decode(),
+        }
+
 
 class KeylessSigner:
     """Keyless signing for CI: a short-lived Fulcio certificate for the token's identity (one per
@@ -113,6 +124,9 @@ class KeylessSigner:
     def sign_payload(self, payload: bytes) -> LegacySignature:
         signature, annotations = self._session.sign_payload(payload)
         return LegacySignature(signature, annotations)
+
+    def vouch(self, payload: bytes, bundle: bytes) -> Mapping[str, str]:
+        return self._session.vouch(payload, bundle)
 
 
 # -- choosing a signer from settings (CLI, `make image`, the build driver) -----------------

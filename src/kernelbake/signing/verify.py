@@ -409,7 +409,12 @@ def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> 
     where = f"{pinned.name}@{digest}"
     with _registry_errors(where, missing_is_image=False):
         found = find_artifacts(
-            client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE), vouchers=policy.keys
+            client,
+            pinned,
+            prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE),
+            vouchers=policy.keys,
+            identities=policy.identities,
+            trusted_root=policy.trusted_root,
         )
     outcomes = [_check(a, policy) for a in found.artifacts]
     claims = [o.claim for o in outcomes if o.claim is not None]
@@ -458,7 +463,12 @@ def existing_signatures(client: RegistryClient, pinned: Reference, policy: Verif
     other signers' artifacts are passed over."""
     assert pinned.digest is not None
     found = find_artifacts(
-        client, pinned, prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE), vouchers=policy.keys
+        client,
+        pinned,
+        prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE),
+        vouchers=policy.keys,
+        identities=policy.identities,
+        trusted_root=policy.trusted_root,
     )
     outcomes = [_check(a, policy) for a in found.artifacts]
     mine = [

@@ -239,6 +239,27 @@ class KeylessSession:
         envelope = json.dumps(doc["dsseEnvelope"], separators=(",", ":")).encode()
         return text.encode(), envelope, self._legacy_annotations(doc)
 
+    def vouch(self, payload: bytes, bundle: bytes) -> dict[str, str]:
+        """The keyless vouch for ``bundle`` (``formats.ANN_VOUCH_*``): its leaf certificate and a
+        signature over ``payload`` by that certificate's ephemeral key (the one that signed the
+        bundle; not logged: the bundle's own log entry dates the certificate). Empty if the key
+        at hand is not the certificate's (sigstore-python renewed both): the bundle then goes
+        unvouched, found within the bounded fallback, as cosign's."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        raw = base64.b64decode(json.loads(bundle)["verificationMaterial"]["certificate"]["rawBytes"])
+        key = self._signer._private_key  # sigstore-python's ephemeral key (pinned minor version)
+        leaf_key = x509.load_der_x509_certificate(raw).public_key()
+        if leaf_key != key.public_key():
+            return {}
+        return {
+            formats.ANN_VOUCH_CERTIFICATE: base64.b64encode(raw).decode(),
+            formats.ANN_VOUCH_SIGNATURE: base64.b64encode(
+                key.sign(payload, ec.ECDSA(hashes.SHA256()))
+            ).decode(),
+        }
+
     def sign_payload(self, payload: bytes) -> tuple[str, dict[str, str]]:
         """(base64 signature, legacy annotations) over ``payload``."""
         try:
@@ -312,6 +333,83 @@ def verify_bundle(
             f"{source}: keyless signature does not verify: {str(exc).splitlines()[0]}"
         ) from None
     return f"{certs.describe(cert)}", payload_type, payload
+
+
+# -- the vouch on a keyless bundle referrer (kernelbake.signing.discover) -------------------
+
+# A Fulcio leaf certificate is 0.7-1 KiB DER (the mock's ~0.6 KiB); base64 of a larger one is not
+# decoded. A DER P-256 signature is at most 72 bytes, 96 in base64.
+MAX_VOUCH_CERTIFICATE = 8 << 10
+MAX_VOUCH_SIGNATURE = 128
+
+
+class VouchChecker:
+    """Checks keyless vouches for one verification: the certificate names an identity ``rules``
+    trust, chains to the trusted root's Fulcio CA (at its own notBefore: the vouch only picks
+    which bundles are read first; the bundle is then verified in full, log entry included) and
+    is for code signing, and its key signed ``payload``. The certificate part is done once per
+    distinct certificate (cached here), the signature once per claim (cached by the caller)."""
+
+    def __init__(self, rules: Sequence[Identity], trusted_root: str) -> None:
+        self._rules = list(rules)
+        self._trusted_root = trusted_root
+        self._certs: dict[str, x509.Certificate | bool | None] = {}
+
+    def check(self, certificate: str, signature: str, payload: bytes) -> bool | None:
+        """True: a trusted identity vouches; False: junk (the certificate is not one, or the
+        trusted CA's certificate for a trusted identity did not sign this vouch: copied or
+        forged); None: no vouch this policy can use (another identity, or a certificate the
+        trusted root does not vouch for, say signed against Sigstore staging): an ordinary
+        candidate, whose bundle then says why it does not verify."""
+        from cryptography.exceptions import InvalidSignature as CryptoInvalid
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        if certificate not in self._certs:
+            self._certs[certificate] = self._leaf(certificate)
+        leaf = self._certs[certificate]
+        if not isinstance(leaf, x509.Certificate):
+            return leaf
+        if len(signature) > MAX_VOUCH_SIGNATURE:
+            return False
+        try:
+            raw = base64.b64decode(signature, validate=True)
+            key = leaf.public_key()
+            if not isinstance(key, ec.EllipticCurvePublicKey):
+                return False
+            key.verify(raw, payload, ec.ECDSA(hashes.SHA256()))
+        except (CryptoInvalid, binascii.Error, ValueError):
+            return False
+        return True
+
+    def _leaf(self, certificate: str) -> x509.Certificate | bool | None:
+        """The certificate if the trusted CA issued it for a trusted identity; else as ``check``."""
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        if len(certificate) > MAX_VOUCH_CERTIFICATE:
+            return False
+        try:
+            leaf = x509.load_der_x509_certificate(base64.b64decode(certificate, validate=True))
+            if not any(r.matches(certs.issuer(leaf), certs.subjects(leaf)) for r in self._rules):
+                return None
+        except (ValueError, binascii.Error):
+            return False
+        try:
+            usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        except (ValueError, x509.ExtensionNotFound):
+            return None
+        if ExtendedKeyUsageOID.CODE_SIGNING not in usage:
+            return None
+        try:
+            roots = _root(self._trusted_root)[0].get_fulcio_certs()
+        except TrustRootUnavailable:
+            return None  # not checkable here; the bundle, if read, says why
+        when = leaf.not_valid_before_utc.timestamp()
+        try:
+            _verify_chain(leaf, [], roots, when, source="vouch")
+        except (UntrustedSigner, ValueError):
+            return None
+        return leaf
 
 
 # -- legacy (cosign 2) keyless: certificate, chain and Rekor SET in layer annotations -------
