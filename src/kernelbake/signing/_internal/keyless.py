@@ -39,6 +39,7 @@ from kernelbake.signing._internal.sigstore_private import (
     ExpiredCertificate,
     FulcioClientError,
     RekorClientError,
+    ephemeral_key,
 )
 from kernelbake.signing.errors import (
     InvalidSignature,
@@ -249,7 +250,7 @@ class KeylessSession:
         from cryptography.hazmat.primitives.asymmetric import ec
 
         raw = base64.b64decode(json.loads(bundle)["verificationMaterial"]["certificate"]["rawBytes"])
-        key = self._signer._private_key  # sigstore-python's ephemeral key (pinned minor version)
+        key = ephemeral_key(self._signer)
         leaf_key = x509.load_der_x509_certificate(raw).public_key()
         if leaf_key != key.public_key():
             return {}

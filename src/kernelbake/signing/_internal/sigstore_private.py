@@ -10,11 +10,22 @@ that moves one fails there with the name.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sigstore._internal.fulcio.client import ExpiredCertificate, FulcioClientError
 from sigstore._internal.rekor import RekorClientError
 from sigstore._internal.sct import verify_sct
 from sigstore._internal.trust import KeyringPurpose
 from sigstore._utils import KeyID
+
+# The property of ``sigstore.sign.Signer`` that gives its ephemeral private key.
+EPHEMERAL_KEY_ATTRIBUTE = "_private_key"
+
+
+def ephemeral_key(signer: object) -> Any:
+    """The ephemeral private key a sigstore ``Signer`` signs with (an ``ec.EllipticCurvePrivateKey``)."""
+    return getattr(signer, EPHEMERAL_KEY_ATTRIBUTE)
+
 
 __all__ = [
     "ExpiredCertificate",
@@ -22,5 +33,6 @@ __all__ = [
     "KeyID",
     "KeyringPurpose",
     "RekorClientError",
+    "ephemeral_key",
     "verify_sct",
 ]
