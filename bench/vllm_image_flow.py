@@ -21,7 +21,7 @@ Then what ``docker run`` would do, with a HOME and TMPDIR of its own: the ENTRYP
 ``check --json``; a cold start (``KERNELBAKE_CACHE=off``) and then the baked start, each alone
 on the machine, timed from launch until ``/health`` answers (polled every 0.1 s), each followed
 by the request mix of ``bench/request_mix.py`` (``--mix-total``; the files the bundle, HOME and
-TMPDIR gained until /health and during the mix, every compile or JIT line logged after
+TMPDIR gained, or rewrote with other bytes, until /health and during the mix, every compile or JIT line logged after
 /health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
 ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
 a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
@@ -35,6 +35,8 @@ OUT/<model>/logs/ holds every log.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -493,14 +495,66 @@ def watched_dirs(cache_root: Path, env: dict[str, str]) -> dict[str, Path]:
     return {"cache_root": cache_root, "home": Path(env["HOME"]), "tmp": Path(env["TMPDIR"])}
 
 
-def snapshot(dirs: dict[str, Path]) -> dict[str, set[str]]:
-    return {name: _files(path) if path.is_dir() else set() for name, path in dirs.items()}
+Snapshot = dict[str, dict[str, tuple[int, int]]]
 
 
-def added(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, list[str]]:
-    """Files each directory gained, by directory; directories that gained none are left out."""
-    out = {name: sorted(after[name] - before.get(name, set())) for name in after}
-    return {name: files for name, files in out.items() if files}
+def snapshot(dirs: dict[str, Path]) -> Snapshot:
+    """Per directory: each file's path with its size and modification time."""
+    out: Snapshot = {}
+    for name, root in dirs.items():
+        files: dict[str, tuple[int, int]] = {}
+        for dirpath, _d, names in os.walk(root) if root.is_dir() else ():
+            for n in names:
+                path = Path(dirpath, n)
+                with contextlib.suppress(OSError):
+                    st = path.lstat()
+                    files[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+        out[name] = files
+    return out
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _baked(cache_root: Path) -> dict[str, str]:
+    """The bundle manifest's sha256 of each baked file, by its path in the cache root."""
+    try:
+        doc = json.loads((cache_root / "manifest.json").read_text())
+        return {str(f["path"]): str(f["sha256"]) for f in doc.get("files", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
+    """Files each directory gained, or that were rewritten with other bytes, by directory;
+    directories with none are left out. A baked file rewritten with the bytes the bundle's
+    manifest records (vLLM rewrites lock files at every start: a new mtime only) compiled
+    nothing and is left out; without ``dirs`` every rewrite counts."""
+    root = (dirs or {}).get("cache_root")
+    baked = _baked(root) if root is not None else {}
+    out: dict[str, list[str]] = {}
+    for name, files in after.items():
+        old = before.get(name, {})
+        changed = [
+            path
+            for path, stat in files.items()
+            if old.get(path) != stat
+            and not (
+                root is not None
+                and name == "cache_root"
+                and path in old
+                and path in baked
+                and _sha256(root / path) == baked[path]
+            )
+        ]
+        if changed:
+            out[name] = sorted(changed)
+    return out
 
 
 # Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)
@@ -533,14 +587,14 @@ def mix_plan(target: dict[str, Any], total: int) -> list[list[request_mix.Reques
 
 
 def after_ready(
-    server: Server, model: str, dirs: dict[str, Path], at_launch: dict[str, set[str]], waves: Any
+    server: Server, model: str, dirs: dict[str, Path], at_launch: Snapshot, waves: Any
 ) -> dict[str, Any]:
     """Once ``/health`` answers: what the start wrote until then, then the request mix, then
     what the mix made each directory gain."""
     at_ready = snapshot(dirs)
     mix = request_mix.run(f"http://127.0.0.1:{server.port}", model, waves)
     after = snapshot(dirs)
-    start_files, mix_files = added(at_launch, at_ready), added(at_ready, after)
+    start_files, mix_files = added(at_launch, at_ready, dirs), added(at_ready, after, dirs)
     return {
         "files_added_until_ready": {k: v[:100] for k, v in start_files.items()},
         "files_added_until_ready_count": count(start_files),

@@ -185,6 +185,34 @@ def test_the_flow_counts_files_per_directory_and_compile_lines_after_ready(tmp_p
     assert flow.compile_lines(lines, after=None) == []
 
 
+def test_the_flow_counts_a_rewrite_with_other_bytes_but_not_one_with_the_baked_bytes(
+    tmp_path: Path,
+) -> None:
+    import hashlib
+    import os
+
+    flow = _load("vllm_image_flow")
+    root = tmp_path / "c"
+    (root / "vllm" / "locks").mkdir(parents=True)
+    lock, module = root / "vllm" / "locks" / "a.lock", root / "vllm" / "graph.py"
+    lock.write_text("")
+    module.write_text("baked")
+    files = [
+        {"path": p.relative_to(root).as_posix(), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in (lock, module)
+    ]
+    (root / "manifest.json").write_text(json.dumps({"files": files}))
+    dirs = {"cache_root": root}
+    before = flow.snapshot(dirs)
+    lock.write_text("")
+    os.utime(lock, ns=(3, 3))
+    assert flow.added(before, flow.snapshot(dirs), dirs) == {}
+    assert flow.added(before, flow.snapshot(dirs)) == {"cache_root": ["vllm/locks/a.lock"]}
+    module.write_text("regenerated")
+    os.utime(module, ns=(4, 4))
+    assert flow.added(before, flow.snapshot(dirs), dirs) == {"cache_root": ["vllm/graph.py"]}
+
+
 def test_the_summary_puts_the_mix_of_each_start_side_by_side() -> None:
     flow = _load("vllm_image_flow")
     mix = {
