@@ -35,8 +35,6 @@ OUT/<model>/logs/ holds every log.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -53,7 +51,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# What the watcher of ``kernelbake serve`` counts, from this tree (the flow starts before its
+# own runtime stage installs the wheel).
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import request_mix
+from kernelbake.runtime.engines.vllm import evidence
 
 WORK = Path("/opt/kernelbake-flow")
 PROMPT = list(range(1, 17))
@@ -499,62 +501,20 @@ Snapshot = dict[str, dict[str, tuple[int, int]]]
 
 
 def snapshot(dirs: dict[str, Path]) -> Snapshot:
-    """Per directory: each file's path with its size and modification time."""
-    out: Snapshot = {}
-    for name, root in dirs.items():
-        files: dict[str, tuple[int, int]] = {}
-        for dirpath, _d, names in os.walk(root) if root.is_dir() else ():
-            for n in names:
-                path = Path(dirpath, n)
-                with contextlib.suppress(OSError):
-                    st = path.lstat()
-                    files[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
-        out[name] = files
-    return out
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        with path.open("rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-    except OSError:
-        return None
-
-
-def _baked(cache_root: Path) -> dict[str, str]:
-    """The bundle manifest's sha256 of each baked file, by its path in the cache root."""
-    try:
-        doc = json.loads((cache_root / "manifest.json").read_text())
-        return {str(f["path"]): str(f["sha256"]) for f in doc.get("files", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    """Per directory: each file's path with its size and modification time (``serve``'s own
+    watcher's)."""
+    return evidence.snapshot(dirs)
 
 
 def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
     """Files each directory gained, or that were rewritten with other bytes, by directory;
-    directories with none are left out. A baked file rewritten with the bytes the bundle's
-    manifest records (vLLM rewrites lock files at every start: a new mtime only) compiled
-    nothing and is left out; without ``dirs`` every rewrite counts."""
-    root = (dirs or {}).get("cache_root")
-    baked = _baked(root) if root is not None else {}
-    out: dict[str, list[str]] = {}
-    for name, files in after.items():
-        old = before.get(name, {})
-        changed = [
-            path
-            for path, stat in files.items()
-            if old.get(path) != stat
-            and not (
-                root is not None
-                and name == "cache_root"
-                and path in old
-                and path in baked
-                and _sha256(root / path) == baked[path]
-            )
-        ]
-        if changed:
-            out[name] = sorted(changed)
-    return out
+    directories with none are left out. As ``serve``'s watcher counts them: a baked file
+    rewritten with the bytes the bundle's manifest records (vLLM rewrites lock files at
+    every start: a new mtime only) compiled nothing and is left out; without ``dirs`` every
+    rewrite counts."""
+    baked = evidence.manifest_digests(dirs["cache_root"], dirs) if dirs and "cache_root" in dirs else None
+    found = evidence.added(before, after, dirs, baked)
+    return {name: sorted(files) for name, files in found.items() if files}
 
 
 # Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)

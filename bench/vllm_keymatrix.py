@@ -203,8 +203,8 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
         LogEvidence,
         Signal,
         added,
-        baked_digests,
         cache_dirs,
+        manifest_digests,
         snapshot,
     )
 
@@ -305,9 +305,7 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     out["serve_s"] = round(time.monotonic() - started, 1)
     # A file rewritten with the bytes the manifest records compiled nothing (vLLM rewrites
     # lock files at every start); one rewritten with other bytes did.
-    manifest = json.loads((CACHE_ROOT / "manifest.json").read_text())
-    baked = baked_digests(CACHE_ROOT, dirs, [(f["path"], f["sha256"]) for f in manifest["files"]])
-    with_files = added(before, snapshot(dirs), dirs, baked)
+    with_files = added(before, snapshot(dirs), dirs, manifest_digests(CACHE_ROOT, dirs))
     timer.cancel()
     _kill(proc)
     proc.wait()

@@ -236,7 +236,7 @@ class VllmEngine:
 
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         dirs = evidence.cache_dirs(cache_root, self.declaration.cache_kinds)
-        return evidence.watcher(dirs, evidence.baked_digests(cache_root, dirs, _manifest_files(cache_root)))
+        return evidence.watcher(dirs, evidence.manifest_digests(cache_root, dirs))
 
     def shape_args(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:
         # The fallback only: a bundle without vLLM's identity (built by an older kernelbake).
@@ -287,13 +287,3 @@ __all__ = [
     "compile_argv",
     "plugin_will_run",
 ]
-
-
-def _manifest_files(cache_root: Path) -> list[tuple[str, str]]:
-    """``(path, sha256)`` of every baked file, for the start-up watcher; none when there is no
-    readable manifest (a cold start). The preflight has checked it against the pin already."""
-    try:
-        doc = json.loads((cache_root / MANIFEST).read_text())
-        return [(str(f["path"]), str(f["sha256"])) for f in doc.get("files", [])]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return []

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from kernelbake.contract.layout import CacheKind, kind_dir
+from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
 from kernelbake.runtime.prediction import NOTHING_COMPILES, Outcome, Prediction
 
 # The line vLLM's API server prints with its prediction (engines.vllm.predict.MARK).
@@ -245,6 +245,17 @@ def baked_digests(
                 out[name][full.relative_to(d).as_posix()] = sha256
                 break
     return out
+
+
+def manifest_digests(root: Path, dirs: Mapping[str, Path]) -> dict[str, dict[str, str]]:
+    """``baked_digests`` of the manifest at ``root``: none when there is no readable manifest
+    (a cold start; where there is one, the preflight has checked it against the pin)."""
+    try:
+        doc = json.loads((root / MANIFEST).read_text())
+        files = [(str(f["path"]), str(f["sha256"])) for f in doc.get("files", [])]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        files = []
+    return baked_digests(root, dirs, files)
 
 
 def _sha256(path: Path) -> str | None:
