@@ -46,7 +46,7 @@ from kernelbake.oci import (
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts, ImageLayoutError, read_cache_manifest, read_image, top_manifest
 from kernelbake.signing import intoto
-from kernelbake.signing.discover import Artifact, Kind, Skipped, describe_skipped, find_artifacts
+from kernelbake.signing.discover import Artifact, Found, Kind, Skipped, describe_skipped, find_artifacts
 from kernelbake.signing.errors import (
     CacheManifestMismatch,
     ImageNotFound,
@@ -408,15 +408,7 @@ def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> 
     digest = pinned.digest
     where = f"{pinned.name}@{digest}"
     with _registry_errors(where, missing_is_image=False):
-        found = find_artifacts(
-            client,
-            pinned,
-            prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE),
-            vouchers=policy.keys,
-            identities=policy.identities,
-            trusted_root=policy.trusted_root,
-        )
-    outcomes = [_check(a, policy) for a in found.artifacts]
+        found, outcomes = _found(client, pinned, policy)
     claims = [o.claim for o in outcomes if o.claim is not None]
     # Everything passed over, the artifacts that did not verify first (the most telling).
     skipped = [_as_skipped(o.failure, o.artifact) for o in outcomes if o.failure is not None]
@@ -428,6 +420,20 @@ def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> 
         if c.kind in ("signature", "attestation") and digest not in c.digests
     ]
     return _Signed(signature, claims, outcomes, skipped)
+
+
+def _found(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> tuple[Found, list[_Outcome]]:
+    """What is attached to ``pinned.digest``, found as the policy's signers vouch for it (its
+    keys and identities), each artifact checked against the policy."""
+    found = find_artifacts(
+        client,
+        pinned,
+        prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE),
+        vouchers=policy.keys,
+        identities=policy.identities,
+        trusted_root=policy.trusted_root,
+    )
+    return found, [_check(a, policy) for a in found.artifacts]
 
 
 def verify_signature(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> VerifiedSignature:
@@ -462,15 +468,7 @@ def existing_signatures(client: RegistryClient, pinned: Reference, policy: Verif
     ``policy``, found and checked as ``verify_image`` does (within the same bounds); junk and
     other signers' artifacts are passed over."""
     assert pinned.digest is not None
-    found = find_artifacts(
-        client,
-        pinned,
-        prefer=(intoto.COSIGN_SIGN_PREDICATE, PREDICATE_TYPE),
-        vouchers=policy.keys,
-        identities=policy.identities,
-        trusted_root=policy.trusted_root,
-    )
-    outcomes = [_check(a, policy) for a in found.artifacts]
+    outcomes = _found(client, pinned, policy)[1]
     mine = [
         (o.artifact.kind, o.claim)
         for o in outcomes
