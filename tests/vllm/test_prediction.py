@@ -760,3 +760,41 @@ def test_a_baked_file_rewritten_with_the_same_bytes_compiled_nothing(tmp_path: P
     (d / "module.py").write_text("regenerated")
     (d / "new.so").write_text("x")
     assert evidence.added(before, evidence.snapshot(dirs), dirs, baked) == {"vllm": {"module.py", "new.so"}}
+
+
+def test_the_log_flashinfer_appends_to_at_every_start_compiled_nothing(tmp_path: Path) -> None:
+    # On the H200 (2026-12-02, 41 cases) every start that loaded everything still "added" one
+    # file: FlashInfer's flashinfer_jit.log, which it appends to at each start and which the
+    # bundle's manifest lists under ``logs``, not among the cache files.
+    from kernelbake.contract.key import parse_key
+    from kernelbake.contract.layout import CacheKind
+    from kernelbake.runtime.bundle import write_manifest
+    from kernelbake.runtime.engines.vllm import APPENDED_LOGS
+
+    root = tmp_path / "cache"
+    ws = root / "flashinfer" / ".cache" / "flashinfer" / "0.6.14" / "90a"
+    (ws / "cached_ops" / "norm").mkdir(parents=True)
+    (ws / "cached_ops" / "norm" / "norm.so").write_bytes(b"\x7fELF")
+    (ws / "flashinfer_jit.log").write_text("start 1\n")
+    key = parse_key(
+        "kb1:engine=vllm;engine_version=0.26.0;torch=2.11.0;triton=3.6.0;cuda=13.0;flashinfer=0.6.14;"
+        "python=3.12;arch=sm_90a;device=NVIDIA%20H200;driver_floor=580.65.06;model=local/m;revision=r;"
+        "model_path=/models/m;dtype=bfloat16;quantization=none;tp=1;pp=1;ep=1;max_model_len=4096;"
+        "max_num_batched_tokens=16384;compilation=c;engine_env=e;kernelbake=0.1.0"
+    )
+    write_manifest(root, key, [CacheKind.FLASHINFER], logs=APPENDED_LOGS)
+    dirs = evidence.cache_dirs(root, [CacheKind.FLASHINFER])
+    baked = evidence.manifest_digests(root, dirs)
+    log = ".cache/flashinfer/0.6.14/90a/flashinfer_jit.log"
+    assert baked["flashinfer"][log] == evidence.APPENDED_LOG
+    before = evidence.snapshot(dirs)
+    with (ws / "flashinfer_jit.log").open("a") as fh:
+        fh.write("start 2\n")
+    after = evidence.snapshot(dirs)
+    assert evidence.added(before, after) == {"flashinfer": {log}}
+    assert evidence.added(before, after, dirs, baked) == {"flashinfer": set()}
+    # A module FlashInfer builds beside it still counts.
+    (ws / "cached_ops" / "rope").mkdir()
+    (ws / "cached_ops" / "rope" / "rope.so").write_bytes(b"\x7fELF")
+    found = evidence.added(before, evidence.snapshot(dirs), dirs, baked)
+    assert found == {"flashinfer": {".cache/flashinfer/0.6.14/90a/cached_ops/rope/rope.so"}}

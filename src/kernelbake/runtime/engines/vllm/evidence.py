@@ -247,12 +247,19 @@ def baked_digests(
     return out
 
 
+# In ``baked_digests``' maps: the manifest lists this path as a log the engine appends to
+# (``Manifest.logs``), not a cache file. Never a sha256, so no file's bytes can match it.
+APPENDED_LOG = "appended-log"
+
+
 def manifest_digests(root: Path, dirs: Mapping[str, Path]) -> dict[str, dict[str, str]]:
-    """``baked_digests`` of the manifest at ``root``: none when there is no readable manifest
-    (a cold start; where there is one, the preflight has checked it against the pin)."""
+    """``baked_digests`` of the manifest at ``root``, with its appended logs as
+    ``APPENDED_LOG``: none when there is no readable manifest (a cold start; where there is
+    one, the preflight has checked it against the pin)."""
     try:
         doc = json.loads((root / MANIFEST).read_text())
         files = [(str(f["path"]), str(f["sha256"])) for f in doc.get("files", [])]
+        files += [(str(path), APPENDED_LOG) for path in doc.get("logs", [])]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         files = []
     return baked_digests(root, dirs, files)
@@ -277,12 +284,16 @@ def added(
     in place when the graph that keys it compiled again. vLLM and FlashInfer rewrite some
     baked files at every start with the same bytes (a new mtime only), which compiles
     nothing: a rewritten file whose sha256 is still the one ``baked`` (the manifest's, by
-    ``baked_digests``) records is left out. Without ``baked`` every rewrite counts."""
+    ``baked_digests``) records is left out. So is a log the manifest names (``APPENDED_LOG``):
+    FlashInfer appends to its ``flashinfer_jit.log`` at every start, and nothing loads it.
+    Without ``baked`` every rewrite counts."""
     out: dict[str, set[str]] = {}
     for name, files in after.items():
         old = before.get(name, {})
         known = (baked or {}).get(name, {})
-        changed = {path for path, stat in files.items() if old.get(path) != stat}
+        changed = {
+            path for path, stat in files.items() if old.get(path) != stat and known.get(path) != APPENDED_LOG
+        }
         if dirs is not None and name in dirs:
             changed = {
                 path

@@ -57,7 +57,22 @@ def register() -> None:
             from kernelbake.runtime.engines.vllm.predict import serve_hook
 
             serve_hook(Path(manifest))
+            _preload_first_launches()
         return
     from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm
 
     patches_for_installed_vllm().install(REPORT)
+    # The request warm-up runs after vLLM's own: what it first launches is recorded.
+    from kernelbake.runtime.engines.vllm import launches
+
+    REPORT["triton_first_launches_recorded"] = launches.install(launches.Mode.RECORD)
+
+
+def _preload_first_launches() -> None:
+    """In the process that will run the model (the engine core forks from this one and
+    inherits the wrapper; a spawned worker calls ``register`` itself), the kernels the
+    build's request warm-up first launched are loaded before vLLM starts its JIT monitor."""
+    from kernelbake.runtime.engines.vllm import launches
+
+    if launches.wanted_at_serve():
+        launches.install(launches.Mode.PRELOAD)
