@@ -511,10 +511,24 @@ def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None
     directories with none are left out. As ``serve``'s watcher counts them: a baked file
     rewritten with the bytes the bundle's manifest records (vLLM rewrites lock files at
     every start: a new mtime only) compiled nothing and is left out; without ``dirs`` every
-    rewrite counts."""
+    rewrite counts. Baked Inductor autotune results benchmarked again are not here
+    (``rebenchmarked``)."""
+    return {name: sorted(files) for name, files in _split(before, after, dirs)[0].items() if files}
+
+
+def rebenchmarked(
+    before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None
+) -> dict[str, list[str]]:
+    """The baked Inductor ``.best_config`` files a start rewrote: a benchmark run again, not
+    a compile (``evidence.split_rebenchmarked``)."""
+    return {name: sorted(files) for name, files in _split(before, after, dirs)[1].items() if files}
+
+
+def _split(
+    before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     baked = evidence.manifest_digests(dirs["cache_root"], dirs) if dirs and "cache_root" in dirs else None
-    found = evidence.added(before, after, dirs, baked)
-    return {name: sorted(files) for name, files in found.items() if files}
+    return evidence.split_rebenchmarked(evidence.added(before, after, dirs, baked), before)
 
 
 # Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)
@@ -558,6 +572,8 @@ def after_ready(
     return {
         "files_added_until_ready": {k: v[:100] for k, v in start_files.items()},
         "files_added_until_ready_count": count(start_files),
+        "autotune_rebenchmarked_until_ready": rebenchmarked(at_launch, at_ready, dirs),
+        "autotune_rebenchmarked_after_ready": rebenchmarked(at_ready, after, dirs),
         "files_added_after_ready": {k: v[:100] for k, v in mix_files.items()},
         "files_added_after_ready_count": count(mix_files),
         "request_mix": mix,
@@ -720,6 +736,23 @@ def flow(
     return doc
 
 
+def _warm_start(w: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The baked start's files until /health: (what compiled, baked Inductor autotune results
+    benchmarked again). Runs recorded before ``after_ready`` kept the two apart listed both
+    as files; there a rewritten ``.best_config`` is one not among the new names
+    (``files_added_to_cache_root``), as ``evidence.split_rebenchmarked`` tells them apart."""
+    files = cache_files(w.get("files_added_until_ready") or {})
+    if "autotune_rebenchmarked_until_ready" in w:
+        return files, w["autotune_rebenchmarked_until_ready"]
+    new = set(w.get("files_added_to_cache_root", []))
+    again = {
+        k: [f for f in v if k == "cache_root" and f.endswith(".best_config") and f not in new]
+        for k, v in files.items()
+    }
+    kept = {k: [f for f in v if f not in again[k]] for k, v in files.items()}
+    return {k: v for k, v in kept.items() if v}, {k: v for k, v in again.items() if v}
+
+
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     w, c = doc.get("serve_warm", {}), doc.get("serve_cold", {})
     warm_tokens = (doc.get("warm_generate") or {}).get("tokens")
@@ -735,12 +768,11 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "tokens_identical": cold_tokens == warm_tokens if warm_tokens and cold_tokens else None,
         # Launch to /health, in the bundle, HOME and TMPDIR (runs before the request mix
         # counted the bundle only).
-        "files_added_at_warm_start": count(cache_files(w["files_added_until_ready"]))
+        "files_added_at_warm_start": count(_warm_start(w)[0])
         if "files_added_until_ready" in w
         else len(w.get("files_added_to_cache_root", [])),
-        "files_added_at_warm_start_by_dir": {
-            k: v[:20] for k, v in cache_files(w.get("files_added_until_ready") or {}).items()
-        },
+        "files_added_at_warm_start_by_dir": {k: v[:20] for k, v in _warm_start(w)[0].items()},
+        "autotune_rebenchmarked_at_warm_start": _warm_start(w)[1],
         **mix_summary(w, c),
         "weights_mode": (doc.get("compile_report") or {}).get("weights_mode"),
         "compile_peak_gpu_bytes": _peak(doc.get("compile_report") or {}),

@@ -256,7 +256,7 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     dirs = cache_dirs(CACHE_ROOT, VllmEngine.declaration.cache_kinds)
     for attempt in (1, 2):
         started = time.monotonic()
-        decided, log, plugin_lines, wrong, with_files = _serve(cdir, env, port, args, dirs, deadline)
+        decided, log, plugin_lines, wrong, with_files, again = _serve(cdir, env, port, args, dirs, deadline)
         out["serve_s"] = round(time.monotonic() - started, 1)
         text = (cdir / "serve.log").read_text(errors="replace")
         if decided in ("ready", "compiled", "load_failed", "flashinfer_build") or "EADDRINUSE" not in text:
@@ -271,6 +271,8 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     out["decided_by"] = decided
     out["log_evidence"] = log.to_json()
     out["files_added"] = files
+    # Not a compile (evidence.split_rebenchmarked): named, and left out of the verdict.
+    out["autotune_rebenchmarked"] = {k: len(v) for k, v in again.items() if v}
     out["plugin_prediction"] = plugin_lines[:12]
     out["prediction_wrong_lines"] = wrong
     compiled = decided in ("compiled", "load_failed", "flashinfer_build") or log.torch_compile_hit is False
@@ -292,7 +294,7 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
 
 def _serve(
     cdir: Path, env: dict[str, str], port: int, args: list[str], dirs: dict[str, Path], deadline: float
-) -> tuple[str, LogEvidence, list[str], list[str], dict[str, set[str]]]:
+) -> tuple[str, LogEvidence, list[str], list[str], dict[str, set[str]], dict[str, set[str]]]:
     """One ``kernelbake serve`` of a case until it is ready, compiles or ends: how it ended,
     vLLM's log evidence, the plugin's and the self-check's lines, and the files it added."""
     from kernelbake.runtime.engines.vllm.evidence import LogEvidence, Signal, snapshot
@@ -340,35 +342,44 @@ def _serve(
             break
     if decided == "timeout" and proc.poll() is not None:
         decided = f"exited {proc.returncode}"
-    with_files = _start_added(cdir, dirs, before)
+    with_files, again = _start_added(cdir, dirs, before)
     timer.cancel()
     _kill(proc)
     proc.wait()
     serve_log.close()
-    return decided, log, plugin_lines, wrong, with_files
+    return decided, log, plugin_lines, wrong, with_files, again
 
 
 def _start_added(
     cdir: Path, dirs: dict[str, Path], before: dict[str, dict[str, tuple[int, int]]]
-) -> dict[str, set[str]]:
-    """What the start added to the caches it used. A file rewritten with the bytes the
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """What the start added to the caches it used, and the baked autotune results it
+    benchmarked again (``split_rebenchmarked``). A file rewritten with the bytes the
     manifest records compiled nothing (vLLM rewrites lock files at every start); one
     rewritten with other bytes did. Where ``serve`` found the cache root read-only (the
     uid-1000 case) it started on a copy of it (``preflight.cache_root`` in its status): that
     copy began as exactly the manifest's files, so every file in it is checked against it."""
     from kernelbake.runtime.engines.vllm import VllmEngine
-    from kernelbake.runtime.engines.vllm.evidence import added, cache_dirs, manifest_digests, snapshot
+    from kernelbake.runtime.engines.vllm.evidence import (
+        added,
+        cache_dirs,
+        manifest_digests,
+        snapshot,
+        split_rebenchmarked,
+    )
 
     try:
         used = Path(json.loads((cdir / "status.json").read_text())["preflight"]["cache_root"])
     except (OSError, ValueError, KeyError, TypeError):
         used = CACHE_ROOT
     if used == CACHE_ROOT or not used.is_dir():
-        return added(before, snapshot(dirs), dirs, manifest_digests(CACHE_ROOT, dirs))
+        return split_rebenchmarked(
+            added(before, snapshot(dirs), dirs, manifest_digests(CACHE_ROOT, dirs)), before
+        )
     copy = cache_dirs(used, VllmEngine.declaration.cache_kinds)
     baked = manifest_digests(used, copy)
     as_copied = {name: dict.fromkeys(paths, (-1, -1)) for name, paths in baked.items()}
-    return added(as_copied, snapshot(copy), copy, baked)
+    return split_rebenchmarked(added(as_copied, snapshot(copy), copy, baked), as_copied)
 
 
 # -- orchestration ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -798,3 +799,56 @@ def test_the_log_flashinfer_appends_to_at_every_start_compiled_nothing(tmp_path:
     (ws / "cached_ops" / "rope" / "rope.so").write_bytes(b"\x7fELF")
     found = evidence.added(before, evidence.snapshot(dirs), dirs, baked)
     assert found == {"flashinfer": {".cache/flashinfer/0.6.14/90a/cached_ops/rope/rope.so"}}
+
+
+def test_a_baked_autotune_result_benchmarked_again_is_named_and_is_not_a_compile(
+    cpu: dict[str, Any], tmp_path: Path
+) -> None:
+    # The FP8 MoE on the H200 (2026-12-02): every baked start rewrote 4 baked Inductor
+    # .best_config files with a new time_taken_ms, and no Triton file was added.
+    import hashlib
+
+    root = tmp_path / "cache"
+    dirs = {k: root / k for k in ("vllm", "triton")}
+    aot = dirs["vllm"] / "torch_compile_cache" / "inductor_cache" / "2l"
+    aot.mkdir(parents=True)
+    dirs["triton"].mkdir()
+    best = aot / "6a59.best_config"
+    best.write_text('{"XBLOCK": 64, "num_warps": 4, "time_taken_ms": 12}')
+    rel = best.relative_to(dirs["vllm"]).as_posix()
+    baked = {"vllm": {rel: hashlib.sha256(best.read_bytes()).hexdigest()}, "triton": {}}
+    p = predict(cpu["baseline"], cpu["baseline"], {"vllm", "triton"})
+    w = evidence.watcher(dirs, baked)
+    w(evidence.PREDICTION_MARK + json.dumps(p.to_json()) + "\n")
+    w("INFO Directly load the compiled graph(s) for compile range (1, 16384) from the cache\n")
+    best.write_text('{"XBLOCK": 64, "num_warps": 4, "time_taken_ms": 15}')
+    message = w("INFO:     Application startup complete.\n")
+    assert message is not None
+    assert message.startswith("start-up compiled nothing: 0 new files in vllm, triton")
+    assert "Inductor benchmarked the launch configs of 1 baked kernels again" in message
+    assert "prediction wrong" not in message
+    status = w.status()
+    assert status["evidence"]["autotune_rebenchmarked"] == {"vllm": 1}  # type: ignore[index]
+    assert status["evidence"]["actual"] == {"vllm": "hit", "triton": "hit"}  # type: ignore[index]
+    # A new autotune result (none was baked) is a miss as before: its kernel was not baked.
+    (aot / "new.best_config").write_text("{}")
+    found = evidence.added(w.before, evidence.snapshot(dirs), dirs, baked)
+    compiled, again = evidence.split_rebenchmarked(found, w.before)
+    assert compiled["vllm"] == {"torch_compile_cache/inductor_cache/2l/new.best_config"}
+    assert again["vllm"] == {rel}
+
+
+def test_the_benchmark_note_is_not_taken_for_a_compile_line() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "flow", Path(__file__).parents[2] / "bench" / "vllm_image_flow.py"
+    )
+    assert spec is not None and spec.loader is not None
+    flow = importlib.util.module_from_spec(spec)
+    sys.modules["flow"] = flow
+    spec.loader.exec_module(flow)
+    text = evidence.startup_report({"vllm": set()}, {"vllm": {"a.best_config"}})
+    note = text.splitlines()[1]
+    assert "benchmarked the launch configs of 1 baked kernels again" in note
+    assert flow.compile_lines([(1.0, note)], 0.0) == []

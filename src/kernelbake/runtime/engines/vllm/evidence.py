@@ -117,6 +117,7 @@ class Watcher:
         self.log = LogEvidence()
         self.prediction: Prediction | None = None
         self.new: dict[str, set[str]] | None = None
+        self.rebenchmarked: dict[str, set[str]] = {}
         self.wrong: list[str] = []
         self._seen: set[Signal] = set()
 
@@ -130,9 +131,10 @@ class Watcher:
             return None
         self._seen.add(signal)
         if signal is Signal.READY:
-            self.new = added(self.before, snapshot(self.dirs), self.dirs, self.baked)
+            found = added(self.before, snapshot(self.dirs), self.dirs, self.baked)
+            self.new, self.rebenchmarked = split_rebenchmarked(found, self.before)
             self.wrong = compare(self.prediction, self.log, self.new)
-            return "\n".join([startup_report(self.new), *self.wrong])
+            return "\n".join([startup_report(self.new, self.rebenchmarked), *self.wrong])
         report = _REPORTS.get(signal)
         return f"{report} ({line.strip()[:160]})" if report else None
 
@@ -147,6 +149,7 @@ class Watcher:
             "evidence": {
                 "log": self.log.to_json(),
                 "files_added": {k: len(v) for k, v in (self.new or {}).items()},
+                "autotune_rebenchmarked": {k: len(v) for k, v in self.rebenchmarked.items() if v},
                 "actual": actual(self.log, self.new) if self.new is not None else None,
             },
             "prediction_wrong": self.wrong,
@@ -199,15 +202,48 @@ def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, s
     return wrong
 
 
-def startup_report(new: Mapping[str, set[str]]) -> str:
+def startup_report(new: Mapping[str, set[str]], rebenchmarked: Mapping[str, set[str]] | None = None) -> str:
     counts = {name: len(files) for name, files in new.items()}
     if not any(counts.values()):
-        return f"start-up compiled nothing: 0 new files in {', '.join(counts)}"
-    shown = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
-    return (
-        f"WARNING: start-up compiled what the caches lacked: new files in {shown}; "
-        "the preflight notes above say why, if they know"
-    )
+        text = f"start-up compiled nothing: 0 new files in {', '.join(counts)}"
+    else:
+        shown = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+        text = (
+            f"WARNING: start-up compiled what the caches lacked: new files in {shown}; "
+            "the preflight notes above say why, if they know"
+        )
+    if n := sum(len(v) for v in (rebenchmarked or {}).values()):
+        text += (
+            # Worded so that no compile-line filter (bench/vllm_image_flow.COMPILE_LINE) takes
+            # it for one: nothing is built here.
+            f"\nInductor benchmarked the launch configs of {n} baked kernels again (it rewrote their "
+            "baked .best_config: Inductor does not reuse a choice outside a kernel's listed "
+            "configs, such as combo kernels' sequential tuning); nothing was built"
+        )
+    return text
+
+
+# Inductor writes a kernel's ``.best_config`` only after benchmarking its launch configs
+# (torch/_inductor/runtime/triton_heuristics.py, ``save_cache_hook``). A baked one rewritten
+# with other bytes is a benchmark run again: Inductor reuses a saved choice only when it is
+# one of the kernel's listed configs (``_load_cached_autotuning``), which the sequential
+# autotune of combo kernels (vLLM's ``combo_kernels``) does not produce. Seen on the H200 at
+# every baked start of the FP8 MoE: 4 such files, no new Triton file (the configs it
+# benchmarks load from the bundle).
+AUTOTUNE_RESULT = ".best_config"
+
+
+def split_rebenchmarked(
+    found: Mapping[str, set[str]], before: Mapping[str, Mapping[str, object]]
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """``added``'s files as (what compiled, baked Inductor autotune results rewritten)."""
+    compiled: dict[str, set[str]] = {}
+    rebenchmarked: dict[str, set[str]] = {}
+    for name, paths in found.items():
+        old = before.get(name, {})
+        rebenchmarked[name] = {p for p in paths if p.endswith(AUTOTUNE_RESULT) and p in old}
+        compiled[name] = set(paths) - rebenchmarked[name]
+    return compiled, rebenchmarked
 
 
 def cache_dirs(root: Path, kinds: Iterable[CacheKind]) -> dict[str, Path]:
