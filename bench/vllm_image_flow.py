@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # own runtime stage installs the wheel).
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import request_mix
-from kernelbake.runtime.engines.vllm import evidence
+from kernelbake.runtime.engines.vllm import APPENDED_LOGS, evidence
 
 WORK = Path("/opt/kernelbake-flow")
 PROMPT = list(range(1, 17))
@@ -744,6 +744,9 @@ def _warm_start(w: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, list
     files = cache_files(w.get("files_added_until_ready") or {})
     if "autotune_rebenchmarked_until_ready" in w:
         return files, w["autotune_rebenchmarked_until_ready"]
+    # Recorded before the evidence left the engine's appended logs out (the manifest's
+    # ``logs``: FlashInfer's flashinfer_jit.log, appended to at every start).
+    files = {k: [f for f in v if Path(f).name not in APPENDED_LOGS] for k, v in files.items()}
     new = set(w.get("files_added_to_cache_root", []))
     again = {
         k: [f for f in v if k == "cache_root" and f.endswith(".best_config") and f not in new]
@@ -819,9 +822,16 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _still_compiling(start: dict[str, Any]) -> list[str]:
-    """A start's compile lines after /health, without kernelbake's own all-clear (also in
-    runs recorded before ``compile_lines`` left it out), timestamps and process prefix cut."""
-    lines = [ln for ln in start.get("compile_lines_after_ready") or [] if _NOTHING_COMPILED not in ln]
+    """A start's compile lines after /health, timestamps and process prefix cut. Without
+    ``kernelbake serve``'s report on start-up, printed when vLLM says it is up: it is about
+    what happened before /health (in ``files_added_at_warm_start``), and runs recorded
+    before the watcher left rewrites with the same bytes and appended logs out have it
+    counting those as compiles."""
+    lines = [
+        ln
+        for ln in start.get("compile_lines_after_ready") or []
+        if _NOTHING_COMPILED not in ln and not re.match(r"^[0-9.]+ kernelbake serve: ", ln)
+    ]
     return [re.sub(r"^[0-9.]+ (\(EngineCore pid=\d+\) )?", "", ln)[:200] for ln in lines]
 
 
@@ -904,6 +914,7 @@ def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, 
     compiled at and after each start."""
     keys = (
         "files_added_at_warm_start_by_dir",
+        "autotune_rebenchmarked_at_warm_start",
         "files_added_after_ready",
         "files_added_after_ready_cold",
         "files_added_after_ready_by_dir",
