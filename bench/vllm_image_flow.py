@@ -35,6 +35,7 @@ OUT/<model>/logs/ holds every log.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -151,21 +152,18 @@ class Stage:
             elif word == "RUN":
                 flags, cmd = _flags(rest)
                 mount = flags.get("mount", "")
-                links = []
+                binds = []
                 if mount:
                     opts = dict(kv.split("=", 1) for kv in mount.split(","))
                     if opts.get("type") == "bind":
-                        link = Path(opts["target"])
-                        if link.is_symlink() or link.exists():
-                            link.unlink()
-                        link.symlink_to(self.context / opts["source"])
-                        links.append(link)
+                        binds.append((self.context / opts["source"], Path(opts["target"])))
                     # type=secret (hf_token): only for hub models; the bench models are local.
                 step["dropped_flags"] = sorted(k for k in flags if k != "mount")
                 log = self.logs / f"{name}-{len(self.record)}.log"
+                argv, links = with_binds(binds, cmd)
                 with log.open("wb") as fh:
                     rc = subprocess.run(
-                        ["sh", "-c", cmd], env=self.env, cwd="/", stdout=fh, stderr=subprocess.STDOUT
+                        argv, env=self.env, cwd="/", stdout=fh, stderr=subprocess.STDOUT
                     ).returncode
                 for link in links:
                     link.unlink()
@@ -178,6 +176,38 @@ class Stage:
                 step["skipped"] = "metadata"
             step["wall_s"] = round(time.monotonic() - t0, 2)
             self.record.append(step)
+
+
+@functools.cache
+def _own_mount_namespaces() -> bool:
+    """Whether this process may make a mount namespace (root, and not forbidden by the
+    container it runs in)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+def with_binds(binds: list[tuple[Path, Path]], cmd: str) -> tuple[list[str], list[Path]]:
+    """The argv of a RUN with its bind mounts (source, target), and the links to remove after
+    it. As BuildKit makes them, visible to that RUN only: in a mount namespace of its own when
+    this is root, so two flows on one machine do not take each other's target (a MoE flow
+    and a dense one once raced over /tmp/kernelbake-wheels); else symlinks at the targets."""
+    if not binds:
+        return ["sh", "-c", cmd], []
+    if _own_mount_namespaces():
+        mounts = " && ".join(
+            f"mkdir -p {shlex.quote(str(t))} && mount --bind {shlex.quote(str(s))} {shlex.quote(str(t))}"
+            for s, t in binds
+        )
+        script = f"{mounts} && exec sh -c {shlex.quote(cmd)}"
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", script], []
+    links = []
+    for source, link in binds:
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(source)
+        links.append(link)
+    return ["sh", "-c", cmd], links
 
 
 def _files(root: Path) -> set[str]:

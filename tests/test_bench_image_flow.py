@@ -218,3 +218,25 @@ def test_the_table_has_a_column_per_start_and_a_row_per_segment() -> None:
     assert lines[0] == "| segment | m, cold | m, baked |"
     assert lines[2] == "| kernelbake_start | 0.50 | 0.50 |"
     assert len(lines) == 2 + len(flow.BREAKDOWN) + 1 and lines[-1].endswith("**2.0** | **2.0** |")
+
+
+def test_a_runs_bind_mount_is_its_own(tmp_path: Path) -> None:
+    # Two flows on one machine once raced over the same bind target (/tmp/kernelbake-wheels):
+    # each RUN now sees its own source there, as under BuildKit.
+    import subprocess
+
+    flow = _flow()
+    target = tmp_path / "shared" / "kernelbake-wheels"
+    outs = []
+    for name in ("a", "b"):
+        source = tmp_path / name
+        source.mkdir()
+        (source / f"{name}.whl").write_text(name)
+        argv, links = flow.with_binds([(source, target)], f"ls {target}")
+        outs.append(subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split())
+        for link in links:
+            link.unlink()
+    assert outs == [["a.whl"], ["b.whl"]]
+    if flow._own_mount_namespaces():
+        # In a namespace of its own: nothing is left at the target for the other flow.
+        assert not any(target.iterdir())
