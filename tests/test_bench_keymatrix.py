@@ -1,0 +1,101 @@
+"""The H200 key matrix's truth (bench/vllm_keymatrix.py), off the GPU: what a start added to
+the caches it used. Two of its faults were found on the device (2026-12-02): a start serve
+had moved to a copy of a read-only bundle was judged by the bundle it never wrote to, and
+FlashInfer's appended log counted as a compile."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kernelbake.contract.key import parse_key
+from kernelbake.runtime.bundle import write_manifest
+from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine
+from kernelbake.runtime.engines.vllm.evidence import cache_dirs, snapshot
+from tests.conftest import REPO
+
+KEY = parse_key(
+    "kb1:engine=vllm;engine_version=0.26.0;torch=2.11.0;triton=3.6.0;cuda=13.0;flashinfer=0.6.14;"
+    "python=3.12;arch=sm_90a;device=NVIDIA%20H200;driver_floor=580.65.06;model=local/m;revision=r;"
+    "model_path=/models/m;dtype=bfloat16;quantization=none;tp=1;pp=1;ep=1;max_model_len=4096;"
+    "max_num_batched_tokens=16384;compilation=c;engine_env=e;kernelbake=0.1.0"
+)
+WS = Path("flashinfer/.cache/flashinfer/0.6.14/90a")
+
+
+def _matrix() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_keymatrix", REPO / "bench" / "vllm_keymatrix.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bundle(root: Path) -> None:
+    (root / WS / "cached_ops" / "norm").mkdir(parents=True)
+    (root / WS / "cached_ops" / "norm" / "norm.so").write_bytes(b"\x7fELF")
+    (root / WS / "flashinfer_jit.log").write_text("start 1\n")
+    best = root / "vllm" / "inductor_cache" / "2l"
+    best.mkdir(parents=True)
+    (best / "k.best_config").write_text('{"time_taken_ms": 12}')
+    (root / "triton").mkdir()
+    write_manifest(root, KEY, VllmEngine.declaration.cache_kinds, logs=APPENDED_LOGS)
+
+
+def _start(root: Path, *, rebuild: bool) -> None:
+    """What a start does to the caches it uses: appends to FlashInfer's log, benchmarks an
+    autotuned kernel again, and (``rebuild``) builds a FlashInfer module anew."""
+    with (root / WS / "flashinfer_jit.log").open("a") as fh:
+        fh.write("start 2\n")
+    (root / "vllm" / "inductor_cache" / "2l" / "k.best_config").write_text('{"time_taken_ms": 15}')
+    if rebuild:
+        (root / WS / "cached_ops" / "norm" / "norm.so").write_bytes(b"\x7fELF rebuilt")
+        (root / WS / "cached_ops" / "norm" / "norm.cuda.o").write_bytes(b"obj")
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_a_start_on_a_copy_is_judged_by_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rebuild: bool
+) -> None:
+    matrix = _matrix()
+    root, copy, case = tmp_path / "cache", tmp_path / "case" / "tmp" / "kernelbake-cache-x", tmp_path / "case"
+    _bundle(root)
+    monkeypatch.setattr(matrix, "CACHE_ROOT", root)
+    dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
+    before = snapshot(dirs)
+    # serve found the bundle read-only, copied it (as copy_bundle does) and started there.
+    _bundle(copy)
+    _start(copy, rebuild=rebuild)
+    (case / "status.json").write_text(json.dumps({"preflight": {"cache_root": str(copy)}}))
+    compiled, again = matrix._start_added(case, dirs, before)
+    new = {k: sorted(v) for k, v in compiled.items() if v}
+    assert new == (
+        {
+            "flashinfer": [
+                ".cache/flashinfer/0.6.14/90a/cached_ops/norm/norm.cuda.o",
+                ".cache/flashinfer/0.6.14/90a/cached_ops/norm/norm.so",
+            ]
+        }
+        if rebuild
+        else {}
+    )
+    assert {k: sorted(v) for k, v in again.items() if v} == {"vllm": ["inductor_cache/2l/k.best_config"]}
+
+
+def test_a_start_in_place_is_judged_by_the_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    matrix = _matrix()
+    root, case = tmp_path / "cache", tmp_path / "case"
+    case.mkdir()
+    _bundle(root)
+    monkeypatch.setattr(matrix, "CACHE_ROOT", root)
+    dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
+    before = snapshot(dirs)
+    _start(root, rebuild=False)
+    (case / "status.json").write_text(json.dumps({"preflight": {"cache_root": str(root)}}))
+    compiled, again = matrix._start_added(case, dirs, before)
+    assert not any(compiled.values())
+    assert {k for k, v in again.items() if v} == {"vllm"}
