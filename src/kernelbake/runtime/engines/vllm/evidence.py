@@ -227,9 +227,9 @@ def startup_report(new: Mapping[str, set[str]], rebenchmarked: Mapping[str, set[
 # (torch/_inductor/runtime/triton_heuristics.py, ``save_cache_hook``). A baked one rewritten
 # with other bytes is a benchmark run again: Inductor reuses a saved choice only when it is
 # one of the kernel's listed configs (``_load_cached_autotuning``), which the sequential
-# autotune of combo kernels (vLLM's ``combo_kernels``) does not produce. Seen on the H200 at
-# every baked start of the FP8 MoE: 4 such files, no new Triton file (the configs it
-# benchmarks load from the bundle).
+# autotune of combo kernels (vLLM's ``combo_kernels``) need not produce: the likely cause,
+# from torch's source, not traced on the GPU. Seen on the H200 at every baked start of the
+# FP8 MoE: 4 such files, no new Triton file (the configs it benchmarks load from the bundle).
 AUTOTUNE_RESULT = ".best_config"
 
 
