@@ -536,29 +536,25 @@ def snapshot(dirs: dict[str, Path]) -> Snapshot:
     return evidence.snapshot(dirs)
 
 
-def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
-    """Files each directory gained, or that were rewritten with other bytes, by directory;
-    directories with none are left out. As ``serve``'s watcher counts them: a baked file
-    rewritten with the bytes the bundle's manifest records (vLLM rewrites lock files at
-    every start: a new mtime only) compiled nothing and is left out; without ``dirs`` every
-    rewrite counts. Baked Inductor autotune results benchmarked again are not here
-    (``rebenchmarked``)."""
-    return {name: sorted(files) for name, files in _split(before, after, dirs)[0].items() if files}
-
-
-def rebenchmarked(
+def changes(
     before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None
-) -> dict[str, list[str]]:
-    """The baked Inductor ``.best_config`` files a start rewrote: a benchmark run again, not
-    a compile (``evidence.split_rebenchmarked``)."""
-    return {name: sorted(files) for name, files in _split(before, after, dirs)[1].items() if files}
-
-
-def _split(
-    before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None
-) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """As ``serve``'s watcher judges a start (``evidence.changes``), by directory, directories
+    with none left out: (files gained, or rewritten with other bytes than the bundle's
+    manifest records; baked Inductor autotune results benchmarked again, not a compile).
+    Without ``dirs`` every rewrite counts."""
     baked = evidence.manifest_digests(dirs["cache_root"], dirs) if dirs and "cache_root" in dirs else None
-    return evidence.split_rebenchmarked(evidence.added(before, after, dirs, baked), before)
+    files, again = evidence.changes(before, after, dirs, baked)
+    return _listed(files), _listed(again)
+
+
+def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
+    """The files of ``changes``."""
+    return changes(before, after, dirs)[0]
+
+
+def _listed(found: dict[str, set[str]]) -> dict[str, list[str]]:
+    return {name: sorted(paths) for name, paths in found.items() if paths}
 
 
 # Not caches: vLLM's ZMQ sockets (``VLLM_RPC_BASE_PATH``, default TMPDIR, one uuid4 name each)
@@ -598,12 +594,13 @@ def after_ready(
     at_ready = snapshot(dirs)
     mix = request_mix.run(f"http://127.0.0.1:{server.port}", model, waves)
     after = snapshot(dirs)
-    start_files, mix_files = added(at_launch, at_ready, dirs), added(at_ready, after, dirs)
+    start_files, start_again = changes(at_launch, at_ready, dirs)
+    mix_files, mix_again = changes(at_ready, after, dirs)
     return {
         "files_added_until_ready": {k: v[:100] for k, v in start_files.items()},
         "files_added_until_ready_count": count(start_files),
-        "autotune_rebenchmarked_until_ready": rebenchmarked(at_launch, at_ready, dirs),
-        "autotune_rebenchmarked_after_ready": rebenchmarked(at_ready, after, dirs),
+        "autotune_rebenchmarked_until_ready": start_again,
+        "autotune_rebenchmarked_after_ready": mix_again,
         "files_added_after_ready": {k: v[:100] for k, v in mix_files.items()},
         "files_added_after_ready_count": count(mix_files),
         "request_mix": mix,
@@ -788,6 +785,7 @@ def _warm_start(w: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, list
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     w, c = doc.get("serve_warm", {}), doc.get("serve_cold", {})
+    start_files, start_again = _warm_start(w)
     warm_tokens = (doc.get("warm_generate") or {}).get("tokens")
     cold_tokens = (doc.get("cold_generate") or {}).get("tokens")
     return {
@@ -801,11 +799,11 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "tokens_identical": cold_tokens == warm_tokens if warm_tokens and cold_tokens else None,
         # Launch to /health, in the bundle, HOME and TMPDIR (runs before the request mix
         # counted the bundle only).
-        "files_added_at_warm_start": count(_warm_start(w)[0])
+        "files_added_at_warm_start": count(start_files)
         if "files_added_until_ready" in w
         else len(w.get("files_added_to_cache_root", [])),
-        "files_added_at_warm_start_by_dir": {k: v[:20] for k, v in _warm_start(w)[0].items()},
-        "autotune_rebenchmarked_at_warm_start": _warm_start(w)[1],
+        "files_added_at_warm_start_by_dir": {k: v[:20] for k, v in start_files.items()},
+        "autotune_rebenchmarked_at_warm_start": start_again,
         **mix_summary(w, c),
         "weights_mode": (doc.get("compile_report") or {}).get("weights_mode"),
         "compile_peak_gpu_bytes": _peak(doc.get("compile_report") or {}),

@@ -360,26 +360,18 @@ def _start_added(
     uid-1000 case) it started on a copy of it (``preflight.cache_root`` in its status): that
     copy began as exactly the manifest's files, so every file in it is checked against it."""
     from kernelbake.runtime.engines.vllm import VllmEngine
-    from kernelbake.runtime.engines.vllm.evidence import (
-        added,
-        cache_dirs,
-        manifest_digests,
-        snapshot,
-        split_rebenchmarked,
-    )
+    from kernelbake.runtime.engines.vllm.evidence import cache_dirs, changes, manifest_digests, snapshot
 
     try:
         used = Path(json.loads((cdir / "status.json").read_text())["preflight"]["cache_root"])
     except (OSError, ValueError, KeyError, TypeError):
         used = CACHE_ROOT
     if used == CACHE_ROOT or not used.is_dir():
-        return split_rebenchmarked(
-            added(before, snapshot(dirs), dirs, manifest_digests(CACHE_ROOT, dirs)), before
-        )
+        return changes(before, snapshot(dirs), dirs, manifest_digests(CACHE_ROOT, dirs))
     copy = cache_dirs(used, VllmEngine.declaration.cache_kinds)
     baked = manifest_digests(used, copy)
     as_copied = {name: dict.fromkeys(paths, (-1, -1)) for name, paths in baked.items()}
-    return split_rebenchmarked(added(as_copied, snapshot(copy), copy, baked), as_copied)
+    return changes(as_copied, snapshot(copy), copy, baked)
 
 
 # -- orchestration ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from kernelbake.errors import BadInput
 from kernelbake.runtime.integrity import open_beneath, read_file
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -53,7 +53,7 @@ def scan(
                 if p.is_symlink():
                     raise BadInput(f"cache bundle: {p} is a symlink; caches must be plain files")
                 rel = p.relative_to(root).as_posix()
-                entries.append(FileEntry(rel, p.stat().st_size, _sha256(p), kind))
+                entries.append(FileEntry(rel, p.stat().st_size, file_sha256(p), kind))
     return tuple(sorted(entries, key=lambda e: e.path)), tuple(sorted(kept))
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import hashlib
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.prediction import NOTHING_COMPILES, Outcome, Prediction
 
 # The line vLLM's API server prints with its prediction (engines.vllm.predict.MARK).
@@ -131,8 +131,7 @@ class Watcher:
             return None
         self._seen.add(signal)
         if signal is Signal.READY:
-            found = added(self.before, snapshot(self.dirs), self.dirs, self.baked)
-            self.new, self.rebenchmarked = split_rebenchmarked(found, self.before)
+            self.new, self.rebenchmarked = changes(self.before, snapshot(self.dirs), self.dirs, self.baked)
             self.wrong = compare(self.prediction, self.log, self.new)
             return "\n".join([startup_report(self.new, self.rebenchmarked), *self.wrong])
         report = _REPORTS.get(signal)
@@ -303,8 +302,7 @@ def manifest_digests(root: Path, dirs: Mapping[str, Path]) -> dict[str, dict[str
 
 def _sha256(path: Path) -> str | None:
     try:
-        with path.open("rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
+        return file_sha256(path)
     except OSError:
         return None
 
@@ -338,3 +336,15 @@ def added(
             }
         out[name] = changed
     return out
+
+
+def changes(
+    before: Mapping[str, Mapping[str, tuple[int, int]]],
+    after: Mapping[str, Mapping[str, tuple[int, int]]],
+    dirs: Mapping[str, Path] | None,
+    baked: Mapping[str, Mapping[str, str]] | None,
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """What a start did to each directory, as ``serve``'s watcher, the key matrix and the
+    image flow judge it: (files it added or rewrote with other bytes, less the baked autotune
+    results it benchmarked again; those results)."""
+    return split_rebenchmarked(added(before, after, dirs, baked), before)
