@@ -4,7 +4,6 @@ The compile lane runs for real with processes acting as vLLM's ranks (tests/supp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from kernelbake.runtime.engines import vllm as vllm_engine
 from tests.conftest import REPO
+from tests.support import bench
 from tests.support.fake_engine import platform_for
 from tests.support.fake_ranks import MIB, MultiRankCompileOnly
 
@@ -23,11 +23,7 @@ BENCH = REPO / "bench" / "vllm_coldstart.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_coldstart", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("vllm_coldstart")
 
 
 def test_result_files_are_named_per_machine_and_tp() -> None:

@@ -4,7 +4,6 @@ instead of during a device session."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -15,14 +14,11 @@ from kernelbake.plan import plan
 from kernelbake.render import render, write_context
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
+from tests.support import bench
 
 
 def _flow() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_image_flow", REPO / "bench" / "vllm_image_flow.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("vllm_image_flow")
 
 
 def _context(tmp_path: Path) -> Path:

@@ -5,7 +5,6 @@ FlashInfer's appended log counted as a compile."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -16,7 +15,7 @@ from kernelbake.contract.key import parse_key
 from kernelbake.runtime.bundle import write_manifest
 from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine
 from kernelbake.runtime.engines.vllm.evidence import cache_dirs, snapshot
-from tests.conftest import REPO
+from tests.support import bench
 
 KEY = parse_key(
     "kb1:engine=vllm;engine_version=0.26.0;torch=2.11.0;triton=3.6.0;cuda=13.0;flashinfer=0.6.14;"
@@ -28,11 +27,7 @@ WS = Path("flashinfer/.cache/flashinfer/0.6.14/90a")
 
 
 def _matrix() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_keymatrix", REPO / "bench" / "vllm_keymatrix.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("vllm_keymatrix")
 
 
 def _bundle(root: Path) -> None:

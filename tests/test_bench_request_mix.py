@@ -3,9 +3,7 @@ client, run against a small HTTP server, sends the waves concurrently and record
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,17 +14,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import bench
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up by name.
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench.load(name)
 
 
 MIX = _load("request_mix")

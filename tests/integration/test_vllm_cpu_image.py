@@ -296,17 +296,9 @@ def test_check_with_enforce_eager_is_a_verdict(vllm_image: Built) -> None:
 
 
 def _keymatrix() -> Any:
-    import importlib.util
+    from tests.support import bench
 
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(
-        "vllm_cpu_keymatrix", REPO / "bench" / "vllm_cpu_keymatrix.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("vllm_cpu_keymatrix")
 
 
 # A handful of bench/vllm_cpu_keymatrix.py's cases, one per outcome level that nothing else

@@ -293,7 +293,6 @@ def test_the_redactor_hides_secret_flags_and_variables_in_any_text() -> None:
 
 
 def test_the_runner_forwards_engine_output_redacted(capfd: pytest.CaptureFixture[str]) -> None:
-    import sys
 
     from kernelbake.runner import run
 
@@ -619,7 +618,6 @@ time.sleep(float(sys.argv[1]) + 1.5)
 @pytest.mark.parametrize("ends", ["return", "raise"])
 def test_the_prediction_is_stated_by_a_detached_copy_while_the_caller_goes_on(ends: str) -> None:
     import subprocess
-    import sys
 
     res = subprocess.run(
         [sys.executable, "-c", _DETACHED, "1.0", ends], capture_output=True, text=True, timeout=60
@@ -839,15 +837,9 @@ def test_a_baked_autotune_result_benchmarked_again_is_named_and_is_not_a_compile
 
 
 def test_the_benchmark_note_is_not_taken_for_a_compile_line() -> None:
-    import importlib.util
+    from tests.support import bench
 
-    spec = importlib.util.spec_from_file_location(
-        "flow", Path(__file__).parents[2] / "bench" / "vllm_image_flow.py"
-    )
-    assert spec is not None and spec.loader is not None
-    flow = importlib.util.module_from_spec(spec)
-    sys.modules["flow"] = flow
-    spec.loader.exec_module(flow)
+    flow = bench.load("vllm_image_flow")
     text = evidence.startup_report({"vllm": set()}, {"vllm": {"a.best_config"}})
     note = text.splitlines()[1]
     assert "benchmarked the launch configs of 1 baked kernels again" in note
