@@ -15,6 +15,11 @@ Order (``plan``): each class once, alone, in turn (its latency is that class's f
 request), then concurrent waves of 1, 2, 4, … ``max_num_seqs`` requests cycling through the
 classes, then sequential requests until ``total`` is reached. This module is stdlib only and
 talks HTTP: tests run it against a fake server.
+
+The classes match those of the build's request warm-up
+(``kernelbake.runtime.engines.vllm.warmup``), but their values do not (prompt lengths,
+sampling values, seeds, the token IDs drawn): on purpose, so that the mix shows the warm-up
+covers each class of request, not only the exact requests it sent.
 """
 
 from __future__ import annotations
