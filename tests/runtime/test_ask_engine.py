@@ -20,19 +20,16 @@ from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.manifest import FileEntry
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
-from kernelbake.plan import plan
-from kernelbake.render import target_config
 from kernelbake.runtime import integrity, redact
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import evidence
-from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source
-from kernelbake.spec import load_spec
-from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
+from tests.support.runtime_target import runtime_env as _env
+from tests.support.runtime_target import write_target
 
 SECRET = "sk-test-0123456789"
 # As the compile stage records it (engines.vllm.identity): the device name sits in Inductor's
@@ -89,16 +86,7 @@ class AskingEngine(FakeEngine):
 
 @pytest.fixture
 def target(tmp_path: Path) -> TargetConfig:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama.yaml"), ["cpu"])
-    config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
-    (tmp_path / "target.json").write_text(config.to_json())
-    return config
-
-
-def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
-    return RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch"), **environ}
-    )
+    return write_target(tmp_path, "tiny-llama.yaml")
 
 
 def _bake(tmp_path: Path, target: TargetConfig) -> None:

@@ -3,7 +3,6 @@ never crashes in ``check``, and bakes caches any uid can read (issue 20: items 5
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import stat
@@ -18,30 +17,19 @@ from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.manifest import Manifest
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KeyMismatch
-from kernelbake.plan import plan
-from kernelbake.render import target_config
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.prediction import Prediction
-from kernelbake.spec import load_spec
-from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
+from tests.support.runtime_target import runtime_env as _env
+from tests.support.runtime_target import write_target
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> TargetConfig:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
-    config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
-    (tmp_path / "target.json").write_text(config.to_json())
-    return config
-
-
-def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
-    return RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch"), **environ}
-    )
+    return write_target(tmp_path, "tiny-llama-torch.yaml")
 
 
 def _bake(

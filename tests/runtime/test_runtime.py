@@ -23,25 +23,17 @@ from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines import CompileResult
-from kernelbake.runtime.env import RuntimeEnv, VerifyMode
+from kernelbake.runtime.env import VerifyMode
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
+from tests.support.runtime_target import runtime_env as _env
+from tests.support.runtime_target import write_target
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> TargetConfig:
-    (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
-    config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
-    (tmp_path / "target.json").write_text(config.to_json())
-    return config
-
-
-def _env(tmp_path: Path, **environ: str) -> RuntimeEnv:
-    scratch = tmp_path / "scratch"
-    return RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(scratch), **environ}
-    )
+    return write_target(tmp_path, "tiny-llama-torch.yaml")
 
 
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
