@@ -548,11 +548,6 @@ def changes(
     return _listed(files), _listed(again)
 
 
-def added(before: Snapshot, after: Snapshot, dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
-    """The files of ``changes``."""
-    return changes(before, after, dirs)[0]
-
-
 def _listed(found: dict[str, set[str]]) -> dict[str, list[str]]:
     return {name: sorted(paths) for name, paths in found.items() if paths}
 

@@ -162,7 +162,7 @@ def test_the_flow_counts_files_per_directory_and_compile_lines_after_ready(tmp_p
     (dirs["cache_root"] / "triton" / "k.cubin").write_text("x")
     dirs["home"].mkdir()
     (dirs["home"] / "f").write_text("y")
-    gained = flow.added(before, flow.snapshot(dirs))
+    gained = flow.changes(before, flow.snapshot(dirs))[0]
     assert gained == {"cache_root": ["triton/k.cubin"], "home": ["f"]}
     assert flow.count(gained) == 2
     lines = [
@@ -198,11 +198,11 @@ def test_the_flow_counts_a_rewrite_with_other_bytes_but_not_one_with_the_baked_b
     before = flow.snapshot(dirs)
     lock.write_text("")
     os.utime(lock, ns=(3, 3))
-    assert flow.added(before, flow.snapshot(dirs), dirs) == {}
-    assert flow.added(before, flow.snapshot(dirs)) == {"cache_root": ["vllm/locks/a.lock"]}
+    assert flow.changes(before, flow.snapshot(dirs), dirs)[0] == {}
+    assert flow.changes(before, flow.snapshot(dirs))[0] == {"cache_root": ["vllm/locks/a.lock"]}
     module.write_text("regenerated")
     os.utime(module, ns=(4, 4))
-    assert flow.added(before, flow.snapshot(dirs), dirs) == {"cache_root": ["vllm/graph.py"]}
+    assert flow.changes(before, flow.snapshot(dirs), dirs)[0] == {"cache_root": ["vllm/graph.py"]}
 
 
 def test_the_summary_puts_the_mix_of_each_start_side_by_side() -> None:
