@@ -13,9 +13,10 @@
 #   bench/device.sh start NAME [--after RUN] [--private-opt] -- CMD...
 #                                               CMD in /root/tree, in its own session (after RUN
 #                                               ended, if given); $RUN_OUT is its output folder.
-#                                               --private-opt: /opt/kernelbake and /models of its
-#                                               own (a mount namespace), so it can share the
-#                                               machine with an image flow, which owns them
+#                                               --private-opt: /opt/kernelbake, /opt/kernelbake-flow
+#                                               and /models of its own (a mount namespace), so it
+#                                               can share the machine with an image flow, which
+#                                               owns them
 #   bench/device.sh collect SECONDS [RUN...]     wait up to SECONDS (from the call's start) for the
 #                                               runs (default: all) to end, then copy to $OUT one
 #                                               tarball per run (its output and stdout.log, no
@@ -74,8 +75,10 @@ start() {
   printf '%q ' "$@" > "$dir/cmd"
   local body="cd $TREE && export PYTHONPATH=$SITE:$TREE/src PYTHONUNBUFFERED=1 RUN_OUT=$dir/out && $(cat "$dir/cmd")"
   if [ $private = 1 ]; then
-    mkdir -p "$dir/opt" "$dir/models" /opt/kernelbake /models
-    body="mount --bind $dir/opt /opt/kernelbake && mount --bind $dir/models /models && $body"
+    # /opt/kernelbake-flow too: an image flow removes its tmp-build there once its compile
+    # ends, which took the TMPDIR from under another flow's compile (2026-12-02, Qwen3-8B).
+    mkdir -p "$dir/opt" "$dir/models" "$dir/flow" /opt/kernelbake /models /opt/kernelbake-flow
+    body="mount --bind $dir/opt /opt/kernelbake && mount --bind $dir/models /models && mount --bind $dir/flow /opt/kernelbake-flow && $body"
     body="unshare -m --propagation private bash -c $(printf '%q' "$body")"
   fi
   local wait=""

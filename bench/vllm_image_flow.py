@@ -981,8 +981,11 @@ def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
     targets: dict[str, float] = {}
     for path in inputs:
         run = json.loads(path.read_text())
+        # Relative to the result, not the bare name: runs of several sessions share names
+        # (moe-run.json) in their own folders.
+        name = os.path.relpath(path.resolve(), out.resolve().parent)
         merged["runs"].append(
-            {k: run.get(k) for k in ("command", "date", "wall_s", "skipped")} | {"file": path.name}
+            {k: run.get(k) for k in ("command", "date", "wall_s", "skipped")} | {"file": name}
         )
         for m, d in run["models"].items():
             earlier = merged["models"].get(m)
@@ -992,7 +995,7 @@ def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
                     d["cold_from"] = earlier.get("cold_from") or earlier.get("run")
                 else:
                     d["cold_from"] = {"refused": "an earlier cold start of another image key"}
-            d["run"] = {"file": path.name, "date": run.get("date")}
+            d["run"] = {"file": name, "date": run.get("date")}
             d["summary"] = summary(d)
             merged["models"][m] = d
             target = (run.get("summary") or {}).get(m, {}).get("target")

@@ -303,6 +303,20 @@ def test_merge_takes_a_baked_only_runs_cold_start_from_an_earlier_run_of_the_sam
     assert m["speedup_ready"] is None and "refused" in m["cold_from"]
 
 
+def test_merge_names_each_run_by_its_path_from_the_result(tmp_path: Path) -> None:
+    # Two sessions' runs with one file name, in their own folders, stay apart.
+    flow = _load("vllm_image_flow")
+    inputs = []
+    for day, model in (("d1", "m1"), ("d2", "m2")):
+        (tmp_path / day).mkdir()
+        path = tmp_path / day / "moe-run.json"
+        path.write_text(json.dumps({"date": day, "models": {model: {"serve_warm": {"ready_s": 1.0}}}}))
+        inputs.append(path)
+    merged = flow.merge(tmp_path / "out.json", inputs)
+    assert [r["file"] for r in merged["runs"]] == ["d1/moe-run.json", "d2/moe-run.json"]
+    assert merged["models"]["m2"]["run"] == {"file": "d2/moe-run.json", "date": "d2"}
+
+
 def test_first_launches_with_no_file_added_are_loads_not_compiles() -> None:
     flow = _load("vllm_image_flow")
     line = "5.0 (EngineCore pid=7) WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: k"
