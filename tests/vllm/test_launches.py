@@ -138,11 +138,12 @@ def test_preload_loads_each_recorded_specialisation_and_names_what_it_cannot(
 
 def test_no_record_preloads_nothing_and_imports_nothing(tmp_path: Path) -> None:
     assert launches.preload(tmp_path / "none.jsonl") == launches.Preloaded(0, 0, (), 0.0)
-    assert not launches.wanted_at_serve({"VLLM_CACHE_ROOT": str(tmp_path)})
-    assert not launches.wanted_at_serve({})
+    assert launches.record_at_serve({"VLLM_CACHE_ROOT": str(tmp_path)}) is None
+    assert launches.record_at_serve({}) is None
+    assert launches.record_at_serve({"VLLM_CACHE_ROOT": ""}) is None
     (tmp_path / launches.RECORD).parent.mkdir(parents=True)
     (tmp_path / launches.RECORD).write_text("")
-    assert launches.wanted_at_serve({"VLLM_CACHE_ROOT": str(tmp_path)})
+    assert launches.record_at_serve({"VLLM_CACHE_ROOT": str(tmp_path)}) == tmp_path / launches.RECORD
 
 
 @pytest.fixture
@@ -238,3 +239,31 @@ def test_a_preload_that_breaks_leaves_the_engine_starting(
     jit_monitor.activate(mode="warn")
     assert jit_monitor.calls == ["activate warn"]
     assert "kernelbake: no Triton kernel preloaded: " in capsys.readouterr().err
+
+
+def test_the_plugin_at_serve_preloads_the_record_under_vllm_cache_root(
+    tmp_path: Path,
+    triton: types.SimpleNamespace,
+    engine_module: types.ModuleType,
+    jit_monitor: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The path the plugin checks is the one preloaded: both from VLLM_CACHE_ROOT.
+    from kernelbake.runtime.engines.vllm import plugin, predict
+    from kernelbake.runtime.env import GATE_ENV
+
+    monkeypatch.setattr(predict, "serve_hook", lambda manifest: None)
+    monkeypatch.delenv(GATE_ENV, raising=False)
+    monkeypatch.delenv(plugin.COMPILE_ONLY_ENV, raising=False)
+    monkeypatch.setenv(plugin.BAKED_MANIFEST_ENV, str(tmp_path / "manifest.json"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "none"))
+    plugin.register()
+    assert getattr(jit_monitor.activate, "kernelbake_mode", None) is None  # no record: untouched
+
+    record = tmp_path / "vllm" / launches.RECORD
+    record.parent.mkdir(parents=True)
+    record.write_text(_line("vllm.kb_test_kernels", "plain", "a") + "\n")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    plugin.register()
+    jit_monitor.activate(mode="warn")
+    assert engine_module.plain.preloaded == ["a"]

@@ -69,6 +69,8 @@ class Preloaded:
 
 
 def record_path() -> Path:
+    """Where the build records: under the cache root vLLM itself resolved. (A serving
+    process finds the record on the environment, ``record_at_serve``, before vLLM loads.)"""
     import vllm.envs as envs
 
     return Path(envs.VLLM_CACHE_ROOT) / RECORD
@@ -198,8 +200,11 @@ def _jit_function(module: str, qualname: str) -> Any:
     return obj
 
 
-def wanted_at_serve(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a serving process has a record to preload: checked on the environment alone,
-    so a start without one imports nothing more."""
+def record_at_serve(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The record a serving process preloads, or None: found on the environment alone, so a
+    start without one imports nothing more, and the path checked is the one preloaded.
+    kernelbake's serve always sets an absolute VLLM_CACHE_ROOT; where it is unset nothing is
+    preloaded and each kernel loads on its first request, as in plain vLLM."""
     root = environ.get("VLLM_CACHE_ROOT")
-    return root is not None and (Path(root) / RECORD).is_file()
+    path = Path(root) / RECORD if root else None
+    return path if path is not None and path.is_file() else None

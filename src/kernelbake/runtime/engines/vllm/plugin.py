@@ -74,5 +74,6 @@ def _preload_first_launches() -> None:
     build's request warm-up first launched are loaded before vLLM starts its JIT monitor."""
     from kernelbake.runtime.engines.vllm import launches
 
-    if launches.wanted_at_serve():
-        launches.install(launches.Mode.PRELOAD)
+    found = launches.record_at_serve()
+    if found is not None:
+        launches.install(launches.Mode.PRELOAD, lambda: found)
