@@ -618,6 +618,17 @@ def serve_args(a: argparse.Namespace, model: str) -> list[str]:
     return list(USER_ARGS)
 
 
+def empty(folder: Path) -> None:
+    """``folder`` made empty, itself kept: under ``bench/device.sh start --private-opt`` it is
+    a bind mount of the run's own, which cannot be removed (EBUSY)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in folder.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def flow(
     context: Path, out: Path, started: float, a: argparse.Namespace, first: bool, name: str = ""
 ) -> dict[str, Any]:
@@ -629,7 +640,8 @@ def flow(
     target = json.loads((context / "target.json").read_text())
     cache_root = Path(target["cache_root"])
     model_path = next(p.split("=", 1)[1] for p in target["key"].split(";") if p.startswith("model_path="))
-    for p in (WORK, cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
+    empty(WORK)
+    for p in (cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():

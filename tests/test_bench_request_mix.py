@@ -317,6 +317,21 @@ def test_merge_names_each_run_by_its_path_from_the_result(tmp_path: Path) -> Non
     assert merged["models"]["m2"]["run"] == {"file": "d2/moe-run.json", "date": "d2"}
 
 
+def test_the_flow_empties_its_work_folder_in_place(tmp_path: Path) -> None:
+    # Under device.sh --private-opt the folder is a bind mount: removing it fails (EBUSY).
+    flow = _load("vllm_image_flow")
+    work = tmp_path / "work"
+    (work / "tmp-build" / "x").mkdir(parents=True)
+    (work / "file").write_text("x")
+    (work / "link").symlink_to(tmp_path)
+    inode = work.stat().st_ino
+    flow.empty(work)
+    assert list(work.iterdir()) == [] and work.stat().st_ino == inode
+    assert tmp_path.is_dir()  # the link went, not what it points at
+    flow.empty(tmp_path / "new")
+    assert (tmp_path / "new").is_dir()
+
+
 def test_first_launches_with_no_file_added_are_loads_not_compiles() -> None:
     flow = _load("vllm_image_flow")
     line = "5.0 (EngineCore pid=7) WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: k"
