@@ -618,15 +618,20 @@ def serve_args(a: argparse.Namespace, model: str) -> list[str]:
     return list(USER_ARGS)
 
 
+def remove(path: Path) -> None:
+    """``path`` gone, whatever it is (a link goes, not what it points at); nothing if absent."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
 def empty(folder: Path) -> None:
     """``folder`` made empty, itself kept: under ``bench/device.sh start --private-opt`` it is
     a bind mount of the run's own, which cannot be removed (EBUSY)."""
     folder.mkdir(parents=True, exist_ok=True)
     for p in folder.iterdir():
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+        remove(p)
 
 
 def flow(
@@ -642,10 +647,7 @@ def flow(
     model_path = next(p.split("=", 1)[1] for p in target["key"].split(";") if p.startswith("model_path="))
     empty(WORK)
     for p in (cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+        remove(p)
 
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LD_LIBRARY_PATH")}
     if shutil.which("vllm") is None:

@@ -206,5 +206,7 @@ def record_at_serve(environ: Mapping[str, str] = os.environ) -> Path | None:
     kernelbake's serve always sets an absolute VLLM_CACHE_ROOT; where it is unset nothing is
     preloaded and each kernel loads on its first request, as in plain vLLM."""
     root = environ.get("VLLM_CACHE_ROOT")
-    path = Path(root) / RECORD if root else None
-    return path if path is not None and path.is_file() else None
+    if not root:
+        return None
+    path = Path(root) / RECORD
+    return path if path.is_file() else None
