@@ -7,7 +7,12 @@
 # and a run longer than one call lives in its own session, in a copy of the tree (the next
 # call replaces the checkout it came from), with every call copying back what exists so far.
 #
+#   bench/device.sh chunk [MIB]                 here, not there: .gpu/bundle/part1..3 as chunk1..N of
+#                                               at most MIB (default 40) each, big files in pieces,
+#                                               so that a chunk plus the tree (bench/results
+#                                               included) fits the 64 MiB a call carries
 #   bench/device.sh stash PART                  calls 1 and 2: .gpu/bundle/PART to /root/stash
+#                                               (a chunk: its files into the parts there)
 #   bench/device.sh install                     call 3: the last part, then vLLM into /tmp/site
 #                                               and this tree to /opt/kernelbake-tree
 #   bench/device.sh start NAME [--after RUN] [--private-opt] -- CMD...
@@ -41,13 +46,61 @@ die() { echo "device.sh: $*" >&2; exit 2; }
 
 stash() {
   [ -d ".gpu/bundle/$1" ] || die "no .gpu/bundle/$1 here: carry it in this call"
-  mkdir -p "$STASH" && rm -rf "${STASH:?}/$1" && mv ".gpu/bundle/$1" "$STASH/"
+  mkdir -p "$STASH"
+  if [ -f ".gpu/bundle/$1/CHUNK" ]; then
+    rm ".gpu/bundle/$1/CHUNK"
+    (cd ".gpu/bundle/$1" && find . -type f | while read -r f; do
+      mkdir -p "$STASH/$(dirname "$f")" && mv "$f" "$STASH/$f"; done)
+  else
+    rm -rf "${STASH:?}/$1" && mv ".gpu/bundle/$1" "$STASH/"
+  fi
   du -sh "$STASH"/*
 }
 
+# Here: part1..3 of build-bundle.sh repacked as chunks (each file's path kept; a file larger
+# than a chunk split into NAME.piece-NN, joined again by install).
+chunk() {
+  local mib=${1:-40} b=.gpu/bundle
+  [ -d $b/part1 ] && [ -d $b/part2 ] && [ -d $b/part3 ] || die "chunk: no $b/part1..3 (build-bundle.sh first)"
+  rm -rf $b/chunk* && python3 - "$b" "$mib" <<'PY'
+import os, sys
+b, mib = sys.argv[1], int(sys.argv[2])
+limit, piece = mib << 20, (mib << 20) // 2
+items = []  # (relative path, bytes)
+for part in ("part1", "part2", "part3"):
+    for d, _, names in os.walk(os.path.join(b, part)):
+        for n in names:
+            path = os.path.join(d, n)
+            rel = os.path.relpath(path, b)
+            data = open(path, "rb").read()
+            if len(data) <= piece:
+                items.append((rel, data))
+            else:
+                for i in range(0, len(data), piece):
+                    items.append((f"{rel}.piece-{i // piece:02d}", data[i : i + piece]))
+chunks, size = [[]], 0
+for rel, data in items:
+    if size + len(data) > limit and chunks[-1]:
+        chunks.append([])
+        size = 0
+    chunks[-1].append((rel, data))
+    size += len(data)
+for i, files in enumerate(chunks, 1):
+    root = os.path.join(b, f"chunk{i}")
+    for rel, data in files:
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        open(os.path.join(root, rel), "wb").write(data)
+    open(os.path.join(root, "CHUNK"), "w").close()
+    print(f"chunk{i}: {len(files)} files, {sum(len(d) for _, d in files) >> 20} MiB")
+PY
+}
+
 install() {
-  [ -d "$STASH/part1" ] && [ -d "$STASH/part2" ] || die "parts 1 and 2 are not in $STASH (new machine?)"
   [ -d .gpu/bundle/part3 ] && stash part3 > /dev/null
+  find "$STASH" -name '*.piece-00' | while read -r first; do
+    cat "${first%.piece-00}".piece-* > "${first%.piece-00}" && rm "${first%.piece-00}".piece-*
+  done
+  [ -d "$STASH/part1" ] && [ -d "$STASH/part2" ] || die "parts 1 and 2 are not in $STASH (new machine?)"
   bash "$STASH/part3/install.sh" "$STASH" "$SITE" > /root/install.log 2>&1 || { tail -20 /root/install.log; die "install failed"; }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> /root/install.log
   # The tree the runs use: the checkout without the bundle (the ignored .gpu/ctx travels).
@@ -109,9 +162,10 @@ collect() {
 cmd=${1:-}
 shift || true
 case $cmd in
+  chunk) chunk "$@" ;;
   stash) stash "$@" ;;
   install) install ;;
   start) start "$@" ;;
   collect) collect "$@" ;;
-  *) die "usage: device.sh stash PART | install | start NAME [--after RUN] [--private-opt] -- CMD... | collect SECONDS [RUN...]" ;;
+  *) die "usage: device.sh chunk [MIB] | stash PART | install | start NAME [--after RUN] [--private-opt] -- CMD... | collect SECONDS [RUN...]" ;;
 esac

@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # own runtime stage installs the wheel).
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import request_mix
+from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME
 from kernelbake.runtime.engines.vllm import APPENDED_LOGS, evidence
 
 WORK = Path("/opt/kernelbake-flow")
@@ -476,6 +477,12 @@ IMPORTS = {
     "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.serving, kernelbake.runtime.preflight, kernelbake.runtime.engines.vllm",
     "preflight_probe": "import torch; torch.cuda.is_available()",
     "vllm_api_server": "import vllm.entrypoints.cli.main, vllm.entrypoints.openai.api_server",
+    # What `vllm serve`'s main() imports before it parses (every subcommand's module), against
+    # the API server's module alone: the share of the imports that serving does not need.
+    "vllm_cli_main": "import vllm.entrypoints.cli.main, vllm.entrypoints.cli.benchmark.main, "
+    "vllm.entrypoints.cli.collect_env, vllm.entrypoints.cli.launch, vllm.entrypoints.cli.openai, "
+    "vllm.entrypoints.cli.run_batch, vllm.entrypoints.cli.serve",
+    "vllm_api_server_alone": "import vllm.entrypoints.openai.api_server",
 }
 
 
@@ -751,6 +758,32 @@ def flow(
             wait_ready(other, started, a.deadline)
             gen = other.generate(model_path) if other.ready_s is not None else None
             doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
+        for i, pair in enumerate(a.rebake_env if first else []):
+            # A variable vLLM hashes (a compile factor) cannot be A/B'd on the baked bundle:
+            # the start would miss. So the compile stage runs again with it, into an empty
+            # root, and that bundle is started with it; the first bundle is put back after.
+            if left() < a.rebake_min_left:
+                doc.setdefault("skipped", []).append(f"rebake with {pair}: {left():.0f} s left")
+                continue
+            doc.setdefault("rebaked", []).append(
+                rebake(
+                    pair,
+                    i + 1,
+                    context,
+                    plan,
+                    cache_root,
+                    logs,
+                    a,
+                    started,
+                    {
+                        "compile": phase_env(runtime_env, f"rebake-{i + 1}"),
+                        "run": run_env,
+                    },
+                    [*entrypoint, *user_args],
+                    model_path,
+                    doc.get("warm_generate"),
+                )
+            )
         # vLLM 0.26 leaves its logging variables out of the hash: no warning expected for
         # the second; the first and the third predict a miss.
         checks = {
@@ -770,6 +803,60 @@ def flow(
     doc["wall_s"] = round(time.monotonic() - started, 1)
     doc["summary"] = summary(doc)
     return doc
+
+
+def rebake(
+    pair: str,
+    n: int,
+    context: Path,
+    plan: dict[str, list[tuple[str, str]]],
+    cache_root: Path,
+    logs: Path,
+    a: argparse.Namespace,
+    started: float,
+    envs: dict[str, dict[str, str]],
+    argv: list[str],
+    model_path: str,
+    warm_generate: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The compile stage again with ``pair`` set, then a baked start of that bundle with it
+    set too (as an image whose ENV had it). The first bundle and its pinned manifest are put
+    back afterwards, whatever happened."""
+    var, _, value = pair.partition("=")
+    plain = cache_root.with_name(cache_root.name + "-plain")
+    pinned = cache_root.parent / PINNED_MANIFEST_NAME
+    pinned_plain = pinned.read_bytes() if pinned.is_file() else None
+    remove(plain)
+    cache_root.rename(plain)
+    steps: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"env": pair, "steps": steps}
+    try:
+        t0 = time.monotonic()
+        Stage(context, {**envs["compile"], var: value}, logs, steps, Path("/")).run(
+            f"rebake{n}", plan["compile"][1:], {}
+        )
+        out["compile_wall_s"] = round(time.monotonic() - t0, 2)
+        out["compile_cache_dirs_build"] = _log_dirs(logs / str(steps[-1].get("log", "")))
+        # The image's own copy of the manifest is what serve's integrity check reads.
+        shutil.copyfile(cache_root / MANIFEST, pinned)
+        out["bundle_files"] = len(_files(cache_root))
+        out["compile_report"] = _compile_report(cache_root)
+        server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, 8003, logs)
+        wait_ready(server, started, a.deadline)
+        gen = server.generate(model_path) if server.ready_s is not None else None
+        out["generate"] = gen
+        out["tokens_identical_to_warm"] = bool(gen and warm_generate) and (gen or {}).get("tokens") == (
+            warm_generate or {}
+        ).get("tokens")
+        out.update(server.stop())
+    except SystemExit as exc:
+        out["failed"] = str(exc)
+    finally:
+        remove(cache_root)
+        plain.rename(cache_root)
+        if pinned_plain is not None:
+            pinned.write_bytes(pinned_plain)
+    return out
 
 
 def _warm_start(w: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -834,6 +921,18 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                 "tokens_identical_to_warm": (o.get("generate") or {}).get("tokens") == warm_tokens,
             }
             for o in doc.get("serve_warm_also", [])
+        ],
+        "rebaked": [
+            {
+                "env": o["env"],
+                "compile_wall_s": o.get("compile_wall_s"),
+                "ready_s": o.get("ready_s"),
+                "breakdown_s": o.get("breakdown_s"),
+                "compile_cache_dirs": o.get("compile_cache_dirs"),
+                "tokens_identical_to_warm": o.get("tokens_identical_to_warm"),
+                "failed": o.get("failed"),
+            }
+            for o in doc.get("rebaked", [])
         ],
         "check_deep_verify_wall_s": doc.get("check", {}).get("wall_s"),
         "warm_exit_code_after_sigterm": w.get("exit_code_after_sigterm"),
@@ -1089,6 +1188,20 @@ def main() -> int:
         help="leave out the kernelbake check runs after the starts (device time)",
     )
     ap.add_argument(
+        "--rebake-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="for the first model, after the baked starts: the compile stage again with this "
+        "variable set, and a baked start of that bundle with it (A/B of a compile factor)",
+    )
+    ap.add_argument(
+        "--rebake-min-left",
+        type=float,
+        default=330.0,
+        help="seconds of --deadline a --rebake-env needs left to be run at all",
+    )
+    ap.add_argument(
         "--importtime",
         action="store_true",
         help="for the first model: python -X importtime of each start's imports",
@@ -1106,6 +1219,7 @@ def main() -> int:
         + "".join(f" --target {t}" for t in a.target)
         + "".join(f" --serve-args-for {shlex.quote(x)}" for x in a.serve_args_for)
         + "".join(f" --baked-only {m}" for m in a.baked_only)
+        + "".join(f" --rebake-env {e}" for e in a.rebake_env)
         + (" --skip-checks" if a.skip_checks else "")
         + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")

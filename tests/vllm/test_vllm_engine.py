@@ -194,6 +194,15 @@ def test_compile_uses_fake_weights_and_the_bundle_env(tmp_path: Path) -> None:
     assert all((tmp_path / "cache" / k.value).is_dir() for k in result.kinds)
 
 
+def test_compile_never_records_a_startup_plan(tmp_path: Path) -> None:
+    """A plan profiled under fake weights would size every baked start's KV cache for a GPU
+    without the model on it; the image's environment cannot turn it on for compile-only."""
+    fake = _FakeCompileOnly(fail=set())
+    target = _target()
+    VllmEngine(runner=fake).compile(target, tmp_path / "cache", environ={"VLLM_ENABLE_STARTUP_PLAN": "1"})
+    assert fake.calls[0][1]["VLLM_ENABLE_STARTUP_PLAN"] == "0"
+
+
 def test_compile_falls_back_to_uninitialised_weights_then_fails_clearly(tmp_path: Path) -> None:
     fake = _FakeCompileOnly(fail={"auto"})
     result = VllmEngine(runner=fake).compile(_target(), tmp_path / "cache", environ={})

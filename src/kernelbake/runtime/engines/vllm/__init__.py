@@ -64,6 +64,15 @@ PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
 # ignored_factors), so the baked caches still match.
 LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
+# vLLM 0.26's start-up plan (vllm/v1/worker/startup_plan.py): with this set to 1, a worker
+# that profiled memory saves the KV-cache size it found under VLLM_CACHE_ROOT/startup_plan/,
+# and every later boot with the same config and device applies it without profiling. Profiled
+# by compile-only, under fake weights, that size leaves out the weights' memory: baked into
+# the bundle, every start would size its KV cache for a GPU without the model on it. So it is
+# off for compile-only whatever the image's environment says. vLLM leaves the variable out of
+# its compile hash (envs.compile_factors' ignored_factors): forcing it changes no key.
+STARTUP_PLAN_ENV = "VLLM_ENABLE_STARTUP_PLAN"
+
 # FlashInfer (0.6.14, flashinfer/jit/core.py) appends to this file in its workspace on every
 # process start. In the manifest, a second start on the same cache root (a restarted container,
 # a seeded volume) found it grown and started cold: seen on the H200. Nothing reads it back.
@@ -140,6 +149,7 @@ class VllmEngine:
         env = dict(environ)
         env.update(dict(target.serve.env))
         env.update(self.declaration.cache_env_for(root, target.key))
+        env[STARTUP_PLAN_ENV] = "0"
         for kind in self.declaration.cache_kinds:
             kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
         log = root.parent / "compile-vllm.log"
@@ -283,6 +293,7 @@ __all__ = [
     "CPU_SERVER_MODULE",
     "LAUNCH_ENV",
     "PLUGIN_TARGET",
+    "STARTUP_PLAN_ENV",
     "VllmEngine",
     "compile_argv",
     "plugin_will_run",
