@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import ClassVar
 
 from kernelbake.contract.engines import VLLM
 from kernelbake.contract.layout import CACHE_ROOT
@@ -236,3 +237,117 @@ def test_a_runs_bind_mount_is_its_own(tmp_path: Path) -> None:
     if flow._own_mount_namespaces():
         # In a namespace of its own: nothing is left at the target for the other flow.
         assert not any(target.iterdir())
+
+
+class _FakeServer:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, logs: Path):
+        self.env, self.ready_s = env, 12.5
+        _FakeServer.started.append(self)
+
+    started: ClassVar[list[_FakeServer]] = []
+
+    def generate(self, model: str) -> dict[str, object]:
+        return {"tokens": [1, 2, 3]}
+
+    def stop(self) -> dict[str, object]:
+        return {"ready_s": self.ready_s, "breakdown_s": []}
+
+
+def _rebake_setup(tmp_path: Path, flow: ModuleType, compile_run: object) -> tuple[Path, Path]:
+    cache_root = tmp_path / "opt" / "cache"
+    (cache_root / "vllm").mkdir(parents=True)
+    (cache_root / "vllm" / "plain-artifact").write_text("plain")
+    pinned = cache_root.parent / "pinned-manifest.json"
+    pinned.write_text("plain manifest")
+    flow.Stage.run = compile_run
+    flow.Server = _FakeServer
+    flow.wait_ready = lambda server, started, deadline: None
+    return cache_root, pinned
+
+
+def test_a_rebake_starts_its_own_bundle_and_puts_the_first_back(tmp_path: Path) -> None:
+    """A compile factor is A/B'd by a second bundle, started with the factor set; the first
+    bundle and its pinned manifest are what the rest of the run (and the report) sees after."""
+    flow = _flow()
+    seen: dict[str, object] = {}
+
+    def compile_run(self: object, name: str, body: object, copy_from: object) -> None:
+        root = tmp_path / "opt" / "cache"
+        seen["empty_before"] = not root.exists()
+        seen["env"] = dict(self.env)  # type: ignore[attr-defined]
+        (root / "vllm").mkdir(parents=True)
+        (root / "vllm" / "mega-artifact").write_text("mega")
+        (root / "manifest.json").write_text('{"mega": true}')
+        self.record.append({"stage": name, "log": "rebake1-0.log"})  # type: ignore[attr-defined]
+
+    cache_root, pinned = _rebake_setup(tmp_path, flow, compile_run)
+    _FakeServer.started.clear()
+    pinned_during: list[str] = []
+    real_stop = _FakeServer.stop
+
+    def stop(self: _FakeServer) -> dict[str, object]:
+        pinned_during.append(pinned.read_text())
+        return real_stop(self)
+
+    _FakeServer.stop = stop  # type: ignore[method-assign]
+    try:
+        out = flow.rebake(
+            "VLLM_USE_MEGA_AOT_ARTIFACT=1",
+            1,
+            tmp_path,
+            {"compile": [("FROM", "runtime"), ("RUN", "x")]},
+            cache_root,
+            tmp_path,
+            _args(),
+            0.0,
+            {"compile": {"A": "b"}, "run": {"R": "s"}},
+            ["serve"],
+            "/models/m",
+            {"tokens": [1, 2, 3]},
+        )
+    finally:
+        _FakeServer.stop = real_stop  # type: ignore[method-assign]
+    assert seen["empty_before"] is True
+    assert seen["env"] == {"A": "b", "VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
+    (server,) = _FakeServer.started
+    assert server.env == {"R": "s", "VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
+    # Serve's integrity check read the rebaked bundle's manifest, not the first one's.
+    assert pinned_during == ['{"mega": true}']
+    assert out["ready_s"] == 12.5 and out["tokens_identical_to_warm"] is True
+    assert out["bundle_files"] == 2
+    assert sorted(p.name for p in (cache_root / "vllm").iterdir()) == ["plain-artifact"]
+    assert pinned.read_text() == "plain manifest"
+    assert not cache_root.with_name("cache-plain").exists()
+
+
+def test_a_failed_rebake_still_puts_the_first_bundle_back(tmp_path: Path) -> None:
+    flow = _flow()
+
+    def compile_run(self: object, name: str, body: object, copy_from: object) -> None:
+        (tmp_path / "opt" / "cache" / "half").mkdir(parents=True)
+        raise SystemExit("rebake1: RUN failed with 1")
+
+    cache_root, pinned = _rebake_setup(tmp_path, flow, compile_run)
+    out = flow.rebake(
+        "X=1",
+        1,
+        tmp_path,
+        {"compile": [("FROM", "runtime")]},
+        cache_root,
+        tmp_path,
+        _args(),
+        0.0,
+        {"compile": {}, "run": {}},
+        ["serve"],
+        "/models/m",
+        None,
+    )
+    assert out["failed"] == "rebake1: RUN failed with 1"
+    assert sorted(p.name for p in cache_root.iterdir()) == ["vllm"]
+    assert pinned.read_text() == "plain manifest"
+
+
+def _args() -> object:
+    import argparse
+
+    return argparse.Namespace(deadline=1000.0)
