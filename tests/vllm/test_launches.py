@@ -164,7 +164,16 @@ def jit_monitor(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm", types.ModuleType("vllm")))
     monkeypatch.setitem(sys.modules, "vllm.utils", utils)
     monkeypatch.setitem(sys.modules, "vllm.utils.jit_monitor", mod)
+    _as_vllm_0_26(monkeypatch)
     return mod
+
+
+def _as_vllm_0_26(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launches reaches vLLM through the installed release's adapter: 0.26's, here."""
+    from kernelbake.runtime.engines.vllm import _v0_26, compat_layer
+
+    monkeypatch.setattr(compat_layer, "lookups", lambda: _v0_26.LOOKUPS)
+    monkeypatch.setattr(compat_layer, "installed_vllm", lambda: ("vllm", "0.26.0"))
 
 
 def test_serve_preloads_before_vllm_activates_its_monitor_and_only_once(
@@ -218,11 +227,55 @@ def test_build_records_what_is_first_launched_after_vllm_activates_its_monitor(
     assert warned == ["k9"]
 
 
-def test_a_vllm_without_the_monitor_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def _vllm_that_moved_its_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     monkeypatch.setitem(sys.modules, "vllm.utils", types.ModuleType("vllm.utils"))
-    monkeypatch.delitem(sys.modules, "vllm.utils.jit_monitor", raising=False)
-    assert launches.install(launches.Mode.PRELOAD) is False
+    monkeypatch.setitem(sys.modules, "vllm.utils.jit_monitor", None)  # import fails
+    _as_vllm_0_26(monkeypatch)
+
+
+def test_a_vllm_that_moved_its_monitor_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release that moves the monitor must not switch the preload off unseen: the build's
+    record raises (vLLM does not catch a general plugin's error, so compile-only fails), and
+    the image's hook check names the missing function."""
+    from kernelbake.runtime.engines.vllm import _v0_26, _v0_32, compat_layer
+
+    _vllm_that_moved_its_monitor(monkeypatch)
+    with pytest.raises(launches.MonitorMissing, match=r"vllm 0\.26\.0: vLLM's JIT monitor is not where"):
+        launches.install(launches.Mode.RECORD)
+    for adapter in (_v0_26, _v0_32):
+        monitored = [h for h in adapter.HOOKS if h.path.startswith("vllm.utils.jit_monitor:")]
+        assert [h.path for h in monitored] == [
+            "vllm.utils.jit_monitor:activate",
+            "vllm.utils.jit_monitor:is_active",
+        ]
+        assert all("missing" in p for p in compat_layer.hook_problems(tuple(monitored)))
+
+
+def test_a_serving_start_says_when_the_monitor_moved_and_serves_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelbake.runtime.engines.vllm import plugin
+
+    _vllm_that_moved_its_monitor(monkeypatch)
+    record = tmp_path / launches.RECORD
+    record.parent.mkdir(parents=True)
+    record.write_text(_line("vllm.kb_test_kernels", "plain", "a") + "\n")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    plugin._preload_first_launches()
+    assert "kernelbake: WARNING: vllm 0.26.0: vLLM's JIT monitor is not where" in capsys.readouterr().err
+
+
+def test_the_build_record_lives_under_the_cache_root_the_adapter_reports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from kernelbake.runtime.engines.vllm import _v0_26, compat_layer
+
+    moved = dataclasses.replace(_v0_26.LOOKUPS, cache_root=lambda: str(tmp_path))
+    monkeypatch.setattr(compat_layer, "lookups", lambda: moved)
+    assert launches.record_path() == tmp_path / launches.RECORD
 
 
 def test_a_preload_that_breaks_leaves_the_engine_starting(

@@ -55,6 +55,9 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     Hook("vllm.model_executor.models.registry:ModelRegistry.models"),
     Hook("vllm.distributed:get_pp_group", ()),
     Hook("vllm.distributed:get_tp_group", ()),
+    # launches.py wraps activate and asks is_active: moved, the first-launch preload is off.
+    Hook("vllm.utils.jit_monitor:activate", ("mode", "verbose")),
+    Hook("vllm.utils.jit_monitor:is_active", ()),
 )
 
 # Every vLLM object this module (and compile_only through it) calls or patches, with its
@@ -502,6 +505,12 @@ def _sampling_params_class() -> Any:
     return SamplingParams
 
 
+def _jit_monitor() -> Any:
+    from vllm.utils import jit_monitor
+
+    return jit_monitor
+
+
 LOOKUPS = VllmLookups(
     version=_version,
     config_utils=_config_utils,
@@ -522,6 +531,7 @@ LOOKUPS = VllmLookups(
     api_server_usage=_api_server_usage,
     engine_class=_engine_class,
     sampling_params_class=_sampling_params_class,
+    jit_monitor=_jit_monitor,
 )
 
 

@@ -80,6 +80,9 @@ class VllmLookups:
     engine_class: Callable[[], Any]
     # ``SamplingParams``, for the warm-up requests.
     sampling_params_class: Callable[[], Any]
+    # vLLM's JIT monitor module (``activate``, ``is_active``): where the Triton kernels that
+    # requests first launch are recorded at build and preloaded at serve (``launches``).
+    jit_monitor: Callable[[], Any]
 
 
 class ReleaseAdapter(Protocol):

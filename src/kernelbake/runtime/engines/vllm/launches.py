@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelbake.runtime.engines.vllm import compat_layer
+
 # Relative to VLLM_CACHE_ROOT, which kernelbake points into the bundle's ``vllm`` kind.
 RECORD = Path("kernelbake") / "triton-first-launches.jsonl"
 # Only kernels of the engine are imported by name from the record (it is signed, but a name
@@ -68,21 +70,39 @@ class Preloaded:
         )
 
 
-def record_path() -> Path:
-    """Where the build records: under the cache root vLLM itself resolved. (A serving
-    process finds the record on the environment, ``record_at_serve``, before vLLM loads.)"""
-    import vllm.envs as envs
+class MonitorMissing(LookupError):
+    """vLLM's JIT monitor is not where the installed release's adapter says it is."""
 
-    return Path(envs.VLLM_CACHE_ROOT) / RECORD
+
+def record_path() -> Path:
+    """Where the build records: under the cache root vLLM itself resolved (through the
+    release adapter). A serving process finds the record on the environment,
+    ``record_at_serve``, before vLLM loads."""
+    return Path(compat_layer.lookups().cache_root()) / RECORD
+
+
+def monitor() -> Any:
+    """vLLM's JIT monitor, where the installed release's adapter says it is (its ``HOOKS``
+    list ``activate`` and ``is_active``, checked in the image). A release that moved it
+    raises ``MonitorMissing`` naming that release, instead of switching the preload off
+    unseen: it needs an adapter that says where the monitor went."""
+    try:
+        found = compat_layer.lookups().jit_monitor()
+        found.activate, found.is_active  # noqa: B018 (the two this module uses)
+    except (ImportError, AttributeError) as exc:
+        dist, version = compat_layer.installed_vllm()
+        raise MonitorMissing(
+            f"{dist} {version}: vLLM's JIT monitor is not where kernelbake's adapter for it looks "
+            f"({type(exc).__name__}: {exc}); Triton first launches are neither recorded nor preloaded"
+        ) from exc
+    return found
 
 
 def install(mode: Mode, path: Callable[[], Path] = record_path) -> bool:
     """Wraps vLLM's ``jit_monitor.activate`` (called once per worker, at the end of its
-    warm-up) to record or preload around it. False where this vLLM has no JIT monitor."""
-    try:
-        from vllm.utils import jit_monitor
-    except ImportError:
-        return False
+    warm-up) to record or preload around it. Raises ``MonitorMissing`` where the monitor is
+    not where the adapter says."""
+    jit_monitor = monitor()
     original = jit_monitor.activate
     if getattr(original, "kernelbake_mode", None) is not None:
         return True
