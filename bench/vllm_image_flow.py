@@ -657,6 +657,10 @@ def flow(
         remove(p)
 
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LD_LIBRARY_PATH")}
+    # The stages run on this machine, not in an image, and device.sh --private-opt makes
+    # /opt/kernelbake a mount point, which serve refuses to trust (runtime.trusted): the
+    # variable named unsafe says the target is not an image's, and the verdicts say so.
+    base["KERNELBAKE_UNSAFE_TARGET"] = "/opt/kernelbake/target.json"
     if shutil.which("vllm") is None:
         # The base image has vLLM's console script; this install (PYTHONPATH) has not.
         shim = WORK / "bin"

@@ -155,7 +155,9 @@ def _base_env(home: Path, tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in keep}
     home.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(home), TMPDIR=str(tmp), KERNELBAKE_SCRATCH=str(tmp), KERNELBAKE_TARGET=str(TARGET))
+    env.update(
+        HOME=str(home), TMPDIR=str(tmp), KERNELBAKE_SCRATCH=str(tmp), KERNELBAKE_UNSAFE_TARGET=str(TARGET)
+    )
     return env
 
 
@@ -212,7 +214,7 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     if "model_path" in case:
         target = cdir / "target.json"
         target.write_text(_target_json(case["model_path"]))
-        env["KERNELBAKE_TARGET"] = str(target)
+        env["KERNELBAKE_UNSAFE_TARGET"] = str(target)
         # The runtime trusts the manifest only beside a pinned copy, as the image's final stage makes.
         from kernelbake.contract.layout import PINNED_MANIFEST_NAME
 

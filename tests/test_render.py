@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,19 @@ def test_write_context_lays_out_the_build_context(tmp_path: Path) -> None:
         "wheels",
         "wheels/kb.whl",
     ]
+
+
+def test_target_json_is_written_read_only_for_group_and_others_whatever_the_umask(tmp_path: Path) -> None:
+    """serve starts warm only on a target.json no group or other may write (runtime.trusted),
+    and COPY keeps the context file's mode."""
+    wheel = tmp_path / "kb.whl"
+    wheel.write_bytes(b"wheel")
+    old = os.umask(0o002)
+    try:
+        ctx = write_context(_render("tiny-llama-torch", "cpu"), tmp_path / "ctx", wheel)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((ctx / "target.json").stat().st_mode) == 0o644
 
 
 def test_bake_single_mode_targets(tmp_path: Path) -> None:

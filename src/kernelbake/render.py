@@ -149,6 +149,9 @@ def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path
     directory.mkdir(parents=True)
     (directory / "Dockerfile").write_text(rendered.dockerfile)
     (directory / "target.json").write_text(rendered.target_json)
+    # COPY keeps the mode, and serve trusts target.json only while no group or other may write
+    # it (runtime.trusted): a umask of 002 must not make every image start cold.
+    (directory / "target.json").chmod(0o644)
     (directory / "wheels").mkdir()
     shutil.copy2(wheel_path, directory / "wheels" / rendered.wheel)
     local = rendered.target.spec.model.local_dir

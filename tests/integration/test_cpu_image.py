@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -20,6 +21,7 @@ from kernelbake.oci import RegistryClient, parse_reference
 from kernelbake.remote import inspect_remote
 from tests.conftest import REPO
 from tests.support.docker import docker, ready_line
+from tests.support.podman import ULIMITS, podman, pull, require_podman
 from tests.support.registry import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -111,6 +113,86 @@ def test_a_flipped_byte_in_a_baked_kernel_is_never_loaded(single_image: Built, t
     unsafe = docker("run", "--rm", *mount, "-e", "KERNELBAKE_VERIFY=unsafe-size-only", *check, check=False)
     assert unsafe.returncode == 0, unsafe.stdout + unsafe.stderr
     assert "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only" in unsafe.stdout
+
+
+def _consistent_tampering(image: str, tmp_path: Path) -> tuple[Path, str]:
+    """The image's /opt/kernelbake copied out, one compiled kernel changed, and the cache
+    manifest and its pinned copy rewritten to match: everything agrees with everything, so only
+    where the files come from tells them apart. Returns the copy and the changed file's path."""
+    cid = docker("create", image).stdout.strip()
+    try:
+        docker("cp", f"{cid}:/opt/kernelbake", str(tmp_path))
+    finally:
+        docker("rm", cid, check=False)
+    trust = tmp_path / "kernelbake"
+    doc = json.loads((trust / "cache" / "manifest.json").read_text())
+    entry = next(f for f in doc["files"] if f["path"].endswith(".so"))
+    kernel = trust / "cache" / entry["path"]
+    data = bytearray(kernel.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    kernel.write_bytes(bytes(data))
+    entry["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    (trust / "cache" / "manifest.json").write_text(text)
+    (trust / "pinned-manifest.json").write_text(text)
+    return trust, entry["path"]
+
+
+def test_a_consistent_tampering_mounted_over_what_serve_trusts_is_never_warm(
+    single_image: Built, tmp_path: Path
+) -> None:
+    """Issue 32, item 4, with real mounts: a volume at /opt/kernelbake, and the tampered kernel,
+    its manifest and a file over pinned-manifest.json, each agreeing with the others. Both
+    started warm before; now serve names the mount point and starts cold."""
+    assert single_image.pushed is not None
+    trust, path = _consistent_tampering(single_image.pushed, tmp_path)
+    check = ["--entrypoint", "python3", single_image.pushed, "-m", "kernelbake", "check", "--json"]
+    whole = docker("run", "--rm", "-v", f"{trust}:/opt/kernelbake:ro", *check, check=False)
+    verdict = json.loads(whole.stdout)
+    assert whole.returncode == 6 and verdict["verdict"] == "cold", whole.stdout + whole.stderr
+    assert verdict["problems"] == [
+        "/opt/kernelbake is a mount point (/proc/self/mountinfo), so /opt/kernelbake/target.json and "
+        "/opt/kernelbake/pinned-manifest.json come from what the pod mounted there, not from the image; "
+        "mount nothing at or above them (the caches' volume belongs at the cache root)"
+    ]
+    files = [
+        ("pinned-manifest.json", "/opt/kernelbake/pinned-manifest.json"),
+        ("cache/manifest.json", "/opt/kernelbake/cache/manifest.json"),
+        (f"cache/{path}", f"/opt/kernelbake/cache/{path}"),
+    ]
+    mounts = [f for rel, at in files for f in ("-v", f"{trust / rel}:{at}:ro")]
+    over = docker("run", "--rm", *mounts, *check, check=False)
+    verdict = json.loads(over.stdout)
+    assert over.returncode == 6 and verdict["verdict"] == "cold", over.stdout + over.stderr
+    assert [p.split(" (")[0] for p in verdict["problems"]] == [
+        "/opt/kernelbake/pinned-manifest.json is a mount point"
+    ]
+
+
+def test_a_read_only_image_volume_at_the_trusted_directory_is_never_warm(
+    single_image: Built, tmp_path: Path
+) -> None:
+    """The same consistent tampering as an image of its own, mounted by podman as Kubernetes
+    mounts an image volume (read-only, ``--mount type=image``) at /opt/kernelbake."""
+    require_podman()
+    assert single_image.pushed is not None
+    _consistent_tampering(single_image.pushed, tmp_path)
+    (tmp_path / "Containerfile").write_text("FROM scratch\nCOPY kernelbake/ /\n")
+    attack = "localhost/kernelbake-test-attack:trusted-dir"
+    podman("build", "--quiet", "-t", attack, "-f", str(tmp_path / "Containerfile"), str(tmp_path))
+    try:
+        pull(single_image.pushed)
+        res = podman(
+            "run", "--rm", *ULIMITS,
+            "--mount", f"type=image,source={attack},destination=/opt/kernelbake",
+            "--entrypoint", "python3", single_image.pushed, "-m", "kernelbake", "check", "--json",
+            check=False,
+        )  # fmt: skip
+    finally:
+        podman("rmi", "-f", attack, check=False)
+    verdict = json.loads(res.stdout)
+    assert res.returncode == 6 and verdict["verdict"] == "cold", res.stdout + res.stderr
+    assert verdict["problems"][0].startswith("/opt/kernelbake is a mount point (/proc/self/mountinfo), so ")
 
 
 def test_the_torch_server_stops_at_a_cache_gate_nobody_answers(single_image: Built) -> None:

@@ -134,7 +134,7 @@ def _check(
     engine = AskingEngine(platform_for(target.key), prediction)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
     monkeypatch.setattr(pf, "get_engine", lambda _e: engine)
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     monkeypatch.setenv("VLLM_API_KEY", SECRET)
     return main(["check", "--json", *args]), engine
@@ -174,7 +174,7 @@ def test_serve_records_a_wrong_prediction_in_its_status_and_leaks_no_secret(
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
     monkeypatch.setattr(pf, "get_engine", lambda _e: engine)
     status = tmp_path / "status.json"
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     monkeypatch.setenv("KERNELBAKE_STATUS", str(status))
     monkeypatch.setenv("VLLM_API_KEY", SECRET)
@@ -232,7 +232,7 @@ def test_serve_holds_the_gate_then_checks_the_prediction_against_the_settled_ver
     monkeypatch.setattr(pf, "get_engine", lambda _e: engine)
     status = tmp_path / "status.json"
     at_gate = tmp_path / "at-gate"
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     monkeypatch.setenv("KERNELBAKE_STATUS", str(status))
     monkeypatch.setenv("VLLM_API_KEY", SECRET)

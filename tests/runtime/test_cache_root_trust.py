@@ -89,7 +89,7 @@ def test_check_exits_with_its_mismatch_code_on_a_manifest_the_image_does_not_pin
     monkeypatch.setattr(
         "kernelbake.runtime.preflight.get_engine", lambda _e: FakeEngine(platform_for(target.key))
     )
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     _swap_file_and_its_entry(root)
     capsys.readouterr()
@@ -145,7 +145,10 @@ def test_a_pin_inside_the_cache_root_is_refused(tmp_path: Path, target: TargetCo
         (tmp_path / "cache" / "manifest.json").read_bytes()
     )
     env = RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "cache" / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
+        {
+            "KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "cache" / "target.json"),
+            "TMPDIR": str(tmp_path / "scratch"),
+        }
     )
     v = pf.preflight(env, engine=FakeEngine(platform_for(target.key)))
     assert not v.warm and "lies inside the cache root" in v.problems[0]
@@ -244,7 +247,7 @@ def test_an_engine_failing_to_predict_is_a_verdict_and_exit_6(
     engine = _Raising(platform_for(target.key), raises=raises)
     monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _e: engine)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     capsys.readouterr()
     assert main(["check", "--enforce-eager"]) == KeyMismatch.return_code

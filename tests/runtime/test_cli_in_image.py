@@ -124,7 +124,7 @@ def test_engine_command_prints_what_serve_would_exec(tmp_path: Path) -> None:
         text=True,
         cwd=REPO,
         timeout=60,
-        env={**os.environ, "KERNELBAKE_TARGET": str(tmp_path / "target.json")},
+        env={**os.environ, "KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json")},
     )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)

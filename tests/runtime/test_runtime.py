@@ -36,6 +36,14 @@ def target(tmp_path: Path) -> TargetConfig:
     return write_target(tmp_path, "tiny-llama-torch.yaml")
 
 
+def _unsafe_target_note(tmp_path: Path) -> str:
+    return (
+        f"UNSAFE: $KERNELBAKE_UNSAFE_TARGET moved target.json and the pinned manifest to {tmp_path}; nothing "
+        "checks that they are the image's (mounts, owner), so whoever wrote them there decides which caches "
+        "start warm"
+    )
+
+
 def _baked(tmp_path: Path, target: TargetConfig) -> Path:
     run_compile(_env(tmp_path, KERNELBAKE_BUILDER="test-host"), engine=FakeEngine(platform_for(target.key)))
     pin_manifest(tmp_path / "target.json")
@@ -128,7 +136,8 @@ def test_compile_refuses_leftover_files_and_empty_output(tmp_path: Path, target:
 def test_exact_match_starts_warm_on_the_baked_caches(tmp_path: Path, target: TargetConfig) -> None:
     root = _baked(tmp_path, target)
     v = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
-    assert v.warm and v.problems == () and v.notes == ()
+    # Outside an image the trusted files are moved by the unsafe variable, and only that is said.
+    assert v.warm and v.problems == () and v.notes == (_unsafe_target_note(tmp_path),)
     assert v.cache_root == root
     assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
     assert v.manifest_files == 2
@@ -168,7 +177,7 @@ def test_a_launch_default_the_engine_hashes_is_named(tmp_path: Path, target: Tar
     assert v.warm
     assert v.notes[0].startswith("$FAKE_HASHED is '2' but was '1' at compile time")
     v = pf.preflight(_env(tmp_path, FAKE_HASHED="1"), engine=_HashedLaunchEngine(platform_for(target.key)))
-    assert v.notes == ()
+    assert v.notes == (_unsafe_target_note(tmp_path),)
 
 
 def test_mismatch_starts_cold_in_a_fresh_directory_with_reasons(tmp_path: Path, target: TargetConfig) -> None:
@@ -295,7 +304,9 @@ def test_speculation_is_not_made_where_the_start_cannot_be_warm_in_place(
     (root / "manifest.json").write_text("{")
     assert pf.speculate(_env(tmp_path), engine) is None
     # An unreadable target is the preflight's to report, with its file and line.
-    assert pf.speculate(_env(tmp_path, KERNELBAKE_TARGET=str(tmp_path / "missing.json")), engine) is None
+    assert (
+        pf.speculate(_env(tmp_path, KERNELBAKE_UNSAFE_TARGET=str(tmp_path / "missing.json")), engine) is None
+    )
 
 
 def test_speculation_goes_ahead_of_a_platform_the_preflight_then_refuses(
@@ -530,7 +541,7 @@ def test_check_reports_the_verification_and_refuses_a_flipped_byte(
     root = _baked(tmp_path, target)
     engine = FakeEngine(platform_for(target.key))
     monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     capsys.readouterr()
     assert main(["check", "--json"]) == 0

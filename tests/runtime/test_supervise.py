@@ -109,7 +109,7 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
-    environ = {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
+    environ = {"KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
     engine = _VllmLikeEngine(platform_for(config.key))
     run_compile(RuntimeEnv.from_env(environ), engine=engine)
     pin_manifest(tmp_path / "target.json")
@@ -229,7 +229,7 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     (tmp_path / "target.json").write_text(config.to_json())
     at_gate = tmp_path / "at-gate"
     environ = {
-        "KERNELBAKE_TARGET": str(tmp_path / "target.json"),
+        "KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json"),
         "TMPDIR": str(tmp_path / "scratch"),
         "AT_GATE": str(at_gate),
     }

@@ -1,5 +1,5 @@
 """A target planned from one of the repository's specs and written where the runtime reads it
-(``KERNELBAKE_TARGET``), and the runtime environment that points at it: the set-up of the
+(``KERNELBAKE_UNSAFE_TARGET``: the runtime outside an image), and the runtime environment that points at it: the set-up of the
 runtime tests, once."""
 
 from __future__ import annotations
@@ -28,5 +28,9 @@ def runtime_env(tmp_path: Path, **environ: str) -> RuntimeEnv:
     """The runtime's environment for the target ``write_target`` wrote, scratch space under
     ``tmp_path``, and ``environ`` on top."""
     return RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch"), **environ}
+        {
+            "KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json"),
+            "TMPDIR": str(tmp_path / "scratch"),
+            **environ,
+        }
     )

@@ -47,7 +47,7 @@ def _target(tmp_path: Path, spec: str = SPEC_TP4, **serve: int) -> TargetConfig:
 
 def _env(tmp_path: Path) -> RuntimeEnv:
     return RuntimeEnv.from_env(
-        {"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
+        {"KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json"), "TMPDIR": str(tmp_path / "scratch")}
     )
 
 

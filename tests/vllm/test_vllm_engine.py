@@ -377,7 +377,7 @@ def test_compile_step_collects_the_caches_into_the_manifest(
     monkeypatch.setattr(engine, "hashed_env_names", lambda: ("VLLM_LOGGING_LEVEL", "VLLM_X"))
     monkeypatch.setattr(compile_step.runtime_env, "apply", lambda variables: None)
     manifest = compile_step.run_compile(
-        RuntimeEnv.from_env({"KERNELBAKE_TARGET": str(tmp_path / "target.json"), "VLLM_X": "1"}),
+        RuntimeEnv.from_env({"KERNELBAKE_UNSAFE_TARGET": str(tmp_path / "target.json"), "VLLM_X": "1"}),
         engine=engine,
     )
     assert manifest.totals() == {"triton": {"files": 1, "bytes": 6}, "vllm": {"files": 1, "bytes": 6}}

@@ -18,7 +18,7 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kernelbake.admission import gpus, volumes
+from kernelbake.admission import gpus, trusted_paths, volumes
 from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
@@ -149,6 +149,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                     "was verified, and the tag is dropped"
                 )
             governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
+        problems += trusted_paths.problems(spec, (g.site for g in governed))
         caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
         found_ways = tuple(ways(spec)) if governed or caches is not None else ()
     except MalformedObject as exc:

@@ -1,8 +1,8 @@
 """Where things are in every kernelbake image: the paths the host renders into the Dockerfile
 and reads back from pushed images, and the code in the image reads and writes.
 
-    /opt/kernelbake/target.json
-    /opt/kernelbake/pinned-manifest.json    a copy of the cache manifest, outside the cache root
+    /opt/kernelbake/target.json             } serve's root of trust (``TRUSTED_FILES``)
+    /opt/kernelbake/pinned-manifest.json    } a copy of the cache manifest, outside the cache root
     /opt/kernelbake/cache/manifest.json
     /opt/kernelbake/cache/<kind>/...        e.g. inductor/, triton/, vllm/, flashinfer/
 """
@@ -12,7 +12,10 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-TARGET_FILE = "/opt/kernelbake/target.json"
+# The directory of the files serve trusts; the cache root lies inside it, but they do not lie
+# inside the cache root, so a volume at the cache root (a documented recipe) cannot move them.
+TRUST_DIR = "/opt/kernelbake"
+TARGET_FILE = f"{TRUST_DIR}/target.json"
 # Where caches live in every image, at compile and at serve time alike: FlashInfer's JIT
 # cache embeds absolute paths, so this path is part of the contract, not a detail.
 CACHE_ROOT = "/opt/kernelbake/cache"
@@ -24,7 +27,21 @@ CACHE_MANIFEST_PATH = f"{CACHE_ROOT.lstrip('/')}/{MANIFEST}"
 # (the read-only recipe, a seeded emptyDir) replaces the manifest there but not this copy, so
 # the runtime ties the manifest it finds to the one this image was built with.
 PINNED_MANIFEST_NAME = "pinned-manifest.json"
-PINNED_MANIFEST = f"{TARGET_FILE.rsplit('/', 1)[0]}/{PINNED_MANIFEST_NAME}"
+PINNED_MANIFEST = f"{TRUST_DIR}/{PINNED_MANIFEST_NAME}"
+
+# What ``kernelbake serve`` takes on trust from the image: the key and serve settings
+# (target.json) and the manifest every cache file is checked against. It reads them at these
+# fixed paths only, and starts warm only while no mount of the pod covers them
+# (``runtime.trusted``); admission denies a pod spec that mounts at or above one of them
+# (``admission.trusted_paths``).
+TRUSTED_FILES = (TARGET_FILE, PINNED_MANIFEST)
+# Moves the trusted files to the directory of the target.json it names, for tests and
+# benchmarks that run the runtime outside an image: the files are then checked for nothing
+# (neither mounts nor owners) and every verdict says so. Admission denies a pod that sets it.
+UNSAFE_TARGET_ENV = "KERNELBAKE_UNSAFE_TARGET"
+# The variable that moved them before (issue 32): refused by the runtime, denied by admission.
+RETIRED_TARGET_ENV = "KERNELBAKE_TARGET"
+TRUSTED_VARIABLES = (UNSAFE_TARGET_ENV, RETIRED_TARGET_ENV)
 
 
 class CacheKind(enum.Enum):

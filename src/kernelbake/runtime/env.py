@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
-from kernelbake.contract.layout import PINNED_MANIFEST_NAME, TARGET_FILE
+from kernelbake.contract.layout import (
+    PINNED_MANIFEST,
+    PINNED_MANIFEST_NAME,
+    RETIRED_TARGET_ENV,
+    TARGET_FILE,
+    UNSAFE_TARGET_ENV,
+)
 from kernelbake.errors import BadInput
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
@@ -71,6 +77,22 @@ def _digest(raw: str | None) -> str | None:
     return raw
 
 
+def _unsafe_target(env: Mapping[str, str]) -> Path | None:
+    """Where ``$KERNELBAKE_UNSAFE_TARGET`` moves target.json (and the pinned manifest beside
+    it), or None: the image's own files. The retired variable is refused rather than ignored,
+    so that a run outside an image that set it is not silently given the image's files."""
+    retired = env.get(RETIRED_TARGET_ENV)
+    if retired and retired != TARGET_FILE:
+        raise BadInput(
+            f"${RETIRED_TARGET_ENV}={retired!r} is no longer read: serve trusts target.json and the pinned "
+            f"manifest only at their fixed paths in the image ({TARGET_FILE}); outside an image (tests, "
+            f"benchmarks) set ${UNSAFE_TARGET_ENV}, which also turns off the checks that the files are the "
+            "image's"
+        )
+    raw = env.get(UNSAFE_TARGET_ENV)
+    return Path(raw) if raw else None
+
+
 def _pid(raw: str | None) -> int | None:
     try:
         return int(raw) if raw else None
@@ -80,7 +102,14 @@ def _pid(raw: str | None) -> int | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RuntimeEnv:
+    # serve's root of trust: fixed paths in the image (``layout.TRUSTED_FILES``), which no
+    # variable but the one named unsafe moves.
     target_file: Path = Path(TARGET_FILE)
+    # The copy of the cache manifest the image pins, beside target.json (outside the cache root).
+    pinned_manifest: Path = Path(PINNED_MANIFEST)
+    # Both moved by ``$KERNELBAKE_UNSAFE_TARGET`` (tests, benchmarks): not checked to be the
+    # image's (``runtime.trusted``), and every verdict says so.
+    unsafe_target: bool = False
     cache: CacheMode = CacheMode.ON
     verify: VerifyMode = VerifyMode.SHA256
     # A writable directory for cold-start caches and, failing a writable cache root, a copy.
@@ -96,9 +125,6 @@ class RuntimeEnv:
     gate_owner: int | None = None
     # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
     status_file: Path | None = None
-    # The copy of the cache manifest the image pins, beside target.json (outside the cache
-    # root); not a variable of its own, so that no setting moves it into a cache volume.
-    pinned_manifest: Path = Path(TARGET_FILE).parent / PINNED_MANIFEST_NAME
     manifest_digest: str | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -118,9 +144,12 @@ class RuntimeEnv:
         raw_verify = _VERIFY_ALIASES.get(raw_verify.lower(), raw_verify)
         verify = _enum_value(VerifyMode, "KERNELBAKE_VERIFY", raw_verify)
         assert isinstance(cache, CacheMode) and isinstance(verify, VerifyMode)
-        target_file = Path(env.get("KERNELBAKE_TARGET", TARGET_FILE))
+        moved = _unsafe_target(env)
+        target_file = moved or Path(TARGET_FILE)
         return cls(
             target_file=target_file,
+            pinned_manifest=target_file.parent / PINNED_MANIFEST_NAME if moved else Path(PINNED_MANIFEST),
+            unsafe_target=moved is not None,
             cache=cache,
             verify=verify,
             scratch=Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp"),
@@ -134,7 +163,6 @@ class RuntimeEnv:
                 or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
                 / "kernelbake-status.json"
             ),
-            pinned_manifest=target_file.parent / PINNED_MANIFEST_NAME,
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             environ=env,
         )

@@ -14,7 +14,9 @@ with one they get from a place a cache mount cannot replace:
   trustworthy as the pod spec. Where the image pins a copy, the variable can only add a
   requirement (both must agree), never lift one.
 
-Neither present, or either different: the baked caches are not used (fail closed).
+Neither present, or either different: the baked caches are not used (fail closed). Nor are they
+when the image's copy (or target.json) is not the image's own where it is read: a mount of the
+pod covers it, or its owner or mode is not an image file's (``runtime.trusted``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
 from kernelbake.contract.layout import MANIFEST
+from kernelbake.runtime import trusted
 from kernelbake.runtime.env import RuntimeEnv
 
 _RESEED = (
@@ -49,6 +52,8 @@ def problems(env: RuntimeEnv, root: Path, data: bytes) -> list[str]:
     found = digest(data)
     where = root / MANIFEST
     pinned = env.pinned_manifest
+    if not env.unsafe_target and (untrusted := trusted.untrusted((str(env.target_file), str(pinned)))):
+        return untrusted
     if _inside(pinned, root):
         return [
             f"the pinned manifest {pinned} lies inside the cache root {root}, where a volume can replace "

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.compat import Match, Reason, check
-from kernelbake.contract.layout import kind_dir
+from kernelbake.contract.layout import UNSAFE_TARGET_ENV, kind_dir
 from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
@@ -352,6 +352,7 @@ class NoteKind(enum.Enum):
 
     SERVE_TIME_CHANGE = "serve-time-change"
     UNSAFE_VERIFY = "unsafe-verify"
+    UNSAFE_TARGET = "unsafe-target"
     READ_ONLY_COPY = "read-only-copy"
 
 
@@ -392,6 +393,19 @@ def _verify_notes(env: RuntimeEnv) -> list[Note]:
             NoteKind.UNSAFE_VERIFY,
             "UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only; a cache file "
             "changed without changing its size is loaded and run by the engine",
+        )
+    ]
+
+
+def _target_notes(env: RuntimeEnv) -> list[Note]:
+    if not env.unsafe_target:
+        return []
+    return [
+        Note(
+            NoteKind.UNSAFE_TARGET,
+            f"UNSAFE: ${UNSAFE_TARGET_ENV} moved target.json and the pinned manifest to {env.target_file.parent}; "
+            "nothing checks that they are the image's (mounts, owner), so whoever wrote them there decides "
+            "which caches start warm",
         )
     ]
 
@@ -503,6 +517,7 @@ def preflight(
     in_place = not problems and _writable_in_place(baked, engine)
     summary = _await_integrity(pending, problems)
     root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
+    notes += _target_notes(env)
     prediction = None if problems else _fallback_prediction(manifest, identity, device, asks_engine, notes)
     if problems:
         run_env = _engine_env(env, target, engine, root)
