@@ -23,6 +23,9 @@ policy is enough (``verify``); here, finding them:
   read with a size limit (never downloaded whole). Nothing in the listing tells such a bundle
   from junk, so junk listed both before and after it (pushed before the signing, or by whoever
   may rewrite the fallback tag) can still hide it: README "Faults and time bounds";
+* the listing is read within the client's bounds (``kernelbake.oci.listing``: every page the
+  API links, at most 64 pages and 8 MiB in all); what lies past them is not examined, and the
+  note (and the failure, if nothing verified) says so, naming the bound;
 * a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
   skipped with a note, not an error.
 
@@ -55,10 +58,9 @@ if TYPE_CHECKING:
 # + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 30 MiB, all under the
 # client's deadlines; and per listed referrer that claims a trusted signer's vouch, one ECDSA
 # verification (and for a keyless vouch one certificate chain check per distinct certificate),
-# the listing itself being at most the client's 4 MiB manifest limit (a referrer carrying a key
-# vouch is ~700 bytes listed: about 5,500 of them; one with a keyless vouch ~1.4 KiB with the
-# mock Sigstore's certificates: about 3,000; bench/junk_referrers.py measures the whole verify
-# for both on a 2-core machine: 1.0 s and 0.6 s).
+# the listing itself being at most the client's 8 MiB listing bound (a referrer carrying a key
+# vouch is ~700 bytes listed: about 12,000 of them; one with a keyless vouch ~1.4 KiB with the
+# mock Sigstore's certificates: about 6,000; bench/junk_referrers.py measures the whole verify).
 MAX_BUNDLES = 32
 MAX_LEGACY_LAYERS = 16
 # Bundles measured in tests/signing: key-based 0.7-2.6 KiB, keyless (certificate chain and
@@ -121,8 +123,8 @@ class _Tally:
         else:
             self._groups[category] = dataclasses.replace(first, count=first.count + 1)
 
-    def item(self, origin: str, reason: str) -> None:
-        self._items.append(Skipped(origin, reason))
+    def item(self, origin: str, reason: str, *, count: int = 1) -> None:
+        self._items.append(Skipped(origin, reason, count))
 
     def result(self) -> tuple[Skipped, ...]:
         return (*self._items, *self._groups.values())
@@ -221,11 +223,11 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
 _MAX_VOUCH_SIGNATURE = 128
 # Distinct vouch claims checked (signature and, for keyless, certificate checks) per listing. A
 # listed entry that reaches a check is at least ~380 bytes (digest, media type, layer digest,
-# a trusted key's hint or a certificate, a signature), so the client's 4 MiB listing holds at
-# most ~11,000 of them: the cap is above that, never what stops a scan of a listing the client
-# accepts; it keeps the work bounded should the listing limit grow. Past it, a claim is not
+# a trusted key's hint or a certificate, a signature), so the client's 8 MiB listing bound holds
+# at most ~22,000 of them: the cap is above that, never what stops a scan of a listing the client
+# reads; it keeps the work bounded should the listing bound grow. Past it, a claim is not
 # checked and its referrer is an ordinary candidate.
-MAX_VOUCH_CLAIMS = 16384
+MAX_VOUCH_CLAIMS = 24576
 
 
 class _Vouches:
@@ -330,7 +332,12 @@ def _bundles(
     tally: _Tally,
 ) -> list[Artifact]:
     candidates, vouched = [], []
-    for desc in client.referrers(ref):
+    listing = client.referrer_listing(ref)
+    if listing.cut is not None:
+        tally.item("referrers", f"{listing.cut}: the entries past the bound were not examined")
+    if listing.malformed:
+        tally.item("referrers", "listed entries that are no descriptor", count=listing.malformed)
+    for desc in listing.entries:
         problem = _listing_problem(desc)
         if problem is not None:
             tally.group(problem[0], f"referrer {desc.digest[:19]}", problem[1])
