@@ -16,13 +16,17 @@ policy is enough (``verify``); here, finding them:
   signed. Junk cannot forge a vouch, and copying one only names the real bundle again, so no
   number of look-alike referrers hides a bundle signed by kernelbake; one that claims a trusted
   signer's vouch that does not verify is junk and is not fetched at all;
-* the rest (cosign's bundles, which carry no vouch): those annotated with a predicate type the
-  caller looks for first, then the others; within each group the oldest and the newest in turn,
-  so that junk appended after a signing fills at most half of the places examined; at most
-  ``MAX_BUNDLES`` of them and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each
-  read with a size limit (never downloaded whole). Nothing in the listing tells such a bundle
-  from junk, so junk listed both before and after it (pushed before the signing, or by whoever
-  may rewrite the fallback tag) can still hide it: README "Faults and time bounds";
+* the rest (cosign's bundles, which carry no vouch) are chosen by listed artifactType and
+  position alone, never by annotations (which junk copies): of each artifactType, all up to
+  ``MAX_BUNDLES``, else the oldest and the newest half of that, so junk appended after a signing
+  (any amount, any type; cosign 3 rewrites the fallback index in digest order, so "after" is
+  after cosign last wrote it) never pushes a bundle out, nor does junk of another artifactType
+  whenever it was pushed; annotations only order what was chosen. At most ``MAX_BUNDLES`` of
+  each artifactType and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each read
+  with a size limit (never downloaded whole). Nothing in the listing tells such a bundle from
+  junk of its own artifactType, so more than ``MAX_BUNDLES // 2`` of those listed both before
+  and after it (pushed before the signing, or by whoever may rewrite the fallback tag) can still
+  hide it: README "Faults and time bounds";
 * the listing is read within the client's bounds (``kernelbake.oci.listing``: every page the
   API links, at most 64 pages and 8 MiB in all); what lies past them is not examined, and the
   note (and the failure, if nothing verified) says so, naming the bound;
@@ -54,8 +58,9 @@ if TYPE_CHECKING:
 # Bounds, so that junk costs little. kernelbake writes two bundle referrers per signing (signature
 # and attestation) and, with --legacy, one layer in each of .sig and .att: 32 referrers and 16
 # layers per tag hold many re-signings (several keys, a key rotation) of one digest. The worst junk
-# can cause is then 32 * (referrer manifest + bundle) + 32 vouched bundles (trusted signers' own)
-# + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 30 MiB, all under the
+# can cause is then 2 * 32 * (referrer manifest + bundle: 32 of each of the two listed artifactType
+# kinds) + 32 vouched bundles (trusted signers' own)
+# + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 50 MiB, all under the
 # client's deadlines; and per listed referrer that claims a trusted signer's vouch, one ECDSA
 # verification (and for a keyless vouch one certificate chain check per distinct certificate),
 # the listing itself being at most the client's 8 MiB listing bound (a referrer carrying a key
@@ -148,31 +153,50 @@ def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
     return None
 
 
-def _ranked(entries: Sequence[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
-    # The annotation is a hint (anyone can copy it), so it only orders; verification decides.
-    # Within each group the oldest and the newest are taken in turn (oldest, newest, second
-    # oldest, …): kernelbake, cosign and registries append, so junk pushed after a signing
-    # (any amount of it) fills at most half of the examined places, and the oldest half still
-    # holds the real bundle; the newest half keeps a signature made after older junk (or after
-    # a key rotation) in view.
-    def rank(d: Descriptor) -> tuple[bool, bool]:
-        return (
-            d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer,
-            d.artifact_type not in formats.BUNDLE_MEDIA_TYPES,
-        )
+def _kind(desc: Descriptor) -> str:
+    # cosign 3 lists its bundles in the fallback index under the empty config's media type (or
+    # none); kernelbake and the referrers API under the bundle's own.
+    return "bundle" if desc.artifact_type in formats.BUNDLE_MEDIA_TYPES else "untyped"
 
-    groups: dict[tuple[bool, bool], list[Descriptor]] = {}
+
+_HALF = MAX_BUNDLES // 2
+_BOUND = (
+    f"not examined: only {MAX_BUNDLES} candidate bundles are (of each listed artifactType: "
+    f"the oldest {_HALF} and the newest {_HALF})"
+)
+
+
+def _selected(entries: Sequence[Descriptor], prefer: Collection[str], tally: _Tally) -> list[Descriptor]:
+    """The candidates to fetch, in the order to try them.
+
+    Which are fetched depends on the listed artifactType and the position only, never on an
+    annotation (anyone who pushes can copy one): of each artifactType, all of them up to
+    ``MAX_BUNDLES``, else the oldest and the newest half of that. Junk of another artifactType
+    than the signature's pushes nothing out, in any number and order. kernelbake and registries
+    append to a listing (cosign 3 writes the fallback index in digest order), so junk listed
+    after the signer last wrote, in any number, pushes nothing out either. The annotations only
+    order what was selected (the caller's predicate first), so that verification is quick, not
+    what is found."""
+    kinds: dict[str, list[Descriptor]] = {}
     for d in entries:
-        groups.setdefault(rank(d), []).append(d)
+        kinds.setdefault(_kind(d), []).append(d)
     out: list[Descriptor] = []
-    for _, group in sorted(groups.items(), key=lambda item: item[0]):
+    for group in kinds.values():
+        turns: list[Descriptor] = []
         oldest, newest = 0, len(group) - 1
-        while oldest <= newest:
-            out.append(group[oldest])
+        while oldest <= newest:  # oldest, newest, second oldest, …
+            turns.append(group[oldest])
             if newest != oldest:
-                out.append(group[newest])
+                turns.append(group[newest])
             oldest, newest = oldest + 1, newest - 1
-    return out
+        out += turns[:MAX_BUNDLES]
+        for desc in turns[MAX_BUNDLES:]:
+            tally.group("bound", f"bundle {desc.digest[:19]}", _BOUND)
+
+    def hint(d: Descriptor) -> tuple[bool, bool]:
+        return d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer, _kind(d) != "bundle"
+
+    return sorted(out, key=hint)
 
 
 def _read_blob(
@@ -352,15 +376,7 @@ def _bundles(
             reason = f"its vouch by a trusted {who} does not verify for this digest (copied or forged)"
             tally.group(f"vouch {who}", f"referrer {desc.digest[:19]}", reason)
     found = _vouched(client, ref, vouched, tally)
-    ranked = _ranked(candidates, prefer)
-    for desc in ranked[MAX_BUNDLES:]:
-        tally.group(
-            "bound",
-            f"bundle {desc.digest[:19]}",
-            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred first; the oldest "
-            "and the newest in turn)",
-        )
-    others = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
+    others = (_bundle(client, ref, desc, tally) for desc in _selected(candidates, prefer, tally))
     return [*found, *(a for a in others if a is not None)]
 
 
