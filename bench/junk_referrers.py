@@ -6,8 +6,10 @@ node), verified offline from its trusted root.
 
 Kinds of junk (each listed half before, half after the real referrers):
 * ``forged-vouch``: every annotation of the real referrers, the trusted key's hint, and a vouch
-  for a junk layer with a signature that key never made; ``-fill-4MiB``: as many as the client's
-  4 MiB listing limit holds, the most signature checks junk can cause.
+  for a junk layer with a signature that key never made; ``-fill-4MiB``: as many as Debian's
+  docker-registry lets a fallback index hold (it refuses manifests over 4 MiB), the most
+  signature checks junk can cause there; the client reads listings of up to 8 MiB
+  (``kernelbake.oci.listing``), about twice the checks, on registries that take them.
 * ``copied-annotations``: real manifests copying every annotation of the real ones (their vouch
   too), with a junk bundle layer.
 * ``predicate-only``: real manifests with cosign's predicate annotation and a junk bundle (what
@@ -15,7 +17,8 @@ Kinds of junk (each listed half before, half after the real referrers):
 * ``keyless-self-issued-cert``: keyless-signed image; each junk referrer carries a keyless vouch
   with its own certificate claiming the trusted identity (issuer name copied from the real one)
   that the trusted CA never signed, its key signing a vouch for a junk layer and this image
-  (``-fill-4MiB``: as many as the listing limit holds: the most chain checks junk can cause).
+  (``-fill-4MiB``: as many as the registry's 4 MiB index holds: the most chain checks junk can
+  cause there).
 * ``keyless-predicate-only``: keyless-signed image, junk as ``predicate-only``.
 
 For each: verified or not, seconds (worst of ``--runs``), listing bytes, body bytes read,
@@ -134,10 +137,10 @@ def _self_issued_vouches(real: list[dict[str, Any]], subject: str) -> Callable[[
 
 
 def _fill_count(real: list[dict[str, Any]], annotate: Callable[[int], dict[str, str]]) -> int:
-    """How many forged entries fit in one listing under the client's manifest limit."""
+    """How many forged entries fit in one fallback index under Debian's registry's 4 MiB
+    manifest limit (the client's manifest limit is the same number)."""
     entry = {**real[0], "digest": "sha256:" + "0" * 64, "size": 1000, "annotations": annotate(0)}
-    # With spaces after separators (more than the index takes), and 64 KiB to spare: the
-    # registry's own limit on a manifest it accepts is the same 4 MiB.
+    # With spaces after separators (more than the index takes), and 64 KiB to spare.
     one = len(json.dumps(entry)) + 2
     listed = len(json.dumps({"schemaVersion": 2, "mediaType": "x", "manifests": real}))
     return (MAX_MANIFEST_BYTES - listed - (64 << 10)) // one

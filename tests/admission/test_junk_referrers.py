@@ -16,6 +16,7 @@ from kernelbake.signing import formats, intoto
 from tests.admission import documents, live
 from tests.signing.images import PushedImage
 from tests.signing.tamper import delete_blob, list_around, list_referrers, push_lookalikes, push_referrer
+from tests.support.memregistry import memory_registry
 
 pytestmark = pytest.mark.registry
 
@@ -87,3 +88,21 @@ def test_lookalikes_appended_after_signing_do_not_get_a_signed_image_denied(
     policy = live.write_policy(tmp_path / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
     rc, response, err = _review(policy, tmp_path, documents.load("pod-create", signed.tagged))
     assert rc == 0 and response["allowed"] is True, err
+
+
+def test_junk_pushed_before_signing_on_a_paged_referrers_api_does_not_deny(tmp_path: Path) -> None:
+    # The report: 150 junk referrers pushed for a digest before it was signed, on a registry
+    # with the referrers API, denied the signed pod (403): the signature was past page one.
+    # The in-memory registry pages its API as the distribution spec says (Link rel="next").
+    key, pub = live.generate_key(tmp_path / "keys", "trusted")
+    with memory_registry(referrers_api=True, page_size=20) as (registry, store):
+        signed = live.push_target(registry, "kernelbake/paged", "h100", "h100", tmp_path / "signed")
+        client = RegistryClient(Settings(docker_config=tmp_path / "docker-config"), timeout=30)
+        for i in range(150):
+            push_referrer(client, signed, b'{"sbom": %d}' % i, artifact_type=SBOM, layer_type=SBOM)
+        live.sign(signed, key)
+        policy = live.write_policy(tmp_path / "policy.yaml", [f"{registry}/kernelbake/**"], pub)
+        store.pages_served = 0
+        rc, response, err = _review(policy, tmp_path, documents.load("pod-create", signed.tagged))
+        assert rc == 0 and response["allowed"] is True, err
+        assert store.pages_served == 8

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from kernelbake.oci import RegistryClient
+from kernelbake.oci import types as mt
 from kernelbake.remote import read_cache_manifest, read_image
+from kernelbake.signing import discover, formats, intoto
 from kernelbake.signing._internal.keyless import load_trust_config
-from kernelbake.signing.errors import UntrustedSigner
+from kernelbake.signing.errors import UntrustedSigner, VerificationFailed
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, predicate_for
 from kernelbake.signing.sign import sign_image
@@ -33,6 +35,7 @@ from tests.signing.conftest import (
     mock_sigstore,
 )
 from tests.signing.images import PushedImage
+from tests.signing.tamper import list_around, list_referrers, push_lookalikes
 
 pytestmark = [pytest.mark.cosign, pytest.mark.registry]
 
@@ -318,3 +321,75 @@ def test_kernelbake_verifies_cosign2_keyless_legacy(
     verified = verify_image(image.tagged, policy, client=client)  # offline: the server is gone
     assert verified.signer == f"{SUBJECT} (issuer {ISSUER})"
     assert verified.attestation["keyDigest"] == image.key.digest
+
+
+# -- cosign 3's bundles next to junk, on a registry without the referrers API ----------------
+# cosign 3 lists its bundles in the fallback index under the empty config's artifactType, with
+# no annotations; junk may copy any of that. What is fetched depends on the listed artifactType
+# and the position only: junk of another artifactType, in any number and order, hides nothing,
+# nor does junk appended after cosign last wrote the index (cosign writes it in digest order);
+# more than MAX_BUNDLES / 2 of cosign's own shape on both sides of it do (the bound, named in
+# the failure).
+
+
+def _predicate_annotated(i: int) -> dict[str, str]:
+    return {formats.ANN_BUNDLE_PREDICATE: intoto.COSIGN_SIGN_PREDICATE, "junk": str(i)}
+
+
+def _cosign_shaped(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Listed as cosign 3 lists its own: the empty config's artifactType, no annotations.
+    return [
+        {**{k: v for k, v in e.items() if k != "annotations"}, "artifactType": mt.OCI_EMPTY} for e in entries
+    ]
+
+
+COSIGN_JUNK = {
+    # The report: 31 of these appended after cosign's two pushed both out (30 still verified).
+    "31-predicate-annotated-bundles-after": (0, 31, False),
+    "200-predicate-annotated-bundles-before-and-after": (200, 200, False),
+    "200-cosign-shaped-after": (0, 200, True),
+    # cosign sorts what it finds with its own two: all 16 are the oldest.
+    "14-cosign-shaped-before-200-after": (discover.MAX_BUNDLES // 2 - 2, 200, True),
+}
+
+
+@pytest.mark.parametrize("kind", list(COSIGN_JUNK))
+def test_no_junk_of_another_shape_or_appended_later_hides_cosign3_bundles(
+    make_image: ImageFactory,
+    client: RegistryClient,
+    cosign3: str,
+    cosign_keys: Path,
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    image = make_image()
+    flags = ["--key", str(cosign_keys / "cosign.key"), "--use-signing-config=false", "--tlog-upload=false"]
+    before_n, after_n, shaped = COSIGN_JUNK[kind]
+    shape = _cosign_shaped if shaped else list
+    if before_n:
+        list_referrers(client, image, shape(push_lookalikes(client, image, before_n, _predicate_annotated)))
+    _cosign_sign_and_attest(cosign3, [*flags, "--new-bundle-format", INSECURE], client, image, tmp_path)
+    listed = client.referrers(image.ref.with_digest(image.digest))
+    # cosign added its two as the empty config's type (and wrote the index in digest order).
+    assert len(listed) == before_n + 2
+    assert sum(d.artifact_type == mt.OCI_EMPTY for d in listed) == 2 + before_n * shaped
+    after = push_lookalikes(client, image, after_n, lambda i: _predicate_annotated(1000 + i))
+    list_referrers(client, image, shape(after), first=False)
+    verified = verify_image(image.tagged, _key_policy(cosign_keys), client=RegistryClient(client.settings))
+    assert verified.digest == image.digest and verified.attestation["keyDigest"] == image.key.digest
+
+
+def test_cosign_shaped_junk_both_before_and_after_the_signing_hides_it_and_says_the_bound(
+    make_image: ImageFactory, client: RegistryClient, cosign3: str, cosign_keys: Path, tmp_path: Path
+) -> None:
+    # Where the guarantee ends: whoever may rewrite the fallback tag lists half the bound of
+    # cosign's own shape before its two, and more after them.
+    image = make_image()
+    flags = ["--key", str(cosign_keys / "cosign.key"), "--use-signing-config=false", "--tlog-upload=false"]
+    _cosign_sign_and_attest(cosign3, [*flags, "--new-bundle-format", INSECURE], client, image, tmp_path)
+    before = _cosign_shaped(push_lookalikes(client, image, discover.MAX_BUNDLES // 2, _predicate_annotated))
+    after = _cosign_shaped(push_lookalikes(client, image, 40, lambda i: _predicate_annotated(1000 + i)))
+    list_around(client, image, before, after)
+    with pytest.raises(VerificationFailed) as failed:
+        verify_image(image.tagged, _key_policy(cosign_keys), client=RegistryClient(client.settings))
+    assert f"not examined: only {discover.MAX_BUNDLES} candidate bundles are" in str(failed.value)

@@ -6,6 +6,10 @@ manifests (GET/HEAD/PUT, by tag or digest, exact bytes), blobs (GET/HEAD, monoli
 POST+PUT upload) and, when ``referrers_api`` is on, the OCI 1.1 referrers API with
 ``OCI-Subject``. By default it has no referrers API, like Debian's docker-registry 2.8, so
 the fallback tag is what lists signatures. Integration tests keep using the real registry.
+
+With ``page_size``, the referrers API pages its listing as the distribution spec says: each
+page but the last has a ``Link: <url>; rel="next"`` header, relative unless ``link_base`` (a
+scheme and host, which may name another host) is set. Referrers are listed in push order.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ def _digest(data: bytes) -> str:
 class Store:
     """What the registry holds; tests may look inside."""
 
-    def __init__(self, *, referrers_api: bool = False) -> None:
+    def __init__(self, *, referrers_api: bool = False, page_size: int | None = None) -> None:
         self.referrers_api = referrers_api
+        self.page_size = page_size
+        self.link_base = ""
+        self.pages_served = 0
         self.manifests: dict[tuple[str, str], tuple[bytes, str]] = {}
         self.tags: dict[tuple[str, str], str] = {}
         self.blobs: dict[tuple[str, str], bytes] = {}
@@ -49,7 +56,7 @@ class Store:
 
     def referrers(self, name: str, subject: str, artifact_type: str | None) -> list[dict[str, Any]]:
         entries = []
-        for (repo, digest), (data, media_type) in sorted(self.manifests.items()):
+        for (repo, digest), (data, media_type) in self.manifests.items():
             if repo != name:
                 continue
             doc = json.loads(data)
@@ -124,12 +131,18 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             if kind == "referrers" and store.referrers_api:
                 artifact_type = (query.get("artifactType") or [None])[0]
-                index = {
-                    "schemaVersion": 2,
-                    "mediaType": OCI_INDEX,
-                    "manifests": store.referrers(name, rest, artifact_type),
-                }
-                return self._send(200, json.dumps(index).encode(), {"Content-Type": OCI_INDEX})
+                entries = store.referrers(name, rest, artifact_type)
+                headers = {"Content-Type": OCI_INDEX}
+                if store.page_size:
+                    page = int((query.get("page") or ["0"])[0])
+                    size = store.page_size
+                    if (page + 1) * size < len(entries):
+                        url = f"{store.link_base}/v2/{name}/referrers/{rest}?page={page + 1}"
+                        headers["Link"] = f'<{url}>; rel="next"'
+                    entries = entries[page * size : (page + 1) * size]
+                store.pages_served += 1
+                index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
+                return self._send(200, json.dumps(index).encode(), headers)
         return self._error(404, "NOT_FOUND")
 
     do_HEAD = do_GET
@@ -193,9 +206,11 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def memory_registry(*, referrers_api: bool = False) -> Iterator[tuple[str, Store]]:
+def memory_registry(
+    *, referrers_api: bool = False, page_size: int | None = None
+) -> Iterator[tuple[str, Store]]:
     """Yields ``(127.0.0.1:<port>, store)`` while the registry serves."""
-    server = _Server(Store(referrers_api=referrers_api))
+    server = _Server(Store(referrers_api=referrers_api, page_size=page_size))
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="memregistry", daemon=True)
     thread.start()
     try:

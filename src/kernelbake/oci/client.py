@@ -33,6 +33,7 @@ from kernelbake.oci.errors import (
     RegistryServerError,
     RegistryUnreachable,
 )
+from kernelbake.oci.listing import MAX_BYTES, MAX_PAGES, Listing, bound_text, descriptors, index_entries
 from kernelbake.oci.reference import Reference, check_digest
 from kernelbake.oci.types import (
     MANIFEST_TYPES,
@@ -76,6 +77,15 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _content_type(resp: requests.Response) -> str:
+    return resp.headers.get("Content-Type", "").split(";")[0].strip()
+
+
+def _shown_url(url: str) -> str:
+    """A URL a registry chose, cut short for one-line messages."""
+    return url if len(url) <= 80 else url[:77] + "..."
 
 
 def base_url(host: str, insecure_hosts: Collection[str] = ()) -> str:
@@ -299,6 +309,24 @@ class RegistryClient:
             resp.close()
         return b"".join(chunks)
 
+    @staticmethod
+    def _read_prefix(resp: requests.Response, limit: int, *, what: str) -> tuple[bytes, bool]:
+        """Up to ``limit`` bytes of the body, and whether there was more (then not read)."""
+        chunks, total, cut = [], 0, False
+        try:
+            for chunk in resp.iter_content(1 << 16):
+                if total + len(chunk) > limit:
+                    chunks.append(chunk[: limit - total])
+                    cut = True
+                    break
+                total += len(chunk)
+                chunks.append(chunk)
+        except requests.RequestException:
+            raise RegistryUnreachable(f"{what}: transfer broke off") from None
+        finally:
+            resp.close()
+        return b"".join(chunks), cut
+
     def ping(self, ref: Reference) -> None:
         """Raise ``RegistryUnreachable`` unless a registry answers at ``ref``'s host.
 
@@ -445,26 +473,42 @@ class RegistryClient:
     # -- referrers ----------------------------------------------------------------------
 
     def referrers(self, subject: Reference, *, artifact_type: str | None = None) -> list[Descriptor]:
-        """Manifests whose ``subject`` is ``subject.digest``, from the API or the fallback tag."""
+        """Manifests whose ``subject`` is ``subject.digest``, from the API or the fallback tag
+        (``referrer_listing``'s entries)."""
+        return list(self.referrer_listing(subject, artifact_type=artifact_type).entries)
+
+    def referrer_listing(self, subject: Reference, *, artifact_type: str | None = None) -> Listing:
+        """The referrers of ``subject.digest``, every page the API links (``rel="next"``, on the
+        same host), or the fallback tag's index, within ``listing.MAX_PAGES`` pages and
+        ``listing.MAX_BYTES`` bytes in all: past them, what was read, and ``cut`` says so."""
         digest = subject.digest
         if digest is None:
             raise RegistryProtocolError(f"referrers of {subject}: a digest is needed")
         with self._op(subject.api_host, f"referrers of {subject.name}@{digest}"):
             host = subject.api_host
-            entries: list[Descriptor] | None = None
+            found: Listing | None = None
             if self._referrers_api.get(host, True):
-                entries = self._referrers_from_api(subject, digest, artifact_type)
-                self._referrers_api[host] = entries is not None
-            if entries is None:
-                entries = self._referrers_from_tag(subject, digest)
+                found = self._referrers_from_api(subject, digest, artifact_type)
+                self._referrers_api[host] = found is not None
+            if found is None:
+                found = self._referrers_from_tag(subject, digest)
             if artifact_type:
-                entries = [e for e in entries if e.artifact_type == artifact_type]
-            return entries
+                kept = tuple(e for e in found.entries if e.artifact_type == artifact_type)
+                found = dataclasses.replace(found, entries=kept)
+            return found
+
+    def _page(
+        self, resp: requests.Response, budget: int, *, what: str
+    ) -> tuple[list[Descriptor], int, bool, int]:
+        """(entries, malformed, cut, bytes read) of one listing document, read to ``budget``."""
+        data, cut = self._read_prefix(resp, budget, what=what)
+        entries, malformed = descriptors(index_entries(data, complete=not cut, source=what), source=what)
+        return entries, malformed, cut, len(data)
 
     def _referrers_from_api(
         self, subject: Reference, digest: str, artifact_type: str | None
-    ) -> list[Descriptor] | None:
-        what = f"referrers of {subject.name}@{digest}"
+    ) -> Listing | None:
+        what = f"referrers listing of {subject.name}@{digest}"
         params = {"artifactType": artifact_type} if artifact_type else None
         # OCI 1.1 says a registry without the API answers 404; some answer 400 or 405 instead.
         resp = self._request(
@@ -477,20 +521,53 @@ class RegistryClient:
             params=params,
             stream=True,
         )
-        if resp.status_code != 200 or resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+        if resp.status_code != 200 or _content_type(resp) != OCI_INDEX:
             resp.close()
             return None
-        index = Manifest.from_bytes(self._read(resp, MAX_MANIFEST_BYTES, what=what), OCI_INDEX, source=what)
-        return index.manifests
+        entries: list[Descriptor] = []
+        malformed = read = 0
+        for page in range(1, MAX_PAGES + 1):
+            url = resp.url or ""
+            found, bad, cut, size = self._page(resp, MAX_BYTES - read, what=f"{what} (page {page})")
+            entries += found
+            malformed += bad
+            read += size
+            if cut:
+                return Listing(tuple(entries), f"{what} exceeds {bound_text()}", malformed)
+            link = resp.links.get("next", {}).get("url")
+            if not link:
+                return Listing(tuple(entries), None, malformed)
+            nxt = urljoin(url, link)
+            here, there = urlsplit(self._base(subject.api_host)), urlsplit(nxt)
+            if (there.scheme, there.netloc) != (here.scheme, here.netloc):
+                # The next page is the registry's to serve: one elsewhere could list anything.
+                raise RegistryProtocolError(
+                    f"{what}: page {page} links its next page on another host ({_shown_url(nxt)}); not followed"
+                )
+            if page == MAX_PAGES:
+                break
+            resp = self._request("GET", subject, nxt, what=what, headers={"Accept": OCI_INDEX}, stream=True)
+            if _content_type(resp) != OCI_INDEX:
+                resp.close()
+                raise RegistryProtocolError(f"{what}: page {page + 1} is not an OCI index")
+        return Listing(tuple(entries), f"{what} exceeds {bound_text()}", malformed)
 
-    def _referrers_from_tag(self, subject: Reference, digest: str) -> list[Descriptor]:
+    def _referrers_from_tag(self, subject: Reference, digest: str) -> Listing:
+        # Read here, not by get_manifest: the index may be larger than a manifest may be, and
+        # what lies whole before the byte bound is still used.
+        tag = fallback_tag(digest)
+        what = f"referrers listing of {subject.name}@{digest} (fallback tag {tag})"
         try:
-            index = self.get_manifest(subject.with_tag(fallback_tag(digest)), accept=(OCI_INDEX,))
+            resp = self._request(
+                "GET", subject, f"manifests/{tag}", what=what, headers={"Accept": OCI_INDEX}, stream=True
+            )
         except RegistryNotFound:
-            return []
-        if index.media_type != OCI_INDEX:
-            raise RegistryProtocolError(f"{index.source}: fallback tag does not hold an OCI index")
-        return index.manifests
+            return Listing(())
+        declared = _content_type(resp)
+        entries, malformed, cut, _ = self._page(resp, MAX_BYTES, what=what)
+        if declared != OCI_INDEX:
+            raise RegistryProtocolError(f"{what}: the fallback tag does not hold an OCI index")
+        return Listing(tuple(entries), f"{what} exceeds {MAX_BYTES >> 20} MiB" if cut else None, malformed)
 
     def push_referrer(self, subject: Reference, data: bytes, media_type: str) -> str:
         """Push a manifest whose ``subject`` is ``subject.digest``, and list it in the fallback
@@ -505,7 +582,7 @@ class RegistryClient:
                 return pushed.digest
             tag_ref = subject.with_tag(fallback_tag(digest))
             try:
-                current = self.get_manifest(tag_ref, accept=(OCI_INDEX,))
+                current = self.get_manifest(tag_ref, accept=(OCI_INDEX,), max_bytes=MAX_BYTES)
                 entries = [d.to_json() for d in current.manifests if d.digest != pushed.digest]
                 doc: dict[str, Any] = dict(current.doc)
             except RegistryNotFound:

@@ -16,13 +16,20 @@ policy is enough (``verify``); here, finding them:
   signed. Junk cannot forge a vouch, and copying one only names the real bundle again, so no
   number of look-alike referrers hides a bundle signed by kernelbake; one that claims a trusted
   signer's vouch that does not verify is junk and is not fetched at all;
-* the rest (cosign's bundles, which carry no vouch): those annotated with a predicate type the
-  caller looks for first, then the others; within each group the oldest and the newest in turn,
-  so that junk appended after a signing fills at most half of the places examined; at most
-  ``MAX_BUNDLES`` of them and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each
-  read with a size limit (never downloaded whole). Nothing in the listing tells such a bundle
-  from junk, so junk listed both before and after it (pushed before the signing, or by whoever
-  may rewrite the fallback tag) can still hide it: README "Faults and time bounds";
+* the rest (cosign's bundles, which carry no vouch) are chosen by listed artifactType and
+  position alone, never by annotations (which junk copies): of each artifactType, all up to
+  ``MAX_BUNDLES``, else the oldest and the newest half of that, so junk appended after a signing
+  (any amount, any type; cosign 3 rewrites the fallback index in digest order, so "after" is
+  after cosign last wrote it) never pushes a bundle out, nor does junk of another artifactType
+  whenever it was pushed; annotations only order what was chosen. At most ``MAX_BUNDLES`` of
+  each artifactType and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each read
+  with a size limit (never downloaded whole). Nothing in the listing tells such a bundle from
+  junk of its own artifactType, so more than ``MAX_BUNDLES // 2`` of those listed both before
+  and after it (pushed before the signing, or by whoever may rewrite the fallback tag) can still
+  hide it: README "Faults and time bounds";
+* the listing is read within the client's bounds (``kernelbake.oci.listing``: every page the
+  API links, at most 64 pages and 8 MiB in all); what lies past them is not examined, and the
+  note (and the failure, if nothing verified) says so, naming the bound;
 * a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
   skipped with a note, not an error.
 
@@ -51,14 +58,14 @@ if TYPE_CHECKING:
 # Bounds, so that junk costs little. kernelbake writes two bundle referrers per signing (signature
 # and attestation) and, with --legacy, one layer in each of .sig and .att: 32 referrers and 16
 # layers per tag hold many re-signings (several keys, a key rotation) of one digest. The worst junk
-# can cause is then 32 * (referrer manifest + bundle) + 32 vouched bundles (trusted signers' own)
-# + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 30 MiB, all under the
+# can cause is then 2 * 32 * (referrer manifest + bundle: 32 of each of the two listed artifactType
+# kinds) + 32 vouched bundles (trusted signers' own)
+# + 2 * (legacy manifest + 16 layers) reads of at most these sizes, about 50 MiB, all under the
 # client's deadlines; and per listed referrer that claims a trusted signer's vouch, one ECDSA
 # verification (and for a keyless vouch one certificate chain check per distinct certificate),
-# the listing itself being at most the client's 4 MiB manifest limit (a referrer carrying a key
-# vouch is ~700 bytes listed: about 5,500 of them; one with a keyless vouch ~1.4 KiB with the
-# mock Sigstore's certificates: about 3,000; bench/junk_referrers.py measures the whole verify
-# for both on a 2-core machine: 1.0 s and 0.6 s).
+# the listing itself being at most the client's 8 MiB listing bound (a referrer carrying a key
+# vouch is ~700 bytes listed: about 12,000 of them; one with a keyless vouch ~1.4 KiB with the
+# mock Sigstore's certificates: about 6,000; bench/junk_referrers.py measures the whole verify).
 MAX_BUNDLES = 32
 MAX_LEGACY_LAYERS = 16
 # Bundles measured in tests/signing: key-based 0.7-2.6 KiB, keyless (certificate chain and
@@ -121,8 +128,8 @@ class _Tally:
         else:
             self._groups[category] = dataclasses.replace(first, count=first.count + 1)
 
-    def item(self, origin: str, reason: str) -> None:
-        self._items.append(Skipped(origin, reason))
+    def item(self, origin: str, reason: str, *, count: int = 1) -> None:
+        self._items.append(Skipped(origin, reason, count))
 
     def result(self) -> tuple[Skipped, ...]:
         return (*self._items, *self._groups.values())
@@ -146,31 +153,50 @@ def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
     return None
 
 
-def _ranked(entries: Sequence[Descriptor], prefer: Collection[str]) -> list[Descriptor]:
-    # The annotation is a hint (anyone can copy it), so it only orders; verification decides.
-    # Within each group the oldest and the newest are taken in turn (oldest, newest, second
-    # oldest, …): kernelbake, cosign and registries append, so junk pushed after a signing
-    # (any amount of it) fills at most half of the examined places, and the oldest half still
-    # holds the real bundle; the newest half keeps a signature made after older junk (or after
-    # a key rotation) in view.
-    def rank(d: Descriptor) -> tuple[bool, bool]:
-        return (
-            d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer,
-            d.artifact_type not in formats.BUNDLE_MEDIA_TYPES,
-        )
+def _kind(desc: Descriptor) -> str:
+    # cosign 3 lists its bundles in the fallback index under the empty config's media type (or
+    # none); kernelbake and the referrers API under the bundle's own.
+    return "bundle" if desc.artifact_type in formats.BUNDLE_MEDIA_TYPES else "untyped"
 
-    groups: dict[tuple[bool, bool], list[Descriptor]] = {}
+
+_HALF = MAX_BUNDLES // 2
+_BOUND = (
+    f"not examined: only {MAX_BUNDLES} candidate bundles are (of each listed artifactType: "
+    f"the oldest {_HALF} and the newest {_HALF})"
+)
+
+
+def _selected(entries: Sequence[Descriptor], prefer: Collection[str], tally: _Tally) -> list[Descriptor]:
+    """The candidates to fetch, in the order to try them.
+
+    Which are fetched depends on the listed artifactType and the position only, never on an
+    annotation (anyone who pushes can copy one): of each artifactType, all of them up to
+    ``MAX_BUNDLES``, else the oldest and the newest half of that. Junk of another artifactType
+    than the signature's pushes nothing out, in any number and order. kernelbake and registries
+    append to a listing (cosign 3 writes the fallback index in digest order), so junk listed
+    after the signer last wrote, in any number, pushes nothing out either. The annotations only
+    order what was selected (the caller's predicate first), so that verification is quick, not
+    what is found."""
+    kinds: dict[str, list[Descriptor]] = {}
     for d in entries:
-        groups.setdefault(rank(d), []).append(d)
+        kinds.setdefault(_kind(d), []).append(d)
     out: list[Descriptor] = []
-    for _, group in sorted(groups.items(), key=lambda item: item[0]):
+    for group in kinds.values():
+        turns: list[Descriptor] = []
         oldest, newest = 0, len(group) - 1
-        while oldest <= newest:
-            out.append(group[oldest])
+        while oldest <= newest:  # oldest, newest, second oldest, …
+            turns.append(group[oldest])
             if newest != oldest:
-                out.append(group[newest])
+                turns.append(group[newest])
             oldest, newest = oldest + 1, newest - 1
-    return out
+        out += turns[:MAX_BUNDLES]
+        for desc in turns[MAX_BUNDLES:]:
+            tally.group("bound", f"bundle {desc.digest[:19]}", _BOUND)
+
+    def hint(d: Descriptor) -> tuple[bool, bool]:
+        return d.annotations.get(formats.ANN_BUNDLE_PREDICATE) not in prefer, _kind(d) != "bundle"
+
+    return sorted(out, key=hint)
 
 
 def _read_blob(
@@ -221,11 +247,11 @@ def _bundle(client: RegistryClient, ref: Reference, desc: Descriptor, tally: _Ta
 _MAX_VOUCH_SIGNATURE = 128
 # Distinct vouch claims checked (signature and, for keyless, certificate checks) per listing. A
 # listed entry that reaches a check is at least ~380 bytes (digest, media type, layer digest,
-# a trusted key's hint or a certificate, a signature), so the client's 4 MiB listing holds at
-# most ~11,000 of them: the cap is above that, never what stops a scan of a listing the client
-# accepts; it keeps the work bounded should the listing limit grow. Past it, a claim is not
+# a trusted key's hint or a certificate, a signature), so the client's 8 MiB listing bound holds
+# at most ~22,000 of them: the cap is above that, never what stops a scan of a listing the client
+# reads; it keeps the work bounded should the listing bound grow. Past it, a claim is not
 # checked and its referrer is an ordinary candidate.
-MAX_VOUCH_CLAIMS = 16384
+MAX_VOUCH_CLAIMS = 24576
 
 
 class _Vouches:
@@ -330,7 +356,12 @@ def _bundles(
     tally: _Tally,
 ) -> list[Artifact]:
     candidates, vouched = [], []
-    for desc in client.referrers(ref):
+    listing = client.referrer_listing(ref)
+    if listing.cut is not None:
+        tally.item("referrers", f"{listing.cut}: the entries past the bound were not examined")
+    if listing.malformed:
+        tally.item("referrers", "listed entries that are no descriptor", count=listing.malformed)
+    for desc in listing.entries:
         problem = _listing_problem(desc)
         if problem is not None:
             tally.group(problem[0], f"referrer {desc.digest[:19]}", problem[1])
@@ -345,15 +376,7 @@ def _bundles(
             reason = f"its vouch by a trusted {who} does not verify for this digest (copied or forged)"
             tally.group(f"vouch {who}", f"referrer {desc.digest[:19]}", reason)
     found = _vouched(client, ref, vouched, tally)
-    ranked = _ranked(candidates, prefer)
-    for desc in ranked[MAX_BUNDLES:]:
-        tally.group(
-            "bound",
-            f"bundle {desc.digest[:19]}",
-            f"not examined: only {MAX_BUNDLES} candidate bundles are (preferred first; the oldest "
-            "and the newest in turn)",
-        )
-    others = (_bundle(client, ref, desc, tally) for desc in ranked[:MAX_BUNDLES])
+    others = (_bundle(client, ref, desc, tally) for desc in _selected(candidates, prefer, tally))
     return [*found, *(a for a in others if a is not None)]
 
 
