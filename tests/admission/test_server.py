@@ -264,7 +264,9 @@ def test_a_large_review_is_planned_off_the_event_loop(
     monkeypatch.setattr(admitter, "review_nowait", slow_for_large)
     doc = documents.load("pod-create", TAG)
     spec = documents.pod_spec(doc)
-    spec["containers"] = [dict(spec["containers"][0], name=f"c{i}") for i in range(400)]
+    # Within the cap of governed images (bounds.MAX_GOVERNED), padded past INLINE_BODY.
+    spec["containers"] = [dict(spec["containers"][0], name=f"c{i}") for i in range(200)]
+    doc["request"]["object"]["metadata"].setdefault("annotations", {})["pad"] = "x" * 70_000
     body = json.dumps(doc).encode()
     from kernelbake.admission.server import INLINE_BODY
 

@@ -18,7 +18,8 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kernelbake.admission import gpus, trusted_paths, volumes
+from kernelbake.admission import bounds, gpus, trusted_paths, volumes
+from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
 from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
@@ -36,6 +37,7 @@ from kernelbake.admission.workloads import (
     template_metadata,
 )
 from kernelbake.contract.variants import Variant
+from kernelbake.oci.reference import REFERENCE_MAX
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
 # eviction …) cannot change images.
@@ -89,7 +91,7 @@ class Plan:
         return refs
 
 
-def plan(request: Request, policy: AdmissionPolicy) -> Plan:
+def plan(request: Request, policy: AdmissionPolicy, budget: Budget = UNBOUNDED) -> Plan:
     allow = Response(uid=request.uid, api_version=request.api_version, allowed=True)
     if request.operation not in (Operation.CREATE, Operation.UPDATE) or request.object is None:
         return Plan(request, final=allow)
@@ -131,6 +133,7 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
         problems: list[str] = []
         notes: list[str] = []
         for site in sites:
+            budget.check()
             ref = _classify(site.image, policy.images, registries)
             if ref is None:
                 continue
@@ -149,9 +152,22 @@ def plan(request: Request, policy: AdmissionPolicy) -> Plan:
                     "was verified, and the tag is dropped"
                 )
             governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
+        bounds.cap("the pod's governed images (containers and image volumes)", governed, bounds.MAX_GOVERNED)
         problems += trusted_paths.problems(spec, (g.site for g in governed))
         caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
         found_ways = tuple(ways(spec)) if governed or caches is not None else ()
+    except (OverLimit, OverBudget) as exc:
+        return Plan(
+            request,
+            final=_problems(
+                request,
+                policy,
+                [f"{request.kind} too large to review: {exc}"],
+                (),
+                Code.BAD_REQUEST,
+                always_deny=True,
+            ),
+        )
     except MalformedObject as exc:
         return Plan(
             request,
@@ -191,8 +207,17 @@ def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[s
         return {}
 
 
-@functools.lru_cache(maxsize=4096)
 def _classify(
+    image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
+) -> ImageRef | str | None:
+    # Memoised for references that can be valid: the memo keeps its keys, and a pod author's
+    # megabyte of image string (unreadable anyway) must not outlive the review.
+    if len(image) > REFERENCE_MAX:
+        return _classify_uncached(image, patterns, registries)
+    return _classify_memo(image, patterns, registries)
+
+
+def _classify_uncached(
     image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
 ) -> ImageRef | str | None:
     """The parsed reference if ``patterns`` govern it; a problem when it cannot be
@@ -224,6 +249,9 @@ def _classify(
     return None
 
 
+_classify_memo = functools.lru_cache(maxsize=4096)(_classify_uncached)
+
+
 def decide(
     plan: Plan,
     outcomes: Mapping[str, Outcome],
@@ -231,10 +259,13 @@ def decide(
     judge: gpus.Judge,
     endpoint: Endpoint,
     picker: Picker | None = None,
+    budget: Budget = UNBOUNDED,
 ) -> Response:
     if plan.final is not None:
         return plan.final
-    picker = picker or Picker(judge.catalogue, policy.gpu_match)
+    # Memoised for this review's ways: hundreds of containers naming one image are judged once.
+    judge = judge.for_review()
+    picker = (picker or Picker(judge.catalogue, policy.gpu_match)).for_review()
     problems = list(plan.problems)
     notes = list(plan.notes)
     patch: list[dict[str, Any]] = []
@@ -243,6 +274,7 @@ def decide(
         f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
     )
     for g in plan.governed:
+        budget.check()
         outcome = outcomes.get(g.target) or late
         subject = f"{g.site.where}: image {g.site.image}"
         asked = g.ref.digest
@@ -312,6 +344,7 @@ def decide(
             judge,
             mutate=endpoint is Endpoint.MUTATE,
             verified_elsewhere=True,
+            budget=budget,
         )
         problems += cached.problems
         notes += cached.notes
@@ -331,6 +364,7 @@ def variant_refs(plan: Plan, outcomes: Mapping[str, Outcome], picker: Picker) ->
     """The variants to verify next: for each governed image whose verdict is a GPU index, the
     variant its pod's placement picks (``decide`` picks the same)."""
     refs: dict[str, ImageRef] = {}
+    picker = picker.for_review()
     for g in plan.governed:
         outcome = outcomes.get(g.target)
         if isinstance(outcome, IndexAccepted):
@@ -351,16 +385,28 @@ def _problems(
     patch: Sequence[Mapping[str, Any]] = (),
     always_deny: bool = False,
 ) -> Response:
-    """Allowed (with the patch) without problems or in warn mode, else denied with all of them."""
+    """Allowed (with the patch) without problems or in warn mode, else denied with all of them,
+    one per cause, in a message of a few KiB (``bounds.message``) however many there are."""
     uid, version = request.uid, request.api_version
     if not problems:
-        return Response(uid=uid, api_version=version, allowed=True, warnings=tuple(notes), patch=tuple(patch))
-    if policy.mode is Mode.WARN and not always_deny:
-        warned = tuple(f"kernelbake (warn mode) would deny: {p}" for p in problems)
         return Response(
-            uid=uid, api_version=version, allowed=True, warnings=warned + tuple(notes), patch=tuple(patch)
+            uid=uid, api_version=version, allowed=True, warnings=bounds.warnings(notes), patch=tuple(patch)
         )
-    message = "kernelbake admission: " + "; ".join(problems)
+    if policy.mode is Mode.WARN and not always_deny:
+        warned = [f"kernelbake (warn mode) would deny: {p}" for p in problems]
+        return Response(
+            uid=uid,
+            api_version=version,
+            allowed=True,
+            warnings=bounds.warnings([*warned, *notes]),
+            patch=tuple(patch),
+        )
+    message = "kernelbake admission: " + bounds.message(problems)
     return Response(
-        uid=uid, api_version=version, allowed=False, code=code, message=message, warnings=tuple(notes)
+        uid=uid,
+        api_version=version,
+        allowed=False,
+        code=code,
+        message=message,
+        warnings=bounds.warnings(notes),
     )

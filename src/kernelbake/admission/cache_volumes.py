@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
+from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, UNBOUNDED, Budget, cap
 from kernelbake.admission.cache_checks import VerifiedArtifact, args_problems, engine_problems, env_problems
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.gpus import admitted
@@ -146,28 +147,38 @@ def plan_caches(
         else:
             container = names.index(wanted)
     volumes: list[CacheVolume] = []
+    users = _users(spec, spec_path)
     # The same reading of the volumes as the image-volume review (a bad shape raises there
     # and here alike; a reference not set yet is skipped by both).
     for volume in image_volumes(spec_path, spec):
-        name = volume.name
         ref, problem = _governed_ref(volume.image, volume.where, policy)
         if problem:
             problems.append(problem)
         if ref is None:
             continue
-        users = tuple(
-            (field, j, str(c.get("name", "")), str(c.get("image", "")))
-            for field in ("initContainers", "containers")
-            for j, c in enumerate(_list(spec, field, spec_path))
-            if isinstance(c, dict)
-            and any(isinstance(m, dict) and m.get("name") == name for m in c.get("volumeMounts") or [])
-        )
-        volumes.append(CacheVolume(volume.index, name, ref, users))
+        volumes.append(CacheVolume(volume.index, volume.name, ref, tuple(users.get(volume.name, ()))))
+    # Each is checked against every container that uses the caches (volumes times containers).
+    cap("the pod's image volumes naming governed repositories", volumes, MAX_CACHE_VOLUMES)
     if raw_index is None and not volumes and not problems:
         return None
     if raw_index is not None and not containers:
         problems.append(f"annotation {ANNOTATION_INDEX}: the pod has no container to give the caches to")
     return CachePlan(spec_path, spec, index, mode, container, tuple(volumes), tuple(problems))
+
+
+def _users(spec: Mapping[str, Any], spec_path: tuple[str, ...]) -> dict[str, list[tuple[str, int, str, str]]]:
+    """Volume name → the (init) containers that mount it, in one pass over the mounts."""
+    users: dict[str, list[tuple[str, int, str, str]]] = {}
+    for field in ("initContainers", "containers"):
+        for j, c in enumerate(_list(spec, field, spec_path)):
+            if not isinstance(c, dict):
+                continue
+            user = (field, j, str(c.get("name", "")), str(c.get("image", "")))
+            mounted = {m.get("name") for m in c.get("volumeMounts") or [] if isinstance(m, dict)}
+            for name in mounted:
+                if isinstance(name, str):
+                    users.setdefault(name, []).append(user)
+    return users
 
 
 def opt_in_of(kind: Any, obj: Any) -> tuple[Any, ...]:
@@ -303,6 +314,7 @@ def decide_caches(
     *,
     mutate: bool,
     verified_elsewhere: bool = False,
+    budget: Budget = UNBOUNDED,
 ) -> CacheDecision:
     """Problems, notes and (``mutate``) the JSONPatch for the pod's caches. ``review`` denies
     (or, in warn mode, warns) on problems exactly as for images. ``verified_elsewhere``: an
@@ -314,6 +326,7 @@ def decide_caches(
     patch: list[dict[str, Any]] = []
     spec_ptr = plan.spec_path
     containers = plan.spec.get("containers") or []
+    at_root = _at_cache_root(plan.spec)
     for volume in plan.volumes:
         subject = f'image volume "{volume.name}" ({volume.ref})'
         outcome = outcomes.get(volume.target)
@@ -329,8 +342,11 @@ def decide_caches(
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
         for field, _index, name, image in volume.mounted_by:
+            budget.check()
             problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
-        for index in _engine_containers(plan.spec, volume):
+        mounting = [j for f, j, _, _ in volume.mounted_by if f == "containers"]
+        for index in sorted({*mounting, *at_root}):
+            budget.check()
             c = containers[index]
             where = f'container "{c.get("name", index)}"'
             if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
@@ -464,15 +480,14 @@ def _kind(field: str) -> str:
     return "init container" if field == "initContainers" else "container"
 
 
-def _engine_containers(spec: Mapping[str, Any], volume: CacheVolume) -> list[int]:
-    """spec.containers that run the engine on the artifact's caches: those that mount it, and
-    those that mount anything at the cache root (the emptyDir an init container copied it to)."""
+def _at_cache_root(spec: Mapping[str, Any]) -> list[int]:
+    """spec.containers that mount anything at the cache root (the emptyDir an init container
+    copied an artifact to): with those that mount an artifact itself, the containers that run
+    the engine on its caches. One pass, shared by every volume."""
     out = []
     for j, c in enumerate(spec.get("containers") or []):
-        mounts = (
-            [m for m in c.get("volumeMounts") or [] if isinstance(m, dict)] if isinstance(c, dict) else []
-        )
-        if any(m.get("name") == volume.name or m.get("mountPath") == CACHE_ROOT for m in mounts):
+        mounts = c.get("volumeMounts") or [] if isinstance(c, dict) else []
+        if any(isinstance(m, dict) and m.get("mountPath") == CACHE_ROOT for m in mounts):
             out.append(j)
     return out
 

@@ -26,7 +26,7 @@ from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import CPU, Catalogue
-from kernelbake.contract.compat import check_fields
+from kernelbake.contract.compat import Reason, check_fields
 from kernelbake.contract.key import CacheKey
 from kernelbake.gfd import GPU_LABELS, PRODUCT, NodeGpu, node_gpu, product_for
 
@@ -88,6 +88,30 @@ class Judge:
         self._memo.put(memo_key, (key, verdict))
         return verdict
 
+    def for_review(self) -> Judge:
+        """This judge with a memo for one review: the shared memo hashes and compares the ways
+        on every call (linear in their values), which a review naming many images would pay
+        once per image; here each (key, ways) pair of the review pays it once."""
+        return _ReviewJudge(self)
+
+
+class _ReviewJudge(Judge):
+    def __init__(self, shared: Judge) -> None:
+        self.catalogue, self.match = shared.catalogue, shared.match
+        self._shared = shared
+        self._seen: dict[tuple[int, int], tuple[CacheKey, Sequence[Way], GpuVerdict]] = {}
+
+    def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+        hit = self._seen.get((id(key), id(ways)))
+        if hit is not None and hit[0] is key and hit[1] is ways:
+            return hit[2]
+        verdict = self._shared(key, ways)
+        self._seen[(id(key), id(ways))] = (key, ways, verdict)
+        return verdict
+
+    def for_review(self) -> Judge:
+        return self
+
 
 @dataclasses.dataclass(frozen=True)
 class Admitted:
@@ -115,7 +139,8 @@ def admitted(way: Way, catalogue: Catalogue) -> Admitted:
         return Admitted(way, gpu_reqs, False, False, ())
     product_ins = [r for r in gpu_reqs if r.key == PRODUCT and r.operator is Operator.IN]
     if product_ins:
-        allowed = [p for p in product_ins[0].values if all(p in r.values for r in product_ins[1:])]
+        # Sets: the lists are the pod author's, and intersecting them pairwise is quadratic.
+        allowed = [p for p in product_ins[0].values if all(p in r.value_set for r in product_ins[1:])]
         candidates = [node_gpu(p, catalogue) for p in dict.fromkeys(allowed)]
     else:
         # -SHARED variants carry the same labels, so one product per device decides.
@@ -149,10 +174,15 @@ def _judge_way(
         problems.append(f"{way.source} admits only GPUs kernelbake's catalogue does not know ({pins})")
     mismatched: dict[str, list[str]] = {}
     tolerated: dict[str, list[str]] = {}
+    # Many products (-SHARED, MIG slices, repeats) share a device: compare each device once.
+    compared: dict[tuple[str, str], tuple[Reason, ...]] = {}
     for n in admitted_gpus:
         if n.device is None or n.arch is None:
             continue
-        for reason in check_fields(key, {"device": n.device, "arch": n.arch}).blocking:
+        platform = (n.device, n.arch)
+        if platform not in compared:
+            compared[platform] = check_fields(key, {"device": n.device, "arch": n.arch}).blocking
+        for reason in compared[platform]:
             if reason.field == "device" and (match is GpuMatch.ARCH or open_ended):
                 # Arch mode tolerates it; an open-ended way was already reported above.
                 tolerated.setdefault(str(reason), []).append(n.product)

@@ -14,6 +14,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from kernelbake.admission.bounds import MAX_EXPRESSIONS, MAX_NODE_SELECTOR, MAX_TERMS, MAX_VALUES, cap
 from kernelbake.admission.workloads import MalformedObject
 
 
@@ -31,6 +32,12 @@ class Requirement:
     key: str
     operator: Operator
     values: tuple[str, ...] = ()
+    # ``values`` as a set, for membership in time independent of the list's length (a pod
+    # author's In list of thousands, checked against every GPU product).
+    value_set: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value_set", frozenset(self.values))
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Kubernetes' node selector requirement semantics for one node's labels."""
@@ -38,9 +45,9 @@ class Requirement:
         value = labels.get(self.key, "")
         match self.operator:
             case Operator.IN:
-                return present and value in self.values
+                return present and value in self.value_set
             case Operator.NOT_IN:
-                return not present or value not in self.values
+                return not present or value not in self.value_set
             case Operator.EXISTS:
                 return present
             case Operator.DOES_NOT_EXIST:
@@ -99,6 +106,7 @@ def _node_selector(value: Any) -> tuple[Requirement, ...]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise MalformedObject("nodeSelector must map label names to strings")
+    cap("nodeSelector", list(value), MAX_NODE_SELECTOR)
     return tuple(Requirement(k, Operator.IN, (v,)) for k, v in value.items())
 
 
@@ -122,6 +130,7 @@ def _required_terms(affinity: Any) -> list[Mapping[str, Any]] | None:
         raise MalformedObject(
             "requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms must be a list of objects"
         )
+    cap("requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms", terms, MAX_TERMS)
     return terms
 
 
@@ -130,6 +139,7 @@ def _expressions(value: Any, where: str) -> tuple[Requirement, ...]:
         return ()
     if not isinstance(value, list):
         raise MalformedObject(f"{where} must be a list")
+    cap(where, value, MAX_EXPRESSIONS)
     out = []
     for i, item in enumerate(value):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
@@ -144,5 +154,6 @@ def _expressions(value: Any, where: str) -> tuple[Requirement, ...]:
         values = item.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise MalformedObject(f"{where}[{i}].values must be a list of strings")
+        cap(f"{where}[{i}].values", values, MAX_VALUES)
         out.append(Requirement(item["key"], operator, tuple(values)))
     return tuple(out)

@@ -12,6 +12,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from kernelbake.admission.admit import Endpoint, Plan, decide, plan, variant_refs
+from kernelbake.admission.bounds import REVIEW_CPU_SECONDS, Budget, OverBudget
 from kernelbake.admission.cache_volumes import next_cache_refs
 from kernelbake.admission.gateway import Gateway, Outcome
 from kernelbake.admission.gpus import Judge
@@ -32,8 +33,11 @@ class Admitter:
         catalogue: Catalogue | None = None,
         *,
         max_waiting: int = 512,
+        review_cpu_seconds: float = REVIEW_CPU_SECONDS,
     ) -> None:
         self.policy = policy
+        # Each review's CPU budget (``bounds.Budget``): past it, the review is denied.
+        self.review_cpu_seconds = review_cpu_seconds
         self.gateway = gateway
         self.judge = Judge(catalogue or load_catalogue(), policy.gpu_match)
         self.picker = Picker(self.judge.catalogue, policy.gpu_match)
@@ -51,7 +55,8 @@ class Admitter:
             return _internal(doc).to_document()
 
     def _review(self, doc: Any, endpoint: Endpoint, started: float) -> dict[str, Any]:
-        first = self._plan(doc)
+        budget = Budget(self.review_cpu_seconds)
+        first = self._plan(doc, budget)
         if isinstance(first, Response):
             return self._answer(first, None)
         outcomes, futures = self._lookup(first.refs)
@@ -67,7 +72,7 @@ class Admitter:
             if last:
                 break
             futures = self._next(first, outcomes, asked)
-        return self._decide(first, outcomes, endpoint)
+        return self._decide(first, outcomes, endpoint, budget)
 
     def review_nowait(
         self, doc: Any, endpoint: Endpoint, *, started: float
@@ -77,8 +82,9 @@ class Admitter:
         coroutine must be awaited: until it ends, the review counts as waiting for its
         verifications."""
         futures: dict[str, concurrent.futures.Future[Outcome]] = {}
+        budget = Budget(self.review_cpu_seconds)
         try:
-            first = self._plan(doc)
+            first = self._plan(doc, budget)
             if isinstance(first, Response):
                 return self._answer(first, None)
             outcomes, futures = self._lookup(first.refs)
@@ -86,12 +92,12 @@ class Admitter:
             if not futures:
                 futures = self._next(first, outcomes, asked)
             if not futures:
-                return self._decide(first, outcomes, endpoint)
+                return self._decide(first, outcomes, endpoint, budget)
         except Exception:
             log.exception("a review failed")
             self.gateway.done_waiting(futures.values())
             return _internal(doc).to_document()
-        return self._wait(doc, first, outcomes, futures, asked, endpoint, started)
+        return self._wait(doc, first, outcomes, futures, asked, endpoint, started, budget)
 
     async def _wait(
         self,
@@ -102,7 +108,10 @@ class Admitter:
         asked: set[str],
         endpoint: Endpoint,
         started: float,
+        budget: Budget,
     ) -> dict[str, Any]:
+        # What runs after the wait (the next round's picks, the decision) runs on a thread: it
+        # is as long as the pod spec, and the event loop serves /healthz and every other review.
         # ``futures`` holds what this review still waits for: each one is given back to the
         # gateway exactly once (when its round ends, else in the last ``finally``), so that a
         # verification shared with other reviews is dropped only when none waits for it.
@@ -126,10 +135,10 @@ class Admitter:
                     outcomes.update(_done(held))
                     if last:
                         break
-                    futures = self._next(first, outcomes, asked)
+                    futures = await asyncio.to_thread(self._next, first, outcomes, asked)
             finally:
                 self._slots.release()
-            return self._decide(first, outcomes, endpoint)
+            return await asyncio.to_thread(self._decide, first, outcomes, endpoint, budget)
         except Exception:
             log.exception("a review failed")
             return _internal(doc).to_document()
@@ -174,18 +183,24 @@ class Admitter:
             raise
         return outcomes, futures
 
-    def _plan(self, doc: Any) -> Plan | Response:
+    def _plan(self, doc: Any, budget: Budget) -> Plan | Response:
         try:
-            return plan(parse_review(doc), self.policy)
+            with budget:
+                return plan(parse_review(doc), self.policy, budget)
         except MalformedReview as exc:
             return Response.malformed(exc)
         except Exception:
             log.exception("planning a review failed")
             return _internal(doc)
 
-    def _decide(self, first: Plan, outcomes: Mapping[str, Outcome], endpoint: Endpoint) -> dict[str, Any]:
+    def _decide(
+        self, first: Plan, outcomes: Mapping[str, Outcome], endpoint: Endpoint, budget: Budget
+    ) -> dict[str, Any]:
         try:
-            response = decide(first, outcomes, self.policy, self.judge, endpoint, self.picker)
+            with budget:
+                response = decide(first, outcomes, self.policy, self.judge, endpoint, self.picker, budget)
+        except OverBudget as exc:
+            response = _refused(first, Code.BAD_REQUEST, f"kernelbake admission: {exc}")
         except Exception:
             log.exception("deciding a review failed")
             response = _refused(

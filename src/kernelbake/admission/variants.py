@@ -20,7 +20,7 @@ from kernelbake.admission.scheduling import Way
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import Catalogue
 from kernelbake.contract.artifact import ArtifactKind
-from kernelbake.contract.compat import Tier, rank_variants
+from kernelbake.contract.compat import Candidate, Tier, rank_variants
 from kernelbake.contract.variants import Variant, of_kind
 from kernelbake.gfd import PRODUCT, product_for
 
@@ -64,6 +64,8 @@ def pick(
         return Pick(None, ("its required node affinity has no term that matches any node",), pin_hint)
     problems: list[str] = []
     chosen: dict[int, list[str]] = {}  # variant → the products that pick it
+    # Products that share a device rank the variants alike: rank once per device.
+    ranked_for: dict[tuple[str, str], list[Candidate]] = {}
     for way in ways:
         found = admitted(way, catalogue)
         if not found.pins_gpu:
@@ -77,13 +79,18 @@ def pick(
             continue
         if not found.gpus:
             problems.append(f"{way.source} admits no GPU product kernelbake's catalogue knows")
+        unknown = [gpu.product for gpu in found.gpus if gpu.device is None or gpu.arch is None]
+        if unknown:
+            problems.append(
+                f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue"
+            )
         for gpu in found.gpus:
             if gpu.device is None or gpu.arch is None:
-                problems.append(
-                    f"{way.source} admits {gpu.product}, not a GPU product in kernelbake's catalogue"
-                )
                 continue
-            ranked = rank_variants(keys, {"device": gpu.device, "arch": gpu.arch})
+            platform = (gpu.device, gpu.arch)
+            if platform not in ranked_for:
+                ranked_for[platform] = rank_variants(keys, {"device": gpu.device, "arch": gpu.arch})
+            ranked = ranked_for[platform]
             best = ranked[0]
             if best.tier not in fits:
                 reasons = "; ".join(f"{variants[c.index].key.device}: {c.summary()}" for c in ranked)
@@ -129,6 +136,28 @@ class Picker:
         # Holding the variants keeps their id from being reused while the entry lives.
         self._memo.put(memo_key, (variants, result))
         return result
+
+    def for_review(self) -> Picker:
+        """This picker with a memo for one review (as ``gpus.Judge.for_review``)."""
+        return _ReviewPicker(self)
+
+
+class _ReviewPicker(Picker):
+    def __init__(self, shared: Picker) -> None:
+        self.catalogue, self.match = shared.catalogue, shared.match
+        self._shared = shared
+        self._seen: dict[tuple[int, int], tuple[Sequence[Variant], Sequence[Way], Pick]] = {}
+
+    def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
+        hit = self._seen.get((id(variants), id(ways)))
+        if hit is not None and hit[0] is variants and hit[1] is ways:
+            return hit[2]
+        result = self._shared(variants, ways)
+        self._seen[(id(variants), id(ways))] = (variants, ways, result)
+        return result
+
+    def for_review(self) -> Picker:
+        return self
 
 
 def _list(items: Sequence[str]) -> str:
