@@ -12,6 +12,7 @@ from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME, CacheKind
 from kernelbake.contract.platform import Platform, Software
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.engines import CompileResult
+from kernelbake.runtime.shm import ShmNeed
 
 
 def platform_for(key: CacheKey, **changes: str) -> Platform:
@@ -60,6 +61,14 @@ class FakeEngine:
 
     def launch_env(self) -> dict[str, str]:
         return {}
+
+    # What the fake says it needs in /dev/shm (tests of serve's shared-memory check set it).
+    shm: ShmNeed | None = None
+
+    def shm_need(
+        self, target: TargetConfig, user_args: Sequence[str], environ: Mapping[str, str]
+    ) -> ShmNeed | None:
+        return self.shm
 
     def serve_watcher(self, cache_root: Path) -> None:
         return None

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.contract.target import TargetConfig
 from kernelbake.runner import run
+from kernelbake.runtime import shm
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.gate import GATE_CLOSED_EXIT, Gate
 
 if TYPE_CHECKING:
-    from kernelbake.contract.target import TargetConfig
     from kernelbake.runtime.engines import EngineRuntime
     from kernelbake.runtime.preflight import Speculation, Verdict
     from kernelbake.runtime.redact import Redactor
@@ -36,6 +37,10 @@ def serve(env: RuntimeEnv, user_args: list[str]) -> int:
 
     redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
+    target = TargetConfig.load(env.target_file)
+    # Before anything is hashed or started: a /dev/shm too small for the engine is a start
+    # that dies tens of seconds in, whatever the caches say.
+    shm.require(get_engine(target.key.engine).shm_need(target, user_args, env.environ))
     guess = speculate(env)
     if guess is not None:
         engine = get_engine(guess.target.key.engine)

@@ -18,6 +18,7 @@ from kernelbake.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
     from kernelbake.runtime.prediction import Prediction
+    from kernelbake.runtime.shm import ShmNeed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,6 +59,13 @@ class EngineRuntime(Protocol):
         """Whether the engine, started with ``environ``, waits at the cache gate
         (``runtime.gate``) before it opens any cache; ``serve`` then starts it while the
         caches are still being hashed, else only once they are verified."""
+        ...
+
+    def shm_need(
+        self, target: TargetConfig, user_args: Sequence[str], environ: Mapping[str, str]
+    ) -> ShmNeed | None:
+        """How much ``/dev/shm`` serving with ``user_args`` and ``environ`` needs, asked of
+        the installed engine without starting it (``serve`` checks it first); ``None``: none."""
         ...
 
     def predict(

@@ -86,6 +86,10 @@ class TorchEngine:
         # first torch.compile'd call (the first time Inductor opens its cache).
         return True
 
+    def shm_need(self, target: TargetConfig, user_args: Sequence[str], environ: Mapping[str, str]) -> None:
+        # torch_serve is one process: nothing of it goes through /dev/shm.
+        return None
+
     def predict(
         self, target: TargetConfig, user_args: Sequence[str], env: Mapping[str, str]
     ) -> Prediction | None:

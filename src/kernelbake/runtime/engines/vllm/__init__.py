@@ -21,8 +21,10 @@ from kernelbake.runtime import probe
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import args as vargs
 from kernelbake.runtime.engines.vllm import compat_layer, evidence, ranks
+from kernelbake.runtime.engines.vllm import shm as vshm
 from kernelbake.runtime.engines.vllm.plugin import BAKED_MANIFEST_ENV, WEIGHTS_ENV, WeightsMode
 from kernelbake.runtime.prediction import Prediction
+from kernelbake.runtime.shm import ShmNeed
 
 CPU_DEVICE = "cpu"
 CPU_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -240,6 +242,17 @@ class VllmEngine:
 
     def holds_at_gate(self, environ: Mapping[str, str]) -> bool:
         return plugin_will_run(environ)
+
+    def shm_need(
+        self, target: TargetConfig, user_args: Sequence[str], environ: Mapping[str, str]
+    ) -> ShmNeed | None:
+        return vshm.shm_need(
+            target.serve,
+            user_args,
+            environ,
+            cpu_build=compat_layer.installed_is_cpu_build(),
+            root=vshm.vllm_root(),
+        )
 
     def launch_env(self) -> dict[str, str]:
         return dict(LAUNCH_ENV)
