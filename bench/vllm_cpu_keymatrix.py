@@ -186,6 +186,8 @@ def run_check(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
         "kernelbake",
         "check",
         "--json",
+        # The engine's own output on stderr, into this case's check.log (not a file in the container).
+        "-v",
     ]
     try:
         res = subprocess.run([*argv, *case["args"]], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)

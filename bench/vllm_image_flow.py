@@ -438,7 +438,8 @@ class Server:
 
 
 def _check(entrypoint: list[str], env: dict[str, str], extra: list[str], logs: Path, name: str) -> Any:
-    argv = [*entrypoint[:-1], "check", "--json", *extra]
+    # -v: the engine's own output on stderr, into this run's log.
+    argv = [*entrypoint[:-1], "check", "--json", "-v", *extra]
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True)
     wall = round(time.monotonic() - t0, 2)

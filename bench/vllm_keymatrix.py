@@ -230,6 +230,8 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
             "kernelbake",
             "check",
             "--json",
+            # The engine's own output on stderr, into this case's check.log.
+            "-v",
             "--unsafe-size-only",
             *extra,
             *BASE_ARGS,

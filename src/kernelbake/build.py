@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -37,7 +37,7 @@ from kernelbake.contract.key import key_from_labels
 from kernelbake.contract.layout import CACHE_ROOT, MANIFEST
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KernelbakeError, RegistryError
 from kernelbake.plan import BuildTarget
-from kernelbake.progress import Progress
+from kernelbake.progress import Progress, PushTally
 from kernelbake.render import BuildMode, Rendered, device_for, engine_env, render, write_context
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
@@ -131,11 +131,20 @@ class Docker:
         self.context = context
 
     def __call__(
-        self, *args: str, log: Path | None = None, capture: bool = False, env: Mapping[str, str] | None = None
+        self,
+        *args: str,
+        log: Path | None = None,
+        capture: bool = False,
+        env: Mapping[str, str] | None = None,
+        on_line: Callable[[str], None] | None = None,
     ) -> Result:
         prefix = ["--context", self.context] if self.context else []
         return self.runner(
-            [self.settings.docker, *prefix, *args], env={**self.env, **(env or {})}, log=log, capture=capture
+            [self.settings.docker, *prefix, *args],
+            env={**self.env, **(env or {})},
+            log=log,
+            capture=capture,
+            on_line=on_line,
         )
 
     def on(self, context: str) -> Docker:
@@ -461,7 +470,11 @@ class Driver:
     ) -> str:
         log = layout.logs / ("push.log" if ref == target.ref else "push-cache-artifact.log")
         progress.stage(target.name, "push", str(log))
-        if lane.docker("push", ref, log=log).returncode != 0:
+        # Its per-layer lines count the layers up, for the line a quiet push gets.
+        if (
+            lane.docker("push", ref, log=log, on_line=progress.watch(target.name, PushTally())).returncode
+            != 0
+        ):
             raise RegistryError(f"{target.name}: push of {ref} failed; log: {log}")
         return lane.docker.repo_digest(ref, target.repository)
 

@@ -252,7 +252,9 @@ def test_an_engine_failing_to_predict_is_a_verdict_and_exit_6(
     capsys.readouterr()
     assert main(["check", "--enforce-eager"]) == KeyMismatch.return_code
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("baked caches valid (exact match)") and out[-1] == reason
+    why = reason.removeprefix("no prediction: ")
+    assert out[0] == f"UNKNOWN: no verdict from the engine ({why}); not a hit (exit 6)"
+    assert out[-1] == f"  {reason}" and not [ln for ln in out if "valid" in ln]
     assert main(["check", "--json"]) == KeyMismatch.return_code
     doc = json.loads(capsys.readouterr().out)
     # No prediction is its own level (docs/vllm.md), never a hit: check exits 6 for it.

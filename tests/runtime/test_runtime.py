@@ -558,9 +558,11 @@ def test_check_reports_the_verification_and_refuses_a_flipped_byte(
     )
     assert main(["check", "--unsafe-size-only"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "2 files, sizes only (UNSAFE) checked in" in out[0]
-    assert out[1].startswith(
-        "WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only"
+    assert out[0] == "HIT: nothing compiles at start (exit 0)"
+    (details,) = [ln for ln in out if ln.startswith("  baked caches in use: ")]
+    assert "2 files, sizes only (UNSAFE) checked in" in details
+    assert out[out.index(details) + 1].startswith(
+        "  WARNING: UNSAFE: KERNELBAKE_VERIFY=unsafe-size-only compares cache file sizes only"
     )
 
 

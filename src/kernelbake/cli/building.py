@@ -11,8 +11,6 @@ from kernelbake import bake
 from kernelbake._wheel import build_wheel
 from kernelbake.build import BuildOptions, Driver, Publish
 from kernelbake.cli.planning import add_spec_args
-from kernelbake.contract.artifact import ArtifactKind, artifact_facts, kind_of
-from kernelbake.labels import check_labels
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode, render, write_context
 from kernelbake.settings import Settings
@@ -21,8 +19,7 @@ from kernelbake.spec import load_spec
 # kernelbake.remote needs requests (host only); ``inspect`` imports it when it runs, so that
 # this module loads inside images too.
 if TYPE_CHECKING:
-    from kernelbake.fleet import FleetIndex
-    from kernelbake.remote import RemoteImage
+    from kernelbake.inspection import IndexListing
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
@@ -87,44 +84,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(image: RemoteImage) -> dict[str, Any]:
-    checked = check_labels(image.labels)
-    key = checked.key
-    artifact = None
-    if kind_of(image.labels) is ArtifactKind.CACHE:
-        artifact = artifact_facts(image.labels, source=str(image.ref))
-    artifact_labels = artifact.labels() if artifact is not None else {}
-    doc: dict[str, Any] = {
-        "ref": str(image.ref),
-        "digest": image.digest,
-        "pullable": f"{image.ref.registry}/{image.ref.repository}@{image.digest}",
-        "key": str(key),
-        "key_digest": key.digest,
-        # From the key's device, never from a label: a relabelled image cannot change it.
-        "gpu": checked.gpu.name if checked.gpu is not None else None,
-        "labels": dict(sorted(checked.derived.items())),
-        "labels_consistent": checked.consistent,
-        "label_problems": list(checked.problems),
-        # Not derived from the key: nothing checks them; shown apart, never as part of the key.
-        "unattested_labels": {k: v for k, v in checked.unattested.items() if k not in artifact_labels},
-        # A cache artifact's engine image, manifest digest and engine command: attested.
-        "artifact": artifact.to_json() if artifact is not None else None,
-        "layers": len(image.layers),
-        "cache_manifest": None,
-    }
-    m = image.cache_manifest
-    if m is not None:
-        doc["cache_manifest"] = {
-            "digest": image.cache_manifest_digest,
-            "layer": image.layers[-1],
-            "key_matches_labels": m.key == key,
-            "files": len(m.files),
-            "kinds": m.totals(),
-            "builder": dict(m.compile_report).get("builder"),
-        }
-    return doc
-
-
 def _print_summary(doc: dict[str, Any]) -> None:
     print(f"image:      {doc['ref']}")
     print(f"pullable:   {doc['pullable']}")
@@ -151,24 +110,13 @@ def _print_summary(doc: dict[str, Any]) -> None:
             print(f"  {name}={value}")
 
 
-def _print_index(args: argparse.Namespace, index: FleetIndex) -> None:
+def _print_index(args: argparse.Namespace, listing: IndexListing) -> None:
     """A model's GPU-variant index: the table of its variants."""
-    rows = [
-        {
-            "device": v.key.device,
-            "arch": v.key.arch,
-            "engine": f"{v.key.engine.value} {v.key.engine_version}",
-            "key_digest": v.key.digest,
-            "digest": v.digest,
-            "kind": v.kind.value,
-            "platform": "/".join(filter(None, (v.os, v.architecture, v.platform().get("variant")))),
-        }
-        for v in index.variants
-    ]
     if args.json:
-        print(json.dumps({"reference": args.ref, "index": index.ref.pinned(), "variants": rows}, indent=2))
+        print(json.dumps(listing.to_json(), indent=2))
         return
-    print(f"index:      {index.ref.pinned()} ({len(rows)} variants; kernelbake resolve picks one)")
+    rows = listing.rows()
+    print(f"index:      {listing.index.ref.pinned()} ({len(rows)} variants; kernelbake resolve picks one)")
     columns = ("kind", "device", "arch", "engine", "key_digest", "digest")
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.replace("_", " ").ljust(widths[c]) for c in columns).rstrip())
@@ -178,6 +126,7 @@ def _print_index(args: argparse.Namespace, index: FleetIndex) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from kernelbake.fleet import read_top
+    from kernelbake.inspection import IndexListing, Inspection
     from kernelbake.oci import RegistryClient, parse_reference
     from kernelbake.remote import inspect_remote, registry_reachable
 
@@ -186,10 +135,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         # One read of the reference: what is shown is what the tag named at that read.
         top, index = read_top(args.ref, client=client)
     if index is not None:
-        _print_index(args, index)
+        _print_index(args, IndexListing(args.ref, index))
         return 0
-    doc = _summary(inspect_remote(args.ref, client=client, top=top))
-    consistent = doc["labels_consistent"] and (doc["cache_manifest"] or {}).get("key_matches_labels", False)
+    inspection = Inspection(inspect_remote(args.ref, client=client, top=top))
+    doc = inspection.to_json()
+    consistent = inspection.consistent
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kernelbake.errors import KeyMismatch
 from kernelbake.runtime.env import RuntimeEnv
+
+if TYPE_CHECKING:
+    from kernelbake.runtime.checking import CheckResult
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -33,29 +37,86 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.engines import get_engine
+    from kernelbake.runtime.checking import default_log, run_check
     from kernelbake.runtime.env import VerifyMode
-    from kernelbake.runtime.preflight import ask_engine, preflight
     from kernelbake.runtime.redact import Redactor
 
     env = RuntimeEnv.from_env()
     if args.unsafe_size_only:
         env = dataclasses.replace(env, verify=VerifyMode.UNSAFE_SIZE_ONLY)
     user_args = list(args.engine_args)
-    verdict = preflight(env, user_args)
-    if verdict.warm:
-        # The engine's own verdict, computed by its code with the environment serve gives it.
-        verdict = ask_engine(get_engine(verdict.target.key.engine), verdict, user_args)
-        asked = verdict.prediction
-        if args.identity_out and asked is not None and asked.identity is not None:
-            args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
-    redact = Redactor.for_run(verdict.env, user_args)
+    log = None if args.verbose else (args.log or default_log(env))
+
+    def say(text: str) -> None:
+        print(f"kernelbake check: {text}", file=sys.stderr, flush=True)
+
+    result = run_check(env, user_args, log=log, say=say)
+    asked = result.verdict.prediction
+    if args.identity_out and asked is not None and asked.identity is not None:
+        args.identity_out.write_text(json.dumps(asked.identity, indent=1, sort_keys=True) + "\n")
+    redact = Redactor.for_run(result.verdict.env, user_args)
     if args.json:
-        print(redact(json.dumps(verdict.to_json(), indent=2)))
+        print(redact(json.dumps(result.to_json(), indent=2)))
     else:
-        for line in verdict.lines():
+        for line in _check_lines(result):
             print(redact(line))
-    return 0 if verdict.predicted_hit else KeyMismatch.return_code
+    return result.exit_code
+
+
+def _check_lines(result: CheckResult) -> list[str]:
+    """The verdict first (the word, this machine, what differs, what was asked), then the
+    details: the key and the files, the warnings, the prediction per cache kind."""
+    from kernelbake.runtime.checking import Outcome
+
+    v = result.verdict
+    outcome = result.outcome
+    if not v.warm:
+        what = "starting COLD; the baked caches are not used"
+    elif outcome is Outcome.HIT:
+        what = "nothing compiles at start" + (
+            "; the model is traced again" if v.predicted == "retrace" else ""
+        )
+    elif outcome is Outcome.NO_COMPILE:
+        what = "compilation is off for this start: nothing compiles, and the compile caches are not read"
+    elif outcome is Outcome.MISS:
+        what = "kernels compile at start" + (
+            " (a cache is switched off)" if v.predicted == "bypassed" else ""
+        )
+    else:
+        note = v.prediction.note if v.prediction is not None else ""
+        what = f"no verdict from the engine{f' ({note})' if note else ''}; not a hit"
+    found = v.platform.fields()
+    engine = v.target.key.engine.value
+    software = [f"{engine} {found['engine_version']}"] if engine != "torch" else []
+    software += [f"{name} {found[name]}" for name in ("torch", "triton", "flashinfer", "python")]
+    lines = [
+        f"{outcome.value}: {what} (exit {result.exit_code})",
+        f"this machine: {found['device']} ({found['arch']}), driver {found['driver']}, CUDA {found['cuda']}; "
+        + ", ".join(software),
+    ]
+    if differs := result.differs:
+        lines.append("differs (baked → this start):" if v.warm else "why:")
+        lines += [f"  - {d}" for d in differs]
+    if result.asked is None:
+        lines.append("the engine was not asked (the start is cold)")
+    else:
+        a = result.asked
+        said = f"its output: {a.log}" if a.log is not None else "its output is above"
+        answer = "" if a.answered else "; it gave no verdict of its own, so the image key decides"
+        lines.append(f"asked {a.engine} in this process ({a.seconds:.1f} s){answer}; {said}")
+    if result.log is not None and result.asked is None:
+        lines.append(f"the engine's output while probing this machine: {result.log}")
+    lines.append("details:")
+    if v.warm:
+        lines.append(
+            f"  baked caches in use: key {v.target.key.digest} ({v.match.summary()} with this machine); "
+            f"{v.integrity}; engine caches at {v.cache_root}"
+        )
+    else:
+        lines.append(f"  key {v.target.key.digest}; a fresh cache directory for this start: {v.cache_root}")
+    lines += [f"  WARNING: {n}" for n in v.notes]
+    lines += [f"  {line}" for line in (v.prediction.lines() if v.prediction else [])]
+    return lines
 
 
 def cmd_engine_command(args: argparse.Namespace) -> int:
@@ -108,9 +169,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         help="(inside the image) preflight only: would serve start warm?",
-        usage="kernelbake check [--json] [--unsafe-size-only] [--identity-out FILE] [SERVE ARGS...]",
+        usage="kernelbake check [--json] [-v | --log FILE] [--unsafe-size-only] [--identity-out FILE] "
+        "[SERVE ARGS...]",
     )
     p.add_argument("--json", action="store_true")
+    output = p.add_mutually_exclusive_group()
+    output.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the engine's own output (its log lines and warnings) on stderr",
+    )
+    output.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="append the engine's output to FILE (default: a new kernelbake-check-*.log in the scratch directory)",
+    )
     p.add_argument(
         "--unsafe-size-only",
         action="store_true",

@@ -14,7 +14,7 @@ from kernelbake.settings import Settings
 # that need them: the same CLI runs inside images, which have none of them.
 if TYPE_CHECKING:
     from kernelbake.fleet import FleetIndex
-    from kernelbake.oci import Manifest, RegistryClient
+    from kernelbake.oci import RegistryClient
     from kernelbake.signing.policy import VerifyPolicy
     from kernelbake.signing.signer import Signer
 
@@ -113,29 +113,18 @@ def _policy(args: argparse.Namespace) -> VerifyPolicy:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from kernelbake.signing.index import read_subject
     from kernelbake.signing.verify import verify_image
 
     settings = Settings.from_env()
     policy = _policy(args)
     client = _client(args, settings)
-    top, index = _variant_index(args.image, client)
+    top, index = read_subject(args.image, client)
     if index is not None:
         return _verify_index(args, index, policy, client)
     result = verify_image(args.image, policy, client=client, top=top)
     if args.json:
-        doc = {
-            "verified": True,
-            "reference": result.reference,
-            "repository": result.repository,
-            "digest": result.digest,
-            "key": str(result.key),
-            "key_digest": result.key.digest,
-            "cache_manifest_digest": result.manifest_digest,
-            "signer": result.signer,
-            "attestation": dict(result.attestation),
-            "skipped": [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in result.skipped],
-        }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
     else:
         print(
             f"verified {result.pinned()}: signed by {result.signer}; key {result.key.digest}; "
@@ -148,25 +137,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _variant_index(reference: str, client: RegistryClient) -> tuple[Manifest, FleetIndex | None]:
-    """What ``reference`` names and the GPU-variant index that is, or None for anything else
-    (verify_image then says what is wrong with it)."""
-    from kernelbake.contract.variants import InvalidIndex
-    from kernelbake.fleet import read_top
-    from kernelbake.oci import InvalidReference
-    from kernelbake.signing.errors import InvalidImageReference, LabelMismatch
-    from kernelbake.signing.verify import _registry_errors
-
-    try:
-        with _registry_errors(reference, missing_is_image=True):
-            return read_top(reference, client=client)
-    except InvalidReference as exc:
-        raise InvalidImageReference(str(exc)) from None
-    except InvalidIndex as exc:
-        # Annotations that disagree with the key they carry: edited after publishing.
-        raise LabelMismatch(str(exc)) from None
-
-
 def _verify_index(
     args: argparse.Namespace, index: FleetIndex, policy: VerifyPolicy, client: RegistryClient
 ) -> int:
@@ -176,34 +146,7 @@ def _verify_index(
     ref = parse_reference(args.image)
     done = verify_index(index, policy, client, tag=ref.tag if ref.digest else None)
     if args.json:
-        sig = done.signature
-        doc = {
-            "verified": done.ok,
-            "reference": args.image,
-            "index": {
-                "digest": index.ref.digest,
-                "verified": sig is not None,
-                "signer": sig.signer if sig else None,
-                "error": str(done.signature_failure) if done.signature_failure else None,
-                "skipped": [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in sig.skipped]
-                if sig
-                else [],
-            },
-            "variants": [
-                {
-                    "device": r.variant.key.device,
-                    "arch": r.variant.key.arch,
-                    "digest": r.variant.digest,
-                    "key_digest": r.variant.key.digest,
-                    "verified": r.failure is None,
-                    "signer": r.verified.signer if r.verified else None,
-                    "cache_manifest_digest": r.verified.manifest_digest if r.verified else None,
-                    "error": str(r.failure) if r.failure else None,
-                }
-                for r in done.variants
-            ],
-        }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(done.to_json(args.image), indent=2))
     else:
         if done.signature is not None:
             print(f"verified index {done.signature.pinned()}: signed by {done.signature.signer}")

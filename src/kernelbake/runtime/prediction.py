@@ -464,10 +464,11 @@ def predict(
     return Prediction(Source.ENGINE, tuple(verdicts), note, identity=now)
 
 
-def unavailable(kinds: Iterable[str], reason: str) -> Prediction:
+def unavailable(kinds: Iterable[str], reason: str, *, why: str = "the engine did not answer") -> Prediction:
     """The engine failed while predicting: every baked kind ``UNKNOWN``, so not a hit (the
-    reason says why, e.g. ``KeyError: 'vllm_c'`` from vLLM's own hash function)."""
-    verdicts = tuple(KindVerdict(k, Outcome.UNKNOWN, (), "the engine did not answer") for k in kinds)
+    reason says why, e.g. ``KeyError: 'vllm_c'`` from vLLM's own hash function; ``why``, the
+    note on each kind, e.g. that it rejected the arguments)."""
+    verdicts = tuple(KindVerdict(k, Outcome.UNKNOWN, (), why) for k in kinds)
     return Prediction(Source.NONE, verdicts, reason)
 
 

@@ -21,7 +21,7 @@ import dataclasses
 import enum
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -567,20 +567,33 @@ def seed(env: RuntimeEnv, dest: Path) -> Seeded:
     return Seeded(root, copied, skipped)
 
 
-def ask_engine(engine: EngineRuntime, verdict: Verdict, user_args: Sequence[str]) -> Verdict:
+def ask_engine(
+    engine: EngineRuntime,
+    verdict: Verdict,
+    user_args: Sequence[str],
+    *,
+    last_said: Callable[[], str | None] = lambda: None,
+) -> Verdict:
     """``kernelbake check``: the verdict with the engine's own prediction, computed by its code
     with the environment ``serve`` gives it. Whatever the engine raises while predicting (vLLM's
     own hash functions on an engine configuration they do not expect, its parser exiting on an
-    argument) becomes ``no prediction: <reason>``, which is not a hit: check then exits 6."""
+    argument) becomes ``no prediction: <reason>``, which is not a hit: check then exits 6.
+    ``last_said``: what the engine last wrote (``engine_output.Heard.rejection``), which is how
+    an argument parser that exits says which argument it rejected."""
     if not verdict.warm:
         return verdict
     try:
         asked = engine.predict(verdict.target, user_args, verdict.env)
     except (Exception, SystemExit) as exc:
+        why = "the engine did not answer"
         if isinstance(exc, SystemExit):
+            said = last_said() if exc.code not in (0, None) else None
             reason = f"the engine's argument parser exited ({exc.code})"
+            if said:
+                why = "the engine rejected the serve arguments"
+                reason = f"{why}: {said}"
         else:
             reason = f"{type(exc).__name__}: {exc}"
         kinds = sorted({k.kind for k in verdict.prediction.kinds}) if verdict.prediction else []
-        asked = unavailable(kinds or [k.value for k in engine.declaration.cache_kinds], reason)
+        asked = unavailable(kinds or [k.value for k in engine.declaration.cache_kinds], reason, why=why)
     return verdict if asked is None else dataclasses.replace(verdict, prediction=asked)

@@ -11,8 +11,18 @@ the registry answered. A registry that answers with content that does not match 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from kernelbake.errors import BadInput, KernelbakeError
-from kernelbake.oci.errors import RegistryNotFound, RegistryUnavailable
+from kernelbake.oci.errors import (
+    RegistryDenied,
+    RegistryNotFound,
+    RegistryProtocolError,
+    RegistryServerError,
+    RegistryUnavailable,
+    RegistryUnreachable,
+)
 
 
 def _one_line(text: str) -> str:
@@ -162,3 +172,25 @@ class SigningServiceError(SigningFailed):
     """Fulcio or Rekor refused the request or could not be reached."""
 
     return_code = 34
+
+
+@contextlib.contextmanager
+def registry_errors(where: str, *, missing_is_image: bool) -> Iterator[None]:
+    """The registry's trouble while reading ``where`` as the verification failure it is:
+    unavailable (timeout, server error, denied) or misbehaving; a missing manifest is
+    ``ImageNotFound`` when it is the image asked for (``missing_is_image``), else the registry
+    listing content it does not serve."""
+    try:
+        yield
+    except RegistryNotFound as exc:
+        if missing_is_image:
+            raise ImageNotFound(f"{where}: image not found ({exc})") from None
+        raise RegistryMisbehaved(f"{where}: registry lists content it does not serve ({exc})") from None
+    except RegistryUnreachable as exc:
+        raise RegistryTimeout(f"{where}: registry unavailable: {exc}") from None
+    except RegistryServerError as exc:
+        raise RegistryServerFailure(f"{where}: registry unavailable: {exc}") from None
+    except RegistryDenied as exc:
+        raise RegistryAccessDenied(f"{where}: registry unavailable: {exc}") from None
+    except RegistryProtocolError as exc:
+        raise RegistryMisbehaved(f"{where}: {exc}") from None

@@ -10,16 +10,23 @@ Every part is checked, so the report says all that is wrong; the first failure d
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from kernelbake.contract.variants import Variant
-from kernelbake.fleet import FleetIndex
-from kernelbake.oci import Reference, RegistryClient
-from kernelbake.signing.errors import LabelMismatch, TagMoved, VerificationFailed
+from kernelbake.contract.variants import InvalidIndex, Variant
+from kernelbake.fleet import FleetIndex, read_top
+from kernelbake.oci import InvalidReference, Manifest, Reference, RegistryClient
+from kernelbake.signing.errors import (
+    InvalidImageReference,
+    LabelMismatch,
+    TagMoved,
+    VerificationFailed,
+    registry_errors,
+)
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.verify import (
     VerifiedImage,
     VerifiedSignature,
-    _registry_errors,
+    skipped_json,
     verify_image,
     verify_signature,
 )
@@ -50,6 +57,48 @@ class IndexVerification:
     def ok(self) -> bool:
         return not self.failures
 
+    def to_json(self, reference: str) -> dict[str, Any]:
+        """``kernelbake verify --json`` of an index named ``reference``: every part, failed or not."""
+        sig = self.signature
+        return {
+            "verified": self.ok,
+            "reference": reference,
+            "index": {
+                "digest": self.index.ref.digest,
+                "verified": sig is not None,
+                "signer": sig.signer if sig else None,
+                "error": str(self.signature_failure) if self.signature_failure else None,
+                "skipped": skipped_json(sig.skipped) if sig else [],
+            },
+            "variants": [
+                {
+                    "device": r.variant.key.device,
+                    "arch": r.variant.key.arch,
+                    "digest": r.variant.digest,
+                    "key_digest": r.variant.key.digest,
+                    "verified": r.failure is None,
+                    "signer": r.verified.signer if r.verified else None,
+                    "cache_manifest_digest": r.verified.manifest_digest if r.verified else None,
+                    "error": str(r.failure) if r.failure else None,
+                }
+                for r in self.variants
+            ],
+        }
+
+
+def read_subject(reference: str, client: RegistryClient) -> tuple[Manifest, FleetIndex | None]:
+    """What ``reference`` names (one read) and the GPU-variant index that is, or None for
+    anything else (``verify_image`` then says what is wrong with it); the registry's trouble
+    and a bad reference or index as the verification failures they are."""
+    try:
+        with registry_errors(reference, missing_is_image=True):
+            return read_top(reference, client=client)
+    except InvalidReference as exc:
+        raise InvalidImageReference(str(exc)) from None
+    except InvalidIndex as exc:
+        # Annotations that disagree with the key they carry: edited after publishing.
+        raise LabelMismatch(str(exc)) from None
+
 
 def verify_index(
     index: FleetIndex, policy: VerifyPolicy, client: RegistryClient, *, tag: str | None = None
@@ -61,7 +110,7 @@ def verify_index(
     signature_failure: VerificationFailed | None = None
     try:
         if tag is not None:
-            with _registry_errors(where, missing_is_image=True):
+            with registry_errors(where, missing_is_image=True):
                 moved_to = client.resolve(Reference(index.ref.registry, index.ref.repository, tag=tag))
             if moved_to != index.ref.digest:
                 raise TagMoved(f"{where}: tag {tag!r} now points to {moved_to}, not the pinned digest")

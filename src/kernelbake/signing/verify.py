@@ -15,9 +15,8 @@ In order, failing closed at the first problem:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.contract.artifact import (
@@ -36,11 +35,6 @@ from kernelbake.oci import (
     Manifest,
     Reference,
     RegistryClient,
-    RegistryDenied,
-    RegistryNotFound,
-    RegistryProtocolError,
-    RegistryServerError,
-    RegistryUnreachable,
     parse_reference,
 )
 from kernelbake.oci.types import sha256_digest
@@ -49,22 +43,18 @@ from kernelbake.signing import intoto
 from kernelbake.signing.discover import Artifact, Found, Kind, Skipped, describe_skipped, find_artifacts
 from kernelbake.signing.errors import (
     CacheManifestMismatch,
-    ImageNotFound,
     InvalidImageReference,
     InvalidSignature,
     LabelMismatch,
     MalformedSignature,
     MissingAttestation,
     NotKernelbakeImage,
-    RegistryAccessDenied,
-    RegistryMisbehaved,
-    RegistryServerFailure,
-    RegistryTimeout,
     SubjectMismatch,
     TagMoved,
     Unsigned,
     UntrustedSigner,
     VerificationFailed,
+    registry_errors,
 )
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import BASE_NAME_LABEL, PREDICATE_TYPE, BadPredicate, KernelCachePredicate
@@ -81,6 +71,7 @@ __all__ = [
     "VerifiedImage",
     "VerifiedSignature",
     "existing_signatures",
+    "skipped_json",
     "verify_image",
     "verify_signature",
 ]
@@ -108,23 +99,20 @@ class VerifiedImage:
         """One line, ``skipped N attached artifacts: …``, or None when nothing was passed over."""
         return describe_skipped(self.skipped) if self.skipped else None
 
-
-@contextlib.contextmanager
-def _registry_errors(where: str, *, missing_is_image: bool) -> Iterator[None]:
-    try:
-        yield
-    except RegistryNotFound as exc:
-        if missing_is_image:
-            raise ImageNotFound(f"{where}: image not found ({exc})") from None
-        raise RegistryMisbehaved(f"{where}: registry lists content it does not serve ({exc})") from None
-    except RegistryUnreachable as exc:
-        raise RegistryTimeout(f"{where}: registry unavailable: {exc}") from None
-    except RegistryServerError as exc:
-        raise RegistryServerFailure(f"{where}: registry unavailable: {exc}") from None
-    except RegistryDenied as exc:
-        raise RegistryAccessDenied(f"{where}: registry unavailable: {exc}") from None
-    except RegistryProtocolError as exc:
-        raise RegistryMisbehaved(f"{where}: {exc}") from None
+    def to_json(self) -> dict[str, Any]:
+        """``kernelbake verify --json``: only ever made for a verified image."""
+        return {
+            "verified": True,
+            "reference": self.reference,
+            "repository": self.repository,
+            "digest": self.digest,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "cache_manifest_digest": self.manifest_digest,
+            "signer": self.signer,
+            "attestation": dict(self.attestation),
+            "skipped": skipped_json(self.skipped),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +282,7 @@ def _cache_manifest(
     """(last layer digest, cache manifest bytes), after checking it was built for ``key`` (and,
     for a cache artifact, that it is the manifest its label names)."""
     artifact = _artifact(where, facts)
-    with _registry_errors(where, missing_is_image=False):
+    with registry_errors(where, missing_is_image=False):
         try:
             layer, data = read_cache_manifest(client, facts)
         except ImageLayoutError as exc:
@@ -330,7 +318,7 @@ def _check_cache_manifest(where: str, predicate: KernelCachePredicate, layer_dig
 
 def _resolve(client: RegistryClient, ref: Reference, given: Manifest | None) -> tuple[Reference, ImageFacts]:
     where = str(ref)
-    with _registry_errors(where, missing_is_image=True):
+    with registry_errors(where, missing_is_image=True):
         if ref.tag and ref.digest:
             moved_to = client.resolve(Reference(ref.registry, ref.repository, tag=ref.tag))
             if moved_to != ref.digest:
@@ -393,6 +381,10 @@ class VerifiedSignature:
         return describe_skipped(self.skipped) if self.skipped else None
 
 
+def skipped_json(skipped: Sequence[Skipped]) -> list[dict[str, Any]]:
+    return [{"origin": s.origin, "reason": s.reason, "count": s.count} for s in skipped]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Signed:
     signature: _Claim
@@ -407,7 +399,7 @@ def _signed(client: RegistryClient, pinned: Reference, policy: VerifyPolicy) -> 
     assert pinned.digest is not None
     digest = pinned.digest
     where = f"{pinned.name}@{digest}"
-    with _registry_errors(where, missing_is_image=False):
+    with registry_errors(where, missing_is_image=False):
         found, outcomes = _found(client, pinned, policy)
     claims = [o.claim for o in outcomes if o.claim is not None]
     # Everything passed over, the artifacts that did not verify first (the most telling).
