@@ -80,7 +80,8 @@ lint: deps
 test: deps test-deps signing-deps cpu-base lint
 	$(VENV)/bin/pytest
 
-# What only the tests use (podman, the kubelet of the image-volume and init-container tests).
+# What only the tests use (podman and catatonit: the kubelet of the image-volume, init-container
+# and cluster-walkthrough tests).
 test-deps: deps
 	@scripts/deps.sh test
 

@@ -6,6 +6,7 @@ the API server would send. Only the ``image:`` fields change (to the image this 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import http.client
 import json
 import uuid
@@ -16,12 +17,16 @@ from typing import Any
 import pytest
 import yaml
 
+from kernelbake.contract.layout import MANIFEST
+from kernelbake.oci import RegistryClient
+from kernelbake.oci.types import sha256_digest
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.admission import documents, live
 from tests.admission.conftest import client_tls
+from tests.admission.test_cache_volumes import facts_of
 from tests.conftest import REPO
-from tests.signing.images import PushedImage
+from tests.signing.images import PushedImage, push_image, tiny_llama_target
 
 pytestmark = pytest.mark.registry
 
@@ -153,3 +158,110 @@ def test_without_its_node_selector_the_manifest_is_denied_with_what_to_add(
     assert response["allowed"] is False
     assert response["status"]["code"] == 403
     assert "add nodeSelector nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3" in response["status"]["message"]
+
+
+# --- deploy/stock-vllm: the unchanged engine image with kernelbake's caches ---------------------
+
+STOCK = REPO / "deploy" / "stock-vllm"
+
+
+@dataclasses.dataclass
+class Stock:
+    artifact: PushedImage  # tiny-llama's cache artifact, labelled as image-volume.yaml was written from
+    image: PushedImage  # tiny-llama's full image of the same key (init-container.yaml's seed)
+    pub: Path
+
+
+def stock_manifest(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((STOCK / name).read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def stock(registry: str, tmp_path_factory: pytest.TempPathFactory) -> Stock:
+    tmp = tmp_path_factory.mktemp("stock-vllm")
+    key, pub = live.generate_key(tmp / "keys", "builder")
+    client = RegistryClient(timeout=30)
+    target = tiny_llama_target()
+    # The facts image-volume.yaml spells out (engine image, command, variables), on an artifact
+    # whose manifest digest is the real one (push once to learn it: it depends on files and key).
+    facts, _, _ = facts_of(stock_manifest("image-volume.yaml"))
+    probe = push_image(
+        client, f"{registry}/kb/probe:x", tmp / "probe", root_dir="", manifest_path=MANIFEST, target=target
+    )
+    facts = dataclasses.replace(facts, manifest_digest=sha256_digest(probe.cache_manifest))
+    artifact = push_image(
+        client,
+        f"{registry}/kb/tiny-llama:v1-cache",
+        tmp / "artifact",
+        root_dir="",
+        manifest_path=MANIFEST,
+        labels={**dict(target.labels), **facts.labels()},
+        target=target,
+    )
+    image = push_image(client, f"{registry}/kb/tiny-llama:v1", tmp / "image", target=target)
+    live.sign(artifact, key)
+    live.sign(image, key)
+    return Stock(artifact, image, pub)
+
+
+@pytest.fixture(scope="module")
+def stock_webhook(
+    registry: str, certs: Path, stock: Stock, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Webhook]:
+    policy = live.write_policy(
+        tmp_path_factory.mktemp("stock-policy") / "policy.yaml", [f"{registry}/kb/**"], stock.pub
+    )
+    with live.serving(policy, certs) as served:
+        yield Webhook(served, certs)
+        assert served.process.poll() is None, served.log
+
+
+def _env(obj: dict[str, Any], name: str, value: str) -> None:
+    for c in obj["spec"]["template"]["spec"]["containers"]:
+        for e in c.get("env", []):
+            if e["name"] == name:
+                e["value"] = value
+
+
+def test_the_image_volume_recipe_is_admitted_with_its_artifact_pinned(
+    stock_webhook: Webhook, stock: Stock
+) -> None:
+    # Substituted: the artifact's reference (this registry, by tag) and the manifest digest the
+    # artifact really has; the engine image, command and variables are the file's own.
+    obj = stock_manifest("image-volume.yaml")
+    (volume,) = [v for v in obj["spec"]["template"]["spec"]["volumes"] if "image" in v]
+    volume["image"]["reference"] = stock.artifact.tagged
+    _env(obj, "KERNELBAKE_MANIFEST_DIGEST", sha256_digest(stock.artifact.cache_manifest))
+    doc = review(obj)
+    response = stock_webhook.post("/mutate", doc)
+    assert response["allowed"] is True, response
+    patched = documents.apply_patch(doc, response)
+    (pinned,) = [v for v in patched["spec"]["template"]["spec"]["volumes"] if "image" in v]
+    assert pinned["image"]["reference"] == stock.artifact.pinned
+    doc["request"]["object"] = patched
+    assert stock_webhook.post("/validate", doc)["allowed"] is True
+    # The same pod on another engine image than the caches were compiled in is denied.
+    other = copy.deepcopy(patched)
+    for c in containers(other):
+        c["image"] = c["image"].split("@")[0] + "@sha256:" + "9" * 64
+    denied = stock_webhook.post("/validate", review(other))
+    assert denied["allowed"] is False and "run that image pinned by digest" in denied["status"]["message"]
+
+
+def test_the_init_container_recipe_is_admitted_with_its_seed_image_pinned(
+    stock_webhook: Webhook, stock: Stock
+) -> None:
+    # Substituted: the seeding init container's image (the model's full kernelbake image).
+    obj = stock_manifest("init-container.yaml")
+    (seed,) = obj["spec"]["template"]["spec"]["initContainers"]
+    seed["image"] = stock.image.tagged
+    doc = review(obj)
+    response = stock_webhook.post("/mutate", doc)
+    assert response["allowed"] is True, response
+    patched = documents.apply_patch(doc, response)
+    assert patched["spec"]["template"]["spec"]["initContainers"][0]["image"] == stock.image.pinned
+    # Unsigned, it is denied.
+    unsigned = copy.deepcopy(obj)
+    unsigned["spec"]["template"]["spec"]["initContainers"][0]["image"] = stock.artifact.ref.name + ":nope"
+    assert stock_webhook.post("/mutate", review(unsigned))["allowed"] is False
