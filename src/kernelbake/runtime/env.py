@@ -71,8 +71,8 @@ VARIABLES = (
     ),
     Variable(
         "KERNELBAKE_SCRATCH",
-        "writable folder for cold-start caches and, when the cache root is not writable, a copy of the caches",
-        "$TMPDIR, or /tmp",
+        "writable folder for cold-start caches and, when the cache root is not writable, a copy of the caches (`/tmp` when `TMPDIR` is unset too)",
+        "$TMPDIR",
     ),
     Variable("TMPDIR", "the scratch folder when `KERNELBAKE_SCRATCH` is unset", "/tmp"),
     Variable(
@@ -87,8 +87,8 @@ VARIABLES = (
     Variable("KERNELBAKE_TARGET", "the image's `target.json` (key, model, serve arguments)", TARGET_FILE),
     Variable(
         "HF_TOKEN",
-        "hub token for `fetch-model` (in the build: the BuildKit secret `hf_token`)",
-        "/run/secrets/hf_token",
+        "hub token for `fetch-model`; when unset, the BuildKit secret `hf_token` is read from "
+        f"`{HF_TOKEN_SECRET}` (the build passes `HF_TOKEN` that way)",
     ),
     Variable(
         "KERNELBAKE_BUILDER", "free-form identity of the build host, recorded in the manifest's builder entry"
