@@ -22,7 +22,7 @@ policy is enough (``verify``); here, finding them:
   ``MAX_BUNDLES`` of them and ``MAX_LEGACY_LAYERS`` layers of each legacy tag are fetched, each
   read with a size limit (never downloaded whole). Nothing in the listing tells such a bundle
   from junk, so junk listed both before and after it (pushed before the signing, or by whoever
-  may rewrite the fallback tag) can still hide it: README "Faults and time bounds";
+  may rewrite the fallback tag) can still hide it: docs/guarantees.md "Faults and time bounds";
 * a candidate that cannot be read (listed but gone, over the limit, not what its digest names) is
   skipped with a note, not an error.
 
