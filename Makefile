@@ -30,7 +30,7 @@ SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint bench clean distclean
+.PHONY: image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
 
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
 	@$(MAKE) --no-print-directory build-image
@@ -80,9 +80,15 @@ lint: deps
 test: deps test-deps signing-deps cpu-base lint
 	$(VENV)/bin/pytest
 
-# What only the tests use (podman, the kubelet of the image-volume and init-container tests).
+# What only the tests use (podman and catatonit: the kubelet of the image-volume, init-container
+# and cluster-walkthrough tests).
 test-deps: deps
 	@scripts/deps.sh test
+
+# docs/reference/cli.md from the argument parsers, exit codes and variable tables (tests/test_docs.py
+# fails when it is stale).
+docs: venv
+	PYTHONPATH=src $(VENV)/bin/python -m kernelbake.cli._reference --write
 
 # The markers name what a test needs; tests/conftest.py fails collection when a test uses such
 # a fixture without its marker, so this selection never reaches for Docker or a registry.

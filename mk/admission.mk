@@ -18,7 +18,7 @@ ADMISSION_DIR ?= build/admission
 ADMISSION_CERTS ?= $(ADMISSION_DIR)/certs
 POLICY ?=
 REQUEST ?=
-need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (see the README's Admission section)))
+need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (see docs/admission.md)))
 
 ADMISSION_IMAGE ?=
 # The last image `make image` built (the top-level Makefile sets it too).

@@ -101,12 +101,14 @@ download_wheels() {
 
 # Only the tests use podman: it stands in for the kubelet where a pod spec mounts an image
 # volume or runs an init container (tests/support/podman.py). Debian 12's 4.3 mounts images.
+# catatonit is the pause process `podman kube play` builds its pod's infra image from (no
+# image is pulled), for the cluster walkthrough's manifests (docs/cluster.md).
 install_test_tools() {
-  command -v podman >/dev/null && return
-  need_root "apt-get install podman"
-  say "apt-get install podman (the tests' kubelet for image volumes and init containers)"
+  command -v podman >/dev/null && command -v catatonit >/dev/null && return
+  need_root "apt-get install podman catatonit"
+  say "apt-get install podman catatonit (the tests' kubelet for pod specs)"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null
 }
 
 if [ "${1:-}" = venv ]; then

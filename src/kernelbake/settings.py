@@ -8,6 +8,49 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from kernelbake.contract.envvars import DeclaredEnv, Variable
+
+# Every variable ``Settings.from_env`` reads (it can read no other: ``DeclaredEnv``); the CLI
+# reference, docs/reference/cli.md, is generated from this table.
+VARIABLES = (
+    Variable(
+        "KERNELBAKE_REGISTRY",
+        "repository prefix images go to when no `--push`/`--registry` is given",
+        "127.0.0.1:5000/kernelbake",
+    ),
+    Variable("KERNELBAKE_DOCKER", "the docker command kernelbake runs", "docker"),
+    Variable(
+        "KERNELBAKE_BUILD_DIR", "where `render` and `build` write contexts, bake files and logs", "build"
+    ),
+    Variable(
+        "DOCKER_CONFIG",
+        "folder holding the registry credentials (`config.json`), as docker reads it",
+        "$HOME/.docker",
+    ),
+    Variable("HOME", "home folder, for the default `DOCKER_CONFIG`"),
+    Variable(
+        "KERNELBAKE_INSECURE_REGISTRIES",
+        "comma-separated registries spoken to over plain HTTP besides loopback (docker's `--insecure-registry`)",
+    ),
+    Variable("KERNELBAKE_SIGNING_KEY", "private key file for `sign` (key-based signing)"),
+    Variable("KERNELBAKE_SIGNING_KEY_PASSWORD", "password of that key", "$COSIGN_PASSWORD"),
+    Variable(
+        "COSIGN_PASSWORD",
+        "the key password as cosign users export it; used when `KERNELBAKE_SIGNING_KEY_PASSWORD` is unset",
+    ),
+    Variable("KERNELBAKE_OIDC_TOKEN", "OIDC identity token for keyless signing", "$SIGSTORE_ID_TOKEN"),
+    Variable(
+        "SIGSTORE_ID_TOKEN",
+        "the identity token as sigstore-python and CI set it; used when `KERNELBAKE_OIDC_TOKEN` is unset",
+    ),
+    Variable("KERNELBAKE_OIDC_TOKEN_FILE", "file holding the OIDC identity token (read at signing time)"),
+    Variable(
+        "KERNELBAKE_TRUST_CONFIG",
+        "Sigstore client trust config for keyless signing: a path, `sigstore-public-good` or `sigstore-staging`",
+        "sigstore-public-good",
+    ),
+)
+
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -37,7 +80,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = dict(os.environ if environ is None else environ)
+        env = DeclaredEnv(os.environ if environ is None else environ, VARIABLES)
         home = Path(env["HOME"]) if env.get("HOME") else Path.home()
         key = env.get("KERNELBAKE_SIGNING_KEY")
         token_file = env.get("KERNELBAKE_OIDC_TOKEN_FILE")
@@ -54,5 +97,5 @@ class Settings:
             oidc_token=env.get("KERNELBAKE_OIDC_TOKEN") or env.get("SIGSTORE_ID_TOKEN") or None,
             oidc_token_file=Path(token_file) if token_file else None,
             trust_config=env.get("KERNELBAKE_TRUST_CONFIG", cls.trust_config),
-            environ=env,
+            environ=dict(env),
         )

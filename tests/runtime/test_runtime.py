@@ -420,10 +420,15 @@ def test_seed_copies_the_bundle(tmp_path: Path, target: TargetConfig) -> None:
     assert (done.files, done.skipped, done.root) == (2, (), root)
     assert (tmp_path / "seed" / "manifest.json").read_bytes() == (root / "manifest.json").read_bytes()
     assert (tmp_path / "seed" / "inductor" / "g1" / "graph.bin").read_bytes() == b"\x01" * 101
-    # The seeded copy is what a serving container then mounts at the cache root: warm.
+    # The seeded copy is what a serving container then mounts at the cache root: warm, and in
+    # place. Every kind directory of the image's cache root is there, those of kinds that
+    # compiled nothing (triton here) included: serve keeps the caches in place only when it can
+    # write into each, and otherwise copies them to scratch (deploy/examples/serve.yaml).
+    assert (root / "triton").is_dir() and (tmp_path / "seed" / "triton").is_dir()
     seeded = dataclasses.replace(target, cache_root=str(tmp_path / "seed"))
     (tmp_path / "target.json").write_text(seeded.to_json())
-    assert pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key))).warm
+    verdict = pf.preflight(_env(tmp_path), engine=FakeEngine(platform_for(target.key)))
+    assert verdict.warm and verdict.cache_root == tmp_path / "seed", verdict.notes
 
 
 def test_seed_keeps_each_files_mtime(tmp_path: Path, target: TargetConfig) -> None:
@@ -476,6 +481,8 @@ def test_seed_follows_no_symlink_copies_no_stranger_and_counts_what_it_copied(
         "inductor/g1",
         "inductor/g1/graph.bin",
         "manifest.json",
+        # The kind's directory, empty: its symlink is left behind.
+        "triton",
     ]
     # A listed file that became a symlink (to a file of the same bytes, even) is not followed.
     graph = root / "inductor" / "g0" / "graph.bin"

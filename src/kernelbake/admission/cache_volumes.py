@@ -22,8 +22,8 @@ decide), so that review wires them in beside the images:
 ``admit.plan`` calls ``plan_caches``, ``service`` asks the gateway for ``next_cache_refs`` beside
 the GPU indexes' variants, and ``admit.decide`` merges ``decide_caches``; nothing here does I/O.
 
-What no one checks on this path is stated in the README's table ("Caches for a stock vLLM
-image"): without kernelbake in the image nothing hashes the mounted files at start, and the
+What no one checks on this path is stated in docs/guarantees.md's table ("Caches for a stock
+vLLM image"): without kernelbake in the image nothing hashes the mounted files at start, and the
 engine's own cache check is the only runtime one.
 """
 

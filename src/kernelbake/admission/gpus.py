@@ -6,7 +6,7 @@ time-slicing or MPS), ``nvidia.com/gpu.family`` and ``nvidia.com/gpu.compute.maj
 For each way the pod can schedule we enumerate the GPU nodes that could satisfy it from the
 catalogue and compare each with the baked key through ``compat`` (reasons, not bools).
 
-Decisions, documented in the README (the label reading itself is ``kernelbake.gfd``):
+Decisions, documented in docs/admission.md ("GPU matching") (the label reading itself is ``kernelbake.gfd``):
 - ``-SHARED`` products are the same device: a time-sliced H100 runs H100 kernels.
 - MIG products (``NVIDIA-H100-80GB-HBM3-MIG-1g.10gb``) have the parent's arch, but CUDA reports
   the slice as its own device (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``), and that name is in vLLM's

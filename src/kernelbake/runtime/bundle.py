@@ -165,8 +165,13 @@ def copy_bundle(root: Path, manifest: Manifest, data: bytes, dest: Path) -> int:
         # A log is appended to, never loaded: copied when it is a plain file, else left out.
         with contextlib.suppress(OSError):
             _copy_one(root, log, dest)
-    for kind in {f.kind for f in manifest.files}:
-        kind_dir(dest, kind).mkdir(exist_ok=True)
+    # Every kind directory the root has, those of kinds that compiled nothing included: the
+    # preflight keeps caches in place only where it can write into each kind's directory, so
+    # a copy without them (an emptyDir that seed-cache filled) would be copied again to scratch.
+    for kind in CacheKind:
+        source = kind_dir(root, kind)
+        if kind in {f.kind for f in manifest.files} or (source.is_dir() and not source.is_symlink()):
+            kind_dir(dest, kind).mkdir(parents=True, exist_ok=True)
     tmp = dest / f".{MANIFEST}.tmp"
     tmp.unlink(missing_ok=True)
     tmp.write_bytes(data)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
+from kernelbake.contract.envvars import DeclaredEnv, Variable
 from kernelbake.contract.layout import (
     PINNED_MANIFEST,
     PINNED_MANIFEST_NAME,
@@ -59,6 +60,63 @@ GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
 # only add a requirement: where the image pins a manifest, both must agree. The name is the
 # contract's: admission and the stock-vLLM recipes set it (``contract.artifact``).
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+# Every variable ``RuntimeEnv.from_env`` reads (it can read no other: ``DeclaredEnv``); the CLI
+# reference, docs/reference/cli.md, is generated from this table.
+VARIABLES = (
+    Variable(
+        "KERNELBAKE_CACHE",
+        "`off`: start cold on purpose (benchmarks, debugging); the baked caches are not touched",
+        "on",
+    ),
+    Variable(
+        "KERNELBAKE_VERIFY",
+        "`unsafe-size-only`: compare cache file sizes only, not their sha256 (warns at every start; a same-size change is loaded)",
+        "sha256",
+    ),
+    Variable(
+        "KERNELBAKE_SCRATCH",
+        "writable folder for cold-start caches and, when the cache root is not writable, a copy of the caches (`/tmp` when `TMPDIR` is unset too)",
+        "$TMPDIR",
+    ),
+    Variable("TMPDIR", "the scratch folder when `KERNELBAKE_SCRATCH` is unset", "/tmp"),
+    Variable(
+        MANIFEST_DIGEST_ENV,
+        "`sha256:…` the cache manifest must have, besides the image's pinned copy (caches that arrive by volume into an image without one)",
+    ),
+    Variable(
+        "KERNELBAKE_STATUS",
+        "where `serve` writes its JSON status (preflight, prediction, evidence)",
+        "$KERNELBAKE_SCRATCH/kernelbake-status.json",
+    ),
+    Variable(
+        RETIRED_TARGET_ENV,
+        f"no longer read: `serve`, `check` and `seed-cache` exit 2 unless it names `{TARGET_FILE}`, the one place the image's `target.json` is read from",
+    ),
+    Variable(
+        UNSAFE_TARGET_ENV,
+        "tests and benchmarks outside an image only: read `target.json` and `pinned-manifest.json` from the folder of the `target.json` it names, with none of the mount and owner checks; every verdict warns `UNSAFE:` and admission denies pods that set it",
+    ),
+    Variable(
+        "HF_TOKEN",
+        "hub token for `fetch-model`; when unset, the BuildKit secret `hf_token` is read from "
+        f"`{HF_TOKEN_SECRET}` (the build passes `HF_TOKEN` that way)",
+    ),
+    Variable(
+        "KERNELBAKE_BUILDER", "free-form identity of the build host, recorded in the manifest's builder entry"
+    ),
+    Variable(
+        "KERNELBAKE_UNSAFE_TEST_DEVICE",
+        "tests only: the device name a CPU build reports in place of its measurement",
+    ),
+    Variable(
+        GATE_ENV,
+        "the verdict file an engine started by `serve` waits for before it opens a cache",
+        internal=True,
+    ),
+    Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
+)
 
 
 def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
@@ -130,7 +188,7 @@ class RuntimeEnv:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeEnv:
-        env = dict(os.environ if environ is None else environ)
+        env = DeclaredEnv(os.environ if environ is None else environ, VARIABLES)
         token = env.get("HF_TOKEN") or None
         if token is None and HF_TOKEN_SECRET.is_file():
             token = HF_TOKEN_SECRET.read_text().strip() or None
@@ -164,7 +222,7 @@ class RuntimeEnv:
                 / "kernelbake-status.json"
             ),
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
-            environ=env,
+            environ=dict(env),
         )
 
 

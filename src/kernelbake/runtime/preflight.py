@@ -45,7 +45,7 @@ READ_ONLY_RECIPE = (
     "(an anonymous volume starts as a copy of the image's caches); "
     "Kubernetes: an initContainer running 'python3 -m kernelbake seed-cache /seed' into an emptyDir "
     "mounted at /seed, and the same emptyDir mounted at {root} in the serving container "
-    "(see README, 'Read-only root filesystems')"
+    "(see docs/serving.md, 'Read-only root filesystems')"
 )
 _MAX_LISTED = 5
 

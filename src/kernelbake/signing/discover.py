@@ -26,7 +26,7 @@ policy is enough (``verify``); here, finding them:
   with a size limit (never downloaded whole). Nothing in the listing tells such a bundle from
   junk of its own artifactType, so more than ``MAX_BUNDLES // 2`` of those listed both before
   and after it (pushed before the signing, or by whoever may rewrite the fallback tag) can still
-  hide it: README "Faults and time bounds";
+  hide it: docs/guarantees.md "Faults and time bounds";
 * the listing is read within the client's bounds (``kernelbake.oci.listing``: every page the
   API links, at most 64 pages and 8 MiB in all); what lies past them is not examined, and the
   note (and the failure, if nothing verified) says so, naming the bound;
