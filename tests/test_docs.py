@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,19 +28,12 @@ def test_the_cli_reference_is_current() -> None:
         pytest.fail("docs/reference/cli.md is stale: run `make docs`")
 
 
-def _env_reads(path: Path, function: str) -> set[str]:
-    """The variable names ``function`` reads as ``env.get(NAME…)``/``env[NAME]``, with NAME a string
-    literal or a module constant."""
+def _env_reads(path: Path, module: object) -> set[str]:
+    """The variable names the module reads anywhere as ``env.get(NAME…)``/``env[NAME]`` (``from_env``
+    and the helpers it hands ``env`` to), with NAME a string literal or one of the module's names."""
     tree = ast.parse(path.read_text())
-    consts = {
-        t.id: n.value.value
-        for n in tree.body
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    }
-    consts["MANIFEST_DIGEST_ENV"] = "KERNELBAKE_MANIFEST_DIGEST"
-    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    consts = {k: v for k, v in vars(module).items() if isinstance(v, str)}
+    fn = tree
     names: set[str] = set()
     for node in ast.walk(fn):
         arg = None
@@ -61,16 +55,15 @@ def _env_reads(path: Path, function: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("path", "variables"),
+    ("path", "module"),
     [
-        (REPO / "src/kernelbake/settings.py", settings.VARIABLES),
-        (REPO / "src/kernelbake/runtime/env.py", runtime_env.VARIABLES),
+        (REPO / "src/kernelbake/settings.py", settings),
+        (REPO / "src/kernelbake/runtime/env.py", runtime_env),
     ],
 )
-def test_each_side_declares_exactly_the_variables_it_reads(
-    path: Path, variables: tuple[Variable, ...]
-) -> None:
-    assert _env_reads(path, "from_env") == {v.name for v in variables}
+def test_each_side_declares_exactly_the_variables_it_reads(path: Path, module: Any) -> None:
+    variables: tuple[Variable, ...] = module.VARIABLES
+    assert _env_reads(path, module) == {v.name for v in variables}
     text = REFERENCE.read_text()
     for v in variables:
         assert f"| `{v.name}` |" in text

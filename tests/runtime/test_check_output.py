@@ -58,7 +58,7 @@ def target(tmp_path: Path) -> TargetConfig:
 def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: AskingEngine, *args: str) -> int:
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
     monkeypatch.setattr(pf, "get_engine", lambda _e: engine)
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     monkeypatch.setenv("VLLM_API_KEY", SECRET)
     return main(["check", *args])

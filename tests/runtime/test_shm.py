@@ -135,7 +135,7 @@ def test_serve_fails_before_the_preflight_and_the_engine(
     (t,) = plan(load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"])
     config = dataclasses.replace(target_config(t), cache_root=str(tmp_path / "cache"))
     (tmp_path / "target.json").write_text(config.to_json())
-    monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     engine = FakeEngine(platform_for(config.key))
     engine.shm = ShmNeed(engine="vLLM", bytes=1 << 62, what="its queues", source="read")
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)

@@ -174,10 +174,15 @@ def _users(spec: Mapping[str, Any], spec_path: tuple[str, ...]) -> dict[str, lis
             if not isinstance(c, dict):
                 continue
             user = (field, j, str(c.get("name", "")), str(c.get("image", "")))
-            mounted = {m.get("name") for m in c.get("volumeMounts") or [] if isinstance(m, dict)}
+            mounts = c.get("volumeMounts")
+            # A pod author's junk (a list as a name, a number as the list) is no mount of a volume.
+            mounted = {
+                m.get("name")
+                for m in (mounts if isinstance(mounts, list) else ())
+                if isinstance(m, dict) and isinstance(m.get("name"), str)
+            }
             for name in mounted:
-                if isinstance(name, str):
-                    users.setdefault(name, []).append(user)
+                users.setdefault(name, []).append(user)
     return users
 
 
