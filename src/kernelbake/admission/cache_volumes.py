@@ -176,8 +176,8 @@ def _users(spec: Mapping[str, Any], spec_path: tuple[str, ...]) -> dict[str, lis
             user = (field, j, str(c.get("name", "")), str(c.get("image", "")))
             mounts = c.get("volumeMounts")
             # A pod author's junk (a list as a name, a number as the list) is no mount of a volume.
-            mounted = {
-                m.get("name")
+            mounted: set[str] = {
+                m["name"]
                 for m in (mounts if isinstance(mounts, list) else ())
                 if isinstance(m, dict) and isinstance(m.get("name"), str)
             }
