@@ -55,6 +55,15 @@ def target(tmp_path: Path) -> TargetConfig:
     return write_target(tmp_path, "tiny-llama.yaml")
 
 
+@pytest.fixture
+def baked_noisy(tmp_path: Path, target: TargetConfig, capfd: pytest.CaptureFixture[str]) -> NoisyEngine:
+    """A baked bundle in ``tmp_path`` (its output read away) and an engine that predicts a MISS
+    and writes its noise, which most of these tests ask."""
+    _bake(tmp_path, target)
+    capfd.readouterr()
+    return NoisyEngine(platform_for(target.key), _miss())
+
+
 def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: AskingEngine, *args: str) -> int:
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
     monkeypatch.setattr(pf, "get_engine", lambda _e: engine)
@@ -65,11 +74,13 @@ def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: AskingEngine
 
 
 def test_the_verdict_comes_first_names_this_machine_and_what_differs(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    target: TargetConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    baked_noisy: NoisyEngine,
 ) -> None:
-    _bake(tmp_path, target)
-    capfd.readouterr()
-    engine = NoisyEngine(platform_for(target.key), _miss())
+    engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "--api-key", SECRET) == 6
     out = capfd.readouterr()
     lines = out.out.splitlines()
@@ -88,11 +99,12 @@ def test_the_verdict_comes_first_names_this_machine_and_what_differs(
 
 
 def test_the_engines_output_goes_to_a_log_file_whose_path_is_printed(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    baked_noisy: NoisyEngine,
 ) -> None:
-    _bake(tmp_path, target)
-    capfd.readouterr()
-    engine = NoisyEngine(platform_for(target.key), _miss())
+    engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "--api-key", SECRET) == 6
     out = capfd.readouterr()
     for noise in NOISE:
@@ -111,11 +123,12 @@ def test_the_engines_output_goes_to_a_log_file_whose_path_is_printed(
 
 
 def test_verbose_shows_the_engines_output_on_stderr_and_writes_no_log(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    baked_noisy: NoisyEngine,
 ) -> None:
-    _bake(tmp_path, target)
-    capfd.readouterr()
-    engine = NoisyEngine(platform_for(target.key), _miss())
+    engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "-v", "--json", "--api-key", SECRET) == 6
     out = capfd.readouterr()
     for noise in NOISE:
@@ -127,22 +140,24 @@ def test_verbose_shows_the_engines_output_on_stderr_and_writes_no_log(
 
 
 def test_log_names_the_file(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    baked_noisy: NoisyEngine,
 ) -> None:
-    _bake(tmp_path, target)
-    capfd.readouterr()
     log = tmp_path / "check.log"
-    engine = NoisyEngine(platform_for(target.key), _miss())
+    engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "--log", str(log), "--api-key", SECRET) == 6
     assert NOISE[0] in log.read_text() and f"its output: {log}" in capfd.readouterr().out
 
 
 def test_an_argument_the_engine_rejects_is_quoted_in_its_own_words(
-    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    baked_noisy: NoisyEngine,
 ) -> None:
-    _bake(tmp_path, target)
-    capfd.readouterr()
-    engine = NoisyEngine(platform_for(target.key), _miss())
+    engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "--max-num-seqz", "8") == 6
     lines = capfd.readouterr().out.splitlines()
     said = "vllm serve: error: unrecognized arguments: --max-num-seqz 8"
