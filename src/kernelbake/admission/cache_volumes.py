@@ -42,6 +42,7 @@ from kernelbake.admission.gpus import admitted
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
 from kernelbake.admission.scheduling import Way
+from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.volumes import image_volumes
 from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
@@ -486,15 +487,25 @@ def _kind(field: str) -> str:
 
 
 def _at_cache_root(spec: Mapping[str, Any]) -> list[int]:
-    """spec.containers that mount anything at the cache root (the emptyDir an init container
-    copied an artifact to): with those that mount an artifact itself, the containers that run
-    the engine on its caches. One pass, shared by every volume."""
+    """spec.containers that mount anything at or under the cache root (the emptyDir an init
+    container copied an artifact to, or part of it): with those that mount an artifact itself,
+    the containers that run the engine on its caches. Paths as the container resolves them
+    (``trusted_paths.normal``): ``/opt/kernelbake/cache/`` and ``/opt//kernelbake/./cache`` are
+    the cache root too, and a container mounting it so is checked like one that writes it plainly.
+    One pass, shared by every volume."""
     out = []
     for j, c in enumerate(spec.get("containers") or []):
         mounts = c.get("volumeMounts") or [] if isinstance(c, dict) else []
-        if any(isinstance(m, dict) and m.get("mountPath") == CACHE_ROOT for m in mounts):
+        if any(isinstance(m, dict) and _under_cache_root(m.get("mountPath")) for m in mounts):
             out.append(j)
     return out
+
+
+def _under_cache_root(path: Any) -> bool:
+    if not isinstance(path, str):
+        return False
+    resolved = normal(path)
+    return resolved == CACHE_ROOT or resolved.startswith(CACHE_ROOT + "/")
 
 
 def _judged(
