@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import BuildOptions, Built, Driver
 from kernelbake.contract.variants import variants_from_index
 from kernelbake.fleet import publish_index
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.pipeline import BuildOptions, Built, Driver
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode
 from kernelbake.settings import Settings

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import BuildOptions, Built, Driver
+from kernelbake.pipeline import BuildOptions, Built, Driver
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode
 from kernelbake.settings import Settings

@@ -34,13 +34,13 @@ from kernelbake.admission.gateway import Accepted, ImageRejected, IndexAccepted,
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.scheduling import ways
 from kernelbake.admission.verifying import SignedImageVerifier, verify_policy
-from kernelbake.build import BuildOptions, Built, Driver, Publish
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.engines import DECLARATIONS
 from kernelbake.contract.layout import MANIFEST
 from kernelbake.fleet import publish_index, read_index, resolve
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.pipeline import BuildOptions, Built, Driver, Publish
 from kernelbake.plan import plan
 from kernelbake.remote import read_image
 from kernelbake.settings import Settings

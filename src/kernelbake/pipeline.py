@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from kernelbake import bake
 from kernelbake._wheel import build_wheel
+from kernelbake.bake import bakefile
 from kernelbake.contract.artifact import (
     CacheArtifactFacts,
     EngineImage,
@@ -249,7 +249,7 @@ class Driver:
         return lane.docker(*args, bake_target, log=log)
 
     def _plain_build(
-        self, lane: Lane, rendered: Rendered, layout: bake.Layout, stage: str, log: Path
+        self, lane: Lane, rendered: Rendered, layout: bakefile.Layout, stage: str, log: Path
     ) -> Result:
         """``docker build`` with BuildKit, for hosts without buildx (single mode only)."""
         args = ["build", "--progress=plain", "--target", stage, "-f", str(layout.context / "Dockerfile")]
@@ -258,10 +258,12 @@ class Driver:
         elif stage == "caches":
             args += ["--output", f"type=local,dest={layout.caches}"]
         if rendered.target.spec.model.local_dir is None and "HF_TOKEN" in lane.docker.env:
-            args += ["--secret", bake.HF_TOKEN_SECRET]
+            args += ["--secret", bakefile.HF_TOKEN_SECRET]
         return lane.docker(*args, str(layout.context), log=log, env={"DOCKER_BUILDKIT": "1"})
 
-    def _compile_two_phase(self, lane: Lane, rendered: Rendered, layout: bake.Layout, log: Path) -> Result:
+    def _compile_two_phase(
+        self, lane: Lane, rendered: Rendered, layout: bakefile.Layout, log: Path
+    ) -> Result:
         if layout.caches.exists():
             shutil.rmtree(layout.caches)
         layout.caches.mkdir(parents=True)
@@ -276,7 +278,7 @@ class Driver:
             f"{layout.caches}:{CACHE_ROOT}",
             "--entrypoint",
             "python3",
-            bake.compile_env_ref(rendered.target),
+            bakefile.compile_env_ref(rendered.target),
             "-m",
             "kernelbake",
             "compile",
@@ -308,7 +310,7 @@ class Driver:
         wheel = build_wheel(out / "wheels")
         rendered = [render(t, wheel=wheel.name, mode=options.mode, device=options.device) for t in targets]
         self._say_pulls(rendered, lanes)
-        layouts = {r.target.name: bake.Layout(out / r.target.name) for r in rendered}
+        layouts = {r.target.name: bakefile.Layout(out / r.target.name) for r in rendered}
         bake_file = self._write_bake(rendered, layouts, lanes, wheel, options)
         outcomes = self._run_lanes(rendered, layouts, lanes, bake_file, options, has_buildx)
         _raise_failures(len(rendered), outcomes)
@@ -331,7 +333,7 @@ class Driver:
     def _write_bake(
         self,
         rendered: Sequence[Rendered],
-        layouts: Mapping[str, bake.Layout],
+        layouts: Mapping[str, bakefile.Layout],
         lanes: Mapping[str, Lane],
         wheel: Path,
         options: BuildOptions,
@@ -343,22 +345,22 @@ class Driver:
             layout = layouts[r.target.name]
             write_context(r, layout.context, wheel)
             hub = r.target.spec.model.local_dir is None
-            secrets = [bake.HF_TOKEN_SECRET] if hub and "HF_TOKEN" in self.docker.env else []
+            secrets = [bakefile.HF_TOKEN_SECRET] if hub and "HF_TOKEN" in self.docker.env else []
             push_from_builder = (
                 options.push and options.publish.image and lanes[r.target.gpu.family].builder is not None
             )
-            groups[r.target.name] = bake.bake_targets(
+            groups[r.target.name] = bakefile.bake_targets(
                 r, layout, push=push_from_builder, secrets=secrets, cache_artifact=options.publish.cache
             )
         bake_file = out / "docker-bake.json"
-        bake_file.write_text(bake.dumps(bake.bake_document(groups)))
+        bake_file.write_text(bakefile.dumps(bakefile.bake_document(groups)))
         print(f"kernelbake build: bake file {bake_file}", file=self.stream, flush=True)
         return bake_file
 
     def _run_lanes(
         self,
         rendered: Sequence[Rendered],
-        layouts: Mapping[str, bake.Layout],
+        layouts: Mapping[str, bakefile.Layout],
         lanes: Mapping[str, Lane],
         bake_file: Path,
         options: BuildOptions,
@@ -427,14 +429,14 @@ class Driver:
         self,
         lane: Lane,
         rendered: Rendered,
-        layout: bake.Layout,
+        layout: bakefile.Layout,
         bake_file: Path,
         options: BuildOptions,
         has_buildx: bool,
         progress: Progress,
     ) -> Built:
         target = rendered.target
-        for stage, bake_target in bake.step_names(rendered, cache_artifact=options.publish.cache):
+        for stage, bake_target in bakefile.step_names(rendered, cache_artifact=options.publish.cache):
             if stage == "final" and rendered.mode is BuildMode.TWO_PHASE:
                 log = layout.logs / "compile.log"
                 progress.stage(target.name, "compile", str(log))
@@ -466,7 +468,7 @@ class Driver:
         return Built(target, target.ref, pushed, cache)
 
     def _push(
-        self, lane: Lane, target: BuildTarget, ref: str, layout: bake.Layout, progress: Progress
+        self, lane: Lane, target: BuildTarget, ref: str, layout: bakefile.Layout, progress: Progress
     ) -> str:
         log = layout.logs / ("push.log" if ref == target.ref else "push-cache-artifact.log")
         progress.stage(target.name, "push", str(log))
@@ -479,7 +481,12 @@ class Driver:
         return lane.docker.repo_digest(ref, target.repository)
 
     def _cache_artifact(
-        self, lane: Lane, rendered: Rendered, layout: bake.Layout, options: BuildOptions, progress: Progress
+        self,
+        lane: Lane,
+        rendered: Rendered,
+        layout: bakefile.Layout,
+        options: BuildOptions,
+        progress: Progress,
     ) -> CacheBuilt:
         """Build (and push) the target's cache-only artifact from the caches the build compiled."""
         from kernelbake.oci.types import sha256_digest
@@ -504,15 +511,15 @@ class Driver:
         ref = artifact_ref(target.ref)
         push_from_builder = options.push and lane.builder is not None
         layout.artifact_bake.write_text(
-            bake.dumps(
-                bake.artifact_document(
+            bakefile.dumps(
+                bakefile.artifact_document(
                     rendered, layout, ref=ref, labels=facts.labels(), push=push_from_builder
                 )
             )
         )
         log = layout.logs / "cache-artifact.log"
         progress.stage(target.name, "cache-artifact", str(log))
-        name = bake.artifact_target_name(rendered)
+        name = bakefile.artifact_target_name(rendered)
         if self._has_buildx:
             res = self._bake(lane, layout.artifact_bake, name, log, layout.artifact_metadata)
         else:
@@ -545,7 +552,7 @@ class Driver:
         return CacheBuilt(ref, pushed, facts)
 
     def _engine_command(
-        self, lane: Lane, target: BuildTarget, layout: bake.Layout
+        self, lane: Lane, target: BuildTarget, layout: bakefile.Layout
     ) -> tuple[list[str], dict[str, str]]:
         """The engine command and launch variables, as the built image's own ``serve`` has them."""
         log = layout.logs / "engine-command.log"

@@ -1,0 +1,1 @@
+"""The bake: the bake file each build runs (``bakefile``)."""
