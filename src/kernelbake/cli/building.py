@@ -77,8 +77,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     # A cache artifact is found through the index (resolve, admission), so even one gets one.
     if len(pushed) > 1 or any(b.cache is not None and b.cache.pushed for b in built):
         # Every target is pushed (the driver raised otherwise): one index lists them all.
-        from kernelbake.fleet import publish_index
         from kernelbake.oci import RegistryClient
+        from kernelbake.publish.index import publish_index
 
         print(f"index\t{publish_index(pushed, client=RegistryClient(settings, timeout=30.0))}")
     return 0
