@@ -66,7 +66,7 @@ def compile_env_ref(target: BuildTarget) -> str:
 
 
 def step_names(rendered: Rendered, *, cache_artifact: bool = False) -> list[tuple[str, str]]:
-    """(stage, bake target) in the order the driver runs them."""
+    """(stage, bake target) in the order ``kernelbake.bake.stages`` runs them."""
     n = rendered.target.name
     if rendered.mode is BuildMode.TWO_PHASE:
         return [("runtime", f"{n}-runtime"), ("final", n)]

@@ -76,7 +76,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     pushed = [p for b in built for p in b.published]
     # A cache artifact is found through the index (resolve, admission), so even one gets one.
     if len(pushed) > 1 or any(b.cache is not None and b.cache.pushed for b in built):
-        # Every target is pushed (the driver raised otherwise): one index lists them all.
+        # Every target is pushed (the pipeline raised otherwise): one index lists them all.
         from kernelbake.oci import RegistryClient
         from kernelbake.publish.index import publish_index
 
