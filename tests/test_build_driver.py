@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import BuildOptions, Driver, Publish
 from kernelbake.contract.artifact import CacheArtifactFacts, EngineImage, artifact_ref
 from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem
 from kernelbake.oci.types import sha256_digest
+from kernelbake.pipeline import BuildOptions, Driver, Publish
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.render import BuildMode, engine_env
 from kernelbake.runner import Result

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.bake import compile_env_ref
-from kernelbake.build import BuildOptions, Built, Driver
+from kernelbake.bake.bakefile import compile_env_ref
+from kernelbake.pipeline import BuildOptions, Built, Driver
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode
 from kernelbake.settings import Settings

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernelbake.build import Built
+from kernelbake.pipeline import Built
 from tests.conftest import REPO
 from tests.support.docker import docker
 from tests.support.podman import pull, require_podman
