@@ -21,6 +21,7 @@ _AREAS = (
     "kernelbake.cli.signing",
     "kernelbake.cli.admission",
     "kernelbake.cli.fleet",
+    "kernelbake.cli.capture",
 )
 
 
@@ -34,6 +35,8 @@ _IN_IMAGE = {
     "fetch-model": "kernelbake.cli.runtime",
     "seed-cache": "kernelbake.cli.runtime",
     "engine-command": "kernelbake.cli.runtime",
+    # ``capture collect`` runs in the replica; ``push`` and ``verify`` import host code lazily.
+    "capture": "kernelbake.cli.capture",
 }
 
 
