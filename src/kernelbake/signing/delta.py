@@ -31,8 +31,10 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaManifest,
     InvalidDelta,
+    conflicts,
 )
 from kernelbake.contract.key import LABEL_NS, key_from_labels
+from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
@@ -123,7 +125,7 @@ def load_dir(path: Path) -> tuple[DeltaManifest, list[tuple[str, bytes, int, int
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PushedDelta:
     reference: str  # host/repo@sha256:… of the delta artifact
-    tag: str | None
+    tagged: str  # host/repo:tag it was pushed to
     base: str  # host/repo@sha256:… of the base image
     manifest_digest: str  # sha256 of delta.json: what $KERNELBAKE_DELTA_DIGEST pins
     files: int
@@ -141,8 +143,8 @@ class PushedDelta:
         return dataclasses.asdict(self)
 
 
-def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, str]:
-    """The base image pinned by digest, its facts and the digest of its cache manifest."""
+def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, bytes]:
+    """The base image pinned by digest, its facts and its cache manifest's bytes."""
     ref = parse_reference(base)
     if ref.digest is None:
         raise BadInput(f"{base}: the base must be pinned by digest (IMAGE@sha256:…), the one the replica ran")
@@ -150,10 +152,14 @@ def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, str]:
         top = client.get_manifest(ref)
         facts = read_image(client, ref.with_digest(top.digest), top)
         _layer, cache_manifest = read_cache_manifest(client, facts)
-    return ref.with_digest(top.digest), facts, sha256_digest(cache_manifest)
+    return ref.with_digest(top.digest), facts, cache_manifest
 
 
-def _check_base(where: str, delta: DeltaManifest, facts: Any, manifest_digest: str, base_digest: str) -> None:
+def _check_base(
+    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base_digest: str
+) -> None:
+    """The delta belongs on this base: its key, its bundle, and no baked file given other bytes."""
+    manifest_digest = sha256_digest(cache_manifest)
     key = key_from_labels(facts.labels)
     if delta.key != key:
         raise DeltaRefused(
@@ -166,6 +172,11 @@ def _check_base(where: str, delta: DeltaManifest, facts: Any, manifest_digest: s
         )
     if delta.base_image is not None and delta.base_image != base_digest:
         raise DeltaRefused(f"{where}: the delta's base is {delta.base_image}, not {base_digest}")
+    baked = CacheManifest.from_json(
+        cache_manifest.decode(errors="replace"), source=f"{base_digest}: manifest"
+    )
+    if found := conflicts(delta, {f.path: f.sha256 for f in baked.files}):
+        raise DeltaRefused(f"{where}: the delta would replace baked files: {'; '.join(found[:3])}")
 
 
 def _config(diff_ids: list[str], labels: dict[str, str]) -> bytes:
@@ -194,9 +205,9 @@ def push_delta(
     delta, entries = load_dir(path)
     if not delta.files:
         raise BadInput(f"{path}: the delta lists no files; there is nothing to push")
-    base_ref, facts, manifest_digest = _base(client, base)
+    base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
-    _check_base(str(path), delta, facts, manifest_digest, base_ref.digest)
+    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest)
     delta = delta.with_base(base_ref.digest)
     if replica is not None:
         delta = dataclasses.replace(delta, replica=replica)
@@ -253,7 +264,7 @@ def push_delta(
     push_bundle(client, pinned, top.descriptor(), statement.bundle, DELTA_PREDICATE_TYPE, signer)
     return PushedDelta(
         reference=pinned.pinned(),
-        tag=dest.tag,
+        tagged=f"{dest.name}:{dest.tag}",
         base=base_ref.pinned(),
         manifest_digest=sha256_digest(data),
         files=len(delta.files),
@@ -313,7 +324,7 @@ def verify_delta(
     base and key = the base image's. Raises a ``VerificationFailed`` subclass (``DeltaRefused``
     for a delta that is not this image's)."""
     client = client or RegistryClient()
-    base_ref, facts, manifest_digest = _base(client, base)
+    base_ref, facts, cache_manifest = _base(client, base)
     ref = parse_reference(reference)
     with registry_errors(str(ref), missing_is_image=True):
         top = client.get_manifest(ref, accept=mt.IMAGE_MANIFESTS)
@@ -341,7 +352,7 @@ def verify_delta(
             f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, not {base_ref.digest}"
         )
     assert base_ref.digest is not None
-    _check_base(where, delta, facts, manifest_digest, base_ref.digest)
+    _check_base(where, delta, facts, cache_manifest, base_ref.digest)
     found = sha256_digest(data)
     if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
         raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
