@@ -33,7 +33,7 @@ from kernelbake.contract.delta import (
     InvalidDelta,
     conflicts,
 )
-from kernelbake.contract.key import LABEL_NS, key_from_labels
+from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
@@ -276,23 +276,42 @@ def push_delta(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VerifiedDelta:
+    """A delta whose signature the policy trusts, shaped as kernelbake pushes one; what it is
+    layered on (``base_digest``, ``base_manifest``) is for the caller to compare with the pod's
+    image (``verify_delta`` here, ``admission.deltas`` in a review)."""
+
     reference: str  # host/repo@sha256:… of the delta
-    base: str  # host/repo@sha256:… it is layered on
+    digest: str
+    key: CacheKey
+    base_digest: str  # the image it is layered on (its subject, and delta.json's base)
+    base_manifest: str  # that image's pinned cache manifest
     manifest_digest: str  # what $KERNELBAKE_DELTA_DIGEST must be
     signer: str
     files: int
     bytes: int
-    key_digest: str
     skipped: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return (
-            f"verified delta {self.reference}: signed by {self.signer}; layered on {self.base}; "
-            f"key {self.key_digest}; {self.files} files ({self.bytes} B); delta.json {self.manifest_digest}"
+            f"verified delta {self.reference}: signed by {self.signer}; layered on {self.base_digest}; "
+            f"key {self.key.digest}; {self.files} files ({self.bytes} B); delta.json {self.manifest_digest}"
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "skipped": list(self.skipped), "verified": True}
+        return {
+            "reference": self.reference,
+            "digest": self.digest,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "base_digest": self.base_digest,
+            "base_manifest": self.base_manifest,
+            "manifest_digest": self.manifest_digest,
+            "signer": self.signer,
+            "files": self.files,
+            "bytes": self.bytes,
+            "skipped": list(self.skipped),
+            "verified": True,
+        }
 
 
 def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
@@ -316,15 +335,23 @@ def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Desc
         raise DeltaRefused(f"{where}: its last layer is not a readable tar ({exc})") from None
 
 
-def verify_delta(
-    reference: str, *, base: str, policy: VerifyPolicy, client: RegistryClient | None = None
-) -> VerifiedDelta:
-    """What admission checks before pinning a delta for a pod pinned to ``base``: a trusted
-    signature on the delta's digest, ``artifactType``, ``subject`` = ``base``, and delta.json's
-    base and key = the base image's. Raises a ``VerificationFailed`` subclass (``DeltaRefused``
-    for a delta that is not this image's)."""
-    client = client or RegistryClient()
-    base_ref, facts, cache_manifest = _base(client, base)
+def is_delta(client: RegistryClient, reference: str) -> bool:
+    """Whether ``reference`` names a cache delta (by its manifest's ``artifactType``)."""
+    top = client.get_manifest(parse_reference(reference), accept=mt.IMAGE_MANIFESTS)
+    return top.artifact_type == ARTIFACT_TYPE
+
+
+def read_delta(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedDelta:
+    """A trusted signature on the delta's digest and its shape (``_read``)."""
+    return _read(client, reference, policy)[0]
+
+
+def _read(
+    client: RegistryClient, reference: str, policy: VerifyPolicy
+) -> tuple[VerifiedDelta, DeltaManifest]:
+    """A trusted signature on the delta's digest (junk and foreign referrers passed over, as
+    for images), its ``artifactType``, its two layers, delta.json that names the manifest's
+    subject as its base. Raises a ``VerificationFailed`` subclass."""
     ref = parse_reference(reference)
     with registry_errors(str(ref), missing_is_image=True):
         top = client.get_manifest(ref, accept=mt.IMAGE_MANIFESTS)
@@ -338,31 +365,48 @@ def verify_delta(
             f"{where}: artifactType {top.artifact_type!r} is not {ARTIFACT_TYPE}; not a cache delta"
         )
     subject = top.subject
-    if subject is None or subject.digest != base_ref.digest:
-        got = subject.digest if subject else "none"
-        raise DeltaRefused(f"{where}: layered on {got}, but the pod's image is {base_ref.digest}")
+    if subject is None:
+        raise DeltaRefused(f"{where}: no subject, so not layered on any image")
     with registry_errors(where, missing_is_image=False):
         data = _manifest_layer(client, pinned, top.layers)
     try:
         delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
     except InvalidDelta as exc:
         raise DeltaRefused(str(exc)) from None
-    if delta.base_image != base_ref.digest:
+    if delta.base_image != subject.digest:
         raise DeltaRefused(
-            f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, not {base_ref.digest}"
+            f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, its subject is {subject.digest}"
         )
-    assert base_ref.digest is not None
-    _check_base(where, delta, facts, cache_manifest, base_ref.digest)
     found = sha256_digest(data)
     if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
         raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
-    return VerifiedDelta(
+    verified = VerifiedDelta(
         reference=where,
-        base=base_ref.pinned(),
+        digest=top.digest,
+        key=delta.key,
+        base_digest=subject.digest,
+        base_manifest=delta.base_manifest,
         manifest_digest=found,
         signer=signed.signer,
         files=len(delta.files),
         bytes=delta.total_bytes,
-        key_digest=delta.key.digest,
         skipped=tuple(f"{s.origin}: {s.reason}" for s in signed.skipped),
     )
+    return verified, delta
+
+
+def verify_delta(
+    reference: str, *, base: str, policy: VerifyPolicy, client: RegistryClient | None = None
+) -> VerifiedDelta:
+    """``read_delta``, then what admission checks for a pod pinned to ``base``: the delta is
+    layered on it, with its key, on its pinned bundle, and gives no baked file other bytes."""
+    client = client or RegistryClient()
+    base_ref, facts, cache_manifest = _base(client, base)
+    assert base_ref.digest is not None
+    verified, delta = _read(client, reference, policy)
+    if verified.base_digest != base_ref.digest:
+        raise DeltaRefused(
+            f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"
+        )
+    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest)
+    return verified
