@@ -25,15 +25,16 @@ def test_the_json_round_trips_and_names_the_engines_keys(tmp_path) -> None:  # t
         d.DeltaFile(path="triton/K1/a.cubin", size=3, sha256=SHA, kind=CacheKind.TRITON),
         d.DeltaFile(path="vllm/torch_compile_cache/H1/rank_0_0/x", size=4, sha256=SHA, kind=CacheKind.VLLM),
         d.DeltaFile(path="inductor/fxgraph/ab/F1/entry", size=5, sha256=SHA, kind=CacheKind.INDUCTOR),
+        d.DeltaFile(path="inductor/aotautograd/A1/entry", size=1, sha256=SHA, kind=CacheKind.INDUCTOR),
     )
     delta = _delta(tmp_path, *files).with_base("sha256:" + "c" * 64)
     text = delta.to_json()
     again = d.DeltaManifest.from_json(text)
     assert again == delta and again.to_json() == text
     kinds = json.loads(text)["kinds"]
-    assert [kinds[k]["engine_keys"] for k in ("inductor", "triton", "vllm")] == [["F1"], ["K1"], ["H1"]]
+    assert [kinds[k]["engine_keys"] for k in ("inductor", "triton", "vllm")] == [["A1", "F1"], ["K1"], ["H1"]]
     assert d.engine_key(CacheKind.FLASHINFER, "flashinfer/x/y") is None
-    assert delta.total_bytes == 12
+    assert delta.total_bytes == 13
 
 
 @pytest.mark.parametrize(

@@ -58,15 +58,18 @@ def engine_key(kind: CacheKind, path: str) -> str | None:
     """The engine's own key for the cache entry ``path`` belongs to, where the directory layout
     names it: Triton keys each kernel's directory by its hash (``triton/<key>/…``), vLLM its
     compiled model by ``compute_hash()`` (``vllm/torch_compile_cache/<key>/…``), Inductor its
-    FX graph and AOTAutograd entries (``inductor/fxgraph/<xx>/<key>/…``). None elsewhere: the
-    path alone does not say it, and kernelbake does not guess."""
+    FX graph entries (``inductor/fxgraph/<xx>/<key>/…``) and AOTAutograd entries
+    (``inductor/aotautograd/<key>/…``). None elsewhere: the path alone does not say it, and
+    kernelbake does not guess."""
     parts = path.split("/")
     if kind is CacheKind.TRITON and len(parts) >= 3:
         return parts[1]
     if kind is CacheKind.VLLM and len(parts) >= 4 and parts[1] == "torch_compile_cache":
         return parts[2]
-    if kind is CacheKind.INDUCTOR and len(parts) >= 5 and parts[1] in ("fxgraph", "aotautograd"):
+    if kind is CacheKind.INDUCTOR and len(parts) >= 5 and parts[1] == "fxgraph":
         return parts[3]
+    if kind is CacheKind.INDUCTOR and len(parts) >= 4 and parts[1] == "aotautograd":
+        return parts[2]
     return None
 
 
