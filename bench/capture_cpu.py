@@ -20,8 +20,10 @@ kernelbake CLI (``--kernelbake``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -113,6 +115,81 @@ def replica(image: str, src: Path, name: str, port: int, extra: list[str]) -> di
         "ready_s": round(seconds, 1),
         "run_to_ready_s": round(time.monotonic() - started, 1),
     }
+
+
+def _delta_of(doc: Any) -> Any:
+    """The ``delta`` object anywhere in ``kernelbake check --json``'s answer."""
+    if isinstance(doc, dict):
+        if isinstance(doc.get("delta"), dict):
+            return doc["delta"]
+        for value in doc.values():
+            if (found := _delta_of(value)) is not None:
+                return found
+    return None
+
+
+def _check(image: str, src: Path, mounted: Path, digest: str) -> dict[str, Any]:
+    """``kernelbake check --json`` in a fresh container of ``image`` with ``mounted`` as its delta."""
+    done = sh(
+        [
+            "docker", "run", "--rm", "--shm-size", "2g", "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc",
+            "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={digest}",
+            image, "check", "--json",
+        ]
+    )  # fmt: skip
+    try:
+        delta = _delta_of(json.loads(done.stdout[done.stdout.index("{") :]))
+    except ValueError:
+        delta = None
+    return {"rc": done.returncode, "delta": delta}
+
+
+def _repin(root: Path) -> str:
+    return "sha256:" + hashlib.sha256((root / "delta.json").read_bytes()).hexdigest()
+
+
+def refusals(image: str, src: Path, mounted: Path, work: Path, digest: str) -> dict[str, Any]:
+    """Item 4 on the real image: each bad delta is refused by serve's preflight, by name."""
+    out: dict[str, Any] = {}
+    baked = json.loads(
+        must(["docker", "run", "--rm", "--entrypoint", "cat", image, "/opt/kernelbake/pinned-manifest.json"])
+    )
+    cases = ("tampered_file", "unpinned_digest", "base_mismatch", "overwrites_baked_file")
+    for case in cases:
+        root = work / f"bad-{case}"
+        shutil.copytree(mounted, root)
+        pin = digest
+        doc = json.loads((root / "delta.json").read_text())
+        if case == "tampered_file":
+            victim = root / doc["kinds"]["inductor"]["files"][0]["path"]
+            data = bytearray(victim.read_bytes())
+            data[0] ^= 1
+            victim.write_bytes(bytes(data))
+        elif case == "unpinned_digest":
+            pin = "sha256:" + "0" * 64
+        elif case == "base_mismatch":
+            doc["base"]["manifest"] = "sha256:" + "1" * 64
+            (root / "delta.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            pin = _repin(root)
+        else:
+            target = baked["files"][0]
+            (root / target["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (root / target["path"]).write_bytes(b"other bytes")
+            entry = {"path": target["path"], "size": 11, "sha256": hashlib.sha256(b"other bytes").hexdigest()}
+            doc["kinds"].setdefault(target["kind"], {"files": []})["files"].append(entry)
+            (root / "delta.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            pin = _repin(root)
+        out[case] = _check(image, src, root, pin)
+    return out
+
+
+def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work: Path) -> dict[str, Any]:
+    """``capture verify`` with a policy that trusts another key than the one that signed it."""
+    must([*kb, "generate-key-pair", "--dir", str(work / "foreign"), "--name", "foreign"], env=env)
+    policy = work / "foreign-policy.yaml"
+    policy.write_text(f"keys: [{work / 'foreign' / 'foreign.pub'}]\n")
+    done = sh([*kb, "capture", "verify", delta, "--base", base, "--policy", str(policy)], env=env)
+    return {"rc": done.returncode, "message": (done.stderr or done.stdout).strip()[-600:]}
 
 
 def main() -> int:
@@ -216,6 +293,8 @@ def main() -> int:
         finally:
             sh(["docker", "rm", "-f", two])
         doc["next_replica"] = second
+        doc["refused"] = refusals(a.image, src, mounted, work, verified["manifest_digest"])
+        doc["refused"]["foreign_key"] = foreign_key(kb, env, to, a.image, work)
     merged = [line for line in second["serve"] if "cache delta" in line]
     doc["summary"] = {
         "delta_files": sum(len(k["files"]) for k in doc["delta_manifest"]["kinds"].values()),
@@ -229,6 +308,12 @@ def main() -> int:
         "first_ready_s": first["ready_s"],
         "next_ready_s": second["ready_s"],
     }
+    doc["summary"]["refused"] = {
+        case: bool(r["delta"] is not None and not r["delta"]["used"] and not r["delta"]["verified"])
+        for case, r in doc["refused"].items()
+        if case != "foreign_key"
+    }
+    doc["summary"]["refused"]["foreign_key"] = doc["refused"]["foreign_key"]["rc"] != 0
     doc["load_average_at_end"] = os.getloadavg()[0]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
