@@ -216,3 +216,18 @@ def test_the_real_verifier_verifies_a_pushed_delta_and_refuses_a_foreign_one(tmp
         )
         with pytest.raises(ImageRejected, match="no trusted signature"):
             verifier(foreign.tagged)
+
+
+def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "examples" / "capture-sidecar.yaml").read_text())
+    verifier = Verifier(_example())
+    response = _review(copy.deepcopy(doc), verifier, Endpoint.MUTATE)
+    assert response["allowed"] is True, response
+    spec = doc["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["containers"] if c["name"] == "capture")
+    serving = next(c for c in spec["containers"] if c["name"] == "vllm")
+    # The same image and the same cache root: what it collects is what the server's caches gained.
+    assert sidecar["image"] == serving["image"] == verifier.image
+    paths = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert paths == {"kernel-cache": "/opt/kernelbake/cache"}
+    assert {"name": "kernel-cache", "mountPath": "/opt/kernelbake/cache"} in serving["volumeMounts"]
