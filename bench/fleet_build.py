@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from tests.support.fleet import SPEC, two_daemons  # noqa: E402
 from tests.support.registry import running_registry  # noqa: E402
 
-from kernelbake.build import BuildOptions, Driver  # noqa: E402
+from kernelbake.pipeline import BuildOptions, Driver  # noqa: E402
 from kernelbake.plan import plan  # noqa: E402
 from kernelbake.render import BuildMode  # noqa: E402
 from kernelbake.settings import Settings  # noqa: E402

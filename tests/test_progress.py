@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kernelbake.build import BuildOptions, Driver
+from kernelbake.pipeline import BuildOptions, Driver
 from kernelbake.plan import BuildTarget, plan
 from kernelbake.progress import Progress, PushTally
 from kernelbake.settings import Settings
@@ -110,7 +110,7 @@ def test_the_drivers_push_feeds_its_lines_to_the_progress(
         made.append(Progress(*args, **kw, live=False, clock=clock, every=15))
         return made[-1]
 
-    monkeypatch.setattr("kernelbake.build.Progress", progress)
+    monkeypatch.setattr("kernelbake.pipeline.Progress", progress)
 
     class Pushing(Recorder):
         def __call__(self, argv, **kw):  # type: ignore[no-untyped-def]

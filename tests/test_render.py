@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake import bake
+from kernelbake.bake import bakefile
 from kernelbake.contract.engines import VLLM
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
@@ -168,25 +168,25 @@ def test_target_json_is_written_read_only_for_group_and_others_whatever_the_umas
 
 def test_bake_single_mode_targets(tmp_path: Path) -> None:
     r = _render("tiny-llama-torch", "cpu")
-    layout = bake.Layout(tmp_path / r.target.name)
-    targets = bake.bake_targets(r, layout, push=False)
+    layout = bakefile.Layout(tmp_path / r.target.name)
+    targets = bakefile.bake_targets(r, layout, push=False)
     n = r.target.name
-    assert [s for s, _ in bake.step_names(r)] == ["runtime", "compile", "final"]
+    assert [s for s, _ in bakefile.step_names(r)] == ["runtime", "compile", "final"]
     assert targets[f"{n}-runtime"]["output"] == ["type=cacheonly"]
     assert targets[f"{n}-compile"]["target"] == "compile"
     assert targets[n]["tags"] == [r.target.ref] and targets[n]["output"] == ["type=docker"]
     assert "contexts" not in targets[n]
-    doc = json.loads(bake.dumps(bake.bake_document({n: targets})))
+    doc = json.loads(bakefile.dumps(bakefile.bake_document({n: targets})))
     assert doc["group"]["default"]["targets"] == [n]
 
 
 def test_bake_two_phase_takes_caches_as_a_named_context(tmp_path: Path) -> None:
     r = _render("qwen3-8b", "h100", mode=BuildMode.TWO_PHASE)
-    layout = bake.Layout(tmp_path / r.target.name)
-    targets = bake.bake_targets(r, layout, push=True, secrets=[bake.HF_TOKEN_SECRET])
+    layout = bakefile.Layout(tmp_path / r.target.name)
+    targets = bakefile.bake_targets(r, layout, push=True, secrets=[bakefile.HF_TOKEN_SECRET])
     n = r.target.name
     assert set(targets) == {f"{n}-runtime", n}
-    assert targets[f"{n}-runtime"]["tags"] == [bake.compile_env_ref(r.target)]
+    assert targets[f"{n}-runtime"]["tags"] == [bakefile.compile_env_ref(r.target)]
     assert targets[n]["contexts"] == {"caches": str(layout.caches)}
     assert targets[n]["output"] == ["type=image,push=true"]
     assert targets[n]["secret"] == ["id=hf_token,env=HF_TOKEN"]

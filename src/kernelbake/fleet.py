@@ -1,31 +1,24 @@
-"""One model, several GPUs: the image index that lists every GPU variant, and the resolver that
-picks the variant for a GPU.
+"""One model, several GPUs: reading the image index that lists every GPU variant (which
+``kernelbake.publish.index`` pushes), and the resolver that picks the variant for a GPU.
 
-``publish_index`` reads each pushed variant back from the registry (its labels rebuild its
-key, its config names its platform) and pushes an OCI index of them; ``read_index`` and
-``resolve`` answer which variant a GPU should run, through ``contract.compat.rank_variants``,
-the ranking admission uses too. Host-only (``requests``): commands import it when they run.
+``read_index`` and ``resolve`` answer which variant a GPU should run, through
+``contract.compat.rank_variants``, the ranking admission uses too. Host-only (``requests``):
+commands import it when they run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from kernelbake.catalogue import CPU, Catalogue, load_catalogue
-from kernelbake.contract.artifact import ArtifactKind, kind_of
+from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.compat import Candidate, rank_variants
-from kernelbake.contract.key import key_from_labels
 from kernelbake.contract.platform import arch_for
 from kernelbake.contract.variants import (
-    OCI_INDEX,
     Variant,
-    encode,
-    index_document,
-    index_tag,
     is_variant_index,
     of_kind,
     variants_from_index,
@@ -33,11 +26,7 @@ from kernelbake.contract.variants import (
 from kernelbake.errors import BadInput, EnvironmentProblem, UnknownName
 from kernelbake.gfd import GPU_LABELS, PRODUCT, node_gpu
 from kernelbake.oci import Manifest, Reference, RegistryClient, parse_reference
-from kernelbake.remote import MAX_CONFIG_BYTES, ImageLayoutError, read_image, registry_reachable
 from kernelbake.runner import Result, Runner, run
-
-# Docker's and OCI's names for the machine architecture differ from uname's.
-_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,44 +53,6 @@ class Resolution:
 
     def variant(self, candidate: Candidate) -> Variant:
         return self.variants[candidate.index]
-
-
-def variant_of(client: RegistryClient, pushed: str) -> Variant:
-    """The index entry for ``pushed`` (``repo@sha256:…``), from what the registry holds."""
-    ref = parse_reference(pushed)
-    top = client.get_manifest(ref)
-    facts = read_image(client, ref.with_digest(top.digest), top)
-    try:
-        config = json.loads(client.get_blob(ref, facts.manifest.config.digest, max_bytes=MAX_CONFIG_BYTES))
-    except ValueError:
-        raise ImageLayoutError(f"{pushed}: image config is not JSON") from None
-    arch = str(config.get("architecture") or "amd64")
-    return Variant(
-        key=key_from_labels(facts.labels),
-        digest=top.digest,
-        size=len(top.data),
-        media_type=top.media_type,
-        os=str(config.get("os") or "linux"),
-        architecture=_ARCHITECTURES.get(arch, arch),
-        kind=kind_of(facts.labels),
-    )
-
-
-def publish_index(pushed: Sequence[str], *, client: RegistryClient | None = None) -> str:
-    """Push the index of ``pushed`` (variants of one repository, ``repo@sha256:…``) under the tag
-    that digests their keys; returns ``repo:tag@sha256:…`` of the index."""
-    refs = [parse_reference(p) for p in pushed]
-    names = {r.name for r in refs}
-    if len(names) != 1:
-        raise BadInput(f"an index lists variants of one repository, got {', '.join(sorted(names))}")
-    client = client or RegistryClient()
-    repo = refs[0]
-    with registry_reachable(repo.registry):
-        variants = [variant_of(client, p) for p in pushed]
-        tag = index_tag([v.key for v in variants])
-        data = encode(index_document(variants))
-        result = client.put_manifest(Reference(repo.registry, repo.repository, tag=tag), data, OCI_INDEX)
-    return f"{repo.name}:{tag}@{result.digest}"
 
 
 def read_index(reference: str, *, client: RegistryClient | None = None) -> FleetIndex | None:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.variants import OCI_INDEX, variants_from_index
-from kernelbake.fleet import publish_index, read_index
+from kernelbake.fleet import read_index
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.publish.index import publish_index
 from tests.admission import live
 from tests.signing.images import PushedImage
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import BuildOptions, Built, Driver
 from kernelbake.contract.variants import variants_from_index
-from kernelbake.fleet import publish_index
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.pipeline import BuildOptions, Built, Driver
 from kernelbake.plan import plan
+from kernelbake.publish.index import publish_index
 from kernelbake.render import BuildMode
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.variants import ANNOTATION_DEVICE, ANNOTATION_KEY, OCI_INDEX, encode
-from kernelbake.fleet import publish_index
 from kernelbake.gfd import PRODUCT
 from kernelbake.oci import Reference, RegistryClient, parse_reference
+from kernelbake.publish.index import publish_index
 from tests.admission import documents, live
 from tests.signing.images import PushedImage
 

@@ -34,14 +34,15 @@ from kernelbake.admission.gateway import Accepted, ImageRejected, IndexAccepted,
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.scheduling import ways
 from kernelbake.admission.verifying import SignedImageVerifier, verify_policy
-from kernelbake.build import BuildOptions, Built, Driver, Publish
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.engines import DECLARATIONS
 from kernelbake.contract.layout import MANIFEST
-from kernelbake.fleet import publish_index, read_index, resolve
+from kernelbake.fleet import read_index, resolve
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.pipeline import BuildOptions, Built, Driver, Publish
 from kernelbake.plan import plan
+from kernelbake.publish.index import publish_index
 from kernelbake.remote import read_image
 from kernelbake.settings import Settings
 from kernelbake.signing.keys import generate_key_pair, load_private_key

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import Built
 from kernelbake.cli import main
 from kernelbake.contract.key import parse_key
 from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.pipeline import Built
 from kernelbake.remote import inspect_remote
 from tests.conftest import REPO
 from tests.support.docker import docker, ready_line

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernelbake.build import Built
+from kernelbake.pipeline import Built
 from tests.conftest import REPO
 from tests.support.docker import docker
 from tests.support.podman import pull, require_podman
@@ -36,6 +37,16 @@ SERVE = REPO / "deploy" / "examples" / "serve.yaml"
 
 def quick_start() -> list[list[str]]:
     return [c for b in blocks(README.read_text(), "quick-start") for c in commands(b)]
+
+
+def shown_line(text: str) -> re.Pattern[str]:
+    """A log line as the docs show it: ``…`` is any text, a number is any number."""
+    parts = re.split(r"(…|\d+(?:\.\d+)?)", text)
+    return re.compile(
+        "".join(
+            ".*" if p == "…" else r"\d+(?:\.\d+)?" if p and p[0].isdigit() else re.escape(p) for p in parts
+        )
+    )
 
 
 def _healthy(probe: list[str], alive: Callable[[], bool], what: str, log: Callable[[], str]) -> None:
@@ -80,6 +91,12 @@ def test_the_readme_quick_start_serves_a_completion_and_checks_warm(vllm_image: 
         assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
         lines = [ln for ln in logs().splitlines() if ln.startswith("kernelbake serve:")]
         assert any("baked caches valid (exact match)" in ln for ln in lines), lines
+        # What the README shows serve printing is what it prints, in that order: a line that
+        # drifts from the code fails here, not in a new user's terminal.
+        shown = [shown_line(ln) for ln in blocks(README.read_text(), "serve-output")[0].splitlines()]
+        found = iter(lines)
+        for want in shown:
+            assert any(want.fullmatch(ln) for ln in found), (want.pattern, lines)
     finally:
         docker("rm", "-f", name, check=False)
         server.wait(60)

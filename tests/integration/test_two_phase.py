@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.build import Built
 from kernelbake.errors import BuildFailed
+from kernelbake.pipeline import Built
 from kernelbake.remote import inspect_remote
 from kernelbake.render import BuildMode
 from tests.integration.conftest import build_tiny

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kernelbake.build import Built
+from kernelbake.pipeline import Built
 from tests.support.docker import docker
 from tests.support.registry import free_port
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.variants import OCI_INDEX, encode
-from kernelbake.fleet import FleetIndex, publish_index, read_index
+from kernelbake.fleet import FleetIndex, read_index
 from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.plan import plan
+from kernelbake.publish.index import publish_index
 from kernelbake.signing.errors import LabelMismatch, Unsigned
 from kernelbake.signing.index import verify_index
 from kernelbake.signing.sign import sign_image

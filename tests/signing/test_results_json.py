@@ -13,10 +13,11 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.contract.artifact import ArtifactKind, artifact_facts, kind_of
-from kernelbake.fleet import FleetIndex, publish_index, read_index
+from kernelbake.fleet import FleetIndex, read_index
 from kernelbake.labels import check_labels
 from kernelbake.oci import RegistryClient, parse_reference
 from kernelbake.plan import plan
+from kernelbake.publish.index import publish_index
 from kernelbake.remote import RemoteImage, inspect_remote
 from kernelbake.signing.index import IndexVerification, verify_index
 from kernelbake.signing.sign import sign_image

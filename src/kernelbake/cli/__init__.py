@@ -21,7 +21,6 @@ _AREAS = (
     "kernelbake.cli.signing",
     "kernelbake.cli.admission",
     "kernelbake.cli.fleet",
-    "kernelbake.cli.capture",
 )
 
 
@@ -36,7 +35,7 @@ _IN_IMAGE = {
     "seed-cache": "kernelbake.cli.runtime",
     "engine-command": "kernelbake.cli.runtime",
     # ``capture collect`` runs in the replica; ``push`` and ``verify`` import host code lazily.
-    "capture": "kernelbake.cli.capture",
+    "capture": "kernelbake.cli.runtime",
 }
 
 

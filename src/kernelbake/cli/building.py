@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelbake import bake
 from kernelbake._wheel import build_wheel
-from kernelbake.build import BuildOptions, Driver, Publish
+from kernelbake.bake import bakefile
 from kernelbake.cli.planning import add_spec_args
+from kernelbake.pipeline import BuildOptions, Driver, Publish
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode, render, write_context
 from kernelbake.settings import Settings
@@ -44,12 +44,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     groups = {}
     for t in targets:
         rendered = render(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
-        layout = bake.Layout(out / t.name)
+        layout = bakefile.Layout(out / t.name)
         write_context(rendered, layout.context, wheel)
-        groups[t.name] = bake.bake_targets(rendered, layout, push=False)
+        groups[t.name] = bakefile.bake_targets(rendered, layout, push=False)
         print(f"{t.name}\t{layout.context / 'Dockerfile'}")
     bake_file = out / "docker-bake.json"
-    bake_file.write_text(bake.dumps(bake.bake_document(groups)))
+    bake_file.write_text(bakefile.dumps(bakefile.bake_document(groups)))
     print(f"bake file\t{bake_file}")
     return 0
 
@@ -76,9 +76,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     pushed = [p for b in built for p in b.published]
     # A cache artifact is found through the index (resolve, admission), so even one gets one.
     if len(pushed) > 1 or any(b.cache is not None and b.cache.pushed for b in built):
-        # Every target is pushed (the driver raised otherwise): one index lists them all.
-        from kernelbake.fleet import publish_index
+        # Every target is pushed (the pipeline raised otherwise): one index lists them all.
         from kernelbake.oci import RegistryClient
+        from kernelbake.publish.index import publish_index
 
         print(f"index\t{publish_index(pushed, client=RegistryClient(settings, timeout=30.0))}")
     return 0

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.cli.runtime import IN_IMAGE
+
 if TYPE_CHECKING:
     from kernelbake.oci import RegistryClient
 
@@ -74,7 +76,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capture", help="a running replica's new cache files as a signed delta")
+    p = sub.add_parser(
+        "capture",
+        help=IN_IMAGE + "collect a replica's new cache files as a delta (push and verify run on the host)",
+    )
     inner = p.add_subparsers(dest="capture_command", required=True, metavar="STEP")
 
     c = inner.add_parser(

@@ -6,12 +6,13 @@ Per build target ``<spec>-<gpu>`` (single mode):
     ``<name>``          stage final, tagged, loaded (or pushed by a container builder)
 Two-phase mode: ``<name>-runtime`` is loaded as the compile-env image that ``docker run``
 uses, and ``<name>`` takes the compiled directory as the named build context ``caches``.
-The driver runs the bake targets one at a time, so a failure names its stage.
+``kernelbake.bake.stages`` runs the bake targets one at a time, so a failure names its stage.
 
 With a cache artifact (``--publish cache|both``), single mode also exports the ``caches``
-stage (``<name>-caches``, to ``<build>/<name>/caches``) and, once the caches exist, the driver
-writes ``<build>/<name>/artifact-bake.json`` with ``<name>-cache-artifact``: the
-``cache-artifact`` stage built from that directory, with the labels only known then.
+stage (``<name>-caches``, to ``<build>/<name>/caches``) and, once the caches exist,
+``kernelbake.publish.artifact`` writes ``<build>/<name>/artifact-bake.json`` with
+``<name>-cache-artifact``: the ``cache-artifact`` stage built from that directory, with the
+labels only known then.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def compile_env_ref(target: BuildTarget) -> str:
 
 
 def step_names(rendered: Rendered, *, cache_artifact: bool = False) -> list[tuple[str, str]]:
-    """(stage, bake target) in the order the driver runs them."""
+    """(stage, bake target) in the order ``kernelbake.bake.stages`` runs them."""
     n = rendered.target.name
     if rendered.mode is BuildMode.TWO_PHASE:
         return [("runtime", f"{n}-runtime"), ("final", n)]
