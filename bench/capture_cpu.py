@@ -14,7 +14,8 @@ checkout's ``src``, bind-mounted read-only into both replicas ahead of the image
 JSON says so. The delta reaches the second replica as the registry serves it: pulled by digest
 (``docker pull``), its root exported (``docker create`` + ``docker export``) and bind-mounted
 read-only, where a Kubernetes image volume would mount it. Stdlib only, besides docker and the
-kernelbake CLI (``--kernelbake``).
+kernelbake CLI (``--kernelbake``). Elsewhere (a GPU image): ``--docker-arg=--gpus=all``, ``--model``
+and ``--request '{...}'`` (a class that compiles there; the default is the CPU image's).
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def ready(port: int, name: str) -> float:
     raise SystemExit(f"{name}: not ready within {READY_TIMEOUT} s")
 
 
-def ask(port: int, model: str) -> dict[str, Any]:
-    body = json.dumps({"model": model, **CLASS}).encode()
+def ask(port: int, model: str, request: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"model": model, **request}).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
@@ -128,11 +129,11 @@ def _delta_of(doc: Any) -> Any:
     return None
 
 
-def _check(image: str, src: Path, mounted: Path, digest: str) -> dict[str, Any]:
+def _check(image: str, src: Path, mounted: Path, digest: str, extra: list[str]) -> dict[str, Any]:
     """``kernelbake check --json`` in a fresh container of ``image`` with ``mounted`` as its delta."""
     done = sh(
         [
-            "docker", "run", "--rm", "--shm-size", "2g", "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc",
+            "docker", "run", "--rm", "--shm-size", "2g", *extra, "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc",
             "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={digest}",
             image, "check", "--json",
         ]
@@ -148,7 +149,9 @@ def _repin(root: Path) -> str:
     return "sha256:" + hashlib.sha256((root / "delta.json").read_bytes()).hexdigest()
 
 
-def refusals(image: str, src: Path, mounted: Path, work: Path, digest: str) -> dict[str, Any]:
+def refusals(
+    image: str, src: Path, mounted: Path, work: Path, digest: str, extra: list[str]
+) -> dict[str, Any]:
     """Item 4 on the real image: each bad delta is refused by serve's preflight, by name."""
     out: dict[str, Any] = {}
     baked = json.loads(
@@ -179,7 +182,7 @@ def refusals(image: str, src: Path, mounted: Path, work: Path, digest: str) -> d
             doc["kinds"].setdefault(target["kind"], {"files": []})["files"].append(entry)
             (root / "delta.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
             pin = _repin(root)
-        out[case] = _check(image, src, root, pin)
+        out[case] = _check(image, src, root, pin, extra)
     return out
 
 
@@ -199,11 +202,16 @@ def main() -> int:
     p.add_argument("--kernelbake", default=f"{sys.executable} -m kernelbake")
     p.add_argument("--port", type=int, default=18041)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="/models/tiny-llama", help="the served model's name")
+    p.add_argument("--request", type=json.loads, default=CLASS, help="the request class, as JSON")
+    p.add_argument(
+        "--docker-arg", action="append", default=[], help="passed to every docker run (e.g. --gpus=all)"
+    )
     a = p.parse_args()
     kb = a.kernelbake.split()
     src = a.src.resolve()
     repo = a.image.partition("@")[0]
-    model = "/models/tiny-llama"
+    model = a.model
     doc: dict[str, Any] = {
         "bench": "capture_cpu",
         "command": " ".join(sys.argv),
@@ -212,16 +220,16 @@ def main() -> int:
         "load_average_at_start": os.getloadavg()[0],
         "image": a.image,
         "runtime": f"this checkout's {a.src} bind-mounted over the image's kernelbake (PYTHONPATH)",
-        "request_class": CLASS,
+        "request_class": a.request,
     }
     with tempfile.TemporaryDirectory(prefix="kb-capture-bench-") as tmp:
         work = Path(tmp)
         one = "kb-capture-bench-1"
         try:
-            first = replica(a.image, src, one, a.port, [])
+            first = replica(a.image, src, one, a.port, a.docker_arg)
             first["serve"] = serve_lines(one)
             first["gained_before_request"] = gained(one)
-            first["request"] = ask(a.port, model)
+            first["request"] = ask(a.port, model, a.request)
             first["gained_after_request"] = gained(one)
             collected = must(
                 ["docker", "exec", one, "python3", "-m", "kernelbake", "capture", "collect",
@@ -278,10 +286,10 @@ def main() -> int:
         try:
             second = replica(
                 a.image, src, two, a.port,
-                ["-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={verified['manifest_digest']}"],
+                [*a.docker_arg, "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={verified['manifest_digest']}"],
             )  # fmt: skip
             second["serve"] = serve_lines(two)
-            second["request"] = ask(a.port, model)
+            second["request"] = ask(a.port, model, a.request)
             second["gained_after_request"] = [
                 f
                 for f in gained(two)
@@ -293,7 +301,7 @@ def main() -> int:
         finally:
             sh(["docker", "rm", "-f", two])
         doc["next_replica"] = second
-        doc["refused"] = refusals(a.image, src, mounted, work, verified["manifest_digest"])
+        doc["refused"] = refusals(a.image, src, mounted, work, verified["manifest_digest"], a.docker_arg)
         doc["refused"]["foreign_key"] = foreign_key(kb, env, to, a.image, work)
     merged = [line for line in second["serve"] if "cache delta" in line]
     doc["summary"] = {
