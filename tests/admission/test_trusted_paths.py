@@ -149,7 +149,7 @@ def test_env_from_that_could_set_a_named_variable_is_denied(
         return
     assert (
         f"envFrom[0] (configMapRef, prefix {prefix or ''!r}) cannot be inspected here and could set "
-        "KERNELBAKE_TARGET, KERNELBAKE_UNSAFE_TARGET"
+        "KERNELBAKE_DELTA_DIGEST, KERNELBAKE_TARGET, KERNELBAKE_UNSAFE_TARGET"
     ) in _denied(verifier, doc)
 
 

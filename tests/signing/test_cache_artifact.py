@@ -132,18 +132,18 @@ def test_an_attestation_of_other_artifact_labels_does_not_verify(
     )
     from kernelbake.oci import parse_reference
     from kernelbake.signing import intoto
-    from kernelbake.signing.sign import _push_bundle
+    from kernelbake.signing.sign import push_bundle
 
     ref = parse_reference(other.pinned)
     top = client.get_manifest(ref)
     signed = keys.signer.sign_statement(
         intoto.make_statement(ref.name, top.digest, intoto.COSIGN_SIGN_PREDICATE, {})
     )
-    _push_bundle(client, ref, top.descriptor(), signed.bundle, intoto.COSIGN_SIGN_PREDICATE, keys.signer)
+    push_bundle(client, ref, top.descriptor(), signed.bundle, intoto.COSIGN_SIGN_PREDICATE, keys.signer)
     stale = keys.signer.sign_statement(
         intoto.make_statement(ref.name, top.digest, PREDICATE_TYPE, result.predicate.to_json())
     )
-    _push_bundle(client, ref, top.descriptor(), stale.bundle, PREDICATE_TYPE, keys.signer)
+    push_bundle(client, ref, top.descriptor(), stale.bundle, PREDICATE_TYPE, keys.signer)
     with pytest.raises(LabelMismatch, match="cache artifact labels differ"):
         verify_image(other.pinned, keys.policy(require_attestation=True), client=client)
     assert LABEL_ARTIFACT in other.labels

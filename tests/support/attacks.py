@@ -9,7 +9,7 @@ from typing import Any
 
 from kernelbake.oci import Reference, RegistryClient, parse_reference
 from kernelbake.signing import intoto
-from kernelbake.signing.sign import _push_bundle
+from kernelbake.signing.sign import push_bundle
 from kernelbake.signing.signer import Signer
 
 
@@ -28,4 +28,4 @@ def attach_statement(
     top = client.get_manifest(ref)
     pinned = Reference(ref.registry, ref.repository, digest=top.digest)
     signed = signer.sign_statement(intoto.make_statement(pinned.name, top.digest, predicate_type, predicate))
-    return _push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type, signer)
+    return push_bundle(client, pinned, top.descriptor(), signed.bundle, predicate_type, signer)

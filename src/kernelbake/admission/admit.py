@@ -21,6 +21,7 @@ from typing import Any
 from kernelbake.admission import bounds, gpus, trusted_paths, volumes
 from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
 from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
+from kernelbake.admission.deltas import decide_deltas
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
@@ -346,11 +347,12 @@ def decide(
             verified_elsewhere=True,
             budget=budget,
         )
-        problems += cached.problems
-        notes += cached.notes
+        pinned_deltas = decide_deltas(plan.caches, outcomes, mutate=endpoint is Endpoint.MUTATE)
+        problems += cached.problems + pinned_deltas.problems
+        notes += cached.notes + pinned_deltas.notes
         # A governed image volume is pinned above, with the other images; not twice.
         pinned_here = {op["path"] for op in patch}
-        patch += [dict(op) for op in cached.patch if op["path"] not in pinned_here]
+        patch += [dict(op) for op in (*cached.patch, *pinned_deltas.patch) if op["path"] not in pinned_here]
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
 

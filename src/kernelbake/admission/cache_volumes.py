@@ -55,6 +55,7 @@ from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.volumes import image_volumes
 from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, ArtifactKind, CacheArtifactFacts
+from kernelbake.contract.delta import DELTA_DIGEST_ENV
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.contract.variants import Variant, is_gpu, of_kind
@@ -168,11 +169,29 @@ def plan_caches(
         volumes.append(CacheVolume(volume.index, volume.name, ref, tuple(users.get(volume.name, ()))))
     # Each is checked against every container that uses the caches (volumes times containers).
     cap("the pod's image volumes naming governed repositories", volumes, MAX_CACHE_VOLUMES)
-    if raw_index is None and not volumes and not problems:
+    if raw_index is None and not volumes and not problems and not sets_delta_pin(spec):
         return None
     if raw_index is not None and not containers:
         problems.append(f"annotation {ANNOTATION_INDEX}: the pod has no container to give the caches to")
     return CachePlan(spec_path, spec, index, mode, container, tuple(volumes), tuple(problems))
+
+
+def sets_delta_pin(spec: Mapping[str, Any]) -> bool:
+    """Whether a container sets ``$KERNELBAKE_DELTA_DIGEST``: a pod that does is reviewed for its
+    deltas (``admission.deltas``) even with no other cache to judge."""
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else ():
+            env = c.get("env") if isinstance(c, dict) else None
+            if any(isinstance(e, dict) and e.get("name") == DELTA_DIGEST_ENV for e in env or ()):
+                return True
+    return False
+
+
+def is_delta(outcome: Outcome | None) -> bool:
+    """An outcome that verified a cache delta (``signing.delta.VerifiedDelta``), judged by
+    ``admission.deltas`` rather than as a cache artifact."""
+    return isinstance(outcome, Accepted) and getattr(outcome.image, "base_manifest", None) is not None
 
 
 def _users(spec: Mapping[str, Any], spec_path: tuple[str, ...]) -> dict[str, list[tuple[str, int, str, str]]]:
@@ -344,6 +363,8 @@ def decide_caches(
     for volume in plan.volumes:
         subject = f'image volume "{volume.name}" ({volume.ref})'
         outcome = outcomes.get(volume.target)
+        if is_delta(outcome):
+            continue  # admission.deltas judges it, against the container that mounts it
         got = _verified_artifact(subject, volume.target, outcome)
         if isinstance(got, str):
             # With the webhook's image review beside this, what did not verify is its problem
@@ -447,7 +468,7 @@ def _opt_in(
         # the writable cache root: Inductor takes lock files under its cache directory on every
         # start, so a read-only mount at the cache root fails ("Read-only file system").
         artifact = {"reference": f"{plan.index.written_name}@{variant.digest}", "pullPolicy": "IfNotPresent"}
-        _append(patch, plan.spec, base, "volumes", {"name": ARTIFACT_VOLUME, "image": artifact})
+        append(patch, plan.spec, base, "volumes", {"name": ARTIFACT_VOLUME, "image": artifact})
         seed: dict[str, Any] = {
             "name": COPY_CONTAINER,
             "image": str(container.get("image", "")),
@@ -464,13 +485,13 @@ def _opt_in(
             "command": ["python3", "-m", "kernelbake", "seed-cache", SEED_PATH],
             "volumeMounts": seed_mounts,
         }
-    _append(patch, plan.spec, base, "volumes", {"name": VOLUME_NAME, "emptyDir": {}})
-    _append(patch, plan.spec, base, "initContainers", seed)
-    _append(patch, container, c_ptr, "volumeMounts", {"name": VOLUME_NAME, "mountPath": CACHE_ROOT})
+    append(patch, plan.spec, base, "volumes", {"name": VOLUME_NAME, "emptyDir": {}})
+    append(patch, plan.spec, base, "initContainers", seed)
+    append(patch, container, c_ptr, "volumeMounts", {"name": VOLUME_NAME, "mountPath": CACHE_ROOT})
     present = {e.get("name") for e in container.get("env") or [] if isinstance(e, dict)}
     for name, value in [*got.facts.env, (MANIFEST_DIGEST_ENV, got.facts.manifest_digest)]:
         if name not in present:
-            _append(patch, container, c_ptr, "env", {"name": name, "value": value})
+            append(patch, container, c_ptr, "env", {"name": name, "value": value})
             present.add(name)
     if not given:
         patch.append({"op": "add", "path": pointer((*c_ptr, "command")), "value": list(got.facts.command)})
@@ -478,7 +499,7 @@ def _opt_in(
     return []
 
 
-def _append(
+def append(
     patch: list[dict[str, Any]], obj: Mapping[str, Any], at: tuple[str, ...], field: str, value: Any
 ) -> None:
     """Add ``value`` to the list ``obj[field]``, creating the list when neither the pod nor an

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernelbake.admission.workloads import Container, MalformedObject
+from kernelbake.contract.delta import DELTA_DIGEST_ENV
 from kernelbake.contract.layout import CACHE_ROOT, TRUSTED_FILES, TRUSTED_VARIABLES
 
 # Every path a mount must not be at: the trusted files and each directory above them.
@@ -32,6 +33,10 @@ _COVERING = {
     for p in [f, *(f[:i] or "/" for i, c in enumerate(f) if c == "/")]
 }
 _VARIABLES = frozenset(TRUSTED_VARIABLES)
+# What an envFrom must not be able to set either: the variable that pins a cache delta, which
+# admission.deltas sets (or checks) only for a delta it verified, and cannot check in a source
+# it cannot read.
+_FROM_SOURCES = _VARIABLES | {DELTA_DIGEST_ENV}
 # Problems listed per pod, and characters shown of a value the pod spec chose: the message
 # stays a few KiB however large the spec.
 _MAX_LISTED = 8
@@ -86,12 +91,12 @@ def _container_problems(c: Container, spec: Mapping[str, Any]) -> Iterable[str]:
             )
     for i, e in enumerate(_items(obj, "envFrom", where)):
         prefix = _string(e, "prefix", f"{where}.envFrom[{i}]")
-        could = sorted(v for v in _VARIABLES if v.startswith(prefix))
+        could = sorted(v for v in _FROM_SOURCES if v.startswith(prefix))
         if could:
             source = next((k for k in ("configMapRef", "secretRef") if k in e), "a source")
             yield (
                 f"{c.where}: envFrom[{i}] ({source}, prefix {prefix!r}) cannot be inspected here and could "
-                f"set {', '.join(could)}, which move the files kernelbake serve trusts; give it a prefix "
+                f"set {', '.join(could)}, which move (or pin) the files kernelbake serve trusts; give it a prefix "
                 "that none of them starts with, or list its variables under env"
             )
 

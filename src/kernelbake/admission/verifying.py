@@ -18,10 +18,12 @@ from typing import TypeVar
 from kernelbake import oci
 from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.contract.artifact import InvalidArtifact
 from kernelbake.errors import KernelbakeError
 from kernelbake.fleet import read_index
 from kernelbake.settings import Settings
-from kernelbake.signing.errors import NotKernelbakeImage
+from kernelbake.signing.delta import VerifiedDelta, is_delta, read_delta
+from kernelbake.signing.errors import LabelMismatch, MissingAttestation, NotKernelbakeImage
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.verify import VerifiedImage, verify_image, verify_signature
 
@@ -61,14 +63,23 @@ class SignedImageVerifier:
             client = self._local.client = self._factory()
         return client
 
-    def __call__(self, reference: str) -> VerifiedImage | VerifiedIndex:
+    def __call__(self, reference: str) -> VerifiedImage | VerifiedIndex | VerifiedDelta:
         client = self._client()
         with client.deadline(self.deadline, "verification deadline"):
             return _sorted(lambda: self._verify(reference, client))
 
-    def _verify(self, reference: str, client: oci.RegistryClient) -> VerifiedImage | VerifiedIndex:
+    def _verify(
+        self, reference: str, client: oci.RegistryClient
+    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta:
         try:
             return verify_image(reference, self.trust, client=client)
+        except (InvalidArtifact, LabelMismatch, MissingAttestation):
+            # A cache delta fails here (its labels name no image or cache artifact; its
+            # attestation is a delta's): verified as a delta, its base judged against the pod's
+            # image (admission.deltas). Anything else stays refused. One more GET, on failures only.
+            if not is_delta(client, reference):
+                raise
+            return read_delta(client, reference, self.trust)
         except NotKernelbakeImage:
             # Not one image: a model's GPU index is verified by its signature, and the variant a
             # pod is sent to on its own (the images' path stays as it was: no extra request).

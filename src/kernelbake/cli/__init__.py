@@ -34,6 +34,8 @@ _IN_IMAGE = {
     "fetch-model": "kernelbake.cli.runtime",
     "seed-cache": "kernelbake.cli.runtime",
     "engine-command": "kernelbake.cli.runtime",
+    # ``capture collect`` runs in the replica; ``push`` and ``verify`` import host code lazily.
+    "capture": "kernelbake.cli.runtime",
 }
 
 

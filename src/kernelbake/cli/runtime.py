@@ -215,6 +215,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("dest", type=Path)
     p.set_defaults(func=cmd_seed_cache)
 
+    # capture's collect runs in the image; its push and verify import host code only when run.
+    from kernelbake.cli import capture
+
+    capture.register(sub)
     serve.epilog = _image_commands(sub, exclude="serve")
 
 

@@ -116,7 +116,7 @@ def read_manifest(root: Path) -> Manifest:
     return load_manifest(root)[0]
 
 
-def _copy_one(root: Path, rel: str, dest: Path) -> tuple[int, str]:
+def copy_file(root: Path, rel: str, dest: Path) -> tuple[int, str]:
     """Copies ``rel`` (never through a symlink, never onto one), keeping its mode and times;
     its size and sha256. The times are kept because a copied cache must read as the baked one:
     some engine caches compare a file's mtime with their own records (and the init-container
@@ -152,7 +152,7 @@ def copy_bundle(root: Path, manifest: Manifest, data: bytes, dest: Path) -> int:
     copied = 0
     for entry in manifest.files:
         try:
-            size, digest = _copy_one(root, entry.path, dest)
+            size, digest = copy_file(root, entry.path, dest)
         except OSError as exc:
             raise BadInput(f"{root / entry.path}: cannot be copied ({exc.strerror or exc})") from None
         if (size, digest) != (entry.size, entry.sha256):
@@ -164,7 +164,7 @@ def copy_bundle(root: Path, manifest: Manifest, data: bytes, dest: Path) -> int:
     for log in manifest.logs:
         # A log is appended to, never loaded: copied when it is a plain file, else left out.
         with contextlib.suppress(OSError):
-            _copy_one(root, log, dest)
+            copy_file(root, log, dest)
     # Every kind directory the root has, those of kinds that compiled nothing included: the
     # preflight keeps caches in place only where it can write into each kind's directory, so
     # a copy without them (an emptyDir that seed-cache filled) would be copied again to scratch.

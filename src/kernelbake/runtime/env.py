@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
 from kernelbake.contract.envvars import DeclaredEnv, Variable
 from kernelbake.contract.layout import (
     PINNED_MANIFEST,
@@ -86,6 +87,10 @@ VARIABLES = (
         "`sha256:…` the cache manifest must have, besides the image's pinned copy (caches that arrive by volume into an image without one)",
     ),
     Variable(
+        DELTA_DIGEST_ENV,
+        f"`sha256:…` of the cache delta's `delta.json` mounted at `{DELTA_ROOT}`, as admission verified it (signature, key, base digest); without it a mounted delta is not used",
+    ),
+    Variable(
         "KERNELBAKE_STATUS",
         "where `serve` writes its JSON status (preflight, prediction, evidence)",
         "$KERNELBAKE_SCRATCH/kernelbake-status.json",
@@ -127,11 +132,11 @@ def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
         raise BadInput(f"${name}={raw!r}: expected one of {choices}") from None
 
 
-def _digest(raw: str | None) -> str | None:
+def _digest(raw: str | None, name: str = MANIFEST_DIGEST_ENV) -> str | None:
     if not raw:
         return None
     if not _DIGEST.fullmatch(raw):
-        raise BadInput(f"${MANIFEST_DIGEST_ENV}={raw!r}: expected sha256: and 64 lowercase hex digits")
+        raise BadInput(f"${name}={raw!r}: expected sha256: and 64 lowercase hex digits")
     return raw
 
 
@@ -184,6 +189,10 @@ class RuntimeEnv:
     # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
     status_file: Path | None = None
     manifest_digest: str | None = None
+    # The cache delta a pod may mount (``runtime.delta``), and the sha256 its delta.json must
+    # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
+    delta_root: Path = Path(DELTA_ROOT)
+    delta_digest: str | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -222,6 +231,8 @@ class RuntimeEnv:
                 / "kernelbake-status.json"
             ),
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
+            delta_root=target_file.parent / Path(DELTA_ROOT).name if moved else Path(DELTA_ROOT),
+            delta_digest=_digest(env.get(DELTA_DIGEST_ENV), DELTA_DIGEST_ENV),
             environ=dict(env),
         )
 

@@ -21,7 +21,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kernelbake.contract.layout import MANIFEST
@@ -131,6 +131,28 @@ def _digest_problem(root: Path, entry: FileEntry) -> str | None:
     if found != entry.sha256:
         return f"{entry.path}: sha256 {found} but the manifest records {entry.sha256}"
     return None
+
+
+def file_problems(root: Path, entries: Iterable[FileEntry]) -> list[str]:
+    """Size, then sha256, of each of ``entries`` under ``root`` (never through a symlink):
+    for files that are not a bundle of their own (a cache delta's), so there are no strangers
+    to look for. Empty when every file is what its entry says."""
+    problems = []
+    for entry in entries:
+        try:
+            with open_beneath(root, entry.path) as fd:
+                size = os.fstat(fd).st_size
+        except FileNotFoundError:
+            problems.append(f"{entry.path}: missing")
+            continue
+        except OSError as exc:
+            problems.append(f"{entry.path}: not a plain readable file ({_why(exc)})")
+            continue
+        if size != entry.size:
+            problems.append(f"{entry.path}: size {size} but the delta records {entry.size}")
+        elif (problem := _digest_problem(root, entry)) is not None:
+            problems.append(problem.replace("the manifest records", "the delta records"))
+    return problems
 
 
 class Check:

@@ -31,6 +31,7 @@ from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
+from kernelbake.runtime import delta as cache_delta
 from kernelbake.runtime import pin
 from kernelbake.runtime.bundle import copy_bundle, load_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
@@ -68,6 +69,8 @@ class Verdict:
     # Per cache kind: the engine's own verdict (``kernelbake check``, or vLLM's plugin at
     # serve time) or, until then, the fallback from the key.
     prediction: Prediction | None = None
+    # A cache delta mounted for this start: merged, or why not (None: there was none).
+    delta: cache_delta.DeltaOutcome | None = None
 
     @property
     def warm(self) -> bool:
@@ -101,6 +104,7 @@ class Verdict:
             "verify": self.verify.value,
             "integrity": self.integrity,
             "cache_root": str(self.cache_root),
+            "delta": self.delta.to_json() if self.delta else None,
         }
 
     def lines(self) -> list[str]:
@@ -113,6 +117,8 @@ class Verdict:
             head = [f"WARNING: starting COLD; the baked caches are not used (caches at {self.cache_root}):"]
             head += [f"  - {p}" for p in self.problems]
         tail = self.prediction.lines() if self.prediction else []
+        if self.delta is not None:
+            head.append(self.delta.line())
         return head + [f"WARNING: {n}" for n in self.notes] + tail
 
 
@@ -332,6 +338,10 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
     manifest, _data, manifest_problems = _manifest(env, baked, target)
     if manifest is None or _known_problems(env, target, manifest, manifest_problems):
         return None
+    if cache_delta.present(env):
+        # The delta is merged before the engine starts, so that what it adds is in the
+        # engine's caches (and in the start-up report's "before") from the first file.
+        return None
     if not _writable(_temp_dirs(env)):
         # The preflight says which directory, and the recipe.
         return None
@@ -517,6 +527,7 @@ def preflight(
     in_place = not problems and _writable_in_place(baked, engine)
     summary = _await_integrity(pending, problems)
     root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
+    delta = _delta(env, target, engine, manifest, data, problems, root)
     notes += _target_notes(env)
     prediction = None if problems else _fallback_prediction(manifest, identity, device, asks_engine, notes)
     if problems:
@@ -535,7 +546,28 @@ def preflight(
         verify=env.verify,
         integrity=summary,
         prediction=prediction,
+        delta=delta,
     )
+
+
+def _delta(
+    env: RuntimeEnv,
+    target: TargetConfig,
+    engine: EngineRuntime,
+    manifest: Manifest | None,
+    data: bytes,
+    problems: Sequence[str],
+    root: Path,
+) -> cache_delta.DeltaOutcome | None:
+    """The mounted delta merged into ``root``, on a warm start only: a delta is layered on the
+    baked caches, so where they are not used neither is it."""
+    if not cache_delta.present(env):
+        return None
+    if problems or manifest is None:
+        return cache_delta.DeltaOutcome(
+            where=env.delta_root, used=False, reason="the baked caches are not used, so neither is the delta"
+        )
+    return cache_delta.apply(env, target, manifest, data, root, set(engine.declaration.cache_kinds))
 
 
 @dataclasses.dataclass(frozen=True)

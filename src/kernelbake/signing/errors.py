@@ -141,6 +141,12 @@ class InvalidImageReference(VerificationFailed, BadInput):
     return_code = 28
 
 
+class DeltaRefused(VerificationFailed):
+    """A cache delta that is not for this image: another base digest or key, or not a delta."""
+
+    return_code = 29
+
+
 class SigningFailed(KernelbakeError):
     """Base of signing failures."""
 

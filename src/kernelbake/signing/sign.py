@@ -52,7 +52,7 @@ def _vouch(signer: Signer, subject: Descriptor, bundle: bytes) -> dict[str, str]
     }
 
 
-def _push_bundle(
+def push_bundle(
     client: RegistryClient,
     ref: Reference,
     subject: Descriptor,
@@ -137,7 +137,7 @@ def sign_image(
             intoto.make_statement(pinned.name, top.digest, intoto.COSIGN_SIGN_PREDICATE, {})
         )
         referrers.append(
-            _push_bundle(client, pinned, subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE, signer)
+            push_bundle(client, pinned, subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE, signer)
         )
     # An attestation is made once, for whichever of its two places (bundle, .att) lacks it.
     need_bundle = predicate is not None and wanted not in existing.attestations
@@ -148,7 +148,7 @@ def sign_image(
             intoto.make_statement(pinned.name, top.digest, PREDICATE_TYPE, wanted or {})
         )
     if need_bundle and attestation is not None:
-        referrers.append(_push_bundle(client, pinned, subject, attestation.bundle, PREDICATE_TYPE, signer))
+        referrers.append(push_bundle(client, pinned, subject, attestation.bundle, PREDICATE_TYPE, signer))
     elif predicate is not None:
         already.append("attestation")
 

@@ -1,0 +1,334 @@
+"""Capture on the CPU default image (issue 36 item 3): a replica serves a request class the
+build's warm-up does not cover and compiles for it; ``kernelbake capture collect`` takes what its
+caches gained; ``capture push`` pushes it layered on the image, signed with a fresh key and
+attested; ``capture verify`` checks it as admission does; a new replica starts with the delta
+mounted at /opt/kernelbake/delta and ``$KERNELBAKE_DELTA_DIGEST`` set to the verified digest,
+and serves the same class without compiling.
+
+    python3 bench/capture_cpu.py --image 127.0.0.1:5000/REPO@sha256:… --src src \\
+        --out bench/results/capture_cpu.json
+
+``--image`` is a pushed tiny-llama vLLM CPU image (``make image``), by digest. ``--src``: this
+checkout's ``src``, bind-mounted read-only into both replicas ahead of the image's own kernelbake
+(``PYTHONPATH``), so the replicas run this branch's runtime on the image's baked caches; the
+JSON says so. The delta reaches the second replica as the registry serves it: pulled by digest
+(``docker pull``), its root exported (``docker create`` + ``docker export``) and bind-mounted
+read-only, where a Kubernetes image volume would mount it. Stdlib only, besides docker and the
+kernelbake CLI (``--kernelbake``). Elsewhere (a GPU image): ``--docker-arg=--gpus=all``, ``--model``
+and ``--request '{...}'`` (a class that compiles there; the default is the CPU image's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+# The class: logprobs of 20 tokens with top-k 3 sampling. The warm-up's logprob classes ask
+# for at most 5 (runtime/engines/vllm/warmup.py); on vLLM 0.32.0's CPU build this request makes
+# Inductor compile a graph of its own (seen: 5 new files under inductor/).
+CLASS = {"max_tokens": 8, "logprobs": 20, "temperature": 0.7, "top_k": 3, "prompt": "hello"}
+READY_TIMEOUT = 600
+
+
+def sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    print("+", " ".join(argv), file=sys.stderr, flush=True)
+    return subprocess.run(argv, text=True, capture_output=True, check=False, **kw)
+
+
+def must(argv: list[str], **kw: Any) -> str:
+    done = sh(argv, **kw)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(argv)}: rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def ready(port: int, name: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < READY_TIMEOUT:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - started
+        except (urllib.error.URLError, OSError):
+            pass
+        if sh(["docker", "inspect", "-f", "{{.State.Running}}", name]).stdout.strip() != "true":
+            raise SystemExit(f"{name} stopped:\n{sh(['docker', 'logs', name]).stderr[-4000:]}")
+        time.sleep(1)
+    raise SystemExit(f"{name}: not ready within {READY_TIMEOUT} s")
+
+
+def ask(port: int, model: str, request: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"model": model, **request}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return {
+        "seconds": round(time.monotonic() - started, 3),
+        "finish_reason": doc["choices"][0]["finish_reason"],
+    }
+
+
+def gained(name: str) -> list[str]:
+    """Cache files newer than the image's pinned manifest (Inductor's lock files aside)."""
+    out = must(
+        [
+            "docker", "exec", name, "find", "/opt/kernelbake/cache", "-type", "f",
+            "-newer", "/opt/kernelbake/pinned-manifest.json", "!", "-name", "*.lock",
+        ]
+    )  # fmt: skip
+    return sorted(line.removeprefix("/opt/kernelbake/cache/") for line in out.splitlines() if line)
+
+
+def serve_lines(name: str) -> list[str]:
+    logs = sh(["docker", "logs", name])
+    return [line for line in (logs.stdout + logs.stderr).splitlines() if line.startswith("kernelbake serve:")]
+
+
+def replica(image: str, src: Path, name: str, port: int, extra: list[str]) -> dict[str, Any]:
+    sh(["docker", "rm", "-f", name])
+    started = time.monotonic()
+    must(
+        [
+            "docker", "run", "-d", "--name", name, "--shm-size", "2g", "-p", f"127.0.0.1:{port}:8000",
+            "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc", *extra, image,
+        ]
+    )  # fmt: skip
+    seconds = ready(port, name)
+    return {
+        "name": name,
+        "ready_s": round(seconds, 1),
+        "run_to_ready_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _delta_of(doc: Any) -> Any:
+    """The ``delta`` object anywhere in ``kernelbake check --json``'s answer."""
+    if isinstance(doc, dict):
+        if isinstance(doc.get("delta"), dict):
+            return doc["delta"]
+        for value in doc.values():
+            if (found := _delta_of(value)) is not None:
+                return found
+    return None
+
+
+def _check(image: str, src: Path, mounted: Path, digest: str, extra: list[str]) -> dict[str, Any]:
+    """``kernelbake check --json`` in a fresh container of ``image`` with ``mounted`` as its delta."""
+    done = sh(
+        [
+            "docker", "run", "--rm", "--shm-size", "2g", *extra, "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc",
+            "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={digest}",
+            image, "check", "--json",
+        ]
+    )  # fmt: skip
+    try:
+        delta = _delta_of(json.loads(done.stdout[done.stdout.index("{") :]))
+    except ValueError:
+        delta = None
+    return {"rc": done.returncode, "delta": delta}
+
+
+def _repin(root: Path) -> str:
+    return "sha256:" + hashlib.sha256((root / "delta.json").read_bytes()).hexdigest()
+
+
+def refusals(
+    image: str, src: Path, mounted: Path, work: Path, digest: str, extra: list[str]
+) -> dict[str, Any]:
+    """Item 4 on the real image: each bad delta is refused by serve's preflight, by name."""
+    out: dict[str, Any] = {}
+    baked = json.loads(
+        must(["docker", "run", "--rm", "--entrypoint", "cat", image, "/opt/kernelbake/pinned-manifest.json"])
+    )
+    cases = ("tampered_file", "unpinned_digest", "base_mismatch", "overwrites_baked_file")
+    for case in cases:
+        root = work / f"bad-{case}"
+        shutil.copytree(mounted, root)
+        pin = digest
+        doc = json.loads((root / "delta.json").read_text())
+        if case == "tampered_file":
+            victim = root / doc["kinds"]["inductor"]["files"][0]["path"]
+            data = bytearray(victim.read_bytes())
+            data[0] ^= 1
+            victim.write_bytes(bytes(data))
+        elif case == "unpinned_digest":
+            pin = "sha256:" + "0" * 64
+        elif case == "base_mismatch":
+            doc["base"]["manifest"] = "sha256:" + "1" * 64
+            (root / "delta.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            pin = _repin(root)
+        else:
+            target = baked["files"][0]
+            (root / target["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (root / target["path"]).write_bytes(b"other bytes")
+            entry = {"path": target["path"], "size": 11, "sha256": hashlib.sha256(b"other bytes").hexdigest()}
+            doc["kinds"].setdefault(target["kind"], {"files": []})["files"].append(entry)
+            (root / "delta.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            pin = _repin(root)
+        out[case] = _check(image, src, root, pin, extra)
+    return out
+
+
+def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work: Path) -> dict[str, Any]:
+    """``capture verify`` with a policy that trusts another key than the one that signed it."""
+    must([*kb, "generate-key-pair", "--dir", str(work / "foreign"), "--name", "foreign"], env=env)
+    policy = work / "foreign-policy.yaml"
+    policy.write_text(f"keys: [{work / 'foreign' / 'foreign.pub'}]\n")
+    done = sh([*kb, "capture", "verify", delta, "--base", base, "--policy", str(policy)], env=env)
+    return {"rc": done.returncode, "message": (done.stderr or done.stdout).strip()[-600:]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", required=True, help="REPO@sha256:… of the pushed CPU image")
+    p.add_argument("--src", type=Path, required=True)
+    p.add_argument("--kernelbake", default=f"{sys.executable} -m kernelbake")
+    p.add_argument("--port", type=int, default=18041)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="/models/tiny-llama", help="the served model's name")
+    p.add_argument("--request", type=json.loads, default=CLASS, help="the request class, as JSON")
+    p.add_argument(
+        "--docker-arg", action="append", default=[], help="passed to every docker run (e.g. --gpus=all)"
+    )
+    a = p.parse_args()
+    kb = a.kernelbake.split()
+    src = a.src.resolve()
+    repo = a.image.partition("@")[0]
+    model = a.model
+    doc: dict[str, Any] = {
+        "bench": "capture_cpu",
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
+        "image": a.image,
+        "runtime": f"this checkout's {a.src} bind-mounted over the image's kernelbake (PYTHONPATH)",
+        "request_class": a.request,
+    }
+    with tempfile.TemporaryDirectory(prefix="kb-capture-bench-") as tmp:
+        work = Path(tmp)
+        one = "kb-capture-bench-1"
+        try:
+            first = replica(a.image, src, one, a.port, a.docker_arg)
+            first["serve"] = serve_lines(one)
+            first["gained_before_request"] = gained(one)
+            first["request"] = ask(a.port, model, a.request)
+            first["gained_after_request"] = gained(one)
+            collected = must(
+                ["docker", "exec", one, "python3", "-m", "kernelbake", "capture", "collect",
+                 "--out", "/tmp/delta", "--replica", one]
+            )  # fmt: skip
+            first["collect"] = collected.strip().splitlines()
+            must(["docker", "cp", f"{one}:/tmp/delta", str(work / "delta")])
+        finally:
+            sh(["docker", "rm", "-f", one])
+        doc["first_replica"] = first
+        doc["delta_manifest"] = json.loads((work / "delta" / "delta.json").read_text())
+
+        keys = work / "keys"
+        # A fresh key without a password (none of the host's key variables).
+        skip = ("KERNELBAKE_SIGNING_KEY_PASSWORD", "COSIGN_PASSWORD")
+        env = {**{k: v for k, v in os.environ.items() if k not in skip}, "PYTHONPATH": str(src)}
+        must([*kb, "generate-key-pair", "--dir", str(keys), "--name", "capture-bench"], env=env)
+        to = f"{repo}:capture-bench-delta"
+        pushed = json.loads(
+            must(
+                [*kb, "capture", "push", str(work / "delta"), "--base", a.image, "--to", to,
+                 "--key", str(keys / "capture-bench.key"), "--replica", one, "--json"], env=env,
+            ).split("\n", 1)[1]
+        )  # fmt: skip
+        doc["push"] = pushed
+        policy = work / "policy.yaml"
+        policy.write_text(f"keys: [{keys / 'capture-bench.pub'}]\n")
+        verified = json.loads(
+            must(
+                [*kb, "capture", "verify", to, "--base", a.image, "--policy", str(policy), "--json"], env=env
+            ).split("\n", 1)[1]
+        )
+        doc["verification"] = verified
+
+        # The delta as the registry serves it, where an image volume would mount it.
+        delta_ref = pushed["reference"]
+        must(["docker", "pull", delta_ref])
+        holder = must(["docker", "create", delta_ref, "true"]).strip()
+        try:
+            exported = work / "delta.tar"
+            with exported.open("wb") as fh:
+                subprocess.run(["docker", "export", holder], stdout=fh, check=True)
+        finally:
+            sh(["docker", "rm", holder])
+        mounted = work / "mounted"
+        with tarfile.open(exported) as tar:
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.split("/")[0] in ("delta.json", "inductor", "triton", "vllm")
+            ]
+            tar.extractall(mounted, members=members, filter="data")
+        two = "kb-capture-bench-2"
+        try:
+            second = replica(
+                a.image, src, two, a.port,
+                [*a.docker_arg, "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={verified['manifest_digest']}"],
+            )  # fmt: skip
+            second["serve"] = serve_lines(two)
+            second["request"] = ask(a.port, model, a.request)
+            second["gained_after_request"] = [
+                f
+                for f in gained(two)
+                if f not in {x["path"] for k in doc["delta_manifest"]["kinds"].values() for x in k["files"]}
+            ]
+            status = sh(["docker", "exec", two, "cat", "/tmp/kernelbake-status.json"])
+            if status.returncode == 0:
+                second["status_delta"] = json.loads(status.stdout).get("preflight", {}).get("delta")
+        finally:
+            sh(["docker", "rm", "-f", two])
+        doc["next_replica"] = second
+        doc["refused"] = refusals(a.image, src, mounted, work, verified["manifest_digest"], a.docker_arg)
+        doc["refused"]["foreign_key"] = foreign_key(kb, env, to, a.image, work)
+    merged = [line for line in second["serve"] if "cache delta" in line]
+    doc["summary"] = {
+        "delta_files": sum(len(k["files"]) for k in doc["delta_manifest"]["kinds"].values()),
+        "verified": bool(verified.get("verified")) and any("merged into the caches" in m for m in merged),
+        "first_replica_compiled_for_the_class": len(first["gained_after_request"])
+        - len(first["gained_before_request"]),
+        "next_replica_start": merged[0] if merged else "no delta line",
+        "next_replica_compiled_for_the_class": len(second["gained_after_request"]),
+        "first_replica_request_s": first["request"]["seconds"],
+        "next_replica_request_s": second["request"]["seconds"],
+        "first_ready_s": first["ready_s"],
+        "next_ready_s": second["ready_s"],
+    }
+    doc["summary"]["refused"] = {
+        case: bool(r["delta"] is not None and not r["delta"]["used"] and not r["delta"]["verified"])
+        for case, r in doc["refused"].items()
+        if case != "foreign_key"
+    }
+    doc["summary"]["refused"]["foreign_key"] = doc["refused"]["foreign_key"]["rc"] != 0
+    doc["load_average_at_end"] = os.getloadavg()[0]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    json.dump(doc["summary"], sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

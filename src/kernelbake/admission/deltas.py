@@ -1,0 +1,142 @@
+"""Cache deltas at admission (``contract.delta``): a pod may mount one only on the image it was
+captured from.
+
+A delta arrives as an image volume of a governed repository; the gateway verifies it
+(``signing.delta.read_delta``: a signature the policy trusts, its shape, delta.json naming its
+subject as the base) and the image review pins the volume by digest with the other images. Here,
+pure, for each container that mounts it:
+
+- at ``DELTA_ROOT``, the one place ``serve`` reads a delta from;
+- running a verified kernelbake image (named directly, not through a GPU index) whose digest is
+  the delta's base, with the same key and the same pinned cache manifest;
+- ``$KERNELBAKE_DELTA_DIGEST`` set to the verified delta.json's digest: patched in when absent,
+  refused when it differs.
+
+A container that sets ``$KERNELBAKE_DELTA_DIGEST`` without mounting a verified delta is refused:
+the variable is what makes ``serve`` trust the files at ``DELTA_ROOT``, so only a verification
+may set it. ``serve`` then still checks every file's sha256, the key, the base bundle and that no
+baked file changes (``runtime.delta``); nothing here reads the files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from kernelbake.admission.cache_volumes import CacheDecision, CachePlan, append, is_delta
+from kernelbake.admission.gateway import Accepted, Outcome
+from kernelbake.admission.references import InvalidReference, parse_reference
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
+from kernelbake.contract.key import CacheKey
+
+
+class DeltaLike(Protocol):
+    """What admission needs of ``signing.delta.VerifiedDelta``."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def key(self) -> CacheKey: ...
+
+    @property
+    def base_digest(self) -> str: ...
+
+    @property
+    def base_manifest(self) -> str: ...
+
+    @property
+    def manifest_digest(self) -> str: ...
+
+
+def delta_of(outcome: Outcome | None) -> DeltaLike | None:
+    """The verified delta an outcome holds, or None (an image, an artifact, a failure)."""
+    if isinstance(outcome, Accepted) and is_delta(outcome):
+        image: Any = outcome.image
+        return image  # type: ignore[no-any-return]
+    return None
+
+
+def _base_problems(where: str, image: str, delta: DeltaLike, outcomes: Mapping[str, Outcome]) -> list[str]:
+    try:
+        ref = parse_reference(image)
+    except InvalidReference as exc:
+        return [f"{where}: {exc}"]
+    outcome = outcomes.get(ref.target)
+    got = outcome.image if isinstance(outcome, Accepted) else None
+    if got is None or delta_of(outcome) is not None or getattr(got, "artifact", None) is not None:
+        return [
+            f"{where}: a cache delta is layered on a kernelbake image, and {image} did not verify as one "
+            "(name the image the delta was captured from, by digest)"
+        ]
+    problems = []
+    if got.digest != delta.base_digest:
+        problems.append(
+            f"{where}: the delta is layered on {delta.base_digest}, but the container runs {got.digest}; "
+            "capture a delta from a replica of this image"
+        )
+    if got.key != delta.key:
+        problems.append(f"{where}: the delta is for key {delta.key.digest}, the image's is {got.key.digest}")
+    manifest = getattr(got, "manifest_digest", None)
+    if manifest is not None and manifest != delta.base_manifest:
+        problems.append(
+            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the image holds {manifest}"
+        )
+    return problems
+
+
+def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: bool) -> CacheDecision:
+    """Problems, notes and (``mutate``) the patch that pins each mounted delta for ``serve``."""
+    deltas = {v.name: (v, d) for v in plan.volumes if (d := delta_of(outcomes.get(v.target))) is not None}
+    problems: list[str] = []
+    notes: list[str] = []
+    patch: list[dict[str, Any]] = []
+    for field in ("initContainers", "containers"):
+        for j, c in enumerate(plan.spec.get(field) or []):
+            if not isinstance(c, dict):
+                continue
+            where = f'{"init container" if field == "initContainers" else "container"} "{c.get("name", j)}"'
+            mounts = [
+                m for m in c.get("volumeMounts") or [] if isinstance(m, dict) and m.get("name") in deltas
+            ]
+            env = [e for e in c.get("env") or [] if isinstance(e, dict) and e.get("name") == DELTA_DIGEST_ENV]
+            if not mounts:
+                if env:
+                    problems.append(
+                        f"{where}: sets ${DELTA_DIGEST_ENV} but mounts no verified cache delta; only admission "
+                        "sets it, for a delta it verified"
+                    )
+                continue
+            if len(mounts) > 1:
+                problems.append(
+                    f"{where}: mounts {len(mounts)} cache deltas; serve reads one, at {DELTA_ROOT}"
+                )
+                continue
+            volume, delta = deltas[mounts[0]["name"]]
+            subject = f'{where}: cache delta "{volume.name}" ({volume.ref})'
+            path = mounts[0].get("mountPath")
+            if not isinstance(path, str) or posixpath.normpath(path) != DELTA_ROOT:
+                problems.append(f"{subject}: mounted at {path!r}; serve reads a delta only at {DELTA_ROOT}")
+                continue
+            found = _base_problems(subject, str(c.get("image", "")), delta, outcomes)
+            if env and (env[0].get("value") != delta.manifest_digest or "valueFrom" in env[0]):
+                found.append(
+                    f"{subject}: ${DELTA_DIGEST_ENV} is {env[0].get('value')!r}, the verified delta.json is "
+                    f"{delta.manifest_digest}"
+                )
+            problems += found
+            if found:
+                continue
+            if not env and mutate:
+                append(
+                    patch,
+                    c,
+                    (*plan.spec_path, field, str(j)),
+                    "env",
+                    {"name": DELTA_DIGEST_ENV, "value": delta.manifest_digest},
+                )
+                notes.append(f"{subject}: verified and pinned ({DELTA_DIGEST_ENV}={delta.manifest_digest})")
+            elif not env:
+                notes.append(f"{subject}: ${DELTA_DIGEST_ENV} is unset, so serve will not use the delta")
+    return CacheDecision(tuple(problems), tuple(notes), tuple(patch))

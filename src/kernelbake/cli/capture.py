@@ -1,0 +1,114 @@
+"""``kernelbake capture``: a running replica's warm state as a signed delta for the next one.
+
+``collect`` runs inside the image (or a sidecar from it); ``push`` and ``verify`` on the host.
+Each imports its side lazily, so the in-image command never loads host code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernelbake.cli.runtime import IN_IMAGE
+
+if TYPE_CHECKING:
+    from kernelbake.oci import RegistryClient
+
+
+def _client(args: argparse.Namespace) -> RegistryClient:
+    from kernelbake.oci import RegistryClient
+    from kernelbake.settings import Settings
+
+    settings = Settings.from_env()
+    insecure = (*settings.insecure_registries, *args.insecure_registry)
+    return RegistryClient(settings, timeout=args.timeout, insecure_hosts=insecure)
+
+
+def _registry_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per registry call (default 10)")
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="talk plain HTTP to HOST (loopback registries always are); repeatable",
+    )
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.capture import collect
+    from kernelbake.runtime.env import RuntimeEnv
+
+    done = collect(RuntimeEnv.from_env(), args.out, root=args.root, replica=args.replica)
+    for line in done.lines():
+        print(f"kernelbake capture: {line}")
+    if args.json:
+        print(done.delta.to_json(), end="")
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from kernelbake.settings import Settings
+    from kernelbake.signing.delta import push_delta
+    from kernelbake.signing.signer import signer_from_settings
+
+    settings = Settings.from_env()
+    signer = signer_from_settings(settings, key=args.key, keyless=args.keyless)
+    pushed = push_delta(
+        args.dir, base=args.base, to=args.to, signer=signer, replica=args.replica, client=_client(args)
+    )
+    print(f"kernelbake capture: {pushed.describe()}")
+    if args.json:
+        print(json.dumps(pushed.to_json(), indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from kernelbake.signing.delta import verify_delta
+    from kernelbake.signing.policy import load_policy
+
+    verified = verify_delta(args.delta, base=args.base, policy=load_policy(args.policy), client=_client(args))
+    print(f"kernelbake capture: {verified.describe()}")
+    if args.json:
+        print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "capture",
+        help=IN_IMAGE + "collect a replica's new cache files as a delta (push and verify run on the host)",
+    )
+    inner = p.add_subparsers(dest="capture_command", required=True, metavar="STEP")
+
+    c = inner.add_parser(
+        "collect", help="(inside the image) write the files the caches gained since the bundle to DIR"
+    )
+    c.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new or empty directory")
+    c.add_argument("--root", type=Path, help="the live cache root (default: the image's cache root)")
+    c.add_argument("--replica", default="", help="a name for this replica, recorded in the delta")
+    c.add_argument("--json", action="store_true", help="print the delta manifest too")
+    c.set_defaults(func=cmd_collect)
+
+    c = inner.add_parser("push", help="push DIR as a delta artifact layered on BASE, signed and attested")
+    c.add_argument("dir", type=Path, metavar="DIR", help="what 'capture collect' wrote")
+    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image the replica ran")
+    c.add_argument(
+        "--to", metavar="REPO:TAG", help="where to push (default: BASE's repository, tag <base-tag>-delta)"
+    )
+    c.add_argument("--replica", default=None, help="the replica's name for the attestation (default: DIR's)")
+    who = c.add_mutually_exclusive_group(required=True)
+    who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
+    who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
+    c.add_argument("--json", action="store_true")
+    _registry_args(c)
+    c.set_defaults(func=cmd_push)
+
+    c = inner.add_parser("verify", help="check a delta as admission does: signature, key, base digest")
+    c.add_argument("delta", metavar="DELTA", help="REPO:TAG or REPO@sha256:… of the delta")
+    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must be layered on")
+    c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
+    c.add_argument("--json", action="store_true")
+    _registry_args(c)
+    c.set_defaults(func=cmd_verify)

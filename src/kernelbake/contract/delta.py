@@ -1,0 +1,205 @@
+"""The cache delta: what a running replica's caches gained since it started, for the next one.
+
+A delta lists files that are *not* in the baked bundle (never other bytes for a baked path),
+each under a cache kind's directory, with its size and sha256, and says what it is layered on:
+
+- ``base_image``: the digest of the image (or cache artifact) the replica ran; admission
+  compares it with the digest the pod is pinned to;
+- ``base_manifest``: the sha256 of that image's pinned cache manifest; the runtime, which
+  cannot know its own image digest, compares it with the manifest it pinned;
+- ``key``: the compatibility key (``CacheKey`` string), the same as the image's.
+
+On disk (the root of a delta, and of the OCI artifact that carries it)::
+
+    <root>/delta.json          this manifest (``DELTA_MANIFEST``)
+    <root>/<kind>/...          the files, at their bundle-relative paths
+
+``to_json`` is canonical (sorted keys, one encoding), so the sha256 of ``delta.json`` names a
+delta; admission pins it in ``$KERNELBAKE_DELTA_DIGEST`` after verifying the signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kernelbake.contract.key import CacheKey, parse_key
+from kernelbake.contract.layout import CacheKind
+from kernelbake.contract.manifest import bundle_path_problem
+from kernelbake.errors import BadInput
+
+SCHEMA = 1
+DELTA_MANIFEST = "delta.json"
+# Where a pod mounts the delta (an image volume of the delta artifact): outside the cache root,
+# so the cache root's volume recipes cannot cover it, and not above serve's trusted files.
+DELTA_ROOT = "/opt/kernelbake/delta"
+# The sha256 of delta.json as whoever started the pod verified it (admission, after the
+# delta's signature, key and base digest): without it a mounted delta is not used.
+DELTA_DIGEST_ENV = "KERNELBAKE_DELTA_DIGEST"
+# The OCI artifact: its artifactType, and the media types of its two layers.
+ARTIFACT_TYPE = "application/vnd.kernelbake.cache-delta.v1+json"
+MANIFEST_MEDIA_TYPE = "application/vnd.kernelbake.cache-delta.manifest.v1+json"
+# Bounds on what one delta may hold: a delta is read, hashed and copied at every start.
+MAX_FILES = 100_000
+MAX_BYTES = 64 << 30
+MAX_MANIFEST_BYTES = 32 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class InvalidDelta(BadInput, ValueError):
+    """A delta manifest that is malformed or unsafe; the message names the field or path."""
+
+
+def engine_key(kind: CacheKind, path: str) -> str | None:
+    """The engine's own key for the cache entry ``path`` belongs to, where the directory layout
+    names it: Triton keys each kernel's directory by its hash (``triton/<key>/…``), vLLM its
+    compiled model by ``compute_hash()`` (``vllm/torch_compile_cache/<key>/…``), Inductor its
+    FX graph entries (``inductor/fxgraph/<xx>/<key>/…``) and AOTAutograd entries
+    (``inductor/aotautograd/<key>/…``). None elsewhere: the path alone does not say it, and
+    kernelbake does not guess."""
+    parts = path.split("/")
+    if kind is CacheKind.TRITON and len(parts) >= 3:
+        return parts[1]
+    if kind is CacheKind.VLLM and len(parts) >= 4 and parts[1] == "torch_compile_cache":
+        return parts[2]
+    if kind is CacheKind.INDUCTOR and len(parts) >= 5 and parts[1] == "fxgraph":
+        return parts[3]
+    if kind is CacheKind.INDUCTOR and len(parts) >= 4 and parts[1] == "aotautograd":
+        return parts[2]
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeltaFile:
+    path: str  # bundle-relative, under its kind's directory
+    size: int
+    sha256: str
+    kind: CacheKind
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeltaManifest:
+    key: CacheKey
+    base_image: str | None  # sha256:… of the image (or cache artifact) manifest; set at push
+    base_manifest: str  # sha256:… of the base's pinned cache manifest
+    files: tuple[DeltaFile, ...]
+    # Free-form provenance: which replica, when (the attestation carries it signed).
+    replica: str = ""
+
+    def __post_init__(self) -> None:
+        # One order, so that equal deltas are equal values and encode to the same bytes.
+        object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
+        check(self)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for f in self.files:
+            t = out.setdefault(f.kind.value, {"files": 0, "bytes": 0})
+            t["files"] += 1
+            t["bytes"] += f.size
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def with_base(self, image_digest: str) -> DeltaManifest:
+        return dataclasses.replace(self, base_image=image_digest)
+
+    def to_json(self) -> str:
+        kinds: dict[str, Any] = {}
+        for kind in sorted({f.kind for f in self.files}, key=lambda k: k.value):
+            mine = [f for f in self.files if f.kind is kind]
+            keys = sorted({k for f in mine if (k := engine_key(kind, f.path)) is not None})
+            kinds[kind.value] = {
+                "engine_keys": keys,
+                "files": [f.to_json() for f in mine],
+                "bytes": sum(f.size for f in mine),
+            }
+        doc = {
+            "schema": SCHEMA,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "base": {"image": self.base_image, "manifest": self.base_manifest},
+            "replica": self.replica,
+            "kinds": kinds,
+        }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = DELTA_MANIFEST) -> DeltaManifest:
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise InvalidDelta(f"{source}: {len(text)} bytes, more than a delta manifest may hold")
+        try:
+            doc = json.loads(text)
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+                got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+                raise InvalidDelta(f"delta schema {got!r} is not {SCHEMA}")
+            base = doc["base"]
+            files = tuple(_files(doc["kinds"]))
+            return cls(
+                key=parse_key(doc["key"]),
+                base_image=base.get("image"),
+                base_manifest=base["manifest"],
+                files=files,
+                replica=str(doc.get("replica", "")),
+            )
+        except BadInput as exc:
+            # The key's and the invariants' messages, said of this file.
+            raise InvalidDelta(f"{source}: {exc}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidDelta(f"{source}: not a cache delta ({type(exc).__name__}: {exc})") from None
+
+
+def _files(kinds: Any) -> Iterable[DeltaFile]:
+    if not isinstance(kinds, dict):
+        raise InvalidDelta("kinds must be an object")
+    for name, entry in kinds.items():
+        try:
+            kind = CacheKind(name)
+        except ValueError:
+            known = ", ".join(k.value for k in CacheKind)
+            raise InvalidDelta(f"{name!r} is not a cache kind ({known})") from None
+        for raw in entry["files"]:
+            yield DeltaFile(
+                path=str(raw["path"]), size=int(raw["size"]), sha256=str(raw["sha256"]), kind=kind
+            )
+
+
+def check(delta: DeltaManifest) -> None:
+    """Every invariant a delta must hold, whoever built it: a valid base, paths that stay in
+    their kind's directory, each listed once, and bounded counts and bytes."""
+    if not _DIGEST.fullmatch(delta.base_manifest or ""):
+        raise InvalidDelta(f"base manifest digest {delta.base_manifest!r} is not sha256:<64 hex>")
+    if delta.base_image is not None and not _DIGEST.fullmatch(delta.base_image):
+        raise InvalidDelta(f"base image digest {delta.base_image!r} is not sha256:<64 hex>")
+    if len(delta.files) > MAX_FILES:
+        raise InvalidDelta(f"{len(delta.files)} files, more than a delta may hold ({MAX_FILES})")
+    seen: set[str] = set()
+    for f in delta.files:
+        if problem := bundle_path_problem(f.path, f.kind):
+            raise InvalidDelta(f"file {f.path!r} {problem}")
+        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+            raise InvalidDelta(f"file {f.path!r}: size or sha256 is not valid")
+        if f.path in seen:
+            raise InvalidDelta(f"file {f.path!r} is listed twice")
+        seen.add(f.path)
+    if (total := delta.total_bytes) > MAX_BYTES:
+        raise InvalidDelta(f"{total} bytes, more than a delta may hold ({MAX_BYTES})")
+
+
+def conflicts(delta: DeltaManifest, baked: Mapping[str, str]) -> list[str]:
+    """The delta's files that would give a baked path (``baked``: path → sha256) other bytes.
+    A delta never replaces a baked file; the same bytes again are harmless and skipped."""
+    return [
+        f"{f.path}: the delta has sha256 {f.sha256}, the baked file {baked[f.path]}"
+        for f in delta.files
+        if f.path in baked and baked[f.path] != f.sha256
+    ]

@@ -1,0 +1,412 @@
+"""A cache delta as an OCI artifact: pushed layered on its base image, signed, attested; and
+verified as admission must before a pod may mount it.
+
+The artifact is a minimal image (so that an image volume can mount it at ``DELTA_ROOT``):
+one layer with the files at their bundle-relative paths, then a layer holding ``delta.json``
+alone; its config labels carry the key (``CacheKey.labels``) and the delta's facts; the
+manifest has ``artifactType`` ``ARTIFACT_TYPE`` and ``subject`` = the base image, so it is a
+referrer of it. It is signed by the same path as images (``sign_image``, signature only) and
+attested with a ``DELTA_PREDICATE_TYPE`` statement: which replica, which base, which key.
+
+``verify_delta`` takes nothing from the registry on trust: a signature the policy accepts
+(junk and foreign referrers are passed over, as for images), then the manifest's subject, the
+delta manifest's own base and key against the base image's labels and pinned cache manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from kernelbake.contract.artifact import LABEL_ARTIFACT
+from kernelbake.contract.delta import (
+    ARTIFACT_TYPE,
+    DELTA_MANIFEST,
+    MAX_MANIFEST_BYTES,
+    DeltaManifest,
+    InvalidDelta,
+    conflicts,
+)
+from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
+from kernelbake.contract.manifest import Manifest as CacheManifest
+from kernelbake.errors import BadInput
+from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
+from kernelbake.oci import types as mt
+from kernelbake.oci.types import encode_json, sha256_digest
+from kernelbake.remote import read_cache_manifest, read_image
+from kernelbake.signing import intoto
+from kernelbake.signing.errors import DeltaRefused, registry_errors
+from kernelbake.signing.policy import VerifyPolicy
+from kernelbake.signing.sign import push_bundle, sign_image
+from kernelbake.signing.signer import Signer
+from kernelbake.signing.verify import verify_signature
+
+DELTA_PREDICATE_TYPE = "https://kernelbake.dev/attestation/cache-delta/v1"
+DELTA_ARTIFACT = "cache-delta/v1"
+LABEL_DELTA_BASE = f"{LABEL_NS}.delta.base"
+LABEL_DELTA_MANIFEST = f"{LABEL_NS}.delta.manifest-digest"
+ANN_DELTA_BASE = LABEL_DELTA_BASE
+TAG_SUFFIX = "-delta"
+
+
+def _hash_beneath(root: Path, rel: str) -> tuple[int, str, int, int]:
+    """(size, sha256, mode, mtime) of the regular file ``rel`` under ``root``, no part of it a
+    symlink: the directory is what ``capture collect`` wrote, but it travelled (docker cp)."""
+    p = root
+    for part in rel.split("/"):
+        p = p / part
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise BadInput(f"{root / rel}: {p} is a symlink; a delta holds plain files only")
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{root / rel}: not a regular file")
+    h = hashlib.sha256()
+    with p.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return st.st_size, h.hexdigest(), stat.S_IMODE(st.st_mode), int(st.st_mtime)
+
+
+def _tar(entries: list[tuple[str, bytes, int, int]]) -> bytes:
+    """An uncompressed, ordered tar of (path, bytes, mode, mtime), owned by root."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs: set[str] = set()
+        for path, data, mode, mtime in entries:
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+                    tar.addfile(info)
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), (mode & 0o777) | 0o444, mtime
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def load_dir(path: Path) -> tuple[DeltaManifest, list[tuple[str, bytes, int, int]]]:
+    """What ``capture collect`` wrote, every file checked against delta.json."""
+    try:
+        text = (path / DELTA_MANIFEST).read_bytes()
+    except OSError as exc:
+        raise BadInput(
+            f"{path / DELTA_MANIFEST}: cannot read ({exc.strerror}); is {path} what 'kernelbake capture collect' wrote?"
+        ) from None
+    delta = DeltaManifest.from_json(text, source=str(path / DELTA_MANIFEST))
+    entries = []
+    for f in delta.files:
+        try:
+            size, sha, mode, mtime = _hash_beneath(path, f.path)
+        except FileNotFoundError:
+            raise BadInput(f"{path / f.path}: missing, but delta.json lists it") from None
+        if (size, sha) != (f.size, f.sha256):
+            raise BadInput(
+                f"{path / f.path}: sha256 {sha} ({size} B), delta.json records {f.sha256} ({f.size} B)"
+            )
+        entries.append((f.path, (path / f.path).read_bytes(), mode, mtime))
+    listed = {f.path for f in delta.files} | {DELTA_MANIFEST}
+    for dirpath, _dirs, names in os.walk(path):
+        for name in names:
+            rel = (Path(dirpath) / name).relative_to(path).as_posix()
+            if rel not in listed:
+                raise BadInput(f"{path / rel}: not listed in delta.json; a delta pushes only what it lists")
+    return delta, entries
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PushedDelta:
+    reference: str  # host/repo@sha256:… of the delta artifact
+    tagged: str  # host/repo:tag it was pushed to
+    base: str  # host/repo@sha256:… of the base image
+    manifest_digest: str  # sha256 of delta.json: what $KERNELBAKE_DELTA_DIGEST pins
+    files: int
+    bytes: int
+    signer: str
+    replica: str
+
+    def describe(self) -> str:
+        return (
+            f"pushed delta {self.reference} ({self.files} files, {self.bytes} B) layered on {self.base}, "
+            f"signed and attested by {self.signer}; delta.json {self.manifest_digest}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, bytes]:
+    """The base image pinned by digest, its facts and its cache manifest's bytes."""
+    ref = parse_reference(base)
+    if ref.digest is None:
+        raise BadInput(f"{base}: the base must be pinned by digest (IMAGE@sha256:…), the one the replica ran")
+    with registry_errors(ref.pinned(), missing_is_image=True):
+        top = client.get_manifest(ref)
+        facts = read_image(client, ref.with_digest(top.digest), top)
+        _layer, cache_manifest = read_cache_manifest(client, facts)
+    return ref.with_digest(top.digest), facts, cache_manifest
+
+
+def _check_base(
+    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base_digest: str
+) -> None:
+    """The delta belongs on this base: its key, its bundle, and no baked file given other bytes."""
+    manifest_digest = sha256_digest(cache_manifest)
+    key = key_from_labels(facts.labels)
+    if delta.key != key:
+        raise DeltaRefused(
+            f"{where}: the delta is for key {delta.key.digest}, the base image's is {key.digest}"
+        )
+    if delta.base_manifest != manifest_digest:
+        raise DeltaRefused(
+            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the base image holds "
+            f"{manifest_digest}; capture it from a replica of that image"
+        )
+    if delta.base_image is not None and delta.base_image != base_digest:
+        raise DeltaRefused(f"{where}: the delta's base is {delta.base_image}, not {base_digest}")
+    baked = CacheManifest.from_json(
+        cache_manifest.decode(errors="replace"), source=f"{base_digest}: manifest"
+    )
+    if found := conflicts(delta, {f.path: f.sha256 for f in baked.files}):
+        raise DeltaRefused(f"{where}: the delta would replace baked files: {'; '.join(found[:3])}")
+
+
+def _config(diff_ids: list[str], labels: dict[str, str]) -> bytes:
+    return encode_json(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": labels},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }
+    )
+
+
+def push_delta(
+    path: Path,
+    *,
+    base: str,
+    signer: Signer,
+    to: str | None = None,
+    replica: str | None = None,
+    client: RegistryClient | None = None,
+) -> PushedDelta:
+    """Push the delta in ``path`` layered on ``base`` (``IMAGE@sha256:…``), then sign and attest
+    it. Everything is checked before the first byte is pushed."""
+    client = client or RegistryClient()
+    delta, entries = load_dir(path)
+    if not delta.files:
+        raise BadInput(f"{path}: the delta lists no files; there is nothing to push")
+    base_ref, facts, cache_manifest = _base(client, base)
+    assert base_ref.digest is not None
+    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest)
+    delta = delta.with_base(base_ref.digest)
+    if replica is not None:
+        delta = dataclasses.replace(delta, replica=replica)
+    data = delta.to_json().encode()
+    files_layer = _tar(entries)
+    manifest_layer = _tar([(DELTA_MANIFEST, data, 0o444, 0)])
+    labels = {
+        **delta.key.labels(),
+        LABEL_ARTIFACT: DELTA_ARTIFACT,
+        LABEL_DELTA_BASE: base_ref.digest,
+        LABEL_DELTA_MANIFEST: sha256_digest(data),
+    }
+    layers = [Descriptor.of(b, mt.OCI_LAYER_TAR) for b in (files_layer, manifest_layer)]
+    config = _config([d.digest for d in layers], labels)
+    config_desc = Descriptor.of(config, mt.OCI_CONFIG)
+    subject = facts.top.descriptor()
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": mt.OCI_MANIFEST,
+        "artifactType": ARTIFACT_TYPE,
+        "config": config_desc.to_json(),
+        "layers": [d.to_json() for d in layers],
+        "subject": Descriptor(
+            media_type=subject.media_type, digest=subject.digest, size=subject.size
+        ).to_json(),
+        "annotations": {ANN_DELTA_BASE: base_ref.digest, LABEL_DELTA_MANIFEST: sha256_digest(data)},
+    }
+    manifest = encode_json(doc)
+    dest = parse_reference(to) if to else base_ref.with_tag(f"{base_ref.tag or 'base'}{TAG_SUFFIX}")
+    if dest.tag is None:
+        raise BadInput(f"{to}: expected REPO:TAG to push the delta to")
+    for blob in (files_layer, manifest_layer, config):
+        client.put_blob(dest, blob)
+    if dest.name == base_ref.name:
+        # A referrer of the base where registries look for them (the fallback index too).
+        client.push_referrer(base_ref, manifest, mt.OCI_MANIFEST)
+    client.put_manifest(dest, manifest, mt.OCI_MANIFEST)
+    digest = sha256_digest(manifest)
+    pinned = dest.with_digest(digest)
+    sign_image(pinned.pinned(), signer, client=client, attest=False)
+    predicate = {
+        "replica": delta.replica,
+        "baseImage": {"name": base_ref.name, "digest": base_ref.digest},
+        "key": str(delta.key),
+        "keyDigest": delta.key.digest,
+        "signer": signer.identity,
+        "deltaManifest": {"path": "/" + DELTA_MANIFEST, "digest": sha256_digest(data)},
+        "kinds": delta.totals(),
+    }
+    statement = signer.sign_statement(
+        intoto.make_statement(pinned.name, digest, DELTA_PREDICATE_TYPE, predicate)
+    )
+    top = client.get_manifest(pinned)
+    push_bundle(client, pinned, top.descriptor(), statement.bundle, DELTA_PREDICATE_TYPE, signer)
+    return PushedDelta(
+        reference=pinned.pinned(),
+        tagged=f"{dest.name}:{dest.tag}",
+        base=base_ref.pinned(),
+        manifest_digest=sha256_digest(data),
+        files=len(delta.files),
+        bytes=delta.total_bytes,
+        signer=signer.identity,
+        replica=delta.replica,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifiedDelta:
+    """A delta whose signature the policy trusts, shaped as kernelbake pushes one; what it is
+    layered on (``base_digest``, ``base_manifest``) is for the caller to compare with the pod's
+    image (``verify_delta`` here, ``admission.deltas`` in a review)."""
+
+    reference: str  # host/repo@sha256:… of the delta
+    digest: str
+    key: CacheKey
+    base_digest: str  # the image it is layered on (its subject, and delta.json's base)
+    base_manifest: str  # that image's pinned cache manifest
+    manifest_digest: str  # what $KERNELBAKE_DELTA_DIGEST must be
+    signer: str
+    files: int
+    bytes: int
+    skipped: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return (
+            f"verified delta {self.reference}: signed by {self.signer}; layered on {self.base_digest}; "
+            f"key {self.key.digest}; {self.files} files ({self.bytes} B); delta.json {self.manifest_digest}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "digest": self.digest,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "base_digest": self.base_digest,
+            "base_manifest": self.base_manifest,
+            "manifest_digest": self.manifest_digest,
+            "signer": self.signer,
+            "files": self.files,
+            "bytes": self.bytes,
+            "skipped": list(self.skipped),
+            "verified": True,
+        }
+
+
+def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
+    where = pinned.pinned()
+    if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
+        raise DeltaRefused(f"{where}: a delta has two tar layers (files, then {DELTA_MANIFEST} alone)")
+    last = layers[-1]
+    if last.size > MAX_MANIFEST_BYTES + (64 << 10):
+        raise DeltaRefused(
+            f"{where}: its {DELTA_MANIFEST} layer is {last.size} B, more than a delta's may be"
+        )
+    blob = client.get_blob(pinned, last.digest, max_bytes=MAX_MANIFEST_BYTES + (64 << 10))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
+            members = [m for m in tar.getmembers() if not m.isdir()]
+            if len(members) != 1 or members[0].name != DELTA_MANIFEST or not members[0].isreg():
+                raise DeltaRefused(f"{where}: its last layer must hold {DELTA_MANIFEST} alone")
+            fh = tar.extractfile(members[0])
+            return fh.read() if fh else b""
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DeltaRefused(f"{where}: its last layer is not a readable tar ({exc})") from None
+
+
+def is_delta(client: RegistryClient, reference: str) -> bool:
+    """Whether ``reference`` names a cache delta (by its manifest's ``artifactType``)."""
+    top = client.get_manifest(parse_reference(reference), accept=mt.IMAGE_MANIFESTS)
+    return top.artifact_type == ARTIFACT_TYPE
+
+
+def read_delta(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedDelta:
+    """A trusted signature on the delta's digest and its shape (``_read``)."""
+    return _read(client, reference, policy)[0]
+
+
+def _read(
+    client: RegistryClient, reference: str, policy: VerifyPolicy
+) -> tuple[VerifiedDelta, DeltaManifest]:
+    """A trusted signature on the delta's digest (junk and foreign referrers passed over, as
+    for images), its ``artifactType``, its two layers, delta.json that names the manifest's
+    subject as its base. Raises a ``VerificationFailed`` subclass."""
+    ref = parse_reference(reference)
+    with registry_errors(str(ref), missing_is_image=True):
+        top = client.get_manifest(ref, accept=mt.IMAGE_MANIFESTS)
+    pinned = ref.with_digest(top.digest)
+    where = pinned.pinned()
+    if ref.digest is not None and ref.digest != top.digest:
+        raise DeltaRefused(f"{reference}: the registry served {top.digest}")
+    signed = verify_signature(client, pinned, policy)
+    if top.artifact_type != ARTIFACT_TYPE:
+        raise DeltaRefused(
+            f"{where}: artifactType {top.artifact_type!r} is not {ARTIFACT_TYPE}; not a cache delta"
+        )
+    subject = top.subject
+    if subject is None:
+        raise DeltaRefused(f"{where}: no subject, so not layered on any image")
+    with registry_errors(where, missing_is_image=False):
+        data = _manifest_layer(client, pinned, top.layers)
+    try:
+        delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
+    except InvalidDelta as exc:
+        raise DeltaRefused(str(exc)) from None
+    if delta.base_image != subject.digest:
+        raise DeltaRefused(
+            f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, its subject is {subject.digest}"
+        )
+    found = sha256_digest(data)
+    if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
+        raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
+    verified = VerifiedDelta(
+        reference=where,
+        digest=top.digest,
+        key=delta.key,
+        base_digest=subject.digest,
+        base_manifest=delta.base_manifest,
+        manifest_digest=found,
+        signer=signed.signer,
+        files=len(delta.files),
+        bytes=delta.total_bytes,
+        skipped=tuple(f"{s.origin}: {s.reason}" for s in signed.skipped),
+    )
+    return verified, delta
+
+
+def verify_delta(
+    reference: str, *, base: str, policy: VerifyPolicy, client: RegistryClient | None = None
+) -> VerifiedDelta:
+    """``read_delta``, then what admission checks for a pod pinned to ``base``: the delta is
+    layered on it, with its key, on its pinned bundle, and gives no baked file other bytes."""
+    client = client or RegistryClient()
+    base_ref, facts, cache_manifest = _base(client, base)
+    assert base_ref.digest is not None
+    verified, delta = _read(client, reference, policy)
+    if verified.base_digest != base_ref.digest:
+        raise DeltaRefused(
+            f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"
+        )
+    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest)
+    return verified

@@ -1,0 +1,233 @@
+"""Cache deltas through the webhook (admission/deltas.py; issue 36 item 2): deploy/examples/
+serve-delta.yaml is admitted with the delta pinned by digest and $KERNELBAKE_DELTA_DIGEST set
+to the verified delta.json; a delta for another image or key, one mounted elsewhere than
+DELTA_ROOT, a pod that sets the variable itself, and a delta that did not verify are denied.
+Verification outcomes are given, as the gateway would give them; the real verifier is tested
+against a registry in tests/signing/test_delta.py and below (an in-memory one)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from kernelbake.admission.admit import Endpoint
+from kernelbake.admission.gateway import ImageRejected
+from kernelbake.admission.references import parse_reference
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
+from kernelbake.contract.key import CacheKey
+from kernelbake.plan import plan as plan_targets
+from kernelbake.spec import load_spec
+from tests.admission.fakes import FakeVerified, digest_of, make_admitter, make_policy
+from tests.conftest import REPO
+
+EXAMPLE = REPO / "deploy" / "examples" / "serve-delta.yaml"
+DELTA_JSON = "sha256:" + "d" * 64
+BASE_MANIFEST = "sha256:" + "b" * 64
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDelta:
+    reference: str
+    digest: str
+    key: CacheKey
+    base_digest: str
+    base_manifest: str
+    manifest_digest: str
+    signer: str = "ci@example.com"
+
+
+def _key() -> CacheKey:
+    (target,) = plan_targets(load_spec(REPO / "images" / "qwen3-0.6b.yaml"), ["h100"], registry="r")
+    return target.key
+
+
+def _example() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return doc
+
+
+class Verifier:
+    """The example's image (by digest) and its delta (by tag), as the gateway verifies them."""
+
+    def __init__(self, doc: dict[str, Any], **delta: Any) -> None:
+        spec = doc["spec"]["template"]["spec"]
+        self.image = spec["containers"][0]["image"]
+        self.delta_ref = next(v for v in spec["volumes"] if "image" in v)["image"]["reference"]
+        self.delta_digest = digest_of(self.delta_ref)
+        self.key = _key()
+        base = self.image.split("@")[1]
+        self.delta = {"base_digest": base, "base_manifest": BASE_MANIFEST, "key": self.key, **delta}
+        self.rejected = False
+
+    def __call__(self, reference: str) -> Any:
+        ref = parse_reference(reference)
+        if reference == self.image:
+            return FakeVerified(
+                reference, ref.name, ref.digest, self.key, BASE_MANIFEST, "ci@example.com", {}
+            )
+        if reference in (self.delta_ref, f"{ref.name}@{self.delta_digest}"):
+            if self.rejected:
+                raise ImageRejected(f"{reference}: no trusted signature: signed by key sha256:f00")
+            return FakeDelta(
+                reference=reference, digest=self.delta_digest, manifest_digest=DELTA_JSON, **self.delta
+            )
+        raise ImageRejected(f"{reference} has no signature from a trusted identity")
+
+
+def _review(doc: dict[str, Any], verifier: Verifier, endpoint: Endpoint) -> dict[str, Any]:
+    admitter = make_admitter(verifier, make_policy())
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "object": doc,
+        },
+    }
+    try:
+        answer: dict[str, Any] = admitter.review(review, endpoint)
+    finally:
+        admitter.gateway.close()
+    return answer["response"]
+
+
+def _patched(doc: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    patch = json.loads(base64.b64decode(response["patch"]))
+    got: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(doc), patch)
+    return got
+
+
+def test_the_example_is_admitted_with_the_delta_pinned_and_its_digest_set() -> None:
+    doc = _example()
+    verifier = Verifier(doc)
+    response = _review(copy.deepcopy(doc), verifier, Endpoint.MUTATE)
+    assert response["allowed"] is True, response
+    spec = _patched(doc, response)["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if "image" in v)
+    assert volume["image"]["reference"].endswith("@" + verifier.delta_digest)
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env == {DELTA_DIGEST_ENV: DELTA_JSON}
+    assert spec["containers"][0]["volumeMounts"][0]["mountPath"] == DELTA_ROOT
+    # The patched pod passes the validating webhook as it is.
+    validated = _review(_patched(doc, response), verifier, Endpoint.VALIDATE)
+    assert validated["allowed"] is True, validated
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"base_digest": "sha256:" + "9" * 64}, "the delta is layered on sha256:9999"),
+        ({"base_manifest": "sha256:" + "8" * 64}, "the delta is layered on the bundle sha256:8888"),
+    ],
+)
+def test_a_delta_for_another_image_is_denied(change: dict[str, str], why: str) -> None:
+    doc = _example()
+    response = _review(copy.deepcopy(doc), Verifier(doc, **change), Endpoint.MUTATE)
+    assert response["allowed"] is False and why in response["status"]["message"]
+
+
+def test_a_delta_for_another_key_is_denied() -> None:
+    doc = _example()
+    other = _key().replace(model="other/model")
+    response = _review(copy.deepcopy(doc), Verifier(doc, key=other), Endpoint.MUTATE)
+    assert response["allowed"] is False
+    assert f"the delta is for key {other.digest}" in response["status"]["message"]
+
+
+def test_a_delta_mounted_elsewhere_or_a_pin_set_by_the_pod_is_denied() -> None:
+    doc = _example()
+    moved = copy.deepcopy(doc)
+    moved["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] = "/delta"
+    response = _review(moved, Verifier(doc), Endpoint.MUTATE)
+    assert response["allowed"] is False
+    assert f"serve reads a delta only at {DELTA_ROOT}" in response["status"]["message"]
+    wrong = copy.deepcopy(doc)
+    wrong["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": DELTA_DIGEST_ENV, "value": "sha256:" + "0" * 64}
+    ]
+    response = _review(wrong, Verifier(doc), Endpoint.VALIDATE)
+    assert response["allowed"] is False and "the verified delta.json is" in response["status"]["message"]
+    # Set by the pod with no delta at all: the variable is admission's to set.
+    alone = copy.deepcopy(doc)
+    spec = alone["spec"]["template"]["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if "image" not in v]
+    spec["containers"][0]["volumeMounts"] = spec["containers"][0]["volumeMounts"][1:]
+    spec["containers"][0]["env"] = [{"name": DELTA_DIGEST_ENV, "value": DELTA_JSON}]
+    response = _review(alone, Verifier(doc), Endpoint.VALIDATE)
+    assert response["allowed"] is False and "mounts no verified cache delta" in response["status"]["message"]
+
+
+def test_a_delta_that_does_not_verify_is_denied() -> None:
+    doc = _example()
+    verifier = Verifier(doc)
+    verifier.rejected = True
+    response = _review(copy.deepcopy(doc), verifier, Endpoint.MUTATE)
+    assert response["allowed"] is False and "no trusted signature" in response["status"]["message"]
+
+
+def test_the_real_verifier_verifies_a_pushed_delta_and_refuses_a_foreign_one(tmp_path: Path) -> None:
+    from kernelbake.admission.verifying import SignedImageVerifier
+    from kernelbake.oci import RegistryClient
+    from kernelbake.settings import Settings
+    from kernelbake.signing.delta import VerifiedDelta, push_delta
+    from kernelbake.signing.keys import generate_key_pair, load_private_key
+    from kernelbake.signing.policy import VerifyPolicy
+    from kernelbake.signing.sign import sign_image
+    from kernelbake.signing.signer import KeySigner
+    from tests.signing.images import push_image
+    from tests.signing.test_delta import _dir
+    from tests.support.memregistry import memory_registry
+
+    with memory_registry() as (addr, _store):
+        client = RegistryClient(Settings(docker_config=tmp_path / "docker"), timeout=10.0)
+        private, public = generate_key_pair(tmp_path / "k", name="kb")
+        foreign_private, _ = generate_key_pair(tmp_path / "f", name="other")
+        signer = KeySigner(load_private_key(private))
+        base = push_image(client, f"{addr}/kb/base:v1", tmp_path / "img")
+        sign_image(base.pinned, signer, client=client)
+        pushed = push_delta(_dir(tmp_path / "a", base), base=base.pinned, signer=signer, client=client)
+        for required in (True, False):
+            trust = VerifyPolicy.from_mapping(
+                {"keys": [str(public)], "require_attestation": required}, source="test"
+            )
+            verifier = SignedImageVerifier(trust, client_factory=lambda: client)
+            got = verifier(pushed.tagged)
+            assert isinstance(got, VerifiedDelta) and got.base_digest == base.digest
+            assert got.manifest_digest == pushed.manifest_digest
+            assert verifier(base.pinned).digest == base.digest, "images verify as before"
+        foreign = push_delta(
+            _dir(tmp_path / "b", base, {"triton/x/y": b"y"}),
+            base=base.pinned,
+            signer=KeySigner(load_private_key(foreign_private)),
+            client=client,
+            to=f"{addr}/kb/base:foreign-delta",
+        )
+        with pytest.raises(ImageRejected, match="no trusted signature"):
+            verifier(foreign.tagged)
+
+
+def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "examples" / "capture-sidecar.yaml").read_text())
+    verifier = Verifier(_example())
+    response = _review(copy.deepcopy(doc), verifier, Endpoint.MUTATE)
+    assert response["allowed"] is True, response
+    spec = doc["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["containers"] if c["name"] == "capture")
+    serving = next(c for c in spec["containers"] if c["name"] == "vllm")
+    # The same image and the same cache root: what it collects is what the server's caches gained.
+    assert sidecar["image"] == serving["image"] == verifier.image
+    paths = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert paths == {"kernel-cache": "/opt/kernelbake/cache"}
+    assert {"name": "kernel-cache", "mountPath": "/opt/kernelbake/cache"} in serving["volumeMounts"]
