@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +17,13 @@ from typing import Any
 import pytest
 
 from kernelbake.build import Built
+from tests.integration import _serving
+from tests.integration._serving import complete, wait_healthy
 from tests.support.docker import docker
 from tests.support.registry import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
-MODEL = "/models/tiny-llama"
 # vLLM's engine core and worker talk through /dev/shm; Docker's default 64 MiB is too small
 # (vLLM's own docs: --ipc=host or --shm-size).
 SHM = ("--shm-size", "1g")
@@ -40,26 +40,14 @@ def serving(
     flags = [x for e in env for x in ("-e", e)]
     cid = docker("run", "-d", *SHM, *flags, *run, "-p", f"127.0.0.1:{port}:8000", image, *args).stdout.strip()
     try:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            state = docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip()
-            if state != "true" or time.monotonic() > deadline:
-                raise AssertionError(f"vLLM did not become healthy:\n{logs(cid)[-4000:]}")
-            time.sleep(1)
+        wait_healthy(docker, port, cid, HEALTH_TIMEOUT_S)
         yield port, cid
     finally:
         docker("rm", "-f", cid, check=False)
 
 
 def logs(cid: str) -> str:
-    res = docker("logs", cid, check=False)
-    return res.stdout + res.stderr
+    return _serving.logs(docker, cid)
 
 
 def serve_lines(cid: str) -> list[str]:
@@ -74,19 +62,6 @@ def wait_for_evidence(cid: str) -> str:
                 return line
         time.sleep(0.5)
     raise AssertionError(f"no start-up evidence line:\n{logs(cid)[-4000:]}")
-
-
-def complete(port: int, prompt: str = "Hello", tokens: int = 4) -> dict[str, object]:
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        doc: dict[str, object] = json.loads(r.read())
-    return doc
 
 
 def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
