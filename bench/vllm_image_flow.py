@@ -685,7 +685,7 @@ def flow(
             doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
         else:
             _cold_start(run, waves, doc)
-        _warm_start(run, waves, doc)
+        _baked_start(run, waves, doc)
         if first:
             _also_env(run, doc)
             _rebakes(run, doc)
@@ -778,31 +778,34 @@ class _Flow:
         return self.a.deadline - (time.monotonic() - self.started)
 
 
+def _start(
+    run: _Flow, name: str, env: dict[str, str], port: int, waves: list[list[request_mix.Request]]
+) -> tuple[Server, dict[str, Any]]:
+    """A start of the image with ``env``, until ready; then (``--mix-total``) the request mix.
+    The server, still up, and the mix's document (empty without one)."""
+    dirs = watched_dirs(run.cache_root, env)
+    launch = snapshot(dirs)
+    server = Server(name, run.argv, env, port, run.logs)
+    wait_ready(server, run.started, run.a.deadline)
+    mix: dict[str, Any] = {}
+    if server.ready_s is not None and run.a.mix_total:
+        mix = after_ready(server, run.model_path, dirs, launch, waves)
+    return server, mix
+
+
 def _cold_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     """Cold: the same image with its caches off, alone on the machine (the compile is over)."""
     cold_env = {**_phase_env(run.runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-    cold_dirs = watched_dirs(run.cache_root, cold_env)
-    cold_launch = snapshot(cold_dirs)
-    cold = Server("serve-cold", run.argv, cold_env, 8001, run.logs)
-    wait_ready(cold, run.started, run.a.deadline)
-    cold_mix: dict[str, Any] = {}
+    cold, cold_mix = _start(run, "serve-cold", cold_env, 8001, waves)
     if cold.ready_s is not None:
-        if run.a.mix_total:
-            cold_mix = after_ready(cold, run.model_path, cold_dirs, cold_launch, waves)
         doc["cold_generate"] = cold.generate(run.model_path)
     doc["serve_cold"] = {**cold.stop(), **cold_mix}
 
 
-def _warm_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
+def _baked_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     before = _files(run.cache_root)
-    warm_dirs = watched_dirs(run.cache_root, run.run_env)
-    warm_launch = snapshot(warm_dirs)
-    warm = Server("serve-warm", run.argv, run.run_env, 8000, run.logs)
-    wait_ready(warm, run.started, run.a.deadline)
-    warm_mix: dict[str, Any] = {}
+    warm, warm_mix = _start(run, "serve-warm", run.run_env, 8000, waves)
     if warm.ready_s is not None:
-        if run.a.mix_total:
-            warm_mix = after_ready(warm, run.model_path, warm_dirs, warm_launch, waves)
         doc["warm_generate"] = warm.generate(run.model_path)
         # Which processes hold GPU memory while serving: the kernelbake supervisor
         # (pid below) should not, although its preflight imported torch.
