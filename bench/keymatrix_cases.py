@@ -18,6 +18,15 @@ from typing import Any
 
 H200 = "h200"
 CPU = "cpu"
+# What each predicted level must see for the prediction to be right (docs/vllm.md, "Outcome
+# levels"): ``retrace`` is right when nothing compiles, ``bypassed`` when the start compiles.
+EXPECTED = {
+    "hit": {"hit"},
+    "retrace": {"hit"},
+    "no-compile": {"no-compile"},
+    "bypassed": {"miss"},
+    "miss": {"miss"},
+}
 _BOTH = (H200, CPU)
 # Stands for the matrix's own secret (``cases(secret=…)``), which each searches its result for.
 _SECRET = object()

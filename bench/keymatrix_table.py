@@ -52,7 +52,7 @@ def _reason(case: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    from vllm_keymatrix import EXPECTED
+    from keymatrix_cases import EXPECTED
 
     rows = [
         "| case | change | predicted | vLLM did | files start-up added | why (first factors) |",

