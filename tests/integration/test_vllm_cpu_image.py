@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -64,21 +65,15 @@ def wait_for_evidence(cid: str) -> str:
     raise AssertionError(f"no start-up evidence line:\n{logs(cid)[-4000:]}")
 
 
+def python_in(image: str, *args: str, run: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """``python3 ARGS`` in a container of ``image`` (``run``: more ``docker run`` flags); its
+    exit code is the caller's to judge."""
+    return docker("run", "--rm", *run, "--entrypoint", "python3", image, *args, check=False)
+
+
 def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
     """``kernelbake check --json`` in the image; ``rc`` 6: a miss the engine predicts."""
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        image,
-        "-m",
-        "kernelbake",
-        "check",
-        "--json",
-        *args,
-        check=False,
-    )
+    res = python_in(image, "-m", "kernelbake", "check", "--json", *args)
     assert res.returncode == rc, res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc
@@ -86,16 +81,7 @@ def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
 
 def test_every_hook_of_the_adapter_is_in_the_release_the_image_ships(vllm_image: Built) -> None:
     assert vllm_image.pushed is not None
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake.runtime.engines.vllm.compat_layer",
-        check=False,
-    )
+    res = python_in(vllm_image.pushed, "-m", "kernelbake.runtime.engines.vllm.compat_layer")
     doc = json.loads(res.stdout)
     assert doc["problems"] == [], doc["problems"]
     assert res.returncode == 0
@@ -232,19 +218,10 @@ def test_seed_cache_copies_every_listed_file_as_any_uid(vllm_image: Built) -> No
             "run", "--rm", "--entrypoint", "cat", vllm_image.pushed, "/opt/kernelbake/cache/manifest.json"
         ).stdout
     )
-    res = docker(
-        "run",
-        "--rm",
-        "--user",
-        "1000:1000",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake",
-        "seed-cache",
-        "/tmp/seed",
+    res = python_in(
+        vllm_image.pushed, "-m", "kernelbake", "seed-cache", "/tmp/seed", run=("--user", "1000:1000")
     )
+    assert res.returncode == 0, res.stderr
     assert (
         f"kernelbake seed-cache: {len(manifest['files'])} files copied from /opt/kernelbake/cache"
         in res.stdout
@@ -253,18 +230,7 @@ def test_seed_cache_copies_every_listed_file_as_any_uid(vllm_image: Built) -> No
 
 def test_check_with_enforce_eager_is_a_verdict(vllm_image: Built) -> None:
     assert vllm_image.pushed is not None
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake",
-        "check",
-        "--enforce-eager",
-        check=False,
-    )
+    res = python_in(vllm_image.pushed, "-m", "kernelbake", "check", "--enforce-eager")
     assert res.returncode in (0, 6), res.stderr[-3000:]
     assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     # The verdict first (the key matrix has it NO-COMPILE: vLLM runs eagerly).
