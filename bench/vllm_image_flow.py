@@ -486,6 +486,10 @@ IMPORTS = {
     "vllm.entrypoints.cli.run_batch, vllm.entrypoints.cli.serve",
     "vllm_api_server_alone": "import vllm.entrypoints.openai.api_server",
 }
+# The API server's imports again with no bytecode to read (PYTHONPYCACHEPREFIX at an empty
+# folder: every module compiled from source): what an image without precompiled .pyc files
+# pays at each start, against ``vllm_api_server`` with the bytecode the earlier starts wrote.
+NO_BYTECODE = ("vllm_api_server", "vllm_api_server_no_bytecode")
 
 
 def _importtime_rows(stderr: str) -> list[tuple[int, int, int, str]]:
@@ -503,10 +507,18 @@ def _importtime_rows(stderr: str) -> list[tuple[int, int, int, str]]:
 
 def importtime(env: dict[str, str], logs: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, code in IMPORTS.items():
+    prefix = Path(env["TMPDIR"]) / "pycache-empty"
+    remove(prefix)
+    runs = [(name, code, env) for name, code in IMPORTS.items()]
+    runs.append((NO_BYTECODE[1], IMPORTS[NO_BYTECODE[0]], {**env, "PYTHONPYCACHEPREFIX": str(prefix)}))
+    for name, code, run_env in runs:
         t0 = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", code], env=env, cwd="/", capture_output=True, text=True
+            [sys.executable, "-X", "importtime", "-c", code],
+            env=run_env,
+            cwd="/",
+            capture_output=True,
+            text=True,
         )
         wall = round(time.monotonic() - t0, 2)
         (logs / f"importtime-{name}.log").write_text(proc.stderr)
@@ -688,7 +700,7 @@ def flow(
         _baked_start(run, waves, doc)
         if first:
             _also_env(run, doc)
-            _rebakes(run, doc)
+            _rebakes(run, waves, doc)
         _checks(run, entrypoint, user_args, doc)
         if first and a.importtime:
             doc["importtime"] = importtime(run.run_env, logs)
@@ -830,7 +842,7 @@ def _also_env(run: _Flow, doc: dict[str, Any]) -> None:
         doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
 
 
-def _rebakes(run: _Flow, doc: dict[str, Any]) -> None:
+def _rebakes(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     for i, pair in enumerate(run.a.rebake_env):
         # A variable vLLM hashes (a compile factor) cannot be A/B'd on the baked bundle:
         # the start would miss. So the compile stage runs again with it, into an empty
@@ -855,6 +867,7 @@ def _rebakes(run: _Flow, doc: dict[str, Any]) -> None:
                 run.argv,
                 run.model_path,
                 doc.get("warm_generate"),
+                waves,
             )
         )
 
@@ -890,10 +903,12 @@ def rebake(
     argv: list[str],
     model_path: str,
     warm_generate: dict[str, Any] | None,
+    waves: Any,
 ) -> dict[str, Any]:
     """The compile stage again with ``pair`` set, then a baked start of that bundle with it
-    set too (as an image whose ENV had it). The first bundle and its pinned manifest are put
-    back afterwards, whatever happened."""
+    set too (as an image whose ENV had it), and the same request mix as the baked start (a
+    factor made the default must leave nothing to compile after /health either). The first
+    bundle and its pinned manifest are put back afterwards, whatever happened."""
     var, _, value = pair.partition("=")
     plain = cache_root.with_name(cache_root.name + "-plain")
     pinned = cache_root.parent / PINNED_MANIFEST_NAME
@@ -913,14 +928,19 @@ def rebake(
         shutil.copyfile(cache_root / MANIFEST, pinned)
         out["bundle_files"] = len(_files(cache_root))
         out["compile_report"] = _compile_report(cache_root)
+        dirs = watched_dirs(cache_root, envs["run"])
+        at_launch = snapshot(dirs)
         server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, 8003, logs)
         wait_ready(server, started, a.deadline)
+        mix: dict[str, Any] = {}
+        if server.ready_s is not None and a.mix_total:
+            mix = after_ready(server, model_path, dirs, at_launch, waves)
         gen = server.generate(model_path) if server.ready_s is not None else None
         out["generate"] = gen
         out["tokens_identical_to_warm"] = bool(gen and warm_generate) and (gen or {}).get("tokens") == (
             warm_generate or {}
         ).get("tokens")
-        out.update(server.stop())
+        out.update({**server.stop(), **mix})
     except SystemExit as exc:
         out["failed"] = str(exc)
     finally:
@@ -1002,6 +1022,13 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                 "breakdown_s": o.get("breakdown_s"),
                 "compile_cache_dirs": o.get("compile_cache_dirs"),
                 "tokens_identical_to_warm": o.get("tokens_identical_to_warm"),
+                "files_added_until_ready": count(cache_files(o.get("files_added_until_ready") or {}))
+                if "files_added_until_ready" in o
+                else None,
+                "files_added_after_ready": count(cache_files(o.get("files_added_after_ready") or {}))
+                if "files_added_after_ready" in o
+                else None,
+                "compile_lines_after_ready": _still_compiling(o) if "request_mix" in o else None,
                 "failed": o.get("failed"),
             }
             for o in doc.get("rebaked", [])

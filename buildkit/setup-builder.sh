@@ -3,7 +3,8 @@
 #   buildkit/setup-builder.sh hopper            # on an H100/H200 build host
 #   buildkit/setup-builder.sh blackwell nvidia.com/gpu=0
 # Needs: the NVIDIA driver, nvidia-container-toolkit (for `nvidia-ctk cdi generate`), Docker
-# with buildx ≥ 0.22; each is checked first, with one line naming what to install.
+# with buildx ≥ $BUILDX_MIN (buildkit/buildx.sh; make deps installs one); each is checked
+# first, with one line naming what to install.
 # `kernelbake build` picks the builder by the target's GPU family and refuses a GPU target
 # whose builder is absent (exit 3), before it builds or pulls anything.
 set -euo pipefail
@@ -12,19 +13,19 @@ DEVICE=${2:-nvidia.com/gpu=all}
 NAME=kernelbake-$FAMILY
 IMAGE=${BUILDKIT_IMAGE:-moby/buildkit:buildx-stable-1-gpu}
 HERE=$(cd "$(dirname "$0")" && pwd)
-BUILDX_MIN=0.22
+# BUILDX_MIN, BUILDX_DEBIAN, buildx_version, version_at_least: shared with scripts/deps.sh.
+. "$HERE/buildx.sh"
 
 need() { echo "setup-builder: $*" >&2; exit 3; }
+INSTALL_BUILDX="make deps installs Debian sid's docker-buildx $BUILDX_DEBIAN; elsewhere install Docker's docker-buildx-plugin"
 
 # Everything this script needs, before it changes anything.
 command -v docker >/dev/null || need "docker missing (make deps installs it)"
-buildx=$(docker buildx version 2>/dev/null | awk '{print $2}' | sed 's/^v//; s/[+-].*//') ||
-  need "docker buildx missing: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
+buildx=$(buildx_version)
 [ -n "$buildx" ] ||
-  need "docker buildx missing: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
-if [ "$(printf '%s\n' "$BUILDX_MIN" "$buildx" | sort -V | head -1)" != "$BUILDX_MIN" ]; then
-  need "buildx $buildx is older than $BUILDX_MIN, which RUN --device needs: install docker-buildx $BUILDX_MIN or newer (Debian sid's docker-buildx, or Docker's docker-buildx-plugin)"
-fi
+  need "docker buildx missing or its version unreadable (docker buildx version); $BUILDX_MIN or newer is needed: $INSTALL_BUILDX"
+version_at_least "$buildx" "$BUILDX_MIN" ||
+  need "buildx $buildx found, $BUILDX_MIN or newer needed (RUN --device): $INSTALL_BUILDX"
 command -v nvidia-ctk >/dev/null ||
   need "nvidia-ctk missing: install the NVIDIA Container Toolkit (package nvidia-container-toolkit from NVIDIA's apt repository) and the NVIDIA driver"
 

@@ -22,7 +22,8 @@ need-policy = $(if $(POLICY),,$(error POLICY=path/to/policy.yaml is required (se
 
 ADMISSION_IMAGE ?=
 # The last image `make image` built (the top-level Makefile sets it too).
-IMAGE ?= $(shell cat build/image.ref 2>/dev/null)
+IMAGE_REF ?= build/image.ref
+IMAGE ?= $(shell cat $(IMAGE_REF) 2>/dev/null)
 EXAMPLE_POLICY := deploy/examples/local-policy.yaml
 
 .PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission admission-image
@@ -30,29 +31,29 @@ EXAMPLE_POLICY := deploy/examples/local-policy.yaml
 $(ADMISSION_CERTS)/tls.crt:
 	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
 
-admission-cert: $(ADMISSION_CERTS)/tls.crt
+admission-cert: $(ADMISSION_CERTS)/tls.crt ## a CA and a serving certificate for the webhook in build/admission/certs
 
-admission-serve: $(ADMISSION_CERTS)/tls.crt
+admission-serve: $(ADMISSION_CERTS)/tls.crt ## serve the admission webhook on https://127.0.0.1:8443 with POLICY=
 	$(need-policy)$(KERNELBAKE) admission --policy $(POLICY) --tls-cert $(ADMISSION_CERTS)/tls.crt \
 		--tls-key $(ADMISSION_CERTS)/tls.key --host 127.0.0.1 --port 8443
 
-admission-review:
+admission-review: ## one AdmissionReview REQUEST= through the webhook code, with POLICY=
 	$(need-policy)$(if $(REQUEST),,$(error REQUEST=request.json is required))$(KERNELBAKE) admission review --policy $(POLICY) $(REQUEST)
 
-admission-check:
+admission-check: ## validate the policy file POLICY=
 	$(need-policy)$(KERNELBAKE) admission check-policy $(POLICY)
 
-admission-try:
+admission-try: ## review the last image built in an example pod against the example policy
 	@test -n "$(IMAGE)" || { echo "admission-try: no image built yet (make image first)" >&2; exit 2; }
 	@mkdir -p $(ADMISSION_DIR)
 	sed 's|"IMAGE"|"$(IMAGE)"|' deploy/examples/local-pod.json > $(ADMISSION_DIR)/local-pod.json
 	$(KERNELBAKE) admission review --policy $(EXAMPLE_POLICY) $(ADMISSION_DIR)/local-pod.json
 
-test-admission:
+test-admission: ## the admission tests
 	$(BENCH_PYTHON) -m pytest tests/admission
 
-bench-admission:
+bench-admission: ## the admission load benchmark
 	$(BENCH_PYTHON) bench/admission_load.py
 
-admission-image:
+admission-image: ## the webhook's image (ADMISSION_IMAGE=)
 	deploy/build-image.sh $(ADMISSION_IMAGE)

@@ -20,24 +20,25 @@ SIGNING_KEY ?= $(SIGNING_DIR)/kernelbake.key
 SIGNING_PUB ?= $(SIGNING_DIR)/kernelbake.pub
 SIGN_FLAGS ?= --legacy
 POLICY ?=
+# Where `make image` writes the reference it pushed (the top-level Makefile sets it from BUILD).
+IMAGE_REF ?= build/image.ref
 
 .PHONY: signing-deps signing-key sign verify bench-verify
 
-signing-deps:
+signing-deps: ## cosign 2.5.0 + 3.1.1 and the @sigstore/mock server (the signing tests need them)
 	scripts/setup-signing-deps.sh
 
 $(SIGNING_KEY):
 	$(KERNELBAKE) generate-key-pair --dir $(SIGNING_DIR)
 
-signing-key: $(SIGNING_KEY)
+signing-key: $(SIGNING_KEY) ## build/signing/kernelbake.{key,pub}, once
 
-sign: $(if $(findstring --keyless,$(SIGN_FLAGS)),,$(SIGNING_KEY))
+sign: $(if $(findstring --keyless,$(SIGN_FLAGS)),,$(SIGNING_KEY)) ## sign and attest IMAGE= (SIGN_FLAGS=--keyless for Fulcio/Rekor)
 	@test -n "$(IMAGE)" || { echo "usage: make sign IMAGE=host/repo:tag" >&2; exit 2; }
 	$(KERNELBAKE) sign $(if $(findstring --keyless,$(SIGN_FLAGS)),,--key $(SIGNING_KEY)) $(SIGN_FLAGS) $(IMAGE)
 
-verify:
-	@test -n "$(IMAGE)" || { echo "usage: make verify IMAGE=host/repo:tag [POLICY=policy.yaml]" >&2; exit 2; }
-	$(KERNELBAKE) verify $(IMAGE) $(if $(POLICY),--policy $(POLICY),--key $(SIGNING_PUB))
+verify: ## verify the last image built, or IMAGE=, against POLICY= or the local public key
+	$(if $(IMAGE),,$(error verify: nothing was built ($(IMAGE_REF) is missing or empty): run make image, or pass IMAGE=host/repo@sha256:... [POLICY=policy.yaml]))$(KERNELBAKE) verify $(IMAGE) $(if $(POLICY),--policy $(POLICY),--key $(SIGNING_PUB))
 
-bench-verify:
+bench-verify: ## the verification latency benchmark
 	$(BENCH_PYTHON) bench/verify_latency.py

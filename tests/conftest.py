@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support import registry as test_registries
+from tests.support.docker import local_names
 from tests.support.registry import running_registry
 
 # Hypothesis's per-example deadline (200 ms) measures the machine, not the code: CI runs on two
@@ -41,6 +43,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ]
     if unmarked:
         raise pytest.UsageError("; ".join(unmarked))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After every fixture's teardown: a Docker name left under an address a test registry
+    listened on points at a registry that is gone; say which, so the fixture that made it
+    can be fixed (each registry's teardown removes them, tests/support/registry.py)."""
+    left = [name for addr in dict.fromkeys(test_registries.STARTED) for name in local_names(f"{addr}/")]
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = f"kernelbake tests left {len(left)} Docker names under their gone registries: {' '.join(left)}"
+        if reporter is not None:
+            reporter.write_line(text, yellow=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ instead of during a device session."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
@@ -159,6 +160,32 @@ def test_importtime_rows_keep_self_time_and_depth() -> None:
     ]
 
 
+def test_importtime_runs_the_api_server_imports_again_without_bytecode(tmp_path: Path) -> None:
+    """The last run reads no .pyc: its bytecode prefix is an empty folder, made fresh."""
+    flow = _flow()
+    prefix = tmp_path / "pycache-empty"
+    (prefix / "stale").mkdir(parents=True)
+    calls: list[tuple[str, dict[str, str]]] = []
+
+    def run(argv: list[str], env: dict[str, str], **kw: object) -> object:
+        calls.append((argv[-1], env))
+        assert not prefix.exists()
+        return subprocess.CompletedProcess(argv, 0, "", "import time:  5 |  7 | vllm\n")
+
+    real = flow.subprocess.run
+    flow.subprocess.run = run
+    try:
+        out = flow.importtime({"TMPDIR": str(tmp_path)}, tmp_path)
+    finally:
+        flow.subprocess.run = real
+    assert list(out) == [*flow.IMPORTS, "vllm_api_server_no_bytecode"]
+    code, env = calls[-1]
+    assert code == flow.IMPORTS["vllm_api_server"]
+    assert env == {"TMPDIR": str(tmp_path), "PYTHONPYCACHEPREFIX": str(prefix)}
+    assert all("PYTHONPYCACHEPREFIX" not in e for _, e in calls[:-1])
+    assert out["vllm_api_server_no_bytecode"]["modules"] == 1
+
+
 def test_the_summary_compares_cold_with_warm_and_the_tokens() -> None:
     flow = _flow()
     doc = {
@@ -282,6 +309,16 @@ def test_a_rebake_starts_its_own_bundle_and_puts_the_first_back(tmp_path: Path) 
 
     cache_root, pinned = _rebake_setup(tmp_path, flow, compile_run)
     _FakeServer.started.clear()
+    mixed: list[tuple[object, ...]] = []
+
+    def after_ready(
+        server: object, model: str, dirs: object, at_launch: object, waves: object
+    ) -> dict[str, object]:
+        mixed.append((server, model, sorted(dirs), waves))  # type: ignore[call-overload]
+        return {"request_mix": {"requests": 3}, "files_added_after_ready": {}}
+
+    flow.after_ready = after_ready
+    run_env = {"R": "s", "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp")}
     pinned_during: list[str] = []
     real_stop = _FakeServer.stop
 
@@ -300,17 +337,21 @@ def test_a_rebake_starts_its_own_bundle_and_puts_the_first_back(tmp_path: Path) 
             tmp_path,
             _args(),
             0.0,
-            {"compile": {"A": "b"}, "run": {"R": "s"}},
+            {"compile": {"A": "b"}, "run": run_env},
             ["serve"],
             "/models/m",
             {"tokens": [1, 2, 3]},
+            ["the waves"],
         )
     finally:
         _FakeServer.stop = real_stop  # type: ignore[method-assign]
     assert seen["empty_before"] is True
     assert seen["env"] == {"A": "b", "VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
     (server,) = _FakeServer.started
-    assert server.env == {"R": "s", "VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
+    assert server.env == {**run_env, "VLLM_USE_MEGA_AOT_ARTIFACT": "1"}
+    # The rebaked start serves the baked start's request mix, watched in the same places.
+    assert mixed == [(server, "/models/m", ["cache_root", "home", "tmp"], ["the waves"])]
+    assert out["request_mix"] == {"requests": 3}
     # Serve's integrity check read the rebaked bundle's manifest, not the first one's.
     assert pinned_during == ['{"mega": true}']
     assert out["ready_s"] == 12.5 and out["tokens_identical_to_warm"] is True
@@ -341,6 +382,7 @@ def test_a_failed_rebake_still_puts_the_first_bundle_back(tmp_path: Path) -> Non
         ["serve"],
         "/models/m",
         None,
+        [],
     )
     assert out["failed"] == "rebake1: RUN failed with 1"
     assert sorted(p.name for p in cache_root.iterdir()) == ["vllm"]
@@ -350,4 +392,4 @@ def test_a_failed_rebake_still_puts_the_first_bundle_back(tmp_path: Path) -> Non
 def _args() -> object:
     import argparse
 
-    return argparse.Namespace(deadline=1000.0)
+    return argparse.Namespace(deadline=1000.0, mix_total=3)

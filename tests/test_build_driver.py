@@ -360,6 +360,41 @@ def test_publish_cache_builds_the_artifact_from_the_exported_caches_and_pushes_o
     assert built.published == [built.cache.pushed]
 
 
+def _bake_paths(bake_file: Path, bake_target: str) -> list[Path]:
+    """What a bake of ``bake_target`` reads or writes on this machine: its context, its named
+    contexts and a local output's destination."""
+    spec = json.loads(bake_file.read_text())["target"][bake_target]
+    paths = [spec["context"], *spec.get("contexts", {}).values()]
+    paths += [o.partition("dest=")[2] for o in spec.get("output", []) if "dest=" in o]
+    return [Path(p) for p in paths]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"mode": BuildMode.TWO_PHASE, "device": "kernelbake.dev/test=builder"},
+        {"push": True, "publish": Publish.BOTH},
+    ],
+    ids=["single", "two-phase", "cache-artifact"],
+)
+def test_every_bake_runs_where_its_paths_are_so_new_buildx_needs_no_fs_grant(
+    target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, object]
+) -> None:
+    """buildx 0.20+ refuses a bake touching paths outside its working directory without
+    ``--allow=fs.*`` (which 0.13 lacks): each bake starts in a folder that holds all of them."""
+    monkeypatch.setattr("kernelbake.oci.RegistryClient.ping", lambda self, ref: None)
+    rec, _ = _artifact_setup(target, tmp_path)
+    _driver(rec).build([target], BuildOptions(out=tmp_path, **options))  # type: ignore[arg-type]
+    bakes = [(c, cwd) for c, cwd in zip(rec.calls, rec.cwd_of, strict=True) if c[:2] == ("buildx", "bake")]
+    assert bakes
+    for call, cwd in bakes:
+        assert cwd is not None, call
+        bake_file = Path(call[call.index("-f") + 1])
+        for path in [bake_file, *_bake_paths(bake_file, call[-1])]:
+            assert path.is_absolute() and path.is_relative_to(cwd), (call[-1], path, cwd)
+
+
 def test_an_artifact_whose_labels_differ_from_the_record_is_not_pushed(
     target: BuildTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

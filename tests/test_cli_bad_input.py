@@ -283,3 +283,45 @@ def test_an_image_target_or_manifest_that_is_not_text_is_one_line(tmp_path: Path
     (tmp_path / "target.json").write_bytes(b"{\xff}")
     with pytest.raises(BadInput, match=r"target.json: not a kernelbake target file \(byte 1 is not UTF-8\)"):
         TargetConfig.load(tmp_path / "target.json")
+
+
+TINY = (REPO / "images" / "tiny-llama.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "text", "expected"),
+    [
+        # Every YAML file a user gives kernelbake: a spec, a verify policy, an admission policy.
+        (
+            ["plan"],
+            TINY.replace("  dtype: float32\n", "  dtype: float32\n  max_num_seqs: 4\n"),
+            ("serve.max_num_seqs", "max_num_seqs", 16, 13),
+        ),
+        (
+            ["verify", "--policy"],
+            "keys: [a.pub]\nrequire_attestation: true\nkeys: [b.pub]\n",
+            ("keys", "keys", 3, 1),
+        ),
+        (
+            ["admission", "check-policy"],
+            "images: [r.io/**]\nverify:\n  keys: [a.pub]\n  keys: [b.pub]\n",
+            ("verify.keys", "keys", 4, 3),
+        ),
+    ],
+    ids=["spec", "verify-policy", "admission-policy"],
+)
+def test_a_key_given_twice_in_any_yaml_input_is_refused(
+    argv: list[str],
+    text: str,
+    expected: tuple[str, str, int, int],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "input.yaml"
+    path.write_text(text)
+    field, key, again, first = expected
+    extra = ["registry.example.com/kb/m@sha256:" + "a" * 64] if argv[0] == "verify" else []
+    assert main([*argv, str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{path}:{again}: {field}: duplicate key {key!r}, first at {path}:{first} (keep one" in err, err

@@ -109,3 +109,32 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         _load(tmp_path, "a: [1,\nb: }\n")
     data, src = _load(tmp_path, "")
     assert data is None and src.line("x") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "lines"),
+    [
+        ("name: x\nserve: {}\nname: y\n", "name", (3, 1)),
+        # At depth: a mapping in a list in a mapping in a mapping.
+        ("a:\n  b:\n    - c:\n        d: 1\n        e: 2\n        d: 3\n", "a.b[0].c.d", (6, 4)),
+        ("a: [{x: 1, x: 2}]\n", "a[0].x", (1, 1)),
+        # One key however it is spelled: quoted and plain, YAML 1.1's yes and true.
+        ("serve:\n  dtype: a\n  'dtype': b\n", "serve.dtype", (3, 2)),
+        ("flags:\n  yes: 1\n  true: 2\n", "flags.true", (3, 2)),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_both_lines(
+    tmp_path: Path, text: str, field: str, lines: tuple[int, int]
+) -> None:
+    path = tmp_path / "f.yaml"
+    again, first = lines
+    with pytest.raises(SpecError) as info:
+        _load(tmp_path, text)
+    assert info.value.message.startswith(f"{path}:{again}: {field}: duplicate key ")
+    assert info.value.message.endswith(f", first at {path}:{first}")
+    assert info.value.return_code == 2 and info.value.hint and "keep one" in info.value.hint
+
+
+def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
+    data, _ = _load(tmp_path, "base: &b {dtype: a, tp: 1}\nserve:\n  <<: *b\n  dtype: b\n")
+    assert data == {"base": {"dtype": "a", "tp": 1}, "serve": {"dtype": "b", "tp": 1}}

@@ -137,11 +137,13 @@ class Docker:
         capture: bool = False,
         env: Mapping[str, str] | None = None,
         on_line: Callable[[str], None] | None = None,
+        cwd: Path | None = None,
     ) -> Result:
         prefix = ["--context", self.context] if self.context else []
         return self.runner(
             [self.settings.docker, *prefix, *args],
             env={**self.env, **(env or {})},
+            cwd=cwd,
             log=log,
             capture=capture,
             on_line=on_line,
@@ -246,7 +248,11 @@ class Driver:
         args = ["buildx", "bake", "-f", str(bake_file), "--progress=plain"]
         if lane.builder:
             args += ["--builder", lane.builder, "--metadata-file", str(metadata)]
-        return lane.docker(*args, bake_target, log=log)
+        # buildx 0.20 and newer refuse a bake that reads or writes outside its working directory
+        # ("additional privileges requested") unless each path is granted with --allow, a flag
+        # 0.13 does not have. Every path of a bake file is under the file's own directory (the
+        # build's out, or one target's folder there), so running it there needs no grant.
+        return lane.docker(*args, bake_target, log=log, cwd=bake_file.parent)
 
     def _plain_build(
         self, lane: Lane, rendered: Rendered, layout: bake.Layout, stage: str, log: Path

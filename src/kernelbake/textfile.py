@@ -3,11 +3,13 @@
 Every input file goes through ``read_bytes``: a named path may be a FIFO (opening it would wait
 for a writer forever), a character device (``/dev/zero`` never ends) or a file far larger than
 any spec. So the file is opened without blocking, must be a regular file, and is read up to a
-size limit; past it, reading stops and the file is refused, whatever its size.
+size limit; past it, reading stops and the file is refused, whatever its size. A path that
+cannot be opened is named with what is wrong with it (``_unopenable``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -34,24 +36,49 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _unopenable(p: Path, exc: OSError) -> str:
+    """What is wrong with ``p``, which could not be opened. The OS's words name neither the
+    link nor its target: a dangling symlink reads "No such file or directory" although the
+    link is there, and a loop "Too many levels of symbolic links"."""
+    if exc.errno == errno.ELOOP:
+        return "symlink loop (or a chain of more than 40 links); point it at the file itself"
+    if exc.errno == errno.ENOENT and p.is_symlink():
+        try:
+            link = p.readlink()
+            # A chain of links: name where it ends too, the path that is missing.
+            via = f" (and on to {p.resolve()})" if (p.parent / link).is_symlink() else ""
+        except (OSError, RuntimeError):  # replaced since the open: say what the OS said
+            return exc.strerror or str(exc)
+        return f"dangling symlink to {link}{via}, which does not exist"
+    if exc.errno == errno.EACCES:
+        return f"permission denied (kernelbake runs as uid {os.geteuid()}); check the file's mode and owner"
+    return exc.strerror or str(exc)
+
+
 def read_bytes(
-    path: str | Path, what: str, *, error: type[BadInput] = BadInput, limit: int = MAX_INPUT_BYTES
+    path: str | Path,
+    what: str,
+    *,
+    error: type[BadInput] = BadInput,
+    limit: int = MAX_INPUT_BYTES,
+    hint: str | None = None,
 ) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them.
 
-    Raises ``error`` naming the file: what the OS said (missing, no permission), that it is no
-    regular file (a FIFO, a device, a directory), or that it is over ``limit`` bytes.
+    Raises ``error`` naming the file and what is wrong with it: missing, a dangling symlink (and
+    its target), a symlink loop, no permission, no regular file (a FIFO, a device, a directory),
+    or over ``limit`` bytes. ``hint`` says what to do instead (where to get such a file).
     """
     p = Path(path)
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise error(f"{p}: cannot read {what}: {exc.strerror or exc}") from None
+        raise error(f"{p}: cannot read {what}: {_unopenable(p, exc)}", hint=hint) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise error(f"{p}: cannot read {what}: {_kind(mode)}, not a regular file")
+            raise error(f"{p}: cannot read {what}: {_kind(mode)}, not a regular file", hint=hint)
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
@@ -60,7 +87,7 @@ def read_bytes(
             chunks.append(chunk)
             size += len(chunk)
     except OSError as exc:
-        raise error(f"{p}: cannot read {what}: {exc.strerror or exc}") from None
+        raise error(f"{p}: cannot read {what}: {exc.strerror or exc}", hint=hint) from None
     finally:
         os.close(fd)
     if size > limit:

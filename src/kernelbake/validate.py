@@ -145,8 +145,38 @@ def _join(parent: str, key: str) -> str:
 MAX_YAML_DEPTH = 64
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping names one key twice; PyYAML would keep the last value and say nothing."""
+
+    def __init__(self, key: Any, first: yaml.Node, again: yaml.Node) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first, self.again = key, first, again
+
+
+def _field_of(root: yaml.Node, key_node: yaml.Node) -> str:
+    """The field path (``a.b[0].c``) of ``key_node`` in the tree under ``root``: each node is
+    visited once, aliases (which share nodes) and recursive anchors included."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                field = _join(path, str(getattr(k, "value", "?")))
+                if k is key_node:
+                    return field
+                stack.append((v, field))
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
+    return ""
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses nesting deeper than ``MAX_YAML_DEPTH`` before recursing further."""
+    """SafeLoader that refuses nesting deeper than ``MAX_YAML_DEPTH`` before recursing further,
+    and a mapping that names a key twice (at any depth)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -168,6 +198,23 @@ class _BoundedLoader(yaml.SafeLoader):
                 self._depth -= 1
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Keys compared as constructed (`a` and `"a"`, `yes` and `true` are one key), before the
+        # merge keys (`<<: *base`) are flattened in: overriding a merged key is what they are for.
+        # Scalar keys only; an unhashable key is refused by the constructor itself.
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:
+                continue
+            if first is not key_node:
+                raise _DuplicateKey(key, first, key_node)
+        return super().construct_mapping(node, deep)
+
 
 def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadInput) -> tuple[Any, Source]:
     """The parsed document and its ``Source``; unreadable or malformed files raise
@@ -181,6 +228,13 @@ def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadIn
         loader = _BoundedLoader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except _DuplicateKey as exc:
+        assert node is not None  # composed before anything was constructed
+        first, again = exc.first.start_mark.line + 1, exc.again.start_mark.line + 1
+        raise error_type(
+            f"{p}:{again}: {_field_of(node, exc.again)}: duplicate key {exc.key!r}, first at {p}:{first}",
+            hint="keep one of them: YAML would keep the last value and drop the other without a word",
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)

@@ -300,6 +300,45 @@ def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
     assert "TORCHINDUCTOR_CACHE_DIR='/tmp/inductor'" in decision.problems[0]
 
 
+@pytest.mark.parametrize(
+    ("mount_path", "checked"),
+    [
+        ("/opt/kernelbake/cache", True),
+        # The same directory as the container resolves it: each escaped the check as written.
+        ("/opt/kernelbake/cache/", True),
+        ("/opt//kernelbake/./cache", True),
+        ("/opt/kernelbake/x/../cache", True),
+        ("opt/kernelbake/cache", True),
+        # Part of the caches (Inductor's) is the engine running on them too.
+        ("/opt/kernelbake/cache/inductor", True),
+        # Not the cache root: a sibling whose name only starts the same.
+        ("/opt/kernelbake/cache-old", False),
+    ],
+)
+def test_an_engine_container_at_the_cache_root_is_checked_however_its_mount_path_is_spelled(
+    keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge, mount_path: str, checked: bool
+) -> None:
+    """The engine container of image-volume.yaml mounts the emptyDir the artifact is copied to,
+    not the artifact: it is checked because it mounts something at the cache root."""
+    facts, _, _ = facts_of(recipe("image-volume.yaml"))
+    doc = recipe("image-volume.yaml")
+    spec = doc["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    next(m for m in c["volumeMounts"] if m["name"] == "kernelbake-cache")["mountPath"] = mount_path
+    c["command"] = [("4096" if a == "2048" else a) for a in c["command"]]
+    plan = planned(doc, policy)
+    (target,) = plan.refs()
+    name, digest = target.split("@")
+    ok = {
+        target: Accepted(Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts))
+    }
+    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    if checked:
+        assert len(decision.problems) == 1 and "--max-model-len 4096 (key: 2048)" in decision.problems[0]
+    else:
+        assert decision.problems == ()
+
+
 def test_an_image_volume_naming_a_kernelbake_image_or_an_unsigned_one_is_refused(
     keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
 ) -> None:

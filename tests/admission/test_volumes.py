@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kernelbake.admission import cache_volumes
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.policy import load_admission_policy
 from kernelbake.admission.service import Admitter
@@ -29,6 +30,7 @@ from kernelbake.spec import load_spec
 from tests.admission import documents, live
 from tests.admission.documents import H100
 from tests.admission.fakes import REGISTRY, REPO, FakeVerifier, digest_of, make_admitter, make_policy
+from tests.conftest import REPO as SOURCE_TREE
 from tests.signing.images import PushedImage, push_image
 from tests.support.memregistry import memory_registry
 
@@ -92,6 +94,28 @@ def test_a_signed_image_volume_is_pinned_to_the_verified_digest(verifier: FakeVe
     doc["request"]["object"] = pod
     validated = answer(verifier, doc, Endpoint.VALIDATE)
     assert validated["allowed"] is True and "patch" not in validated
+
+
+def test_a_kernelbake_image_as_an_image_volume_is_admitted_with_the_warning_that_the_docs_give(
+    verifier: FakeVerifier,
+) -> None:
+    """What the webhook does with a volume that verifies as a kernelbake image (CACHE has no
+    cache-artifact facts here): admitted, pinned, and warned that its fit is not judged; the
+    signature is what fails closed. docs/image-volumes.md's table and cache_volumes' docstring
+    (which said such a volume is refused) say the same as the answer."""
+    doc = documents.add_image_volume(documents.load("pod-create", TAG), CACHE)
+    response = answer(verifier, doc)
+    assert response["allowed"] is True, response
+    assert response["warnings"] == [f'image volume "kernel-cache": image {CACHE}: {UNJUDGED}']
+    assert documents.apply_patch(doc, response)["spec"]["volumes"][1]["image"]["reference"].endswith(
+        CACHE_DIGEST
+    )
+    table = (SOURCE_TREE / "docs" / "image-volumes.md").read_text().splitlines()
+    row = next(line for line in table if line.startswith("| a kernelbake image"))
+    assert row.split(" | ")[-1] == f"allowed and pinned, with the warning `{UNJUDGED}` |"
+    said = " ".join((cache_volumes.__doc__ or "").split())
+    assert "refused" not in said.split("kernelbake image", 1)[1].split(".", 1)[0]
+    assert "the webhook admits it, pinned, with the warning ``volumes.UNJUDGED``" in said
 
 
 @pytest.mark.parametrize("pull_policy", ["Always", "IfNotPresent", "Never"])

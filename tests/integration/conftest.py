@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kernelbake.bake import compile_env_ref
 from kernelbake.build import BuildOptions, Built, Driver
 from kernelbake.plan import plan
 from kernelbake.render import BuildMode
@@ -46,11 +49,21 @@ def test_cdi_device() -> str:
 
 
 @pytest.fixture(scope="session")
-def two_phase_image(registry: str, tmp_path_factory: pytest.TempPathFactory, test_cdi_device: str) -> Built:
-    """tiny-llama compiled by `docker run --device <test CDI device>`, then built and pushed."""
-    return build_tiny(
-        tmp_path_factory.mktemp("two-phase"),
-        f"{registry}/two-phase",
-        mode=BuildMode.TWO_PHASE,
-        device=test_cdi_device,
-    )
+def two_phase_image(
+    registry: str, tmp_path_factory: pytest.TempPathFactory, test_cdi_device: str
+) -> Iterator[Built]:
+    """tiny-llama compiled by `docker run --device <test CDI device>`, then built and pushed.
+    The compile-env image is a local tag outside the registry: removed here (the registry's
+    teardown removes the names under its address)."""
+    try:
+        yield build_tiny(
+            tmp_path_factory.mktemp("two-phase"),
+            f"{registry}/two-phase",
+            mode=BuildMode.TWO_PHASE,
+            device=test_cdi_device,
+        )
+    finally:
+        (target,) = plan(
+            load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"], registry=f"{registry}/two-phase"
+        )
+        subprocess.run(["docker", "rmi", compile_env_ref(target)], capture_output=True, timeout=60)

@@ -43,6 +43,8 @@ class Recorder:
         self.calls: list[tuple[str, ...]] = []
         # Per call, whether the caller asked for signals to be forwarded to the command.
         self.forwarded: list[bool] = []
+        # Per call, the working directory it was started in (None: the caller's).
+        self.cwd_of: list[Path | None] = []
         self.logs: list[Path] = []
         self.buildx = buildx
         # The bake target whose build fails.
@@ -67,6 +69,7 @@ class Recorder:
         signals to, so ``forward_signals`` is only recorded."""
         with self._lock:
             self.forwarded.append(forward_signals)
+            self.cwd_of.append(cwd)
         result = self._answer(argv, log)
         if on_line is not None:
             for line in (result.stdout + result.stderr).splitlines():

@@ -12,6 +12,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.docker import remove_local_names
+
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
 # A fixed http.secret: otherwise docker-registry makes a random one and warns about it.
@@ -28,6 +30,11 @@ http:
   addr: 127.0.0.1:{port}
   secret: kernelbake-tests
 """
+
+
+# Every address a registry of this process listened on; the session's end lists any local
+# Docker name still under one (tests/conftest.py), since such a name points at nothing.
+STARTED: list[str] = []
 
 
 def free_port() -> int:
@@ -51,6 +58,7 @@ def running_registry(workdir: Path, port: int | None = None, *, auth: str = "") 
     log = (workdir / "registry.log").open("w")
     proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     addr = f"127.0.0.1:{port}"
+    STARTED.append(addr)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -69,3 +77,6 @@ def running_registry(workdir: Path, port: int | None = None, *, auth: str = "") 
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+        # What builds and pushes tagged in the shared daemon under this address would point at
+        # a registry that no longer exists.
+        remove_local_names(f"{addr}/")

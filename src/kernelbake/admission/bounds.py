@@ -19,7 +19,7 @@ from kernelbake.admission.workloads import MalformedObject
 # judged against every placement and pinned. Real pods have a handful.
 MAX_GOVERNED = 256
 # Governed image volumes of one pod: each cache artifact is checked against every container
-# that mounts it or anything at the cache root, so volumes times containers is bounded by this.
+# that mounts it or anything at or under the cache root, so volumes times containers is bounded by this.
 MAX_CACHE_VOLUMES = 16
 # Placement (scheduling.ways): the terms are ORed, so each is judged on its own.
 MAX_TERMS = 64

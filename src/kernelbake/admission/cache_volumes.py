@@ -14,10 +14,18 @@ decide), so that review wires them in beside the images:
    against the manifest), for clusters without image volumes. The engine container gets the engine variables the artifact records,
    ``KERNELBAKE_MANIFEST_DIGEST`` and, when it sets neither command nor args, the recorded command.
 2. **Image volumes already in a pod** (``spec.volumes[].image.reference``) that name a governed
-   repository: verified (a kernelbake image there is refused: it is not a cache), pinned, the
-   key judged against every GPU the pod can land on, and each container that mounts it checked:
-   it must run the engine image the caches were compiled in (by manifest digest), and its
-   serve arguments, when it gives any, must be the ones the key records.
+   repository: verified and pinned by the image review (``admit``), which denies one that is
+   unsigned or unresolvable. One that verifies as a cache artifact is then judged here: its
+   key against every GPU the pod can land on, and each container that mounts it (or anything
+   at or under the cache root) checked: it must run the engine image the caches were compiled
+   in (by manifest digest), and its serve arguments, when it gives any, must be the ones the key
+   records. One that verifies as a kernelbake image (or a GPU index's image variant) is no cache
+   artifact and not judged here: the webhook admits it, pinned, with the warning
+   ``volumes.UNJUDGED`` that its fit is not judged (docs/image-volumes.md's table). Why not
+   refuse it: its signature and digest are checked, so nothing unsigned runs; what its files are
+   for is the pod's (a kernelbake image's root is no cache root, so mounted there its caches are
+   not where the engine looks); the warning says where the guarantee ends. Without the image
+   review beside it (``decide_caches(verified_elsewhere=False)``), such a volume is a problem.
 
 ``admit.plan`` calls ``plan_caches``, ``service`` asks the gateway for ``next_cache_refs`` beside
 the GPU indexes' variants, and ``admit.decide`` merges ``decide_caches``; nothing here does I/O.
@@ -42,6 +50,7 @@ from kernelbake.admission.gpus import admitted
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
 from kernelbake.admission.scheduling import Way
+from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.volumes import image_volumes
 from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
@@ -514,15 +523,25 @@ def _kind(field: str) -> str:
 
 
 def _at_cache_root(spec: Mapping[str, Any]) -> list[int]:
-    """spec.containers that mount anything at the cache root (the emptyDir an init container
-    copied an artifact to): with those that mount an artifact itself, the containers that run
-    the engine on its caches. One pass, shared by every volume."""
+    """spec.containers that mount anything at or under the cache root (the emptyDir an init
+    container copied an artifact to, or part of it): with those that mount an artifact itself,
+    the containers that run the engine on its caches. Paths as the container resolves them
+    (``trusted_paths.normal``): ``/opt/kernelbake/cache/`` and ``/opt//kernelbake/./cache`` are
+    the cache root too, and a container mounting it so is checked like one that writes it plainly.
+    One pass, shared by every volume."""
     out = []
     for j, c in enumerate(spec.get("containers") or []):
         mounts = c.get("volumeMounts") or [] if isinstance(c, dict) else []
-        if any(isinstance(m, dict) and m.get("mountPath") == CACHE_ROOT for m in mounts):
+        if any(isinstance(m, dict) and _under_cache_root(m.get("mountPath")) for m in mounts):
             out.append(j)
     return out
+
+
+def _under_cache_root(path: Any) -> bool:
+    if not isinstance(path, str):
+        return False
+    resolved = normal(path)
+    return resolved == CACHE_ROOT or resolved.startswith(CACHE_ROOT + "/")
 
 
 def _judged(

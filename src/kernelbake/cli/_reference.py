@@ -142,6 +142,8 @@ def render() -> str:
         if sub.description and sub.description != summary:
             out += [sub.description, ""]
         out += ["```", usage, "```"]
+        if sub.epilog:
+            out += ["", "```", sub.epilog, "```"]
         rows = _option_rows(sub)
         if rows:
             out += ["", "| argument | meaning |", "|---|---|", *rows]

@@ -154,30 +154,34 @@ def cmd_seed_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+IN_IMAGE = "(inside the image) "
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("compile", help="(inside the image) compile and write the cache bundle")
+    p = sub.add_parser("compile", help=IN_IMAGE + "compile and write the cache bundle")
     p.add_argument("--chown", type=_owner, help="give the bundle to UID:GID afterwards (two-phase builds)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser(
+    serve = sub.add_parser(
         "serve",
-        help="(inside the image) preflight, then exec the engine",
+        help=IN_IMAGE + "preflight, then exec the engine",
         usage="kernelbake serve [ENGINE ARGS...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.set_defaults(func=cmd_serve, passthrough=True)
+    serve.set_defaults(func=cmd_serve, passthrough=True)
 
     p = sub.add_parser(
         "check",
-        help="(inside the image) preflight only: would serve start warm?",
+        help=IN_IMAGE + "preflight only: would serve start warm?",
         usage="kernelbake check [--json] [-v | --log FILE] [--unsafe-size-only] [--identity-out FILE] "
         "[SERVE ARGS...]",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the verdict and its details as one JSON document")
     output = p.add_mutually_exclusive_group()
     output.add_argument(
         "-v",
-        "--verbose",
         action="store_true",
+        dest="verbose",
         help="show the engine's own output (its log lines and warnings) on stderr",
     )
     output.add_argument(
@@ -194,18 +198,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--identity-out",
         type=Path,
+        metavar="FILE",
         help="write the engine's cache identity now (to diff against the manifest's)",
     )
     p.set_defaults(func=cmd_check, passthrough=True)
 
     p = sub.add_parser(
-        "engine-command", help="(inside the image) the engine command and variables serve uses, as JSON"
+        "engine-command", help=IN_IMAGE + "the engine command and variables serve uses, as JSON"
     )
     p.set_defaults(func=cmd_engine_command)
 
-    p = sub.add_parser("fetch-model", help="(inside the image) download config/tokenizer files")
+    p = sub.add_parser("fetch-model", help=IN_IMAGE + "download config/tokenizer files")
     p.set_defaults(func=cmd_fetch_model)
 
-    p = sub.add_parser("seed-cache", help="(inside the image) copy the baked caches to DEST")
+    p = sub.add_parser("seed-cache", help=IN_IMAGE + "copy the baked caches to DEST")
     p.add_argument("dest", type=Path)
     p.set_defaults(func=cmd_seed_cache)
+
+    serve.epilog = _image_commands(sub, exclude="serve")
+
+
+def _image_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, exclude: str) -> str:
+    """What ``docker run IMAGE --help`` (the entrypoint is ``kernelbake serve``) shows after the
+    usage: the image's other commands, from the parsers registered here, so it cannot drift."""
+    rows = [
+        (a.dest, str(a.help).removeprefix(IN_IMAGE))
+        for a in sub._choices_actions
+        if a.dest != exclude and str(a.help).startswith(IN_IMAGE)
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(
+        [
+            "serve runs the preflight, then execs the engine with every option it was given (the",
+            "model is baked in). The image's other commands, as docker run IMAGE COMMAND [ARGS...]:",
+            *(f"  {name:<{width}}  {text}" for name, text in rows),
+            "Each takes --help.",
+        ]
+    )

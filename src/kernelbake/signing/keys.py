@@ -22,6 +22,10 @@ from kernelbake.textfile import read_bytes
 
 PRIVATE_SUFFIX = ".key"
 PUBLIC_SUFFIX = ".pub"
+# What to do about a key file that cannot be read, said by every reader of a key path (sign
+# --key, verify --key, a policy's keys:); what is wrong with the path is textfile's to say.
+SIGNING_KEY_HINT = "run `kernelbake generate-key-pair` (or `make signing-key`), pass --key, or use --keyless"
+PUBLIC_KEY_HINT = "name the .pub file that `kernelbake generate-key-pair` wrote beside the signing key"
 
 
 def _der(public_key: ec.EllipticCurvePublicKey) -> bytes:
@@ -86,12 +90,12 @@ def load_public_key(pem: bytes, *, source: str) -> PublicKey:
 
 
 def load_public_key_file(path: Path) -> PublicKey:
-    data = read_bytes(path, "public key")
+    data = read_bytes(path, "public key", hint=PUBLIC_KEY_HINT)
     return load_public_key(data, source=str(path))
 
 
 def load_private_key(path: Path, password: str | None = None) -> PrivateKey:
-    data = read_bytes(path, "signing key")
+    data = read_bytes(path, "signing key", hint=SIGNING_KEY_HINT)
     if b"ENCRYPTED SIGSTORE PRIVATE KEY" in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
         raise BadInput(
             f"{path}: cosign's encrypted key format is not supported",

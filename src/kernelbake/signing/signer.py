@@ -178,10 +178,5 @@ def signer_from_settings(
         token = identity_token(settings, token_file)
         check_token(token)  # a bad token fails before any trust material is fetched
         return KeylessSigner(load_trust_config(trust_config or settings.trust_config), token)
-    path = key or local_key_path(settings)
-    if not path.exists():
-        raise BadInput(
-            f"{path}: no signing key",
-            hint="run `kernelbake generate-key-pair` (or `make signing-key`), pass --key, or use --keyless",
-        )
-    return KeySigner(load_private_key(path, settings.signing_key_password))
+    # A missing key, a dangling link, a loop or a directory: load_private_key says which.
+    return KeySigner(load_private_key(key or local_key_path(settings), settings.signing_key_password))

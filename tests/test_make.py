@@ -1,0 +1,62 @@
+"""The Makefile says what it does: `make help` names every target, and `make verify` with
+nothing built says what to do instead of printing a bare usage line. Only targets that
+change nothing run here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO
+
+MAKEFILES = [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))]
+
+
+def _make(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPO), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _targets() -> set[str]:
+    """Every target a rule names in the Makefile and mk/*.mk (not variables, not file targets)."""
+    rule = re.compile(r"^([a-z][a-z0-9-]*)\s*:(?!=)")
+    found = set()
+    for path in MAKEFILES:
+        for line in path.read_text().splitlines():
+            if m := rule.match(line):
+                found.add(m.group(1))
+    return found
+
+
+def test_make_help_lists_every_target_once_with_a_line_saying_what_it_does() -> None:
+    res = _make("help")
+    assert res.returncode == 0, res.stderr
+    listed = [line.split(None, 1) for line in res.stdout.splitlines()[1:]]
+    names = [row[0] for row in listed]
+    assert all(len(row) == 2 and row[1].strip() for row in listed), listed
+    assert len(names) == len(set(names)), names
+    targets = _targets()
+    assert len(targets) > 20  # the parse found the rules
+    assert set(names) == targets, (sorted(targets - set(names)), sorted(set(names) - targets))
+
+
+def test_make_verify_with_nothing_built_says_so_in_one_line(tmp_path: Path) -> None:
+    res = _make("verify", f"BUILD={tmp_path}")
+    assert res.returncode == 2
+    assert res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert f"verify: nothing was built ({tmp_path}/image.ref is missing or empty)" in line
+    assert "run make image, or pass IMAGE=" in line
+
+
+def test_make_verify_reads_the_reference_make_image_wrote(tmp_path: Path) -> None:
+    ref = "127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32
+    (tmp_path / "image.ref").write_text(ref + "\n")
+    res = _make("-n", "verify", f"BUILD={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    assert f"kernelbake verify {ref} --key" in res.stdout
