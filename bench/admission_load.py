@@ -438,6 +438,88 @@ async def slow_registry_burst(
     }
 
 
+async def first_reviews(client: Client, fresh: list[Any]) -> dict[str, Any]:
+    """First review of a new digest: one at a time, tag and full verification."""
+    first: list[float] = []
+    first_errors = []
+    for image in fresh:
+        doc = review(documents.load("pod-create", image.tagged))
+        elapsed, error = await one(client, "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r)
+        first.append(elapsed)
+        if error:
+            first_errors.append(error)
+    return {**summary(first), "errors": len(first_errors), "error_samples": first_errors[:3]}
+
+
+async def warm_up(clients: list[Client], mix: list[Any]) -> None:
+    """Warm the caches: every shape on every connection (so on every worker), unmeasured."""
+    for offset in range(len(mix)):
+        shapes = [mix[(offset + i) % len(mix)] for i in range(len(clients))]
+        warmup = [one(c, path, make(), check) for c, (path, make, check) in zip(clients, shapes, strict=True)]
+        for _, error in await asyncio.gather(*warmup):
+            if error:
+                raise RuntimeError(f"warm-up review failed: {error}")
+
+
+async def warm_waves(clients: list[Client], mix: list[Any], waves: int) -> dict[str, Any]:
+    """Waves of 200 concurrent reviews, all sent at once."""
+    warm: list[float] = []
+    warm_errors: list[str] = []
+    started = time.perf_counter()
+    for n in range(waves):
+        latencies, errors = await wave(clients, mix, n)
+        warm += latencies
+        warm_errors += errors
+    wall = time.perf_counter() - started
+    return {
+        **summary(warm),
+        "waves": waves,
+        "concurrency": CONCURRENCY,
+        "reviews_per_second": round(len(warm) / wall, 1),
+        "errors": len(warm_errors),
+        "error_samples": warm_errors[:3],
+    }
+
+
+async def memory_over_reviews(
+    clients: list[Client], mix: list[Any], reviews: int, pid: int
+) -> dict[str, Any]:
+    """Memory over N reviews, 200 in flight at a time (closed loop)."""
+    samples = [{"reviews": 0, "rss_kib": rss_kib(pid)}]
+    done = 0
+    errors: list[str] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(reviews):
+        queue.put_nowait(n)
+
+    async def worker(client: Client) -> None:
+        nonlocal done
+        while True:
+            try:
+                n = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            path, make, check = mix[n % len(mix)]
+            _, error = await one(client, path, make(), check)
+            if error:
+                errors.append(error)
+            done += 1
+            if done % 1000 == 0:
+                samples.append({"reviews": done, "rss_kib": rss_kib(pid)})
+
+    await asyncio.gather(*(worker(c) for c in clients))
+    baseline = next(s["rss_kib"] for s in samples if s["reviews"] >= 1000)
+    final = samples[-1]["rss_kib"]
+    return {
+        "reviews": reviews,
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "rss_samples": samples,
+        "growth_after_first_1000_kib": final - baseline,
+        "growth_after_first_1000_pct": round(100 * (final - baseline) / baseline, 2),
+    }
+
+
 async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) -> dict[str, Any]:
     certs = work / "certs"
     import subprocess
@@ -473,87 +555,11 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
         pid = served.process.pid
         clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
         try:
-            # First review of a new digest: one at a time, tag and full verification.
-            first: list[float] = []
-            first_errors = []
-            for image in fresh:
-                doc = review(documents.load("pod-create", image.tagged))
-                elapsed, error = await one(
-                    clients[0], "/mutate", doc, lambda r: r["allowed"] is True and "patch" in r
-                )
-                first.append(elapsed)
-                if error:
-                    first_errors.append(error)
-            result["first_review_of_a_new_digest"] = {
-                **summary(first),
-                "errors": len(first_errors),
-                "error_samples": first_errors[:3],
-            }
-
+            result["first_review_of_a_new_digest"] = await first_reviews(clients[0], fresh)
             mix = workload(registry, h100, unsigned)
-            # Warm the caches: every shape on every connection (so on every worker), unmeasured.
-            for offset in range(len(mix)):
-                shapes = [mix[(offset + i) % len(mix)] for i in range(len(clients))]
-                warmup = [
-                    one(c, path, make(), check)
-                    for c, (path, make, check) in zip(clients, shapes, strict=True)
-                ]
-                for _, error in await asyncio.gather(*warmup):
-                    if error:
-                        raise RuntimeError(f"warm-up review failed: {error}")
-
-            # Waves of 200 concurrent reviews, all sent at once.
-            warm: list[float] = []
-            warm_errors: list[str] = []
-            started = time.perf_counter()
-            for n in range(args.waves):
-                latencies, errors = await wave(clients, mix, n)
-                warm += latencies
-                warm_errors += errors
-            wall = time.perf_counter() - started
-            result["warm_cache_200_concurrent"] = {
-                **summary(warm),
-                "waves": args.waves,
-                "concurrency": CONCURRENCY,
-                "reviews_per_second": round(len(warm) / wall, 1),
-                "errors": len(warm_errors),
-                "error_samples": warm_errors[:3],
-            }
-
-            # Memory over N reviews, 200 in flight at a time (closed loop).
-            samples = [{"reviews": 0, "rss_kib": rss_kib(pid)}]
-            done = 0
-            errors: list[str] = []
-            queue: asyncio.Queue[int] = asyncio.Queue()
-            for n in range(args.reviews):
-                queue.put_nowait(n)
-
-            async def worker(client: Client) -> None:
-                nonlocal done
-                while True:
-                    try:
-                        n = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    path, make, check = mix[n % len(mix)]
-                    _, error = await one(client, path, make(), check)
-                    if error:
-                        errors.append(error)
-                    done += 1
-                    if done % 1000 == 0:
-                        samples.append({"reviews": done, "rss_kib": rss_kib(pid)})
-
-            await asyncio.gather(*(worker(c) for c in clients))
-            baseline = next(s["rss_kib"] for s in samples if s["reviews"] >= 1000)
-            final = samples[-1]["rss_kib"]
-            result["memory_over_reviews"] = {
-                "reviews": args.reviews,
-                "errors": len(errors),
-                "error_samples": errors[:3],
-                "rss_samples": samples,
-                "growth_after_first_1000_kib": final - baseline,
-                "growth_after_first_1000_pct": round(100 * (final - baseline) / baseline, 2),
-            }
+            await warm_up(clients, mix)
+            result["warm_cache_200_concurrent"] = await warm_waves(clients, mix, args.waves)
+            result["memory_over_reviews"] = await memory_over_reviews(clients, mix, args.reviews, pid)
             if args.burst:
                 result["slow_registry_burst"] = await slow_registry_burst(
                     args, served.port, tls, certs / "ca.crt", clients, mix, during_burst, slow

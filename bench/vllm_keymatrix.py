@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
+from keymatrix_cases import EXPECTED, H200, cases  # noqa: E402 (bench/ is on the path from here)
 
 SPEC = REPO / "bench/specs/tiny-llama-ref.yaml"
 MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
@@ -73,68 +75,8 @@ BASE_ARGS = [
     "536870912",
 ]
 
-# name, environment changes, serve arguments, how it runs (cpus / hostname / uid / target).
-CASES: list[dict[str, Any]] = [
-    {"name": "baseline", "env": {}, "args": []},
-    {"name": "explicit-default-aot", "env": {"VLLM_USE_AOT_COMPILE": "1"}, "args": []},
-    {"name": "explicit-default-configure-logging", "env": {"VLLM_CONFIGURE_LOGGING": "1"}, "args": []},
-    {"name": "logging-debug", "env": {"VLLM_LOGGING_LEVEL": "DEBUG"}, "args": []},
-    {"name": "hashed-env-long-max-model-len", "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, "args": []},
-    {"name": "hashed-env-pp-layer-partition", "env": {"VLLM_PP_LAYER_PARTITION": "16"}, "args": []},
-    {"name": "unhashed-env-log-stats-interval", "env": {"VLLM_LOG_STATS_INTERVAL": "30"}, "args": []},
-    {"name": "unhashed-env-http-keepalive", "env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "9"}, "args": []},
-    # kernelbake serve forks the engine core (issue 14); vLLM's own default for `vllm serve`
-    # is spawn. Neither may change the compile hash.
-    {"name": "multiproc-spawn", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "args": []},
-    {"name": "multiproc-fork-explicit", "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}, "args": []},
-    {"name": "api-key-secret", "env": {"VLLM_API_KEY": SECRET}, "args": []},
-    {"name": "api-key-flag-secret", "env": {}, "args": ["--api-key", SECRET]},
-    {"name": "max-model-len-2048", "env": {}, "args": ["--max-model-len", "2048"]},
-    {"name": "max_model_len-underscore", "env": {}, "args": ["--max_model_len", "2048"]},
-    {"name": "max-model-len-same-value", "env": {}, "args": ["--max-model-len", "4096"]},
-    {"name": "max-model-len-equals-same", "env": {}, "args": ["--max-model-len=4096"]},
-    {"name": "block-size-32", "env": {}, "args": ["--block-size", "32"]},
-    {"name": "generation-config-vllm", "env": {}, "args": ["--generation-config", "vllm"]},
-    {"name": "max-logprobs-5", "env": {}, "args": ["--max-logprobs", "5"]},
-    {"name": "max-num-seqs-512", "env": {}, "args": ["--max-num-seqs", "512"]},
-    {"name": "max-num-seqs-128", "env": {}, "args": ["--max-num-seqs", "128"]},
-    {"name": "max-num-batched-tokens-8192", "env": {}, "args": ["--max-num-batched-tokens", "8192"]},
-    {"name": "seed-7", "env": {}, "args": ["--seed", "7"]},
-    {"name": "served-model-name", "env": {}, "args": ["--served-model-name", "other"]},
-    {"name": "enable-prefix-caching", "env": {}, "args": ["--enable-prefix-caching"]},
-    {"name": "dtype-float16", "env": {}, "args": ["--dtype", "float16"]},
-    {"name": "tp-1-explicit-short-flag", "env": {}, "args": ["-tp", "1"]},
-    {"name": "hashed-env-standalone-compile-off", "env": {"VLLM_USE_STANDALONE_COMPILE": "0"}, "args": []},
-    {"name": "other-home", "env": {"HOME": "/tmp/kb-other-home"}, "args": []},
-    # getpass.getuser() (Inductor's temporary directories) reads these first.
-    {"name": "other-user", "env": {"USER": "kbother", "LOGNAME": "kbother"}, "args": []},
-    {"name": "other-hostname", "env": {}, "args": [], "hostname": "kb-other-host"},
-    {"name": "four-cpus", "env": {}, "args": [], "cpus": 4},
-    {"name": "model-at-another-path", "env": {}, "args": [], "model_path": "/models/tiny-llama-moved"},
-    # Knobs that switch a cache off or point it elsewhere, and start-up modes that compile
-    # nothing (issue 24): read by check through torch's and vLLM's own config.
-    {"name": "inductor-fx-graph-cache-off", "env": {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, "args": []},
-    {"name": "inductor-force-disable-caches", "env": {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}, "args": []},
-    {"name": "inductor-autograd-cache-off", "env": {"TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}, "args": []},
-    {"name": "vllm-disable-compile-cache", "env": {"VLLM_DISABLE_COMPILE_CACHE": "1"}, "args": []},
-    {"name": "enforce-eager", "env": {}, "args": ["--enforce-eager"]},
-    {"name": "compilation-mode-none", "env": {}, "args": ["--compilation-config", '{"mode": 0}']},
-    {
-        "name": "vllm-compile-cache-dir-elsewhere",
-        "env": {},
-        "args": ["--compilation-config", '{"cache_dir": "/tmp/kb-other-compile-cache"}'],
-    },
-    # The baked cache stays root-owned (as in an image); the server runs as another user.
-    {"name": "uid-1000-root-owned-cache", "env": {}, "args": [], "uid": 1000},
-]
-# What each predicted level must see (docs/vllm.md, "Outcome levels"): ``bypassed`` compiles.
-EXPECTED = {
-    "hit": {"hit"},
-    "retrace": {"hit"},
-    "no-compile": {"no-compile"},
-    "bypassed": {"miss"},
-    "miss": {"miss"},
-}
+# The cases, in the table both key matrices use (bench/keymatrix_cases.py).
+CASES: list[dict[str, Any]] = cases(H200, secret=SECRET)
 
 
 def _target_json(model_path: str | None = None) -> str:

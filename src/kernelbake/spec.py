@@ -137,24 +137,34 @@ def _serve(doc: Source, raw: Any) -> ServeArgs:
             "must be 1 or equal tensor_parallel_size (vLLM's EP spans the TP group)",
         )
     if "compilation_config" in s:
-        cc = s["compilation_config"]
-        if not isinstance(cc, dict):
-            raise doc.error("serve.compilation_config", f"expected a mapping, got {type(cc).__name__}")
-        kw["compilation_config"] = json.dumps(cc, sort_keys=True, separators=(",", ":"))
+        kw["compilation_config"] = _compilation_config(doc, s["compilation_config"])
     if "env" in s:
-        env = s["env"]
-        if not isinstance(env, dict):
-            raise doc.error("serve.env", f"expected a mapping of VAR: value, got {type(env).__name__}")
-        for k in env:
-            if not isinstance(k, str) or not _ENV_NAME.match(k):
-                raise doc.error(f"serve.env.{k}", "not an environment variable name")
-        kw["env"] = tuple(sorted((k, str(v)) for k, v in env.items()))
+        kw["env"] = _serve_env(doc, s["env"])
     if "extra_args" in s:
-        extra = s["extra_args"]
-        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-            raise doc.error("serve.extra_args", "expected a list of strings")
-        kw["extra_args"] = tuple(extra)
+        kw["extra_args"] = _extra_args(doc, s["extra_args"])
     return ServeArgs(**kw)
+
+
+def _compilation_config(doc: Source, cc: Any) -> str:
+    """The mapping as compact JSON with sorted keys: one mapping, one string."""
+    if not isinstance(cc, dict):
+        raise doc.error("serve.compilation_config", f"expected a mapping, got {type(cc).__name__}")
+    return json.dumps(cc, sort_keys=True, separators=(",", ":"))
+
+
+def _serve_env(doc: Source, env: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(env, dict):
+        raise doc.error("serve.env", f"expected a mapping of VAR: value, got {type(env).__name__}")
+    for k in env:
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise doc.error(f"serve.env.{k}", "not an environment variable name")
+    return tuple(sorted((k, str(v)) for k, v in env.items()))
+
+
+def _extra_args(doc: Source, extra: Any) -> tuple[str, ...]:
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise doc.error("serve.extra_args", "expected a list of strings")
+    return tuple(extra)
 
 
 def _compile(doc: Source, raw: Any) -> CompileOptions:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import os
 import re
@@ -14,10 +15,12 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from kernelbake.oci import RegistryClient
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
+from tests.admission.conftest import client_tls
 from tests.conftest import REPO
 from tests.signing.images import PushedImage, push_image
 
@@ -121,3 +124,18 @@ def serving(policy: Path, certs: Path, *, log_level: str = "info", workers: int 
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def post_review(port: int, certs: Path, path: str, doc: Any) -> dict[str, Any]:
+    """POST the AdmissionReview ``doc`` to the webhook on 127.0.0.1:``port`` over TLS (its CA
+    in ``certs``); the answer, after checking it is a 200 that echoes the request's uid."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=30)
+    try:
+        conn.request("POST", path, body=json.dumps(doc), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        answer: dict[str, Any] = json.loads(r.read())
+    finally:
+        conn.close()
+    assert answer["response"]["uid"] == doc["request"]["uid"]
+    return answer

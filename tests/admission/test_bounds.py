@@ -10,7 +10,7 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from kernelbake.admission import admit, bounds, gpus
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import Budget, OverBudget
 from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER
+from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import parse_review
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.admission.service import Admitter
@@ -51,6 +52,21 @@ def review_of(obj: dict[str, Any], kind: str = "Deployment", group: str = "apps"
 def answer(admitter: Admitter, doc: dict[str, Any], endpoint: Endpoint = Endpoint.VALIDATE) -> dict[str, Any]:
     got: dict[str, Any] = admitter.review(doc, endpoint)
     return got
+
+
+def review_once(
+    verifier: Callable[[str], Any],
+    doc: dict[str, Any],
+    endpoint: Endpoint = Endpoint.VALIDATE,
+    *,
+    policy: AdmissionPolicy | None = None,
+) -> dict[str, Any]:
+    """One review by an admitter of its own, whose gateway is closed after."""
+    admitter = make_admitter(verifier, policy)
+    try:
+        return answer(admitter, doc, endpoint)
+    finally:
+        admitter.gateway.close()
 
 
 def reply_bytes(reply: dict[str, Any]) -> int:
@@ -120,11 +136,7 @@ def test_too_many_governed_images_are_denied_naming_the_cap(verifier: FakeVerifi
     spec = documents.pod_spec(doc)
     first = spec["containers"][0]
     spec["containers"] = [{**first, "name": f"c{i}"} for i in range(bounds.MAX_GOVERNED + 1)]
-    admitter = make_admitter(verifier)
-    try:
-        reply = answer(admitter, doc, Endpoint.MUTATE)
-    finally:
-        admitter.gateway.close()
+    reply = review_once(verifier, doc, Endpoint.MUTATE)
     assert reply["response"]["allowed"] is False
     assert reply["response"]["status"]["code"] == 400
     message = reply["response"]["status"]["message"]
@@ -165,11 +177,7 @@ def test_placement_lists_past_their_cap_are_denied_naming_the_field(
     verifier: FakeVerifier, terms: list[Any], field: str, limit: int
 ) -> None:
     doc = documents.schedule(documents.load("deployment-create", f"{REPO}:h100"), terms=terms)
-    admitter = make_admitter(verifier)
-    try:
-        reply = answer(admitter, doc)
-    finally:
-        admitter.gateway.close()
+    reply = review_once(verifier, doc)
     assert reply["response"]["allowed"] is False
     message = reply["response"]["status"]["message"]
     assert field in message and f"at most {limit}" in message, message
@@ -298,14 +306,12 @@ def test_a_huge_annotation_gets_a_message_of_a_few_kib(keys: dict[str, CacheKey]
     doc = recipe("opt-in.yaml")
     doc["spec"]["template"]["metadata"]["annotations"][ANNOTATION_CONTAINER] = "x" * 1_000_000
     facts, artifact, _ = facts_of(recipe("image-volume.yaml"))
-    admitter = make_admitter(
+    reply = review_once(
         _ArtifactVerifier(artifact, cpu_key(keys), facts),
-        make_policy(images=["registry.example.com/kb/**"]),
+        review_of(doc),
+        Endpoint.MUTATE,
+        policy=make_policy(images=["registry.example.com/kb/**"]),
     )
-    try:
-        reply = answer(admitter, review_of(doc), Endpoint.MUTATE)
-    finally:
-        admitter.gateway.close()
     assert reply["response"]["allowed"] is False
     assert reply_bytes(reply) <= MESSAGE_MAX + 512
     assert ANNOTATION_CONTAINER in reply["response"]["status"]["message"]
@@ -316,11 +322,7 @@ def test_warn_mode_warnings_are_capped(verifier: FakeVerifier) -> None:
     spec = documents.pod_spec(doc)
     first = spec["containers"][0]
     spec["containers"] = [{**first, "name": f"c{i}", "image": f"{REPO}:unsigned{i}"} for i in range(100)]
-    admitter = make_admitter(verifier, make_policy(mode="warn"))
-    try:
-        reply = answer(admitter, doc)
-    finally:
-        admitter.gateway.close()
+    reply = review_once(verifier, doc, policy=make_policy(mode="warn"))
     assert reply["response"]["allowed"] is True
     warnings = reply["response"]["warnings"]
     assert len(warnings) == bounds.MAX_WARNINGS
@@ -339,10 +341,6 @@ def test_messages_keep_one_entry_per_cause_within_the_limit() -> None:
 def test_an_unreadable_megabyte_image_is_not_kept_by_the_memo(verifier: FakeVerifier) -> None:
     before = admit._classify_memo.cache_info().currsize
     doc = documents.load("deployment-create", "registry.example.com/" + "a/" * 500_000 + "x:1")
-    admitter = make_admitter(verifier)
-    try:
-        reply = answer(admitter, doc)
-    finally:
-        admitter.gateway.close()
+    reply = review_once(verifier, doc)
     assert reply["response"]["allowed"] is False
     assert admit._classify_memo.cache_info().currsize == before

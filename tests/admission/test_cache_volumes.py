@@ -19,6 +19,7 @@ from kernelbake.admission import gpus
 from kernelbake.admission.cache_volumes import (
     ANNOTATION_INDEX,
     ANNOTATION_MOUNT,
+    CacheDecision,
     CachePlan,
     decide_caches,
     next_cache_refs,
@@ -132,6 +133,25 @@ def outcomes_for(
     return out
 
 
+def decided(
+    plan: CachePlan,
+    outcomes: Mapping[str, Outcome],
+    spec: Mapping[str, Any],
+    policy: AdmissionPolicy,
+    judge: gpus.Judge,
+) -> CacheDecision:
+    """``decide_caches`` as the mutating endpoint calls it, over the ways ``spec`` can schedule."""
+    return decide_caches(plan, outcomes, tuple(ways(spec)), policy, judge, mutate=True)
+
+
+def opt_in_decision(
+    doc: dict[str, Any], key: CacheKey, facts: CacheArtifactFacts, policy: AdmissionPolicy, judge: gpus.Judge
+) -> CacheDecision:
+    """The decision on the opt-in ``doc`` when its index lists the artifact of ``facts`` for ``key``."""
+    plan = planned(doc, policy)
+    return decided(plan, outcomes_for(plan, key, facts), doc["spec"]["template"]["spec"], policy, judge)
+
+
 def patched(
     doc: dict[str, Any],
     plan: CachePlan,
@@ -140,7 +160,7 @@ def patched(
     judge: gpus.Judge,
 ) -> dict[str, Any]:
     spec = doc["spec"]["template"]["spec"]
-    decision = decide_caches(plan, outcomes, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, outcomes, spec, policy, judge)
     assert decision.problems == ()
     result: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(doc), list(decision.patch))
     return result
@@ -205,15 +225,7 @@ def test_an_init_container_without_the_same_keys_image_in_the_index_is_refused(
 ) -> None:
     facts, _, _ = facts_of(recipe("image-volume.yaml"))
     doc = opt_in("init-container")
-    plan = planned(doc, policy)
-    decision = decide_caches(
-        plan,
-        outcomes_for(plan, cpu_key(keys), facts),
-        tuple(ways(doc["spec"]["template"]["spec"])),
-        policy,
-        judge,
-        mutate=True,
-    )
+    decision = opt_in_decision(doc, cpu_key(keys), facts, policy, judge)
     assert decision.patch == ()
     assert "--publish both" in decision.problems[0]
 
@@ -230,9 +242,7 @@ def test_a_gpu_pod_gets_its_gpus_artifact_and_a_pod_for_another_gpu_is_refused(
     artifact = next(v for v in got["spec"]["template"]["spec"]["volumes"] if "image" in v)
     assert artifact["image"]["reference"].endswith("2" * 64)
     # Only an A100 artifact in the index: the H100 pod gets nothing and is told why.
-    decision = decide_caches(
-        plan, outcomes_for(plan, keys["a100-80gb"], facts), tuple(ways(spec)), policy, judge, mutate=True
-    )
+    decision = decided(plan, outcomes_for(plan, keys["a100-80gb"], facts), spec, policy, judge)
     assert decision.patch == () and "no variant fits" in decision.problems[0]
 
 
@@ -242,15 +252,7 @@ def test_an_engine_image_other_than_the_one_compiled_in_is_refused(
     facts, _, _ = facts_of(recipe("image-volume.yaml"))
     doc = opt_in()
     doc["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.example.com/engine/vllm-cpu:latest"
-    plan = planned(doc, policy)
-    decision = decide_caches(
-        plan,
-        outcomes_for(plan, cpu_key(keys), facts),
-        tuple(ways(doc["spec"]["template"]["spec"])),
-        policy,
-        judge,
-        mutate=True,
-    )
+    decision = opt_in_decision(doc, cpu_key(keys), facts, policy, judge)
     assert decision.patch == ()
     assert "were compiled in registry.example.com/engine/vllm-cpu:0.32.0@sha256:1111" in decision.problems[0]
 
@@ -261,15 +263,7 @@ def test_an_artifact_built_from_a_local_engine_image_cannot_be_matched_and_is_re
     facts, _, _ = facts_of(recipe("image-volume.yaml"))
     local = dataclasses.replace(facts, engine=dataclasses.replace(facts.engine, digest=None))
     doc = opt_in()
-    plan = planned(doc, policy)
-    decision = decide_caches(
-        plan,
-        outcomes_for(plan, cpu_key(keys), local),
-        tuple(ways(doc["spec"]["template"]["spec"])),
-        policy,
-        judge,
-        mutate=True,
-    )
+    decision = opt_in_decision(doc, cpu_key(keys), local, policy, judge)
     assert "by config digest" in decision.problems[0]
 
 
@@ -289,7 +283,7 @@ def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
             Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts)
         )
     }
-    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, ok, spec, policy, judge)
     assert decision.problems == ()
     assert decision.patch == (
         {"op": "replace", "path": "/spec/template/spec/volumes/1/image/reference", "value": artifact},
@@ -297,12 +291,12 @@ def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
     # The serve arguments the key records: another max-model-len is refused.
     c = spec["containers"][0]
     c["command"] = [("4096" if a == "2048" else a) for a in c["command"]]
-    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, ok, spec, policy, judge)
     assert "--max-model-len 4096 (key: 2048)" in decision.problems[0]
     # A cache variable pointing elsewhere is refused.
     c["command"] = facts.command
     next(e for e in c["env"] if e["name"] == "TORCHINDUCTOR_CACHE_DIR")["value"] = "/tmp/inductor"
-    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, ok, spec, policy, judge)
     assert "TORCHINDUCTOR_CACHE_DIR='/tmp/inductor'" in decision.problems[0]
 
 
@@ -358,10 +352,10 @@ def test_an_image_volume_naming_a_kernelbake_image_or_an_unsigned_one_is_refused
             Verified(name, name, target.split("@")[1], cpu_key(keys), "sha256:" + "3" * 64, "ci", {})
         )
     }
-    decision = decide_caches(plan, image, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, image, spec, policy, judge)
     assert "is a kernelbake image, not a cache artifact" in decision.problems[0]
     unsigned = {target: Rejected("no signature from a trusted identity")}
-    decision = decide_caches(plan, unsigned, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, unsigned, spec, policy, judge)
     assert "was rejected: no signature" in decision.problems[0] and decision.patch == ()
 
 
@@ -394,9 +388,7 @@ def test_a_pod_patched_already_is_checked_not_patched_twice(
     once = patched(doc, first, outcomes, policy, judge)
     again = planned(once, policy)
     assert len(again.volumes) == 1  # the patched-in image volume, checked as any other
-    decision = decide_caches(
-        again, outcomes, tuple(ways(once["spec"]["template"]["spec"])), policy, judge, mutate=True
-    )
+    decision = decided(again, outcomes, once["spec"]["template"]["spec"], policy, judge)
     assert decision.problems == () and decision.patch == ()
 
 

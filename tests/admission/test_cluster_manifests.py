@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import http.client
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,6 @@ from kernelbake.oci.types import sha256_digest
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
 from tests.admission import documents, live
-from tests.admission.conftest import client_tls
 from tests.admission.test_cache_volumes import facts_of
 from tests.conftest import REPO
 from tests.signing.images import PushedImage, push_image, tiny_llama_target
@@ -75,18 +72,7 @@ class Webhook:
         self.served, self.certs = served, certs
 
     def post(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.served.port, context=client_tls(self.certs), timeout=30
-        )
-        try:
-            conn.request("POST", path, body=json.dumps(doc), headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            assert r.status == 200, r.read()
-            answer: dict[str, Any] = json.loads(r.read())
-        finally:
-            conn.close()
-        response: dict[str, Any] = answer["response"]
-        assert response["uid"] == doc["request"]["uid"]
+        response: dict[str, Any] = live.post_review(self.served.port, self.certs, path, doc)["response"]
         return response
 
 

@@ -5,7 +5,6 @@ documents as the API server sends them."""
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
 import os
 import signal
@@ -20,7 +19,6 @@ import pytest
 
 from kernelbake.admission.admit import KEY_FALLBACK
 from tests.admission import documents, live
-from tests.admission.conftest import client_tls
 from tests.admission.documents import H100
 from tests.signing.images import PushedImage
 from tests.support.registry import free_port
@@ -44,18 +42,8 @@ class World:
     slow: str
 
     def post(self, path: str, doc: Any) -> dict[str, Any]:
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.served.port, context=client_tls(self.certs), timeout=30
-        )
-        try:
-            conn.request("POST", path, body=json.dumps(doc), headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            assert r.status == 200, r.read()
-            answer: dict[str, Any] = json.loads(r.read())
-        finally:
-            conn.close()
+        answer = live.post_review(self.served.port, self.certs, path, doc)
         assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
-        assert answer["response"]["uid"] == doc["request"]["uid"]
         response: dict[str, Any] = answer["response"]
         return response
 

@@ -11,8 +11,6 @@ import copy
 import dataclasses
 import json
 import re
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +50,8 @@ from kernelbake.signing.signer import KeySigner
 from kernelbake.signing.verify import verify_image
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
+from tests.integration import _serving
+from tests.integration._serving import complete, wait_healthy
 from tests.support.docker import VLLM_CPU_BASE, docker, require_cpu_base
 from tests.support.podman import ULIMITS, PodRun, podman, pull, require_podman
 from tests.support.registry import free_port
@@ -179,41 +179,14 @@ def serving(run: PodRun) -> Iterator[tuple[int, str]]:
     argv = run.main_argv(["--shm-size", "1g", "-p", f"127.0.0.1:{port}:8000"])
     cid = podman(*argv[1:]).stdout.strip()
     try:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            state = podman("inspect", "-f", "{{.State.Running}}", cid).stdout.strip()
-            if state != "true" or time.monotonic() > deadline:
-                raise AssertionError(f"vLLM did not become healthy:\n{logs(cid)[-4000:]}")
-            time.sleep(1)
+        wait_healthy(podman, port, cid, HEALTH_TIMEOUT_S)
         yield port, cid
     finally:
         podman("rm", "-f", cid, check=False)
 
 
 def logs(cid: str) -> str:
-    res = podman("logs", cid, check=False)
-    return res.stdout + res.stderr
-
-
-def complete(port: int) -> dict[str, Any]:
-    body = json.dumps(
-        {"model": "/models/tiny-llama", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
-    ).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        doc: dict[str, Any] = json.loads(r.read())
-    return doc
+    return _serving.logs(podman, cid)
 
 
 def files(root: Path) -> dict[str, int]:

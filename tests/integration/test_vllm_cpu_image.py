@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from kernelbake.pipeline import Built
+from tests.integration import _serving
+from tests.integration._serving import complete, wait_healthy
 from tests.support.docker import docker
 from tests.support.registry import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
-MODEL = "/models/tiny-llama"
 # vLLM's engine core and worker talk through /dev/shm; Docker's default 64 MiB is too small
 # (vLLM's own docs: --ipc=host or --shm-size).
 SHM = ("--shm-size", "1g")
@@ -40,26 +41,14 @@ def serving(
     flags = [x for e in env for x in ("-e", e)]
     cid = docker("run", "-d", *SHM, *flags, *run, "-p", f"127.0.0.1:{port}:8000", image, *args).stdout.strip()
     try:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            state = docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip()
-            if state != "true" or time.monotonic() > deadline:
-                raise AssertionError(f"vLLM did not become healthy:\n{logs(cid)[-4000:]}")
-            time.sleep(1)
+        wait_healthy(docker, port, cid, HEALTH_TIMEOUT_S)
         yield port, cid
     finally:
         docker("rm", "-f", cid, check=False)
 
 
 def logs(cid: str) -> str:
-    res = docker("logs", cid, check=False)
-    return res.stdout + res.stderr
+    return _serving.logs(docker, cid)
 
 
 def serve_lines(cid: str) -> list[str]:
@@ -76,34 +65,15 @@ def wait_for_evidence(cid: str) -> str:
     raise AssertionError(f"no start-up evidence line:\n{logs(cid)[-4000:]}")
 
 
-def complete(port: int, prompt: str = "Hello", tokens: int = 4) -> dict[str, object]:
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        doc: dict[str, object] = json.loads(r.read())
-    return doc
+def python_in(image: str, *args: str, run: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """``python3 ARGS`` in a container of ``image`` (``run``: more ``docker run`` flags); its
+    exit code is the caller's to judge."""
+    return docker("run", "--rm", *run, "--entrypoint", "python3", image, *args, check=False)
 
 
 def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
     """``kernelbake check --json`` in the image; ``rc`` 6: a miss the engine predicts."""
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        image,
-        "-m",
-        "kernelbake",
-        "check",
-        "--json",
-        *args,
-        check=False,
-    )
+    res = python_in(image, "-m", "kernelbake", "check", "--json", *args)
     assert res.returncode == rc, res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc
@@ -111,16 +81,7 @@ def check(image: str, *args: str, rc: int = 0) -> dict[str, Any]:
 
 def test_every_hook_of_the_adapter_is_in_the_release_the_image_ships(vllm_image: Built) -> None:
     assert vllm_image.pushed is not None
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake.runtime.engines.vllm.compat_layer",
-        check=False,
-    )
+    res = python_in(vllm_image.pushed, "-m", "kernelbake.runtime.engines.vllm.compat_layer")
     doc = json.loads(res.stdout)
     assert doc["problems"] == [], doc["problems"]
     assert res.returncode == 0
@@ -257,19 +218,10 @@ def test_seed_cache_copies_every_listed_file_as_any_uid(vllm_image: Built) -> No
             "run", "--rm", "--entrypoint", "cat", vllm_image.pushed, "/opt/kernelbake/cache/manifest.json"
         ).stdout
     )
-    res = docker(
-        "run",
-        "--rm",
-        "--user",
-        "1000:1000",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake",
-        "seed-cache",
-        "/tmp/seed",
+    res = python_in(
+        vllm_image.pushed, "-m", "kernelbake", "seed-cache", "/tmp/seed", run=("--user", "1000:1000")
     )
+    assert res.returncode == 0, res.stderr
     assert (
         f"kernelbake seed-cache: {len(manifest['files'])} files copied from /opt/kernelbake/cache"
         in res.stdout
@@ -278,18 +230,7 @@ def test_seed_cache_copies_every_listed_file_as_any_uid(vllm_image: Built) -> No
 
 def test_check_with_enforce_eager_is_a_verdict(vllm_image: Built) -> None:
     assert vllm_image.pushed is not None
-    res = docker(
-        "run",
-        "--rm",
-        "--entrypoint",
-        "python3",
-        vllm_image.pushed,
-        "-m",
-        "kernelbake",
-        "check",
-        "--enforce-eager",
-        check=False,
-    )
+    res = python_in(vllm_image.pushed, "-m", "kernelbake", "check", "--enforce-eager")
     assert res.returncode in (0, 6), res.stderr[-3000:]
     assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     # The verdict first (the key matrix has it NO-COMPILE: vLLM runs eagerly).

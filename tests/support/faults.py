@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,106 +84,132 @@ class Proxy:
     requests: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What every handler of one ``proxy`` shares."""
+
+    upstream: str
+    rule: Rule
+    edit: Edit | None
+    state: Proxy
+    stopping: threading.Event
+    lock: threading.Lock
+
+
+class _Handler(BaseHTTPRequestHandler):
+    shared: ClassVar[_Setup]
+
+    def _handle(self) -> None:
+        answer = self._ask_rule()
+        if not self._answer_alone(answer):
+            self._forward(answer)
+
+    def _ask_rule(self) -> Action | None:
+        shared = self.shared
+        with shared.lock:
+            shared.state.requests += 1
+        answer = shared.rule(self.command, self.path)
+        if isinstance(answer, int):
+            answer = Reply(answer, _ERROR_BODY)
+        if answer is not None:
+            with shared.lock:
+                shared.state.faulted += 1
+        return answer
+
+    def _answer_alone(self, answer: Action | None) -> bool:
+        """Answer without asking the registry, where the action says so; whether it did."""
+        if isinstance(answer, Hang):
+            self.shared.stopping.wait()
+        elif isinstance(answer, Reset):
+            # SO_LINGER 0: close() sends RST instead of FIN.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        elif isinstance(answer, Reply):
+            self.wfile.write(self._reply(answer))
+        elif isinstance(answer, Drip) and answer.reply is not None:
+            self._drip(answer, self._reply(answer.reply))
+        else:
+            return False
+        return True
+
+    def _forward(self, answer: Action | None) -> None:
+        """The registry's answer, edited, substituted, cut short or dripped as the action says."""
+        status, headers, body = self._upstream()
+        edit = self.shared.edit
+        if isinstance(answer, Substitute):
+            body = answer.body
+        elif edit is not None:
+            extra, body = edit(self.command, self.path, body)
+            headers += list(extra.items())
+        head = self._head(status, headers, len(body))
+        if self.command == "HEAD":
+            self.wfile.write(head)
+        elif isinstance(answer, Truncate):
+            self.wfile.write(head + body[: int(len(body) * answer.keep)])
+            self.connection.shutdown(socket.SHUT_WR)
+        elif isinstance(answer, Drip):
+            if answer.body_only:
+                self.wfile.write(head)
+            self._drip(answer, body if answer.body_only else head + body)
+        else:
+            self.wfile.write(head + body)
+
+    def _upstream(self) -> tuple[int, list[tuple[str, str]], bytes]:
+        length = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(length) if length else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        req = urllib.request.Request(
+            f"http://{self.shared.upstream}{self.path}", data=data, headers=headers, method=self.command
+        )
+        try:
+            resp = urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as err:
+            resp = err
+        with resp:
+            body = resp.read()
+            kept = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP]
+            return resp.status, kept, body
+
+    def _head(self, status: int, headers: list[tuple[str, str]], length: int) -> bytes:
+        lines = [f"HTTP/1.0 {status} {self.responses.get(status, ('',))[0]}"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        lines += [f"Content-Length: {length}", "Connection: close", "", ""]
+        return "\r\n".join(lines).encode("latin-1")
+
+    def _reply(self, reply: Reply) -> bytes:
+        headers = {"Content-Type": "application/json", **reply.headers}
+        return self._head(reply.status, list(headers.items()), len(reply.body)) + reply.body
+
+    def _drip(self, drip: Drip, data: bytes) -> None:
+        for i in range(len(data)):
+            if self.shared.stopping.wait(drip.every):
+                return
+            self.wfile.write(data[i : i + 1])
+
+    # A client that gave up (the point of most faults) closes its end: not an error.
+    def handle_one_request(self) -> None:
+        with contextlib.suppress(OSError):
+            super().handle_one_request()
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def proxy(upstream: str, rule: Rule, edit: Edit | None = None) -> Iterator[Proxy]:
     """A proxy forwarding to ``upstream`` (``host:port``) except where ``rule`` answers;
     ``edit`` may add headers to or change the body of forwarded answers."""
     stopping = threading.Event()
     state = Proxy("")
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _upstream(self) -> tuple[int, list[tuple[str, str]], bytes]:
-            length = int(self.headers.get("Content-Length") or 0)
-            data = self.rfile.read(length) if length else None
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-            req = urllib.request.Request(
-                f"http://{upstream}{self.path}", data=data, headers=headers, method=self.command
-            )
-            try:
-                resp = urllib.request.urlopen(req, timeout=10)
-            except urllib.error.HTTPError as err:
-                resp = err
-            with resp:
-                body = resp.read()
-                kept = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP]
-                return resp.status, kept, body
-
-        def _head(self, status: int, headers: list[tuple[str, str]], length: int) -> bytes:
-            lines = [f"HTTP/1.0 {status} {self.responses.get(status, ('',))[0]}"]
-            lines += [f"{k}: {v}" for k, v in headers]
-            lines += [f"Content-Length: {length}", "Connection: close", "", ""]
-            return "\r\n".join(lines).encode("latin-1")
-
-        def _handle(self) -> None:
-            with lock:
-                state.requests += 1
-            answer = rule(self.command, self.path)
-            if isinstance(answer, int):
-                answer = Reply(answer, _ERROR_BODY)
-            if answer is not None:
-                with lock:
-                    state.faulted += 1
-            if isinstance(answer, Hang):
-                stopping.wait()
-                return
-            if isinstance(answer, Reset):
-                # SO_LINGER 0: close() sends RST instead of FIN.
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.connection.close()
-                return
-            if isinstance(answer, Reply):
-                self.wfile.write(self._reply(answer))
-                return
-            if isinstance(answer, Drip) and answer.reply is not None:
-                self._drip(answer, self._reply(answer.reply))
-                return
-            status, headers, body = self._upstream()
-            if isinstance(answer, Substitute):
-                body = answer.body
-            elif edit is not None:
-                extra, body = edit(self.command, self.path, body)
-                headers += list(extra.items())
-            if self.command == "HEAD":
-                self.wfile.write(self._head(status, headers, len(body)))
-                return
-            head = self._head(status, headers, len(body))
-            if isinstance(answer, Truncate):
-                self.wfile.write(head + body[: int(len(body) * answer.keep)])
-                self.connection.shutdown(socket.SHUT_WR)
-                return
-            if isinstance(answer, Drip):
-                if answer.body_only:
-                    self.wfile.write(head)
-                self._drip(answer, body if answer.body_only else head + body)
-                return
-            self.wfile.write(head + body)
-
-        def _reply(self, reply: Reply) -> bytes:
-            headers = {"Content-Type": "application/json", **reply.headers}
-            return self._head(reply.status, list(headers.items()), len(reply.body)) + reply.body
-
-        def _drip(self, drip: Drip, data: bytes) -> None:
-            for i in range(len(data)):
-                if stopping.wait(drip.every):
-                    return
-                self.wfile.write(data[i : i + 1])
-
-        # A client that gave up (the point of most faults) closes its end: not an error.
-        def handle_one_request(self) -> None:
-            with contextlib.suppress(OSError):
-                super().handle_one_request()
-
-        def finish(self) -> None:
-            with contextlib.suppress(OSError):
-                super().finish()
-
-        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    setup = _Setup(upstream, rule, edit, state, stopping, threading.Lock())
+    handler = type("Handler", (_Handler,), {"shared": setup})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -77,6 +77,26 @@ class Recorder:
         return result
 
     def _answer(self, argv: Sequence[str], log: Path | None) -> Result:
+        args = self._record(argv)
+        if args[:2] == ("context", "inspect"):
+            return Result(tuple(argv), 0 if args[2] in self.contexts else 1)
+        self._run(argv, args, log)
+        bake = args[:2] == ("buildx", "bake")
+        if bake and args[-1] == self.fail_bake:
+            return Result(tuple(argv), 1, "", "boom")
+        if args[:2] == ("buildx", "version"):
+            return Result(tuple(argv), 0 if self.buildx else 1)
+        if args[:2] == ("buildx", "inspect"):
+            return Result(tuple(argv), 0 if args[2] in self.builders else 1)
+        if bake and "--metadata-file" in args:
+            # A container builder pushing the final image writes its digest there.
+            meta = Path(args[args.index("--metadata-file") + 1])
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            meta.write_text(json.dumps({args[-1]: {"containerimage.digest": "sha256:" + "cd" * 32}}))
+        return self._printed(argv, args)
+
+    def _record(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """The docker words after ``--context NAME``; the call and its context recorded."""
         args = tuple(argv[1:])
         context = None
         if args[:1] == ("--context",):
@@ -84,8 +104,10 @@ class Recorder:
         with self._lock:
             self.calls.append(args)
             self.context_of.append(context)
-        if args[:2] == ("context", "inspect"):
-            return Result(tuple(argv), 0 if args[2] in self.contexts else 1)
+        return args
+
+    def _run(self, argv: Sequence[str], args: tuple[str, ...], log: Path | None) -> None:
+        """What running takes: a bake's time (recorded as its span) and the log it writes."""
         if args[:2] == ("buildx", "bake") and self.bake_seconds:
             start = time.monotonic()
             time.sleep(self.bake_seconds)
@@ -95,17 +117,9 @@ class Recorder:
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(" ".join(argv) + "\n")
             self.logs.append(log)
-        if args[:2] == ("buildx", "bake") and args[-1] == self.fail_bake:
-            return Result(tuple(argv), 1, "", "boom")
-        if args[:2] == ("buildx", "version"):
-            return Result(tuple(argv), 0 if self.buildx else 1)
-        if args[:2] == ("buildx", "inspect"):
-            return Result(tuple(argv), 0 if args[2] in self.builders else 1)
-        if args[:2] == ("buildx", "bake") and "--metadata-file" in args:
-            # A container builder pushing the final image writes its digest there.
-            meta = Path(args[args.index("--metadata-file") + 1])
-            meta.parent.mkdir(parents=True, exist_ok=True)
-            meta.write_text(json.dumps({args[-1]: {"containerimage.digest": "sha256:" + "cd" * 32}}))
+
+    def _printed(self, argv: Sequence[str], args: tuple[str, ...]) -> Result:
+        """A command that succeeds, with what it prints."""
         for words, out in self.stdout_for.items():
             if " ".join(args).startswith(words):
                 return Result(tuple(argv), 0, out)

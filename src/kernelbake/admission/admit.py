@@ -22,7 +22,7 @@ from kernelbake.admission import bounds, gpus, trusted_paths, volumes
 from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
 from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
 from kernelbake.admission.deltas import decide_deltas
-from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
+from kernelbake.admission.gateway import IndexAccepted, Outcome, Rejected, Unavailable, VerifiedLike
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
@@ -37,6 +37,7 @@ from kernelbake.admission.workloads import (
     pod_spec,
     template_metadata,
 )
+from kernelbake.contract.key import CacheKey
 from kernelbake.contract.variants import Variant
 from kernelbake.oci.reference import REFERENCE_MAX
 
@@ -93,92 +94,115 @@ class Plan:
 
 
 def plan(request: Request, policy: AdmissionPolicy, budget: Budget = UNBOUNDED) -> Plan:
-    allow = Response(uid=request.uid, api_version=request.api_version, allowed=True)
-    if request.operation not in (Operation.CREATE, Operation.UPDATE) or request.object is None:
-        return Plan(request, final=allow)
-    if request.sub_resource not in _CHECKED_SUBRESOURCES:
-        return Plan(request, final=allow)
+    if not _reviewed(request):
+        return Plan(request, final=_allow(request))
     try:
-        found = pod_spec(request.kind, request.object)
-        if found is None:
-            message = (
-                f"kernelbake admission does not review {request.kind} objects (it reviews {known_kinds()}); "
-                "check the webhook's rules"
+        return _plan_pod(request, policy, budget)
+    except (OverLimit, OverBudget) as exc:
+        return _refused(request, policy, f"{request.kind} too large to review: {exc}")
+    except MalformedObject as exc:
+        return _refused(request, policy, f"malformed {request.kind}: {exc}")
+
+
+def _allow(request: Request) -> Response:
+    return Response(uid=request.uid, api_version=request.api_version, allowed=True)
+
+
+def _reviewed(request: Request) -> bool:
+    """Whether the request can change what runs: a CREATE or UPDATE of the object itself or its
+    ephemeral containers."""
+    return (
+        request.operation in (Operation.CREATE, Operation.UPDATE)
+        and request.object is not None
+        and request.sub_resource in _CHECKED_SUBRESOURCES
+    )
+
+
+def _refused(request: Request, policy: AdmissionPolicy, problem: str) -> Plan:
+    """Denied in every mode: an object too large or malformed to read is never waved through."""
+    return Plan(request, final=_problems(request, policy, [problem], (), Code.BAD_REQUEST, always_deny=True))
+
+
+def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan:
+    assert request.object is not None  # _reviewed
+    found = pod_spec(request.kind, request.object)
+    if found is None:
+        message = (
+            f"kernelbake admission does not review {request.kind} objects (it reviews {known_kinds()}); "
+            "check the webhook's rules"
+        )
+        return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
+    spec_path, spec = found
+    old = _old_spec(request)
+    if _nothing_changed(request, old, spec):
+        # Nothing that runs or where it runs changed (labels, annotations, replicas …):
+        # re-checking would only turn a registry outage into failed updates.
+        return Plan(request, final=_allow(request))
+    old_images = _images(spec_path, old) if old is not None else {}
+    sites = list(image_sites(spec_path, spec))
+    if (
+        request.operation is Operation.UPDATE
+        and _being_deleted(request.object)
+        and all(old_images.get(s.path) == s.image for s in sites)
+    ):
+        # Being deleted, and every image was already there: denying now would only block
+        # finalizers and garbage collection. Never on CREATE: the API server clears a
+        # deletionTimestamp sent with a new object only after mutating admission, so it
+        # would wave an unreviewed image through.
+        return Plan(request, final=_allow(request))
+    governed, problems, notes = _govern(sites, old_images, policy, budget)
+    bounds.cap("the pod's governed images (containers and image volumes)", governed, bounds.MAX_GOVERNED)
+    problems += trusted_paths.problems(spec, (g.site for g in governed))
+    caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
+    if not governed and not problems and caches is None:
+        return Plan(request, final=dataclasses.replace(_allow(request), warnings=tuple(notes)))
+    found_ways = tuple(ways(spec)) if governed or caches is not None else ()
+    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
+
+
+def _nothing_changed(request: Request, old: Mapping[str, Any] | None, spec: Mapping[str, Any]) -> bool:
+    """An UPDATE that leaves the pod spec and the cache opt-in as they were."""
+    return (
+        old is not None
+        and request.object is not None
+        and request.old_object is not None
+        and old == spec
+        and opt_in_of(request.kind, request.object) == opt_in_of(request.kind, request.old_object)
+    )
+
+
+def _govern(
+    sites: Sequence[ImageSite],
+    old_images: Mapping[tuple[str, ...], str],
+    policy: AdmissionPolicy,
+    budget: Budget,
+) -> tuple[list[Governed], list[str], list[str]]:
+    """The sites whose images the policy governs, and what is wrong (or worth a note) with
+    their references before any registry is asked."""
+    registries = policy.listed_registries()
+    governed: list[Governed] = []
+    problems: list[str] = []
+    notes: list[str] = []
+    for site in sites:
+        budget.check()
+        ref = _classify(site.image, policy.images, registries)
+        if ref is None:
+            continue
+        if isinstance(ref, str):
+            problems.append(f"{site.where}: {ref}")
+        elif ref.tag is None and ref.digest is None:
+            problems.append(
+                f"{site.where}: image {site.image} has no tag or digest; name the tag kernelbake built "
+                "(kernelbake plan shows it) or pin a digest"
             )
-            return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
-        spec_path, spec = found
-        old_images: dict[tuple[str, ...], str] = {}
-        if request.operation is Operation.UPDATE and request.old_object is not None:
-            old = _old_spec(request)
-            if old == spec and opt_in_of(request.kind, request.object) == opt_in_of(
-                request.kind, request.old_object
-            ):
-                # Nothing that runs or where it runs changed (labels, annotations, replicas …):
-                # re-checking would only turn a registry outage into failed updates.
-                return Plan(request, final=allow)
-            if old is not None:
-                old_images = _images(spec_path, old)
-        sites = list(image_sites(spec_path, spec))
-        if (
-            request.operation is Operation.UPDATE
-            and _being_deleted(request.object)
-            and all(old_images.get(s.path) == s.image for s in sites)
-        ):
-            # Being deleted, and every image was already there: denying now would only block
-            # finalizers and garbage collection. Never on CREATE: the API server clears a
-            # deletionTimestamp sent with a new object only after mutating admission, so it
-            # would wave an unreviewed image through.
-            return Plan(request, final=allow)
-        registries = policy.listed_registries()
-        governed: list[Governed] = []
-        problems: list[str] = []
-        notes: list[str] = []
-        for site in sites:
-            budget.check()
-            ref = _classify(site.image, policy.images, registries)
-            if ref is None:
-                continue
-            if isinstance(ref, str):
-                problems.append(f"{site.where}: {ref}")
-                continue
-            if ref.tag is None and ref.digest is None:
-                problems.append(
-                    f"{site.where}: image {site.image} has no tag or digest; name the tag kernelbake built "
-                    "(kernelbake plan shows it) or pin a digest"
-                )
-                continue
+        else:
             if ref.tag is not None and ref.digest is not None:
                 notes.append(
                     f"{site.where}: image {site.image} names a tag and a digest; the digest wins: it is what "
                     "was verified, and the tag is dropped"
                 )
             governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
-        bounds.cap("the pod's governed images (containers and image volumes)", governed, bounds.MAX_GOVERNED)
-        problems += trusted_paths.problems(spec, (g.site for g in governed))
-        caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
-        found_ways = tuple(ways(spec)) if governed or caches is not None else ()
-    except (OverLimit, OverBudget) as exc:
-        return Plan(
-            request,
-            final=_problems(
-                request,
-                policy,
-                [f"{request.kind} too large to review: {exc}"],
-                (),
-                Code.BAD_REQUEST,
-                always_deny=True,
-            ),
-        )
-    except MalformedObject as exc:
-        return Plan(
-            request,
-            final=_problems(
-                request, policy, [f"malformed {request.kind}: {exc}"], (), Code.BAD_REQUEST, always_deny=True
-            ),
-        )
-    if not governed and not problems and caches is None:
-        return Plan(request, final=dataclasses.replace(allow, warnings=tuple(notes)))
-    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
+    return governed, problems, notes
 
 
 def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[ImageSite]:
@@ -193,7 +217,9 @@ def _being_deleted(obj: Mapping[str, Any]) -> bool:
 
 
 def _old_spec(request: Request) -> Mapping[str, Any] | None:
-    assert request.old_object is not None
+    """The pod spec the UPDATE replaces, if it is one and the old object can be read."""
+    if request.operation is not Operation.UPDATE or request.old_object is None:
+        return None
     try:
         found = pod_spec(request.kind, request.old_object)
     except MalformedObject:
@@ -264,97 +290,184 @@ def decide(
 ) -> Response:
     if plan.final is not None:
         return plan.final
-    # Memoised for this review's ways: hundreds of containers naming one image are judged once.
-    judge = judge.for_review()
-    picker = (picker or Picker(judge.catalogue, policy.gpu_match)).for_review()
+    review = _Review(
+        plan,
+        outcomes,
+        policy,
+        # Memoised for this review's ways: hundreds of containers naming one image are judged once.
+        judge.for_review(),
+        (picker or Picker(judge.catalogue, policy.gpu_match)).for_review(),
+        endpoint,
+    )
     problems = list(plan.problems)
     notes = list(plan.notes)
     patch: list[dict[str, Any]] = []
     unavailable = 0
-    late = Unavailable(
-        f"verification did not finish within {policy.deadline_seconds:g}s (is the registry slow or down?)"
-    )
     for g in plan.governed:
         budget.check()
-        outcome = outcomes.get(g.target) or late
-        subject = f"{g.site.where}: image {g.site.image}"
-        asked = g.ref.digest
-        claimed = None
-        if isinstance(outcome, IndexAccepted):
-            index = outcome.index
-            if asked is not None and index.digest != asked:
-                problems.append(f"{subject}: verification returned {index.digest}, not the digest asked for")
-                continue
-            chosen = picker(index.variants, plan.ways)
-            if chosen.variant is None:
-                problems.append(
-                    f"{subject} names the GPU index {g.ref.name}@{index.digest}, and "
-                    f"{'; '.join(chosen.problems)}; {chosen.hint}"
-                )
-                continue
-            # From here on the pod runs the variant: it is verified, judged and pinned as an image.
-            subject = f"{subject} (the {chosen.variant.key.device} variant of its GPU index)"
-            asked, claimed = chosen.variant.digest, chosen.variant.key
-            outcome = outcomes.get(variant_target(g.ref, chosen.variant)) or late
-        if isinstance(outcome, IndexAccepted):
-            problems.append(f"{subject}: the index lists another index, not an image")
-        elif isinstance(outcome, Rejected):
-            problems.append(f"{subject} was rejected: {outcome.reason}")
-        elif isinstance(outcome, Unavailable):
-            if policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
-                notes.append(
-                    f"{subject} was admitted UNVERIFIED (registry_errors: unsafe-allow): {outcome.reason}"
-                )
-            else:
-                unavailable += 1
-                problems.append(f"{subject} could not be verified: {outcome.reason}")
-        elif isinstance(outcome, Accepted):
-            image = outcome.image
-            if asked is not None and image.digest != asked:
-                problems.append(f"{subject}: verification returned {image.digest}, not the digest asked for")
-                continue
-            if claimed is not None and image.key != claimed:
-                problems.append(
-                    f"{subject}: the index claims key {claimed.digest} for it, but it verifies as "
-                    f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index"
-                )
-                continue
-            if isinstance(g.site, ImageVolume) and getattr(image, "artifact", None) is not None:
-                pass  # A cache artifact: what it holds is judged with the pod's caches, below.
-            elif isinstance(g.site, ImageVolume):
-                found, said = volumes.check(image.key, plan.ways)
-                problems += [f"{subject}: {p}" for p in found]
-                notes += [f"{subject}: {n}" for n in said]
-            else:
-                verdict = judge(image.key, plan.ways)
-                if not verdict.ok:
-                    problems.append(
-                        f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
-                        f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})"
-                    )
-                notes += [f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes]
-            pinned = g.ref.rewritten(image.digest)
-            if endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
-                patch.append({"op": "replace", "path": g.site.pointer, "value": pinned})
+        verdict = _decide_image(review, g)
+        problems += verdict.problems
+        notes += verdict.notes
+        patch += verdict.patch
+        unavailable += verdict.unavailable
     if plan.caches is not None:
-        cached = decide_caches(
-            plan.caches,
-            outcomes,
-            plan.ways,
-            policy,
-            judge,
-            mutate=endpoint is Endpoint.MUTATE,
-            verified_elsewhere=True,
-            budget=budget,
-        )
-        pinned_deltas = decide_deltas(plan.caches, outcomes, mutate=endpoint is Endpoint.MUTATE)
-        problems += cached.problems + pinned_deltas.problems
-        notes += cached.notes + pinned_deltas.notes
-        # A governed image volume is pinned above, with the other images; not twice.
-        pinned_here = {op["path"] for op in patch}
-        patch += [dict(op) for op in (*cached.patch, *pinned_deltas.patch) if op["path"] not in pinned_here]
+        cached = _decide_caches(review, plan.caches, budget, {op["path"] for op in patch})
+        problems += cached.problems
+        notes += cached.notes
+        patch += cached.patch
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Review:
+    """What ``decide`` judges every governed image with."""
+
+    plan: Plan
+    outcomes: Mapping[str, Outcome]
+    policy: AdmissionPolicy
+    judge: gpus.Judge
+    picker: Picker
+    endpoint: Endpoint
+
+    def outcome(self, target: str) -> Outcome:
+        """The verdict for ``target``; one that did not come in time is unavailable."""
+        found = self.outcomes.get(target)
+        if found is not None:
+            return found
+        return Unavailable(
+            f"verification did not finish within {self.policy.deadline_seconds:g}s "
+            "(is the registry slow or down?)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Verdict:
+    """What one governed image adds to the response."""
+
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    patch: tuple[dict[str, Any], ...] = ()
+    # Counted so that a denial made only of outages answers "unavailable", not "forbidden".
+    unavailable: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Subject:
+    """What is judged for a governed image: the image, or the variant of its GPU index that
+    the pod runs (verified, judged and pinned as an image from then on)."""
+
+    text: str
+    outcome: Outcome
+    asked: str | None
+    claimed: CacheKey | None = None
+
+
+def _decide_image(review: _Review, g: Governed) -> _Verdict:
+    subject = _Subject(f"{g.site.where}: image {g.site.image}", review.outcome(g.target), g.ref.digest)
+    if isinstance(subject.outcome, IndexAccepted):
+        picked = _variant_subject(review, g, subject.text, subject.outcome)
+        if isinstance(picked, _Verdict):
+            return picked
+        subject = picked
+    outcome = subject.outcome
+    if isinstance(outcome, IndexAccepted):
+        return _Verdict((f"{subject.text}: the index lists another index, not an image",))
+    if isinstance(outcome, Rejected):
+        return _Verdict((f"{subject.text} was rejected: {outcome.reason}",))
+    if isinstance(outcome, Unavailable):
+        if review.policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
+            return _Verdict(
+                notes=(
+                    f"{subject.text} was admitted UNVERIFIED (registry_errors: unsafe-allow): {outcome.reason}",
+                )
+            )
+        return _Verdict((f"{subject.text} could not be verified: {outcome.reason}",), unavailable=1)
+    return _accepted(review, g, subject, outcome.image)
+
+
+def _variant_subject(
+    review: _Review, g: Governed, subject: str, outcome: IndexAccepted
+) -> _Subject | _Verdict:
+    """The variant of the GPU index that the pod's placement picks, or why none can run."""
+    index = outcome.index
+    if g.ref.digest is not None and index.digest != g.ref.digest:
+        return _Verdict((f"{subject}: verification returned {index.digest}, not the digest asked for",))
+    chosen = review.picker(index.variants, review.plan.ways)
+    if chosen.variant is None:
+        return _Verdict(
+            (
+                f"{subject} names the GPU index {g.ref.name}@{index.digest}, and "
+                f"{'; '.join(chosen.problems)}; {chosen.hint}",
+            )
+        )
+    return _Subject(
+        f"{subject} (the {chosen.variant.key.device} variant of its GPU index)",
+        review.outcome(variant_target(g.ref, chosen.variant)),
+        chosen.variant.digest,
+        chosen.variant.key,
+    )
+
+
+def _accepted(review: _Review, g: Governed, subject: _Subject, image: VerifiedLike) -> _Verdict:
+    """A verified image: the digest and key it was asked for, judged where the pod runs it, and
+    (mutating endpoint) pinned to the digest verified."""
+    if subject.asked is not None and image.digest != subject.asked:
+        return _Verdict((f"{subject.text}: verification returned {image.digest}, not the digest asked for",))
+    if subject.claimed is not None and image.key != subject.claimed:
+        return _Verdict(
+            (
+                f"{subject.text}: the index claims key {subject.claimed.digest} for it, but it verifies as "
+                f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index",
+            )
+        )
+    judged = _judge_site(review, g.site, subject.text, image)
+    pinned = g.ref.rewritten(image.digest)
+    if review.endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
+        return dataclasses.replace(
+            judged, patch=({"op": "replace", "path": g.site.pointer, "value": pinned},)
+        )
+    return judged
+
+
+def _judge_site(review: _Review, site: ImageSite, subject: str, image: VerifiedLike) -> _Verdict:
+    ways_ = review.plan.ways
+    if isinstance(site, ImageVolume):
+        if getattr(image, "artifact", None) is not None:
+            return _Verdict()  # A cache artifact: what it holds is judged with the pod's caches.
+        found, said = volumes.check(image.key, ways_)
+        return _Verdict(tuple(f"{subject}: {p}" for p in found), tuple(f"{subject}: {n}" for n in said))
+    verdict = review.judge(image.key, ways_)
+    problems = (
+        ()
+        if verdict.ok
+        else (
+            f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
+            f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})",
+        )
+    )
+    return _Verdict(problems, tuple(f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes))
+
+
+def _decide_caches(review: _Review, caches: CachePlan, budget: Budget, pinned: set[str]) -> _Verdict:
+    """The pod's cache artifacts and the capture deltas layered on its image; a governed image
+    volume is pinned with the other images (``pinned``), not twice."""
+    cached = decide_caches(
+        caches,
+        review.outcomes,
+        review.plan.ways,
+        review.policy,
+        review.judge,
+        mutate=review.endpoint is Endpoint.MUTATE,
+        verified_elsewhere=True,
+        budget=budget,
+    )
+    deltas = decide_deltas(caches, review.outcomes, mutate=review.endpoint is Endpoint.MUTATE)
+    return _Verdict(
+        (*cached.problems, *deltas.problems),
+        (*cached.notes, *deltas.notes),
+        tuple(dict(op) for op in (*cached.patch, *deltas.patch) if op["path"] not in pinned),
+    )
 
 
 def variant_target(ref: ImageRef, variant: Variant) -> str:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
@@ -357,7 +357,6 @@ def decide_caches(
     problems = list(plan.problems)
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
-    spec_ptr = plan.spec_path
     containers = plan.spec.get("containers") or []
     at_root = _at_cache_root(plan.spec)
     for volume in plan.volumes:
@@ -376,45 +375,74 @@ def decide_caches(
                 problems.append(got)
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
-        for field, _index, name, image in volume.mounted_by:
-            budget.check()
-            problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
-        mounting = [j for f, j, _, _ in volume.mounted_by if f == "containers"]
-        for index in sorted({*mounting, *at_root}):
-            budget.check()
-            c = containers[index]
-            where = f'container "{c.get("name", index)}"'
-            if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
-                problems += engine_problems(where, str(c.get("image", "")), got)
-            problems += args_problems(where, c, got)
-            problems += env_problems(where, c, got)
-        pinned = volume.ref.rewritten(got.pinned.rsplit("@", 1)[1])
-        if mutate and volume.ref.digest != got.pinned.rsplit("@", 1)[1]:
+        problems += _engine_problems(containers, at_root, volume, got, budget)
+        digest = got.pinned.rsplit("@", 1)[1]
+        if mutate and volume.ref.digest != digest:
             patch.append(
                 {
                     "op": "replace",
-                    "path": pointer((*spec_ptr, "volumes", str(volume.index), "image", "reference")),
-                    "value": pinned,
+                    "path": pointer((*plan.spec_path, "volumes", str(volume.index), "image", "reference")),
+                    "value": volume.ref.rewritten(digest),
                 }
             )
-    applied = any(
-        isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in plan.spec.get("volumes") or []
-    )
-    if applied and plan.index is not None:
+    problems += _annotation_problems(plan, outcomes, ways, policy, judge, mutate, notes, patch)
+    return CacheDecision(tuple(problems), tuple(notes), tuple(patch))
+
+
+def _engine_problems(
+    containers: Sequence[Mapping[str, Any]],
+    at_root: Iterable[int],
+    volume: CacheVolume,
+    got: VerifiedArtifact,
+    budget: Budget,
+) -> list[str]:
+    """What is wrong with the engine images, arguments and environment of the containers that
+    mount ``volume`` (or, ``at_root``, mount the cache root) against the artifact it holds."""
+    problems: list[str] = []
+    for field, _index, name, image in volume.mounted_by:
+        budget.check()
+        problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
+    mounting = [j for f, j, _, _ in volume.mounted_by if f == "containers"]
+    for index in sorted({*mounting, *at_root}):
+        budget.check()
+        c = containers[index]
+        where = f'container "{c.get("name", index)}"'
+        if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
+            problems += engine_problems(where, str(c.get("image", "")), got)
+        problems += args_problems(where, c, got)
+        problems += env_problems(where, c, got)
+    return problems
+
+
+def _annotation_problems(
+    plan: CachePlan,
+    outcomes: Mapping[str, Outcome],
+    ways: Sequence[Way],
+    policy: AdmissionPolicy,
+    judge: gpus.Judge,
+    mutate: bool,
+    notes: list[str],
+    patch: list[dict[str, Any]],
+) -> list[str]:
+    """The opt-in annotation's index: its variant chosen and (``mutate``) mounted, unless the
+    pod has its volume already."""
+    if plan.index is None:
+        return []
+    if any(isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in plan.spec.get("volumes") or []):
         # Patched already (an UPDATE, or the validating webhook after the mutating one): the
         # image volume was checked above as any other; patching again would duplicate it.
         notes.append(f"annotation {ANNOTATION_INDEX}: the pod has its {VOLUME_NAME} volume already")
-    elif plan.index is not None and not plan.problems:
-        chosen = _chosen(plan, outcomes, ways, policy, judge)
-        if isinstance(chosen, str):
-            problems.append(chosen)
-        elif chosen is None:
-            problems.append(
-                f"annotation {ANNOTATION_INDEX}: {plan.index}: verification did not finish in time"
-            )
-        elif mutate:
-            problems += _opt_in(plan, outcomes, ways, judge, chosen, notes, patch)
-    return CacheDecision(tuple(problems), tuple(notes), tuple(patch))
+        return []
+    if plan.problems:
+        return []
+    chosen = _chosen(plan, outcomes, ways, policy, judge)
+    if isinstance(chosen, str):
+        return [chosen]
+    if chosen is None:
+        return [f"annotation {ANNOTATION_INDEX}: {plan.index}: verification did not finish in time"]
+    if mutate:
+        return _opt_in(plan, outcomes, ways, judge, chosen, notes, patch)
+    return []
 
 
 def _opt_in(

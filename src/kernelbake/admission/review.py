@@ -12,7 +12,7 @@ import base64
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kernelbake.errors import BadInput
@@ -87,31 +87,15 @@ def parse_review(doc: Any) -> Request:
         raise bad("the AdmissionReview has no request object")
     if not isinstance(uid, str) or not uid:
         raise bad("request.uid is missing")
-    kind = request.get("kind")
-    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str) or not kind.get("kind"):
-        raise bad("request.kind must be an object with group, version and kind")
-    group = kind.get("group", "")
-    if not isinstance(group, str):
-        raise bad("request.kind.group must be a string")
-    try:
-        operation = Operation(request.get("operation"))
-    except ValueError:
-        raise bad(
-            f"request.operation {request.get('operation')!r} is not one of "
-            f"{', '.join(o.value for o in Operation)}"
-        ) from None
-    obj, old = request.get("object"), request.get("oldObject")
-    for field, value in (("object", obj), ("oldObject", old)):
-        if value is not None and not isinstance(value, dict):
-            raise bad(f"request.{field} must be an object, got {_json_type(value)}")
-    if operation in (Operation.CREATE, Operation.UPDATE) and obj is None:
-        raise bad(f"request.object is missing for a {operation.value}")
+    kind = _group_kind(request, bad)
+    operation = _operation(request, bad)
+    obj, old = _objects(request, operation, bad)
     user_info = request.get("userInfo")
     user = user_info.get("username", "") if isinstance(user_info, dict) else ""
     return Request(
         api_version=api_version,
         uid=uid,
-        kind=GroupKind(group, kind["kind"]),
+        kind=kind,
         operation=operation,
         sub_resource=_str(request.get("subResource")),
         namespace=_str(request.get("namespace")),
@@ -121,6 +105,40 @@ def parse_review(doc: Any) -> Request:
         dry_run=request.get("dryRun") is True,
         user=_str(user),
     )
+
+
+def _group_kind(request: dict[str, Any], bad: Callable[[str], MalformedReview]) -> GroupKind:
+    kind = request.get("kind")
+    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str) or not kind.get("kind"):
+        raise bad("request.kind must be an object with group, version and kind")
+    group = kind.get("group", "")
+    if not isinstance(group, str):
+        raise bad("request.kind.group must be a string")
+    return GroupKind(group, kind["kind"])
+
+
+def _operation(request: dict[str, Any], bad: Callable[[str], MalformedReview]) -> Operation:
+    try:
+        return Operation(request.get("operation"))
+    except ValueError:
+        raise bad(
+            f"request.operation {request.get('operation')!r} is not one of "
+            f"{', '.join(o.value for o in Operation)}"
+        ) from None
+
+
+def _objects(
+    request: dict[str, Any], operation: Operation, bad: Callable[[str], MalformedReview]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The object and the old object: JSON objects where given, the object always for a
+    CREATE or UPDATE."""
+    obj, old = request.get("object"), request.get("oldObject")
+    for field, value in (("object", obj), ("oldObject", old)):
+        if value is not None and not isinstance(value, dict):
+            raise bad(f"request.{field} must be an object, got {_json_type(value)}")
+    if operation in (Operation.CREATE, Operation.UPDATE) and obj is None:
+        raise bad(f"request.object is missing for a {operation.value}")
+    return obj, old
 
 
 def _str(value: Any) -> str:

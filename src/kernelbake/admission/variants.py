@@ -12,9 +12,9 @@ takes one of the same arch (the GPU check then warns that the caches recompile t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from kernelbake.admission.gpus import admitted
+from kernelbake.admission.gpus import Admitted, admitted
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Way
 from kernelbake.cache import BoundedCache
@@ -56,50 +56,82 @@ def pick(
     variants = of_kind(variants, kind)
     if not variants:
         return Pick(None, (f"the index lists no {kind.value} entry",))
-    fits = (Tier.SAME_DEVICE,) if match is GpuMatch.DEVICE else (Tier.SAME_DEVICE, Tier.SAME_ARCH)
-    keys = [v.key for v in variants]
     products = ", ".join(dict.fromkeys(f"{PRODUCT}: {product_for(v.key.device)}" for v in variants))
     pin_hint = f"add one nodeSelector of {products}"
     if not ways:
         return Pick(None, ("its required node affinity has no term that matches any node",), pin_hint)
+    ranker = _Ranker(variants, match)
     problems: list[str] = []
     chosen: dict[int, list[str]] = {}  # variant → the products that pick it
-    # Products that share a device rank the variants alike: rank once per device.
-    ranked_for: dict[tuple[str, str], list[Candidate]] = {}
     for way in ways:
         found = admitted(way, catalogue)
-        if not found.pins_gpu:
-            problems.append(found.unpinned())
+        blocked = _blocked(way, found, match)
+        if blocked is not None:
+            problems.append(blocked)
             continue
-        if found.open_ended and match is GpuMatch.DEVICE:
-            pins = ", ".join(map(str, found.gpu_requirements))
-            problems.append(
-                f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
-            )
-            continue
-        if not found.gpus:
-            problems.append(f"{way.source} admits no GPU product kernelbake's catalogue knows")
-        unknown = [gpu.product for gpu in found.gpus if gpu.device is None or gpu.arch is None]
-        if unknown:
-            problems.append(
-                f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue"
-            )
+        problems += _unknown(way, found)
         for gpu in found.gpus:
             if gpu.device is None or gpu.arch is None:
                 continue
-            platform = (gpu.device, gpu.arch)
-            if platform not in ranked_for:
-                ranked_for[platform] = rank_variants(keys, {"device": gpu.device, "arch": gpu.arch})
-            ranked = ranked_for[platform]
-            best = ranked[0]
-            if best.tier not in fits:
-                reasons = "; ".join(f"{variants[c.index].key.device}: {c.summary()}" for c in ranked)
-                mode = f" in gpu.match: {match.value} mode" if best.tier is Tier.SAME_ARCH else ""
-                problems.append(f"{way.source} admits {gpu.product}, which no variant fits{mode} ({reasons})")
-                continue
-            chosen.setdefault(best.index, []).append(gpu.product)
+            best = ranker(way, gpu.product, gpu.device, gpu.arch)
+            if isinstance(best, str):
+                problems.append(best)
+            else:
+                chosen.setdefault(best, []).append(gpu.product)
     if problems:
         return Pick(None, tuple(problems), pin_hint)
+    return _one_variant(variants, chosen)
+
+
+def _blocked(way: Way, found: Admitted, match: GpuMatch) -> str | None:
+    """Why no variant can be picked for ``way`` at all, if so: it does not pin a GPU, or (device
+    mode) pins one only by arch or memory."""
+    if not found.pins_gpu:
+        return found.unpinned()
+    if found.open_ended and match is GpuMatch.DEVICE:
+        pins = ", ".join(map(str, found.gpu_requirements))
+        return f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
+    return None
+
+
+def _unknown(way: Way, found: Admitted) -> list[str]:
+    """The problems of a way whose GPUs the catalogue does not (all) know."""
+    problems: list[str] = []
+    if not found.gpus:
+        problems.append(f"{way.source} admits no GPU product kernelbake's catalogue knows")
+    unknown = [gpu.product for gpu in found.gpus if gpu.device is None or gpu.arch is None]
+    if unknown:
+        problems.append(f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue")
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ranker:
+    """The best variant for a GPU, ranked once per device and arch: products that share them
+    rank the variants alike."""
+
+    variants: Sequence[Variant]
+    match: GpuMatch
+    ranked_for: dict[tuple[str, str], list[Candidate]] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, way: Way, product: str, device: str, arch: str) -> int | str:
+        """The index of the variant ``product`` picks, or why none fits it."""
+        fits = (Tier.SAME_DEVICE,) if self.match is GpuMatch.DEVICE else (Tier.SAME_DEVICE, Tier.SAME_ARCH)
+        platform = (device, arch)
+        if platform not in self.ranked_for:
+            keys = [v.key for v in self.variants]
+            self.ranked_for[platform] = rank_variants(keys, {"device": device, "arch": arch})
+        ranked = self.ranked_for[platform]
+        best = ranked[0]
+        if best.tier in fits:
+            return best.index
+        reasons = "; ".join(f"{self.variants[c.index].key.device}: {c.summary()}" for c in ranked)
+        mode = f" in gpu.match: {self.match.value} mode" if best.tier is Tier.SAME_ARCH else ""
+        return f"{way.source} admits {product}, which no variant fits{mode} ({reasons})"
+
+
+def _one_variant(variants: Sequence[Variant], chosen: Mapping[int, list[str]]) -> Pick:
+    """The variant every GPU the pod can land on picks, or the nodeSelectors that settle it."""
     if len(chosen) > 1:
         needs = "; ".join(
             f"{_list(p)} need{'s' if len(p) == 1 else ''} {_label(variants[i])}" for i, p in chosen.items()

@@ -45,22 +45,7 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 
 def run(sockets: Sequence[socket.socket], worker: Callable[[socket.socket], int]) -> int:
     """Run ``worker(sock)`` in a child process per socket; returns the exit code for the parent."""
-    children: dict[int, int] = {}
-    for index, sock in enumerate(sockets):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                for other in sockets:
-                    if other is not sock:
-                        other.close()
-                code = worker(sock)
-            except BaseException:
-                log.exception("worker %d failed", index)
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        children[pid] = index
+    children = {_fork(index, sock, sockets, worker): index for index, sock in enumerate(sockets)}
     for sock in sockets:
         sock.close()
 
@@ -89,3 +74,23 @@ def run(sockets: Sequence[socket.socket], worker: Callable[[socket.socket], int]
         elif exit_code != 0:
             code = code or 1
     return code
+
+
+def _fork(
+    index: int, sock: socket.socket, sockets: Sequence[socket.socket], worker: Callable[[socket.socket], int]
+) -> int:
+    """The child's pid; in the child, run ``worker`` on ``sock`` alone and exit with its code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for other in sockets:
+                if other is not sock:
+                    other.close()
+            code = worker(sock)
+        except BaseException:
+            log.exception("worker %d failed", index)
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    return pid

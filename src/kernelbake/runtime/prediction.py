@@ -386,7 +386,6 @@ def predict(
     ``baked_kinds``: the kinds the bundle holds files of (others are ``EMPTY``). ``now`` may
     carry ``inductor_trace``, Inductor's own answer after a trace (``kernelbake check`` on
     the CPU build)."""
-    present = set(baked_kinds)
     tc = torch_compile_changes(baked, now)
     off, off_note = compile_off(baked, now)
     config_changes = _config_changes(baked.get("config", {}), now.get("config", {}))
@@ -397,21 +396,8 @@ def predict(
         config_changes = [c for c in config_changes if not c.factor.startswith(_COMPILE_ONLY_CONFIGS)]
     config_changed = bool(config_changes)
     bypass = switched_off(baked, now)
-    verdicts: list[KindVerdict] = []
-
-    def add(kind: str, changes: Sequence[Change], partial_note: str = "") -> None:
-        if kind not in present:
-            verdicts.append(KindVerdict(kind, Outcome.EMPTY))
-        elif changes:
-            verdicts.append(KindVerdict(kind, Outcome.MISS, tuple(changes)))
-        elif partial_note:
-            verdicts.append(KindVerdict(kind, Outcome.PARTIAL, (), partial_note))
-        else:
-            verdicts.append(KindVerdict(kind, Outcome.HIT))
-
-    def put(verdict: KindVerdict) -> None:
-        verdicts.append(verdict if verdict.kind in present else KindVerdict(verdict.kind, Outcome.EMPTY))
-
+    verdicts = _Verdicts(frozenset(baked_kinds))
+    add, put = verdicts.add, verdicts.put
     # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
     # (VLLM_USE_AOT_COMPILE=0, or VLLM_DISABLE_COMPILE_CACHE=1, which turns its default off).
     aot_off_now = baked.get("graphs") == "vllm" and now.get("graphs") == "inductor"
@@ -420,22 +406,7 @@ def predict(
         put(KindVerdict("vllm", Outcome.SKIPPED, tuple(off), off_note))
         put(KindVerdict("inductor", Outcome.SKIPPED, tuple(off), off_note))
     elif graphs_in_inductor:
-        # AOT compile off (vLLM's CPU build): the graphs torch.compile makes are Inductor's
-        # FX-graph cache entries; the vllm kind then holds no graphs (only model info), which
-        # none of these factors keys.
-        vllm_dir = [c for c in bypass if c.factor.startswith("vllm") and c.factor.endswith("cache directory")]
-        info = model_info_changes(baked, now)
-        if vllm_dir:
-            put(KindVerdict("vllm", Outcome.BYPASSED, tuple(vllm_dir), "vLLM reads its cache elsewhere"))
-        elif info:
-            note = "vLLM inspects the model class again and rewrites its model info (seconds; no kernel)"
-            put(KindVerdict("vllm", Outcome.MISS, tuple(info), note))
-        else:
-            add("vllm", [])
-        # vLLM's own compile-cache switch included: on this build it governs no baked
-        # artifact, and the trace (when there is one) tells whether Inductor compiles.
-        rest = [c for c in bypass if c not in vllm_dir]
-        put(_inductor_graphs(tc, rest, now.get("inductor_trace")))
+        _inductor_graph_verdicts(verdicts, baked, now, tc, bypass)
     elif bypass:
         # vLLM's AOT artifact holds Inductor's compiled graphs and is loaded through
         # Inductor's caches: a switch of either bypasses both (seen on the H200: with the
@@ -459,9 +430,60 @@ def predict(
     fi = diff(baked.get("flashinfer", {}), now.get("flashinfer", {}), "flashinfer")
     fi += [Change("flashinfer build.ninja path", p, "missing") for p in now.get("ninja_paths_missing", [])]
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")
-    for kind in sorted(present - {v.kind for v in verdicts}):
-        verdicts.append(KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind"))
-    return Prediction(Source.ENGINE, tuple(verdicts), note, identity=now)
+    for kind in sorted(verdicts.present - {v.kind for v in verdicts.found}):
+        verdicts.found.append(
+            KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")
+        )
+    return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now)
+
+
+class _Verdicts:
+    """The verdicts of ``predict``, in order; a kind the bundle holds no files of is ``EMPTY``."""
+
+    def __init__(self, present: frozenset[str]) -> None:
+        self.present = present
+        self.found: list[KindVerdict] = []
+
+    def add(self, kind: str, changes: Sequence[Change], partial_note: str = "") -> None:
+        """A miss on any change, else partial when ``partial_note`` says why, else a hit."""
+        if kind not in self.present:
+            self.found.append(KindVerdict(kind, Outcome.EMPTY))
+        elif changes:
+            self.found.append(KindVerdict(kind, Outcome.MISS, tuple(changes)))
+        elif partial_note:
+            self.found.append(KindVerdict(kind, Outcome.PARTIAL, (), partial_note))
+        else:
+            self.found.append(KindVerdict(kind, Outcome.HIT))
+
+    def put(self, verdict: KindVerdict) -> None:
+        self.found.append(
+            verdict if verdict.kind in self.present else KindVerdict(verdict.kind, Outcome.EMPTY)
+        )
+
+
+def _inductor_graph_verdicts(
+    verdicts: _Verdicts,
+    baked: Mapping[str, Any],
+    now: Mapping[str, Any],
+    tc: Sequence[Change],
+    bypass: Sequence[Change],
+) -> None:
+    """AOT compile off (vLLM's CPU build): the graphs torch.compile makes are Inductor's
+    FX-graph cache entries; the vllm kind then holds no graphs (only model info), which
+    none of these factors keys."""
+    vllm_dir = [c for c in bypass if c.factor.startswith("vllm") and c.factor.endswith("cache directory")]
+    info = model_info_changes(baked, now)
+    if vllm_dir:
+        verdicts.put(KindVerdict("vllm", Outcome.BYPASSED, tuple(vllm_dir), "vLLM reads its cache elsewhere"))
+    elif info:
+        note = "vLLM inspects the model class again and rewrites its model info (seconds; no kernel)"
+        verdicts.put(KindVerdict("vllm", Outcome.MISS, tuple(info), note))
+    else:
+        verdicts.add("vllm", [])
+    # vLLM's own compile-cache switch included: on this build it governs no baked
+    # artifact, and the trace (when there is one) tells whether Inductor compiles.
+    rest = [c for c in bypass if c not in vllm_dir]
+    verdicts.put(_inductor_graphs(tc, rest, now.get("inductor_trace")))
 
 
 def unavailable(kinds: Iterable[str], reason: str, *, why: str = "the engine did not answer") -> Prediction:

@@ -13,7 +13,7 @@ from kernelbake.remote import read_cache_manifest, read_image, top_manifest
 from kernelbake.signing import formats, intoto
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.predicate import PREDICATE_TYPE, KernelCachePredicate, predicate_for
-from kernelbake.signing.signer import Signer
+from kernelbake.signing.signer import SignedStatement, Signer
 from kernelbake.signing.verify import Existing, existing_signatures
 
 
@@ -113,80 +113,128 @@ def sign_image(
     ref = parse_reference(reference)
     client = client or RegistryClient()
     top = top_manifest(client, ref, top)
-    if ref.tag and ref.digest:
-        now = client.resolve(Reference(ref.registry, ref.repository, tag=ref.tag))
-        if now != ref.digest:
-            raise BadInput(f"{reference}: tag {ref.tag!r} now points to {now}; refusing to sign")
-    pinned = Reference(ref.registry, ref.repository, digest=top.digest)
-    subject = top.descriptor()
-
-    predicate: KernelCachePredicate | None = None
-    if attest:
-        facts = read_image(client, pinned, top)
-        layer, cache_manifest = read_cache_manifest(client, facts)
-        predicate = predicate_for(facts, layer.digest, cache_manifest)
-
-    existing = _existing(client, pinned, signer)
-    wanted = predicate.to_json() if predicate is not None else None
+    _refuse_moved_tag(client, ref, reference)
+    at = _Subject(
+        client, Reference(ref.registry, ref.repository, digest=top.digest), top.descriptor(), signer
+    )
+    predicate = _predicate(client, at.pinned, top) if attest else None
+    existing = _existing(client, at.pinned, signer)
     already: list[str] = []
     referrers: list[str] = []
     if existing.signature:
         already.append("signature")
     else:
-        signature = signer.sign_statement(
-            intoto.make_statement(pinned.name, top.digest, intoto.COSIGN_SIGN_PREDICATE, {})
-        )
-        referrers.append(
-            push_bundle(client, pinned, subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE, signer)
-        )
+        referrers.append(_sign(at))
     # An attestation is made once, for whichever of its two places (bundle, .att) lacks it.
-    need_bundle = predicate is not None and wanted not in existing.attestations
-    need_legacy = legacy and predicate is not None and wanted not in existing.legacy_attestations
+    wanted = predicate.to_json() if predicate is not None else None
+    need_bundle = wanted is not None and wanted not in existing.attestations
+    need_legacy = legacy and wanted is not None and wanted not in existing.legacy_attestations
     attestation = None
-    if need_bundle or need_legacy:
+    if wanted is not None and (need_bundle or need_legacy):
         attestation = signer.sign_statement(
-            intoto.make_statement(pinned.name, top.digest, PREDICATE_TYPE, wanted or {})
+            intoto.make_statement(at.pinned.name, at.digest, PREDICATE_TYPE, wanted)
         )
     if need_bundle and attestation is not None:
-        referrers.append(push_bundle(client, pinned, subject, attestation.bundle, PREDICATE_TYPE, signer))
+        referrers.append(
+            push_bundle(client, at.pinned, at.subject, attestation.bundle, PREDICATE_TYPE, signer)
+        )
     elif predicate is not None:
         already.append("attestation")
-
     tags: list[str] = []
     if legacy:
-        tag = formats.legacy_tag(top.digest, formats.SIG_SUFFIX)
-        if existing.legacy_signature:
-            already.append(formats.SIG_SUFFIX)
-        else:
-            payload = intoto.simple_signing_payload(pinned.name, top.digest)
-            sig = signer.sign_payload(payload)
-            layer_desc = formats.legacy_layer(
-                payload, formats.SIMPLE_SIGNING, {formats.ANN_SIGNATURE: sig.signature, **sig.annotations}
-            )
-            _append_legacy(client, pinned, tag, layer_desc, payload)
-            tags.append(tag)
-        if need_legacy and attestation is not None:
-            tag = formats.legacy_tag(top.digest, formats.ATT_SUFFIX)
-            layer_desc = formats.legacy_layer(
-                attestation.envelope,
-                formats.DSSE_ENVELOPE,
-                {
-                    formats.ANN_SIGNATURE: "",
-                    formats.ANN_PREDICATE_TYPE: PREDICATE_TYPE,
-                    **attestation.legacy_annotations,
-                },
-            )
-            _append_legacy(client, pinned, tag, layer_desc, attestation.envelope)
-            tags.append(tag)
-        elif predicate is not None:
-            already.append(formats.ATT_SUFFIX)
-
+        tags, skipped = _legacy(
+            at, existing, attestation if need_legacy else None, attested=predicate is not None
+        )
+        already += skipped
     return SignResult(
-        reference=pinned.pinned(),
-        digest=top.digest,
+        reference=at.pinned.pinned(),
+        digest=at.digest,
         signer=signer.identity,
         referrers=tuple(referrers),
         legacy_tags=tuple(tags),
         predicate=predicate,
         already=tuple(already),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Subject:
+    """The image being signed: its digest in its repository, and who signs it."""
+
+    client: RegistryClient
+    pinned: Reference
+    subject: Descriptor
+    signer: Signer
+
+    @property
+    def digest(self) -> str:
+        return self.subject.digest
+
+
+def _refuse_moved_tag(client: RegistryClient, ref: Reference, reference: str) -> None:
+    """A reference with a tag and a digest is signed only while the tag still names the digest."""
+    if ref.tag and ref.digest:
+        now = client.resolve(Reference(ref.registry, ref.repository, tag=ref.tag))
+        if now != ref.digest:
+            raise BadInput(f"{reference}: tag {ref.tag!r} now points to {now}; refusing to sign")
+
+
+def _predicate(client: RegistryClient, pinned: Reference, top: Manifest) -> KernelCachePredicate:
+    """What the image holds, read from the registry: the attestation's predicate."""
+    facts = read_image(client, pinned, top)
+    layer, cache_manifest = read_cache_manifest(client, facts)
+    return predicate_for(facts, layer.digest, cache_manifest)
+
+
+def _sign(at: _Subject) -> str:
+    """Sign the digest; the digest of the bundle manifest pushed as its referrer."""
+    signature = at.signer.sign_statement(
+        intoto.make_statement(at.pinned.name, at.digest, intoto.COSIGN_SIGN_PREDICATE, {})
+    )
+    return push_bundle(
+        at.client, at.pinned, at.subject, signature.bundle, intoto.COSIGN_SIGN_PREDICATE, at.signer
+    )
+
+
+def _legacy(
+    at: _Subject, existing: Existing, attestation: SignedStatement | None, *, attested: bool
+) -> tuple[list[str], list[str]]:
+    """cosign 2's ``.sig`` and (``attestation`` given) ``.att`` tags: the tags written, and the
+    suffixes the same key had written already."""
+    tags: list[str] = []
+    already: list[str] = []
+    if existing.legacy_signature:
+        already.append(formats.SIG_SUFFIX)
+    else:
+        tags.append(_legacy_signature(at))
+    if attestation is not None:
+        tags.append(_legacy_attestation(at, attestation))
+    elif attested:
+        already.append(formats.ATT_SUFFIX)
+    return tags, already
+
+
+def _legacy_signature(at: _Subject) -> str:
+    tag = formats.legacy_tag(at.digest, formats.SIG_SUFFIX)
+    payload = intoto.simple_signing_payload(at.pinned.name, at.digest)
+    sig = at.signer.sign_payload(payload)
+    layer = formats.legacy_layer(
+        payload, formats.SIMPLE_SIGNING, {formats.ANN_SIGNATURE: sig.signature, **sig.annotations}
+    )
+    _append_legacy(at.client, at.pinned, tag, layer, payload)
+    return tag
+
+
+def _legacy_attestation(at: _Subject, attestation: SignedStatement) -> str:
+    tag = formats.legacy_tag(at.digest, formats.ATT_SUFFIX)
+    layer = formats.legacy_layer(
+        attestation.envelope,
+        formats.DSSE_ENVELOPE,
+        {
+            formats.ANN_SIGNATURE: "",
+            formats.ANN_PREDICATE_TYPE: PREDICATE_TYPE,
+            **attestation.legacy_annotations,
+        },
+    )
+    _append_legacy(at.client, at.pinned, tag, layer, attestation.envelope)
+    return tag

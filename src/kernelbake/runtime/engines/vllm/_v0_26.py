@@ -269,18 +269,24 @@ def _stub_after_save(
 
 def install(report: MutableMapping[str, Any]) -> None:
     """Register the meta loader and patch what compile-only needs. Idempotent."""
+    if report.get("installed"):
+        return
+    report["installed"] = True
+    _register_meta_loader(report)
+    _zero_logits_head()
+    _stub_after_aot_load(report)
+    _skip_kv_cache_admission()
+    _lean_profile_run(report)
+
+
+def _register_meta_loader(report: MutableMapping[str, Any]) -> None:
+    """Changes 1 and 2 of the module docstring: the ``LOAD_FORMAT`` loader builds the model
+    without reading weights, and its forward returns zeros once the AOT artifact is saved."""
     import torch
-    from vllm.compilation import decorators
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
-    from vllm.v1.core import kv_cache_utils
-
-    if report.get("installed"):
-        return
-    report["installed"] = True
 
     class MetaLoader(BaseModelLoader):  # type: ignore[misc]
         def download_model(self, model_config: Any) -> None:
@@ -317,12 +323,23 @@ def install(report: MutableMapping[str, Any]) -> None:
 
     register_model_loader(LOAD_FORMAT)(MetaLoader)
 
+
+def _zero_logits_head() -> None:
+    """Change 3: the LM head returns zeros of the right shape and dtype."""
+    import torch
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
     def apply_head(self: Any, lm_head: Any, hidden_states: torch.Tensor, embedding_bias: Any) -> torch.Tensor:
         dtype = self.head_dtype or hidden_states.dtype
         shape = (*hidden_states.shape[:-1], lm_head.weight.shape[0])
         return torch.zeros(shape, dtype=dtype, device=hidden_states.device)
 
     LogitsProcessor._apply_head = apply_head
+
+
+def _stub_after_aot_load(report: MutableMapping[str, Any]) -> None:
+    """Change 2 for an artifact vLLM loads rather than saves."""
+    from vllm.compilation import decorators
 
     original_try_load = decorators._try_load_aot_compiled_fn
 
@@ -342,12 +359,15 @@ def install(report: MutableMapping[str, Any]) -> None:
 
     decorators._try_load_aot_compiled_fn = try_load
 
+
+def _skip_kv_cache_admission() -> None:
+    """Change 4: the build allocates KV blocks for the warm-up batch only, not for max_model_len."""
+    from vllm.v1.core import kv_cache_utils
+
     def skip_admission_check(*args: Any, **kwargs: Any) -> None:
         return None
 
     kv_cache_utils._check_enough_kv_cache_memory = skip_admission_check
-
-    _lean_profile_run(report)
 
 
 def _lean_profile_run(report: MutableMapping[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """Which adapter module implements compile-only for the installed vLLM, and the check that
 every vLLM function an adapter hooks is still where, and what, the adapter expects.
 
-An adapter (``_v0_26``, ``_v0_32``, …: one per release line, named in engines.yaml) exports
+An adapter (``_v0_26``, ``_v0_32``, …: one per release line, named per release and build in
+the vLLM declaration's ``adapters``, ``kernelbake.contract.engines``) exports
 ``HOOKS``, ``LOOKUPS``, ``parse_serve_argv(argv)``, ``load_format()``, ``install(report)`` and
 ``rank_report(worker)`` (``ReleaseAdapter``).
 """
@@ -131,9 +132,10 @@ def native_compile_available() -> bool:
 
 
 def patches_for_installed_vllm() -> ReleaseAdapter:
-    """The adapter the vLLM declaration names for the installed release (engines.yaml names
-    the same); a release kernelbake has not listed fails the build rather than baking caches
-    that might never be hit."""
+    """The adapter the vLLM declaration (``contract.engines.VLLM.adapters``) names for the
+    installed release and build; engines.yaml lists the same releases, without adapters
+    (tests/vllm/test_releases.py holds the two lists alike). A release kernelbake has not
+    listed fails the build rather than baking caches that might never be hit."""
     dist, version = installed_vllm()
     adapter = VLLM.adapter(version, Build.CPU if dist == CPU_DIST else Build.CUDA)
     if adapter == NONE:
