@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
-from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, UNBOUNDED, Budget, cap
+from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, MAX_PROBLEMS, UNBOUNDED, Budget, cap, stopped
 from kernelbake.admission.cache_checks import VerifiedArtifact, args_problems, engine_problems, env_problems
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.gpus import admitted
@@ -332,7 +332,12 @@ def decide_caches(
     spec_ptr = plan.spec_path
     containers = plan.spec.get("containers") or []
     at_root = _at_cache_root(plan.spec)
+    # Volumes times containers: past MAX_PROBLEMS the review is denied already, and every
+    # further check would only add a string to a message that shows a few.
+    cut = False
     for volume in plan.volumes:
+        if cut:
+            break
         subject = f'image volume "{volume.name}" ({volume.ref})'
         outcome = outcomes.get(volume.target)
         got = _verified_artifact(subject, volume.target, outcome)
@@ -348,10 +353,14 @@ def decide_caches(
         problems += _judged(subject, got.key, ways, judge, notes)
         for field, _index, name, image in volume.mounted_by:
             budget.check()
+            if cut := len(problems) >= MAX_PROBLEMS:
+                break
             problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
         mounting = [j for f, j, _, _ in volume.mounted_by if f == "containers"]
         for index in sorted({*mounting, *at_root}):
             budget.check()
+            if cut := cut or len(problems) >= MAX_PROBLEMS:
+                break
             c = containers[index]
             where = f'container "{c.get("name", index)}"'
             if not any(u[:2] == ("containers", index) for u in volume.mounted_by):
@@ -367,6 +376,8 @@ def decide_caches(
                     "value": pinned,
                 }
             )
+    if cut:
+        problems.append(stopped())
     applied = any(
         isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in plan.spec.get("volumes") or []
     )
