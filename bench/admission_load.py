@@ -16,7 +16,7 @@ Targets (the issues'): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; me
 the burst, the healthy registry's reviews the same: warm p99 ≤ 50 ms, first reviews ≤ 500 ms,
 0 errors, while every review of the slow registry is a 503 denial within the deadline.
 
-    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--burst 250] [--workers N]
+    .venv/bin/python bench/admission_load.py [--waves 20] [--concurrency 200] [--reviews 10000] [--fresh 20] [--burst 250] [--workers N]
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
     result: dict[str, Any] = {}
     with live.serving(policy, certs, workers=args.workers) as served:
         pid = served.process.pid
-        clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
+        clients = [await Client.open(served.port, tls) for _ in range(args.concurrency)]
         try:
             # First review of a new digest: one at a time, tag and full verification.
             first: list[float] = []
@@ -511,10 +511,10 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
                 warm += latencies
                 warm_errors += errors
             wall = time.perf_counter() - started
-            result["warm_cache_200_concurrent"] = {
+            result[f"warm_cache_{args.concurrency}_concurrent"] = {
                 **summary(warm),
                 "waves": args.waves,
-                "concurrency": CONCURRENCY,
+                "concurrency": args.concurrency,
                 "reviews_per_second": round(len(warm) / wall, 1),
                 "errors": len(warm_errors),
                 "error_samples": warm_errors[:3],
@@ -569,7 +569,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--waves", type=int, default=20, help="waves of 200 concurrent warm reviews")
+    parser.add_argument("--waves", type=int, default=20, help="waves of --concurrency warm reviews")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="reviews per wave, each on a kept-alive connection of its own (default 200)",
+    )
     parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
     parser.add_argument(
@@ -601,7 +607,7 @@ def main() -> int:
             drip_proxy(upstream, DRIP_SECONDS) as slow,
         ):
             measured = asyncio.run(run(args, registry, slow, work))
-    warm = measured["warm_cache_200_concurrent"]
+    warm = measured[f"warm_cache_{args.concurrency}_concurrent"]
     first = measured["first_review_of_a_new_digest"]
     memory = measured["memory_over_reviews"]
     targets = {
