@@ -16,7 +16,7 @@ Targets (the issues'): 0 errors, p99 ≤ 50 ms warm; first review ≤ 500 ms; me
 the burst, the healthy registry's reviews the same: warm p99 ≤ 50 ms, first reviews ≤ 500 ms,
 0 errors, while every review of the slow registry is a 503 denial within the deadline.
 
-    .venv/bin/python bench/admission_load.py [--waves 20] [--reviews 10000] [--fresh 20] [--burst 250] [--workers N]
+    .venv/bin/python bench/admission_load.py [--waves 20] [--concurrency 200] [--reviews 10000] [--fresh 20] [--burst 250] [--workers N]
 """
 
 from __future__ import annotations
@@ -462,7 +462,7 @@ async def warm_up(clients: list[Client], mix: list[Any]) -> None:
 
 
 async def warm_waves(clients: list[Client], mix: list[Any], waves: int) -> dict[str, Any]:
-    """Waves of 200 concurrent reviews, all sent at once."""
+    """Waves of ``len(clients)`` (--concurrency) concurrent reviews, all sent at once."""
     warm: list[float] = []
     warm_errors: list[str] = []
     started = time.perf_counter()
@@ -474,7 +474,7 @@ async def warm_waves(clients: list[Client], mix: list[Any], waves: int) -> dict[
     return {
         **summary(warm),
         "waves": waves,
-        "concurrency": CONCURRENCY,
+        "concurrency": len(clients),
         "reviews_per_second": round(len(warm) / wall, 1),
         "errors": len(warm_errors),
         "error_samples": warm_errors[:3],
@@ -553,12 +553,12 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
     result: dict[str, Any] = {}
     with live.serving(policy, certs, workers=args.workers) as served:
         pid = served.process.pid
-        clients = [await Client.open(served.port, tls) for _ in range(CONCURRENCY)]
+        clients = [await Client.open(served.port, tls) for _ in range(args.concurrency)]
         try:
             result["first_review_of_a_new_digest"] = await first_reviews(clients[0], fresh)
             mix = workload(registry, h100, unsigned)
             await warm_up(clients, mix)
-            result["warm_cache_200_concurrent"] = await warm_waves(clients, mix, args.waves)
+            result[f"warm_cache_{args.concurrency}_concurrent"] = await warm_waves(clients, mix, args.waves)
             result["memory_over_reviews"] = await memory_over_reviews(clients, mix, args.reviews, pid)
             if args.burst:
                 result["slow_registry_burst"] = await slow_registry_burst(
@@ -575,7 +575,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--waves", type=int, default=20, help="waves of 200 concurrent warm reviews")
+    parser.add_argument("--waves", type=int, default=20, help="waves of --concurrency warm reviews")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="reviews per wave, each on a kept-alive connection of its own (default 200)",
+    )
     parser.add_argument("--reviews", type=int, default=10_000, help="reviews for the memory check")
     parser.add_argument("--fresh", type=int, default=20, help="new digests for the first-review latency")
     parser.add_argument(
@@ -607,7 +613,7 @@ def main() -> int:
             drip_proxy(upstream, DRIP_SECONDS) as slow,
         ):
             measured = asyncio.run(run(args, registry, slow, work))
-    warm = measured["warm_cache_200_concurrent"]
+    warm = measured[f"warm_cache_{args.concurrency}_concurrent"]
     first = measured["first_review_of_a_new_digest"]
     memory = measured["memory_over_reviews"]
     targets = {

@@ -10,6 +10,7 @@
 #                                  deploy/examples/local-pod.json, against deploy/examples/local-policy.yaml
 #   make test-admission            tests/admission (needs Debian's docker-registry; keyless test needs make signing-deps)
 #   make bench-admission           bench/admission_load.py -> bench/results/admission_load.json
+#   make bench-admission-adversarial   bench/admission_adversarial.py -> bench/results/admission_adversarial.json
 #   make admission-image [ADMISSION_IMAGE=ref]   deploy/build-image.sh (wheels downloaded on the host)
 
 KERNELBAKE ?= .venv/bin/kernelbake
@@ -26,7 +27,7 @@ IMAGE_REF ?= build/image.ref
 IMAGE ?= $(shell cat $(IMAGE_REF) 2>/dev/null)
 EXAMPLE_POLICY := deploy/examples/local-policy.yaml
 
-.PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission admission-image
+.PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission bench-admission-adversarial admission-image
 
 $(ADMISSION_CERTS)/tls.crt:
 	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
@@ -54,6 +55,9 @@ test-admission: ## the admission tests
 
 bench-admission: ## the admission load benchmark
 	$(BENCH_PYTHON) bench/admission_load.py
+
+bench-admission-adversarial: ## hostile reviews against the real webhook (bench/results/admission_adversarial.json)
+	$(BENCH_PYTHON) bench/admission_adversarial.py
 
 admission-image: ## the webhook's image (ADMISSION_IMAGE=)
 	deploy/build-image.sh $(ADMISSION_IMAGE)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.server import AdmissionServer
 from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
@@ -53,10 +54,10 @@ def client_tls(certs: Path) -> ssl.SSLContext:
 
 
 @contextlib.contextmanager
-def running_server(admitter: Admitter, certs: Path) -> Iterator[int]:
+def running_server(admitter: Admitter, certs: Path, *, bodies: BodyBudget | None = None) -> Iterator[int]:
     """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port."""
     server = AdmissionServer(
-        admitter, cert=certs / "tls.crt", key=certs / "tls.key", host="127.0.0.1", port=0
+        admitter, cert=certs / "tls.crt", key=certs / "tls.key", host="127.0.0.1", port=0, bodies=bodies
     )
     loop = asyncio.new_event_loop()
     port = loop.run_until_complete(server.start())

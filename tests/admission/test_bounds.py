@@ -7,29 +7,42 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import http.client
 import json
+import multiprocessing
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kernelbake.admission import admit, bounds, gpus
+from kernelbake.admission import admit, bounds, gpus, server
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import Budget, OverBudget
 from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER
+from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import parse_review
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.admission.service import Admitter
+from kernelbake.admission.variants import Picker
 from kernelbake.catalogue import load_catalogue
+from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.key import CacheKey
+from kernelbake.contract.variants import Variant
 from kernelbake.gfd import PRODUCT
+from kernelbake.oci.types import OCI_MANIFEST
+from kernelbake.plan import plan as plan_targets
+from kernelbake.spec import load_spec
 from tests.admission import documents
+from tests.admission.conftest import client_tls, running_server
 from tests.admission.documents import H100
 from tests.admission.fakes import REPO, FakeVerifier, make_admitter, make_policy
 from tests.admission.test_cache_volumes import _ArtifactVerifier, cpu_key, facts_of, recipe
+from tests.conftest import REPO as SOURCE_TREE
 
 # The message is bounds.MESSAGE_BYTES after its "kernelbake admission: " prefix.
 MESSAGE_MAX = bounds.MESSAGE_BYTES + 64
@@ -129,6 +142,28 @@ def test_under_the_volume_cap_the_problems_are_one_per_cause_with_a_count(cache_
     # One cause (the wrong engine image) for every container: said once, naming a few.
     assert message.count("run that image pinned by digest") == 1, message
     assert 'container "c0", container "c1", container "c2" and 297 more: runs' in message
+
+
+def test_cache_volumes_times_containers_stop_collecting_at_the_problem_cap(
+    cache_admitter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench/admission_adversarial.py: 16 volumes x 38,000 containers (an 8 MiB body) made some
+    # 600,000 problem strings, 240 MiB in one worker, before the message kept a few of them.
+    collected: list[int] = []
+    real = bounds.message
+
+    def recording(problems: Sequence[str], **kwargs: Any) -> str:
+        problems = list(problems)
+        collected.append(len(problems))
+        return real(problems, **kwargs)
+
+    monkeypatch.setattr(bounds, "message", recording)
+    reply = answer(cache_admitter, review_of(cache_pod(bounds.MAX_CACHE_VOLUMES, 2000)))
+    assert reply["response"]["allowed"] is False
+    assert collected and max(collected) <= bounds.MAX_PROBLEMS + 1, collected
+    message = reply["response"]["status"]["message"]
+    assert f"stopped checking after {bounds.MAX_PROBLEMS} problems" in message
+    assert 'container "c0", container "c1", container "c2" and ' in message
 
 
 def test_too_many_governed_images_are_denied_naming_the_cap(verifier: FakeVerifier) -> None:
@@ -344,3 +379,139 @@ def test_an_unreadable_megabyte_image_is_not_kept_by_the_memo(verifier: FakeVeri
     reply = review_once(verifier, doc)
     assert reply["response"]["allowed"] is False
     assert admit._classify_memo.cache_info().currsize == before
+
+
+def test_a_large_body_is_decoded_letting_other_threads_run() -> None:
+    # bench/admission_adversarial.py: json's C decoder held the GIL for all of an 8 MiB body
+    # (some 100 ms on a busy core), so the event loop, and /healthz, waited for it. Counted as
+    # turns another thread gets while the decode runs, not as time.
+    body = json.dumps({"containers": [{"name": f"c{i}", "image": "x"} for i in range(120_000)]}).encode()
+    assert len(body) > server.YIELDING_BODY
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0001)
+    inside = threading.Event()
+    stop = threading.Event()
+    turns = 0
+
+    def other() -> None:
+        nonlocal turns
+        while not stop.is_set():
+            if inside.is_set():
+                turns += 1
+            time.sleep(0)  # gives the GIL back: each turn is one more hand-over
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        inside.set()
+        doc = server.decode(body)
+        inside.clear()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert doc == json.loads(body)
+    assert turns >= 50, turns
+
+
+def test_the_body_budget_is_shared_with_forked_workers() -> None:
+    budget = BodyBudget(100)
+    fork = multiprocessing.get_context("fork")
+    took, release = fork.Event(), fork.Event()
+
+    def worker() -> None:
+        assert budget.take(100)
+        took.set()
+        release.wait(30)
+        budget.give(100)
+
+    child = fork.Process(target=worker)
+    child.start()
+    try:
+        assert took.wait(30)
+        # The other worker's body holds all of it.
+        assert not budget.take(1)
+    finally:
+        release.set()
+        child.join(30)
+    assert child.exitcode == 0
+    assert budget.take(60) and budget.take(40) and not budget.take(1)
+    budget.give(100)
+    # One body as large as the budget fits when nothing else is held.
+    assert budget.take(100) and budget.used == 100
+
+
+def test_a_large_review_waits_for_the_pods_body_budget(
+    verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench/admission_adversarial.py: three 8 MiB reviews at once on each of two workers took
+    # 900 MiB against the pod's 512 MiB. Bodies over INLINE_BODY share MAX_BODY across the pod.
+    bodies = BodyBudget(server.MAX_BODY)
+    admitter = make_admitter(verifier, make_policy(deadline_seconds=1))
+    doc = documents.load("deployment-create", f"{REPO}:h100")
+    small = json.dumps(doc).encode()
+    doc["request"]["object"]["metadata"]["annotations"] = {"example.com/pad": "x" * server.INLINE_BODY}
+    large = json.dumps(doc).encode()
+    tls = client_tls(certs)
+    # The C heap is given back after each large review (glibc's malloc_trim), not after others.
+    trimmed: list[int] = []
+
+    def trim(pad: int) -> int:
+        trimmed.append(pad)
+        return 1
+
+    monkeypatch.setattr(server, "_TRIM", trim)
+
+    def post(body: bytes) -> tuple[int, Any]:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=tls, timeout=30)
+        try:
+            conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+    with running_server(admitter, certs, bodies=bodies) as port:
+        # Another worker of the pod holds a body as large as a body may be.
+        assert bodies.take(server.MAX_BODY)
+        status, answer = post(large)
+        assert status == 503 and "as many large bodies as its memory allows" in answer["error"]
+        # A real pod's review does not wait.
+        status, answer = post(small)
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert trimmed == []
+        bodies.give(server.MAX_BODY)
+        status, answer = post(large)
+        assert status == 200 and answer["response"]["allowed"] is True
+        assert bodies.used == 0
+        ends = time.monotonic() + 10
+        while not trimmed and time.monotonic() < ends:
+            time.sleep(0.01)
+        assert trimmed == [0]
+
+
+def test_the_shared_memos_do_not_keep_a_large_placement() -> None:
+    # bench/admission_adversarial.py: each 8 MiB placement (64 terms x 64 In lists of 85
+    # products) stayed in the judge's memo, some 45 MiB a review, up to 4096 of them.
+    values = (H100, *(f"NVIDIA-Made-Up-{i}" for i in range(85)))
+    large = [Way(f"term {t}", (Requirement(PRODUCT, Operator.IN, values),) * 64) for t in range(64)]
+    small = [Way("nodeSelector", (Requirement(PRODUCT, Operator.IN, (H100,)),))]
+    catalogue = load_catalogue()
+    judge = gpus.Judge(catalogue, make_policy().gpu_match)
+    picker = Picker(catalogue, make_policy().gpu_match)
+    (target,) = plan_targets(load_spec(SOURCE_TREE / "images" / "qwen3-0.6b.yaml"), ["h100"], registry="r")
+    variants = (
+        Variant(
+            key=target.key,
+            digest="sha256:" + "1" * 64,
+            size=1,
+            media_type=OCI_MANIFEST,
+            kind=ArtifactKind.IMAGE,
+        ),
+    )
+    for ways in (large, small):
+        judge(target.key, ways)
+        picker(variants, ways)
+    assert judge(target.key, small).ok and picker(variants, small).variant is not None
+    # The small placement is kept (warm reviews skip the comparisons), the large one is not.
+    assert len(judge._memo) == 1 and len(picker._memo) == 1

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission import gpus
-from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, UNBOUNDED, Budget, cap
+from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, MAX_PROBLEMS, UNBOUNDED, Budget, cap, stopped
 from kernelbake.admission.cache_checks import VerifiedArtifact, args_problems, engine_problems, env_problems
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.gpus import admitted
@@ -360,6 +360,10 @@ def decide_caches(
     containers = plan.spec.get("containers") or []
     at_root = _at_cache_root(plan.spec)
     for volume in plan.volumes:
+        # Volumes times containers: past MAX_PROBLEMS the review is denied already, and every
+        # further check would only add a string to a message that shows a few.
+        if len(problems) >= MAX_PROBLEMS:
+            break
         subject = f'image volume "{volume.name}" ({volume.ref})'
         outcome = outcomes.get(volume.target)
         if is_delta(outcome):
@@ -375,7 +379,7 @@ def decide_caches(
                 problems.append(got)
             continue
         problems += _judged(subject, got.key, ways, judge, notes)
-        problems += _engine_problems(containers, at_root, volume, got, budget)
+        problems += _engine_problems(containers, at_root, volume, got, budget, MAX_PROBLEMS - len(problems))
         digest = got.pinned.rsplit("@", 1)[1]
         if mutate and volume.ref.digest != digest:
             patch.append(
@@ -385,6 +389,8 @@ def decide_caches(
                     "value": volume.ref.rewritten(digest),
                 }
             )
+    if len(problems) >= MAX_PROBLEMS:
+        problems.append(stopped())
     problems += _annotation_problems(plan, outcomes, ways, policy, judge, mutate, notes, patch)
     return CacheDecision(tuple(problems), tuple(notes), tuple(patch))
 
@@ -395,16 +401,22 @@ def _engine_problems(
     volume: CacheVolume,
     got: VerifiedArtifact,
     budget: Budget,
+    room: int,
 ) -> list[str]:
     """What is wrong with the engine images, arguments and environment of the containers that
-    mount ``volume`` (or, ``at_root``, mount the cache root) against the artifact it holds."""
+    mount ``volume`` (or, ``at_root``, mount the cache root) against the artifact it holds;
+    checking stops once ``room`` problems are found (the caller says it stopped)."""
     problems: list[str] = []
     for field, _index, name, image in volume.mounted_by:
         budget.check()
+        if len(problems) >= room:
+            return problems
         problems += engine_problems(f'{_kind(field)} "{name}"', image, got)
     mounting = [j for f, j, _, _ in volume.mounted_by if f == "containers"]
     for index in sorted({*mounting, *at_root}):
         budget.check()
+        if len(problems) >= room:
+            return problems
         c = containers[index]
         where = f'container "{c.get("name", index)}"'
         if not any(u[:2] == ("containers", index) for u in volume.mounted_by):

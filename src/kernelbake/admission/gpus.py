@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from kernelbake.admission.policy import GpuMatch
-from kernelbake.admission.scheduling import Operator, Requirement, Way
+from kernelbake.admission.scheduling import MEMO_WEIGHT, Operator, Requirement, Way, weight
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import CPU, Catalogue
 from kernelbake.contract.compat import Reason, check_fields
@@ -79,6 +79,8 @@ class Judge:
         )
 
     def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+        if weight(ways) > MEMO_WEIGHT:
+            return judge(key, ways, self.catalogue, self.match)
         memo_key = (id(key), tuple(ways))
         hit = self._memo.get(memo_key)
         if hit is not None and hit[0] is key:

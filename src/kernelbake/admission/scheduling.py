@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission.bounds import MAX_EXPRESSIONS, MAX_NODE_SELECTOR, MAX_TERMS, MAX_VALUES, cap
@@ -78,6 +78,18 @@ class Way:
 
     source: str
     requirements: tuple[Requirement, ...]
+
+
+# Placements larger than this (requirements and values, summed over the ways) are judged afresh
+# by each review rather than kept by the shared memos (``gpus.Judge``, ``variants.Picker``): they
+# hold 4096 entries each, and 4096 of the largest placements the caps allow would be gigabytes
+# (bench/admission_adversarial.py: each 8 MiB placement kept some 45 MiB in a worker).
+MEMO_WEIGHT = 1024
+
+
+def weight(ways: Sequence[Way]) -> int:
+    """The requirements and values of ``ways``: what a memo entry keyed by them holds."""
+    return sum(1 + len(r.values) for w in ways for r in w.requirements)
 
 
 def ways(spec: Mapping[str, Any]) -> list[Way]:

@@ -8,6 +8,9 @@ HTTP/1.1 and TLS are uvicorn's (with httptools' parser); this module is the ASGI
 - a connection has ``IDLE_SECONDS`` to start a request (and between requests), and
   ``HEADER_SECONDS`` to send the whole of one once it started (a stalled client is dropped);
 - a review waits for its verifications until the policy's deadline (``Admitter``);
+- the bodies larger than ``INLINE_BODY`` that the pod works on at once add up to ``MAX_BODY``
+  at most, across its workers (``large_bodies``): a review waits for its share until the
+  policy's deadline, else is HTTP 503;
 - the event loop never parses or plans a large review itself: a body over ``INLINE_BODY`` is
   decoded, planned and its answer encoded on a worker thread, so one pod spec stuffed with
   thousands of references (each costs linear time, ``kernelbake.oci.reference``) cannot hold
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
+import json.scanner
 import logging
 import math
 import signal
@@ -39,6 +44,7 @@ import uvicorn
 from kernelbake.admission import workers
 from kernelbake.admission._uvicorn import QuietSignals, bounded_protocol
 from kernelbake.admission.admit import Endpoint
+from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
 
 log = logging.getLogger("kernelbake.admission.server")
@@ -49,6 +55,11 @@ HEADER_LIMIT = 64 * 1024
 # Bodies up to this size are handled on the event loop (a real pod's review is a few KiB and
 # takes well under a millisecond to plan); larger ones on a thread (see the module docstring).
 INLINE_BODY = 64 * 1024
+# Bodies larger than this are decoded by json's pure-Python scanner: the C one holds the GIL
+# for the whole document (some 100 ms for 8 MiB on a busy core, bench/admission_adversarial.py),
+# and with it the event loop and /healthz; the Python one lets the loop in at every switch
+# interval, for 3 to 6 times the CPU. A real pod's review is far below it.
+YIELDING_BODY = 1024 * 1024
 IDLE_SECONDS = 120.0
 # A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
@@ -77,8 +88,11 @@ class AdmissionServer:
         host: str = "0.0.0.0",
         port: int = 8443,
         sock: socket.socket | None = None,
+        bodies: BodyBudget | None = None,
     ) -> None:
         self.admitter = admitter
+        # Shared by the workers of one pod when the parent made it before forking.
+        self.bodies = bodies or BodyBudget(MAX_BODY)
         # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
         self.sock = sock
         self.cert, self.key = cert, key
@@ -176,13 +190,25 @@ class AdmissionServer:
         if scope["type"] != "http":
             return
         started = time.monotonic()
-        status, payload, close, large = await self._handle(scope, receive, started)
-        body = await asyncio.to_thread(_encode, payload) if large else _encode(payload)
+        held = _large(scope)
+        deadline = self.admitter.policy.deadline_seconds
+        if held and not await self.bodies.wait(held, started + deadline - time.monotonic()):
+            status, body, close, held = 503, _encode({"error": _BUSY}), True, 0
+        else:
+            try:
+                status, payload, close, large = await self._handle(scope, receive, started)
+                body = await asyncio.to_thread(_encode, payload) if large else _encode(payload)
+            finally:
+                if held:
+                    self.bodies.give(held)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        if held and _TRIM is not None:
+            # After the answer, off the loop: the review's objects are gone by now.
+            await asyncio.to_thread(_TRIM, 0)
 
     async def _handle(self, scope: Scope, receive: Receive, started: float) -> tuple[int, Any, bool, bool]:
         """``(status, payload, close the connection, the body was large)``."""
@@ -217,10 +243,57 @@ class AdmissionServer:
         """Decode and plan: the answer, the coroutine that waits for verifications (awaited on
         the loop), or an HTTP error for a body that is not JSON."""
         try:
-            doc = json.loads(body)
+            doc = decode(body)
         except (ValueError, RecursionError) as exc:
             return 400, {"error": f"the body is not JSON: {exc}"}, False
         return self.admitter.review_nowait(doc, endpoint, started=started)
+
+
+_BUSY = (
+    f"the webhook is reviewing as many large bodies as its memory allows (bodies over "
+    f"{INLINE_BODY // 1024} KiB add up to {MAX_BODY // 2**20} MiB at most); try again"
+)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl).
+
+    A large review's objects are freed when it ends, but the C heap keeps many of their pages:
+    without giving them back after each large review, each worker grew to some 180 MiB over
+    bench/admission_adversarial.py's 8 MiB bodies (110 MiB with it), and the two workers'
+    peak reached 494 MiB of the pod's 512 MiB (424 MiB with it)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def _large(scope: Scope) -> int:
+    """The bytes a review's body holds while it is reviewed, when it is larger than
+    ``INLINE_BODY``; 0 for a smaller one, for anything but a review, and for a body over
+    ``MAX_BODY`` (refused unread)."""
+    if scope["method"] != "POST" or scope["path"] not in _ROUTES:
+        return 0
+    declared = next((int(v) for n, v in scope["headers"] if n == b"content-length"), None)
+    if declared is None:
+        # Chunked: as large as a body may be.
+        return MAX_BODY
+    return declared if INLINE_BODY < declared <= MAX_BODY else 0
+
+
+def decode(body: bytes) -> Any:
+    """The JSON document ``body``, as ``json.loads`` reads it; past ``YIELDING_BODY`` by the
+    scanner that gives the GIL up while it works (see there)."""
+    if len(body) <= YIELDING_BODY:
+        return json.loads(body)
+    decoder = json.JSONDecoder()
+    # A decoder of its own: the scanner keeps a memo of keys for the document it reads.
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
 def _encode(payload: Any) -> bytes:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from kernelbake.admission.gpus import Admitted, admitted
 from kernelbake.admission.policy import GpuMatch
-from kernelbake.admission.scheduling import Way
+from kernelbake.admission.scheduling import MEMO_WEIGHT, Way, weight
 from kernelbake.cache import BoundedCache
 from kernelbake.catalogue import Catalogue
 from kernelbake.contract.artifact import ArtifactKind
@@ -160,6 +160,8 @@ class Picker:
         )
 
     def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
+        if weight(ways) > MEMO_WEIGHT:
+            return pick(variants, ways, self.catalogue, self.match)
         memo_key = (id(variants), tuple(ways))
         hit = self._memo.get(memo_key)
         if hit is not None and hit[0] is variants:

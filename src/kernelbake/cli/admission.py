@@ -42,8 +42,9 @@ def _logging(level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.admission import workers
+    from kernelbake.admission.large_bodies import BodyBudget
     from kernelbake.admission.policy import load_admission_policy
-    from kernelbake.admission.server import AdmissionServer, tls_context
+    from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.service import Admitter
     from kernelbake.admission.verifying import build_gateway, verify_policy
 
@@ -92,10 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    # Made before the fork: the workers share the pod's memory, so they share this budget.
+    bodies = BodyBudget(MAX_BODY)
+
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
         admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
-        server = AdmissionServer(admitter, cert=cert, key=key, sock=sock)
+        server = AdmissionServer(admitter, cert=cert, key=key, sock=sock, bodies=bodies)
         asyncio.run(server.serve())
         return 0
 
