@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelbake.cli.runtime import IN_IMAGE
+from kernelbake.cli._in_image import IN_IMAGE
 
 if TYPE_CHECKING:
     from kernelbake.oci import RegistryClient

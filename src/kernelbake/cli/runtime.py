@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.cli._in_image import IN_IMAGE
 from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
@@ -152,9 +153,6 @@ def cmd_seed_cache(args: argparse.Namespace) -> int:
             f"kernelbake seed-cache: left behind {len(done.skipped)} not in the manifest, e.g. {done.skipped[0]}"
         )
     return 0
-
-
-IN_IMAGE = "(inside the image) "
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
