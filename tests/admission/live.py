@@ -81,13 +81,17 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(policy: Path, certs: Path, *, log_level: str = "info", workers: int = 1) -> Iterator[Served]:
+def serving(
+    policy: Path, certs: Path, *, log_level: str = "info", workers: int = 1, wrap: Sequence[str] = ()
+) -> Iterator[Served]:
     """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
-    policy (no reader thread competing with the caller); stops it with SIGTERM."""
+    policy (no reader thread competing with the caller); stops it with SIGTERM. ``wrap``: a
+    command that runs the server's (a memory cgroup to join first, say)."""
     log_path = policy.with_suffix(".server.log")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [
+                *wrap,
                 *KERNELBAKE,
                 "admission",
                 "--policy",
