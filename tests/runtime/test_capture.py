@@ -186,6 +186,37 @@ def test_serve_compiles_the_class_once_and_the_next_replica_with_the_delta_compi
     assert "start-up compiled nothing: 0 new files in inductor, triton" in err
 
 
+def test_a_restart_finds_the_merged_delta_and_stays_warm(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    # A container restarted on the same writable cache root (an emptyDir survives it): the
+    # delta's files are there from its first start, checked again against delta.json.
+    _captured(tmp_path, target)
+    assert pf.preflight(_pinned_env(tmp_path), engine=engine).delta.used  # type: ignore[union-attr]
+    again = pf.preflight(_pinned_env(tmp_path), engine=engine)
+    assert again.warm and again.problems == (), again.problems
+    assert again.delta is not None and again.delta.used and again.delta.verified
+    assert again.cache_root == Path(target.cache_root)
+
+
+def test_a_restart_with_merged_files_changed_or_no_delta_pinned_goes_cold(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    _captured(tmp_path, target)
+    root = Path(target.cache_root)
+    assert pf.preflight(_pinned_env(tmp_path), engine=engine).delta.used  # type: ignore[union-attr]
+    # The pod no longer pins the delta: what the first start merged is unvouched for.
+    unpinned = pf.preflight(runtime_env(tmp_path), engine=engine)
+    assert not unpinned.warm and any(NEW in p for p in unpinned.problems), unpinned.problems
+    # Pinned, but a merged file was changed in the cache root since: the delta refuses it, and
+    # the start does not open a cache beside it.
+    (root / NEW).write_bytes(b"planted")
+    changed = pf.preflight(_pinned_env(tmp_path), engine=engine)
+    assert changed.delta is not None and not changed.delta.used
+    assert not changed.warm and Path(changed.cache_root) != root
+    assert any(NEW in p and "not used this time" in p for p in changed.problems), changed.problems
+
+
 def _refused(tmp_path: Path, engine: ClassEngine, env: RuntimeEnv, why: str) -> None:
     v = pf.preflight(env, engine=engine)
     assert v.warm, "a refused delta leaves the baked caches in use"

@@ -111,6 +111,34 @@ def _read(env: RuntimeEnv) -> tuple[DeltaManifest, str]:
     return DeltaManifest.from_json(data, source=str(where)), found
 
 
+def pinned_paths(env: RuntimeEnv) -> frozenset[str]:
+    """The files of the delta this start pins, which the cache root may hold already (merged
+    by an earlier start of this container); none where no delta is pinned and readable."""
+    if not present(env):
+        return frozenset()
+    try:
+        delta, _ = _read(env)
+    except BadInput:
+        return frozenset()
+    return frozenset(f.path for f in delta.files)
+
+
+def leftovers(
+    root: Path, paths: frozenset[str], manifest: Manifest, outcome: DeltaOutcome | None
+) -> list[str]:
+    """Files of a delta that is not used, found in ``root`` and not baked: a restart's earlier
+    merge, which nothing has vouched for this time (the preflight starts cold on them)."""
+    if outcome is not None and outcome.used:
+        return []
+    baked = {f.path for f in manifest.files}
+    why = outcome.reason if outcome else "none is mounted"
+    return [
+        f"{p}: a file of a cache delta that is not used this time ({why})"
+        for p in sorted(paths - baked)
+        if os.path.lexists(root / p)
+    ]
+
+
 def _check(
     delta: DeltaManifest,
     target: TargetConfig,

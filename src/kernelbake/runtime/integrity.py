@@ -21,7 +21,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 from kernelbake.contract.layout import MANIFEST
@@ -104,10 +104,13 @@ def size_problems(root: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-def strangers(root: Path, manifest: Manifest) -> list[str]:
+def strangers(root: Path, manifest: Manifest, delta: Collection[str] = ()) -> list[str]:
     """Everything in the cache root the manifest does not account for: symlinks anywhere,
-    and files that are neither listed, the manifest itself, nor one of the engine's logs."""
-    listed = {f.path for f in manifest.files}  # ``size_problems`` judges these
+    and files that are neither listed, the manifest itself, nor one of the engine's logs.
+    ``delta``: the paths of the pinned cache delta, which a restart finds merged already;
+    their bytes are the delta's to judge (``runtime.delta.apply``), and where it is not used
+    the preflight counts them as strangers after all."""
+    listed = {f.path for f in manifest.files} | set(delta)  # ``size_problems`` judges these
     unhashed = {*manifest.logs, MANIFEST}
     found = []
     for dirpath, dirs, files in os.walk(root):
@@ -158,12 +161,14 @@ def file_problems(root: Path, entries: Iterable[FileEntry]) -> list[str]:
 class Check:
     """One verification of a bundle; ``result()`` waits for it and lists what differs."""
 
-    def __init__(self, root: Path, manifest: Manifest, *, hash_files: bool) -> None:
+    def __init__(
+        self, root: Path, manifest: Manifest, *, hash_files: bool, delta: Collection[str] = ()
+    ) -> None:
         self.files = len(manifest.files)
         self.hashed = hash_files
         self.started = time.monotonic()
         self._finished: float | None = None
-        self._problems = size_problems(root, manifest) + strangers(root, manifest)
+        self._problems = size_problems(root, manifest) + strangers(root, manifest, delta)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._futures: list[concurrent.futures.Future[str | None]] = []
         if hash_files and not self._problems and manifest.files:

@@ -163,7 +163,10 @@ def _integrity(
     manifest, data, problems = _manifest(env, root, target)
     if problems or manifest is None:
         return manifest, data, problems, None
-    return manifest, data, [], Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256)
+    # A restarted container finds the pinned delta's files merged by its earlier start: they
+    # are the delta's to judge, not strangers (``_delta`` goes cold on them if it is not used).
+    merged = cache_delta.pinned_paths(env)
+    return manifest, data, [], Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256, delta=merged)
 
 
 def _known_problems(
@@ -528,6 +531,10 @@ def preflight(
     summary = _await_integrity(pending, problems)
     root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
     delta = _delta(env, target, engine, manifest, data, problems, root)
+    merged = cache_delta.pinned_paths(env)
+    if not problems and manifest and (left := cache_delta.leftovers(root, merged, manifest, delta)):
+        problems += _integrity_problems(left)
+        root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
     notes += _target_notes(env)
     prediction = None if problems else _fallback_prediction(manifest, identity, device, asks_engine, notes)
     if problems:
