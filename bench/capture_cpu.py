@@ -5,13 +5,12 @@ attested; ``capture verify`` checks it as admission does; a new replica starts w
 mounted at /opt/kernelbake/delta and ``$KERNELBAKE_DELTA_DIGEST`` set to the verified digest,
 and serves the same class without compiling.
 
-    python3 bench/capture_cpu.py --image 127.0.0.1:5000/REPO@sha256:… --src src \\
-        --out bench/results/capture_cpu.json
+    python3 bench/capture_cpu.py --image "$(cat build/image.ref)" --out bench/results/capture_cpu.json
 
-``--image`` is a pushed tiny-llama vLLM CPU image (``make image``), by digest. ``--src``: this
-checkout's ``src``, bind-mounted read-only into both replicas ahead of the image's own kernelbake
-(``PYTHONPATH``), so the replicas run this branch's runtime on the image's baked caches; the
-JSON says so. The delta reaches the second replica as the registry serves it: pulled by digest
+``--image`` is a pushed tiny-llama vLLM CPU image (``make image``), by digest; the replicas run
+the kernelbake the image was built with. ``--src`` (optional): a checkout's ``src``, bind-mounted
+read-only into both replicas ahead of the image's own kernelbake (``PYTHONPATH``), to try a
+runtime on an image built before it; the JSON says which ran. The delta reaches the second replica as the registry serves it: pulled by digest
 (``docker pull``), its root exported (``docker create`` + ``docker export``) and bind-mounted
 read-only, where a Kubernetes image volume would mount it. Stdlib only, besides docker and the
 kernelbake CLI (``--kernelbake``). Elsewhere (a GPU image): ``--docker-arg=--gpus=all``, ``--model``
@@ -101,13 +100,19 @@ def serve_lines(name: str) -> list[str]:
     return [line for line in (logs.stdout + logs.stderr).splitlines() if line.startswith("kernelbake serve:")]
 
 
-def replica(image: str, src: Path, name: str, port: int, extra: list[str]) -> dict[str, Any]:
+def overlay(src: Path | None) -> list[str]:
+    """``docker run`` arguments that put ``src`` ahead of the image's own kernelbake (none: the
+    image's)."""
+    return [] if src is None else ["-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc"]
+
+
+def replica(image: str, src: Path | None, name: str, port: int, extra: list[str]) -> dict[str, Any]:
     sh(["docker", "rm", "-f", name])
     started = time.monotonic()
     must(
         [
             "docker", "run", "-d", "--name", name, "--shm-size", "2g", "-p", f"127.0.0.1:{port}:8000",
-            "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc", *extra, image,
+            *overlay(src), *extra, image,
         ]
     )  # fmt: skip
     seconds = ready(port, name)
@@ -129,11 +134,11 @@ def _delta_of(doc: Any) -> Any:
     return None
 
 
-def _check(image: str, src: Path, mounted: Path, digest: str, extra: list[str]) -> dict[str, Any]:
+def _check(image: str, src: Path | None, mounted: Path, digest: str, extra: list[str]) -> dict[str, Any]:
     """``kernelbake check --json`` in a fresh container of ``image`` with ``mounted`` as its delta."""
     done = sh(
         [
-            "docker", "run", "--rm", "--shm-size", "2g", *extra, "-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc",
+            "docker", "run", "--rm", "--shm-size", "2g", *extra, *overlay(src),
             "-v", f"{mounted}:/opt/kernelbake/delta:ro", "-e", f"KERNELBAKE_DELTA_DIGEST={digest}",
             image, "check", "--json",
         ]
@@ -150,7 +155,7 @@ def _repin(root: Path) -> str:
 
 
 def refusals(
-    image: str, src: Path, mounted: Path, work: Path, digest: str, extra: list[str]
+    image: str, src: Path | None, mounted: Path, work: Path, digest: str, extra: list[str]
 ) -> dict[str, Any]:
     """Item 4 on the real image: each bad delta is refused by serve's preflight, by name."""
     out: dict[str, Any] = {}
@@ -198,7 +203,11 @@ def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", required=True, help="REPO@sha256:… of the pushed CPU image")
-    p.add_argument("--src", type=Path, required=True)
+    p.add_argument(
+        "--src",
+        type=Path,
+        help="a kernelbake src to bind-mount over the image's own (default: the image's, as built)",
+    )
     p.add_argument("--kernelbake", default=f"{sys.executable} -m kernelbake")
     p.add_argument("--port", type=int, default=18041)
     p.add_argument("--out", type=Path, required=True)
@@ -209,7 +218,7 @@ def main() -> int:
     )
     a = p.parse_args()
     kb = a.kernelbake.split()
-    src = a.src.resolve()
+    src = a.src.resolve() if a.src else None
     repo = a.image.partition("@")[0]
     model = a.model
     doc: dict[str, Any] = {
@@ -219,7 +228,11 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
         "image": a.image,
-        "runtime": f"this checkout's {a.src} bind-mounted over the image's kernelbake (PYTHONPATH)",
+        "runtime": (
+            f"this checkout's {a.src} bind-mounted over the image's kernelbake (PYTHONPATH)"
+            if src
+            else "the image's own kernelbake, as built"
+        ),
         "request_class": a.request,
     }
     with tempfile.TemporaryDirectory(prefix="kb-capture-bench-") as tmp:
@@ -245,7 +258,9 @@ def main() -> int:
         keys = work / "keys"
         # A fresh key without a password (none of the host's key variables).
         skip = ("KERNELBAKE_SIGNING_KEY_PASSWORD", "COSIGN_PASSWORD")
-        env = {**{k: v for k, v in os.environ.items() if k not in skip}, "PYTHONPATH": str(src)}
+        env = {k: v for k, v in os.environ.items() if k not in skip}
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
         must([*kb, "generate-key-pair", "--dir", str(keys), "--name", "capture-bench"], env=env)
         to = f"{repo}:capture-bench-delta"
         pushed = json.loads(
@@ -327,7 +342,16 @@ def main() -> int:
     a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     json.dump(doc["summary"], sys.stdout, indent=1)
     print()
-    return 0
+    # Exit 1 unless capture did what it is for: the class compiled on the first replica, the
+    # delta verified and merged, the next replica compiled nothing for it, every bad delta refused.
+    s = doc["summary"]
+    met = (
+        s["verified"]
+        and s["first_replica_compiled_for_the_class"] > 0
+        and s["next_replica_compiled_for_the_class"] == 0
+        and all(s["refused"].values())
+    )
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
