@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import platform
+import socket
 import ssl
 import subprocess
 import sys
@@ -72,6 +73,8 @@ PROBE_SECONDS = 0.01
 # Reviews sent at once on each worker in the concurrent rows, and the shapes sent so.
 CONCURRENT = 3
 CONCURRENT_SHAPES = ("cache_volumes_16_x_containers", "containers")
+# Silent connections opened at once: past what two workers hold (2 x MAX_CONNECTIONS).
+FLOOD = 3000
 DEFAULT_SIZES = (64 * 1024, 1024 * 1024, 4 * 1024 * 1024, MAX_BODY)
 # Another engine image than the one the artifact's caches were compiled in (and not governed).
 OTHER_ENGINE = "registry.example.com/engine/vllm-cpu@sha256:" + "9" * 64
@@ -555,6 +558,38 @@ class Sampler:
         self._thread.join()
 
 
+def silent_connections(port: int, n: int) -> list[socket.socket]:
+    """``n`` TCP connections to the server that never send a byte (each worker holds at most
+    --max-connections of them, handshakes included, and drops the rest at once)."""
+    held = []
+    for _ in range(n):
+        with contextlib.suppress(OSError):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    return held
+
+
+def flood_row(server: Server, refs: Refs) -> tuple[dict[str, Any], float, float]:
+    """A small review on every kept-alive connection while FLOOD silent connections are held."""
+    held = silent_connections(server.port, FLOOD)
+    try:
+        time.sleep(1.0)
+        body = encode(annotations(refs)(0))
+        measured, start, end = row(server, [body] * len(server.connections))
+    finally:
+        for s in held:
+            s.close()
+    entry = {
+        "shape": "silent_connections",
+        "connections": FLOOD,
+        "held": len(held),
+        "body_bytes": len(body),
+        "items": FLOOD,
+        "item": "TCP connections held open without a TLS handshake while reviews run",
+        **measured,
+    }
+    return entry, start, end
+
+
 def row(
     server: Server, bodies: Sequence[bytes], send: Callable[..., dict[str, Any]] | None = None
 ) -> tuple[dict[str, Any], float, float]:
@@ -735,6 +770,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     **measured,
                 }
                 windows.append((entry, start, end))
+            server.reconnect(1)
+            # Connections that never start a TLS handshake, more than the workers hold together:
+            # reviews on the API server's kept-alive connections go on meanwhile.
+            windows.append(flood_row(server, refs))
             server.reconnect(1)
             # One byte past the limit: HTTP 413 from the head, before any of the body is read.
             body = over_max_body(refs)

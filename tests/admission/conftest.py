@@ -54,10 +54,18 @@ def client_tls(certs: Path) -> ssl.SSLContext:
 
 
 @contextlib.contextmanager
-def running_server(admitter: Admitter, certs: Path, *, bodies: BodyBudget | None = None) -> Iterator[int]:
+def running_server(
+    admitter: Admitter, certs: Path, *, bodies: BodyBudget | None = None, max_connections: int | None = None
+) -> Iterator[int]:
     """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port."""
     server = AdmissionServer(
-        admitter, cert=certs / "tls.crt", key=certs / "tls.key", host="127.0.0.1", port=0, bodies=bodies
+        admitter,
+        cert=certs / "tls.crt",
+        key=certs / "tls.key",
+        host="127.0.0.1",
+        port=0,
+        bodies=bodies,
+        **({} if max_connections is None else {"max_connections": max_connections}),
     )
     loop = asyncio.new_event_loop()
     port = loop.run_until_complete(server.start())

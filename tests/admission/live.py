@@ -82,7 +82,13 @@ class Served:
 
 @contextlib.contextmanager
 def serving(
-    policy: Path, certs: Path, *, log_level: str = "info", workers: int = 1, wrap: Sequence[str] = ()
+    policy: Path,
+    certs: Path,
+    *,
+    log_level: str = "info",
+    workers: int = 1,
+    wrap: Sequence[str] = (),
+    options: Sequence[str] = (),
 ) -> Iterator[Served]:
     """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
     policy (no reader thread competing with the caller); stops it with SIGTERM. ``wrap``: a
@@ -108,6 +114,7 @@ def serving(
                 log_level,
                 "--workers",
                 str(workers),
+                *options,
             ],
             stderr=log,
             stdout=subprocess.DEVNULL,

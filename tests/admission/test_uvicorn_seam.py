@@ -51,3 +51,23 @@ def test_bounds_travel_as_class_attributes() -> None:
     cls = bounded_protocol(idle=2.5, arriving=0.5, head_limit=10)
     assert (cls.idle_seconds, cls.arriving_seconds, cls.head_limit) == (2.5, 0.5, 10)
     assert issubclass(cls, HttpToolsProtocol)
+
+
+def test_asyncio_builds_each_accepted_tls_connection_from_the_class_bound_tls_replaces() -> None:
+    # ``bound_tls`` swaps ``asyncio.sslproto.SSLProtocol``: that works only while asyncio looks
+    # the class up in its module at each accept, reads the buffer size from ``max_size`` and
+    # takes the arguments BoundedTLS passes on.
+    import asyncio.selector_events
+    import asyncio.sslproto
+
+    from kernelbake.admission._uvicorn import BoundedTLS
+
+    # asyncio's own class (a server started in this process has swapped the module's name).
+    (original,) = BoundedTLS.__bases__
+    assert original.__module__ == "asyncio.sslproto"
+    assert asyncio.sslproto.SSLProtocol in (original, BoundedTLS)
+    assert "sslproto.SSLProtocol(" in inspect.getsource(asyncio.selector_events)
+    assert "bytearray(self.max_size)" in inspect.getsource(original.__init__)
+    ours = inspect.signature(BoundedTLS.__init__)
+    theirs = inspect.signature(original.__init__)
+    assert list(ours.parameters) == list(theirs.parameters)

@@ -35,6 +35,10 @@ REVIEW_CPU_SECONDS = 2.0
 # per cause, and past this many the pod is denied anyway. Without it, 16 cache volumes times
 # 38,000 containers (an 8 MiB body) made 600,000 problem strings, 240 MiB in one worker.
 MAX_PROBLEMS = 1024
+# Connections one worker holds at once, TLS handshakes included (``_uvicorn.BoundedTLS``): each
+# costs some 60 KiB at rest and up to 64 KiB more while a request head arrives, so 512 stay
+# under 64 MiB a worker. The API server keeps a few per webhook; ``--max-connections`` changes it.
+MAX_CONNECTIONS = 512
 # Problems named one by one per cause before "and N more".
 _NAMED = 3
 

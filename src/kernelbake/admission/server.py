@@ -5,6 +5,9 @@ HTTP/1.1 and TLS are uvicorn's (with httptools' parser); this module is the ASGI
 
 - a body larger than ``MAX_BODY`` is HTTP 413, a head larger than ``HEADER_LIMIT`` 431
   (httptools has no bound of its own), and the connection closes;
+- a worker holds at most ``MAX_CONNECTIONS`` connections, TLS handshakes included, each
+  handshake has ``HANDSHAKE_SECONDS`` and reads into a ``TLS_READ_BUFFER`` (asyncio's own
+  256 KiB per connection let 2,000 silent connections take a worker past the pod's limit);
 - a connection has ``IDLE_SECONDS`` to start a request (and between requests), and
   ``HEADER_SECONDS`` to send the whole of one once it started (a stalled client is dropped);
 - a review waits for its verifications until the policy's deadline (``Admitter``);
@@ -42,8 +45,9 @@ from typing import Any
 import uvicorn
 
 from kernelbake.admission import workers
-from kernelbake.admission._uvicorn import QuietSignals, bounded_protocol
+from kernelbake.admission._uvicorn import QuietSignals, bound_tls, bounded_protocol
 from kernelbake.admission.admit import Endpoint
+from kernelbake.admission.bounds import MAX_CONNECTIONS
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
 
@@ -64,6 +68,9 @@ IDLE_SECONDS = 120.0
 # A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
 CERT_CHECK_SECONDS = 60.0
+# A handshake takes milliseconds from the API server; asyncio's default waits 60 s.
+HANDSHAKE_SECONDS = 10.0
+TLS_READ_BUFFER = 32 * 1024
 _ROUTES = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE}
 
 Scope = MutableMapping[str, Any]
@@ -89,8 +96,10 @@ class AdmissionServer:
         port: int = 8443,
         sock: socket.socket | None = None,
         bodies: BodyBudget | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.admitter = admitter
+        self.max_connections = max_connections
         # Shared by the workers of one pod when the parent made it before forking.
         self.bodies = bodies or BodyBudget(MAX_BODY)
         # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
@@ -106,6 +115,9 @@ class AdmissionServer:
     async def start(self) -> int:
         """Listen and return the port (useful with port 0)."""
         sock = self.sock or workers.listening_sockets(self.host, self.port, 1)[0]
+        bound_tls(
+            limit=self.max_connections, handshake_seconds=HANDSHAKE_SECONDS, read_buffer=TLS_READ_BUFFER
+        )
         config = uvicorn.Config(
             self,
             http=bounded_protocol(idle=IDLE_SECONDS, arriving=HEADER_SECONDS, head_limit=HEADER_LIMIT),

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.admission.bounds import MAX_CONNECTIONS
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
 from kernelbake.textfile import read_bytes, read_text
@@ -99,7 +100,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
         admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
-        server = AdmissionServer(admitter, cert=cert, key=key, sock=sock, bodies=bodies)
+        server = AdmissionServer(
+            admitter, cert=cert, key=key, sock=sock, bodies=bodies, max_connections=args.max_connections
+        )
         asyncio.run(server.serve())
         return 0
 
@@ -191,6 +194,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=1,
         help="server processes sharing the port (SO_REUSEPORT), each with its own cache (default 1)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections each worker holds at once, TLS handshakes included; one more is dropped "
+        f"before its handshake, and logged (default {MAX_CONNECTIONS})",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
