@@ -32,6 +32,19 @@ def _healthz(port: int, certs: Path) -> int:
         conn.close()
 
 
+def _serves_again(port: int, certs: Path, *, seconds: float) -> None:
+    """/healthz answers 200 within ``seconds`` (the dropped connections' slots freed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            assert _healthz(port, certs) == 200
+            return
+        except (ssl.SSLError, ConnectionResetError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _silent(port: int, n: int) -> list[socket.socket]:
     """``n`` TCP connections that never start their TLS handshake."""
     return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
@@ -65,15 +78,7 @@ def test_a_connection_past_the_limit_is_dropped_before_its_handshake_and_logged(
             for s in held:
                 s.close()
         # Room again once they are gone.
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                assert _healthz(port, certs) == 200
-                break
-            except (ssl.SSLError, ConnectionResetError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        _serves_again(port, certs, seconds=5)
 
 
 def test_a_handshake_that_never_comes_is_cut(
@@ -126,12 +131,4 @@ def test_a_flood_of_silent_connections_leaves_the_worker_within_its_share_and_se
     finally:
         for s in held:
             s.close()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            assert _healthz(flood.port, certs) == 200
-            break
-        except (ssl.SSLError, ConnectionResetError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    _serves_again(flood.port, certs, seconds=10)

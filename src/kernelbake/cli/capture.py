@@ -8,32 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kernelbake.cli._in_image import IN_IMAGE
-
-if TYPE_CHECKING:
-    from kernelbake.oci import RegistryClient
-
-
-def _client(args: argparse.Namespace) -> RegistryClient:
-    from kernelbake.oci import RegistryClient
-    from kernelbake.settings import Settings
-
-    settings = Settings.from_env()
-    insecure = (*settings.insecure_registries, *args.insecure_registry)
-    return RegistryClient(settings, timeout=args.timeout, insecure_hosts=insecure)
-
-
-def _registry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per registry call (default 10)")
-    p.add_argument(
-        "--insecure-registry",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="talk plain HTTP to HOST (loopback registries always are); repeatable",
-    )
+from kernelbake.cli._registry import add_registry_args
+from kernelbake.cli._registry import client as registry_client
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -56,7 +34,12 @@ def cmd_push(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     signer = signer_from_settings(settings, key=args.key, keyless=args.keyless)
     pushed = push_delta(
-        args.dir, base=args.base, to=args.to, signer=signer, replica=args.replica, client=_client(args)
+        args.dir,
+        base=args.base,
+        to=args.to,
+        signer=signer,
+        replica=args.replica,
+        client=registry_client(args),
     )
     print(f"kernelbake capture: {pushed.describe()}")
     if args.json:
@@ -68,7 +51,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from kernelbake.signing.delta import verify_delta
     from kernelbake.signing.policy import load_policy
 
-    verified = verify_delta(args.delta, base=args.base, policy=load_policy(args.policy), client=_client(args))
+    verified = verify_delta(
+        args.delta, base=args.base, policy=load_policy(args.policy), client=registry_client(args)
+    )
     print(f"kernelbake capture: {verified.describe()}")
     if args.json:
         print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
@@ -102,7 +87,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
     who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
     c.add_argument("--json", action="store_true")
-    _registry_args(c)
+    add_registry_args(c)
     c.set_defaults(func=cmd_push)
 
     c = inner.add_parser("verify", help="check a delta as admission does: signature, key, base digest")
@@ -110,5 +95,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must be layered on")
     c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
     c.add_argument("--json", action="store_true")
-    _registry_args(c)
+    add_registry_args(c)
     c.set_defaults(func=cmd_verify)

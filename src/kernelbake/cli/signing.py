@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.cli._registry import add_registry_args
+from kernelbake.cli._registry import client as registry_client
 from kernelbake.settings import Settings
 
 # Host-side dependencies (requests, cryptography, sigstore) are imported by the commands
@@ -17,29 +19,6 @@ if TYPE_CHECKING:
     from kernelbake.oci import RegistryClient
     from kernelbake.signing.policy import VerifyPolicy
     from kernelbake.signing.signer import Signer
-
-
-def _client(args: argparse.Namespace, settings: Settings) -> RegistryClient:
-    from kernelbake.oci import RegistryClient
-
-    insecure = (*settings.insecure_registries, *args.insecure_registry)
-    return RegistryClient(settings, timeout=args.timeout, insecure_hosts=insecure)
-
-
-def _add_registry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        help="seconds per registry call, connect to last byte (default 10)",
-    )
-    p.add_argument(
-        "--insecure-registry",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="talk plain HTTP to HOST (loopback registries always are); repeatable",
-    )
 
 
 def cmd_generate_key_pair(args: argparse.Namespace) -> int:
@@ -72,7 +51,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     signer = _signer(args, settings)
-    client = _client(args, settings)
+    client = registry_client(args, settings)
     top, index = read_top(args.image, client=client)
     if index is not None:
         # A model's GPU index: every variant (signed and attested), then the index itself
@@ -118,7 +97,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     policy = _policy(args)
-    client = _client(args, settings)
+    client = registry_client(args, settings)
     top, index = read_subject(args.image, client)
     if index is not None:
         return _verify_index(args, index, policy, client)
@@ -201,7 +180,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-attest", action="store_true", help="sign only; attach no kernelbake attestation")
     p.add_argument("--legacy", action="store_true", help="also write cosign 2's .sig/.att tags")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    _add_registry_args(p)
+    add_registry_args(p)
     p.set_defaults(func=cmd_sign)
 
     p = sub.add_parser(
@@ -213,5 +192,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     trust.add_argument("--policy", help="policy YAML (trusted identities, keys, trusted_root)")
     trust.add_argument("--key", action="append", help="trust this public key (PEM); repeatable")
     p.add_argument("--json", action="store_true", help="print the verified facts as JSON")
-    _add_registry_args(p)
+    add_registry_args(p)
     p.set_defaults(func=cmd_verify)
