@@ -569,15 +569,19 @@ def silent_connections(port: int, n: int) -> list[socket.socket]:
 
 
 def flood_row(server: Server, refs: Refs) -> tuple[dict[str, Any], float, float]:
-    """A small review on every kept-alive connection while FLOOD silent connections are held."""
+    """A small review on every kept-alive connection while FLOOD silent connections are held;
+    the window (for /healthz) runs from the first connection opened to the last one closed."""
+    start = time.monotonic()
     held = silent_connections(server.port, FLOOD)
     try:
         time.sleep(1.0)
         body = encode(annotations(refs)(0))
-        measured, start, end = row(server, [body] * len(server.connections))
+        measured, _, _ = row(server, [body] * len(server.connections))
+        time.sleep(1.0)
     finally:
         for s in held:
             s.close()
+    end = time.monotonic()
     entry = {
         "shape": "silent_connections",
         "connections": FLOOD,
