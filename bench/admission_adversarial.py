@@ -53,6 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from tests.admission import documents  # noqa: E402
+
 from kernelbake.admission.bounds import MESSAGE_BYTES  # noqa: E402
 from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
 from kernelbake.admission.server import MAX_BODY  # noqa: E402
@@ -100,30 +102,17 @@ def encode(doc: Any) -> bytes:
 
 def review_of(spec: dict[str, Any], metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """A Deployment CREATE as the API server sends it, around a pod template."""
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "7f0b2a4c-0000-4000-8000-00000000a032",
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "adversarial", "namespace": "default"},
-                "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": {"app": "adversarial"}},
-                    "template": {
-                        "metadata": metadata or {"labels": {"app": "adversarial"}},
-                        "spec": spec,
-                    },
-                },
-            },
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "adversarial", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "adversarial"}},
+            "template": {"metadata": metadata or {"labels": {"app": "adversarial"}}, "spec": spec},
         },
     }
+    return documents.review_of(deployment, uid="7f0b2a4c-0000-4000-8000-00000000a032")
 
 
 def engine(image: str) -> dict[str, Any]:

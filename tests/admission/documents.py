@@ -27,6 +27,25 @@ _SPEC_PATHS = {
 }
 
 
+def review_of(
+    obj: dict[str, Any], *, kind: str = "Deployment", group: str = "apps", uid: str = "u-1"
+) -> dict[str, Any]:
+    """A CREATE of ``obj`` in ``default``, as the API server sends it, without a template's
+    defaults (for the shapes a test or bench builds itself)."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": "v1", "kind": kind},
+            "resource": {"group": group, "version": "v1", "resource": kind.lower() + "s"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "object": obj,
+        },
+    }
+
+
 def load(name: str, image: str, *, uid: str | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads((REQUESTS / f"{name}.json").read_text())
     if uid is not None:

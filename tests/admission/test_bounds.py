@@ -48,18 +48,8 @@ from tests.conftest import REPO as SOURCE_TREE
 MESSAGE_MAX = bounds.MESSAGE_BYTES + 64
 
 
-def review_of(obj: dict[str, Any], kind: str = "Deployment", group: str = "apps") -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "7f0b2a4c-0000-4000-8000-000000000032",
-            "kind": {"group": group, "version": "v1", "kind": kind},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": obj,
-        },
-    }
+def review_of(obj: dict[str, Any]) -> dict[str, Any]:
+    return documents.review_of(obj, uid="7f0b2a4c-0000-4000-8000-000000000032")
 
 
 def answer(admitter: Admitter, doc: dict[str, Any], endpoint: Endpoint = Endpoint.VALIDATE) -> dict[str, Any]:

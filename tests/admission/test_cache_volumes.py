@@ -36,6 +36,7 @@ from kernelbake.gfd import PRODUCT
 from kernelbake.oci.types import OCI_MANIFEST
 from kernelbake.plan import plan as plan_targets
 from kernelbake.spec import load_spec
+from tests.admission import documents
 from tests.admission.documents import H100
 from tests.admission.fakes import REPO, FakeVerified, digest_of, make_policy
 from tests.conftest import REPO as SOURCE_TREE
@@ -423,18 +424,7 @@ class _ArtifactVerifier:
 
 
 def _review(admitter: Any, doc: dict[str, Any], endpoint: Any) -> dict[str, Any]:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": doc,
-        },
-    }
+    review = documents.review_of(doc)
     answer: dict[str, Any] = admitter.review(review, endpoint)
     return answer["response"]
 

@@ -25,6 +25,7 @@ from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
 from kernelbake.contract.key import CacheKey
 from kernelbake.plan import plan as plan_targets
 from kernelbake.spec import load_spec
+from tests.admission import documents
 from tests.admission.fakes import FakeVerified, digest_of, make_admitter, make_policy
 from tests.conftest import REPO
 
@@ -84,18 +85,7 @@ class Verifier:
 
 def _review(doc: dict[str, Any], verifier: Verifier, endpoint: Endpoint) -> dict[str, Any]:
     admitter = make_admitter(verifier, make_policy())
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": doc,
-        },
-    }
+    review = documents.review_of(doc)
     try:
         answer: dict[str, Any] = admitter.review(review, endpoint)
     finally:
