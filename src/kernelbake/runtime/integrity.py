@@ -84,24 +84,26 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _size_problem(root: Path, entry: FileEntry, record: str) -> str | None:
+    """What is wrong with ``entry``'s file under ``root`` before its bytes are read: not there,
+    not a plain file reached without a symlink, unreadable, or another size than ``record``
+    (the manifest or the delta) says."""
+    try:
+        with open_beneath(root, entry.path) as fd:
+            size = os.fstat(fd).st_size
+    except NotPlain as exc:
+        return f"{entry.path}: not a plain file of the {'cache root' if record == 'manifest' else record} ({_why(exc)})"
+    except FileNotFoundError:
+        return f"{entry.path}: missing"
+    except OSError as exc:
+        return f"{entry.path}: cannot be read ({_why(exc)})"
+    if size != entry.size:
+        return f"{entry.path}: size {size} but the {record} records {entry.size}"
+    return None
+
+
 def size_problems(root: Path, manifest: Manifest) -> list[str]:
-    problems = []
-    for f in manifest.files:
-        try:
-            with open_beneath(root, f.path) as fd:
-                size = os.fstat(fd).st_size
-        except NotPlain as exc:
-            problems.append(f"{f.path}: not a plain file of the cache root ({_why(exc)})")
-            continue
-        except FileNotFoundError:
-            problems.append(f"{f.path}: missing")
-            continue
-        except OSError as exc:
-            problems.append(f"{f.path}: cannot be read ({_why(exc)})")
-            continue
-        if size != f.size:
-            problems.append(f"{f.path}: size {size} but the manifest records {f.size}")
-    return problems
+    return [p for f in manifest.files if (p := _size_problem(root, f, "manifest")) is not None]
 
 
 def strangers(root: Path, manifest: Manifest, delta: Collection[str] = ()) -> list[str]:
@@ -125,14 +127,14 @@ def strangers(root: Path, manifest: Manifest, delta: Collection[str] = ()) -> li
     return found
 
 
-def _digest_problem(root: Path, entry: FileEntry) -> str | None:
+def _digest_problem(root: Path, entry: FileEntry, record: str = "manifest") -> str | None:
     try:
         with open_beneath(root, entry.path) as fd, os.fdopen(os.dup(fd), "rb") as fh:
             found = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
         return f"{entry.path}: cannot be read ({_why(exc)})"
     if found != entry.sha256:
-        return f"{entry.path}: sha256 {found} but the manifest records {entry.sha256}"
+        return f"{entry.path}: sha256 {found} but the {record} records {entry.sha256}"
     return None
 
 
@@ -142,19 +144,9 @@ def file_problems(root: Path, entries: Iterable[FileEntry]) -> list[str]:
     to look for. Empty when every file is what its entry says."""
     problems = []
     for entry in entries:
-        try:
-            with open_beneath(root, entry.path) as fd:
-                size = os.fstat(fd).st_size
-        except FileNotFoundError:
-            problems.append(f"{entry.path}: missing")
-            continue
-        except OSError as exc:
-            problems.append(f"{entry.path}: not a plain readable file ({_why(exc)})")
-            continue
-        if size != entry.size:
-            problems.append(f"{entry.path}: size {size} but the delta records {entry.size}")
-        elif (problem := _digest_problem(root, entry)) is not None:
-            problems.append(problem.replace("the manifest records", "the delta records"))
+        problem = _size_problem(root, entry, "delta") or _digest_problem(root, entry, "delta")
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 
