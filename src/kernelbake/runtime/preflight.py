@@ -158,14 +158,14 @@ def _manifest(env: RuntimeEnv, root: Path, target: TargetConfig) -> tuple[Manife
 
 
 def _integrity(
-    env: RuntimeEnv, root: Path, target: TargetConfig
+    env: RuntimeEnv, root: Path, target: TargetConfig, merged: frozenset[str]
 ) -> tuple[Manifest | None, bytes, list[str], Check | None]:
+    """``merged``: the pinned delta's paths, which a restarted container finds merged by its
+    earlier start: the delta's to judge, not strangers (``preflight`` goes cold on them if the
+    delta is not used)."""
     manifest, data, problems = _manifest(env, root, target)
     if problems or manifest is None:
         return manifest, data, problems, None
-    # A restarted container finds the pinned delta's files merged by its earlier start: they
-    # are the delta's to judge, not strangers (``_delta`` goes cold on them if it is not used).
-    merged = cache_delta.pinned_paths(env)
     return manifest, data, [], Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256, delta=merged)
 
 
@@ -514,7 +514,8 @@ def preflight(
     _need_temp_dir(env, baked)
     # Hashing starts before the probe: the probe imports the engine's libraries (torch
     # takes seconds), and the hashing threads run meanwhile.
-    manifest, data, integrity, pending = _integrity(env, baked, target)
+    merged = cache_delta.pinned_paths(env)
+    manifest, data, integrity, pending = _integrity(env, baked, target, merged)
     engine = engine or get_engine(target.key.engine)
     platform = measure(engine)
     match = check(target.key, platform)
@@ -531,7 +532,6 @@ def preflight(
     summary = _await_integrity(pending, problems)
     root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
     delta = _delta(env, target, engine, manifest, data, problems, root)
-    merged = cache_delta.pinned_paths(env)
     if not problems and manifest and (left := cache_delta.leftovers(root, merged, manifest, delta)):
         problems += _integrity_problems(left)
         root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
