@@ -28,7 +28,7 @@ from typing import Any
 
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import CacheKind
-from kernelbake.contract.manifest import bundle_path_problem
+from kernelbake.contract.manifest import bundle_path_problem, kind_totals
 from kernelbake.errors import BadInput
 
 SCHEMA = 1
@@ -99,12 +99,7 @@ class DeltaManifest:
         check(self)
 
     def totals(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for f in self.files:
-            t = out.setdefault(f.kind.value, {"files": 0, "bytes": 0})
-            t["files"] += 1
-            t["bytes"] += f.size
-        return out
+        return kind_totals(self.files)
 
     @property
     def total_bytes(self) -> int:

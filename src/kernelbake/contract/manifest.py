@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import MANIFEST, CacheKind
@@ -59,6 +60,23 @@ class RankEntry:
         return any(path.startswith(d.rstrip("/") + "/") for d in self.dirs)
 
 
+class _Sized(Protocol):
+    @property
+    def kind(self) -> CacheKind: ...
+    @property
+    def size(self) -> int: ...
+
+
+def kind_totals(files: Iterable[_Sized]) -> dict[str, dict[str, int]]:
+    """Files and bytes per cache kind (a bundle's, or a delta's)."""
+    out: dict[str, dict[str, int]] = {}
+    for f in files:
+        t = out.setdefault(f.kind.value, {"files": 0, "bytes": 0})
+        t["files"] += 1
+        t["bytes"] += f.size
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest:
     key: CacheKey
@@ -87,12 +105,7 @@ class Manifest:
         return out
 
     def totals(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for f in self.files:
-            t = out.setdefault(f.kind.value, {"files": 0, "bytes": 0})
-            t["files"] += 1
-            t["bytes"] += f.size
-        return out
+        return kind_totals(self.files)
 
     def to_json(self) -> str:
         doc = {
