@@ -175,7 +175,7 @@ def test_read_only_without_the_recipe_names_it(vllm_image: Built) -> None:
     res = docker("run", "--rm", *SHM, "--read-only", vllm_image.pushed, check=False)
     assert res.returncode == 3, res.stderr[-2000:]
     assert "/tmp is not a writable directory, and the engine needs one to start" in res.stderr
-    assert "docker run --read-only -v /opt/kernelbake/cache --tmpfs /tmp:exec --shm-size 1g" in res.stderr
+    assert "docker run --read-only -v /opt/kernelbake/cache --tmpfs /tmp:exec --shm-size 2g" in res.stderr
     assert "is the engine installed" not in res.stderr and "Traceback" not in res.stderr
 
 

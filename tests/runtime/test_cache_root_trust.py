@@ -308,7 +308,7 @@ def test_no_writable_temporary_directory_names_the_recipe_before_the_probe(
         pf.preflight(env, engine=NoProbe(platform_for(target.key)))
     message = str(info.value)
     assert message.startswith(f"{tmp_path}/ro is not a writable directory, and the engine needs one to start")
-    assert "docker run --read-only -v" in message and "--tmpfs /tmp:exec --shm-size 1g" in message
+    assert "docker run --read-only -v" in message and "--tmpfs /tmp:exec --shm-size 2g" in message
     assert EnvironmentProblem.return_code == 3
 
 

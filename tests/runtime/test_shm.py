@@ -112,11 +112,14 @@ def test_too_little_free_space_is_an_environment_problem_naming_the_flags(
     with pytest.raises(EnvironmentProblem) as exc:
         shm.require(need)
     assert exc.value.return_code == 3
+    # main() prefixes "kernelbake serve: error: "; the flag is the docs' 2g (README, serve.yaml's
+    # sizeLimit), so the message and the pages agree.
     assert str(exc.value) == (
-        "serve: /dev/shm has 64 MiB free; vLLM needs >= 401 MiB for its queues (read): add "
-        "`--shm-size=1g` (docker/podman) or `--ipc=host`, or an emptyDir with medium: Memory at "
+        "/dev/shm has 64 MiB free; vLLM needs >= 401 MiB for its queues (read): add "
+        "`--shm-size=2g` (docker/podman) or `--ipc=host`, or an emptyDir with medium: Memory at "
         "/dev/shm (Kubernetes)"
     )
+    assert ShmNeed(engine="vLLM", bytes=5 * 1024 * MIB, what="q", source="r").flag() == "--shm-size=5g"
     monkeypatch.setattr(shm, "free_bytes", lambda _path: 401 * MIB)
     shm.require(need)
     shm.require(None)
@@ -147,4 +150,5 @@ def test_serve_fails_before_the_preflight_and_the_engine(
     monkeypatch.setattr("kernelbake.runtime.preflight.preflight", no_preflight)
     assert main(["serve"]) == 3
     err = capsys.readouterr().err
-    assert "/dev/shm has" in err and "add `--shm-size=" in err and "--ipc=host" in err
+    assert err.startswith("kernelbake serve: error: /dev/shm has") and err.count("serve:") == 1, err
+    assert "add `--shm-size=" in err and "--ipc=host" in err

@@ -42,7 +42,7 @@ from kernelbake.runtime.redact import shown
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
-    "docker run --read-only -v {root} --tmpfs /tmp:exec --shm-size 1g ... "
+    "docker run --read-only -v {root} --tmpfs /tmp:exec --shm-size 2g ... "
     "(an anonymous volume starts as a copy of the image's caches); "
     "Kubernetes: an initContainer running 'python3 -m kernelbake seed-cache /seed' into an emptyDir "
     "mounted at /seed, and the same emptyDir mounted at {root} in the serving container "

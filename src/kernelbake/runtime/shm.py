@@ -18,6 +18,9 @@ from kernelbake.errors import EnvironmentProblem
 SHM_PATH = Path("/dev/shm")
 MIB = 1 << 20
 GIB = 1 << 30
+# What the docs run with (README, docs/serving.md, deploy/examples/serve.yaml's sizeLimit): the
+# flag the error suggests is never below it, so the message and the pages say the same.
+DOCS_SHM_GIB = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,8 +33,9 @@ class ShmNeed:
     source: str
 
     def flag(self) -> str:
-        """The ``--shm-size`` that fits, in whole GiB (what one types, with headroom)."""
-        return f"--shm-size={-(-self.bytes // GIB)}g"
+        """The ``--shm-size`` that fits, in whole GiB (what one types, with headroom), at least the
+        docs' size."""
+        return f"--shm-size={max(DOCS_SHM_GIB, -(-self.bytes // GIB))}g"
 
 
 def free_bytes(path: Path = SHM_PATH) -> int | None:
@@ -52,7 +56,7 @@ def require(need: ShmNeed | None, path: Path = SHM_PATH) -> None:
     if free is None or free >= need.bytes:
         return
     raise EnvironmentProblem(
-        f"serve: {path} has {free // MIB} MiB free; {need.engine} needs >= {-(-need.bytes // MIB)} MiB "
+        f"{path} has {free // MIB} MiB free; {need.engine} needs >= {-(-need.bytes // MIB)} MiB "
         f"for {need.what} ({need.source}): add `{need.flag()}` (docker/podman) or `--ipc=host`, "
         f"or an emptyDir with medium: Memory at {path} (Kubernetes)"
     )
