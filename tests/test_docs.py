@@ -131,8 +131,10 @@ def test_every_relative_link_names_a_file_and_heading_that_exist(doc: Path) -> N
 
 
 def blocks(text: str, tag: str) -> list[str]:
-    """Fenced blocks that follow the comment ``<!-- tag -->``."""
-    return re.findall(rf"<!-- {re.escape(tag)} -->\s*```(?:sh|console)?\n(.*?)```", text, re.S)
+    """Fenced blocks that follow the comment ``<!-- tag -->``, or a runbook marker with the tag
+    among its words (``<!-- runbook: commands given -->``, tests/support/runbook.py)."""
+    marker = rf"<!-- (?:{re.escape(tag)}|runbook:(?: [^>]*?)? {re.escape(tag)}(?: [^>]*?)?) -->"
+    return re.findall(rf"{marker}\s*```(?:sh|console)?\n(.*?)```", text, re.S)
 
 
 def commands(block: str) -> list[list[str]]:
@@ -175,6 +177,12 @@ def test_the_readme_quick_start_names_real_targets_commands_and_options() -> Non
             # What `make image` writes there: the reference it pushed (Makefile, build-image).
             makefile = (REPO / "Makefile").read_text()
             assert "BUILD := build" in makefile and "> $(BUILD)/image.ref" in makefile
+        elif words[:1] == ["export"] and words[1].startswith("PATH="):
+            # The set-up line: the directory it puts first is the venv's bin, where deps.sh
+            # installs the CLI (the Makefile's KB).
+            assert words == ["export", "PATH=$PWD/.venv/bin:$PATH"], words
+            assert "VENV := .venv" in (REPO / "Makefile").read_text()
+            assert "KB := $(VENV)/bin/kernelbake" in (REPO / "Makefile").read_text()
         elif words[0] == "make":
             make_targets.append(words)
         elif words[0] == "kernelbake":

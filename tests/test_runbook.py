@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.support import runbook
 from tests.support.runbook import Kind, RunbookError
 
@@ -83,7 +84,9 @@ def test_tags_select_blocks_and_kinds_are_read() -> None:
 
 def test_output_that_drifts_from_the_page_fails_naming_the_line(tmp_path: Path) -> None:
     drifted = PAGE.replace("hello from sub", "hello from elsewhere")
-    with pytest.raises(RunbookError, match=r"guide.md:16: the page shows lines that guide.md:10 does not print"):
+    with pytest.raises(
+        RunbookError, match=r"guide.md:16: the page shows lines that guide.md:10 does not print"
+    ):
         _run(drifted, tmp_path)
 
 
@@ -126,3 +129,9 @@ def test_shown_lines_match_with_ellipses_and_any_number() -> None:
     printed = "a\nverified x@sha256:abc: signed by key sha256:def; 12 files\nz\n"
     assert runbook.missing_lines("verified x@sha256:…: signed by key sha256:…; 3 files\n", printed) == []
     assert runbook.missing_lines("z\na\n", printed) == ["a"]
+
+
+@pytest.mark.parametrize("page", runbook.PAGES)
+def test_every_guide_is_a_runbook_with_blocks_to_run(page: str) -> None:
+    blocks = runbook.parse((REPO / page).read_text(), page)
+    assert any(b.kind is Kind.RUN for b in blocks), page

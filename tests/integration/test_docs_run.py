@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +24,7 @@ import yaml
 
 from kernelbake.pipeline import Built
 from tests.conftest import REPO
+from tests.support import runbook
 from tests.support.docker import docker
 from tests.support.podman import pull, require_podman
 from tests.support.registry import free_port
@@ -33,20 +34,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 HEALTH_TIMEOUT_S = 900
 SERVE = REPO / "deploy" / "examples" / "serve.yaml"
+CLUSTER = REPO / "docs" / "cluster.md"
 
 
 def quick_start() -> list[list[str]]:
     return [c for b in blocks(README.read_text(), "quick-start") for c in commands(b)]
-
-
-def shown_line(text: str) -> re.Pattern[str]:
-    """A log line as the docs show it: ``…`` is any text, a number is any number."""
-    parts = re.split(r"(…|\d+(?:\.\d+)?)", text)
-    return re.compile(
-        "".join(
-            ".*" if p == "…" else r"\d+(?:\.\d+)?" if p and p[0].isdigit() else re.escape(p) for p in parts
-        )
-    )
 
 
 def _healthy(probe: list[str], alive: Callable[[], bool], what: str, log: Callable[[], str]) -> None:
@@ -93,7 +85,7 @@ def test_the_readme_quick_start_serves_a_completion_and_checks_warm(vllm_image: 
         assert any("baked caches valid (exact match)" in ln for ln in lines), lines
         # What the README shows serve printing is what it prints, in that order: a line that
         # drifts from the code fails here, not in a new user's terminal.
-        shown = [shown_line(ln) for ln in blocks(README.read_text(), "serve-output")[0].splitlines()]
+        shown = [runbook.shown_line(ln) for ln in blocks(README.read_text(), "serve-output")[0].splitlines()]
         found = iter(lines)
         for want in shown:
             assert any(want.fullmatch(ln) for ln in found), (want.pattern, lines)
@@ -106,13 +98,22 @@ def test_the_readme_quick_start_serves_a_completion_and_checks_warm(vllm_image: 
     assert (doc["verdict"], doc["predicted"]) == ("warm", "hit"), doc
 
 
+def cluster_page_containers_conf() -> str:
+    """The ``containers.conf`` docs/cluster.md's podman recipe writes (its ``printf`` line)."""
+    (block,) = [
+        b for b in runbook.parse(CLUSTER.read_text(), "docs/cluster.md") if "default_ulimits" in b.body
+    ]
+    (line,) = [ln for ln in block.body.splitlines() if ln.startswith("printf ") and "containers.conf" in ln]
+    return shlex.split(line)[1].replace("\\n", "\n")
+
+
 @contextlib.contextmanager
 def played(manifest: Path, workdir: Path) -> Iterator[dict[str, str]]:
     """``podman kube play`` of ``manifest``; yields podman's environment, then ``kube down``."""
     conf = workdir / "containers.conf"
     # Podman 4.3 as root raises RLIMIT_NOFILE/NPROC beyond what these machines allow runc
-    # (tests/support/podman.py); the same limits, for kube play.
-    conf.write_text('[containers]\ndefault_ulimits = ["nofile=16384:16384", "nproc=32768:32768"]\n')
+    # (tests/support/podman.py); the limits docs/cluster.md's podman recipe sets, for kube play.
+    conf.write_text(cluster_page_containers_conf())
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
     play = subprocess.run(
         ["podman", "kube", "play", "--tls-verify=false", str(manifest)],

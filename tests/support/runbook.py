@@ -54,11 +54,16 @@ NEEDS = {
     "api-server": "needs a Kubernetes API server",
     "cluster": "needs a Kubernetes cluster",
     "registry-login": "needs a registry of your own",
+    "sigstore": "needs a Sigstore instance and an OIDC identity",
 }
 
 
 TESTS_ELSEWHERE = "tests/integration"
 _REPO = Path(__file__).resolve().parents[2]
+
+
+# The guides that are runbooks (issue 44), in the order a new user reads them.
+PAGES = ("README.md", "docs/signing.md", "docs/serving.md", "docs/capture.md", "docs/cluster.md")
 
 
 class RunbookError(AssertionError):
@@ -202,9 +207,7 @@ def _run_block(block: Block, env: dict[str, str], cwd: Path, timeout: float) -> 
     return printed, after
 
 
-def run(
-    blocks: list[Block], *, env: Mapping[str, str], cwd: Path, timeout: float = 900.0
-) -> Report:
+def run(blocks: list[Block], *, env: Mapping[str, str], cwd: Path, timeout: float = 900.0) -> Report:
     """Run the blocks in order in ``cwd``, each seeing the variables and directory the one before
     left; check each output block against the run block before it."""
     report = Report()

@@ -1,0 +1,70 @@
+"""Every guide is a runbook that this test runs (issue 44): the shell blocks of each page in
+tests/support/runbook.PAGES, verbatim and in page order, on the CPU default image, with the
+output the page shows checked. A block that needs what CI lacks is marked so on the page and
+named in this test's output (``-rA`` or the failure), never dropped silently.
+
+Each page starts where a new user starts after set-up: a checkout (the repository's files, linked
+into a fresh directory so that what a page writes, e.g. ``build/``, stays there), the README's PATH
+line, and what ``make image`` leaves: ``build/image.ref`` naming the pushed image and a signing
+key in ``build/signing`` that signed it. The image is the integration fixtures' ``vllm_image``
+(the same spec, plan and build driver as ``make image``), so no image is built again here; the
+key is made and the image signed as ``make image`` does (``kernelbake sign --legacy``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelbake.pipeline import Built
+from tests.conftest import REPO
+from tests.support import runbook
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+
+# What a page may leave on the daemon, by the names the pages use.
+VOLUMES = ("kb-cache",)
+LEFT_OUT = {".git", "build", ".venv", ".cache", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def _checkout(where: Path) -> Path:
+    where.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in LEFT_OUT:
+            (where / entry.name).symlink_to(entry)
+    # The venv that runs these tests is the checkout's (make deps made it).
+    (where / ".venv").symlink_to(Path(sys.prefix))
+    return where
+
+
+@pytest.fixture
+def after_make_image(vllm_image: Built, tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    assert vllm_image.pushed is not None
+    checkout = _checkout(tmp_path / "checkout")
+    env = runbook.page_env(checkout / ".venv" / "bin", {})
+    (checkout / "build").mkdir()
+    (checkout / "build" / "image.ref").write_text(vllm_image.pushed + "\n")
+    for argv in (
+        ["kernelbake", "generate-key-pair", "--dir", "build/signing"],
+        ["kernelbake", "sign", "--key", "build/signing/kernelbake.key", "--legacy", vllm_image.pushed],
+    ):
+        done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    try:
+        yield checkout, env
+    finally:
+        for volume in VOLUMES:
+            subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("page", runbook.PAGES)
+def test_the_guide_runs_as_written(page: str, after_make_image: tuple[Path, dict[str, str]]) -> None:
+    checkout, env = after_make_image
+    blocks = runbook.parse((REPO / page).read_text(), page)
+    report = runbook.run(blocks, env=env, cwd=checkout)
+    # What ran and what did not, by line: -rA shows it, and so does a failure.
+    print("\n".join(report.lines()))
+    assert report.ran, page
