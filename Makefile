@@ -32,6 +32,15 @@ CPU_BASE_WORK ?= .cache/cpu-base
 # The spec's engine (`engine: name:`) picks the CPU base image that `make image` builds.
 SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $$2; exit}' images/$(MODEL).yaml)
 
+# A MODEL without a spec stops here, naming the specs there are, before any target reads the
+# file (SPEC_ENGINE's awk would fail first, and the prerequisite would read '-cpu-base').
+SPECS = $(sort $(basename $(notdir $(wildcard images/*.yaml))))
+ifeq ($(wildcard images/$(MODEL).yaml),)
+ifneq ($(filter image build-image bench,$(or $(MAKECMDGOALS),image)),)
+$(error MODEL=$(MODEL): there is no images/$(MODEL).yaml; the specs in images/: $(SPECS))
+endif
+endif
+
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
 .PHONY: help image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
@@ -40,7 +49,9 @@ PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 # (this Makefile, then mk/*.mk); tests/test_make.py fails when a target has none.
 help: ## this list
 	@echo "make TARGET [VAR=value ...]; with no target: make image (MODEL=$(MODEL) GPU=$(GPU))"
-	@awk -F':[^=]*## ' '/^[a-zA-Z0-9_.-]+:[^=]*## / { printf "  %-17s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@# Two passes: the widest target name sets the column, so no description starts out of line.
+	@awk -F':[^=]*## ' '/^[a-zA-Z0-9_.-]+:[^=]*## / { n[++k] = $$1; d[k] = $$2; if (length($$1) > w) w = length($$1) } \
+	  END { for (i = 1; i <= k; i++) printf "  %-*s  %s\n", w, n[i], d[i] }' $(MAKEFILE_LIST)
 
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
 	@$(MAKE) --no-print-directory build-image
@@ -50,8 +61,10 @@ image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),
 
 build-image: ## only the kernelbake build step of image (writes build/image.ref)
 	@mkdir -p $(BUILD)
+	@# The output goes to image.out only once the build succeeded: a failed one is kept beside it as
+	@# image.out.failed, and the last good build's image.out and image.ref stay what they were.
 	set -o pipefail; $(KB) build images/$(MODEL).yaml --gpu $(GPU) --push $(PUSH_TO) --out $(BUILD) $(BUILD_ARGS) \
-	  | tee $(BUILD)/image.out
+	  | tee $(BUILD)/image.out.failed && mv $(BUILD)/image.out.failed $(BUILD)/image.out
 	@# Several GPUs (GPU=h100,h200 or GPU=all): the variant index, which sign and verify cover whole.
 	@awk '$$1 == "pushed" { ref = $$2 } $$1 == "index" { index_ref = $$2 } \
 	  END { if (index_ref) ref = index_ref; if (!ref) exit 1; print ref }' $(BUILD)/image.out > $(BUILD)/image.ref

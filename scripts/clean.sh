@@ -58,6 +58,8 @@ sweep() {
     if [ -n "$inner" ]; then
       sweep "$child"
     else
+      # Named with its size as it goes, as distclean names what it deletes.
+      echo "clean: deleted ${child#./} ($(size "$child"))"
       rm -rf "$child"
     fi
   done

@@ -60,3 +60,36 @@ def test_make_verify_reads_the_reference_make_image_wrote(tmp_path: Path) -> Non
     res = _make("-n", "verify", f"BUILD={tmp_path}")
     assert res.returncode == 0, res.stderr
     assert f"kernelbake verify {ref} --key" in res.stdout
+
+
+def test_an_unknown_model_lists_the_specs_in_one_line() -> None:
+    res = _make("-n", "image", "MODEL=does-not-exist")
+    assert res.returncode == 2, res
+    (line,) = res.stderr.splitlines()
+    assert "awk" not in line and "No rule" not in line, line
+    assert "MODEL=does-not-exist: there is no images/does-not-exist.yaml" in line
+    specs = sorted(p.stem for p in (REPO / "images").glob("*.yaml"))
+    assert f"the specs in images/: {' '.join(specs)}" in line
+    # Targets that take no MODEL still work with any.
+    assert _make("help", "MODEL=does-not-exist").returncode == 0
+
+
+def test_make_help_starts_every_description_in_one_column() -> None:
+    rows = _make("help").stdout.splitlines()[1:]
+    names = [row.split(None, 1)[0] for row in rows]
+    column = max(len(n) for n in names) + 4
+    assert all(row[column - 2 : column] == "  " and row[column] != " " for row in rows), rows
+
+
+def test_a_failed_build_keeps_the_last_builds_output_and_reference(tmp_path: Path) -> None:
+    (tmp_path / "image.out").write_text("pushed\t127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32 + "\n")
+    (tmp_path / "image.ref").write_text("127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32 + "\n")
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    # A build that prints a line and fails, in place of kernelbake build.
+    fake = tmp_path / "fake-kb"
+    fake.write_text("#!/bin/sh\necho 'building…'\nexit 4\n")
+    fake.chmod(0o755)
+    res = _make("build-image", f"BUILD={tmp_path}", f"KB={fake}")
+    assert res.returncode != 0
+    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in before} == before
+    assert (tmp_path / "image.out.failed").read_text() == "building…\n"

@@ -211,3 +211,18 @@ def test_distclean_deletes_everything_naming_each_kept_thing_with_its_size_first
     assert len(deleted) == 5, res.stdout
     assert any(x.startswith("distclean: deleting .cache/cpu-base/wheels (") for x in deleted)
     assert any(x.startswith("distclean: deleting build/image.ref (") for x in deleted)
+
+
+def test_clean_names_what_it_deleted_with_its_size(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    res = _clean(tmp_path)
+    assert res.returncode == 0, res.stderr
+    deleted = sorted(x.split(" (")[0] for x in res.stdout.splitlines() if x.startswith("clean: deleted "))
+    assert deleted == [
+        "clean: deleted .cache/cpu-base.debootstrap.log",
+        "clean: deleted build/image.out",
+        "clean: deleted build/tiny-llama-cpu",
+    ], res.stdout
+    assert all(
+        re.search(r" \([0-9.,]+[KMG]?\)$", x) for x in res.stdout.splitlines() if x.startswith("clean: deleted ")
+    )
