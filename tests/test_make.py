@@ -82,7 +82,9 @@ def test_make_help_starts_every_description_in_one_column() -> None:
 
 
 def test_a_failed_build_keeps_the_last_builds_output_and_reference(tmp_path: Path) -> None:
-    (tmp_path / "image.out").write_text("pushed\t127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32 + "\n")
+    (tmp_path / "image.out").write_text(
+        "pushed\t127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32 + "\n"
+    )
     (tmp_path / "image.ref").write_text("127.0.0.1:5000/kernelbake/tiny-llama@sha256:" + "ab" * 32 + "\n")
     before = {p.name: p.read_text() for p in tmp_path.iterdir()}
     # A build that prints a line and fails, in place of kernelbake build.

@@ -224,5 +224,7 @@ def test_clean_names_what_it_deleted_with_its_size(tmp_path: Path) -> None:
         "clean: deleted build/tiny-llama-cpu",
     ], res.stdout
     assert all(
-        re.search(r" \([0-9.,]+[KMG]?\)$", x) for x in res.stdout.splitlines() if x.startswith("clean: deleted ")
+        re.search(r" \([0-9.,]+[KMG]?\)$", x)
+        for x in res.stdout.splitlines()
+        if x.startswith("clean: deleted ")
     )
