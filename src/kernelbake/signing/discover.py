@@ -46,6 +46,7 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from kernelbake.contract.delta import ARTIFACT_TYPE as DELTA_ARTIFACT_TYPE
 from kernelbake.oci import Descriptor, Reference, RegistryClient, RegistryNotFound, RegistryProtocolError
 from kernelbake.oci import types as mt
 from kernelbake.oci.reference import is_digest
@@ -144,6 +145,10 @@ def _listing_problem(desc: Descriptor) -> tuple[str, str] | None:
     """(category, reason) when the listing alone shows ``desc`` is no bundle we would read."""
     if desc.media_type != mt.OCI_MANIFEST:
         return "media-type", f"not an OCI image manifest (mediaType {_shown(desc.media_type)})"
+    if desc.artifact_type == DELTA_ARTIFACT_TYPE:
+        # `capture push` layers a delta on its base image (OCI subject), so it is listed among the
+        # image's referrers; naming it a stranger ("not a Sigstore bundle") misled readers.
+        return "cache-delta", "kernelbake's cache delta for this image (kernelbake capture verify checks it)"
     if desc.artifact_type not in _MAYBE_BUNDLE:
         return "artifact-type", f"not a Sigstore bundle (artifactType {_shown(desc.artifact_type)})"
     if not is_digest(desc.digest):
