@@ -114,7 +114,11 @@ def test_the_engines_output_goes_to_a_log_file_whose_path_is_printed(
     assert match is not None, said
     log = Path(match.group(1))
     assert log.parent == tmp_path / "scratch"
-    assert f"its output: {log}" in out.out
+    # A `docker run --rm` takes the file with it: the line says how to see or keep it.
+    assert (
+        f"its output: {log} (in the scratch directory, gone with a --rm container: "
+        "-v prints it here, --log FILE on a mounted path keeps it)"
+    ) in out.out
     text = log.read_text()
     for noise in NOISE:
         assert noise in text
@@ -148,7 +152,8 @@ def test_log_names_the_file(
     log = tmp_path / "check.log"
     engine = baked_noisy
     assert _check(tmp_path, monkeypatch, engine, "--log", str(log), "--api-key", SECRET) == 6
-    assert NOISE[0] in log.read_text() and f"its output: {log}" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert NOISE[0] in log.read_text() and f"its output: {log}\n" in out and "--rm" not in out
 
 
 def test_an_argument_the_engine_rejects_is_quoted_in_its_own_words(

@@ -59,12 +59,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(redact(json.dumps(result.to_json(), indent=2)))
     else:
-        for line in _check_lines(result):
+        for line in _check_lines(result, chosen_log=args.log is not None):
             print(redact(line))
     return result.exit_code
 
 
-def _check_lines(result: CheckResult) -> list[str]:
+# The default log lies in the container's scratch directory, which `docker run --rm` removes with
+# the container: say so where its path is printed, with the two ways to see it.
+_LOG_GOES = "in the scratch directory, gone with a --rm container: -v prints it here, --log FILE on a mounted path keeps it"
+
+
+def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
     """The verdict first (the word, this machine, what differs, what was asked), then the
     details: the key and the files, the warnings, the prediction per cache kind."""
     from kernelbake.runtime.checking import Outcome
@@ -102,11 +107,14 @@ def _check_lines(result: CheckResult) -> list[str]:
         lines.append("the engine was not asked (the start is cold)")
     else:
         a = result.asked
-        said = f"its output: {a.log}" if a.log is not None else "its output is above"
+        said = "its output is above" if a.log is None else f"its output: {a.log}"
+        if a.log is not None and not chosen_log:
+            said += f" ({_LOG_GOES})"
         answer = "" if a.answered else "; it gave no verdict of its own, so the image key decides"
         lines.append(f"asked {a.engine} in this process ({a.seconds:.1f} s){answer}; {said}")
     if result.log is not None and result.asked is None:
-        lines.append(f"the engine's output while probing this machine: {result.log}")
+        gone = "" if chosen_log else f" ({_LOG_GOES})"
+        lines.append(f"the engine's output while probing this machine: {result.log}{gone}")
     lines.append("details:")
     if v.warm:
         lines.append(
