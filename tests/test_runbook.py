@@ -135,3 +135,10 @@ def test_shown_lines_match_with_ellipses_and_any_number() -> None:
 def test_every_guide_is_a_runbook_with_blocks_to_run(page: str) -> None:
     blocks = runbook.parse((REPO / page).read_text(), page)
     assert any(b.kind is Kind.RUN for b in blocks), page
+
+
+def test_a_block_that_hangs_fails_naming_its_line(tmp_path: Path) -> None:
+    text = "<!-- runbook -->\n```sh\necho started\nsleep 30\n```\n"
+    blocks = runbook.parse(text, "guide.md")
+    with pytest.raises(RunbookError, match=r"guide.md:2: the block did not finish in 1 s"):
+        runbook.run(blocks, env=runbook.page_env(tmp_path, {}), cwd=tmp_path, timeout=1)

@@ -3,7 +3,7 @@ tests/support/runbook.PAGES, verbatim and in page order, on the CPU default imag
 output the page shows checked. A block that needs what CI lacks is marked so on the page and
 named in this test's output (``-rA`` or the failure), never dropped silently.
 
-Each page starts where a new user starts after set-up: a checkout (the repository's files, linked
+Each page starts where a new user starts after set-up: a checkout (the repository's files, copied
 into a fresh directory so that what a page writes, e.g. ``build/``, stays there), the README's PATH
 line, and what ``make image`` leaves: ``build/image.ref`` naming the pushed image and a signing
 key in ``build/signing`` that signed it. The image is the integration fixtures' ``vllm_image``
@@ -12,6 +12,7 @@ key is made and the image signed as ``make image`` does (``kernelbake sign --leg
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,16 +26,31 @@ from tests.support import runbook
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
-# What a page may leave on the daemon, by the names the pages use.
+# What a page may leave on the daemon when a block fails half-way, by the names the pages use
+# (the images it pulls are under the test registry's address, whose teardown removes them).
 VOLUMES = ("kb-cache",)
+CONTAINERS = ("kb-replica", "kb-replica-2", "kb-delta")
 LEFT_OUT = {".git", "build", ".venv", ".cache", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
+# Linked rather than copied: large, and no page writes into them or names a path through them.
+LINKED = {"bench", "node_modules"}
+CACHES = shutil.ignore_patterns("__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache")
+
+
 def _checkout(where: Path) -> Path:
+    # Copied, not linked: a relative path through a link (local-policy.yaml's
+    # ../../build/signing) would resolve into this repository's build/, not the page's.
     where.mkdir()
     for entry in REPO.iterdir():
-        if entry.name not in LEFT_OUT:
+        if entry.name in LEFT_OUT or entry.name.endswith("_cache"):
+            continue
+        if entry.name in LINKED:
             (where / entry.name).symlink_to(entry)
+        elif entry.is_dir():
+            shutil.copytree(entry, where / entry.name, symlinks=True, ignore=CACHES)
+        else:
+            shutil.copy2(entry, where / entry.name)
     # The venv that runs these tests is the checkout's (make deps made it).
     (where / ".venv").symlink_to(Path(sys.prefix))
     return where
@@ -56,6 +72,7 @@ def after_make_image(vllm_image: Built, tmp_path: Path) -> Iterator[tuple[Path, 
     try:
         yield checkout, env
     finally:
+        subprocess.run(["docker", "rm", "-f", *CONTAINERS], capture_output=True, check=False)
         for volume in VOLUMES:
             subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, check=False)
 
@@ -64,7 +81,8 @@ def after_make_image(vllm_image: Built, tmp_path: Path) -> Iterator[tuple[Path, 
 def test_the_guide_runs_as_written(page: str, after_make_image: tuple[Path, dict[str, str]]) -> None:
     checkout, env = after_make_image
     blocks = runbook.parse((REPO / page).read_text(), page)
-    report = runbook.run(blocks, env=env, cwd=checkout)
+    # Above the pages' own waits (a replica's /health, 900 s), so that those name what failed.
+    report = runbook.run(blocks, env=env, cwd=checkout, timeout=1800)
     # What ran and what did not, by line: -rA shows it, and so does a failure.
     print("\n".join(report.lines()))
     assert report.ran, page

@@ -187,15 +187,23 @@ class Report:
 def _run_block(block: Block, env: dict[str, str], cwd: Path, timeout: float) -> tuple[str, dict[str, str]]:
     with tempfile.NamedTemporaryFile(prefix="kb-runbook-env-") as dump:
         script = f"set -a\n{block.body}\nenv -0 > {dump.name}\n"
-        done = subprocess.run(
-            ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", script],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", script],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            said = (exc.stdout or b"") + (exc.stderr or b"")
+            text = said.decode(errors="replace") if isinstance(said, bytes) else said
+            raise RunbookError(
+                f"{block.where}: the block did not finish in {timeout:.0f} s:\n{block.body}\n"
+                f"--- it printed:\n{text[-4000:]}"
+            ) from None
         printed = done.stdout + done.stderr
         if done.returncode != 0:
             raise RunbookError(
