@@ -24,7 +24,8 @@ from kernelbake.pipeline import Built
 from tests.conftest import REPO
 from tests.support import runbook
 
-pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+# cosign: docs/signing.md runs cosign 2 and cosign 3 (make signing-deps installs both).
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.cosign, pytest.mark.slow]
 
 # What a page may leave on the daemon when a block fails half-way, by the names the pages use
 # (the images it pulls are under the test registry's address, whose teardown removes them).
