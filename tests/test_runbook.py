@@ -142,3 +142,11 @@ def test_a_block_that_hangs_fails_naming_its_line(tmp_path: Path) -> None:
     blocks = runbook.parse(text, "guide.md")
     with pytest.raises(RunbookError, match=r"guide.md:2: the block did not finish in 1 s"):
         runbook.run(blocks, env=runbook.page_env(tmp_path, {}), cwd=tmp_path, timeout=1)
+
+
+def test_shown_output_is_checked_in_the_order_a_terminal_shows_both_streams(tmp_path: Path) -> None:
+    text = (
+        "<!-- runbook -->\n```sh\necho 'an error' >&2\necho 'exit 3'\n```\n\n"
+        "<!-- runbook: output -->\n```\nan error\nexit 3\n```\n"
+    )
+    assert len(_run(text, tmp_path).checked) == 1

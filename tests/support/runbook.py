@@ -192,19 +192,21 @@ def _run_block(block: Block, env: dict[str, str], cwd: Path, timeout: float) -> 
                 ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", script],
                 cwd=cwd,
                 env=env,
-                capture_output=True,
+                # One stream, as a terminal shows it: a page's shown output interleaves both.
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 text=True,
                 timeout=timeout,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            said = (exc.stdout or b"") + (exc.stderr or b"")
+            said = exc.stdout or b""
             text = said.decode(errors="replace") if isinstance(said, bytes) else said
             raise RunbookError(
                 f"{block.where}: the block did not finish in {timeout:.0f} s:\n{block.body}\n"
                 f"--- it printed:\n{text[-4000:]}"
             ) from None
-        printed = done.stdout + done.stderr
+        printed = done.stdout
         if done.returncode != 0:
             raise RunbookError(
                 f"{block.where}: the block failed (exit {done.returncode}); the page and the code "
