@@ -59,7 +59,15 @@ SERVE_ARGS = [
     "--host",
     "127.0.0.1",
 ]
-CRIU_OPTS = ["--tcp-established", "--file-locks", "--ghost-limit", "1G", "--link-remap"]
+CRIU_OPTS = [
+    "--tcp-established",
+    "--file-locks",
+    "--ghost-limit",
+    "1G",
+    "--link-remap",
+    "--network-lock",
+    "skip",
+]
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -188,7 +196,7 @@ def files_under(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
-def start(model: Path, cache: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+def start(model: Path, cache: Path, log: Path, sleep: bool = False) -> tuple[subprocess.Popen[bytes], float]:
     env = dict(
         os.environ,
         VLLM_CACHE_ROOT=str(cache),
@@ -197,6 +205,9 @@ def start(model: Path, cache: Path, log: Path) -> tuple[subprocess.Popen[bytes],
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
     )
+    if sleep:
+        # /sleep, /wake_up and /collective_rpc are dev-mode endpoints.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     argv = [
         sys.executable,
         str(HERE / "no_io_uring.py"),
@@ -207,6 +218,7 @@ def start(model: Path, cache: Path, log: Path) -> tuple[subprocess.Popen[bytes],
         "--model",
         str(model),
         *SERVE_ARGS,
+        *(["--enable-sleep-mode"] if sleep else []),
     ]
     t0 = time.monotonic()
     # Its own session, no terminal, stdin from /dev/null: a tree CRIU can dump on its own.
@@ -250,7 +262,13 @@ def snapshot_and_restore(
     log: Path,
     want: list[list[int]],
     r: dict[str, Any],
+    sleep_level: int | None = None,
 ) -> None:
+    if sleep_level is not None:
+        t = time.monotonic()
+        http(f"/sleep?level={sleep_level}", {}, timeout=120)
+        r["sleep_s"] = round(time.monotonic() - t, 3)
+        r["sleep_level"] = sleep_level
     pids = tree(pid)
     r["processes"] = [fds(p) for p in pids]
     gpu = [p for p in pids if drv.state(p) is not None]
@@ -286,6 +304,18 @@ def snapshot_and_restore(
     r["unlock"] = [drv.call("Unlock", p) for p in gpu]
     r["driver_restore_s"] = round(time.monotonic() - t1, 3)
     r["restored_health_s"] = wait_health(t0, t0 + 120)
+    if sleep_level is not None:
+        try:
+            http("/wake_up", {}, timeout=120)
+            r["restored_awake_s"] = round(time.monotonic() - t0, 3)
+            if sleep_level == 2:
+                # vLLM 0.26 cannot reload `dummy` weights (NotImplementedError, HTTP 500): with
+                # them the tokens after a level-2 wake-up are not comparable, and this says so.
+                http("/collective_rpc", {"method": "reload_weights"}, timeout=300)
+                r["restored_weights_reloaded_s"] = round(time.monotonic() - t0, 3)
+        except (urllib.error.URLError, OSError) as e:
+            r["restored_wake_error"] = repr(e)[:300]
+            return
     try:
         got = tokens(name)
         r["restored_first_completion_s"] = round(time.monotonic() - t0, 3)
@@ -313,7 +343,7 @@ def one_model(model: Path, args: argparse.Namespace, criu: Criu, drv: Driver, do
     for kind in ("cold", "warm"):
         if kind == "cold" and args.skip_cold:
             continue
-        proc, t0 = start(model, cache, logs / f"{kind}.log")
+        proc, t0 = start(model, cache, logs / f"{kind}.log", sleep=args.sleep_level is not None)
         ready = wait_health(t0, t0 + args.ready_timeout, proc)
         r[f"ready_{kind}_s"] = ready
         save(args.out, doc)
@@ -341,6 +371,7 @@ def one_model(model: Path, args: argparse.Namespace, criu: Criu, drv: Driver, do
                 logs / "warm.log",
                 want,
                 snap,
+                args.sleep_level,
             )
         finally:
             save(args.out, doc)
@@ -364,8 +395,17 @@ def main() -> int:
     ap.add_argument("--images", default="/dev/shm/snap")
     ap.add_argument("--ready-timeout", type=float, default=420)
     ap.add_argument("--skip-cold", action="store_true")
+    ap.add_argument(
+        "--sleep-level",
+        type=int,
+        choices=(1, 2),
+        help="put the engine to sleep before the checkpoint (vLLM's sleep mode: level 2 drops the "
+        "weights and the KV cache), then wake it and reload the weights after the restore",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    # The server runs in a folder of its own: a relative path would read as a hub repo id.
+    args.model = [m.resolve() for m in args.model]
     # Restored trees are reparented to us, so their exits are ours to reap (and the dumped
     # tree's pids come free before the restore needs them).
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
