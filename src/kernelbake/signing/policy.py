@@ -29,7 +29,7 @@ from kernelbake.errors import BadInput
 from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
 from kernelbake.textfile import read_text
-from kernelbake.validate import Source, load_yaml
+from kernelbake.validate import Source, load_yaml, quoted
 
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
 _FIELDS = ("identities", "keys", "trusted_root", "require_attestation")
@@ -64,7 +64,7 @@ class IdentityRule:
                     re.compile(regex)
                 except re.error as exc:
                     raise PolicyError(
-                        f"{self.where}: {name}_regex {regex!r} does not compile: {exc}"
+                        f"{self.where}: {name}_regex {quoted(regex)} does not compile: {exc}"
                     ) from None
 
     @staticmethod
@@ -133,7 +133,7 @@ class VerifyPolicy:
             trusted_root = _trusted_root(src, trusted_root, base)
         require = data.get("require_attestation", True)
         if not isinstance(require, bool):
-            raise src.error("require_attestation", f"expected true or false, got {require!r}")
+            raise src.error("require_attestation", f"expected true or false, got {quoted(require)}")
         return cls(
             identities=identities,
             keys=keys,
@@ -149,7 +149,7 @@ def _identity(src: Source, field: str, item: Any) -> IdentityRule:
     for name in _IDENTITY_FIELDS:
         value = item.get(name)
         if value is not None and not isinstance(value, str):
-            raise src.error(f"{field}.{name}", f"expected a string, got {value!r}")
+            raise src.error(f"{field}.{name}", f"expected a string, got {quoted(value)}")
         values[name] = value
     return IdentityRule(where=src.where(field), **values)
 
