@@ -19,12 +19,12 @@ and regexes must match the whole value. Messages name ``file:line: field`` (``ke
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
@@ -178,7 +178,7 @@ def _trusted_root(src: Source, value: Any, base: Path) -> str:
         return value
     path = base / value
     try:
-        doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
+        doc = jsondoc.loads(read_text(path, "the trusted root", error=PolicyError))
     except PolicyError as exc:
         raise src.error("trusted_root", str(exc)) from None
     except (ValueError, RecursionError):
