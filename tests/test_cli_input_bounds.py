@@ -154,6 +154,40 @@ def test_a_billion_laughs_under_a_quoted_key_is_refused_at_load(case: str, tmp_p
     )
 
 
+_LONG = "A" * 200_000
+# A value as long as a file may hold, where a validator (or the reference and host parsers
+# behind it) quotes what it refuses: each quote is cut (validate.quoted).
+LONG_VALUES: dict[str, tuple[str, Callable[[str], list[str]]]] = {
+    "policy images[0]": (
+        f"images:\n  - {_LONG}/x\nverify:\n  keys: [k.pub]\n",
+        lambda f: ["admission", "check-policy", f],
+    ),
+    "policy unverified_registries[0]": (
+        "images: [r.example/x]\nunlisted_registries: deny\n"
+        f"unverified_registries:\n  - {_LONG.lower()}:99999\nverify:\n  keys: [k.pub]\n",
+        lambda f: ["admission", "check-policy", f],
+    ),
+    "spec serve.dtype": (
+        "name: x\nmodel: {id: org/m, revision: '" + "0" * 40 + "'}\n"
+        f"engine: {{name: vllm, version: '0.32.0'}}\nserve:\n  dtype: {_LONG}\ntargets: [cpu]\n",
+        lambda f: ["plan", f],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LONG_VALUES))
+def test_a_long_value_is_quoted_cut_in_one_short_line(case: str, tmp_path: Path) -> None:
+    text, command = LONG_VALUES[case]
+    path = tmp_path / "input.yaml"
+    path.write_text(text)
+    argv = command(str(path))
+    done = _run(*argv)
+    assert done.returncode == 2, done.stderr[:2000]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"kernelbake {argv[0]}: error: {path}:") and "...' (200,0" in line
+    assert len(line) < 2000, len(line)  # was 600,138 characters for the policy pattern
+
+
 def test_a_request_on_stdin_is_read_within_the_body_limit() -> None:
     with Path("/dev/zero").open("rb") as zero:
         done = _run("admission", "review", "--policy", "unused.yaml", "-", stdin=zero.fileno())

@@ -36,9 +36,15 @@ _QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxset = _QUOTE.maxdict = 4
 MAX_QUOTED = 160
 
 
-def quoted(value: Any) -> str:
-    """``repr(value)`` cut to at most ``MAX_QUOTED`` characters (and 2 levels, 4 items, 80
-    characters a string): what a message may say about a value from outside."""
+def quoted(value: Any, *, chars: int = 80) -> str:
+    """``repr(value)``, cut: a string to its first ``chars`` characters (and its length), anything
+    else to at most ``MAX_QUOTED`` characters (2 levels, 4 items, 80 characters a string). What a
+    message may say about a value from outside."""
+    if isinstance(value, str):
+        if len(value) <= chars:
+            return repr(value)
+        head = repr(value[:chars])
+        return f"{head[:-1]}...{head[-1]} ({len(value):,} characters)"
     text = _QUOTE.repr(value)
     return text if len(text) <= MAX_QUOTED else text[: MAX_QUOTED - 3] + "..."
 
