@@ -17,6 +17,7 @@ from kernelbake.contract.delta import DELTA_MANIFEST
 from kernelbake.contract.jsondoc import MAX_JSON_DEPTH
 from kernelbake.contract.manifest import MANIFEST
 from kernelbake.contract.target import TargetConfig
+from kernelbake.errors import KeyMismatch
 from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.compile import run_compile
 from kernelbake.runtime.engines.vllm import evidence
@@ -58,17 +59,22 @@ def test_serve_with_a_deep_manifest_in_the_cache_volume_starts_cold_saying_why(
     assert main(["serve"]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"{tmp_path}/cache/{MANIFEST}: not a valid cache manifest (TooDeep: {WHY})" in err
+    assert "kernelbake serve: WARNING: starting COLD; the baked caches are not used" in err
+    assert f"  - {tmp_path}/cache/{MANIFEST}: not a valid cache manifest (TooDeep: {WHY})\n" in err
+    assert "Application startup complete." in err or "start-up compiled" in err
 
 
-def test_check_with_a_deep_manifest_is_one_error_not_a_traceback(
+def test_check_with_a_deep_manifest_is_a_cold_verdict_not_a_traceback(
     tmp_path: Path, engine: _Serving, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "cache" / MANIFEST).write_text(DEEP)
     code = main(["check", "--unsafe-size-only"])
     out, err = capsys.readouterr()
-    assert code != 0 and "Traceback" not in err
-    assert WHY in out + err
+    assert "Traceback" not in err
+    # The verdict a bad manifest gets: a miss (cold), saying why, as for any other one.
+    assert code == KeyMismatch.return_code
+    assert out.startswith(f"MISS: starting COLD; the baked caches are not used (exit {code})\n")
+    assert f"  - {tmp_path}/cache/{MANIFEST}: not a valid cache manifest (TooDeep: {WHY})" in out
 
 
 def test_serve_with_a_deep_pinned_delta_uses_the_baked_caches_alone_saying_why(
