@@ -30,8 +30,8 @@ from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
+import kernelbake.contract.jsondoc as jsondoc
 from kernelbake.cache import BoundedCache
-from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 from kernelbake.signing import formats
 from kernelbake.signing._internal import certs
