@@ -9,13 +9,12 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-import yaml
-
 from kernelbake._suggest import did_you_mean
 from kernelbake.contract.engines import Build
 from kernelbake.contract.key import NONE, Engine
 from kernelbake.contract.platform import Software
 from kernelbake.errors import UnknownName
+from kernelbake.validate import parse_yaml
 
 __all__ = ["CPU", "Build", "Catalogue", "EngineRelease", "Gpu", "Validation", "load_catalogue"]
 
@@ -133,8 +132,10 @@ def _version_order(version: str) -> tuple[int, ...]:
 
 
 def _load(name: str) -> Any:
+    # The package's own data, but parsed within the same bounds as every other YAML file: an
+    # edited or replaced engines.yaml reads as one error line, never as a hang or a traceback.
     text = resources.files("kernelbake").joinpath("data", name).read_text()
-    return yaml.safe_load(text)
+    return parse_yaml(text, f"kernelbake/data/{name}")[0]
 
 
 @functools.cache

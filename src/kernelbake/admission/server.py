@@ -50,6 +50,7 @@ from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import MAX_CONNECTIONS
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
+from kernelbake.contract import jsondoc
 
 log = logging.getLogger("kernelbake.admission.server")
 
@@ -299,7 +300,9 @@ def _large(scope: Scope) -> int:
 
 def decode(body: bytes) -> Any:
     """The JSON document ``body``, as ``json.loads`` reads it; past ``YIELDING_BODY`` by the
-    scanner that gives the GIL up while it works (see there)."""
+    scanner that gives the GIL up while it works (see there). That scanner recurses in Python,
+    so the depth is bounded first (``jsondoc``), for either scanner."""
+    jsondoc.refuse_deep(body)
     if len(body) <= YIELDING_BODY:
         return json.loads(body)
     decoder = json.JSONDecoder()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelbake.admission.bounds import MAX_CONNECTIONS
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
 from kernelbake.textfile import read_bytes, read_text
@@ -146,7 +147,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             text = _stdin_text(MAX_BODY)
         else:
             text = read_text(args.request, "the AdmissionReview", limit=MAX_BODY)
-        doc = json.loads(text)
+        doc = jsondoc.loads(text)
     except OSError as exc:
         raise BadInput(f"{source}: cannot read: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:

@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.manifest import bundle_path_problem, kind_totals
@@ -133,7 +134,7 @@ class DeltaManifest:
         if len(text) > MAX_MANIFEST_BYTES:
             raise InvalidDelta(f"{source}: {len(text)} bytes, more than a delta manifest may hold")
         try:
-            doc = json.loads(text)
+            doc = jsondoc.loads(text)
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
                 raise InvalidDelta(f"delta schema {got!r} is not {SCHEMA}")

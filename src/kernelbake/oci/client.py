@@ -12,7 +12,6 @@ import base64
 import contextlib
 import dataclasses
 import ipaddress
-import json
 import socket
 import ssl
 import threading
@@ -24,6 +23,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from kernelbake.cache import BoundedCache
+from kernelbake.contract import jsondoc
 from kernelbake.oci.auth import Challenge, Credentials, docker_credentials, parse_challenge
 from kernelbake.oci.deadline import Bound, DeadlineAdapter, Operation, current_operation, operation
 from kernelbake.oci.errors import (
@@ -374,7 +374,7 @@ class RegistryClient:
             data = self._read(resp, max_bytes, what=what)
             if media_type not in MANIFEST_TYPES:
                 try:
-                    declared = json.loads(data).get("mediaType")
+                    declared = jsondoc.loads(data).get("mediaType")
                 except (ValueError, AttributeError):
                     declared = None
                 if declared not in MANIFEST_TYPES:

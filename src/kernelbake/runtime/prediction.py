@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.engines import VLLM
 from kernelbake.contract.layout import CacheKind
 from kernelbake.runtime import redact
@@ -203,7 +204,7 @@ def _json_objects(baked: Any, now: Any) -> tuple[Mapping[str, Any], Mapping[str,
     if not (isinstance(baked, str) and isinstance(now, str) and baked[:1] == now[:1] == "{"):
         return None
     try:
-        b, n = json.loads(baked), json.loads(now)
+        b, n = jsondoc.loads(baked), jsondoc.loads(now)
     except ValueError:
         return None
     return (b, n) if isinstance(b, Mapping) and isinstance(n, Mapping) else None

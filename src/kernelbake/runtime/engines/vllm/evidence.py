@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.prediction import NOTHING_COMPILES, Outcome, Prediction
@@ -124,7 +124,7 @@ class Watcher:
     def __call__(self, line: str) -> str | None:
         if (at := line.find(PREDICTION_MARK)) >= 0:
             with contextlib.suppress(ValueError, KeyError, TypeError):
-                self.prediction = Prediction.from_json(json.loads(line[at + len(PREDICTION_MARK) :]))
+                self.prediction = Prediction.from_json(jsondoc.loads(line[at + len(PREDICTION_MARK) :]))
             return None
         signal = self.log.feed(line)
         if signal is None or signal in self._seen:
@@ -292,7 +292,7 @@ def manifest_digests(root: Path, dirs: Mapping[str, Path]) -> dict[str, dict[str
     ``APPENDED_LOG``: none when there is no readable manifest (a cold start; where there is
     one, the preflight has checked it against the pin)."""
     try:
-        doc = json.loads((root / MANIFEST).read_text())
+        doc = jsondoc.loads((root / MANIFEST).read_text())
         files = [(str(f["path"]), str(f["sha256"])) for f in doc.get("files", [])]
         files += [(str(path), APPENDED_LOG) for path in doc.get("logs", [])]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.runtime import redact
 from kernelbake.runtime.engines.vllm import compat_layer
 
@@ -278,7 +279,7 @@ def _device_side(vllm_config: Any) -> dict[str, Any]:
         data = fh.read()
     os.waitpid(pid, 0)
     try:
-        doc: dict[str, Any] = json.loads(data)
+        doc: dict[str, Any] = jsondoc.loads(data)
     except ValueError:
         doc = {"compiler": {"error": "the device-side child returned nothing"}}
     return doc

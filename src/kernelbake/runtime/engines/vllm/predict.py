@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.runtime.engines.vllm import identity as ident
 from kernelbake.runtime.engines.vllm.evidence import PREDICTION_MARK as MARK
 from kernelbake.runtime.prediction import Prediction, compile_off, predict
@@ -33,7 +34,7 @@ _CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
 def baked_identity(manifest: Path) -> tuple[dict[str, Any] | None, set[str]]:
     """The build's identity and the cache kinds the bundle holds files of."""
     try:
-        doc = json.loads(manifest.read_text())
+        doc = jsondoc.loads(manifest.read_text())
     except (OSError, ValueError):
         return None, set()
     kinds = {str(f.get("kind")) for f in doc.get("files", [])}
