@@ -221,3 +221,100 @@ def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
     paths = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
     assert paths == {"kernel-cache": "/opt/kernelbake/cache"}
     assert {"name": "kernel-cache", "mountPath": "/opt/kernelbake/cache"} in serving["volumeMounts"]
+
+
+# -- issue 41, item 3: every entry and every mount counts -------------------------------------
+
+EVIL_JSON = "sha256:" + "e" * 64
+
+
+def _container(doc: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = doc["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _with_a_second_pin(doc: dict[str, Any]) -> dict[str, Any]:
+    """The verified digest first (what a review of the first entry sees), the attacker's last
+    (what Kubernetes gives the container)."""
+    _container(doc)["env"] = [
+        {"name": DELTA_DIGEST_ENV, "value": DELTA_JSON},
+        {"name": DELTA_DIGEST_ENV, "value": EVIL_JSON},
+    ]
+    return doc
+
+
+def _with_files_over_the_delta(doc: dict[str, Any]) -> dict[str, Any]:
+    """An emptyDir's files mounted by subPath over the verified delta's delta.json and a file."""
+    doc["spec"]["template"]["spec"]["volumes"].append({"name": "planted", "emptyDir": {}})
+    _container(doc)["volumeMounts"] += [
+        {"name": "planted", "mountPath": f"{DELTA_ROOT}/delta.json", "subPath": "delta.json"},
+        {"name": "planted", "mountPath": f"{DELTA_ROOT}/triton/k/kernel.so", "subPath": "kernel.so"},
+    ]
+    return doc
+
+
+def _denied_everywhere(doc: dict[str, Any], why: str) -> None:
+    for endpoint in Endpoint:
+        response = _review(copy.deepcopy(doc), Verifier(_example()), endpoint)
+        assert response["allowed"] is False, (endpoint, response)
+        assert why in response["status"]["message"], response["status"]["message"]
+
+
+def test_the_pin_listed_twice_with_files_mounted_over_the_delta_is_denied() -> None:
+    """The break of issue 41 item 3: admission judged the first entry, the container got the
+    last, and serve merged the files the subPath mounts put at DELTA_ROOT."""
+    _denied_everywhere(
+        _with_files_over_the_delta(_with_a_second_pin(_example())), f"${DELTA_DIGEST_ENV} is listed 2 times"
+    )
+
+
+def test_a_second_pin_alone_is_denied_even_when_both_entries_agree() -> None:
+    _denied_everywhere(_with_a_second_pin(_example()), "Kubernetes gives the container the last")
+    same = _example()
+    _container(same)["env"] = [{"name": DELTA_DIGEST_ENV, "value": DELTA_JSON}] * 2
+    _denied_everywhere(same, f"${DELTA_DIGEST_ENV} is listed 2 times")
+
+
+def test_a_pin_taken_from_value_from_is_denied() -> None:
+    doc = _example()
+    _container(doc)["env"] = [
+        {"name": DELTA_DIGEST_ENV, "valueFrom": {"configMapKeyRef": {"name": "x", "key": "digest"}}}
+    ]
+    _denied_everywhere(doc, f"${DELTA_DIGEST_ENV} is a valueFrom, the verified delta.json is {DELTA_JSON}")
+
+
+@pytest.mark.parametrize(
+    "path", [f"{DELTA_ROOT}/delta.json", f"{DELTA_ROOT}/triton/k/kernel.so", f"{DELTA_ROOT}//x/"]
+)
+def test_any_mount_inside_the_delta_root_is_denied(path: str) -> None:
+    doc = _example()
+    doc["spec"]["template"]["spec"]["volumes"].append({"name": "planted", "emptyDir": {}})
+    _container(doc)["volumeMounts"].append({"name": "planted", "mountPath": path, "subPath": "f"})
+    _denied_everywhere(doc, f"lies inside {DELTA_ROOT}, where kernelbake serve reads the cache delta")
+
+
+def test_the_delta_mounted_in_part_or_another_volume_at_its_root_is_denied() -> None:
+    part = _example()
+    _container(part)["volumeMounts"][0]["subPath"] = "triton"
+    _denied_everywhere(
+        part, f"mounts part of the volume (subPath); mount the cache delta at {DELTA_ROOT} whole"
+    )
+    other = _example()
+    spec = other["spec"]["template"]["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if "image" not in v] + [{"name": "planted", "emptyDir": {}}]
+    _container(other)["volumeMounts"][0]["name"] = "planted"
+    _denied_everywhere(other, f"only the image volume of a signed cache delta may be mounted at {DELTA_ROOT}")
+
+
+def test_an_ephemeral_container_is_judged_like_the_others() -> None:
+    doc = _example()
+    doc["spec"]["template"]["spec"]["ephemeralContainers"] = [
+        {
+            "name": "debug",
+            "image": _container(doc)["image"],
+            "env": [{"name": DELTA_DIGEST_ENV, "value": EVIL_JSON}],
+        }
+    ]
+    _denied_everywhere(
+        doc, f'ephemeral container "debug": sets ${DELTA_DIGEST_ENV} but mounts no verified cache delta'
+    )
