@@ -318,3 +318,80 @@ def test_an_ephemeral_container_is_judged_like_the_others() -> None:
     _denied_everywhere(
         doc, f'ephemeral container "debug": sets ${DELTA_DIGEST_ENV} but mounts no verified cache delta'
     )
+
+
+# -- issue 41, item 4: one signed blob, many names ----------------------------------------------
+
+
+def test_one_delta_under_many_names_is_read_once_and_its_signature_checked_under_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The break: a signed delta copied byte for byte under other repository names was read
+    (fetched, parsed: ~120 MiB for 99,996 files) once per name, at once; four OOM-killed the
+    webhook. The copies share one read; each name's own signature is still what admits it."""
+    import threading
+
+    from kernelbake.admission.verifying import SignedImageVerifier
+    from kernelbake.contract import delta as contract_delta
+    from kernelbake.oci import RegistryClient
+    from kernelbake.settings import Settings
+    from kernelbake.signing.delta import VerifiedDelta, push_delta
+    from kernelbake.signing.keys import generate_key_pair, load_private_key
+    from kernelbake.signing.policy import VerifyPolicy
+    from kernelbake.signing.sign import sign_image
+    from kernelbake.signing.signer import KeySigner
+    from tests.signing.images import push_image
+    from tests.signing.test_delta import _dir
+    from tests.support.memregistry import memory_registry
+
+    parsed = []
+    real = contract_delta.DeltaManifest.from_json.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: Any, text: Any, **kw: Any) -> Any:
+        parsed.append(len(text))
+        return real(cls, text, **kw)
+
+    monkeypatch.setattr(contract_delta.DeltaManifest, "from_json", classmethod(counted))
+    with memory_registry() as (addr, _store):
+        client = RegistryClient(Settings(docker_config=tmp_path / "docker"), timeout=10.0)
+        private, public = generate_key_pair(tmp_path / "k", name="kb")
+        foreign, _ = generate_key_pair(tmp_path / "f", name="other")
+        signer = KeySigner(load_private_key(private))
+        base = push_image(client, f"{addr}/kb/base:v1", tmp_path / "img")
+        sign_image(base.pinned, signer, client=client)
+        source = _dir(tmp_path / "a", base)
+        names = [f"{addr}/kb/copy{i}:delta" for i in range(4)]
+        pushed = [push_delta(source, base=base.pinned, signer=signer, client=client, to=n) for n in names]
+        assert len({p.reference.split("@")[1] for p in pushed}) == 1, "the same blob under every name"
+        # The same bytes again under a fifth name, signed by a key the policy does not trust.
+        stranger = push_delta(
+            source,
+            base=base.pinned,
+            signer=KeySigner(load_private_key(foreign)),
+            client=client,
+            to=f"{addr}/kb/copy-unsigned:delta",
+        )
+        assert stranger.reference.split("@")[1] == pushed[0].reference.split("@")[1]
+        trust = VerifyPolicy.from_mapping({"keys": [str(public)], "require_attestation": False}, source="t")
+        verifier = SignedImageVerifier(trust, client_factory=lambda: client)
+        parsed.clear()
+        got: dict[str, Any] = {}
+        start = threading.Barrier(len(pushed))
+
+        def verify(reference: str) -> None:
+            start.wait()
+            got[reference] = verifier(reference)
+
+        threads = [threading.Thread(target=verify, args=(p.tagged,)) for p in pushed]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(isinstance(v, VerifiedDelta) for v in got.values()) and len(got) == 4
+        assert {v.reference.split("/", 1)[1].split("@")[0] for v in got.values()} == {
+            f"kb/copy{i}" for i in range(4)
+        }
+        assert len(parsed) == 1, f"delta.json was parsed {len(parsed)} times for one blob"
+        with pytest.raises(ImageRejected, match="no trusted signature"):
+            verifier(stranger.tagged)
+        assert len(parsed) == 1
