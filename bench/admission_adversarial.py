@@ -666,6 +666,7 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
     from kernelbake.remote import read_cache_manifest, read_image
     from kernelbake.signing.delta import push_delta
     from kernelbake.signing.keys import load_private_key
+    from kernelbake.signing.sign import sign_image
     from kernelbake.signing.signer import KeySigner
 
     client = RegistryClient(timeout=120)
@@ -691,33 +692,34 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
     (source / "delta.json").write_text(delta.to_json())
     signer = KeySigner(load_private_key(work / "keys" / "bench.key"))
     registry = refs.repository.split("/", 1)[0]
-    pushed = [
-        push_delta(
-            source,
-            base=refs.image,
-            signer=signer,
-            client=client,
-            to=f"{registry}/kernelbake/delta-copy-{i}:d",
-        )
-        for i in range(DELTA_NAMES)
-    ]
-    digests = {p.reference.split("@", 1)[1] for p in pushed}
-    assert len(digests) == 1, f"the copies are not one blob: {digests}"
+    first = push_delta(
+        source, base=refs.image, signer=signer, client=client, to=f"{registry}/kernelbake/delta-copy-0:d"
+    )
+    # The others: its manifest and blobs copied byte for byte (as `crane copy` would), each
+    # name signed, no attestation (a delta's review reads its signature only).
+    pinned = parse_reference(first.reference)
+    top = client.get_manifest(pinned)
+    tagged = [first.tagged]
+    for i in range(1, DELTA_NAMES):
+        dest = parse_reference(f"{registry}/kernelbake/delta-copy-{i}:d")
+        for blob in (top.config, *top.layers):
+            client.put_blob(dest, client.get_blob(pinned, blob.digest, max_bytes=1 << 30))
+        client.put_manifest(dest, top.data, top.media_type)
+        sign_image(f"{dest.name}@{top.digest}", signer, client=client, attest=False)
+        tagged.append(f"{dest.name}:{dest.tag}")
     container = engine(refs.image)
     container["volumeMounts"] = [{"name": "delta-0", "mountPath": DELTA_ROOT, "readOnly": True}]
-    container["env"] = [{"name": "KERNELBAKE_DELTA_DIGEST", "value": pushed[0].manifest_digest}]
+    container["env"] = [{"name": "KERNELBAKE_DELTA_DIGEST", "value": first.manifest_digest}]
     spec = on_h100(
         {
             "containers": [container],
-            "volumes": [
-                {"name": f"delta-{i}", "image": {"reference": p.tagged}} for i, p in enumerate(pushed)
-            ],
+            "volumes": [{"name": f"delta-{i}", "image": {"reference": t}} for i, t in enumerate(tagged)],
         }
     )
     what = {
         "files": DELTA_FILES,
         "names": DELTA_NAMES,
-        "digest": digests.pop(),
+        "digest": top.digest,
         "delta_json_bytes": len(delta.to_json().encode()),
     }
     return review_of(spec), what
