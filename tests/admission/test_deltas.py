@@ -395,3 +395,23 @@ def test_one_delta_under_many_names_is_read_once_and_its_signature_checked_under
         with pytest.raises(ImageRejected, match="no trusted signature"):
             verifier(stranger.tagged)
         assert len(parsed) == 1
+
+
+def test_a_signed_image_that_is_no_delta_at_the_delta_root_is_denied() -> None:
+    """Governed and verified, but as an image: its files are no delta admission judged."""
+    doc = _example()
+    verifier = Verifier(doc)
+    image_volume = verifier.delta_ref
+
+    def as_image(reference: str) -> Any:
+        if reference in (image_volume, f"{parse_reference(reference).name}@{verifier.delta_digest}"):
+            ref = parse_reference(reference)
+            return FakeVerified(
+                reference, ref.name, verifier.delta_digest, verifier.key, BASE_MANIFEST, "ci@example.com", {}
+            )
+        return Verifier.__call__(verifier, reference)
+
+    for endpoint in Endpoint:
+        response = _review(copy.deepcopy(doc), as_image, endpoint)  # type: ignore[arg-type]
+        assert response["allowed"] is False, response
+        assert "only a verified cache delta's image volume belongs there" in response["status"]["message"]
