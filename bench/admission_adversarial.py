@@ -731,6 +731,8 @@ def multiplied_delta_row(server: Server, refs: Refs, work: Path) -> tuple[dict[s
     delta.json once, and the pod reads one at a time (admission.delta_reads)."""
     doc, what = multiplied_delta(refs, work)
     body = encode(doc)
+    # Pushing took minutes: the server has closed the idle kept-alive connections by now.
+    server.reconnect(1)
     measured, start, end = row(server, [body] * len(server.connections))
     entry = {
         "shape": "multiplied_delta",
