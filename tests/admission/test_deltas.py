@@ -415,3 +415,10 @@ def test_a_signed_image_that_is_no_delta_at_the_delta_root_is_denied() -> None:
         response = _review(copy.deepcopy(doc), as_image, endpoint)  # type: ignore[arg-type]
         assert response["allowed"] is False, response
         assert "only a verified cache delta's image volume belongs there" in response["status"]["message"]
+
+
+def test_a_mount_named_by_junk_is_no_traceback() -> None:
+    doc = _example()
+    _container(doc)["volumeMounts"].append({"name": ["x"], "mountPath": f"{DELTA_ROOT}/delta.json"})
+    # A bad request, said of the field (d6fcc27: "internal error while deciding", a TypeError).
+    _denied_everywhere(doc, "malformed apps/Deployment: containers[0].volumeMounts[2].name must be a string")

@@ -16,8 +16,9 @@ A container that sets ``$KERNELBAKE_DELTA_DIGEST`` without mounting a verified d
 the variable is what makes ``serve`` trust the files at ``DELTA_ROOT``, so only a verification
 may set it. Every entry of it counts, in every container kind (Kubernetes gives a container the
 last of a name listed twice, so judging the first let a second pin a delta nobody signed), and
-so does every mount at or inside ``DELTA_ROOT``: only the verified delta's volume, whole. ``serve`` then still checks every file's sha256, the key, the base bundle and that no
-baked file changes (``runtime.delta``); nothing here reads the files.
+so does every mount at or inside ``DELTA_ROOT``: only the verified delta's volume, whole.
+``serve`` then still checks every file's sha256, the key, the base bundle and that no baked
+file changes (``runtime.delta``); nothing here reads the files.
 """
 
 from __future__ import annotations
@@ -118,7 +119,12 @@ def _mount_problems(
 ) -> tuple[list[Any], list[str]]:
     """The container's mounts of verified deltas, and what is wrong with its mounts at or
     inside ``DELTA_ROOT`` (anything but one verified delta, whole, at the root)."""
-    mounts = [m for m in c.get("volumeMounts") or [] if isinstance(m, dict)]
+    # A name that is no string (a pod author's junk) names no volume, verified or not.
+    mounts = [
+        {**m, "name": m["name"] if isinstance(m.get("name"), str) else None}
+        for m in c.get("volumeMounts") or []
+        if isinstance(m, dict)
+    ]
     problems = [
         f"{where}: volume {str(m.get('name'))[:80]!r} is mounted at {str(m.get('mountPath'))[:80]!r}, where serve "
         "reads the cache delta it merges; only a verified cache delta's image volume belongs there, whole"

@@ -85,7 +85,8 @@ def _mount_problems(
         for i, m in enumerate(_items(obj, field, where)):
             written = _string(m, key, f"{where}.{field}[{i}]")
             path = normal(written)
-            said = f"{c.where}: {field}[{i}] ({_shown(_string(m, 'name', where))}) at {_shown(written)}"
+            name = _string(m, "name", f"{where}.{field}[{i}]")
+            said = f"{c.where}: {field}[{i}] ({_shown(name)}) at {_shown(written)}"
             if covered := _COVERING.get(path):
                 yield (
                     f"{said} covers {' and '.join(covered)}, which kernelbake serve trusts as the signed "
