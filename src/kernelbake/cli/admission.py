@@ -44,6 +44,7 @@ def _logging(level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.admission import workers
+    from kernelbake.admission.delta_reads import BUDGET as DELTA_BUDGET
     from kernelbake.admission.large_bodies import BodyBudget
     from kernelbake.admission.policy import load_admission_policy
     from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
@@ -95,12 +96,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
 
-    # Made before the fork: the workers share the pod's memory, so they share this budget.
+    # Made before the fork: the workers share the pod's memory, so they share these budgets.
     bodies = BodyBudget(MAX_BODY)
+    deltas = BodyBudget(DELTA_BUDGET)
 
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
-        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
+        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env(), delta_budget=deltas))
         server = AdmissionServer(
             admitter, cert=cert, key=key, sock=sock, bodies=bodies, max_connections=args.max_connections
         )

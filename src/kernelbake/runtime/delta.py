@@ -3,12 +3,14 @@
 The delta is mounted at ``DELTA_ROOT`` (an image volume of the delta artifact). Before the
 engine opens any cache, and only on a warm start from the baked caches, ``serve`` checks:
 
-1. ``delta.json`` is the one whoever created the pod verified: its sha256 equals
+1. nothing is mounted inside ``DELTA_ROOT`` (``/proc/self/mountinfo``): every file comes from the
+   delta's own volume, not from a pod that mounted files over it and pinned those;
+2. ``delta.json`` is the one whoever created the pod verified: its sha256 equals
    ``$KERNELBAKE_DELTA_DIGEST`` (admission sets it after the signature, the key and the base
    image digest; kernelbake cannot tell who set it, so it is as trustworthy as the pod spec,
    like ``$KERNELBAKE_MANIFEST_DIGEST``);
-2. its key is target.json's, and its base manifest is the manifest this image pins;
-3. its files lie in the engine's cache kinds, none gives a baked path other bytes (nor a file
+3. its key is target.json's, and its base manifest is the manifest this image pins;
+4. its files lie in the engine's cache kinds, none gives a baked path other bytes (nor a file
    already in the cache root), and every file's size and sha256 match.
 
 Then its files are copied into the cache root the engine will use (each hashed again as it is
@@ -37,7 +39,7 @@ from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.manifest import FileEntry, Manifest
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
-from kernelbake.runtime import pin
+from kernelbake.runtime import pin, trusted
 from kernelbake.runtime.bundle import copy_file
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.integrity import NotPlain, file_problems, open_beneath, read_file
@@ -91,6 +93,13 @@ def _refused(env: RuntimeEnv, why: str, digest: str | None = None) -> DeltaOutco
 def _read(env: RuntimeEnv) -> tuple[DeltaManifest, str]:
     """delta.json, pinned; ``BadInput`` says why it cannot be used."""
     where = env.delta_root / DELTA_MANIFEST
+    # The pin says which delta.json to accept, not whose: a pod that mounts its own files
+    # inside the delta's volume (subPath) and pins them would pass every check below.
+    if inside := trusted.mounts_inside(env.delta_root):
+        raise BadInput(
+            "; ".join(inside[:_SHOWN])
+            + (f"; and {len(inside) - _SHOWN} more" if len(inside) > _SHOWN else "")
+        )
     try:
         with open_beneath(env.delta_root, DELTA_MANIFEST) as fd:
             if os.fstat(fd).st_size > MAX_MANIFEST_BYTES:

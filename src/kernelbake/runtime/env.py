@@ -124,6 +124,48 @@ VARIABLES = (
 )
 
 
+# The environment this process was started with, as execve gave it: a list, which may name a
+# variable twice where os.environ (a dict) shows one of them.
+ENVIRON_BLOCK = Path("/proc/self/environ")
+
+
+def _environ_block() -> bytes | None:
+    """The raw environment block, or None where there is no /proc (outside Linux)."""
+    try:
+        return ENVIRON_BLOCK.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _repeated(block: bytes, names: frozenset[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for entry in block.split(b"\0"):
+        name = entry.partition(b"=")[0].decode(errors="replace")
+        if name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return {n: c for n, c in counts.items() if c > 1}
+
+
+def _unambiguous() -> None:
+    """Refuse a start whose environment names one of the runtime's variables more than once:
+    Python keeps the first, Kubernetes (and a shell) the last, so whoever checked the pod may
+    have judged another value than the one read here."""
+    try:
+        block = _environ_block()
+    except OSError as exc:
+        raise BadInput(
+            f"{ENVIRON_BLOCK} cannot be read ({exc.strerror}), so whether a variable is set twice is unknown"
+        ) from None
+    if block is None:
+        return
+    if repeated := _repeated(block, frozenset(v.name for v in VARIABLES)):
+        said = ", ".join(f"${n} {c} times" for n, c in sorted(repeated.items()))
+        raise BadInput(
+            f"the environment sets {said} ({ENVIRON_BLOCK}): which one counts depends on who reads it; "
+            "set each once"
+        )
+
+
 def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
     try:
         return cls(raw.lower())
@@ -197,6 +239,8 @@ class RuntimeEnv:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeEnv:
+        if environ is None:
+            _unambiguous()
         env = DeclaredEnv(os.environ if environ is None else environ, VARIABLES)
         token = env.get("HF_TOKEN") or None
         if token is None and HF_TOKEN_SECRET.is_file():

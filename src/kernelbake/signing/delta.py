@@ -21,6 +21,7 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,11 +315,15 @@ class VerifiedDelta:
         }
 
 
-def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
-    where = pinned.pinned()
+def _manifest_descriptor(where: str, layers: list[Descriptor]) -> Descriptor:
     if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
         raise DeltaRefused(f"{where}: a delta has two tar layers (files, then {DELTA_MANIFEST} alone)")
-    last = layers[-1]
+    return layers[-1]
+
+
+def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
+    where = pinned.pinned()
+    last = _manifest_descriptor(where, layers)
     if last.size > MAX_MANIFEST_BYTES + (64 << 10):
         raise DeltaRefused(
             f"{where}: its {DELTA_MANIFEST} layer is {last.size} B, more than a delta's may be"
@@ -341,14 +346,39 @@ def is_delta(client: RegistryClient, reference: str) -> bool:
     return top.artifact_type == ARTIFACT_TYPE
 
 
-def read_delta(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedDelta:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeltaFacts:
+    """What a verification keeps of delta.json: its digest and summary, not its entries (a
+    100,000-file delta.json is some 70 MiB of objects while it is parsed)."""
+
+    manifest_digest: str
+    key: CacheKey
+    base_image: str | None
+    base_manifest: str
+    files: int
+    bytes: int
+
+
+# (the delta.json layer's digest and size, the read that fetches and parses it) -> its facts.
+# The default runs the read; admission shares one read per digest between the names a blob is
+# copied under and bounds the reads a pod runs at once (``admission.delta_reads``).
+ParseOnce = Callable[[str, int, Callable[[], DeltaFacts]], DeltaFacts]
+
+
+def _each_time(digest: str, size: int, read: Callable[[], DeltaFacts]) -> DeltaFacts:
+    return read()
+
+
+def read_delta(
+    client: RegistryClient, reference: str, policy: VerifyPolicy, *, parse: ParseOnce = _each_time
+) -> VerifiedDelta:
     """A trusted signature on the delta's digest and its shape (``_read``)."""
-    return _read(client, reference, policy)[0]
+    return _read(client, reference, policy, parse)[0]
 
 
 def _read(
-    client: RegistryClient, reference: str, policy: VerifyPolicy
-) -> tuple[VerifiedDelta, DeltaManifest]:
+    client: RegistryClient, reference: str, policy: VerifyPolicy, parse: ParseOnce = _each_time
+) -> tuple[VerifiedDelta, DeltaManifest | None]:
     """A trusted signature on the delta's digest (junk and foreign referrers passed over, as
     for images), its ``artifactType``, its two layers, delta.json that names the manifest's
     subject as its base. Raises a ``VerificationFailed`` subclass."""
@@ -367,32 +397,49 @@ def _read(
     subject = top.subject
     if subject is None:
         raise DeltaRefused(f"{where}: no subject, so not layered on any image")
-    with registry_errors(where, missing_is_image=False):
-        data = _manifest_layer(client, pinned, top.layers)
-    try:
-        delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
-    except InvalidDelta as exc:
-        raise DeltaRefused(str(exc)) from None
-    if delta.base_image != subject.digest:
-        raise DeltaRefused(
-            f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, its subject is {subject.digest}"
+    layer = _manifest_descriptor(where, top.layers)
+    parsed: list[DeltaManifest] = []
+
+    def read() -> DeltaFacts:
+        with registry_errors(where, missing_is_image=False):
+            data = _manifest_layer(client, pinned, top.layers)
+        try:
+            delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
+        except InvalidDelta as exc:
+            raise DeltaRefused(str(exc)) from None
+        parsed.append(delta)
+        return DeltaFacts(
+            manifest_digest=sha256_digest(data),
+            key=delta.key,
+            base_image=delta.base_image,
+            base_manifest=delta.base_manifest,
+            files=len(delta.files),
+            bytes=delta.total_bytes,
         )
-    found = sha256_digest(data)
+
+    # The layer's digest names its bytes (get_blob checks them), so its facts are the same
+    # under every name the blob is copied to.
+    facts = parse(layer.digest, layer.size, read)
+    if facts.base_image != subject.digest:
+        raise DeltaRefused(
+            f"{where}: {DELTA_MANIFEST} names the base {facts.base_image}, its subject is {subject.digest}"
+        )
+    found = facts.manifest_digest
     if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
         raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
     verified = VerifiedDelta(
         reference=where,
         digest=top.digest,
-        key=delta.key,
+        key=facts.key,
         base_digest=subject.digest,
-        base_manifest=delta.base_manifest,
+        base_manifest=facts.base_manifest,
         manifest_digest=found,
         signer=signed.signer,
-        files=len(delta.files),
-        bytes=delta.total_bytes,
+        files=facts.files,
+        bytes=facts.bytes,
         skipped=tuple(f"{s.origin}: {s.reason}" for s in signed.skipped),
     )
-    return verified, delta
+    return verified, (parsed[0] if parsed else None)
 
 
 def verify_delta(
@@ -404,6 +451,7 @@ def verify_delta(
     base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
     verified, delta = _read(client, reference, policy)
+    assert delta is not None  # read each time by default
     if verified.base_digest != base_ref.digest:
         raise DeltaRefused(
             f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"
