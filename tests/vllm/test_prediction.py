@@ -694,9 +694,11 @@ def test_enforce_eager_on_the_h200_is_no_compile_although_vllms_hash_fails(h200:
 def test_a_config_vllm_cannot_hash_still_yields_its_sub_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
-    from kernelbake.runtime.engines.vllm import identity
+    from kernelbake.runtime.engines.vllm import _v0_26, compat_layer, identity
 
-    # vLLM's hash functions are not here: record nothing, name no fields.
+    # A release whose configs only hash (0.26), without vLLM's hash functions here: record
+    # nothing, name no fields.
+    monkeypatch.setattr(compat_layer, "lookups", lambda: _v0_26.LOOKUPS)
     monkeypatch.setattr(identity, "_recording", lambda: contextlib.nullcontext([]))
     monkeypatch.setattr(identity, "_fields", lambda config: {})
 

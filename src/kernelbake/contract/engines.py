@@ -189,6 +189,7 @@ VLLM = EngineDeclaration(
         ("0.26.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_26"),
         ("0.32.0", Build.CPU, "kernelbake.runtime.engines.vllm._v0_32"),
         ("0.32.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_32"),
+        ("0.34.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_34"),
     ),
 )
 

@@ -57,6 +57,9 @@ class VllmLookups:
     env_compile_factors: Callable[[], dict[str, Any]]
     # The compiler vLLM compiles the model with, for a compilation config.
     make_compiler: Callable[[Any], Any]
+    # That compiler's own hash for a VllmConfig (0.26: ``compute_hash``; 0.34 hashes its
+    # ``compile_factors`` as its backend does).
+    compiler_hash: Callable[[Any, Any], str]
     # What vLLM's AOT-compile hash includes, for a VllmConfig.
     aot_compile_hash_factors: Callable[[Any], Any]
     # The Inductor factors the compiler's hash includes (system, torch key, configs).
@@ -77,6 +80,12 @@ class VllmLookups:
     backend_class: Callable[[], Any]
     # ``UsageContext.OPENAI_API_SERVER``: what compile-only and ``check`` start the engine as.
     api_server_usage: Callable[[], Any]
+    # The config's own named factors (``{"hash", "configs": {name: {"hash", "factors"}}, "other"}``)
+    # where the release says them itself (0.34: ``compile_factors()``); None where identity.py
+    # records them from ``compute_hash`` (0.26, 0.32).
+    own_config_factors: Callable[[Any], dict[str, Any]] | None
+    # The top-level config hash compile-only reports.
+    config_hash: Callable[[Any], str]
     # The in-process engine class (``LLMEngine``: ``from_engine_args``).
     engine_class: Callable[[], Any]
     # ``SamplingParams``, for the warm-up requests.
