@@ -846,3 +846,79 @@ def test_the_benchmark_note_is_not_taken_for_a_compile_line() -> None:
     note = text.splitlines()[1]
     assert "benchmarked the launch configs of 1 baked kernels again" in note
     assert flow.compile_lines([(1.0, note)], 0.0) == []
+
+
+# -- the engine's own cache_key_factors.json (vLLM 0.34 writes every factor beside its cache) --
+
+
+def _factors(**env: str) -> dict[str, Any]:
+    return {
+        "env": {"VLLM_USE_AOT_COMPILE": "1", **env},
+        "config": {"model": {"dtype": "bfloat16", "max_model_len": 4096}, "version": "0.34.0"},
+        "code": {"files": [{"path": "/x/llama.py", "hash": "c1"}]},
+        "compiler": {"inductor": ["sys", "key"]},
+        "config_hash": "cfg1",
+        "code_hash": "code1",
+        "compiler_hash": "comp1",
+    }
+
+
+def _with_engine_factors(doc: dict[str, Any], factors: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    out["engine_factors"] = {
+        "file": "torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json",
+        **factors,
+    }
+    return out
+
+
+def test_where_the_engine_wrote_its_factors_the_prediction_diffs_those_and_says_so(
+    h200: dict[str, Any],
+) -> None:
+    base = h200["cases"]["baseline"]["identity"]
+    changed = _factors(VLLM_FUSED_MOE_CHUNK_SIZE="1024")
+    changed["config_hash"] = "cfg2"
+    p = predict(
+        _with_engine_factors(h200["baked"], _factors()), _with_engine_factors(base, changed), h200["kinds"]
+    )
+    verdict = p.kind("vllm")
+    assert verdict is not None and verdict.outcome is Outcome.MISS
+    # Named by the engine's own factor, its hash left out while a factor explains it.
+    assert [c.factor for c in verdict.changes] == ["cache_key_factors.env.VLLM_FUSED_MOE_CHUNK_SIZE"]
+    assert p.to_json()["factors"] == (
+        "engine: torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json"
+    )
+    assert "vLLM's own cache_key_factors.json" in p.lines()[0]
+
+
+def test_the_engines_own_factors_win_over_kernelbakes_recorded_ones(h200: dict[str, Any]) -> None:
+    # kernelbake's recorded identity differs where the engine's own factors do not: the
+    # engine's cache directory is named by its factors, so it finds the baked graphs.
+    base = copy.deepcopy(h200["cases"]["baseline"]["identity"])
+    base["env"]["factors"]["VLLM_SOMETHING_KERNELBAKE_SAW"] = "1"
+    base["env"]["hash"] = "different"
+    without = predict(h200["baked"], base, h200["kinds"])
+    assert without.kind("vllm").outcome is Outcome.MISS  # type: ignore[union-attr]
+    assert without.to_json()["factors"] == "kernelbake: the identity recorded at build"
+    p = predict(
+        _with_engine_factors(h200["baked"], _factors()), _with_engine_factors(base, _factors()), h200["kinds"]
+    )
+    assert p.kind("vllm").outcome is Outcome.HIT, p.lines()  # type: ignore[union-attr]
+
+
+def test_the_baked_factors_file_is_found_under_the_vllm_cache(tmp_path: Path) -> None:
+    from kernelbake.runtime.engines.vllm.predict import engine_factors_baked
+
+    assert engine_factors_baked(tmp_path) is None
+    for prefix in ("backbone", "eagle_head"):
+        d = tmp_path / "torch_compile_cache" / "ab12" / "rank_0_0" / prefix
+        d.mkdir(parents=True)
+        (d / "cache_key_factors.json").write_text(json.dumps(_factors()))
+    found = engine_factors_baked(tmp_path)
+    assert found is not None
+    assert found["file"] == "torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json"
+    assert found["env"] == _factors()["env"]
+    (
+        tmp_path / "torch_compile_cache" / "ab12" / "rank_0_0" / "backbone" / "cache_key_factors.json"
+    ).write_text("{")
+    assert engine_factors_baked(tmp_path)["file"].endswith("eagle_head/cache_key_factors.json")  # type: ignore[index]

@@ -98,6 +98,9 @@ class Prediction:
     note: str = ""
     # The engine's identity now, already redacted (``check --identity-out`` writes it).
     identity: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Whose torch.compile factors were compared: the engine's own file beside its cache
+    # (``engine: PATH``), or the identity kernelbake recorded at build (``kernelbake: …``).
+    factors: str = ""
 
     @property
     def hit(self) -> bool:
@@ -137,6 +140,7 @@ class Prediction:
             "kinds": [k.to_json() for k in self.kinds],
             "reasons": self.reasons,
             **({"note": self.note} if self.note else {}),
+            **({"factors": self.factors} if self.factors else {}),
         }
 
     @classmethod
@@ -150,12 +154,22 @@ class Prediction:
             )
             for k in doc["kinds"]
         )
-        return cls(source=Source(doc["source"]), kinds=kinds, note=str(doc.get("note", "")))
+        return cls(
+            source=Source(doc["source"]),
+            kinds=kinds,
+            note=str(doc.get("note", "")),
+            factors=str(doc.get("factors", "")),
+        )
 
     def lines(self) -> list[str]:
         if self.source is Source.NONE:
             return [f"no prediction: {self.note}"]
-        how = "vLLM's own cache keys" if self.source is Source.ENGINE else "the image key only (FALLBACK)"
+        if self.source is not Source.ENGINE:
+            how = "the image key only (FALLBACK)"
+        elif self.factors.startswith(_ENGINE_FACTORS):
+            how = f"vLLM's own cache_key_factors.json ({self.factors.removeprefix(_ENGINE_FACTORS)})"
+        else:
+            how = "vLLM's own cache keys"
         out = [f"prediction from {how}: {self.predicted.upper()}" + (f" ({self.note})" if self.note else "")]
         for k in self.kinds:
             if k.outcome is Outcome.EMPTY:
@@ -241,6 +255,24 @@ def _hashed(baked: Mapping[str, Any], now: Mapping[str, Any], name: str) -> list
     if baked.get("hash") == now.get("hash") and "error" not in now:
         return []
     return diff(baked.get("factors", {}), now.get("factors", {}), name) or diff(baked, now, name)
+
+
+_ENGINE_FACTORS = "engine: "
+_RECORDED_FACTORS = "kernelbake: the identity recorded at build"
+
+
+def engine_factor_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change] | None:
+    """Where both sides carry the factors vLLM itself keyed its compile cache on (the
+    ``cache_key_factors.json`` it wrote beside the baked graphs, and the same factors computed
+    by its own functions now: ``engine_factors``), every factor that differs, by name; its
+    hashes only where no factor explains them. None where either side lacks them."""
+    b, n = baked.get("engine_factors"), now.get("engine_factors")
+    if not isinstance(b, Mapping) or not isinstance(n, Mapping):
+        return None
+    shared = set(b) & set(n) - {"file"}
+    changes = diff({k: b[k] for k in shared}, {k: n[k] for k in shared}, "cache_key_factors")
+    named = [c for c in changes if not c.factor.endswith("_hash")]
+    return named or changes
 
 
 def torch_compile_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
@@ -386,7 +418,13 @@ def predict(
     ``baked_kinds``: the kinds the bundle holds files of (others are ``EMPTY``). ``now`` may
     carry ``inductor_trace``, Inductor's own answer after a trace (``kernelbake check`` on
     the CPU build)."""
-    tc = torch_compile_changes(baked, now)
+    engine_tc = engine_factor_changes(baked, now)
+    tc = torch_compile_changes(baked, now) if engine_tc is None else engine_tc
+    factors = (
+        _RECORDED_FACTORS
+        if engine_tc is None
+        else _ENGINE_FACTORS + str(baked["engine_factors"].get("file", "?"))
+    )
     off, off_note = compile_off(baked, now)
     config_changes = _config_changes(baked.get("config", {}), now.get("config", {}))
     if off:
@@ -434,7 +472,7 @@ def predict(
         verdicts.found.append(
             KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")
         )
-    return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now)
+    return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now, factors=factors)
 
 
 class _Verdicts:

@@ -553,6 +553,7 @@ LOOKUPS = VllmLookups(
     make_compiler=_make_compiler,
     compiler_hash=_compiler_hash,
     own_config_factors=None,
+    cache_key_factors=None,
     config_hash=_config_hash,
     aot_compile_hash_factors=_aot_compile_hash_factors,
     inductor_factors=_inductor_factors,

@@ -49,6 +49,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("vllm.compilation.compiler_interface:get_inductor_factors", ("use_aot_compile",)),
     Hook("vllm.compilation.compiler_interface:CompilerInterface.compile_factors", ("self", "vllm_config")),
     Hook("vllm.config:VllmConfig.compile_factors", ("self", "include_version")),
+    # What cache_key_factors.json holds, computed now (predict.engine_factors_now).
+    Hook("vllm.compilation.caching:compute_env_and_config_hashes", ("vllm_config",)),
+    Hook("vllm.compilation.caching:get_code_factors", ("contents",)),
+    Hook("vllm.compilation.caching:read_code_files", ("files",)),
 )
 
 
@@ -92,6 +96,29 @@ def _own_config_factors(vllm_config: Any) -> dict[str, Any]:
     return {"hash": hash_factors(factors), "configs": configs, "other": jsonable(other)}
 
 
+def _cache_key_factors(vllm_config: Any, code_paths: Sequence[str]) -> dict[str, Any]:
+    """What VllmBackend.__call__ writes to cache_key_factors.json, from the same functions."""
+    from pathlib import Path
+
+    from vllm.compilation.caching import compute_env_and_config_hashes, get_code_factors, read_code_files
+
+    hash_factors = _v0_26.LOOKUPS.hash_factors
+    _env_hash, config_hash, env_factors, config_factors = compute_env_and_config_hashes(vllm_config)
+    compiler_factors = _make_compiler(vllm_config.compilation_config).compile_factors(vllm_config)
+    code = get_code_factors(read_code_files(Path(p) for p in code_paths))
+    doc = {
+        "env": env_factors,
+        "config": config_factors,
+        "code": {"files": code},
+        "compiler": compiler_factors,
+        "config_hash": config_hash,
+        "code_hash": hash_factors({"files": code}),
+        "compiler_hash": hash_factors(compiler_factors),
+    }
+    # As json.dump wrote the baked side: tuples are lists there.
+    return dict(json.loads(json.dumps(doc, sort_keys=True, default=repr)))
+
+
 LOOKUPS = dataclasses.replace(
     _v0_26.LOOKUPS,
     make_compiler=_make_compiler,
@@ -99,6 +126,7 @@ LOOKUPS = dataclasses.replace(
     compiler_hash=_compiler_hash,
     config_hash=_config_hash,
     own_config_factors=_own_config_factors,
+    cache_key_factors=_cache_key_factors,
 )
 
 rank_report = _v0_26.rank_report

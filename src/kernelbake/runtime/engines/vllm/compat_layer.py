@@ -84,6 +84,10 @@ class VllmLookups:
     # where the release says them itself (0.34: ``compile_factors()``); None where identity.py
     # records them from ``compute_hash`` (0.26, 0.32).
     own_config_factors: Callable[[Any], dict[str, Any]] | None
+    # What vLLM writes to ``cache_key_factors.json`` beside its compile cache, computed now by
+    # its own functions for a VllmConfig and the traced files (0.34); None where the release's
+    # file holds hashes only (0.26, 0.32), which kernelbake cannot recompute by asking vLLM.
+    cache_key_factors: Callable[[Any, Sequence[str]], dict[str, Any]] | None
     # The top-level config hash compile-only reports.
     config_hash: Callable[[Any], str]
     # The in-process engine class (``LLMEngine``: ``from_engine_args``).
