@@ -227,6 +227,9 @@ def test_a_file_rewritten_in_place_is_evidence_too(tmp_path: Path) -> None:
         (Outcome.BYPASSED, 2, False),
         (Outcome.UNKNOWN, 0, False),
         (Outcome.UNKNOWN, 2, False),
+        # A debug knob: its files are what was predicted, and none is what was not.
+        (Outcome.WRITES, 12, False),
+        (Outcome.WRITES, 0, True),
     ],
 )
 def test_the_self_check_holds_each_level_to_what_it_promises(
@@ -922,3 +925,71 @@ def test_the_baked_factors_file_is_found_under_the_vllm_cache(tmp_path: Path) ->
         tmp_path / "torch_compile_cache" / "ab12" / "rank_0_0" / "backbone" / "cache_key_factors.json"
     ).write_text("{")
     assert engine_factors_baked(tmp_path)["file"].endswith("eagle_head/cache_key_factors.json")  # type: ignore[index]
+
+
+# -- knobs outside every key (runtime.knobs): debug output and forced recompiles ------------
+
+
+def _with_knobs(doc: dict[str, Any], **knobs: tuple[str, str, Any]) -> dict[str, Any]:
+    """``option=(variable, value set, the option's value)``, as runtime.knobs records them."""
+    out = copy.deepcopy(doc)
+    from kernelbake.runtime.knobs import effect
+
+    out.setdefault("compile", {})["unkeyed"] = {
+        "knobs": {
+            option.replace("__", "."): {
+                "value": value,
+                "vars": {var: val},
+                "effect": effect(option.replace("__", ".")).value,
+            }
+            for option, (var, val, value) in knobs.items()
+        },
+        "debug_dir": "/torch_compile_debug",
+    }
+    return out
+
+
+DEBUG = {"torch._inductor.config.trace__enabled": ("TORCH_COMPILE_DEBUG", "1", True)}
+ALWAYS = {"triton.knobs.compilation__always_compile": ("TRITON_ALWAYS_COMPILE", "1", True)}
+
+
+def test_a_debug_knob_on_the_cpu_build_writes_into_the_inductor_cache_and_compiles_nothing(
+    cpu: dict[str, Any],
+) -> None:
+    # As the CPU build's identity records today: its graphs are Inductor's (AOT compile off).
+    baked = {**cpu["baseline"], "graphs": "inductor"}
+    now = _with_knobs(baked, **DEBUG)
+    p = predict(baked, now, CPU_KINDS)
+    verdict = p.kind("inductor")
+    assert verdict is not None and verdict.outcome is Outcome.WRITES, p.lines()
+    assert [str(c) for c in verdict.changes] == [
+        "torch._inductor.config.trace.enabled (TORCH_COMPILE_DEBUG=1): unset → True"
+    ]
+    assert p.predicted == "writes" and p.hit  # nothing compiles; files appear
+    assert p.kind("vllm").outcome is Outcome.HIT  # type: ignore[union-attr]
+
+
+def test_a_debug_knob_on_the_gpu_writes_where_the_graphs_load(h200: dict[str, Any]) -> None:
+    now = _with_knobs(h200["cases"]["baseline"]["identity"], **DEBUG)
+    p = predict(h200["baked"], now, h200["kinds"])
+    assert p.kind("vllm").outcome is Outcome.WRITES, p.lines()  # type: ignore[union-attr]
+    assert p.kind("triton").outcome is Outcome.HIT  # type: ignore[union-attr]
+
+
+def test_triton_always_compile_bypasses_the_triton_cache_and_names_the_variable(h200: dict[str, Any]) -> None:
+    now = _with_knobs(h200["cases"]["baseline"]["identity"], **ALWAYS)
+    p = predict(h200["baked"], now, h200["kinds"])
+    verdict = p.kind("triton")
+    assert verdict is not None and verdict.outcome is Outcome.BYPASSED, p.lines()
+    assert "TRITON_ALWAYS_COMPILE=1" in verdict.changes[0].factor
+    assert p.predicted == "bypassed" and not p.hit
+    # On the CPU build nothing of Triton is baked: the knob changes nothing there.
+    assert predict(cpu_doc := _with_knobs({}, **ALWAYS), cpu_doc, CPU_KINDS).hit
+
+
+def test_a_knob_set_alike_at_build_and_now_or_without_effect_changes_nothing(h200: dict[str, Any]) -> None:
+    same = _with_knobs(h200["baked"], **DEBUG)
+    assert predict(same, _with_knobs(h200["cases"]["baseline"]["identity"], **DEBUG), h200["kinds"]).hit
+    cache_dir = {"triton.knobs.cache__dir": ("TRITON_CACHE_DIR", "/opt/kernelbake/cache/triton", "/x")}
+    p = predict(h200["baked"], _with_knobs(h200["cases"]["baseline"]["identity"], **cache_dir), h200["kinds"])
+    assert p.predicted == "hit", p.lines()

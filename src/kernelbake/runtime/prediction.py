@@ -38,6 +38,9 @@ class Outcome(enum.Enum):
     # and the engine compiles as if it were empty.
     BYPASSED = "bypassed"
     MISS = "miss"
+    # Nothing compiles, but a knob outside every key (``runtime.knobs``: ``TORCH_COMPILE_DEBUG``)
+    # makes the engine write files into this kind's directory as it loads what was baked.
+    WRITES = "writes"
     # Some of this kind's entries still fit, the ones the changed inputs feed compile.
     PARTIAL = "partial"
     # Nothing of this kind was baked, so nothing can be missed.
@@ -46,7 +49,7 @@ class Outcome(enum.Enum):
 
 
 # Outcomes under which nothing of a kind compiles (``kernelbake check`` exits 0).
-NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY})
+NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY, Outcome.WRITES})
 # The overall level of a prediction: the first of these that any kind has (``predicted``).
 _LEVELS = (
     # A bypass is the cause of what then compiles elsewhere (Triton's partial), so it leads.
@@ -54,6 +57,7 @@ _LEVELS = (
     (Outcome.MISS, "miss"),
     (Outcome.PARTIAL, "miss"),
     (Outcome.UNKNOWN, "unknown"),
+    (Outcome.WRITES, "writes"),
     (Outcome.RETRACE, "retrace"),
     (Outcome.SKIPPED, "no-compile"),
 )
@@ -361,6 +365,40 @@ def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Chang
     return out
 
 
+def knob_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> dict[tuple[str, str], list[Change]]:
+    """Knobs outside every key (``runtime.knobs``: recorded per start under ``compile.unkeyed``)
+    that this start sets otherwise than the build did, by (effect, library: ``torch`` or
+    ``triton``), each named with the variables that set it. Knobs without effect are left out."""
+    b = baked.get("compile", {}).get("unkeyed", {}).get("knobs", {})
+    n = now.get("compile", {}).get("unkeyed", {}).get("knobs", {})
+    out: dict[tuple[str, str], list[Change]] = {}
+    for option in sorted(set(b) | set(n)):
+        was, entry = b.get(option, {}), n.get(option, {})
+        effect = entry.get("effect") or was.get("effect")
+        if effect in (None, "none") or was.get("value") == entry.get("value"):
+            continue
+        variables = entry.get("vars") or was.get("vars") or {}
+        named = ", ".join(f"{k}={v}" for k, v in sorted(variables.items()))
+        change = Change(
+            f"{option} ({named})", str(was.get("value", "unset")), str(entry.get("value", "unset"))
+        )
+        out.setdefault((effect, "triton" if option.startswith("triton.") else "torch"), []).append(change)
+    return out
+
+
+def _with_knob_writes(verdicts: _Verdicts, kind: str, writes: Sequence[Change], debug_dir: str) -> None:
+    """Where a knob makes the engine write files as it loads the baked graphs, the kind that
+    holds them (vLLM's artifact on the GPU, Inductor's cache on the CPU build) says so."""
+    at = next((i for i, v in enumerate(verdicts.found) if v.kind == kind), None)
+    if at is None or verdicts.found[at].outcome not in (Outcome.HIT, Outcome.RETRACE):
+        return
+    old = verdicts.found[at]
+    note = "nothing compiles, but the knob writes its debug output for each graph the engine loads" + (
+        f" (torch's debug directory: {debug_dir})" if debug_dir else ""
+    )
+    verdicts.found[at] = KindVerdict(kind, Outcome.WRITES, (*writes, *old.changes), note)
+
+
 def _traced_note(trace: Mapping[str, Any]) -> str:
     took = f", {trace['took_s']} s" if "took_s" in trace else ""
     return f"kernelbake check traced the model and asked Inductor{took}"
@@ -433,7 +471,9 @@ def predict(
         # FlashInfer module is chosen by them.
         config_changes = [c for c in config_changes if not c.factor.startswith(_COMPILE_ONLY_CONFIGS)]
     config_changed = bool(config_changes)
-    bypass = switched_off(baked, now)
+    knobs = knob_changes(baked, now)
+    # A knob that makes torch compile although its cache holds the entry bypasses that cache.
+    bypass = [*switched_off(baked, now), *knobs.get(("recompiles", "torch"), [])]
     verdicts = _Verdicts(frozenset(baked_kinds))
     add, put = verdicts.add, verdicts.put
     # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
@@ -464,10 +504,18 @@ def predict(
     recompiles = (tc or bypass) and not off
     follows = "the graphs recompile: kernels whose generated source changed compile, the rest load"
     triton = diff(baked.get("triton", {}), now.get("triton", {}), "triton")
-    add("triton", triton, follows if recompiles and not graphs_in_inductor else "")
+    if always := knobs.get(("recompiles", "triton")):
+        put(KindVerdict("triton", Outcome.BYPASSED, (*always, *triton), "Triton compiles every kernel again"))
+    else:
+        add("triton", triton, follows if recompiles and not graphs_in_inductor else "")
     fi = diff(baked.get("flashinfer", {}), now.get("flashinfer", {}), "flashinfer")
     fi += [Change("flashinfer build.ninja path", p, "missing") for p in now.get("ninja_paths_missing", [])]
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")
+    if writes := knobs.get(("writes", "torch")):
+        debug_dir = str(now.get("compile", {}).get("unkeyed", {}).get("debug_dir", ""))
+        _with_knob_writes(
+            verdicts, "inductor" if now.get("graphs") == "inductor" else "vllm", writes, debug_dir
+        )
     for kind in sorted(verdicts.present - {v.kind for v in verdicts.found}):
         verdicts.found.append(
             KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")

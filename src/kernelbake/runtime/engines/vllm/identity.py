@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from pathlib import Path
 from typing import Any
 
-from kernelbake.runtime import redact
+from kernelbake.runtime import knobs, redact
 from kernelbake.runtime.engines.vllm import compat_layer
 
 SCHEMA = 1
@@ -338,6 +338,8 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
         "backend": str(cc.backend),
         "switches": switches,
         "dirs": dirs,
+        # Debug and force-recompile knobs of torch and Triton that no key includes.
+        "unkeyed": knobs.unkeyed_knobs(os.environ),
     }
 
 
