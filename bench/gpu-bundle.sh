@@ -59,7 +59,10 @@ for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manyl
          manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do plat+=(--platform "$p"); done
 export PIP_CONSTRAINT=
 # Kept in $work between runs: pip downloads only what is missing.
-"$py" -m pip download -q --no-deps "${plat[@]}" -d "$work/whl" "vllm==$release" -r "$req"
+if ! "$py" -m pip download -q --no-deps "${plat[@]}" -d "$work/whl" "vllm==$release" -r "$req"; then
+  echo "gpu-bundle.sh: pip could not download every wheel of $req (its error above): no bundle" >&2
+  exit 3
+fi
 
 # The wheels named (one file per line of the list, the vLLM wheel first).
 wheels=$("$py" - "$work/whl" "$release" "$req" <<'PY'
