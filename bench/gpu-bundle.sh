@@ -34,11 +34,16 @@
 #     them on a text model on Hopper (the check script prints what torch says);
 #   cuSPARSELt 0.8.0 vs 0.8.1: 0.8.0 exports all 16 symbols torch imports; NVSHMEM 3.4.5: the same pin.
 #
-# Device calls (the chunk count is what this script prints; .gpu/ctx, if any, with the last):
+# Device calls. For 0.32.0 (run here on 2026-12-04 at XZ_LEVEL 0, tree 11 MiB): 22 chunks, 21 of
+# 48.0 MiB and one of 40.3 MiB, 1,099,185,856 bytes of xz in all (the site directory is 2.9 GiB);
+# .gpu/ctx, if a run needs it, travels with the last:
 #   run(carry=[".gpu/bundle/chunk1"]): bash bench/device.sh stash chunk1
-#   ...                                 (one call per chunk, chunk2 .. chunkN-1)
-#   run(carry=[".gpu/bundle/chunkN"]): bash bench/device.sh install &&
+#   run(carry=[".gpu/bundle/chunk2"]): bash bench/device.sh stash chunk2
+#   ...                                 (one call per chunk, up to chunk21)
+#   run(carry=[".gpu/bundle/chunk22", ".gpu/ctx"]): bash bench/device.sh install &&
 #       bash bench/device.sh start NAME -- python3 ... && bash bench/device.sh collect 540
+# Every chunk must be stashed on the same machine (it keeps nothing between leases): if the
+# lease lapses midway, start again from chunk1; install says how many pieces it found.
 # `install` stashes the chunk it is carried with, joins the pieces, checks their digest,
 # unpacks to /tmp/site and runs bench/gpu_bundle_check.py; it stops the call when any fails.
 set -euo pipefail
@@ -100,9 +105,15 @@ if [ "$(cat "$stage/.wheels" 2>/dev/null)" != "$wheels" ]; then
   printf '%s' "$wheels" > "$stage/.wheels"
 fi
 xzfile=$work/site.tar.xz
-# XZ_LEVEL 0 packs torch's libraries 5x faster than 3 for 7 % more bytes (30 MiB of libtorch_cuda.so
-# here: 4.8 MiB in 7 s at 0, 4.5 MiB in 36 s at 3; gzip -6 6.8 MiB); 6 packs smallest.
-tar -C "$stage" --sort=name --exclude=./.wheels -cf - . | xz -T"${XZ_THREADS:-2}" -"${XZ_LEVEL:-0}" > "$xzfile"
+# A stream packed whole from this site directory is kept too (packing takes half an hour on a
+# busy 2-core machine); .packed holds the wheel list it was packed from.
+if [ "$(cat "$xzfile.packed" 2>/dev/null)" != "$wheels" ] || [ ! -f "$xzfile" ]; then
+  rm -f "$xzfile.packed"
+  # XZ_LEVEL 0 packs torch's libraries 5x faster than 3 for 7 % more bytes (30 MiB of
+  # libtorch_cuda.so here: 4.8 MiB in 7 s at 0, 4.5 MiB in 36 s at 3; gzip -6 6.8 MiB).
+  tar -C "$stage" --sort=name --exclude=./.wheels -cf - . | xz -T"${XZ_THREADS:-2}" -"${XZ_LEVEL:-0}" > "$xzfile"
+  printf '%s' "$wheels" > "$xzfile.packed"
+fi
 
 tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 # 64 MiB a call, less the tree and 4 MiB for what the tree gains before the lead runs it.
@@ -128,6 +139,5 @@ doc = {"release": release, "pieces": int(n), "chunk_mib": int(mib), "tree_bytes"
        "versions": {k: dists[k] for k in ("vllm", "torch", "triton", "nvidia-nccl-cu13") if k in dists}}
 print(json.dumps(doc, indent=1, sort_keys=True))
 PY
-rm -f "$xzfile"
 echo "gpu-bundle.sh: vLLM $release in $n chunks of at most $mib MiB (tree $((tree_bytes >> 20)) MiB):"
 du -sb "$out"/chunk* | awk '{printf "  %s %.1f MiB\n", $2, $1 / 1048576}'
