@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from kernelbake._suggest import did_you_mean
-from kernelbake.contract.engines import Build
+from kernelbake.contract.engines import Build, nearest_release
 from kernelbake.contract.key import NONE, Engine
 from kernelbake.contract.platform import Software
 from kernelbake.errors import UnknownName
@@ -101,12 +101,16 @@ class Catalogue:
             pass
         known = sorted({v for (e, v, _b) in self.engines if e is engine}, key=_version_order)
         if version in known:
+            built = [v for (e, v, b) in self.engines if e is engine and b is build]
+            nearest = nearest_release(version, built)
             raise UnknownName(
                 f"{where}: {engine.value} {version} has no {build.value} build in kernelbake's data; "
-                f"supported: {self.supported(engine)}"
+                + (f"the nearest release with one is {nearest}; " if nearest != NONE else "")
+                + f"supported: {self.supported(engine)}"
             )
         raise UnknownName(
             f"{where}: {engine.value} {version!r} is not a supported release; "
+            f"the nearest is {nearest_release(version, known)}; "
             f"supported: {self.supported(engine)} (src/kernelbake/data/engines.yaml)"
         )
 

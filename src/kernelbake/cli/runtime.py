@@ -74,9 +74,10 @@ def _check_lines(result: CheckResult) -> list[str]:
     if not v.warm:
         what = "starting COLD; the baked caches are not used"
     elif outcome is Outcome.HIT:
-        what = "nothing compiles at start" + (
-            "; the model is traced again" if v.predicted == "retrace" else ""
-        )
+        what = "nothing compiles at start" + {
+            "retrace": "; the model is traced again",
+            "writes": "; a knob outside the cache keys writes files into the caches",
+        }.get(v.predicted, "")
     elif outcome is Outcome.NO_COMPILE:
         what = "compilation is off for this start: nothing compiles, and the compile caches are not read"
     elif outcome is Outcome.MISS:

@@ -172,8 +172,9 @@ def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
 
 def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
     """Where the prediction and what vLLM did disagree, one loud line each: a kind predicted
-    to compile nothing (hit, re-trace only, no compile) that got files, or one predicted to
-    compile (miss, bypassed) that got none."""
+    to compile nothing (hit, re-trace only, no compile) that got files, one predicted to
+    compile (miss, bypassed) that got none, or one predicted to get a knob's files (writes)
+    that got none."""
     if prediction is None:
         return []
     did = actual(log, new)
@@ -181,6 +182,14 @@ def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, s
     for verdict in prediction.kinds:
         seen = did.get(verdict.kind)
         if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
+            continue
+        if verdict.outcome is Outcome.WRITES:
+            # A debug knob's files are the prediction; none at all is what contradicts it.
+            if seen == "hit":
+                why = "; ".join(str(c) for c in verdict.changes[:3]) or verdict.note
+                wrong.append(
+                    f"WARNING: prediction wrong: predicted writes ({why}), vLLM wrote nothing in {verdict.kind}"
+                )
             continue
         expected_hit = verdict.outcome in NOTHING_COMPILES
         if expected_hit and seen == "miss":
