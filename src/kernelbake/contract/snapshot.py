@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
-from kernelbake.contract.key import NONE, CacheKey, parse_key
+from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.manifest import bundle_path_problem
 from kernelbake.errors import BadInput
 
@@ -284,7 +284,9 @@ class SnapshotManifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, InvalidSnapshot):
                 raise
-            raise InvalidSnapshot(f"{source}: not a snapshot manifest ({type(exc).__name__}: {exc})") from None
+            raise InvalidSnapshot(
+                f"{source}: not a snapshot manifest ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def _check(m: SnapshotManifest) -> None:
@@ -305,15 +307,3 @@ def _check(m: SnapshotManifest) -> None:
         raise InvalidSnapshot(f"snapshot manifest: health {m.health_port} {m.health_path!r}")
     if not 0 < m.deadline_s <= 3600:
         raise InvalidSnapshot(f"snapshot manifest: deadline_s={m.deadline_s} must be in (0, 3600]")
-
-
-__all__ = [
-    "NONE",
-    "SnapshotKey",
-    "SnapshotManifest",
-    "SnapshotFile",
-    "Weights",
-    "differences",
-    "env_digest",
-    "parse_snapshot_key",
-]
