@@ -44,6 +44,10 @@ SNAPSHOT_DIGEST_ENV = "KERNELBAKE_SNAPSHOT_DIGEST"
 # The image digest the pod runs, as admission saw it; the process cannot learn it otherwise.
 IMAGE_DIGEST_ENV = "KERNELBAKE_IMAGE_DIGEST"
 ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
+# Where the dumped tree's stdout and stderr went: CRIU reopens it by path, at the size it had,
+# so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
+ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
+ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
 # The capabilities CRIU 4.1.1 needs to dump and to restore a process tree inside a container,
 # measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
 # (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes
