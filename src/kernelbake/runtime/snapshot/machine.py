@@ -22,8 +22,10 @@ from kernelbake.runtime.snapshot.driver import Driver
 _CPUINFO = Path("/proc/cpuinfo")
 # Set per container or per pod, never by the user's configuration: left out of serve_env (the
 # restored process keeps the value it was dumped with; none of these reach the engine's work).
+# So are the snapshot's own settings, which only the gate reads.
 VOLATILE_ENV = frozenset(
     {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
+    | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU"}
 )
 
 

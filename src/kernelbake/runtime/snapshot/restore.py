@@ -47,7 +47,7 @@ from kernelbake.contract.snapshot import (
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.snapshot import http
+from kernelbake.runtime.snapshot import http, tree
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
@@ -207,14 +207,25 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     assert manifest is not None
     started = time.monotonic()
     _subreaper()
-    pids = [pid for pid, _ in manifest.tree]
-    work = Path(tempfile.mkdtemp(prefix="kernelbake-restore-", dir=env.scratch))
-    log = Path(ENGINE_LOG)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
+    try:
+        env.scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="kernelbake-restore-", dir=env.scratch))
+        log = Path(ENGINE_LOG)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
+    except OSError as exc:
+        # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
+        say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")
+        return None
     pidfile = work / "root.pid"
     ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
     why = f"criu restore failed (its log: {criu_log})"
+    # CRIU kills what it restored when it fails; after success the tree is the live one below
+    # the root it names (the same pids it was dumped with).
+    root = _root(pidfile) if ok else None
+    pids = tree.descendants(root) if root is not None else []
+    if ok and root is None:
+        ok, why = False, f"criu restore wrote no root pid to {pidfile}"
     if ok:
         try:
             for pid in pids:
@@ -224,10 +235,10 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     restored_s = time.monotonic() - started
     url = f"http://127.0.0.1:{manifest.health_port}{manifest.health_path}"
     deadline = started + manifest.deadline_s
-    if ok and not _healthy(url, deadline, lambda: _alive(pids[0])):
+    if ok and root is not None and not _healthy(url, deadline, lambda: _alive(root)):
         ok, why = False, f"{url} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
     if not ok:
-        _kill(pids)
+        _kill(tree.descendants(root) if root is not None else [])
         path = marker(env, gated.digest)
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +252,16 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         f"{restored_s:.2f} s; {manifest.health_path} answered {time.monotonic() - started:.2f} s after the start "
         f"of the restore; the engine's output goes on in {ENGINE_LOG}"
     )
-    return _supervise(pids[0])
+    assert root is not None
+    return _supervise(root)
+
+
+def _root(pidfile: Path) -> int | None:
+    try:
+        text = pidfile.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 1 else None
 
 
 def _supervise(root: int) -> int:

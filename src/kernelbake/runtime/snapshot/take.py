@@ -206,6 +206,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             driver.checkpoint(pid)
         taken["checkpoint_s"] = time.monotonic() - t
         (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+        env.scratch.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
         t = time.monotonic()
         ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
