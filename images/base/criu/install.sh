@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install CRIU 4.1.1 (Debian trixie) into a private prefix, from the .debs that criu.lock pins
-# by version and sha256. Bookworm's criu 3.17 fails `criu check` on kernels >= 6.13 ("Unexpected
-# rt vDSO area bounds"); trixie's needs glibc >= 2.38, so it runs through trixie's own loader
-# from the prefix, and the system's libc is left alone.
+# Install CRIU 4.2.1 (Debian forky, on trixie's libraries) into a private prefix, from the .debs
+# that criu.lock pins by version and sha256. Bookworm's criu 3.17 fails `criu check` on kernels
+# >= 6.13 ("Unexpected rt vDSO area bounds"); trixie's 4.1.1 passes it but cannot dump a TCP
+# socket on kernels >= 6.16 (lock.sh says why). It needs glibc >= 2.38, so it runs through
+# trixie's own loader from the prefix, and the system's libc is left alone.
 #   install.sh PREFIX            download from $DEBIAN_MIRROR (default http://deb.debian.org/debian)
 #   DEBS=DIR install.sh PREFIX   take the .debs from DIR (no network: a build context, the device)
 # Writes PREFIX/bin/criu, a wrapper that runs criu through that loader, and PREFIX/criu.lock.
@@ -13,6 +14,8 @@ PREFIX=${1:?usage: install.sh PREFIX}
 LOCK=${LOCK:-$HERE/criu.lock}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEBS=${DEBS:-}
+# KEEP=DIR: also leave the checked .debs there (a build context, or the device's bundle).
+KEEP=${KEEP:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -40,14 +43,17 @@ while read -r pkg version sha size path; do
   fi
   n=$((n + 1))
 done < "$LOCK"
+if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp "$work"/*.deb "$KEEP/"; fi
 mkdir -p "$PREFIX/bin"
 for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$PREFIX"; done
 cp "$LOCK" "$PREFIX/criu.lock"
-cat > "$PREFIX/bin/criu" <<WRAP
+cat > "$PREFIX/bin/criu" <<'WRAP'
 #!/bin/sh
-# CRIU from $PREFIX through trixie's loader (criu.lock beside it names every package).
-exec $PREFIX/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \\
-  --library-path $PREFIX/usr/lib/x86_64-linux-gnu:$PREFIX/lib/x86_64-linux-gnu $PREFIX/usr/sbin/criu "\$@"
+# CRIU from this prefix through trixie's loader (criu.lock beside it names every package);
+# relative to this script, so the prefix can be copied or mounted anywhere.
+p=$(cd "$(dirname "$0")/.." && pwd)
+exec "$p/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+  --library-path "$p/usr/lib/x86_64-linux-gnu:$p/lib/x86_64-linux-gnu" "$p/usr/sbin/criu" "$@"
 WRAP
 chmod 0755 "$PREFIX/bin/criu"
 echo "criu: $n packages checked and unpacked into $PREFIX; $("$PREFIX/bin/criu" --version | head -1)"

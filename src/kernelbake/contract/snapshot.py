@@ -48,7 +48,7 @@ ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
 # so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
 ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
 ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
-# The capabilities CRIU 4.1.1 needs to dump and to restore a process tree inside a container,
+# The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
 # measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
 # (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes
 # unshare a network namespace; PTRACE_O_SUSPEND_SECCOMP), NET_ADMIN (the network lock's

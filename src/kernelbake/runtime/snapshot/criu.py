@@ -1,8 +1,9 @@
 """CRIU, run through ``kernelbake.runner.run`` (injectable): its version, what ``criu check
 --all`` finds missing (both in the snapshot key), ``dump`` and ``restore``.
 
-The binary is the private prefix ``images/base/criu/install.sh`` writes (trixie's CRIU 4.1.1
-through trixie's loader; bookworm's 3.17 fails on kernels >= 6.13)."""
+The binary is the private prefix ``images/base/criu/install.sh`` writes (CRIU 4.2.1 through
+trixie's loader: bookworm's 3.17 fails ``criu check`` on kernels >= 6.13, trixie's 4.1.1 cannot
+dump a TCP socket on kernels >= 6.16)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ DEFAULT_CRIU = Path("/opt/kernelbake/criu/bin/criu")
 _VERSION = re.compile(r"Version:\s*(\S+)")
 # "(00.088305) Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone.
 _FINDING = re.compile(r"(?:Warn|Error)\s+\([^)]*\):\s*(.+)")
-# Options every dump and restore takes: a listening socket is kept (no client connections
-# are allowed at dump time), and file locks (vLLM's and torch's lock files) are restored.
-_COMMON = ("--tcp-listen", "--file-locks")
+# Options every dump and restore takes: file locks (vLLM's and torch's lock files) are kept.
+# Listening sockets are dumped by default; established ones are not (none at dump time).
+_COMMON = ("--file-locks",)
 
 
 class Criu:

@@ -42,6 +42,12 @@ from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
 
 
+# CRIU restores every process with the pid it had. The restoring container's own processes
+# (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
+# tree is started above them.
+PID_FLOOR = 1000
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Options:
     image: str  # sha256:… of the image this runs in (the host knows it; the process cannot)
@@ -54,6 +60,8 @@ class Options:
     ready_timeout_s: float = 600.0
     deadline_s: float = 30.0
     quiet_timeout_s: float = 30.0
+    # The tree to start; empty: ``kernelbake serve USER_ARGS`` (what the CLI always takes).
+    command: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,8 +185,9 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     if log.exists():
         log.unlink()
     base = f"http://127.0.0.1:{options.port}"
-    argv = [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
+    argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     taken: dict[str, float] = {}
+    tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
     proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
     pids: list[int] = [proc.pid]

@@ -4,6 +4,7 @@ tests give a fake one."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kernelbake.runtime.redact import is_secret
@@ -34,6 +35,23 @@ def descendants(root: int, proc: Path = PROC) -> list[int]:
         out.append(pid)
         todo.extend(sorted(children.get(pid, [])))
     return out
+
+
+def raise_pids(floor: int, proc: Path = PROC) -> None:
+    """Use up pids until the next one is above ``floor`` (a fresh pid namespace starts at 1;
+    ``ns_last_pid`` is read-only in a container). Each is a child that exits at once."""
+    while True:
+        try:
+            last = int((proc / "sys/kernel/ns_last_pid").read_text())
+        except (OSError, ValueError):
+            return
+        if last >= floor:
+            return
+        for _ in range(min(256, floor - last)):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
 
 
 def cmdline(pid: int, proc: Path = PROC) -> list[str]:
