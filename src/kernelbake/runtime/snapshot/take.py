@@ -41,7 +41,6 @@ from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
 
-
 # CRIU restores every process with the pid it had. The restoring container's own processes
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
 # tree is started above them.
