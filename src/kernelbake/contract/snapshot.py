@@ -48,6 +48,11 @@ ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
 # so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
 ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
 ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
+# The container's /dev/shm is a tmpfs of its own, outside the image, so CRIU reopens the files
+# there by path (vLLM's shared-memory message queues between the API server, engine core and
+# workers): take copies them, as they were at the dump, and the restore puts them back first.
+SHM_DIR = "/dev/shm"
+SHM_COPY = f"{IMAGES_DIR}/dev-shm"
 # The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
 # measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
 # (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes

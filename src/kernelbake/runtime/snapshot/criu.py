@@ -18,9 +18,11 @@ DEFAULT_CRIU = Path("/opt/kernelbake/criu/bin/criu")
 _VERSION = re.compile(r"Version:\s*(\S+)")
 # "(00.088305) Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone.
 _FINDING = re.compile(r"(?:Warn|Error)\s+\([^)]*\):\s*(.+)")
-# Options every dump and restore takes: file locks (vLLM's and torch's lock files) are kept.
-# Listening sockets are dumped by default; established ones are not (none at dump time).
-_COMMON = ("--file-locks",)
+# Options every dump and restore takes: file locks (vLLM's and torch's lock files) are kept;
+# connections inside the tree (torch's TCPStore talks to itself over loopback) are dumped
+# (clients of the serving port are not: take waits until there are none); files deleted while
+# open (the engine's temporary files) are carried up to 1 GiB, or linked back in place.
+_COMMON = ("--file-locks", "--tcp-established", "--ghost-limit", "1G", "--link-remap")
 
 
 class Criu:

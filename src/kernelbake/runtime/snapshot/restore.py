@@ -38,6 +38,8 @@ from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
     IMAGES_DIR,
     MAX_MANIFEST_BYTES,
+    SHM_COPY,
+    SHM_DIR,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_MANIFEST,
     InvalidSnapshot,
@@ -165,6 +167,16 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
     return Gated(manifest=manifest, digest=digest, reasons=())
 
 
+def _put_shm(copy: Path, shm: Path) -> None:
+    """The dumped tree's /dev/shm files back in place (this container's own tmpfs)."""
+    if not copy.is_dir():
+        return
+    for entry in sorted(copy.iterdir()):
+        if (shm / entry.name).exists():
+            raise OSError(f"{shm / entry.name} exists already; it is not this snapshot's to replace")
+        shutil.copyfile(entry, shm / entry.name)
+
+
 def _subreaper() -> None:
     """The restored tree's root becomes this process's child when criu exits (``-d``), so
     ``serve`` can wait for it and pass signals on, as for an engine it started."""
@@ -213,6 +225,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         log = Path(ENGINE_LOG)
         log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
+        _put_shm(env.snapshot_root / SHM_COPY, Path(SHM_DIR))
     except OSError as exc:
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")

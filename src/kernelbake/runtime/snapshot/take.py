@@ -27,6 +27,8 @@ from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     ENGINE_LOG_COPY,
     IMAGES_DIR,
+    SHM_COPY,
+    SHM_DIR,
     SNAPSHOT_MANIFEST,
     SnapshotFile,
     SnapshotManifest,
@@ -165,6 +167,18 @@ def _check_tree(pids: list[int]) -> None:
             )
 
 
+def _copy_shm(shm: Path, dest: Path) -> None:
+    """The plain files in the container's /dev/shm, as the dump left them."""
+    try:
+        entries = sorted(shm.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_file() and not entry.is_symlink():
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(entry, dest / entry.name)
+
+
 def _kill(pids: Sequence[int]) -> None:
     for pid in pids:
         try:
@@ -225,6 +239,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
         proc.wait()
         shutil.copyfile(log, out / ENGINE_LOG_COPY)
+        _copy_shm(Path(SHM_DIR), out / SHM_COPY)
         t = time.monotonic()
         files = _files(out)
         taken["hash_s"] = time.monotonic() - t
