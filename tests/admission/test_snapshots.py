@@ -102,3 +102,28 @@ def test_a_pod_that_asks_for_nothing_is_left_alone() -> None:
     pod = _pod([], seccomp="RuntimeDefault", mount=None)
     assert _decide(pod) == decide_snapshots(pod, {}, {}, mutate=True)
     assert _decide(pod).problems == () and _decide(pod).patch == ()
+
+
+def test_the_deploy_recipe_is_admitted_as_it_stands() -> None:
+    import yaml
+
+    from tests.conftest import REPO
+
+    doc = yaml.safe_load((REPO / "deploy/examples/serve-snapshot.yaml").read_text())
+    spec = doc["spec"]["template"]["spec"]
+    image = spec["containers"][0]["image"]
+    digest = image.partition("@")[2]
+    d = decide_snapshots(spec, {"snapshot": Snap(base_digest=digest)}, {image: digest}, mutate=True)
+    assert d.problems == ()
+    assert [op["value"] for op in d.patch] == [
+        {"name": SNAPSHOT_DIGEST_ENV, "value": SNAP_JSON},
+        {"name": IMAGE_DIGEST_ENV, "value": digest},
+    ]
+    # The same pod with a capability more is not.
+    spec["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_PTRACE")
+    assert (
+        "adds SYS_PTRACE"
+        in decide_snapshots(
+            spec, {"snapshot": Snap(base_digest=digest)}, {image: digest}, mutate=True
+        ).problems[0]
+    )
