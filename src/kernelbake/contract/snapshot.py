@@ -221,9 +221,15 @@ class SnapshotFile:
     path: str  # relative to the snapshot root, under images/
     size: int
     sha256: str
+    # The permission bits a file put back in place must have (CRIU checks them on the /dev/shm
+    # files it reopens); None for CRIU's own image files. Tar layers do not keep them.
+    mode: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+        doc: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.mode is not None:
+            doc["mode"] = self.mode
+        return doc
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -277,7 +283,12 @@ class SnapshotManifest:
             if doc.get("key_digest") != key.digest:
                 raise InvalidSnapshot(f"{source}: key_digest is not the digest of its key")
             files = tuple(
-                SnapshotFile(path=str(f["path"]), size=int(f["size"]), sha256=str(f["sha256"]))
+                SnapshotFile(
+                    path=str(f["path"]),
+                    size=int(f["size"]),
+                    sha256=str(f["sha256"]),
+                    mode=int(f["mode"]) if "mode" in f else None,
+                )
                 for f in doc["files"]
             )
             health = doc["health"]
@@ -308,6 +319,8 @@ def _check(m: SnapshotManifest) -> None:
         if f.path in seen:
             raise InvalidSnapshot(f"snapshot file {f.path!r} listed twice")
         seen.add(f.path)
+        if f.mode is not None and not 0 <= f.mode <= 0o777:
+            raise InvalidSnapshot(f"snapshot file {f.path!r}: mode {f.mode:o} is not permission bits")
         if f.size < 0 or not _SHA256.fullmatch(f.sha256):
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):

@@ -167,14 +167,18 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
     return Gated(manifest=manifest, digest=digest, reasons=())
 
 
-def _put_shm(copy: Path, shm: Path) -> None:
-    """The dumped tree's /dev/shm files back in place (this container's own tmpfs)."""
-    if not copy.is_dir():
-        return
-    for entry in sorted(copy.iterdir()):
-        if (shm / entry.name).exists():
-            raise OSError(f"{shm / entry.name} exists already; it is not this snapshot's to replace")
-        shutil.copyfile(entry, shm / entry.name)
+def _put_shm(root: Path, manifest: SnapshotManifest, shm: Path) -> None:
+    """The dumped tree's /dev/shm files back in place (this container's own tmpfs), with the
+    permission bits they had (CRIU checks them)."""
+    for f in manifest.files:
+        if not f.path.startswith(SHM_COPY + "/"):
+            continue
+        dest = shm / f.path.rpartition("/")[2]
+        if dest.exists():
+            raise OSError(f"{dest} exists already; it is not this snapshot's to replace")
+        shutil.copyfile(root / f.path, dest)
+        if f.mode is not None:
+            dest.chmod(f.mode)
 
 
 def _subreaper() -> None:
@@ -225,7 +229,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         log = Path(ENGINE_LOG)
         log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
-        _put_shm(env.snapshot_root / SHM_COPY, Path(SHM_DIR))
+        _put_shm(env.snapshot_root, manifest, Path(SHM_DIR))
     except OSError as exc:
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")

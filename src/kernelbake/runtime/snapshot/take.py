@@ -123,7 +123,9 @@ def _files(out: Path) -> list[SnapshotFile]:
         for name in names:
             p = Path(dirpath) / name
             rel = p.relative_to(out).as_posix()
-            found.append(SnapshotFile(path=rel, size=p.stat().st_size, sha256=_sha256(p)))
+            st = p.stat()
+            mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
+            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=_sha256(p), mode=mode))
     return found
 
 
@@ -176,7 +178,8 @@ def _copy_shm(shm: Path, dest: Path) -> None:
     for entry in entries:
         if entry.is_file() and not entry.is_symlink():
             dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(entry, dest / entry.name)
+            # copy2 keeps the permission bits, which CRIU checks when it reopens the file.
+            shutil.copy2(entry, dest / entry.name)
 
 
 def _kill(pids: Sequence[int]) -> None:
