@@ -11,6 +11,8 @@
 4. mismatch: the same, with one more engine variable (the key's serve env differs): the seconds
    until serve says ``snapshot not used`` and starts baked (the container is then stopped).
 
+Exits 1 unless the restore happened, gave the baked engine's completion, and the mismatch fell back.
+
 ``PREFIX`` is a CRIU prefix from images/base/criu/install.sh, mounted at /opt/kernelbake/criu
 (an image built with SNAPSHOT=1 has it already). ``--src``: a checkout's src ahead of the image's
 own kernelbake (PYTHONPATH), for a runtime newer than the image; the JSON says which ran. The
@@ -160,7 +162,11 @@ def main() -> int:
         name, port, restored_s = _serve(args, work, [*_caps(), *pins], "restored")
         restored_text = _completion(port)
         got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
-        said = [line for line in (got.stdout + got.stderr).splitlines() if "snapshot" in line]
+        said = [
+            x
+            for x in (got.stdout + got.stderr).splitlines()
+            if x.startswith("kernelbake serve:") and "snapshot" in x
+        ]
         _docker("rm", "-f", name)
         result["restored"] = {
             "ready_s": round(restored_s, 2),
@@ -203,7 +209,14 @@ def main() -> int:
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
-    return 0
+    restored = result["restored"]
+    held = (
+        any(str(x).startswith("kernelbake serve: restored snapshot") for x in restored["said"])  # type: ignore[index]
+        and restored["same_completion_as_baked"]  # type: ignore[index]
+        and "snapshot not used: serve env" in str(result["mismatch"]["said"])  # type: ignore[index]
+    )
+    # Exit 1 unless the restore happened, answered as the baked engine did, and the mismatch fell back.
+    return 0 if held else 1
 
 
 if __name__ == "__main__":

@@ -258,7 +258,8 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
     finally:
-        # After a dump the tree is gone; after any failure it must not outlive the command.
-        _kill(pids if proc.poll() is None else [])
+        # After a dump the tree is gone; after any failure it must not outlive the command
+        # (the engine core and workers included, which the root may not have stopped).
+        _kill(tree.descendants(proc.pid) if proc.poll() is None else [])
         if proc.poll() is None:
             proc.wait()
