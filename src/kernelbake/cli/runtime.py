@@ -218,6 +218,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kernelbake.cli import capture
 
     capture.register(sub)
+    # snapshot's take runs in the image; its push and verify import host code only when run.
+    from kernelbake.cli import snapshot
+
+    snapshot.register(sub)
     serve.epilog = _image_commands(sub, exclude="serve")
 
 

@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
@@ -467,6 +468,36 @@ class RegistryClient:
                 headers={"Content-Type": "application/octet-stream"},
                 data=data,
             )
+            resp.close()
+            return digest
+
+    def put_blob_file(self, ref: Reference, path: Path, digest: str) -> str:
+        """``put_blob`` of a file too large to hold in memory (a snapshot's pages), streamed
+        from disk; ``digest`` is the file's sha256, which the registry checks on commit."""
+        what = f"upload blob {ref.name}@{digest}"
+        with self._op(ref.api_host, what):
+            if self.has_blob(ref, digest):
+                return digest
+            resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
+            location = resp.headers.get("Location")
+            resp.close()
+            if not location:
+                raise RegistryProtocolError(f"{what}: no upload Location")
+            url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
+            sep = "&" if "?" in url else "?"
+            with path.open("rb") as fh:
+                resp = self._request(
+                    "PUT",
+                    ref,
+                    f"{url}{sep}digest={digest}",
+                    what=what,
+                    ok=(201, 204),
+                    headers={
+                        "Content-Type": "application/octet-stream",
+                        "Content-Length": str(path.stat().st_size),
+                    },
+                    data=fh,
+                )
             resp.close()
             return digest
 

@@ -22,6 +22,7 @@ from kernelbake.contract.layout import (
     TARGET_FILE,
     UNSAFE_TARGET_ENV,
 )
+from kernelbake.contract.snapshot import IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
 from kernelbake.errors import BadInput
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
@@ -89,6 +90,24 @@ VARIABLES = (
     Variable(
         DELTA_DIGEST_ENV,
         f"`sha256:…` of the cache delta's `delta.json` mounted at `{DELTA_ROOT}`, as admission verified it (signature, key, base digest); without it a mounted delta is not used",
+    ),
+    Variable(
+        SNAPSHOT_DIGEST_ENV,
+        f"`sha256:…` of the process snapshot's `snapshot.json` mounted at `{SNAPSHOT_ROOT}`, as admission verified it (signature, subject = the pod's image); without it a mounted snapshot is not restored",
+    ),
+    Variable(
+        IMAGE_DIGEST_ENV,
+        "`sha256:…` of the image this container runs, as admission or the recipe pinned it; a snapshot is restored only into the image it was taken from",
+    ),
+    Variable(
+        "KERNELBAKE_SNAPSHOT_MARKS",
+        "folder for the marker a failed restore leaves (a volume of the pod, so a restarted container does not try again)",
+        "$KERNELBAKE_SCRATCH",
+    ),
+    Variable(
+        "KERNELBAKE_CRIU",
+        "the CRIU command that takes and restores snapshots (the image's private prefix)",
+        "/opt/kernelbake/criu/bin/criu",
     ),
     Variable(
         "KERNELBAKE_STATUS",
@@ -235,6 +254,14 @@ class RuntimeEnv:
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
     delta_root: Path = Path(DELTA_ROOT)
     delta_digest: str | None = None
+    # The process snapshot a pod may mount (``runtime.snapshot``), the sha256 its snapshot.json
+    # must have, the image digest it must have been taken from, and where a failed restore
+    # leaves its marker.
+    snapshot_root: Path = Path(SNAPSHOT_ROOT)
+    snapshot_digest: str | None = None
+    image_digest: str | None = None
+    snapshot_marks: Path = Path("/tmp")
+    criu: Path = Path("/opt/kernelbake/criu/bin/criu")
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -277,6 +304,16 @@ class RuntimeEnv:
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             delta_root=target_file.parent / Path(DELTA_ROOT).name if moved else Path(DELTA_ROOT),
             delta_digest=_digest(env.get(DELTA_DIGEST_ENV), DELTA_DIGEST_ENV),
+            snapshot_root=target_file.parent / Path(SNAPSHOT_ROOT).name if moved else Path(SNAPSHOT_ROOT),
+            snapshot_digest=_digest(env.get(SNAPSHOT_DIGEST_ENV), SNAPSHOT_DIGEST_ENV),
+            image_digest=_digest(env.get(IMAGE_DIGEST_ENV), IMAGE_DIGEST_ENV),
+            snapshot_marks=Path(
+                env.get("KERNELBAKE_SNAPSHOT_MARKS")
+                or env.get("KERNELBAKE_SCRATCH")
+                or env.get("TMPDIR")
+                or "/tmp"
+            ),
+            criu=Path(env.get("KERNELBAKE_CRIU") or "/opt/kernelbake/criu/bin/criu"),
             environ=dict(env),
         )
 
