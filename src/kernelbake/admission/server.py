@@ -116,7 +116,10 @@ class AdmissionServer:
         """Listen and return the port (useful with port 0)."""
         sock = self.sock or workers.listening_sockets(self.host, self.port, 1)[0]
         bound_tls(
-            limit=self.max_connections, handshake_seconds=HANDSHAKE_SECONDS, read_buffer=TLS_READ_BUFFER
+            limit=self.max_connections,
+            handshake_seconds=HANDSHAKE_SECONDS,
+            read_buffer=TLS_READ_BUFFER,
+            tidy=_tidy,
         )
         config = uvicorn.Config(
             self,
@@ -282,6 +285,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _malloc_trim()
+
+
+def _tidy() -> None:
+    """Give back what a churn of closed connections left: objects only a full collection frees
+    (asyncio's socket transport holds a bound method of itself; the imports are frozen out of the
+    collection, ``serve``), then the C heap's free pages, off the loop. The heap is most of it:
+    with the TLS cycles broken, 5,000 connect / half-close loops still left a server 81 MiB above
+    its start, 72 MiB after a full collection, 12 MiB after malloc_trim."""
+    gc.collect()
+    if _TRIM is not None:
+        asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
 
 
 def _large(scope: Scope) -> int:
