@@ -8,6 +8,7 @@ does not come, and reads TLS into a small buffer."""
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import socket
 import ssl
@@ -19,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from kernelbake.admission import server
-from tests.admission import live
+from tests.admission import documents, live
 from tests.admission.conftest import client_tls, running_server
-from tests.admission.fakes import FakeVerifier, make_admitter
+from tests.admission.fakes import REPO, FakeVerifier, make_admitter
 
 
 def _healthz(port: int, certs: Path) -> int:
@@ -58,14 +59,90 @@ def _hung_up(sock: socket.socket) -> bool:
         return False
 
 
-def test_a_connection_past_the_limit_is_dropped_before_its_handshake_and_logged(
+def _kept_alive(port: int, certs: Path, n: int) -> list[http.client.HTTPSConnection]:
+    """``n`` connections that each had one request answered and are kept alive, in order."""
+    held = []
+    for _ in range(n):
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read()
+        held.append(conn)
+        # Each its own place in the order of rest.
+        time.sleep(0.02)
+    return held
+
+
+def _still_served(conn: http.client.HTTPSConnection) -> bool:
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def test_at_the_limit_a_new_connection_takes_the_place_of_the_one_idle_longest(
+    verifier: FakeVerifier, certs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 41 item 2: 1,023 connections that each sent a tiny request every 100 s held every
+    # place, and every new connection's review failed while they stayed.
+    caplog.set_level(logging.WARNING, "kernelbake.admission.server")
+    with running_server(make_admitter(verifier), certs, max_connections=8) as port:
+        held = _kept_alive(port, certs, 8)
+        try:
+            # Three newcomers that stay (each answered: before, each was dropped unanswered).
+            held += _kept_alive(port, certs, 3)
+            # The three that rested longest gave their places up; the others still hold theirs.
+            assert [_still_served(c) for c in held] == [False] * 3 + [True] * 8
+            assert any("cut the connection idle longest" in r.getMessage() for r in caplog.records)
+        finally:
+            for c in held:
+                c.close()
+
+
+def test_a_client_slow_to_send_its_request_gives_its_place_up_too(
+    verifier: FakeVerifier, certs: Path
+) -> None:
+    with running_server(make_admitter(verifier), certs, max_connections=8) as port:
+        slow = []
+        try:
+            for _ in range(8):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                tls = client_tls(certs).wrap_socket(sock, server_hostname="127.0.0.1")
+                # A head begun and never finished (the server gives it HEADER_SECONDS).
+                tls.sendall(b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+                slow.append(tls)
+            time.sleep(0.3)
+            assert _healthz(port, certs) == 200
+        finally:
+            for s in slow:
+                s.close()
+
+
+def test_a_review_in_flight_is_never_cut_and_past_them_a_new_connection_is_dropped_and_logged(
     verifier: FakeVerifier, certs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "kernelbake.admission.server")
-    with running_server(make_admitter(verifier), certs, max_connections=8) as port:
-        held = _silent(port, 8)
+    verifier.gate = threading.Event()
+    answers: list[int] = []
+
+    def review(port: int, uid: str) -> None:
+        body = json.dumps(documents.load("pod-create", f"{REPO}:h100", uid=uid))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=30)
         try:
-            time.sleep(0.3)
+            conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+            answers.append(conn.getresponse().status)
+        finally:
+            conn.close()
+
+    with running_server(make_admitter(verifier), certs, max_connections=8) as port:
+        waiting = [threading.Thread(target=review, args=(port, f"u-{i}")) for i in range(8)]
+        for t in waiting:
+            t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while len(verifier.calls) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
             raw = socket.create_connection(("127.0.0.1", port), timeout=5)
             started = time.monotonic()
             with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
@@ -76,9 +153,11 @@ def test_a_connection_past_the_limit_is_dropped_before_its_handshake_and_logged(
                 "dropped a connection before its TLS handshake" in r.getMessage() for r in caplog.records
             )
         finally:
-            for s in held:
-                s.close()
-        # Room again once they are gone.
+            verifier.gate.set()
+            for t in waiting:
+                t.join(30)
+        assert answers == [200] * 8
+        # Room again once they are answered.
         _serves_again(port, certs, seconds=5)
 
 
@@ -128,7 +207,8 @@ def test_a_flood_of_silent_connections_leaves_the_worker_within_its_share_and_se
         # (each a small buffer), and the rest are dropped.
         assert grew < 160, f"the worker grew by {grew:.0f} MiB for 3,000 silent connections"
         assert flood.process.poll() is None
-        assert "dropped a connection before its TLS handshake" in flood.log
+        # Each new one took the place of the one that waited longest for its handshake.
+        assert "cut the connection idle longest" in flood.log
     finally:
         for s in held:
             s.close()

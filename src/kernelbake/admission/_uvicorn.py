@@ -25,7 +25,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # What BoundedProtocol uses of HttpToolsProtocol besides the public asyncio.Protocol methods:
 # the callbacks it extends and the attributes it reads (the seam test checks each).
-PRIVATE_CALLBACKS = ("on_message_begin", "on_headers_complete", "on_body", "on_message_complete", "shutdown")
+PRIVATE_CALLBACKS = (
+    "on_message_begin",
+    "on_headers_complete",
+    "on_body",
+    "on_message_complete",
+    "on_response_complete",
+    "shutdown",
+)
 PRIVATE_ATTRIBUTES = ("loop", "transport", "cycle", "url", "headers", "parser")
 
 
@@ -102,13 +109,18 @@ class BoundedProtocol(HttpToolsProtocol):
     # Bytes of the request head read so far; None while a body is arriving or being answered.
     _head: int | None = 0
     _refused = False
+    # The TLS connection under this one (set by BoundedTLS), told when a request is in flight.
+    holder: BoundedTLS | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(Corked(transport, self.loop))
         self._arm(self.idle_seconds)
+        if self.holder is not None:
+            self.holder.rest()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.holder = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -144,7 +156,14 @@ class BoundedProtocol(HttpToolsProtocol):
         # From here the review's own deadline applies, then uvicorn's keep-alive timer.
         self._disarm()
         self._head = 0
+        if self.holder is not None:
+            self.holder.busy()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.holder is not None and not self.transport.is_closing():
+            self.holder.rest()
 
     def _refuse_head(self) -> None:
         """431 for a head over ``head_limit``, counted as it arrives (``data_received``) or,
@@ -170,6 +189,7 @@ class BoundedProtocol(HttpToolsProtocol):
         """Drop the parser (which holds this protocol's callbacks) of a protocol whose
         connection ended before it was made: nothing else frees the pair but a full collection."""
         self.parser = None  # type: ignore[assignment]
+        self.holder = None
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -191,10 +211,15 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
     gives each a 256 KiB read buffer: 2,000 connections that send nothing took a worker from
     52 to 649 MiB, past the pod's 512 MiB, and uvicorn has no bound on connections (its
     ``limit_concurrency`` counts requests, which such connections never start). Here each
-    worker holds at most ``limit`` connections, handshakes included (one over it is dropped
-    before its handshake, and the drop is logged), a handshake has ``handshake_seconds``
+    worker holds at most ``limit`` connections, handshakes included, a handshake has ``handshake_seconds``
     (asyncio's default is 60), and the read buffer is ``read_buffer`` bytes (a TLS record is
     at most 16 KiB, so a smaller buffer only means more, smaller reads).
+
+    At the limit a new connection takes the place of the one that has held its place longest
+    without a request in flight (in its handshake, idle, or still sending a request: a review
+    being answered is never cut, it ends by its deadline); only when every place has a review in
+    flight is the new one dropped before its handshake. Both are logged. Without this, 1,023
+    connections that each sent a tiny request every 100 s made every new connection fail.
 
     A connection that never gets to a request (dropped, or its handshake failed: a client that
     connects and half-closes) must cost nothing once it is gone. Two reference cycles kept each
@@ -209,8 +234,15 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
     limit: ClassVar[int] = 512
     handshake_seconds: ClassVar[float] = 10.0
     live: ClassVar[weakref.WeakSet[BoundedTLS]] = weakref.WeakSet()
+    # The live connections without a request in flight, the one that has held its place
+    # longest first: the next to give it up (``_evict``). A dict keeps insertion order.
+    resting: ClassVar[dict[BoundedTLS, None]] = {}
     dropped: ClassVar[int] = 0
+    evicted: ClassVar[int] = 0
     _said: ClassVar[float] = 0.0
+    _said_evicted: ClassVar[float] = 0.0
+    _raw: asyncio.Transport | None = None
+    _cut = False
     # Run (on the loop) after ``TIDY_EVERY`` connections closed, at most every ``TIDY_SECONDS``:
     # what the cycle collector and the C heap still hold of them is given back (``bound_tls``).
     # An API server keeps its connections, so a webhook it alone talks to never runs it.
@@ -233,7 +265,7 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
         ssl_shutdown_timeout: int | None = None,
     ) -> None:
         # Decided before asyncio allocates the read buffer, which a dropped connection never uses.
-        self._drop = server_side and len(BoundedTLS.live) >= self.limit
+        self._drop = server_side and len(BoundedTLS.live) >= self.limit and not _evict()
         if self._drop:
             self.max_size = 1  # type: ignore[misc]
         if server_side:
@@ -252,6 +284,9 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
         )
         if server_side and not self._drop:
             BoundedTLS.live.add(self)
+            BoundedTLS.resting[self] = None
+            if isinstance(app_protocol, BoundedProtocol):
+                app_protocol.holder = self
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self._drop:
@@ -261,17 +296,33 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
                 BoundedTLS._said = now
                 log.warning(
                     "dropped a connection before its TLS handshake: this worker holds %d, the "
-                    "limit (--max-connections); %d dropped so far",
+                    "limit (--max-connections), each with a review in flight; %d dropped so far",
                     self.limit,
                     BoundedTLS.dropped,
                 )
             # Nothing was read and no handshake started: the socket is closed at once.
             transport.abort()
             return
+        self._raw = transport
+        if self._cut:
+            # Cut for a newer one before asyncio got to start its handshake.
+            transport.abort()
+            return
         super().connection_made(transport)
+
+    def busy(self) -> None:
+        """A request arrived whole: its review is not to be cut for a newcomer."""
+        BoundedTLS.resting.pop(self, None)
+
+    def rest(self) -> None:
+        """No request in flight (just connected, or answered): the newest to give its place up."""
+        if self in BoundedTLS.live:
+            BoundedTLS.resting.pop(self, None)
+            BoundedTLS.resting[self] = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         BoundedTLS.live.discard(self)
+        BoundedTLS.resting.pop(self, None)
         app = self._app_protocol
         never_connected = self._app_state is asyncio.sslproto.AppProtocolState.STATE_INIT  # type: ignore[attr-defined]
         super().connection_lost(exc)
@@ -297,6 +348,30 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
             # One at a time: it covers every connection closed until it runs.
             return
         BoundedTLS._tidying = self._loop.call_later(BoundedTLS.TIDY_SECONDS, _run_tidy)
+
+
+def _evict() -> bool:
+    """Cut the connection that has rested longest to make room for a new one; False when every
+    connection has a request in flight."""
+    if not BoundedTLS.resting:
+        return False
+    victim = next(iter(BoundedTLS.resting))
+    del BoundedTLS.resting[victim]
+    BoundedTLS.live.discard(victim)
+    victim._cut = True
+    if victim._raw is not None:
+        victim._raw.abort()
+    BoundedTLS.evicted += 1
+    now = time.monotonic()
+    if now - BoundedTLS._said_evicted >= 10:
+        BoundedTLS._said_evicted = now
+        log.warning(
+            "cut the connection idle longest for a new one: this worker holds %d, the limit "
+            "(--max-connections); %d cut so far",
+            BoundedTLS.limit,
+            BoundedTLS.evicted,
+        )
+    return True
 
 
 def _run_tidy() -> None:
