@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import contextlib
+import enum
 import json
 import logging
 import time
@@ -94,6 +95,16 @@ class Corked(asyncio.Transport):
         return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
 
 
+class Waiting(enum.IntEnum):
+    """What a connection without a request in flight waits for, in the order they give their
+    places up to new connections (``BoundedTLS``)."""
+
+    HANDSHAKE = 0
+    CONNECTED = 1  # handshake done, no request yet
+    KEPT_ALIVE = 2  # answered, waiting for its next request
+    ARRIVING = 3  # a request begun and not whole yet
+
+
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds it does not keep: time before the first
     request (uvicorn's keep-alive timer only runs between requests), time while a request is
@@ -116,7 +127,7 @@ class BoundedProtocol(HttpToolsProtocol):
         super().connection_made(Corked(transport, self.loop))
         self._arm(self.idle_seconds)
         if self.holder is not None:
-            self.holder.rest()
+            self.holder.waits(Waiting.CONNECTED)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -135,6 +146,8 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._arm(self.arriving_seconds)
+        if self.holder is not None:
+            self.holder.waits(Waiting.ARRIVING)
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -163,7 +176,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self.holder is not None and not self.transport.is_closing():
-            self.holder.rest()
+            self.holder.waits(Waiting.KEPT_ALIVE)
 
     def _refuse_head(self) -> None:
         """431 for a head over ``head_limit``, counted as it arrives (``data_received``) or,
@@ -215,11 +228,14 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
     (asyncio's default is 60), and the read buffer is ``read_buffer`` bytes (a TLS record is
     at most 16 KiB, so a smaller buffer only means more, smaller reads).
 
-    At the limit a new connection takes the place of the one that has held its place longest
-    without a request in flight (in its handshake, idle, or still sending a request: a review
-    being answered is never cut, it ends by its deadline); only when every place has a review in
-    flight is the new one dropped before its handshake. Both are logged. Without this, 1,023
-    connections that each sent a tiny request every 100 s made every new connection fail.
+    At the limit a new connection takes the place of one without a request in flight, the
+    first of the first ``Waiting`` kind there is (still in its handshake, then connected without
+    a request, then kept alive since its last answer, then still sending a request), the one
+    that has waited longest among them; a review being answered is never cut (it ends by its
+    deadline), and only when every place has one is the new connection dropped before its
+    handshake. Both are logged. Without this, 1,023 connections that each sent a tiny request
+    every 100 s made every new connection fail; in this order, a flood of connections that never
+    finish a handshake cuts none of the API server's kept-alive ones, nor a review on its way in.
 
     A connection that never gets to a request (dropped, or its handshake failed: a client that
     connects and half-closes) must cost nothing once it is gone. Two reference cycles kept each
@@ -234,9 +250,10 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
     limit: ClassVar[int] = 512
     handshake_seconds: ClassVar[float] = 10.0
     live: ClassVar[weakref.WeakSet[BoundedTLS]] = weakref.WeakSet()
-    # The live connections without a request in flight, the one that has held its place
-    # longest first: the next to give it up (``_evict``). A dict keeps insertion order.
-    resting: ClassVar[dict[BoundedTLS, None]] = {}
+    # The live connections without a request in flight, by Waiting kind, the one that has
+    # waited longest first: the next to give its place up (``_evict``). Dicts keep their order.
+    waiting: ClassVar[tuple[dict[BoundedTLS, None], ...]] = tuple({} for _ in Waiting)
+    _kind: Waiting | None = None
     dropped: ClassVar[int] = 0
     evicted: ClassVar[int] = 0
     _said: ClassVar[float] = 0.0
@@ -284,7 +301,7 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
         )
         if server_side and not self._drop:
             BoundedTLS.live.add(self)
-            BoundedTLS.resting[self] = None
+            self.waits(Waiting.HANDSHAKE)
             if isinstance(app_protocol, BoundedProtocol):
                 app_protocol.holder = self
 
@@ -312,17 +329,20 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
 
     def busy(self) -> None:
         """A request arrived whole: its review is not to be cut for a newcomer."""
-        BoundedTLS.resting.pop(self, None)
+        if self._kind is not None:
+            BoundedTLS.waiting[self._kind].pop(self, None)
+            self._kind = None
 
-    def rest(self) -> None:
-        """No request in flight (just connected, or answered): the newest to give its place up."""
+    def waits(self, kind: Waiting) -> None:
+        """No request in flight from now, of this kind: the newest of its kind to give way."""
+        self.busy()
         if self in BoundedTLS.live:
-            BoundedTLS.resting.pop(self, None)
-            BoundedTLS.resting[self] = None
+            BoundedTLS.waiting[kind][self] = None
+            self._kind = kind
 
     def connection_lost(self, exc: BaseException | None) -> None:
         BoundedTLS.live.discard(self)
-        BoundedTLS.resting.pop(self, None)
+        self.busy()
         app = self._app_protocol
         never_connected = self._app_state is asyncio.sslproto.AppProtocolState.STATE_INIT  # type: ignore[attr-defined]
         super().connection_lost(exc)
@@ -353,10 +373,11 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
 def _evict() -> bool:
     """Cut the connection that has rested longest to make room for a new one; False when every
     connection has a request in flight."""
-    if not BoundedTLS.resting:
+    kind = next((k for k in BoundedTLS.waiting if k), None)
+    if kind is None:
         return False
-    victim = next(iter(BoundedTLS.resting))
-    del BoundedTLS.resting[victim]
+    victim = next(iter(kind))
+    victim.busy()
     BoundedTLS.live.discard(victim)
     victim._cut = True
     if victim._raw is not None:
@@ -366,8 +387,8 @@ def _evict() -> bool:
     if now - BoundedTLS._said_evicted >= 10:
         BoundedTLS._said_evicted = now
         log.warning(
-            "cut the connection idle longest for a new one: this worker holds %d, the limit "
-            "(--max-connections); %d cut so far",
+            "cut a waiting connection (in its handshake, idle, or slow to send a request) for a "
+            "new one: this worker holds %d, the limit (--max-connections); %d cut so far",
             BoundedTLS.limit,
             BoundedTLS.evicted,
         )
