@@ -23,9 +23,15 @@ One row (``multiplied_delta``, issue 41 item 4) pushes a signed 99,996-file cach
 four repository names (one digest, each name signed) and sends the review of a pod that names
 all four, never verified before, to both workers at once.
 
+After the bodies, the connection rows of ``bench/admission_connections.py`` (issue 41): a
+40 s churn of connections that half-close, then a 6.6 MB review; 1,023 held TLS connections
+while new connections send reviews and probes (the server runs with ``--health-port``).
+
 Targets: peak RSS under the deployed limit, /healthz p99 under 100 ms, replies bounded
 (≤ 8 KiB: the message is cut to 4 KiB), every review answered with an AdmissionReview (HTTP
-200), and the body over the limit refused with HTTP 413.
+200), and the body over the limit refused with HTTP 413; after the churn every worker back
+within 32 MiB of its RSS before it and the review answered; while connections are held, every
+new connection's review and every probe on the probes' port answered.
 
     .venv/bin/python bench/admission_adversarial.py [--sizes 65536,1048576,4194304,8388608] [--out PATH]
 """
@@ -41,6 +47,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import socket
 import ssl
 import subprocess
@@ -59,10 +66,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from tests.admission import documents  # noqa: E402
 
+import admission_connections as connections  # noqa: E402 (bench/ is on the path from here)
 from kernelbake.admission.bounds import MESSAGE_BYTES  # noqa: E402
 from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
 from kernelbake.admission.server import MAX_BODY  # noqa: E402
-from memory_cgroup import limited  # noqa: E402 (bench/ is on the path from here)
+from memory_cgroup import limited  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_adversarial.json"
 REPOSITORY = "kernelbake/qwen3-0.6b"
@@ -622,6 +630,40 @@ def row(
     return result, start, end
 
 
+def connection_rows(
+    server: Server, refs: Refs, limit: Any, log: str
+) -> list[tuple[dict[str, Any], float, float]]:
+    """The churn and held-connection rows (``bench/admission_connections.py``)."""
+    probes = re.search(r"probes on http://127\.0\.0\.1:(\d+)", log)
+    if probes is None:
+        raise RuntimeError("the server did not say where its probes are:\n" + log)
+    pids = tree(server.pid)
+
+    def review() -> dict[str, Any]:
+        # To each worker in turn: two at once are 13.2 MB, past the pod's 8 MiB body budget,
+        # and the second would wait for the first's share (a 503 on a busy host).
+        n, body = largest(containers(refs), connections.AFTER_CHURN_BYTES)
+        reset_peaks(pids)
+        with Sampler(pids) as sampler:
+            answers = [post(conn, body) for _, conn in server.connections]
+        return {
+            "body_bytes": len(body),
+            "review_items": n,
+            "answers": answers,
+            "peak_rss": peak_bytes(pids),
+            "sampled_peak_rss": sampler.peak,
+            "sampled_peak_pss": sampler.peak_pss,
+        }
+
+    churn = connections.churn_row(
+        server, pids, lambda: connections.cgroup_usage(limit.path, limit.version), review
+    )
+    print(connections.dumps(churn[0]), file=sys.stderr)
+    held = connections.held_row(server, int(probes.group(1)), encode(annotations(refs)(0)))
+    print(connections.dumps(held[0]), file=sys.stderr)
+    return [churn, held]
+
+
 def declare_only(conn: http.client.HTTPSConnection, body: bytes) -> dict[str, Any]:
     """The head of a POST declaring ``len(body)`` bytes, then the answer: the server refuses a
     body over its limit from the Content-Length, before reading any of it."""
@@ -781,7 +823,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with (
         world(work) as (refs, policy, certs),
         limited(MEMORY_LIMIT) as limit,
-        live.serving(policy, certs, workers=args.workers, wrap=limit.wrap) as served,
+        live.serving(
+            policy, certs, workers=args.workers, wrap=limit.wrap, options=["--health-port", "0"]
+        ) as served,
     ):
         cafile = str(certs / "ca.crt")
         # The parent says it listens before it forks the workers: wait for them.
@@ -876,6 +920,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # reviews on the API server's kept-alive connections go on meanwhile.
             windows.append(flood_row(server, refs))
             server.reconnect(1)
+            windows += connection_rows(server, refs, limit, served.log)
             # One byte past the limit: HTTP 413 from the head, before any of the body is read.
             body = over_max_body(refs)
             measured, start, end = row(server, [body] * len(server.connections), declare_only)
@@ -942,6 +987,7 @@ def summarise(rows: list[dict[str, Any]], pooled: dict[str, Any], memory: dict[s
         "multiplied_delta_admitted": all(
             a.get("allowed") for r in rows if r["shape"] == "multiplied_delta" for a in r["answers"]
         ),
+        **connections.targets(rows),
     }
     return {
         "reply_bytes": {"max": reply, "bound": REPLY_BOUND},
