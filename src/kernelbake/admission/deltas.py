@@ -16,6 +16,9 @@ A container that sets ``$KERNELBAKE_DELTA_DIGEST`` without mounting a verified d
 the variable is what makes ``serve`` trust the files at ``DELTA_ROOT``, so only a verification
 may set it. ``serve`` then still checks every file's sha256, the key, the base bundle and that no
 baked file changes (``runtime.delta``); nothing here reads the files.
+
+A delta of a replica's own bytes (origin ``replica``) verifies only under a policy with
+``unsafe_replica_deltas`` (``signing.delta``); the answer then says so for each container.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Protocol
 from kernelbake.admission.cache_volumes import CacheDecision, CachePlan, append, is_delta
 from kernelbake.admission.gateway import Accepted, Outcome
 from kernelbake.admission.references import InvalidReference, parse_reference
-from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
 from kernelbake.contract.key import CacheKey
 
 
@@ -48,6 +51,9 @@ class DeltaLike(Protocol):
 
     @property
     def manifest_digest(self) -> str: ...
+
+    @property
+    def origin(self) -> str: ...
 
 
 def delta_of(outcome: Outcome | None) -> DeltaLike | None:
@@ -84,6 +90,16 @@ def _base_problems(where: str, image: str, delta: DeltaLike, outcomes: Mapping[s
             f"{where}: the delta is layered on the bundle {delta.base_manifest}, the image holds {manifest}"
         )
     return problems
+
+
+def _unsafe_origin(subject: str, delta: DeltaLike) -> list[str]:
+    """The answer's word on a delta of a replica's own bytes (verified only under the unsafe setting)."""
+    if delta.origin == Origin.REBUILT.value:
+        return []
+    return [
+        f"{subject}: UNSAFE: the bytes a replica wrote, signed without a rebuild; admitted only because the "
+        "policy sets verify.unsafe_replica_deltas"
+    ]
 
 
 def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: bool) -> CacheDecision:
@@ -128,6 +144,7 @@ def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: b
             problems += found
             if found:
                 continue
+            notes += _unsafe_origin(subject, delta)
             if not env and mutate:
                 append(
                     patch,
