@@ -149,6 +149,10 @@ def _run_build(
             return False, said.splitlines()
         _docker(runner, ["cp", f"{name}:{_OUT_IN}", str(staging)], "copying the rebuild's files out")
         return True, said.splitlines()
+    except BuildFailed as exc:
+        # The server's own words on why, where the failure was its (the replay only sees it gone).
+        logs = runner(["docker", "logs", "--tail", "40", name], capture=True)
+        raise BuildFailed(f"{exc}\n{name}'s last lines:\n{(logs.stdout + logs.stderr)[-3000:]}") from None
     finally:
         runner(["docker", "rm", "-f", name], capture=True)
 
