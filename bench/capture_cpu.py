@@ -115,6 +115,11 @@ def overlay(src: Path | None) -> list[str]:
     return [] if src is None else ["-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc"]
 
 
+def overlay_flags(src: Path | None) -> list[str]:
+    """``overlay`` as single-word flags, for ``capture rebuild --docker-arg``."""
+    return [] if src is None else [f"--volume={src}:/kbsrc:ro", "--env=PYTHONPATH=/kbsrc"]
+
+
 def replica(image: str, src: Path | None, name: str, port: int, extra: list[str]) -> dict[str, Any]:
     sh(["docker", "rm", "-f", name])
     started = time.monotonic()
@@ -338,7 +343,7 @@ def main() -> int:
         said = must(
             [*kb, "capture", "rebuild", str(work / "record.json"), "--image", a.image,
              "--out", str(work / "delta"), "--builder", a.builder, "--json",
-             *(f"--docker-arg={x}" for x in a.docker_arg)], env=env,
+             *(f"--docker-arg={x}" for x in [*a.docker_arg, *overlay_flags(src)])], env=env,
         )  # fmt: skip
         rebuilt = json.loads(said[said.index("\n{") + 1 :])
         rebuilt["lines"] = said[: said.index("\n{")].splitlines()

@@ -158,6 +158,9 @@ def test_the_cli_records_and_refuses_a_request_that_is_not_one(
     assert main(["capture", "record", "--out", str(out), "--request", json.dumps(CLASS)]) == 0
     said = capsys.readouterr().out
     assert "recorded 1 request classes and 2 new files" in said and "no bytes are kept" in said
+    assert "no request classes" not in said
+    assert main(["capture", "record", "--out", str(tmp_path / "bare.json")]) == 0
+    assert "no request classes (--request): the rebuild replays none" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:
         main(["capture", "record", "--out", str(tmp_path / "s.json"), "--request", "[1]"])
     assert exc.value.code == 2 and "a request is a JSON object" in capsys.readouterr().err

@@ -155,6 +155,11 @@ class Recorded:
             f"({kinds or 'none'}) into {self.out} ({self.record.digest()}); no bytes are kept: "
             "'kernelbake capture rebuild' compiles them again from the signed image"
         ]
+        if not self.record.requests:
+            head.append(
+                "no request classes (--request): the rebuild replays none, so it reproduces only what "
+                "the image's own start compiles"
+            )
         return head + [f"refused {r}" for r in self.refused[:_SHOWN]]
 
 

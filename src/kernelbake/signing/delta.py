@@ -326,7 +326,7 @@ class VerifiedDelta:
     signer: str
     files: int
     bytes: int
-    origin: str = Origin.REBUILT.value
+    origin: str = Origin.REPLICA.value  # what delta.json says; unsaid is a replica's
     builder: str = ""  # who rebuilt it; "" for a replica's bytes
     skipped: tuple[str, ...] = ()
 
