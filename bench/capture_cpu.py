@@ -45,7 +45,8 @@ from typing import Any
 # for at most 5 (runtime/engines/vllm/warmup.py); on vLLM 0.32.0's CPU build this request makes
 # Inductor compile a graph of its own (seen: 5 new files under inductor/).
 CLASS = {"max_tokens": 8, "logprobs": 20, "temperature": 0.7, "top_k": 3, "prompt": "hello"}
-READY_TIMEOUT = 600
+# A loaded 2-core host took over 600 s to start a replica (load average 20).
+READY_TIMEOUT = 1500.0
 # Appended to a module Inductor compiled: it would run on the next replica's first hit.
 POISON = '\nopen("/tmp/kernelbake-poisoned", "w").write("ran")\n'
 
@@ -183,7 +184,8 @@ def refusals(
         pin = digest
         doc = json.loads((root / "delta.json").read_text())
         if case == "tampered_file":
-            victim = root / doc["kinds"]["inductor"]["files"][0]["path"]
+            # The first file of the first kind (Inductor on the CPU image; whatever a GPU compiled).
+            victim = root / next(iter(sorted(doc["kinds"].items())))[1]["files"][0]["path"]
             data = bytearray(victim.read_bytes())
             data[0] ^= 1
             victim.write_bytes(bytes(data))
@@ -271,6 +273,7 @@ def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work:
 
 
 def main() -> int:
+    global READY_TIMEOUT  # one run, one setting: ready() reads it
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", required=True, help="REPO@sha256:… of the pushed CPU image")
     p.add_argument(
@@ -287,7 +290,11 @@ def main() -> int:
         "--docker-arg", action="append", default=[], help="passed to every docker run (e.g. --gpus=all)"
     )
     p.add_argument("--builder", default=f"bench-{os.uname().nodename}", help="the rebuild's builder name")
+    p.add_argument(
+        "--ready-timeout", type=float, default=READY_TIMEOUT, help="seconds a replica may take to /health"
+    )
     a = p.parse_args()
+    READY_TIMEOUT = a.ready_timeout
     kb = a.kernelbake.split()
     src = a.src.resolve() if a.src else None
     repo = a.image.partition("@")[0]
