@@ -438,6 +438,8 @@ def main() -> int:
             kb, env, work / "replica-delta", a.image, f"{repo}:capture-bench-replica-delta", policy,
             keys / "capture-bench.key",
         )  # fmt: skip
+        # The pulled delta is this run's local copy; the registry keeps what was pushed.
+        sh(["docker", "rmi", delta_ref])
     merged = [line for line in second["serve"] if "cache delta" in line]
     poisoned = doc["poisoned_replica"]
     signed = doc["refused"]["replica_signed"]
