@@ -131,8 +131,10 @@ def test_every_relative_link_names_a_file_and_heading_that_exist(doc: Path) -> N
 
 
 def blocks(text: str, tag: str) -> list[str]:
-    """Fenced blocks that follow the comment ``<!-- tag -->``."""
-    return re.findall(rf"<!-- {re.escape(tag)} -->\s*```(?:sh|console)?\n(.*?)```", text, re.S)
+    """Fenced blocks that follow the comment ``<!-- tag -->``, or a runbook marker with the tag
+    among its words (``<!-- runbook: commands given -->``, tests/support/runbook.py)."""
+    marker = rf"<!-- (?:{re.escape(tag)}|runbook:(?: [^>]*?)? {re.escape(tag)}(?: [^>]*?)?) -->"
+    return re.findall(rf"{marker}\s*```(?:sh|console)?\n(.*?)```", text, re.S)
 
 
 def commands(block: str) -> list[list[str]]:

@@ -12,6 +12,7 @@ import pytest
 
 from kernelbake.admission.delta_reads import DeltaBusy, DeltaReads
 from kernelbake.admission.large_bodies import BodyBudget
+from kernelbake.contract.delta import Origin
 from kernelbake.oci.errors import RegistryUnavailable
 from kernelbake.signing.delta import DeltaFacts
 from kernelbake.signing.errors import DeltaRefused
@@ -24,6 +25,9 @@ FACTS = DeltaFacts(
     base_manifest="sha256:" + "2" * 64,
     files=99_996,
     bytes=1 << 20,
+    origin=Origin.REBUILT,
+    replica="replica-0",
+    builder="builder-0",
 )
 
 

@@ -43,6 +43,7 @@ class FakeDelta:
     base_manifest: str
     manifest_digest: str
     signer: str = "ci@example.com"
+    origin: str = "rebuilt"
 
 
 def _key() -> CacheKey:
@@ -128,6 +129,20 @@ def test_a_delta_for_another_image_is_denied(change: dict[str, str], why: str) -
     assert response["allowed"] is False and why in response["status"]["message"]
 
 
+def test_a_replica_signed_delta_admitted_under_the_unsafe_setting_is_named_in_the_answer() -> None:
+    # The verifier refuses one unless the policy sets verify.unsafe_replica_deltas
+    # (tests/signing/test_delta.py); admitted, the answer says so for the container.
+    doc = _example()
+    rebuilt = _review(copy.deepcopy(doc), Verifier(doc), Endpoint.MUTATE)
+    assert rebuilt["allowed"] is True and not any("UNSAFE" in w for w in rebuilt.get("warnings", []))
+    response = _review(copy.deepcopy(doc), Verifier(doc, origin="replica"), Endpoint.MUTATE)
+    assert response["allowed"] is True, response
+    assert any(
+        "UNSAFE: the bytes a replica wrote" in w and "verify.unsafe_replica_deltas" in w
+        for w in response.get("warnings", [])
+    ), response
+
+
 def test_a_delta_for_another_key_is_denied() -> None:
     doc = _example()
     other = _key().replace(model="other/model")
@@ -206,6 +221,24 @@ def test_the_real_verifier_verifies_a_pushed_delta_and_refuses_a_foreign_one(tmp
         )
         with pytest.raises(ImageRejected, match="no trusted signature"):
             verifier(foreign.tagged)
+        # A replica's own bytes, signed by the trusted key: refused by the default policy.
+        from kernelbake.contract.delta import Origin
+
+        replica = push_delta(
+            _dir(tmp_path / "c", base, {"triton/z/z": b"z"}, origin=Origin.REPLICA),
+            base=base.pinned,
+            signer=signer,
+            client=client,
+            to=f"{addr}/kb/base:replica-delta",
+            unsafe_replica_bytes=True,
+        )
+        with pytest.raises(ImageRejected, match=r"origin replica.*unsafe_replica_deltas"):
+            verifier(replica.tagged)
+        unsafe = VerifyPolicy.from_mapping(
+            {"keys": [str(public)], "unsafe_replica_deltas": True}, source="test"
+        )
+        got = SignedImageVerifier(unsafe, client_factory=lambda: client)(replica.tagged)
+        assert isinstance(got, VerifiedDelta) and got.origin == "replica"
 
 
 def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:

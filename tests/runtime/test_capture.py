@@ -183,7 +183,8 @@ def test_serve_compiles_the_class_once_and_the_next_replica_with_the_delta_compi
     monkeypatch.setenv("KERNELBAKE_DELTA_DIGEST", "sha256:" + hashlib.sha256(data).hexdigest())
     assert main(["serve"]) == 0
     err = capfd.readouterr().err
-    assert "merged into the caches: 1 files" in err
+    assert "merged into the caches (UNSAFE: the bytes a replica wrote, not rebuilt" in err
+    assert "): 1 files" in err
     assert "start-up compiled nothing: 0 new files in inductor, triton" in err
 
 

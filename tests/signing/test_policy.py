@@ -166,3 +166,21 @@ def test_policy_file_errors_name_file_line_and_field(tmp_path: Path) -> None:
         BadInput, match=r"admission.yaml:3: verify.identities\[0\]: give exactly one of subject"
     ):
         load_policy(policy)
+
+
+def test_replica_signed_deltas_are_refused_unless_the_unsafe_setting_says_otherwise(
+    keys: KeyPair, tmp_path: Path
+) -> None:
+    (tmp_path / "k.pub").write_bytes(keys.public_path.read_bytes())
+    default = tmp_path / "default.yaml"
+    default.write_text("keys: [k.pub]\n")
+    assert load_policy(default).unsafe_replica_deltas is False
+    assert "UNSAFE" not in load_policy(default).describe()
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("verify:\n  keys: [k.pub]\n  unsafe_replica_deltas: true\n")
+    assert load_policy(unsafe).unsafe_replica_deltas is True
+    assert "UNSAFE: cache deltas of a replica's own bytes" in load_policy(unsafe).describe()
+    with pytest.raises(BadInput, match=r"unsafe_replica_deltas: expected true or false"):
+        VerifyPolicy.from_mapping(
+            {"keys": [str(keys.public_path)], "unsafe_replica_deltas": "yes"}, source=SRC
+        )

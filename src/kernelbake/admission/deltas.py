@@ -19,6 +19,9 @@ last of a name listed twice, so judging the first let a second pin a delta nobod
 so does every mount at or inside ``DELTA_ROOT``: only the verified delta's volume, whole.
 ``serve`` then still checks every file's sha256, the key, the base bundle and that no baked
 file changes (``runtime.delta``); nothing here reads the files.
+
+A delta of a replica's own bytes (origin ``replica``) verifies only under a policy with
+``unsafe_replica_deltas`` (``signing.delta``); the answer then says so for each container.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from kernelbake.admission.gateway import Accepted, Outcome
 from kernelbake.admission.references import InvalidReference, parse_reference
 from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.workloads import CONTAINER_FIELDS
-from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
 from kernelbake.contract.key import CacheKey
 
 
@@ -53,6 +56,9 @@ class DeltaLike(Protocol):
 
     @property
     def manifest_digest(self) -> str: ...
+
+    @property
+    def origin(self) -> str: ...
 
 
 def delta_of(outcome: Outcome | None) -> DeltaLike | None:
@@ -139,6 +145,16 @@ def _mount_problems(
     return [m for m in mounts if m.get("name") in deltas], problems
 
 
+def _unsafe_origin(subject: str, delta: DeltaLike) -> list[str]:
+    """The answer's word on a delta of a replica's own bytes (verified only under the unsafe setting)."""
+    if delta.origin == Origin.REBUILT.value:
+        return []
+    return [
+        f"{subject}: UNSAFE: the bytes a replica wrote, signed without a rebuild; admitted only because the "
+        "policy sets verify.unsafe_replica_deltas"
+    ]
+
+
 def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: bool) -> CacheDecision:
     """Problems, notes and (``mutate``) the patch that pins each mounted delta for ``serve``."""
     deltas = {v.name: (v, d) for v in plan.volumes if (d := delta_of(outcomes.get(v.target))) is not None}
@@ -176,6 +192,7 @@ def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: b
             problems += found
             if found or wrong:
                 continue
+            notes += _unsafe_origin(subject, delta)
             if not env and mutate:
                 append(
                     patch,

@@ -16,6 +16,10 @@ engine opens any cache, and only on a warm start from the baked caches, ``serve`
 Then its files are copied into the cache root the engine will use (each hashed again as it is
 copied). Any check failing: nothing is copied, a copy failing half-way: what was copied is
 removed; either way the start goes on from the baked caches alone and says why.
+
+The merge line names where the bytes come from (delta.json's ``origin``): rebuilt by which
+builder, or a replica's own bytes, which only a policy with ``unsafe_replica_deltas`` admits
+(serve cannot see the policy, so it says UNSAFE each time).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaFile,
     DeltaManifest,
+    Origin,
 )
 from kernelbake.contract.delta import conflicts as delta_conflicts
 from kernelbake.contract.layout import CacheKind
@@ -59,12 +64,22 @@ class DeltaOutcome:
     seconds: float = 0.0
     # "verified": every file's sha256 was checked against delta.json, itself pinned.
     verified: bool = False
+    origin: str = ""  # delta.json's, once read
+    builder: str = ""  # who rebuilt it, for a rebuilt delta
+
+    def provenance(self) -> str:
+        if self.origin == Origin.REBUILT.value:
+            return f"rebuilt by {self.builder}"
+        return (
+            "UNSAFE: the bytes a replica wrote, not rebuilt (admitted only by a policy with "
+            "verify.unsafe_replica_deltas)"
+        )
 
     def line(self) -> str:
         if self.used:
             return (
-                f"cache delta {self.digest} merged into the caches: {self.files} files ({self.bytes} B), "
-                f"sha256 of every file checked in {self.seconds:.2f} s"
+                f"cache delta {self.digest} merged into the caches ({self.provenance()}): {self.files} files "
+                f"({self.bytes} B), sha256 of every file checked in {self.seconds:.2f} s"
             )
         return f"WARNING: cache delta at {self.where} not used, starting from the baked caches alone: {self.reason}"
 
@@ -78,6 +93,8 @@ class DeltaOutcome:
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "verified": self.verified,
+            "origin": self.origin,
+            "builder": self.builder,
         }
 
 
@@ -232,4 +249,6 @@ def apply(
         bytes=sum(f.size for f in new),
         seconds=time.monotonic() - started,
         verified=True,
+        origin=delta.origin.value,
+        builder=delta.rebuild.builder if delta.rebuild else "",
     )

@@ -9,6 +9,7 @@ verify:
     - keys/kernelbake.pub
   trusted_root: trusted_root.json   # Sigstore trusted root for keyless, offline; or sigstore-public-good
   require_attestation: true         # default
+  unsafe_replica_deltas: false      # default: a cache delta must be rebuilt by a trusted build
 ```
 
 The policy checks its own invariants when built: trusting nobody is an error (fail closed), an
@@ -38,7 +39,7 @@ from kernelbake.textfile import read_text
 from kernelbake.validate import Source, load_yaml, quoted
 
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
-_FIELDS = ("identities", "keys", "trusted_root", "require_attestation")
+_FIELDS = ("identities", "keys", "trusted_root", "require_attestation", "unsafe_replica_deltas")
 _IDENTITY_FIELDS = ("issuer", "issuer_regex", "subject", "subject_regex")
 
 
@@ -121,6 +122,9 @@ class VerifyPolicy:
     # Path to a trusted_root.json, or PUBLIC_GOOD; needed by identities.
     trusted_root: str | None = None
     require_attestation: bool = True
+    # Accept cache deltas signed as a replica wrote them (origin replica): code that anything
+    # able to write that replica's cache root chose, run by every replica that mounts it.
+    unsafe_replica_deltas: bool = False
     source: str = "policy"
 
     def __post_init__(self) -> None:
@@ -136,10 +140,14 @@ class VerifyPolicy:
             )
         if not isinstance(self.require_attestation, bool):
             raise PolicyError(f"{self.source}: require_attestation must be true or false")
+        if not isinstance(self.unsafe_replica_deltas, bool):
+            raise PolicyError(f"{self.source}: unsafe_replica_deltas must be true or false")
 
     def describe(self) -> str:
         parts = [f"key {k.fingerprint} ({k.name})" for k in self.keys]
         parts += [f"identity {i}" for i in self.identities]
+        if self.unsafe_replica_deltas:
+            parts.append("UNSAFE: cache deltas of a replica's own bytes (unsafe_replica_deltas)")
         return "; ".join(parts)
 
     @classmethod
@@ -164,11 +172,15 @@ class VerifyPolicy:
         require = data.get("require_attestation", True)
         if not isinstance(require, bool):
             raise src.error("require_attestation", f"expected true or false, got {quoted(require)}")
+        unsafe = data.get("unsafe_replica_deltas", False)
+        if not isinstance(unsafe, bool):
+            raise src.error("unsafe_replica_deltas", f"expected true or false, got {quoted(unsafe)}")
         return cls(
             identities=identities,
             keys=keys,
             trusted_root=trusted_root,
             require_attestation=require,
+            unsafe_replica_deltas=unsafe,
             source=src.where(),
         )
 
