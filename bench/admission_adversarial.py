@@ -19,9 +19,19 @@ where none can be made the JSON says the limit was measured only), so a review t
 would be reclaimed against and then OOM-killed, and the run would fail. The cgroup's own peak
 (resident pages and page cache) and its OOM kills are in the JSON beside the VmHWM sum.
 
+One row (``multiplied_delta``, issue 41 item 4) pushes a signed 99,996-file cache delta under
+four repository names (one digest, each name signed) and sends the review of a pod that names
+all four, never verified before, to both workers at once.
+
+After the bodies, the connection rows of ``bench/admission_connections.py`` (issue 41): a
+40 s churn of connections that half-close, then a 6.6 MB review; 1,023 held TLS connections
+while new connections send reviews and probes (the server runs with ``--health-port``).
+
 Targets: peak RSS under the deployed limit, /healthz p99 under 100 ms, replies bounded
 (≤ 8 KiB: the message is cut to 4 KiB), every review answered with an AdmissionReview (HTTP
-200), and the body over the limit refused with HTTP 413.
+200), and the body over the limit refused with HTTP 413; after the churn every worker back
+within 32 MiB of its RSS before it and the review answered; while connections are held, every
+new connection's review and every probe on the probes' port answered.
 
     .venv/bin/python bench/admission_adversarial.py [--sizes 65536,1048576,4194304,8388608] [--out PATH]
 """
@@ -37,6 +47,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import socket
 import ssl
 import subprocess
@@ -55,10 +66,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from tests.admission import documents  # noqa: E402
 
+import admission_connections as connections  # noqa: E402 (bench/ is on the path from here)
 from kernelbake.admission.bounds import MESSAGE_BYTES  # noqa: E402
 from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
 from kernelbake.admission.server import MAX_BODY  # noqa: E402
-from memory_cgroup import limited  # noqa: E402 (bench/ is on the path from here)
+from memory_cgroup import limited  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_adversarial.json"
 REPOSITORY = "kernelbake/qwen3-0.6b"
@@ -618,6 +630,40 @@ def row(
     return result, start, end
 
 
+def connection_rows(
+    server: Server, refs: Refs, limit: Any, log: str
+) -> list[tuple[dict[str, Any], float, float]]:
+    """The churn and held-connection rows (``bench/admission_connections.py``)."""
+    probes = re.search(r"probes on http://127\.0\.0\.1:(\d+)", log)
+    if probes is None:
+        raise RuntimeError("the server did not say where its probes are:\n" + log)
+    pids = tree(server.pid)
+
+    def review() -> dict[str, Any]:
+        # To each worker in turn: two at once are 13.2 MB, past the pod's 8 MiB body budget,
+        # and the second would wait for the first's share (a 503 on a busy host).
+        n, body = largest(containers(refs), connections.AFTER_CHURN_BYTES)
+        reset_peaks(pids)
+        with Sampler(pids) as sampler:
+            answers = [post(conn, body) for _, conn in server.connections]
+        return {
+            "body_bytes": len(body),
+            "review_items": n,
+            "answers": answers,
+            "peak_rss": peak_bytes(pids),
+            "sampled_peak_rss": sampler.peak,
+            "sampled_peak_pss": sampler.peak_pss,
+        }
+
+    churn = connections.churn_row(
+        server, pids, lambda: connections.cgroup_usage(limit.path, limit.version), review
+    )
+    print(connections.dumps(churn[0]), file=sys.stderr)
+    held = connections.held_row(server, int(probes.group(1)), encode(annotations(refs)(0)))
+    print(connections.dumps(held[0]), file=sys.stderr)
+    return [churn, held]
+
+
 def declare_only(conn: http.client.HTTPSConnection, body: bytes) -> dict[str, Any]:
     """The head of a POST declaring ``len(body)`` bytes, then the answer: the server refuses a
     body over its limit from the Content-Length, before reading any of it."""
@@ -638,6 +684,108 @@ def declare_only(conn: http.client.HTTPSConnection, body: bytes) -> dict[str, An
         "reply_bytes": len(payload),
         "error": payload[:160].decode(errors="replace"),
     }
+
+
+# ---- one signed blob under many names (issue 41, item 4) -------------------------------------
+
+# A delta of as many files as the issue's (contract.delta.MAX_FILES is 100,000), copied byte for
+# byte under this many repository names, each signed: one review names them all.
+DELTA_FILES = 99_996
+DELTA_NAMES = 4
+DELTA_ROOT = "/opt/kernelbake/delta"
+
+
+def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Push one signed DELTA_FILES-file delta layered on the signed image under DELTA_NAMES
+    repositories (the same digest), signed with the bench's key (``world``'s work/keys), and the
+    review of a pod that runs the image, mounts the first at DELTA_ROOT and names the others as
+    image volumes. Returns (the review, what was pushed)."""
+    from kernelbake.contract.delta import DeltaFile, DeltaManifest
+    from kernelbake.contract.key import key_from_labels
+    from kernelbake.contract.layout import CacheKind
+    from kernelbake.oci import RegistryClient, parse_reference
+    from kernelbake.oci.types import sha256_digest
+    from kernelbake.remote import read_cache_manifest, read_image
+    from kernelbake.signing.delta import push_delta
+    from kernelbake.signing.keys import load_private_key
+    from kernelbake.signing.sign import sign_image
+    from kernelbake.signing.signer import KeySigner
+
+    client = RegistryClient(timeout=120)
+    base = parse_reference(refs.image)
+    facts = read_image(client, base, client.get_manifest(base))
+    _layer, cache_manifest = read_cache_manifest(client, facts)
+    source = work / "multiplied-delta"
+    files = []
+    empty = hashlib.sha256(b"").hexdigest()
+    for i in range(DELTA_FILES):
+        name = hashlib.sha256(str(i).encode()).hexdigest()
+        rel = f"triton/{i % 256:02x}{name[:30]}/{name[30:]}.cubin"
+        (source / rel).parent.mkdir(parents=True, exist_ok=True)
+        (source / rel).touch()
+        files.append(DeltaFile(path=rel, size=0, sha256=empty, kind=CacheKind.TRITON))
+    delta = DeltaManifest(
+        key=key_from_labels(facts.labels),
+        base_image=None,
+        base_manifest=sha256_digest(cache_manifest),
+        files=tuple(files),
+        replica="bench",
+    )
+    (source / "delta.json").write_text(delta.to_json())
+    signer = KeySigner(load_private_key(work / "keys" / "bench.key"))
+    registry = refs.repository.split("/", 1)[0]
+    first = push_delta(
+        source, base=refs.image, signer=signer, client=client, to=f"{registry}/kernelbake/delta-copy-0:d"
+    )
+    # The others: its manifest and blobs copied byte for byte (as `crane copy` would), each
+    # name signed, no attestation (a delta's review reads its signature only).
+    pinned = parse_reference(first.reference)
+    top = client.get_manifest(pinned)
+    tagged = [first.tagged]
+    for i in range(1, DELTA_NAMES):
+        dest = parse_reference(f"{registry}/kernelbake/delta-copy-{i}:d")
+        for blob in (top.config, *top.layers):
+            client.put_blob(dest, client.get_blob(pinned, blob.digest, max_bytes=1 << 30))
+        client.put_manifest(dest, top.data, top.media_type)
+        sign_image(f"{dest.name}@{top.digest}", signer, client=client, attest=False)
+        tagged.append(f"{dest.name}:{dest.tag}")
+    container = engine(refs.image)
+    container["volumeMounts"] = [{"name": "delta-0", "mountPath": DELTA_ROOT, "readOnly": True}]
+    container["env"] = [{"name": "KERNELBAKE_DELTA_DIGEST", "value": first.manifest_digest}]
+    spec = on_h100(
+        {
+            "containers": [container],
+            "volumes": [{"name": f"delta-{i}", "image": {"reference": t}} for i, t in enumerate(tagged)],
+        }
+    )
+    what = {
+        "files": DELTA_FILES,
+        "names": DELTA_NAMES,
+        "digest": top.digest,
+        "delta_json_bytes": len(delta.to_json().encode()),
+    }
+    return review_of(spec), what
+
+
+def multiplied_delta_row(server: Server, refs: Refs, work: Path) -> tuple[dict[str, Any], float, float]:
+    """The review naming one signed delta under DELTA_NAMES names, on every worker at once,
+    none of them verified before: each worker verifies every name's signature and reads the
+    delta.json once, and the pod reads one at a time (admission.delta_reads)."""
+    doc, what = multiplied_delta(refs, work)
+    body = encode(doc)
+    # Pushing took minutes: the server has closed the idle kept-alive connections by now.
+    server.reconnect(1)
+    measured, start, end = row(server, [body] * len(server.connections))
+    entry = {
+        "shape": "multiplied_delta",
+        "what": f"one signed {DELTA_FILES}-file delta under {DELTA_NAMES} repository names, in one review",
+        **what,
+        "body_bytes": len(body),
+        "items": DELTA_NAMES,
+        "item": "repository names of one signed delta",
+        **measured,
+    }
+    return entry, start, end
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -675,7 +823,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with (
         world(work) as (refs, policy, certs),
         limited(MEMORY_LIMIT) as limit,
-        live.serving(policy, certs, workers=args.workers, wrap=limit.wrap) as served,
+        live.serving(
+            policy, certs, workers=args.workers, wrap=limit.wrap, options=["--health-port", "0"]
+        ) as served,
     ):
         cafile = str(certs / "ca.crt")
         # The parent says it listens before it forks the workers: wait for them.
@@ -744,6 +894,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     print(
                         json.dumps({k: entry[k] for k in ("shape", "body_bytes", "items")}), file=sys.stderr
                     )
+            # One signed blob under many names, never verified before, on every worker at once.
+            windows.append(multiplied_delta_row(server, refs, work))
             # The API server opens more connections when reviews are slow: the largest bodies
             # of the heaviest shapes, CONCURRENT at once on each worker.
             server.reconnect(CONCURRENT)
@@ -768,6 +920,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # reviews on the API server's kept-alive connections go on meanwhile.
             windows.append(flood_row(server, refs))
             server.reconnect(1)
+            windows += connection_rows(server, refs, limit, served.log)
             # One byte past the limit: HTTP 413 from the head, before any of the body is read.
             body = over_max_body(refs)
             measured, start, end = row(server, [body] * len(server.connections), declare_only)
@@ -830,6 +983,11 @@ def summarise(rows: list[dict[str, Any]], pooled: dict[str, Any], memory: dict[s
         "no_oom_kill_under_enforced_limit": not memory["enforced"] or not memory.get("oom_kills"),
         "healthz_p99_under_100ms": pooled["p99_ms"] < HEALTHZ_P99_MS and failed_probes == 0,
         "reply_bytes_bounded": reply <= REPLY_BOUND,
+        # The multiplied delta's pod is a valid one: admitted, within the memory above.
+        "multiplied_delta_admitted": all(
+            a.get("allowed") for r in rows if r["shape"] == "multiplied_delta" for a in r["answers"]
+        ),
+        **connections.targets(rows),
     }
     return {
         "reply_bytes": {"max": reply, "bound": REPLY_BOUND},

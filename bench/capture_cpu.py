@@ -1,9 +1,16 @@
-"""Capture on the CPU default image (issue 36 item 3): a replica serves a request class the
-build's warm-up does not cover and compiles for it; ``kernelbake capture collect`` takes what its
-caches gained; ``capture push`` pushes it layered on the image, signed with a fresh key and
-attested; ``capture verify`` checks it as admission does; a new replica starts with the delta
-mounted at /opt/kernelbake/delta and ``$KERNELBAKE_DELTA_DIGEST`` set to the verified digest,
-and serves the same class without compiling.
+"""Capture on the CPU default image (issues 36 and 42): a replica serves a request class the
+build's warm-up does not cover and compiles for it; a line is then appended to a Python module
+Inductor compiled for it (the poisoned replica). ``kernelbake capture record`` records the class
+and what the caches gained (claims, no bytes); ``capture rebuild`` runs the image by digest with
+no network and fake weights, replays the class and takes only what that trusted build compiled;
+``capture push`` pushes that, layered on the image (default tag: one per base digest), signed
+with a fresh key and attested as rebuilt; ``capture verify`` checks it as admission does; a new
+replica starts with the delta mounted at /opt/kernelbake/delta and ``$KERNELBAKE_DELTA_DIGEST``
+set to the verified digest, and serves the same class without compiling. The poisoned bytes:
+never in the rebuilt delta; the replica's own delta (``capture collect``) is refused at push
+without ``--unsafe-replica-bytes`` and, pushed with it, by ``capture verify`` under the default
+policy. Determinism on this image: the rebuild's files against the replica's (before the
+poison), per kind: same engine keys, same paths, same bytes.
 
     python3 bench/capture_cpu.py --image "$(cat build/image.ref)" --out bench/results/capture_cpu.json
 
@@ -38,7 +45,10 @@ from typing import Any
 # for at most 5 (runtime/engines/vllm/warmup.py); on vLLM 0.32.0's CPU build this request makes
 # Inductor compile a graph of its own (seen: 5 new files under inductor/).
 CLASS = {"max_tokens": 8, "logprobs": 20, "temperature": 0.7, "top_k": 3, "prompt": "hello"}
-READY_TIMEOUT = 600
+# A loaded 2-core host took over 600 s to start a replica (load average 20).
+READY_TIMEOUT = 1500.0
+# Appended to a module Inductor compiled: it would run on the next replica's first hit.
+POISON = '\nopen("/tmp/kernelbake-poisoned", "w").write("ran")\n'
 
 
 def sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -106,6 +116,11 @@ def overlay(src: Path | None) -> list[str]:
     return [] if src is None else ["-v", f"{src}:/kbsrc:ro", "-e", "PYTHONPATH=/kbsrc"]
 
 
+def overlay_flags(src: Path | None) -> list[str]:
+    """``overlay`` as single-word flags, for ``capture rebuild --docker-arg``."""
+    return [] if src is None else [f"--volume={src}:/kbsrc:ro", "--env=PYTHONPATH=/kbsrc"]
+
+
 def replica(image: str, src: Path | None, name: str, port: int, extra: list[str]) -> dict[str, Any]:
     sh(["docker", "rm", "-f", name])
     started = time.monotonic()
@@ -169,7 +184,8 @@ def refusals(
         pin = digest
         doc = json.loads((root / "delta.json").read_text())
         if case == "tampered_file":
-            victim = root / doc["kinds"]["inductor"]["files"][0]["path"]
+            # The first file of the first kind (Inductor on the CPU image; whatever a GPU compiled).
+            victim = root / next(iter(sorted(doc["kinds"].items())))[1]["files"][0]["path"]
             data = bytearray(victim.read_bytes())
             data[0] ^= 1
             victim.write_bytes(bytes(data))
@@ -191,6 +207,62 @@ def refusals(
     return out
 
 
+def sha256s(name: str, paths: list[str]) -> dict[str, str]:
+    """The sha256 of each cache file in the container, as it is now."""
+    if not paths:
+        return {}
+    out = must(["docker", "exec", "-w", "/opt/kernelbake/cache", name, "sha256sum", "--", *paths])
+    return {line.split(None, 1)[1].strip(): line.split(None, 1)[0] for line in out.splitlines() if line}
+
+
+def poison(name: str, gained: list[str]) -> str:
+    """Append a line to a Python module Inductor compiled for the class (what a sidecar on the
+    volume, or a bug in serving code, could do); returns its path."""
+    victim = next((p for p in gained if p.endswith(".py")), gained[0])
+    must(["docker", "exec", "-i", name, "sh", "-c", f"cat >> /opt/kernelbake/cache/{victim}"], input=POISON)
+    return victim
+
+
+def determinism(clean: dict[str, str], rebuilt: dict[str, Any]) -> dict[str, Any]:
+    """Per kind: the rebuild's files against the replica's as it compiled them (lock files,
+    which the replica's listing leaves out, aside)."""
+    built = {f["path"]: f["sha256"] for k in rebuilt["kinds"].values() for f in k["files"]}
+    out: dict[str, Any] = {}
+    for kind in sorted({p.split("/")[0] for p in (*clean, *built)}):
+        mine = {p: h for p, h in clean.items() if p.startswith(kind + "/")}
+        theirs = {p: h for p, h in built.items() if p.startswith(kind + "/") and not p.endswith(".lock")}
+        both = mine.keys() & theirs.keys()
+        out[kind] = {
+            "replica_files": len(mine),
+            "rebuilt_files": len(theirs),
+            "same_paths": len(both),
+            "same_bytes": sum(mine[p] == theirs[p] for p in both),
+            "other_bytes": sorted(p for p in both if mine[p] != theirs[p]),
+            "only_replica": sorted(mine.keys() - theirs.keys()),
+            "only_rebuild": sorted(theirs.keys() - mine.keys()),
+        }
+    return out
+
+
+def replica_signed(
+    kb: list[str], env: dict[str, str], delta: Path, base: str, to: str, policy: Path, key: Path
+) -> dict[str, Any]:
+    """The poisoned replica's own bytes: refused at push without the unsafe flag; pushed with it,
+    refused by ``capture verify`` under the default policy."""
+    push = [*kb, "capture", "push", str(delta), "--base", base, "--to", to, "--key", str(key)]
+    plain = sh(push, env=env)
+    unsafe = sh([*push, "--unsafe-replica-bytes"], env=env)
+    verify = sh([*kb, "capture", "verify", to, "--base", base, "--policy", str(policy)], env=env)
+    return {
+        "push_rc": plain.returncode,
+        "push_message": (plain.stderr or plain.stdout).strip()[-600:],
+        "unsafe_push_rc": unsafe.returncode,
+        "unsafe_push": unsafe.stdout.strip()[-600:],
+        "verify_rc": verify.returncode,
+        "verify_message": (verify.stderr or verify.stdout).strip()[-600:],
+    }
+
+
 def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work: Path) -> dict[str, Any]:
     """``capture verify`` with a policy that trusts another key than the one that signed it."""
     must([*kb, "generate-key-pair", "--dir", str(work / "foreign"), "--name", "foreign"], env=env)
@@ -201,6 +273,7 @@ def foreign_key(kb: list[str], env: dict[str, str], delta: str, base: str, work:
 
 
 def main() -> int:
+    global READY_TIMEOUT  # one run, one setting: ready() reads it
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", required=True, help="REPO@sha256:… of the pushed CPU image")
     p.add_argument(
@@ -216,7 +289,12 @@ def main() -> int:
     p.add_argument(
         "--docker-arg", action="append", default=[], help="passed to every docker run (e.g. --gpus=all)"
     )
+    p.add_argument("--builder", default=f"bench-{os.uname().nodename}", help="the rebuild's builder name")
+    p.add_argument(
+        "--ready-timeout", type=float, default=READY_TIMEOUT, help="seconds a replica may take to /health"
+    )
     a = p.parse_args()
+    READY_TIMEOUT = a.ready_timeout
     kb = a.kernelbake.split()
     src = a.src.resolve() if a.src else None
     repo = a.image.partition("@")[0]
@@ -235,6 +313,11 @@ def main() -> int:
         ),
         "request_class": a.request,
     }
+    # A fresh key without a password (none of the host's key variables).
+    skip = ("KERNELBAKE_SIGNING_KEY_PASSWORD", "COSIGN_PASSWORD")
+    env = {k: v for k, v in os.environ.items() if k not in skip}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     with tempfile.TemporaryDirectory(prefix="kb-capture-bench-") as tmp:
         work = Path(tmp)
         one = "kb-capture-bench-1"
@@ -244,32 +327,62 @@ def main() -> int:
             first["gained_before_request"] = gained(one)
             first["request"] = ask(a.port, model, a.request)
             first["gained_after_request"] = gained(one)
+            clean = sha256s(one, first["gained_after_request"])
+            first["poisoned"] = poison(one, first["gained_after_request"])
+            recorded = must(
+                ["docker", "exec", one, "python3", "-m", "kernelbake", "capture", "record",
+                 "--out", "/tmp/record.json", "--request", json.dumps(a.request), "--replica", one]
+            )  # fmt: skip
+            first["record"] = recorded.strip().splitlines()
+            must(["docker", "cp", f"{one}:/tmp/record.json", str(work / "record.json")])
             collected = must(
                 ["docker", "exec", one, "python3", "-m", "kernelbake", "capture", "collect",
                  "--out", "/tmp/delta", "--replica", one]
             )  # fmt: skip
             first["collect"] = collected.strip().splitlines()
-            must(["docker", "cp", f"{one}:/tmp/delta", str(work / "delta")])
+            must(["docker", "cp", f"{one}:/tmp/delta", str(work / "replica-delta")])
         finally:
             sh(["docker", "rm", "-f", one])
         doc["first_replica"] = first
+        doc["record"] = json.loads((work / "record.json").read_text())
+
+        started = time.monotonic()
+        said = must(
+            [*kb, "capture", "rebuild", str(work / "record.json"), "--image", a.image,
+             "--out", str(work / "delta"), "--builder", a.builder, "--json",
+             *(f"--docker-arg={x}" for x in [*a.docker_arg, *overlay_flags(src)])], env=env,
+        )  # fmt: skip
+        rebuilt = json.loads(said[said.index("\n{") + 1 :])
+        rebuilt["lines"] = said[: said.index("\n{")].splitlines()
+        rebuilt["seconds"] = round(time.monotonic() - started, 1)
+        doc["rebuild"] = rebuilt
+        if rebuilt["out"] is None:
+            a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            raise SystemExit(f"the rebuild compiled nothing for the class: {rebuilt['lines']}")
         doc["delta_manifest"] = json.loads((work / "delta" / "delta.json").read_text())
+        doc["determinism"] = determinism(clean, doc["delta_manifest"])
+        victim = work / "delta" / first["poisoned"]
+        claimed = {f["path"]: f["sha256"] for k in doc["record"]["claims"].values() for f in k["files"]}
+        in_delta = {f["sha256"] for k in doc["delta_manifest"]["kinds"].values() for f in k["files"]}
+        doc["poisoned_replica"] = {
+            "path": first["poisoned"],
+            "clean_sha256": clean.get(first["poisoned"]),
+            "poisoned_sha256": claimed.get(first["poisoned"]),
+            "poisoned_sha256_in_delta": claimed.get(first["poisoned"]) in in_delta,
+            "rebuilt_sha256": hashlib.sha256(victim.read_bytes()).hexdigest() if victim.exists() else None,
+            "named_as_other_bytes": first["poisoned"] in rebuilt["differed"],
+        }
 
         keys = work / "keys"
-        # A fresh key without a password (none of the host's key variables).
-        skip = ("KERNELBAKE_SIGNING_KEY_PASSWORD", "COSIGN_PASSWORD")
-        env = {k: v for k, v in os.environ.items() if k not in skip}
-        if src is not None:
-            env["PYTHONPATH"] = str(src)
         must([*kb, "generate-key-pair", "--dir", str(keys), "--name", "capture-bench"], env=env)
-        to = f"{repo}:capture-bench-delta"
         pushed = json.loads(
             must(
-                [*kb, "capture", "push", str(work / "delta"), "--base", a.image, "--to", to,
+                [*kb, "capture", "push", str(work / "delta"), "--base", a.image,
                  "--key", str(keys / "capture-bench.key"), "--replica", one, "--json"], env=env,
             ).split("\n", 1)[1]
         )  # fmt: skip
         doc["push"] = pushed
+        to = pushed["tagged"]
         policy = work / "policy.yaml"
         policy.write_text(f"keys: [{keys / 'capture-bench.pub'}]\n")
         verified = json.loads(
@@ -313,14 +426,28 @@ def main() -> int:
             status = sh(["docker", "exec", two, "cat", "/tmp/kernelbake-status.json"])
             if status.returncode == 0:
                 second["status_delta"] = json.loads(status.stdout).get("preflight", {}).get("delta")
+            second["poison_ran"] = (
+                sh(["docker", "exec", two, "test", "-e", "/tmp/kernelbake-poisoned"]).returncode == 0
+            )
         finally:
             sh(["docker", "rm", "-f", two])
         doc["next_replica"] = second
         doc["refused"] = refusals(a.image, src, mounted, work, verified["manifest_digest"], a.docker_arg)
         doc["refused"]["foreign_key"] = foreign_key(kb, env, to, a.image, work)
+        doc["refused"]["replica_signed"] = replica_signed(
+            kb, env, work / "replica-delta", a.image, f"{repo}:capture-bench-replica-delta", policy,
+            keys / "capture-bench.key",
+        )  # fmt: skip
+        # The pulled delta is this run's local copy; the registry keeps what was pushed.
+        sh(["docker", "rmi", delta_ref])
     merged = [line for line in second["serve"] if "cache delta" in line]
+    poisoned = doc["poisoned_replica"]
+    signed = doc["refused"]["replica_signed"]
     doc["summary"] = {
         "delta_files": sum(len(k["files"]) for k in doc["delta_manifest"]["kinds"].values()),
+        "delta_origin": doc["delta_manifest"]["origin"],
+        "rebuild_s": rebuilt["seconds"],
+        "rebuild_dropped": len(rebuilt["dropped"]),
         "verified": bool(verified.get("verified")) and any("merged into the caches" in m for m in merged),
         "first_replica_compiled_for_the_class": len(first["gained_after_request"])
         - len(first["gained_before_request"]),
@@ -330,25 +457,42 @@ def main() -> int:
         "next_replica_request_s": second["request"]["seconds"],
         "first_ready_s": first["ready_s"],
         "next_ready_s": second["ready_s"],
+        "determinism": {
+            kind: {
+                "same_paths": f"{d['same_paths']}/{d['replica_files']}",
+                "same_bytes": f"{d['same_bytes']}/{d['same_paths']}",
+            }
+            for kind, d in doc["determinism"].items()
+        },
+        "poisoned_bytes_in_rebuilt_delta": poisoned["poisoned_sha256_in_delta"] or second["poison_ran"],
     }
     doc["summary"]["refused"] = {
         case: bool(r["delta"] is not None and not r["delta"]["used"] and not r["delta"]["verified"])
         for case, r in doc["refused"].items()
-        if case != "foreign_key"
+        if case not in ("foreign_key", "replica_signed")
     }
     doc["summary"]["refused"]["foreign_key"] = doc["refused"]["foreign_key"]["rc"] != 0
+    doc["summary"]["refused"]["replica_signed_push"] = signed["push_rc"] == 2
+    doc["summary"]["refused"]["replica_signed_verify"] = (
+        signed["unsafe_push_rc"] == 0
+        and signed["verify_rc"] != 0
+        and "unsafe_replica_deltas" in signed["verify_message"]
+    )
     doc["load_average_at_end"] = os.getloadavg()[0]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     json.dump(doc["summary"], sys.stdout, indent=1)
     print()
     # Exit 1 unless capture did what it is for: the class compiled on the first replica, the
-    # delta verified and merged, the next replica compiled nothing for it, every bad delta refused.
+    # rebuilt delta verified and merged, the next replica compiled nothing for it, the poison
+    # reached nothing, every bad delta was refused.
     s = doc["summary"]
     met = (
         s["verified"]
+        and s["delta_origin"] == "rebuilt"
         and s["first_replica_compiled_for_the_class"] > 0
         and s["next_replica_compiled_for_the_class"] == 0
+        and not s["poisoned_bytes_in_rebuilt_delta"]
         and all(s["refused"].values())
     )
     return 0 if met else 1

@@ -14,7 +14,10 @@
 #   bench/device.sh stash PART                  calls 1 and 2: .gpu/bundle/PART to /root/stash
 #                                               (a chunk: its files into the parts there)
 #   bench/device.sh install                     call 3: the last part, then vLLM into /tmp/site
-#                                               and this tree to /opt/kernelbake-tree
+#                                               and this tree to /opt/kernelbake-tree; for a
+#                                               bench/gpu-bundle.sh bundle (chunk1..N, its header
+#                                               has the calls), the last chunk, and the bundle's
+#                                               check (bench/gpu_bundle_check.py) must pass
 #   bench/device.sh start NAME [--after RUN] [--private-opt] -- CMD...
 #                                               CMD in /root/tree, in its own session (after RUN
 #                                               ended, if given); $RUN_OUT is its output folder.
@@ -97,11 +100,19 @@ PY
 
 install() {
   [ -d .gpu/bundle/part3 ] && stash part3 > /dev/null
-  find "$STASH" -name '*.piece-00' | while read -r first; do
-    cat "${first%.piece-00}".piece-* > "${first%.piece-00}" && rm "${first%.piece-00}".piece-*
-  done
-  [ -d "$STASH/part1" ] && [ -d "$STASH/part2" ] || die "parts 1 and 2 are not in $STASH (new machine?)"
-  bash "$STASH/part3/install.sh" "$STASH" "$SITE" > /root/install.log 2>&1 || { tail -20 /root/install.log; die "install failed"; }
+  # A bench/gpu-bundle.sh bundle: its last chunk comes with this call.
+  for c in .gpu/bundle/chunk*; do [ -d "$c" ] && stash "$(basename "$c")" > /dev/null; done
+  if [ -f "$STASH/bundle.json" ]; then
+    { bash "$STASH/install.sh" "$STASH" "$SITE" &&
+      PYTHONPATH="$SITE:$PWD/src" python3 bench/gpu_bundle_check.py --bundle "$STASH/bundle.json"; } \
+      > /root/install.log 2>&1 || { cp /root/install.log "$OUT/" 2>/dev/null; tail -30 /root/install.log; die "install failed"; }
+  else
+    find "$STASH" -name '*.piece-00' | while read -r first; do
+      cat "${first%.piece-00}".piece-* > "${first%.piece-00}" && rm "${first%.piece-00}".piece-*
+    done
+    [ -d "$STASH/part1" ] && [ -d "$STASH/part2" ] || die "parts 1 and 2 are not in $STASH (new machine?)"
+    bash "$STASH/part3/install.sh" "$STASH" "$SITE" > /root/install.log 2>&1 || { tail -20 /root/install.log; die "install failed"; }
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> /root/install.log
   # The tree the runs use: the checkout without the bundle (the ignored .gpu/ctx travels).
   rm -rf "$TREE" && mkdir -p "$TREE" && tar cf - --exclude=./.gpu/bundle . | tar xf - -C "$TREE"

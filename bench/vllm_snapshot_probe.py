@@ -1,4 +1,4 @@
-"""What the GPU half of a process snapshot costs on this machine (docs/design/snapshot.md).
+"""What the GPU half of a process snapshot costs on this machine (docs/snapshot.md).
 
 A CRIU + cuda-checkpoint snapshot first has the driver move a process's device state into
 its host memory (``cuCheckpointProcessLock`` then ``cuCheckpointProcessCheckpoint``); CRIU

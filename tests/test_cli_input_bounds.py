@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import pytest
 
 from kernelbake import textfile
 from kernelbake.cli import EXIT_BROKEN_PIPE
-from kernelbake.validate import MAX_YAML_DEPTH
+from kernelbake.validate import MAX_YAML_DEPTH, MAX_YAML_EXPANDED
 from tests.conftest import REPO
 
 KERNELBAKE = [sys.executable, "-m", "kernelbake"]
@@ -49,7 +50,7 @@ BAD: dict[str, tuple[Callable[[Path], None], str]] = {
     "fifo": (lambda p: os.mkfifo(p), "a FIFO, not a regular file"),
     "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "a character device, not a regular file"),
     "nul-byte": (_nul, "is not text (a NUL byte at offset 23)"),
-    "nested-100000-deep": (_deep, f"malformed YAML: nested deeper than {MAX_YAML_DEPTH} levels"),
+    "nested-100000-deep": (_deep, f"YAML refused: nested deeper than {MAX_YAML_DEPTH} levels"),
     "100MB": (_huge, f"over the {textfile.MAX_INPUT_BYTES}-byte limit"),
 }
 
@@ -87,6 +88,104 @@ def test_nesting_within_the_bound_is_read(tmp_path: Path) -> None:
     path.write_text("verify:\n  keys: " + "[" * (MAX_YAML_DEPTH - 1) + "]" * (MAX_YAML_DEPTH - 1) + "\n")
     done = _run("admission", "check-policy", str(path))
     assert f"nested deeper than {MAX_YAML_DEPTH} levels" in done.stderr, done.stderr
+
+
+def _laughs() -> str:
+    """A flow list of ~320 bytes that nine aliases per level expand to 9^9 (387 million) strings."""
+    levels = ['&l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"&l{n} [" + ", ".join([f"*l{n - 1}"] * 9) + "]" for n in range(1, 9)]
+    return "[" + ", ".join(levels) + "]"
+
+
+# Each under a key whose validator quotes the value it refuses; the line is the bomb's.
+BOMBS: dict[str, tuple[str, int, Callable[[str], list[str]]]] = {
+    "policy images[1]": (
+        "mode: enforce\nimages:\n  - 127.0.0.1:5000/kb/**\n  - {bomb}\nverify:\n  keys: [k.pub]\n",
+        4,
+        lambda f: ["admission", "check-policy", f],
+    ),
+    "spec serve.max_num_seqs (render)": (
+        "name: x\nmodel: {{id: org/m, revision: '" + "0" * 40 + "'}}\n"
+        "engine: {{name: vllm, version: '0.32.0'}}\nserve:\n  max_num_seqs: {bomb}\ntargets: [cpu]\n",
+        5,
+        lambda f: ["render", f],
+    ),
+    "spec serve.max_num_seqs (plan)": (
+        "name: x\nmodel: {{id: org/m, revision: '" + "0" * 40 + "'}}\n"
+        "engine: {{name: vllm, version: '0.32.0'}}\nserve:\n  max_num_seqs: {bomb}\ntargets: [cpu]\n",
+        5,
+        lambda f: ["plan", f],
+    ),
+    "verify policy identities[0].subject": (
+        "identities:\n  - issuer: https://ci.example\n    subject: {bomb}\ntrusted_root: sigstore-public-good\n",
+        3,
+        COMMANDS["verify --policy"],
+    ),
+}
+
+
+def _two_gib() -> None:
+    # The expanded document took 5-5.8 GB before it was bounded: on a shared machine the old
+    # behaviour ends in a MemoryError here, not in the host's OOM killer.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("case", list(BOMBS))
+def test_a_billion_laughs_under_a_quoted_key_is_refused_at_load(case: str, tmp_path: Path) -> None:
+    text, line, command = BOMBS[case]
+    path = tmp_path / "input.yaml"
+    path.write_text(text.format(bomb=_laughs()))
+    assert path.stat().st_size < 700
+    argv = command(str(path))
+    done = subprocess.run(
+        [*KERNELBAKE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        preexec_fn=_two_gib,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (
+        f"kernelbake {argv[0]}: error: {path}:{line}: YAML refused: aliases expand the document past "
+        f"{MAX_YAML_EXPANDED:,} values and characters (an alias names its anchor's whole value again); "
+        "write the values out\n"
+    )
+
+
+_LONG = "A" * 200_000
+# A value as long as a file may hold, where a validator (or the reference and host parsers
+# behind it) quotes what it refuses: each quote is cut (validate.quoted).
+LONG_VALUES: dict[str, tuple[str, Callable[[str], list[str]]]] = {
+    "policy images[0]": (
+        f"images:\n  - {_LONG}/x\nverify:\n  keys: [k.pub]\n",
+        lambda f: ["admission", "check-policy", f],
+    ),
+    "policy unverified_registries[0]": (
+        "images: [r.example/x]\nunlisted_registries: deny\n"
+        f"unverified_registries:\n  - {_LONG.lower()}:99999\nverify:\n  keys: [k.pub]\n",
+        lambda f: ["admission", "check-policy", f],
+    ),
+    "spec serve.dtype": (
+        "name: x\nmodel: {id: org/m, revision: '" + "0" * 40 + "'}\n"
+        f"engine: {{name: vllm, version: '0.32.0'}}\nserve:\n  dtype: {_LONG}\ntargets: [cpu]\n",
+        lambda f: ["plan", f],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LONG_VALUES))
+def test_a_long_value_is_quoted_cut_in_one_short_line(case: str, tmp_path: Path) -> None:
+    text, command = LONG_VALUES[case]
+    path = tmp_path / "input.yaml"
+    path.write_text(text)
+    argv = command(str(path))
+    done = _run(*argv)
+    assert done.returncode == 2, done.stderr[:2000]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"kernelbake {argv[0]}: error: {path}:") and "...' (200,0" in line
+    assert len(line) < 2000, len(line)  # was 600,138 characters for the policy pattern
 
 
 def test_a_request_on_stdin_is_read_within_the_body_limit() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.errors import BadInput, SpecError
-from kernelbake.validate import Source, load_yaml
+from kernelbake.validate import MAX_QUOTED, MAX_YAML_EXPANDED, Source, load_yaml, quoted
 
 DOC = """\
 name: x
@@ -138,3 +138,42 @@ def test_a_key_given_twice_is_refused_naming_both_lines(
 def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
     data, _ = _load(tmp_path, "base: &b {dtype: a, tp: 1}\nserve:\n  <<: *b\n  dtype: b\n")
     assert data == {"base": {"dtype": "a", "tp": 1}, "serve": {"dtype": "b", "tp": 1}}
+
+
+def test_aliases_are_weighed_as_they_expand(tmp_path: Path) -> None:
+    # 4 scalars of 1,000 characters, aliased: each alias weighs its anchor's whole value again.
+    item = "x" * 999
+    within = MAX_YAML_EXPANDED // 1000 // 4 - 2
+    text = f"a: &a [{item}, {item}, {item}, {item}]\nb: [" + ", ".join(["*a"] * within) + "]\n"
+    data, _ = _load(tmp_path, text)
+    assert isinstance(data, dict) and len(data["b"]) == within
+    with pytest.raises(
+        SpecError, match=r"f.yaml:2: YAML refused: aliases expand the document past 1,048,576"
+    ):
+        _load(tmp_path, text.replace("*a]", "*a, *a, *a, *a]"))
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"f.yaml:2: YAML refused: alias \*r is inside its own anchor"):
+        _load(tmp_path, "a: &r\n  - *r\n")
+
+
+def test_quoted_values_are_cut_whatever_their_size() -> None:
+    assert quoted("red") == "'red'" and quoted(8) == "8" and quoted([1, "a"]) == "[1, 'a']"
+    assert quoted("x" * 100_000) == "'" + "x" * 80 + "...' (100,000 characters)"
+    assert quoted("y" * 100, chars=512) == repr("y" * 100)
+    assert len(quoted([["x" * 1000] * 4] * 4)) == MAX_QUOTED
+    nested: list[object] = ["lol"] * 9
+    for _ in range(8):
+        nested = [nested] * 9  # 9^9 strings, shared as a YAML alias shares them
+    assert len(quoted(nested)) <= MAX_QUOTED
+
+
+def test_a_validator_quotes_a_bounded_part_of_what_it_refuses(tmp_path: Path) -> None:
+    _, src = _load(tmp_path)
+    with pytest.raises(SpecError) as info:
+        src.positive_int("9" * 200_000, "serve.max_num_seqs")
+    assert info.value.message.startswith(
+        f"{tmp_path}/f.yaml:2: serve.max_num_seqs: expected a positive integer, got '9999"
+    )
+    assert len(info.value.message) < 300

@@ -9,13 +9,12 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-import yaml
-
 from kernelbake._suggest import did_you_mean
-from kernelbake.contract.engines import Build
+from kernelbake.contract.engines import Build, nearest_release
 from kernelbake.contract.key import NONE, Engine
 from kernelbake.contract.platform import Software
 from kernelbake.errors import UnknownName
+from kernelbake.validate import parse_yaml
 
 __all__ = ["CPU", "Build", "Catalogue", "EngineRelease", "Gpu", "Validation", "load_catalogue"]
 
@@ -102,12 +101,16 @@ class Catalogue:
             pass
         known = sorted({v for (e, v, _b) in self.engines if e is engine}, key=_version_order)
         if version in known:
+            built = [v for (e, v, b) in self.engines if e is engine and b is build]
+            nearest = nearest_release(version, built)
             raise UnknownName(
                 f"{where}: {engine.value} {version} has no {build.value} build in kernelbake's data; "
-                f"supported: {self.supported(engine)}"
+                + (f"the nearest release with one is {nearest}; " if nearest != NONE else "")
+                + f"supported: {self.supported(engine)}"
             )
         raise UnknownName(
             f"{where}: {engine.value} {version!r} is not a supported release; "
+            f"the nearest is {nearest_release(version, known)}; "
             f"supported: {self.supported(engine)} (src/kernelbake/data/engines.yaml)"
         )
 
@@ -133,8 +136,10 @@ def _version_order(version: str) -> tuple[int, ...]:
 
 
 def _load(name: str) -> Any:
+    # The package's own data, but parsed within the same bounds as every other YAML file: an
+    # edited or replaced engines.yaml reads as one error line, never as a hang or a traceback.
     text = resources.files("kernelbake").joinpath("data", name).read_text()
-    return yaml.safe_load(text)
+    return parse_yaml(text, f"kernelbake/data/{name}")[0]
 
 
 @functools.cache

@@ -11,11 +11,11 @@ import contextlib
 import dataclasses
 import gzip
 import io
-import json
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.artifact import cache_manifest_path
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput, EnvironmentProblem
@@ -99,7 +99,7 @@ def read_labels(client: RegistryClient, ref: Reference, manifest: Manifest) -> d
     config = manifest.config
     data = client.get_blob(ref, config.digest, max_bytes=MAX_CONFIG_BYTES)
     try:
-        doc = json.loads(data)
+        doc = jsondoc.loads(data)
         labels = (doc.get("config") or {}).get("Labels") or {}
     except (ValueError, AttributeError):
         raise ImageLayoutError(f"{ref.pinned()}: image config {config.digest} is not JSON") from None

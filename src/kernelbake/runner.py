@@ -134,3 +134,33 @@ def run(
         ) from None
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"{format_cmd(argv)[2:]}: timed out after {timeout:.0f}s") from None
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    output: Path,
+    preexec: Callable[[], None] | None = None,
+    echo: IO[str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own, stdin from /dev/null and stdout and stderr to
+    the file ``output``, and return at once (``kernelbake snapshot take``: the tree it dumps
+    must hold no pipe to a process outside it, which CRIU could not restore elsewhere)."""
+    print(format_cmd(argv), file=echo or sys.stderr, flush=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with output.open("ab") as fh:
+            return subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+    except FileNotFoundError:
+        raise EnvironmentProblem(
+            f"{argv[0]}: command not found", hint="install it or put it on PATH"
+        ) from None

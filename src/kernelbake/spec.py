@@ -15,7 +15,7 @@ from typing import Any
 from kernelbake.contract.key import Engine
 from kernelbake.contract.serve import Dtype, Quantization, ServeArgs
 from kernelbake.errors import SpecError
-from kernelbake.validate import Source, load_yaml
+from kernelbake.validate import Source, load_yaml, quoted
 
 _REVISION = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -86,7 +86,7 @@ def _model(doc: Source, spec_dir: Path, raw: Any, name: str) -> ModelSource:
     m = doc.mapping(raw, "model", _MODEL)
     path = m.get("path")
     if path is not None and (not isinstance(path, str) or not path.startswith("/")):
-        raise doc.error("model.path", f"must be an absolute path inside the image, got {path!r}")
+        raise doc.error("model.path", f"must be an absolute path inside the image, got {quoted(path)}")
     default_path = f"{MODEL_ROOT}/{name}"
     if "local" in m:
         if "revision" in m:
@@ -102,11 +102,11 @@ def _model(doc: Source, spec_dir: Path, raw: Any, name: str) -> ModelSource:
         )
     if "id" not in m or not isinstance(m["id"], str) or "/" not in m["id"]:
         raise doc.error(
-            "model.id", f"expected a hub id like 'org/name' (or model.local), got {m.get('id')!r}"
+            "model.id", f"expected a hub id like 'org/name' (or model.local), got {quoted(m.get('id'))}"
         )
     revision = m.get("revision")
     if not isinstance(revision, str) or not _REVISION.match(revision):
-        raise doc.error("model.revision", f"must be a pinned 40-hex commit, got {revision!r}")
+        raise doc.error("model.revision", f"must be a pinned 40-hex commit, got {quoted(revision)}")
     return ModelSource(id=m["id"], revision=revision, path=path or default_path)
 
 
@@ -194,12 +194,14 @@ def load_spec(path: str | Path) -> ImageSpec:
     top = doc.mapping(data, "", _TOP, {"name", "model", "engine", "targets"})
     name = top["name"]
     if not isinstance(name, str) or not _NAME.match(name):
-        raise doc.error("name", f"must be a lowercase image name ([a-z0-9._-]), got {name!r}")
+        raise doc.error("name", f"must be a lowercase image name ([a-z0-9._-]), got {quoted(name)}")
     eng = doc.mapping(top["engine"], "engine", _ENGINE, {"name", "version"})
     engine = doc.enum(Engine, eng["name"], "engine.name", fold_case=True)
     version = eng["version"]
     if not isinstance(version, str) or not version:
-        raise doc.error("engine.version", f"expected an exact version string like '0.26.0', got {version!r}")
+        raise doc.error(
+            "engine.version", f"expected an exact version string like '0.26.0', got {quoted(version)}"
+        )
     targets = top["targets"]
     if isinstance(targets, str):
         targets = [targets]

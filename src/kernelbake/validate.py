@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,28 @@ from kernelbake.textfile import read_text
 
 _E = TypeVar("_E", bound=enum.Enum)
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+# A message quotes what it refuses, but a value from a file can be a 256 KiB string or a list
+# that aliases expand past memory (repr walks every element): quoted values are cut, at a
+# cost that does not grow with the value.
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = 80
+_QUOTE.maxlevel = 2
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxset = _QUOTE.maxdict = 4
+MAX_QUOTED = 160
+
+
+def quoted(value: Any, *, chars: int = 80) -> str:
+    """``repr(value)``, cut: a string to its first ``chars`` characters (and its length), anything
+    else to at most ``MAX_QUOTED`` characters (2 levels, 4 items, 80 characters a string). What a
+    message may say about a value from outside."""
+    if isinstance(value, str):
+        if len(value) <= chars:
+            return repr(value)
+        head = repr(value[:chars])
+        return f"{head[:-1]}...{head[-1]} ({len(value):,} characters)"
+    text = _QUOTE.repr(value)
+    return text if len(text) <= MAX_QUOTED else text[: MAX_QUOTED - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,21 +133,21 @@ class Source:
             return cls(text)
         except ValueError:
             choices = [str(m.value) for m in cls]
-            raise self.error(field, f"unknown value {value!r}{did_you_mean(text, choices)}") from None
+            raise self.error(field, f"unknown value {quoted(value)}{did_you_mean(text, choices)}") from None
 
     def positive_int(self, value: Any, field: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise self.error(field, f"expected a positive integer, got {value!r}")
+            raise self.error(field, f"expected a positive integer, got {quoted(value)}")
         return value
 
     def non_negative_int(self, value: Any, field: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise self.error(field, f"expected an integer >= 0, got {value!r}")
+            raise self.error(field, f"expected an integer >= 0, got {quoted(value)}")
         return value
 
     def seconds(self, value: Any, field: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise self.error(field, f"expected a non-negative number of seconds, got {value!r}")
+            raise self.error(field, f"expected a non-negative number of seconds, got {quoted(value)}")
         return float(value)
 
     def optional_list(self, value: Any, field: str) -> list[Any]:
@@ -143,6 +166,15 @@ def _join(parent: str, key: str) -> str:
 # Real documents nest a few levels; PyYAML composes nodes recursively, so a document nested
 # thousands deep would end in a RecursionError. Past this depth the file is refused instead.
 MAX_YAML_DEPTH = 64
+
+# An alias names its anchor's whole subtree again, so a few hundred bytes of anchors that alias
+# each other nine times over ("billion laughs") stand for 10^9 values. PyYAML shares the nodes,
+# but whatever walks or prints the document (str(), json.dumps, a message quoting the value) pays
+# for every one: 5 GB and over a minute. The document as the aliases expand it is weighed, one
+# per node and one per character of a scalar, and refused past this weight. A file without
+# aliases weighs at most about twice its length, under this for any file ``textfile`` reads
+# (256 KiB); the specs and policies shipped weigh under 2,000.
+MAX_YAML_EXPANDED = 1 << 20
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -174,29 +206,61 @@ def _field_of(root: yaml.Node, key_node: yaml.Node) -> str:
     return ""
 
 
+class _Refused(yaml.composer.ComposerError):
+    """A well-formed document past a bound (depth, expanded weight, a recursive alias)."""
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader that refuses nesting deeper than ``MAX_YAML_DEPTH`` before recursing further,
-    and a mapping that names a key twice (at any depth)."""
+    a document whose aliases expand it past ``MAX_YAML_EXPANDED``, an alias inside its own
+    anchor, and a mapping that names a key twice (at any depth)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        # The weight composed so far, expanded; and each finished node's own expanded weight
+        # (what an alias to it adds). A node still being composed has none yet.
+        self._expanded = 0
+        self._weights: dict[int, int] = {}
+
+    def _refuse(self, problem: str, mark: Any) -> _Refused:
+        return _Refused(None, None, problem, mark)
+
+    def _weigh(self, weight: int, mark: Any) -> None:
+        self._expanded += weight
+        if self._expanded > MAX_YAML_EXPANDED:
+            raise self._refuse(
+                f"aliases expand the document past {MAX_YAML_EXPANDED:,} values and characters "
+                "(an alias names its anchor's whole value again); write the values out",
+                mark,
+            )
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        if self.check_event(yaml.CollectionStartEvent):
-            if self._depth >= MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None,
-                    None,
-                    f"nested deeper than {MAX_YAML_DEPTH} levels",
-                    self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)  # the anchored node, or "undefined alias"
+            weight = self._weights.get(id(node))
+            if weight is None:
+                raise self._refuse(
+                    f"alias *{event.anchor} is inside its own anchor (a recursive value)", event.start_mark
                 )
+            self._weigh(weight, event.start_mark)
+            return node
+        before = self._expanded
+        if isinstance(event, yaml.CollectionStartEvent):
+            if self._depth >= MAX_YAML_DEPTH:
+                raise self._refuse(f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark)
             self._depth += 1
             try:
-                return super().compose_node(parent, index)
+                node = super().compose_node(parent, index)
             finally:
                 self._depth -= 1
-        return super().compose_node(parent, index)
+        else:
+            node = super().compose_node(parent, index)
+        assert node is not None  # only an alias, a scalar or a collection starts a node
+        self._weigh(1 + (len(node.value) if isinstance(node, yaml.ScalarNode) else 0), event.start_mark)
+        self._weights[id(node)] = self._expanded - before
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         # Keys compared as constructed (`a` and `"a"`, `yes` and `true` are one key), before the
@@ -219,10 +283,17 @@ class _BoundedLoader(yaml.SafeLoader):
 def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadInput) -> tuple[Any, Source]:
     """The parsed document and its ``Source``; unreadable or malformed files raise
     ``error_type`` naming ``file:line``. ``what`` names the file in messages (spec, policy).
-    The file is read within ``textfile``'s bounds and nests at most ``MAX_YAML_DEPTH`` deep."""
+    The file is read within ``textfile``'s bounds and parsed within ``parse_yaml``'s."""
     p = Path(path)
-    text = read_text(p, what, error=error_type)
+    return parse_yaml(read_text(p, what, error=error_type), str(p), error_type=error_type)
+
+
+def parse_yaml(text: str, name: str, *, error_type: type[BadInput] = BadInput) -> tuple[Any, Source]:
+    """The document ``text`` and its ``Source``; ``name`` (a path) starts each message. It nests
+    at most ``MAX_YAML_DEPTH`` deep, its aliases expand it to at most ``MAX_YAML_EXPANDED``, and
+    no mapping names a key twice; otherwise ``error_type`` says ``name:line: ...``."""
     loader: _BoundedLoader | None = None
+    node: yaml.Node | None = None
     try:
         # The reader checks the characters as it is built: a control character raises here.
         loader = _BoundedLoader(text)
@@ -232,15 +303,19 @@ def load_yaml(path: str | Path, *, what: str, error_type: type[BadInput] = BadIn
         assert node is not None  # composed before anything was constructed
         first, again = exc.first.start_mark.line + 1, exc.again.start_mark.line + 1
         raise error_type(
-            f"{p}:{again}: {_field_of(node, exc.again)}: duplicate key {exc.key!r}, first at {p}:{first}",
+            f"{name}:{again}: {_field_of(node, exc.again)}: duplicate key {quoted(exc.key)}, "
+            f"first at {name}:{first}",
             hint="keep one of them: YAML would keep the last value and drop the other without a word",
         ) from None
+    except _Refused as exc:
+        assert exc.problem_mark is not None  # every _Refused names where
+        raise error_type(f"{name}:{exc.problem_mark.line + 1}: YAML refused: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        where = f"{name}:{mark.line + 1}" if mark is not None else name
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise error_type(f"{where}: malformed YAML: {problem}") from None
     finally:
         if loader is not None:
             loader.dispose()
-    return data, Source(str(p), error_type, node)
+    return data, Source(name, error_type, node)

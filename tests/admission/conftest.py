@@ -7,6 +7,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,9 +56,15 @@ def client_tls(certs: Path) -> ssl.SSLContext:
 
 @contextlib.contextmanager
 def running_server(
-    admitter: Admitter, certs: Path, *, bodies: BodyBudget | None = None, max_connections: int | None = None
+    admitter: Admitter,
+    certs: Path,
+    *,
+    bodies: BodyBudget | None = None,
+    max_connections: int | None = None,
+    **options: Any,
 ) -> Iterator[int]:
-    """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port."""
+    """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port.
+    ``options``: more of AdmissionServer's (``client_ca``, ``health_sock``)."""
     server = AdmissionServer(
         admitter,
         cert=certs / "tls.crt",
@@ -66,6 +73,7 @@ def running_server(
         port=0,
         bodies=bodies,
         **({} if max_connections is None else {"max_connections": max_connections}),
+        **options,
     )
     loop = asyncio.new_event_loop()
     port = loop.run_until_complete(server.start())

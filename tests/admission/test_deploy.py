@@ -102,7 +102,10 @@ def test_make_cert_gives_a_certificate_for_the_service(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path)], capture_output=True, text=True, check=True
     )
-    assert "kubectl -n kernelbake-system create secret tls kernelbake-admission-tls" in done.stdout
+    assert (
+        "kubectl -n kernelbake-system create secret generic kernelbake-admission-tls --type=kubernetes.io/tls"
+        in done.stdout
+    )
     for host in (
         "kernelbake-admission.kernelbake-system.svc",
         "kernelbake-admission.kernelbake-system.svc.cluster.local",
@@ -125,3 +128,98 @@ def test_make_cert_gives_a_certificate_for_the_service(tmp_path: Path) -> None:
     assert (tmp_path / "tls.key").stat().st_mode & 0o077 == 0
     bad = subprocess.run([str(DEPLOY / "make-cert.sh")], capture_output=True, text=True)
     assert bad.returncode == 2 and "--out DIR is required" in bad.stderr
+
+
+def _container(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    (container,) = docs["Deployment/kernelbake-admission"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_the_probes_go_to_their_own_port_which_the_service_does_not_expose(
+    docs: dict[str, dict[str, Any]],
+) -> None:
+    # Issue 41 item 2: on the webhooks' port, held connections failed every probe.
+    container = _container(docs)
+    args = dict(a.split("=", 1) for a in container["args"][1:])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == int(args["--health-port"]) != int(args["--port"])
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "health", "HTTP"), probe
+        assert container[probe]["timeoutSeconds"] >= 2
+    assert [p["targetPort"] for p in docs["Service/kernelbake-admission"]["spec"]["ports"]] == ["https"]
+
+
+def test_the_network_policy_admits_the_webhooks_port_alone(docs: dict[str, dict[str, Any]]) -> None:
+    policy = docs["NetworkPolicy/kernelbake-admission"]
+    deployment = docs["Deployment/kernelbake-admission"]
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    https = next(p["containerPort"] for p in _container(docs)["ports"] if p["name"] == "https")
+    assert [port for rule in policy["spec"]["ingress"] for port in rule["ports"]] == [
+        {"protocol": "TCP", "port": https}
+    ]
+
+
+def test_the_webhook_has_a_priority_class_of_its_own(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["Deployment/kernelbake-admission"]["spec"]["template"]["spec"]
+    priority = docs[f"PriorityClass/{pod['priorityClassName']}"]
+    # Above ordinary workloads, at most what a user-defined class may have.
+    assert 0 < priority["value"] <= 1_000_000_000 and priority["globalDefault"] is False
+
+
+def test_the_client_ca_the_deployment_names_is_in_the_secret_make_cert_fills(
+    docs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    text = (DEPLOY / "deployment.yaml").read_text()
+    mounts = {m["name"]: m["mountPath"] for m in _container(docs)["volumeMounts"]}
+    assert f"# - --client-ca={mounts['tls']}/ca.crt" in text
+    done = subprocess.run(
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert f"--from-file=ca.crt={tmp_path}/ca.crt" in done.stdout
+
+
+def test_make_cert_deletes_the_ca_key_and_makes_the_api_servers_client_certificate(tmp_path: Path) -> None:
+    # The CA key left on disk let whoever read it mint certificates the webhooks trust.
+    done = subprocess.run(
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "a"), "--client", "kube-apiserver"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = tmp_path / "a"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ca.crt",
+        "client.crt",
+        "client.key",
+        "tls.crt",
+        "tls.key",
+    ]
+    assert "90 days" in done.stdout
+    assert (out / "client.key").stat().st_mode & 0o077 == 0
+
+    def verify(cert: str, purpose: str) -> int:
+        return subprocess.run(
+            ["openssl", "verify", "-CAfile", str(out / "ca.crt"), "-purpose", purpose, str(out / cert)],
+            capture_output=True,
+        ).returncode
+
+    assert verify("client.crt", "sslclient") == 0
+    # Each certificate for its side alone.
+    assert verify("client.crt", "sslserver") != 0 and verify("tls.crt", "sslclient") != 0
+    subject = subprocess.run(
+        ["openssl", "x509", "-noout", "-subject", "-in", str(out / "client.crt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "CN = kube-apiserver" in subject
+    subprocess.run(
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "b"), "--keep-ca-key"],
+        capture_output=True,
+        check=True,
+    )
+    assert (tmp_path / "b" / "ca.key").stat().st_mode & 0o077 == 0

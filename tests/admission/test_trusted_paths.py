@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.trusted_paths import normal
+from kernelbake.admission.trusted_paths import NAMESPACE, normal
 from tests.admission import documents
 from tests.admission.fakes import REPO, FakeVerifier, make_admitter, make_policy
 
@@ -18,6 +18,7 @@ TAG = f"{REPO}:h100"
 TARGET = "/opt/kernelbake/target.json"
 PINNED = "/opt/kernelbake/pinned-manifest.json"
 BOTH = f"{TARGET} and {PINNED}"
+DELTA = "/opt/kernelbake/delta"
 FIX = "mount nothing at or above them (a cache volume belongs at /opt/kernelbake/cache)"
 TRUSTS = "which kernelbake serve trusts as the signed image's own"
 
@@ -135,9 +136,20 @@ def test_the_manifest_digest_and_other_variables_are_admitted(verifier: FakeVeri
 
 
 @pytest.mark.parametrize(
-    ("prefix", "denied"), [(None, True), ("", True), ("KERNELBAKE_", True), ("APP_", False)]
+    ("prefix", "denied"),
+    [
+        (None, True),
+        ("", True),
+        ("KERNELBAKE_", True),
+        # Issue 41 item 3: a prefix that none of the listed variables started with, but that
+        # makes KERNELBAKE_VERIFY (=unsafe-size-only) from a key "Y" of the ConfigMap.
+        ("KERNELBAKE_VERIF", True),
+        ("K", True),
+        ("APP_", False),
+        ("KERNELBAKEX", False),
+    ],
 )
-def test_env_from_that_could_set_a_named_variable_is_denied(
+def test_env_from_that_could_set_a_variable_of_the_runtime_is_denied(
     verifier: FakeVerifier, prefix: str | None, denied: bool
 ) -> None:
     source: dict[str, Any] = {"configMapRef": {"name": "settings"}}
@@ -149,8 +161,65 @@ def test_env_from_that_could_set_a_named_variable_is_denied(
         return
     assert (
         f"envFrom[0] (configMapRef, prefix {prefix or ''!r}) cannot be inspected here and could set "
-        "KERNELBAKE_DELTA_DIGEST, KERNELBAKE_TARGET, KERNELBAKE_UNSAFE_TARGET"
+        "KERNELBAKE_* variables, which kernelbake serve trusts"
     ) in _denied(verifier, doc)
+
+
+def test_the_namespace_holds_every_variable_the_runtime_reads() -> None:
+    """Asked of the runtime's own table rather than listed here: a variable it adds outside
+    the namespace fails this test, not a review."""
+    from kernelbake.runtime.env import VARIABLES
+
+    outside = {v.name for v in VARIABLES if not v.name.startswith(NAMESPACE)}
+    # TMPDIR (the scratch folder's fallback) and HF_TOKEN (fetch-model) move nothing serve trusts.
+    assert outside == {"TMPDIR", "HF_TOKEN"}
+
+
+@pytest.mark.parametrize(
+    "name", ["KERNELBAKE_VERIFY", "KERNELBAKE_MANIFEST_DIGEST", "KERNELBAKE_DELTA_DIGEST"]
+)
+def test_a_variable_of_the_runtime_listed_twice_or_from_value_from_is_denied(
+    verifier: FakeVerifier, name: str
+) -> None:
+    twice = [
+        {"name": name, "value": "sha256"},
+        {"name": "X", "value": "1"},
+        {"name": name, "value": "unsafe"},
+    ]
+    message = _denied(verifier, _pod(env=twice))
+    assert f"env lists {name!r} 2 times; Kubernetes gives the container the last" in message
+    hidden = [{"name": name, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    message = _denied(verifier, _pod("initContainers", env=hidden))
+    assert (
+        f'init container "extra": env[0] takes {name!r} from valueFrom, which admission cannot read'
+        in message
+    )
+
+
+def test_other_variables_may_repeat_and_come_from_value_from(verifier: FakeVerifier) -> None:
+    env = [
+        {"name": "HF_HOME", "value": "/a"},
+        {"name": "HF_HOME", "value": "/b"},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    assert answer(verifier, _pod(env=env))["allowed"] is True
+
+
+@pytest.mark.parametrize("field", ["containers", "initContainers", "ephemeralContainers"])
+@pytest.mark.parametrize(
+    ("mount", "why"),
+    [
+        ({"mountPath": f"{DELTA}/delta.json", "subPath": "delta.json"}, f"lies inside {DELTA}"),
+        ({"mountPath": f"{DELTA}/triton/k", "subPath": "k"}, f"lies inside {DELTA}"),
+        ({"mountPath": DELTA}, f"only the image volume of a signed cache delta may be mounted at {DELTA}"),
+        ({"mountPath": "/opt/kernelbake//delta/"}, "only the image volume of a signed cache delta"),
+    ],
+)
+def test_a_mount_at_or_inside_the_delta_root_is_denied_in_every_container_kind(
+    verifier: FakeVerifier, field: str, mount: dict[str, str], why: str
+) -> None:
+    doc = _pod(field, volumeMounts=[{"name": "attack", **mount}])
+    assert why in _denied(verifier, doc)
 
 
 def test_a_container_of_an_ungoverned_image_is_not_judged(verifier: FakeVerifier) -> None:
@@ -178,8 +247,9 @@ def test_the_message_stays_bounded_however_large_the_spec(verifier: FakeVerifier
     env = [{"name": "KERNELBAKE_TARGET", "value": "/x"}] * 5000
     message = _denied(verifier, _pod(volumeMounts=mounts, env=env))
     assert len(message.encode()) < 4096
+    # 5,000 mounts, 5,000 variables and the variable's repetition, 8 of them listed.
     assert message.endswith(
-        "; 9992 more mounts or variables of the pod would move what kernelbake serve trusts"
+        "; 9993 more mounts or variables of the pod would move what kernelbake serve trusts"
     )
 
 

@@ -71,3 +71,22 @@ def test_asyncio_builds_each_accepted_tls_connection_from_the_class_bound_tls_re
     ours = inspect.signature(BoundedTLS.__init__)
     theirs = inspect.signature(original.__init__)
     assert list(ours.parameters) == list(theirs.parameters)
+
+
+def test_what_bounded_tls_reads_and_overrides_of_asyncio_exists() -> None:
+    # BoundedTLS breaks a failed handshake's reference cycles through these (issue 41 item 1).
+    import asyncio.sslproto
+
+    from kernelbake.admission._uvicorn import BoundedTLS
+
+    (original,) = BoundedTLS.__bases__
+    assert list(inspect.signature(original._wakeup_waiter).parameters) == ["self", "exc"]
+    assert "self._waiter.set_exception(exc)" in inspect.getsource(original._wakeup_waiter)
+    source = inspect.getsource(original.__init__)
+    for attribute in ("self._server_side =", "self._app_state =", "self._set_app_protocol("):
+        assert attribute in source, f"asyncio's SSLProtocol no longer sets {attribute}"
+    assert asyncio.sslproto.AppProtocolState.STATE_INIT
+    # connection_lost clears the app protocol (read before it) and calls the app's
+    # connection_lost only once its connection was made.
+    lost = inspect.getsource(original.connection_lost)
+    assert "self._app_protocol = None" in lost and "AppProtocolState.STATE_CON_MADE" in lost

@@ -32,3 +32,25 @@ def test_cache_env_follows_the_root_and_keeps_fixed_values() -> None:
     assert VLLM.cache_env(Path("/elsewhere"))["CUTE_DSL_CACHE_DIR"] == "/elsewhere/cute-dsl"
     # Seen on the H200 with an FP8 MoE: without it, three kernels went to $HOME at each start.
     assert VLLM.cache_env(Path("/elsewhere"))["TRTLLM_DG_CACHE_DIR"] == "/elsewhere/trtllm-deepgemm"
+
+
+def test_the_nearest_release_is_the_closest_minor_and_on_a_tie_the_older() -> None:
+    from kernelbake.contract.engines import nearest_release
+
+    listed = ["0.26.0", "0.32.0", "0.34.0"]
+    assert nearest_release("0.33.0", listed) == "0.32.0"
+    assert nearest_release("0.35.1", listed) == "0.34.0"
+    assert nearest_release("0.30.0", listed) == "0.32.0"
+    assert nearest_release("0.26.1", listed) == "0.26.0"
+    assert nearest_release("1.0.0", listed) == "0.34.0"
+    # Not a release number at all: still an answer, never a traceback.
+    assert nearest_release("main", listed) == "0.26.0"
+    assert nearest_release("0.33.0", []) == "none"
+
+
+def test_an_unadapted_release_names_the_adapted_ones_and_the_nearest() -> None:
+    from kernelbake.contract.engines import Build
+
+    assert VLLM.adapter("0.33.0", Build.CUDA) == "none"
+    assert VLLM.nearest_adapted("0.33.0", Build.CUDA) == "0.32.0"
+    assert VLLM.nearest_adapted("0.26.0", Build.CPU) == "0.32.0"

@@ -1,8 +1,11 @@
-"""Issue 36 in CI: bench/capture_cpu.py end to end on the default image the fixtures build
-(tiny-llama on vLLM's CPU build, with this tree's kernelbake inside): a replica compiles for a
-request class the warm-up does not cover, ``capture collect``/``push``/``verify`` turn that into
-a signed delta in the test registry, a new replica with the delta mounted serves the class
-without compiling, and each bad delta is refused. The bench's exit code says whether all of
+"""Issues 36 and 42 in CI: bench/capture_cpu.py end to end on the default image the fixtures
+build (tiny-llama on vLLM's CPU build, with this tree's kernelbake inside): a replica compiles for
+a request class the warm-up does not cover and is then poisoned (a line appended to a module
+Inductor compiled); ``capture record``/``rebuild``/``push``/``verify`` turn that into a delta
+rebuilt from the image, signed, in the test registry; a new replica with the delta mounted serves
+the class without compiling; the poisoned bytes are in no delta that verifies (the rebuilt one
+has the clean bytes; the replica's own is refused at push without the unsafe flag, and by verify
+under the default policy with it), and each bad delta is refused. The bench's exit code says whether all of
 that held; its JSON says what was seen, and is asserted here field by field."""
 
 from __future__ import annotations
@@ -45,6 +48,26 @@ def test_a_captured_delta_serves_the_next_replica_without_compiling(
     assert summary["next_replica_compiled_for_the_class"] == 0, doc["next_replica"]
     assert doc["next_replica"]["status_delta"]["used"] is True
     assert summary["refused"] == dict.fromkeys(
-        ("tampered_file", "unpinned_digest", "base_mismatch", "overwrites_baked_file", "foreign_key"), True
+        (
+            "tampered_file",
+            "unpinned_digest",
+            "base_mismatch",
+            "overwrites_baked_file",
+            "foreign_key",
+            "replica_signed_push",
+            "replica_signed_verify",
+        ),
+        True,
     ), doc["refused"]
+    # Rebuilt by the trusted build, attested as such, tagged for this base alone.
+    assert summary["delta_origin"] == "rebuilt" and doc["verification"]["origin"] == "rebuilt"
+    assert doc["push"]["tagged"].endswith(":delta-" + vllm_image.pushed.split("@")[1].replace(":", "-"))
+    assert "(rebuilt by " in summary["next_replica_start"]
+    # The poisoned module: named, and the delta holds what the image compiles, not the replica's.
+    poisoned = doc["poisoned_replica"]
+    assert poisoned["named_as_other_bytes"] is True, doc["rebuild"]
+    assert poisoned["poisoned_sha256"] not in (None, poisoned["clean_sha256"])
+    assert poisoned["poisoned_sha256_in_delta"] is False, poisoned
+    assert summary["poisoned_bytes_in_rebuilt_delta"] is False
+    assert doc["next_replica"]["poison_ran"] is False
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -20,6 +20,7 @@ from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.runtime import preflight as pf
+from kernelbake.runtime import trusted
 from kernelbake.runtime.bundle import read_manifest
 from kernelbake.runtime.capture import collect
 from kernelbake.runtime.compile import run_compile
@@ -182,7 +183,8 @@ def test_serve_compiles_the_class_once_and_the_next_replica_with_the_delta_compi
     monkeypatch.setenv("KERNELBAKE_DELTA_DIGEST", "sha256:" + hashlib.sha256(data).hexdigest())
     assert main(["serve"]) == 0
     err = capfd.readouterr().err
-    assert "merged into the caches: 1 files" in err
+    assert "merged into the caches (UNSAFE: the bytes a replica wrote, not rebuilt" in err
+    assert "): 1 files" in err
     assert "start-up compiled nothing: 0 new files in inductor, triton" in err
 
 
@@ -310,3 +312,61 @@ def test_a_delta_is_judged_before_the_engine_starts_not_beside_it(
     assert pf.speculate(runtime_env(tmp_path), engine=engine) is None
     assert pf.speculate(_pinned_env(tmp_path), engine=engine) is None
     assert not (kind_dir(Path(target.cache_root), CacheKind.INDUCTOR) / "fxgraph").exists()
+
+
+# -- issue 41, item 3: what serve merges comes from the delta's own mount ----------------------
+
+
+def _planted(tmp_path: Path, target: TargetConfig) -> RuntimeEnv:
+    """The break: a signed delta at DELTA_ROOT, and a pod that mounted its own delta.json and
+    kernel over it by subPath and pinned that delta.json (the last of two entries, the one
+    Kubernetes keeps). Every sha256 matches the planted delta.json, which nobody signed."""
+    delta = _captured(tmp_path, target)
+    (delta / NEW_TRITON).write_bytes(b"planted kernel")
+    doc = json.loads((delta / DELTA_MANIFEST).read_text())
+    for f in doc["kinds"]["triton"]["files"]:
+        if f["path"] == NEW_TRITON:
+            f.update(size=len(b"planted kernel"), sha256=hashlib.sha256(b"planted kernel").hexdigest())
+    _rewrite(delta, {"kinds": doc["kinds"]})
+    return _pinned_env(tmp_path)
+
+
+def _mounted_over(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    lines = "".join(f"{70 + i} 27 254:0 /planted/{i} {p} ro - ext4 x ro\n" for i, p in enumerate(paths))
+    monkeypatch.setattr(trusted, "_mountinfo", lambda: "26 1 0:5 / / rw - overlay overlay rw\n" + lines)
+
+
+def test_files_mounted_inside_the_delta_root_are_not_merged_whatever_pins_them(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _planted(tmp_path, target)
+    _mounted_over(monkeypatch, tmp_path / "delta" / DELTA_MANIFEST, tmp_path / "delta" / NEW_TRITON)
+    _refused(
+        tmp_path,
+        engine,
+        env,
+        f"{tmp_path / 'delta' / DELTA_MANIFEST} is a mount point ({trusted.MOUNTINFO}) inside the delta",
+    )
+    assert (Path(target.cache_root) / NEW_TRITON).exists() is False
+
+
+def test_the_delta_root_itself_being_a_mount_is_the_recipe(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image volume at DELTA_ROOT is a mount point itself: that one is the delta's own."""
+    _captured(tmp_path, target)
+    _mounted_over(monkeypatch, tmp_path / "delta", tmp_path / "delta-other")
+    v = pf.preflight(_pinned_env(tmp_path), engine=engine)
+    assert v.delta is not None and v.delta.used, v.delta
+
+
+def test_an_unreadable_mount_table_leaves_the_delta_unused(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _captured(tmp_path, target)
+
+    def gone() -> str:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(trusted, "_mountinfo", gone)
+    _refused(tmp_path, engine, _pinned_env(tmp_path), "cannot be read (Permission denied)")

@@ -201,6 +201,19 @@ def test_no_compile_and_hit_are_their_own_words(
     assert _check(tmp_path, monkeypatch, AskingEngine(platform_for(target.key), hit)) == 0
     lines = capfd.readouterr().out.splitlines()
     assert lines[0] == "HIT: nothing compiles at start (exit 0)" and not lines[2].startswith("differs")
+    debug = (Change("torch._inductor.config.trace.enabled (TORCH_COMPILE_DEBUG=1)", "unset", "True"),)
+    writes = Prediction(
+        Source.ENGINE,
+        (
+            KindVerdict("inductor", Outcome.WRITES, debug, "the knob writes"),
+            KindVerdict("triton", Outcome.HIT),
+        ),
+    )
+    assert _check(tmp_path, monkeypatch, AskingEngine(platform_for(target.key), writes)) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[0] == (
+        "HIT: nothing compiles at start; a knob outside the cache keys writes files into the caches (exit 0)"
+    )
 
 
 def test_a_cold_start_is_a_miss_that_says_why(

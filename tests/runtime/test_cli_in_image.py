@@ -107,7 +107,7 @@ def test_a_stray_positional_is_refused_before_the_engine_starts(words: list[str]
     message = result.stderr.strip()
     assert "\n" not in message and not result.stdout
     assert message.startswith(f"kernelbake serve: error: {refused!r} is neither an option nor a command")
-    assert "(capture, check, compile, engine-command, fetch-model, seed-cache, serve)" in message
+    assert "(capture, check, compile, engine-command, fetch-model, seed-cache, serve, snapshot)" in message
 
 
 def test_engine_command_prints_what_serve_would_exec(tmp_path: Path) -> None:

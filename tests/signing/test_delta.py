@@ -6,14 +6,16 @@ files are not what delta.json says, nor for a base the delta was not captured fr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 
 from kernelbake.cli import main
-from kernelbake.contract.delta import ARTIFACT_TYPE, DELTA_MANIFEST, DeltaFile, DeltaManifest
+from kernelbake.contract.delta import ARTIFACT_TYPE, DELTA_MANIFEST, DeltaFile, DeltaManifest, Origin, Rebuild
 from kernelbake.contract.layout import CacheKind
 from kernelbake.errors import BadInput
 from kernelbake.oci import RegistryClient, parse_reference
@@ -35,8 +37,18 @@ def image_registry(memory_registry: str) -> str:
     return memory_registry
 
 
-def _dir(tmp_path: Path, base: PushedImage, files: dict[str, bytes] = FILES, **changes: str) -> Path:
-    """What ``capture collect`` writes in a replica of ``base``."""
+RECORD = "sha256:" + "5" * 64
+
+
+def _dir(
+    tmp_path: Path,
+    base: PushedImage,
+    files: dict[str, bytes] = FILES,
+    origin: Origin = Origin.REBUILT,
+    **changes: str,
+) -> Path:
+    """What ``capture rebuild`` writes for a record of a replica of ``base`` (``origin``
+    ``REPLICA``: what ``capture collect`` writes in the replica itself)."""
     out = tmp_path / "delta"
     entries = []
     for rel, data in files.items():
@@ -52,6 +64,10 @@ def _dir(tmp_path: Path, base: PushedImage, files: dict[str, bytes] = FILES, **c
         base_manifest=changes.get("base_manifest", mt.sha256_digest(base.cache_manifest)),
         files=tuple(entries),
         replica="replica-0",
+        origin=origin,
+        rebuild=Rebuild(builder="builder-1", image=changes.get("rebuilt_from", base.digest), record=RECORD)
+        if origin is Origin.REBUILT
+        else None,
     )
     (out / DELTA_MANIFEST).write_text(delta.to_json())
     return out
@@ -166,6 +182,11 @@ def test_the_cli_pushes_and_verifies(
     sign_image(base.pinned, keys.signer, client=client, attest=False)
     d = _dir(tmp_path, base)
     to = f"{base.ref.name}:v1-delta"
+    # A replica's own bytes need the unsafe flag, named.
+    replica = _dir(tmp_path / "replica", base, origin=Origin.REPLICA)
+    argv = ["capture", "push", str(replica), "--base", base.pinned, "--key", str(keys.private_path)]
+    assert main(argv) == 2
+    assert "--unsafe-replica-bytes" in capsys.readouterr().err
     assert (
         main(
             [
@@ -190,3 +211,109 @@ def test_the_cli_pushes_and_verifies(
     assert main(["capture", "verify", to, "--base", base.pinned, "--policy", str(policy), "--json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out[out.index("{") :])["manifest_digest"] == pushed["manifest_digest"]
+
+
+def _predicate(client: RegistryClient, reference: str) -> dict[str, object]:
+    """The delta's attestation predicate, as pushed (the bundle's DSSE payload)."""
+    import base64
+
+    ref = parse_reference(reference)
+    (bundle,) = [
+        d
+        for d in client.referrers(ref)
+        if d.annotations.get(formats.ANN_BUNDLE_PREDICATE) == DELTA_PREDICATE_TYPE
+    ]
+    manifest = client.get_manifest(ref.with_digest(bundle.digest))
+    doc = json.loads(client.get_blob(ref, manifest.layers[0].digest))
+    statement = json.loads(base64.b64decode(doc["dsseEnvelope"]["payload"]))
+    predicate: dict[str, object] = statement["predicate"]
+    return predicate
+
+
+def test_a_rebuilt_delta_says_who_rebuilt_it_in_its_attestation_and_verification(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    base = make_image()
+    pushed = push_delta(_dir(tmp_path, base), base=base.pinned, signer=keys.signer, client=client)
+    assert pushed.origin == "rebuilt" and "rebuilt by builder-1" in pushed.describe()
+    predicate = _predicate(client, pushed.reference)
+    assert predicate["origin"] == "rebuilt"
+    assert predicate["rebuild"] == {
+        "builder": "builder-1",
+        "image": base.digest,
+        "record": RECORD,
+        "dropped": [],
+    }
+    verified = verify_delta(pushed.reference, base=base.pinned, policy=keys.policy(), client=client)
+    assert verified.origin == "rebuilt" and verified.builder == "builder-1"
+    assert "rebuilt by builder-1" in verified.describe() and "UNSAFE" not in verified.describe()
+
+
+def test_a_replica_signed_delta_is_pushed_only_as_unsafe_and_refused_by_the_default_policy(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    base = make_image()
+    d = _dir(tmp_path, base, origin=Origin.REPLICA)
+    with pytest.raises(BadInput, match="--unsafe-replica-bytes"):
+        push_delta(d, base=base.pinned, signer=keys.signer, client=client)
+    assert client.referrers(parse_reference(base.pinned)) == [], "nothing was pushed"
+    pushed = push_delta(d, base=base.pinned, signer=keys.signer, client=client, unsafe_replica_bytes=True)
+    assert pushed.origin == "replica" and "UNSAFE" in pushed.describe()
+    predicate = _predicate(client, pushed.reference)
+    assert predicate["origin"] == "replica" and predicate["rebuild"] is None
+    with pytest.raises(DeltaRefused, match=r"origin replica.*verify\.unsafe_replica_deltas: true"):
+        verify_delta(pushed.reference, base=base.pinned, policy=keys.policy(), client=client)
+    unsafe = dataclasses.replace(keys.policy(), unsafe_replica_deltas=True)
+    verified = verify_delta(pushed.reference, base=base.pinned, policy=unsafe, client=client)
+    assert verified.origin == "replica"
+    assert "UNSAFE" in verified.describe() and "verify.unsafe_replica_deltas" in verified.describe()
+
+
+def test_a_delta_written_before_origins_is_a_replicas_and_refused(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    # delta.json without "origin" (as capture wrote it before): the replica's bytes.
+    base = make_image()
+    d = _dir(tmp_path, base, origin=Origin.REPLICA)
+    doc = json.loads((d / DELTA_MANIFEST).read_text())
+    del doc["origin"], doc["rebuild"]
+    (d / DELTA_MANIFEST).write_text(json.dumps(doc))
+    pushed = push_delta(d, base=base.pinned, signer=keys.signer, client=client, unsafe_replica_bytes=True)
+    with pytest.raises(DeltaRefused, match="origin replica"):
+        verify_delta(pushed.reference, base=base.pinned, policy=keys.policy(), client=client)
+
+
+def test_a_delta_rebuilt_from_another_image_is_refused_at_push_with_both_digests(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    base, other = make_image(), make_image()
+    d = _dir(tmp_path, base, rebuilt_from=other.digest)
+    with pytest.raises(
+        DeltaRefused, match=f"rebuilt from the image {other.digest}, not the base {base.digest}"
+    ):
+        push_delta(d, base=base.pinned, signer=keys.signer, client=client)
+
+
+def test_without_to_each_base_gets_its_own_tag_and_neither_overwrites_the_other(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    # Two bases in one repository: before, both deltas went to the tag base-delta.
+    repo = f"kb/{uuid.uuid4().hex[:10]}"
+    first, second = make_image(repo=repo), make_image(repo=repo, tag="v2")
+    a = push_delta(_dir(tmp_path / "a", first), base=first.pinned, signer=keys.signer, client=client)
+    b = push_delta(_dir(tmp_path / "b", second), base=second.pinned, signer=keys.signer, client=client)
+    assert a.tagged == f"{first.ref.name}:delta-{first.digest.replace(':', '-')}"
+    assert b.tagged != a.tagged
+    # Each tag still names its base's delta, which verifies on that base only.
+    assert (
+        verify_delta(a.tagged, base=first.pinned, policy=keys.policy(), client=client).base_digest
+        == first.digest
+    )
+    assert (
+        verify_delta(b.tagged, base=second.pinned, policy=keys.policy(), client=client).base_digest
+        == second.digest
+    )
+    with pytest.raises(
+        DeltaRefused, match=f"layered on {first.digest}, but the pod's image is {second.digest}"
+    ):
+        verify_delta(a.tagged, base=second.pinned, policy=keys.policy(), client=client)

@@ -9,9 +9,11 @@ from pathlib import Path
 import kernelbake.signing._internal as internal
 
 # Vocabulary shared by both layers; none of them imports anything of signing's public layer.
-# (textfile: the bounded reader of every file a user names, the trust config included.)
+# (textfile: the bounded reader of every file a user names, the trust config included;
+# contract.jsondoc: the bounded JSON parser, which imports nothing of ours.)
 ALLOWED = {
     "kernelbake.cache",
+    "kernelbake.contract.jsondoc",
     "kernelbake.errors",
     "kernelbake.signing.errors",
     "kernelbake.signing.formats",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,50 @@ def test_identity_rules() -> None:
         IdentityRule(issuer="i", subject_regex="(")
 
 
+# Far more than the match needs in linear time; Python's re took 0.62 s at 25 characters and
+# 4 times more per 2, so at 60 characters it would run for years.
+_HANG = 60
+
+
+def test_an_identity_regex_is_matched_in_linear_time_on_a_certificate_field() -> None:
+    # A separate process with a timeout, so that a backtracking match fails the test instead
+    # of hanging the suite.
+    code = (
+        "from kernelbake.signing.policy import IdentityRule\n"
+        "rule = IdentityRule(issuer='https://i', subject_regex='^(a+)+$')\n"
+        "print(rule.matches('https://i', ['a' * 60 + '!', 'a' * 100_000]), rule.matches('https://i', ['a' * 60 + '!']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=_HANG, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "True False\n", "")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        (r"^(a)\1$", r"invalid escape sequence: \\1"),
+        (r"^(?=a)a$", r"invalid perl operator: \(\?="),
+        (r"^(?<!b)a$", r"invalid perl operator: \(\?<"),
+    ],
+)
+def test_a_regex_re2_cannot_match_in_linear_time_does_not_load(
+    tmp_path: Path, pattern: str, why: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"identities:\n  - issuer: https://i\n    subject_regex: '{pattern}'\ntrusted_root: sigstore-public-good\n"
+    )
+    with pytest.raises(BadInput) as info:
+        load_policy(policy)
+    assert info.value.message.startswith(
+        f"{policy}:2: identities[0]: subject_regex '{pattern.replace(chr(92), chr(92) * 2)}' does not compile as RE2: "
+    )
+    assert info.value.hint is not None and "cosign's --certificate-identity-regexp" in info.value.hint
+    assert re.search(why, info.value.message), info.value.message
+    assert capfd.readouterr().err == "", "RE2 logs nothing of its own"
+
+
 def test_identities_need_a_trusted_root(tmp_path: Path) -> None:
     ident = {"issuer": "https://i", "subject": "s"}
     with pytest.raises(BadInput, match="trusted_root"):
@@ -119,3 +166,21 @@ def test_policy_file_errors_name_file_line_and_field(tmp_path: Path) -> None:
         BadInput, match=r"admission.yaml:3: verify.identities\[0\]: give exactly one of subject"
     ):
         load_policy(policy)
+
+
+def test_replica_signed_deltas_are_refused_unless_the_unsafe_setting_says_otherwise(
+    keys: KeyPair, tmp_path: Path
+) -> None:
+    (tmp_path / "k.pub").write_bytes(keys.public_path.read_bytes())
+    default = tmp_path / "default.yaml"
+    default.write_text("keys: [k.pub]\n")
+    assert load_policy(default).unsafe_replica_deltas is False
+    assert "UNSAFE" not in load_policy(default).describe()
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("verify:\n  keys: [k.pub]\n  unsafe_replica_deltas: true\n")
+    assert load_policy(unsafe).unsafe_replica_deltas is True
+    assert "UNSAFE: cache deltas of a replica's own bytes" in load_policy(unsafe).describe()
+    with pytest.raises(BadInput, match=r"unsafe_replica_deltas: expected true or false"):
+        VerifyPolicy.from_mapping(
+            {"keys": [str(keys.public_path)], "unsafe_replica_deltas": "yes"}, source=SRC
+        )

@@ -238,3 +238,39 @@ def test_a_cut_index_gives_the_entries_whole_before_the_cut() -> None:
         assert got == entries[: len(got)]
         whole = sum(1 for e in entries if doc.index(json.dumps(e).encode()) + len(json.dumps(e)) <= cut)
         assert len(got) == whole
+
+
+# -- the bound, exactly (docs/signing.md "The vouch"): junk before the signature that fills it --
+
+
+def test_junk_before_the_signature_that_fills_the_page_bound_hides_it_and_fails_closed(
+    settings: Settings, keys: KeyPair, tmp_path: Path
+) -> None:
+    with memory_registry(referrers_api=True, page_size=1) as (addr, _):
+        client = RegistryClient(settings)
+        image = push_image(client, f"{addr}/kb/buried:v1", tmp_path / "img")
+        _junk(client, image, listing.MAX_PAGES)  # one entry a page: the signature is on page 65
+        sign_image(image.tagged, keys.signer, client=client)
+        with pytest.raises(Unsigned) as failed:
+            verify_image(image.pinned, keys.policy(), client=RegistryClient(settings))
+        assert f"exceeds {listing.bound_text()}: the entries past the bound were not examined" in str(
+            failed.value
+        ), failed.value
+        # One junk entry fewer, and the signature is on the last page read: it verifies.
+        again = push_image(client, f"{addr}/kb/buried:v2", tmp_path / "img2", salt="v2")
+        _junk(client, again, listing.MAX_PAGES - 2)  # the signature and the attestation: pages 63, 64
+        sign_image(again.tagged, keys.signer, client=client)
+        assert verify_image(again.pinned, keys.policy(), client=RegistryClient(settings)).signer
+
+
+def test_three_referrers_with_3_mib_of_annotations_before_the_signature_fill_the_byte_bound(
+    settings: Settings, keys: KeyPair, tmp_path: Path
+) -> None:
+    with memory_registry(referrers_api=True) as (addr, _):
+        client = RegistryClient(settings)
+        image = push_image(client, f"{addr}/kb/fat-before:v1", tmp_path / "img")
+        # Each under the 4 MiB that registries take for a manifest; the listing copies them.
+        _junk(client, image, 3, 3 << 20)
+        sign_image(image.tagged, keys.signer, client=client)
+        with pytest.raises(Unsigned, match=f"exceeds {listing.bound_text()}: the entries past the bound"):
+            verify_image(image.pinned, keys.policy(), client=RegistryClient(settings))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kernelbake.contract.key import CacheKey, Engine
 from kernelbake.contract.serve import Dtype, Quantization, ServeArgs
+from kernelbake.contract.snapshot import SnapshotKey, Weights
 from kernelbake.contract.target import TargetConfig
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30)
@@ -65,3 +66,26 @@ def target_configs(draw: st.DrawFn) -> TargetConfig:
         shapes=tuple(draw(st.lists(st.tuples(ints, ints), max_size=3))),
         cache_root="/" + draw(text),
     )
+
+
+_word = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Zs", "Cc")), min_size=1, max_size=20)
+_digest = st.from_regex(r"sha256:[0-9a-f]{64}", fullmatch=True)
+
+
+@st.composite
+def snapshot_keys(draw: st.DrawFn) -> SnapshotKey:
+    kw: dict[str, object] = {}
+    for name in SnapshotKey.field_order():
+        if name == "cache_key":
+            kw[name] = draw(keys())
+        elif name in ("image", "serve_env"):
+            kw[name] = draw(_digest)
+        elif name == "gpu_count":
+            kw[name] = draw(st.integers(min_value=0, max_value=64))
+        elif name == "weights":
+            kw[name] = draw(st.sampled_from(list(Weights)))
+        elif name == "cpu_flags":
+            kw[name] = " ".join(draw(st.lists(_word, min_size=1, max_size=6)))
+        else:
+            kw[name] = draw(_word)
+    return SnapshotKey(**kw)  # type: ignore[arg-type]

@@ -227,6 +227,9 @@ def test_a_file_rewritten_in_place_is_evidence_too(tmp_path: Path) -> None:
         (Outcome.BYPASSED, 2, False),
         (Outcome.UNKNOWN, 0, False),
         (Outcome.UNKNOWN, 2, False),
+        # A debug knob: its files are what was predicted, and none is what was not.
+        (Outcome.WRITES, 12, False),
+        (Outcome.WRITES, 0, True),
     ],
 )
 def test_the_self_check_holds_each_level_to_what_it_promises(
@@ -694,9 +697,11 @@ def test_enforce_eager_on_the_h200_is_no_compile_although_vllms_hash_fails(h200:
 def test_a_config_vllm_cannot_hash_still_yields_its_sub_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
-    from kernelbake.runtime.engines.vllm import identity
+    from kernelbake.runtime.engines.vllm import _v0_26, compat_layer, identity
 
-    # vLLM's hash functions are not here: record nothing, name no fields.
+    # A release whose configs only hash (0.26), without vLLM's hash functions here: record
+    # nothing, name no fields.
+    monkeypatch.setattr(compat_layer, "lookups", lambda: _v0_26.LOOKUPS)
     monkeypatch.setattr(identity, "_recording", lambda: contextlib.nullcontext([]))
     monkeypatch.setattr(identity, "_fields", lambda config: {})
 
@@ -844,3 +849,147 @@ def test_the_benchmark_note_is_not_taken_for_a_compile_line() -> None:
     note = text.splitlines()[1]
     assert "benchmarked the launch configs of 1 baked kernels again" in note
     assert flow.compile_lines([(1.0, note)], 0.0) == []
+
+
+# -- the engine's own cache_key_factors.json (vLLM 0.34 writes every factor beside its cache) --
+
+
+def _factors(**env: str) -> dict[str, Any]:
+    return {
+        "env": {"VLLM_USE_AOT_COMPILE": "1", **env},
+        "config": {"model": {"dtype": "bfloat16", "max_model_len": 4096}, "version": "0.34.0"},
+        "code": {"files": [{"path": "/x/llama.py", "hash": "c1"}]},
+        "compiler": {"inductor": ["sys", "key"]},
+        "config_hash": "cfg1",
+        "code_hash": "code1",
+        "compiler_hash": "comp1",
+    }
+
+
+def _with_engine_factors(doc: dict[str, Any], factors: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    out["engine_factors"] = {
+        "file": "torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json",
+        **factors,
+    }
+    return out
+
+
+def test_where_the_engine_wrote_its_factors_the_prediction_diffs_those_and_says_so(
+    h200: dict[str, Any],
+) -> None:
+    base = h200["cases"]["baseline"]["identity"]
+    changed = _factors(VLLM_FUSED_MOE_CHUNK_SIZE="1024")
+    changed["config_hash"] = "cfg2"
+    p = predict(
+        _with_engine_factors(h200["baked"], _factors()), _with_engine_factors(base, changed), h200["kinds"]
+    )
+    verdict = p.kind("vllm")
+    assert verdict is not None and verdict.outcome is Outcome.MISS
+    # Named by the engine's own factor, its hash left out while a factor explains it.
+    assert [c.factor for c in verdict.changes] == ["cache_key_factors.env.VLLM_FUSED_MOE_CHUNK_SIZE"]
+    assert p.to_json()["factors"] == (
+        "engine: torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json"
+    )
+    assert "vLLM's own cache_key_factors.json" in p.lines()[0]
+
+
+def test_the_engines_own_factors_win_over_kernelbakes_recorded_ones(h200: dict[str, Any]) -> None:
+    # kernelbake's recorded identity differs where the engine's own factors do not: the
+    # engine's cache directory is named by its factors, so it finds the baked graphs.
+    base = copy.deepcopy(h200["cases"]["baseline"]["identity"])
+    base["env"]["factors"]["VLLM_SOMETHING_KERNELBAKE_SAW"] = "1"
+    base["env"]["hash"] = "different"
+    without = predict(h200["baked"], base, h200["kinds"])
+    assert without.kind("vllm").outcome is Outcome.MISS  # type: ignore[union-attr]
+    assert without.to_json()["factors"] == "kernelbake: the identity recorded at build"
+    p = predict(
+        _with_engine_factors(h200["baked"], _factors()), _with_engine_factors(base, _factors()), h200["kinds"]
+    )
+    assert p.kind("vllm").outcome is Outcome.HIT, p.lines()  # type: ignore[union-attr]
+
+
+def test_the_baked_factors_file_is_found_under_the_vllm_cache(tmp_path: Path) -> None:
+    from kernelbake.runtime.engines.vllm.predict import engine_factors_baked
+
+    assert engine_factors_baked(tmp_path) is None
+    for prefix in ("backbone", "eagle_head"):
+        d = tmp_path / "torch_compile_cache" / "ab12" / "rank_0_0" / prefix
+        d.mkdir(parents=True)
+        (d / "cache_key_factors.json").write_text(json.dumps(_factors()))
+    found = engine_factors_baked(tmp_path)
+    assert found is not None
+    assert found["file"] == "torch_compile_cache/ab12/rank_0_0/backbone/cache_key_factors.json"
+    assert found["env"] == _factors()["env"]
+    (
+        tmp_path / "torch_compile_cache" / "ab12" / "rank_0_0" / "backbone" / "cache_key_factors.json"
+    ).write_text("{")
+    assert engine_factors_baked(tmp_path)["file"].endswith("eagle_head/cache_key_factors.json")  # type: ignore[index]
+
+
+# -- knobs outside every key (runtime.knobs): debug output and forced recompiles ------------
+
+
+def _with_knobs(doc: dict[str, Any], **knobs: tuple[str, str, Any]) -> dict[str, Any]:
+    """``option=(variable, value set, the option's value)``, as runtime.knobs records them."""
+    out = copy.deepcopy(doc)
+    from kernelbake.runtime.knobs import effect
+
+    out.setdefault("compile", {})["unkeyed"] = {
+        "knobs": {
+            option.replace("__", "."): {
+                "value": value,
+                "vars": {var: val},
+                "effect": effect(option.replace("__", ".")).value,
+            }
+            for option, (var, val, value) in knobs.items()
+        },
+        "debug_dir": "/torch_compile_debug",
+    }
+    return out
+
+
+DEBUG = {"torch._inductor.config.trace__enabled": ("TORCH_COMPILE_DEBUG", "1", True)}
+ALWAYS = {"triton.knobs.compilation__always_compile": ("TRITON_ALWAYS_COMPILE", "1", True)}
+
+
+def test_a_debug_knob_on_the_cpu_build_writes_into_the_inductor_cache_and_compiles_nothing(
+    cpu: dict[str, Any],
+) -> None:
+    # As the CPU build's identity records today: its graphs are Inductor's (AOT compile off).
+    baked = {**cpu["baseline"], "graphs": "inductor"}
+    now = _with_knobs(baked, **DEBUG)
+    p = predict(baked, now, CPU_KINDS)
+    verdict = p.kind("inductor")
+    assert verdict is not None and verdict.outcome is Outcome.WRITES, p.lines()
+    assert [str(c) for c in verdict.changes] == [
+        "torch._inductor.config.trace.enabled (TORCH_COMPILE_DEBUG=1): unset → True"
+    ]
+    assert p.predicted == "writes" and p.hit  # nothing compiles; files appear
+    assert p.kind("vllm").outcome is Outcome.HIT  # type: ignore[union-attr]
+
+
+def test_a_debug_knob_on_the_gpu_writes_where_the_graphs_load(h200: dict[str, Any]) -> None:
+    now = _with_knobs(h200["cases"]["baseline"]["identity"], **DEBUG)
+    p = predict(h200["baked"], now, h200["kinds"])
+    assert p.kind("vllm").outcome is Outcome.WRITES, p.lines()  # type: ignore[union-attr]
+    assert p.kind("triton").outcome is Outcome.HIT  # type: ignore[union-attr]
+
+
+def test_triton_always_compile_bypasses_the_triton_cache_and_names_the_variable(h200: dict[str, Any]) -> None:
+    now = _with_knobs(h200["cases"]["baseline"]["identity"], **ALWAYS)
+    p = predict(h200["baked"], now, h200["kinds"])
+    verdict = p.kind("triton")
+    assert verdict is not None and verdict.outcome is Outcome.BYPASSED, p.lines()
+    assert "TRITON_ALWAYS_COMPILE=1" in verdict.changes[0].factor
+    assert p.predicted == "bypassed" and not p.hit
+    # On the CPU build nothing of Triton is baked: the knob changes nothing there.
+    assert predict(cpu_doc := _with_knobs({}, **ALWAYS), cpu_doc, CPU_KINDS).hit
+
+
+def test_a_knob_set_alike_at_build_and_now_or_without_effect_changes_nothing(h200: dict[str, Any]) -> None:
+    same = _with_knobs(h200["baked"], **DEBUG)
+    assert predict(same, _with_knobs(h200["cases"]["baseline"]["identity"], **DEBUG), h200["kinds"]).hit
+    cache_dir = {"triton.knobs.cache__dir": ("TRITON_CACHE_DIR", "/opt/kernelbake/cache/triton", "/x")}
+    p = predict(h200["baked"], _with_knobs(h200["cases"]["baseline"]["identity"], **cache_dir), h200["kinds"])
+    assert p.predicted == "hit", p.lines()

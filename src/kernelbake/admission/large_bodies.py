@@ -1,4 +1,5 @@
-"""The bytes of large review bodies that the pod works on at once, shared by its workers.
+"""The bytes of large review bodies that the pod works on at once, shared by its workers (and,
+in a budget of its own, of cache deltas' delta.json being read: ``admission.delta_reads``).
 
 A review costs memory in proportion to its body: decoded, an 8 MiB pod spec of 137,000
 containers is some 190 MiB of Python objects in the worker that plans it. The workers of one
@@ -53,4 +54,13 @@ class BodyBudget:
             if time.monotonic() >= ends:
                 return False
             await asyncio.sleep(POLL_SECONDS)
+        return True
+
+    def hold(self, size: int, seconds: float) -> bool:
+        """``take(size)`` from a thread, trying again until ``seconds`` have passed."""
+        ends = time.monotonic() + seconds
+        while not self.take(size):
+            if time.monotonic() >= ends:
+                return False
+            time.sleep(POLL_SECONDS)
         return True

@@ -16,7 +16,7 @@ from typing import Any
 from kernelbake.admission.references import InvalidReference, matches, normalise_pattern
 from kernelbake.errors import BadInput
 from kernelbake.oci.hosts import InvalidHost, canonical_host_pattern
-from kernelbake.validate import Source, load_yaml
+from kernelbake.validate import Source, load_yaml, quoted
 
 
 class PolicyError(BadInput):
@@ -210,11 +210,11 @@ def _images(src: Source, value: Any) -> tuple[str, ...]:
     patterns = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise src.error(f"images[{i}]", f"expected a repository pattern string, got {item!r}")
+            raise src.error(f"images[{i}]", f"expected a repository pattern string, got {quoted(item)}")
         if "@" in item or (":" in item.rpartition("/")[2] and "/" in item):
             raise src.error(
                 f"images[{i}]",
-                f"{item!r} names a tag or digest; patterns match repositories "
+                f"{quoted(item)} names a tag or digest; patterns match repositories "
                 "(use host/path/** for everything under a path)",
             )
         try:
@@ -237,11 +237,11 @@ def _registries(src: Source, value: Any, unlisted: UnlistedRegistries) -> tuple[
     for i, item in enumerate(src.optional_list(value, "unverified_registries")):
         field = f"unverified_registries[{i}]"
         if not isinstance(item, str) or not item.strip():
-            raise src.error(field, f"expected a registry host[:port] (globs allowed), got {item!r}")
+            raise src.error(field, f"expected a registry host[:port] (globs allowed), got {quoted(item)}")
         if "/" in item or "@" in item:
             raise src.error(
                 field,
-                f"{item!r} is not a registry host[:port]; this list names whole registries "
+                f"{quoted(item)} is not a registry host[:port]; this list names whole registries "
                 "(repositories to verify go under images)",
             )
         try:

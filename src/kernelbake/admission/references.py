@@ -20,6 +20,7 @@ from kernelbake import oci
 from kernelbake.oci import InvalidReference
 from kernelbake.oci.hosts import DOCKER_HUB, InvalidHost, aliases, canonical_host, canonical_host_pattern
 from kernelbake.oci.reference import is_digest, split_registry
+from kernelbake.validate import quoted
 
 __all__ = ["ImageRef", "InvalidReference", "alias_names", "matches", "normalise_pattern", "parse_reference"]
 
@@ -27,6 +28,14 @@ __all__ = ["ImageRef", "InvalidReference", "alias_names", "matches", "normalise_
 # verifies sha256 only; the parse accepts sha512 so that ungoverned images pinned that way pass
 # untouched, and admission denies governed ones.
 _OTHER_DIGEST = re.compile(r"sha512:[0-9a-f]{128}")
+
+# A reference (or host) is quoted whole up to this length, more than any real one holds
+# (a 255-character name, a 128-character tag, a digest): a longer one is cut in messages.
+QUOTED_CHARS = 512
+
+
+def _shown(text: str) -> str:
+    return quoted(text, chars=QUOTED_CHARS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +78,13 @@ class ImageRef:
 
 def parse_reference(text: str) -> ImageRef:
     if not isinstance(text, str) or not text or text != text.strip():
-        raise InvalidReference(f"image {text!r} is empty or has surrounding whitespace")
+        raise InvalidReference(f"image {_shown(text)} is empty or has surrounding whitespace")
     rest, at, digest = text.partition("@")
     _refuse_dotted_brackets(text, split_registry(rest)[0])
     if at and not is_digest(digest):
         if not _OTHER_DIGEST.fullmatch(digest):
             raise InvalidReference(
-                f"image reference {text!r}: digest {digest!r} is not sha256:<64 hex digits>"
+                f"image reference {_shown(text)}: digest {_shown(digest)} is not sha256:<64 hex digits>"
             )
         ref = oci.parse_reference(rest)
     else:
@@ -102,7 +111,7 @@ def _refuse_dotted_brackets(text: str, host: str) -> None:
     except InvalidHost:
         return  # not an address at all: the parser's own message
     raise InvalidReference(
-        f"image reference {text!r}: registry host {host!r} has a dotted IPv4 address between "
+        f"image reference {_shown(text)}: registry host {_shown(host)} has a dotted IPv4 address between "
         f"brackets, which container runtimes do not accept as a reference; write {instead}"
     )
 
@@ -121,12 +130,14 @@ def normalise_pattern(pattern: str) -> str:
     # A glob in the first segment can only be meant as a host (``*.example.com/**``).
     domain, path = (first, rest) if slash and "*" in first else split_registry(pattern)
     if path != path.lower():
-        raise InvalidReference(f"pattern {pattern!r}: repository paths are lowercase, {path!r} is not")
+        raise InvalidReference(
+            f"pattern {_shown(pattern)}: repository paths are lowercase, {_shown(path)} is not"
+        )
     if domain != DOCKER_HUB:
         try:
             domain = canonical_host_pattern(domain)
         except InvalidHost as exc:
-            raise InvalidReference(f"pattern {pattern!r}: {exc}") from None
+            raise InvalidReference(f"pattern {_shown(pattern)}: {exc}") from None
     if domain == DOCKER_HUB and "/" not in path and path != "**":
         path = f"library/{path}"
     return f"{domain}/{path}"

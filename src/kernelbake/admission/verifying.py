@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from kernelbake import oci
+from kernelbake.admission.delta_reads import DeltaReads
 from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
+from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.contract.artifact import InvalidArtifact
 from kernelbake.errors import KernelbakeError
@@ -50,10 +52,13 @@ class SignedImageVerifier:
         settings: Settings | None = None,
         timeout: float = 10.0,
         client_factory: Callable[[], oci.RegistryClient] | None = None,
+        delta_reads: DeltaReads | None = None,
     ) -> None:
         self.trust = trust
         # One verification (all its registry calls) ends within this, whatever the registry does.
         self.deadline = timeout
+        # One read of each delta.json for every name it is copied under, a bounded number at once.
+        self.delta_reads = delta_reads or DeltaReads(seconds=timeout)
         self._factory = client_factory or (lambda: oci.RegistryClient(settings, timeout=timeout))
         self._local = threading.local()
 
@@ -79,7 +84,7 @@ class SignedImageVerifier:
             # image (admission.deltas). Anything else stays refused. One more GET, on failures only.
             if not is_delta(client, reference):
                 raise
-            return read_delta(client, reference, self.trust)
+            return read_delta(client, reference, self.trust, parse=self.delta_reads)
         except NotKernelbakeImage:
             # Not one image: a model's GPU index is verified by its signature, and the variant a
             # pod is sent to on its own (the images' path stays as it was: no extra request).
@@ -107,12 +112,20 @@ def _sorted(call: Callable[[], _T]) -> _T:
         raise ImageRejected(str(exc)) from None
 
 
-def build_gateway(policy: AdmissionPolicy, *, settings: Settings | None = None) -> Gateway:
+def build_gateway(
+    policy: AdmissionPolicy, *, settings: Settings | None = None, delta_budget: BodyBudget | None = None
+) -> Gateway:
+    """``delta_budget``: the bytes of delta.json the pod reads at once, shared by the workers
+    when the parent made it before forking (default: this process's own)."""
     # A verification gives up a little before the review's deadline, so that the answer carries
     # the registry's reason (which registry, which call) instead of "did not finish". It also
     # gives the verification's thread back to its registry's lane by then.
+    seconds = policy.deadline_seconds * 0.9
     verifier = SignedImageVerifier(
-        verify_policy(policy), settings=settings, timeout=policy.deadline_seconds * 0.9
+        verify_policy(policy),
+        settings=settings,
+        timeout=seconds,
+        delta_reads=DeltaReads(delta_budget, seconds=seconds),
     )
     return Gateway(
         verifier,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BuildFailed, EnvironmentProblem, RegistryError
 from kernelbake.runner import Result, Runner, run
 from kernelbake.settings import Settings
@@ -73,11 +73,11 @@ class Docker:
         res = self("image", "inspect", "--format", "{{json .Config.Labels}}", ref, capture=True)
         if res.returncode != 0:
             raise BuildFailed(f"{ref}: the built image is not in the local image store")
-        return dict(json.loads(res.stdout or "{}") or {})
+        return dict(jsondoc.loads(res.stdout or "{}") or {})
 
     def repo_digest(self, ref: str, repository: str) -> str:
         res = self("image", "inspect", "--format", "{{json .RepoDigests}}", ref, capture=True)
-        digests = json.loads(res.stdout or "[]") if res.returncode == 0 else []
+        digests = jsondoc.loads(res.stdout or "[]") if res.returncode == 0 else []
         found = [d for d in digests or [] if d.startswith(f"{repository}@")]
         if not found:
             raise RegistryError(f"{ref}: pushed, but Docker reports no digest for {repository}")

@@ -36,6 +36,8 @@ _IN_IMAGE = {
     "engine-command": "kernelbake.cli.runtime",
     # ``capture collect`` runs in the replica; ``push`` and ``verify`` import host code lazily.
     "capture": "kernelbake.cli.runtime",
+    # ``snapshot take`` runs in the image; ``push`` and ``verify`` import host code lazily.
+    "snapshot": "kernelbake.cli.runtime",
 }
 
 

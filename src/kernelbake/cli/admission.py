@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelbake.admission.bounds import MAX_CONNECTIONS
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.settings import Settings
 from kernelbake.textfile import read_bytes, read_text
@@ -43,6 +44,7 @@ def _logging(level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.admission import workers
+    from kernelbake.admission.delta_reads import BUDGET as DELTA_BUDGET
     from kernelbake.admission.large_bodies import BodyBudget
     from kernelbake.admission.policy import load_admission_policy
     from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
@@ -74,18 +76,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             read_bytes(path, what)
         except BadInput as exc:
             raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
+    client_ca = _client_ca(args.client_ca)
     try:
-        tls_context(cert, key)
+        tls_context(cert, key, client_ca)
     except (OSError, ssl.SSLError) as exc:
         raise BadInput(
             f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
         ) from None
-    try:
-        sockets = workers.listening_sockets(args.host, args.port, args.workers)
-    except OSError as exc:
-        raise EnvironmentProblem(
-            f"--host {args.host} --port {args.port}: cannot listen: {exc.strerror or exc}"
-        ) from None
+    sockets, health = _listen(args)
     print(
         f"kernelbake admission: listening on https://{args.host}:{sockets[0].getsockname()[1]} "
         f"(policy {policy.source}: {policy.mode.value}, {len(policy.images)} pattern(s), "
@@ -93,15 +91,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if health is not None:
+        print(
+            f"kernelbake admission: probes on http://{args.host}:{health.getsockname()[1]} (/healthz, /readyz)",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    # Made before the fork: the workers share the pod's memory, so they share this budget.
+    # Made before the fork: the workers share the pod's memory, so they share these budgets.
     bodies = BodyBudget(MAX_BODY)
+    deltas = BodyBudget(DELTA_BUDGET)
 
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
-        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env()))
+        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env(), delta_budget=deltas))
         server = AdmissionServer(
-            admitter, cert=cert, key=key, sock=sock, bodies=bodies, max_connections=args.max_connections
+            admitter,
+            cert=cert,
+            key=key,
+            sock=sock,
+            bodies=bodies,
+            max_connections=args.max_connections,
+            client_ca=client_ca,
+            # One listening socket for the probes, accepted from by every worker.
+            health_sock=health,
         )
         asyncio.run(server.serve())
         return 0
@@ -109,6 +122,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         return serve(sockets[0])
     return workers.run(sockets, serve)
+
+
+def _client_ca(path: str | None) -> Path | None:
+    log = logging.getLogger("kernelbake.admission")
+    if path is None:
+        log.warning(
+            "no --client-ca: any client that reaches the port may connect; give the CA of the "
+            "API server's client certificate (docs/admission.md, Who may connect)"
+        )
+        return None
+    try:
+        read_bytes(Path(path), "the client CA")
+        ssl.create_default_context(cafile=path)
+    except BadInput as exc:
+        raise BadInput(f"--client-ca {exc.message}") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise BadInput(f"--client-ca {path}: not a PEM CA certificate ({exc})") from None
+    return Path(path)
+
+
+def _listen(args: argparse.Namespace) -> tuple[list[socket.socket], socket.socket | None]:
+    """The workers' sockets on --port and the probes' one on --health-port (None without)."""
+    from kernelbake.admission import workers
+
+    def listen(flag: str, port: int, count: int) -> list[socket.socket]:
+        try:
+            return workers.listening_sockets(args.host, port, count)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"--host {args.host} {flag} {port}: cannot listen: {exc.strerror or exc}"
+            ) from None
+
+    sockets = listen("--port", args.port, args.workers)
+    if args.health_port is None:
+        return sockets, None
+    try:
+        return sockets, listen("--health-port", args.health_port, 1)[0]
+    except EnvironmentProblem:
+        for sock in sockets:
+            sock.close()
+        raise
 
 
 def _say_what_is_permissive(policy: AdmissionPolicy) -> None:
@@ -146,7 +200,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             text = _stdin_text(MAX_BODY)
         else:
             text = read_text(args.request, "the AdmissionReview", limit=MAX_BODY)
-        doc = json.loads(text)
+        doc = jsondoc.loads(text)
     except OSError as exc:
         raise BadInput(f"{source}: cannot read: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:
@@ -202,6 +256,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help=f"connections each worker holds at once, TLS handshakes included; one more is dropped "
         f"before its handshake, and logged (default {MAX_CONNECTIONS})",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="also serve GET /healthz and /readyz over plain HTTP on this port, for the kubelet's "
+        "probes: a listener the webhook's clients cannot fill (0 picks a free one; default: none)",
+    )
+    p.add_argument(
+        "--client-ca",
+        metavar="FILE",
+        help="only clients with a certificate this CA issued may connect (the API server's client "
+        "certificate; default: any client, with a warning)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)

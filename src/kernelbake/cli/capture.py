@@ -1,13 +1,15 @@
 """``kernelbake capture``: a running replica's warm state as a signed delta for the next one.
 
-``collect`` runs inside the image (or a sidecar from it); ``push`` and ``verify`` on the host.
-Each imports its side lazily, so the in-image command never loads host code."""
+``record``, ``replay`` and ``collect`` run inside the image (or a sidecar from it); ``rebuild``,
+``push`` and ``verify`` on the host. Each imports its side lazily, so the in-image commands
+never load host code."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from kernelbake.cli._in_image import IN_IMAGE
 from kernelbake.cli._registry import add_registry_args
@@ -26,6 +28,51 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _request(text: str) -> dict[str, Any]:
+    from kernelbake.contract.record import request_problem
+
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:80]!r}") from None
+    if problem := request_problem(body):
+        raise argparse.ArgumentTypeError(problem)
+    return dict(body)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.capture import record
+    from kernelbake.runtime.env import RuntimeEnv
+
+    done = record(RuntimeEnv.from_env(), args.out, list(args.request), root=args.root, replica=args.replica)
+    for line in done.lines():
+        print(f"kernelbake capture: {line}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kernelbake.runtime import replay
+    from kernelbake.runtime.env import RuntimeEnv
+
+    done = replay.replay(replay.load(RuntimeEnv.from_env(), args.record), port=args.port)
+    for line in done.lines():
+        print(f"kernelbake capture: {line}")
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from kernelbake.signing.rebuild import rebuild
+
+    done = rebuild(
+        args.record, image=args.image, out=args.out, builder=args.builder, docker_args=list(args.docker_arg)
+    )
+    for line in done.lines():
+        print(f"kernelbake capture: {line}")
+    if args.json:
+        print(json.dumps(done.to_json(), indent=1, sort_keys=True))
+    return 0
+
+
 def cmd_push(args: argparse.Namespace) -> int:
     from kernelbake.settings import Settings
     from kernelbake.signing.delta import push_delta
@@ -40,6 +87,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         signer=signer,
         replica=args.replica,
         client=registry_client(args),
+        unsafe_replica_bytes=args.unsafe_replica_bytes,
     )
     print(f"kernelbake capture: {pushed.describe()}")
     if args.json:
@@ -76,11 +124,56 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--json", action="store_true", help="print the delta manifest too")
     c.set_defaults(func=cmd_collect)
 
+    c = inner.add_parser(
+        "record",
+        help="(inside the image) record what this replica compiled that the build had not, for a rebuild",
+    )
+    c.add_argument("--out", type=Path, required=True, metavar="FILE", help="the record to write (a new file)")
+    c.add_argument(
+        "--request",
+        type=_request,
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a request class that compiled here (a completion request's body, without model); repeat",
+    )
+    c.add_argument("--root", type=Path, help="the live cache root (default: the image's cache root)")
+    c.add_argument("--replica", default="", help="a name for this replica, recorded")
+    c.set_defaults(func=cmd_record)
+
+    c = inner.add_parser(
+        "replay",
+        help="(inside the image, in a rebuild) send a record's request classes to this server once each",
+    )
+    c.add_argument("--record", type=Path, required=True, metavar="FILE", help="what 'capture record' wrote")
+    c.add_argument("--port", type=int, default=8000, help="the server's port on the loopback")
+    c.set_defaults(func=cmd_replay)
+
+    c = inner.add_parser(
+        "rebuild", help="compile a record again in the signed image (no network), as a delta to push"
+    )
+    c.add_argument("record", type=Path, metavar="RECORD", help="what 'capture record' wrote")
+    c.add_argument("--image", required=True, metavar="IMAGE@sha256:…", help="the image the replica ran")
+    c.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new or empty directory")
+    c.add_argument("--builder", required=True, help="this builder's name, recorded in the delta and attested")
+    c.add_argument(
+        "--docker-arg", action="append", default=[], help="passed to docker run (e.g. --gpus=all); repeat"
+    )
+    c.add_argument("--json", action="store_true", help="print what was reproduced, differed and dropped")
+    c.set_defaults(func=cmd_rebuild)
+
     c = inner.add_parser("push", help="push DIR as a delta artifact layered on BASE, signed and attested")
     c.add_argument("dir", type=Path, metavar="DIR", help="what 'capture collect' wrote")
     c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image the replica ran")
     c.add_argument(
-        "--to", metavar="REPO:TAG", help="where to push (default: BASE's repository, tag <base-tag>-delta)"
+        "--to",
+        metavar="REPO:TAG",
+        help="where to push (default: BASE's repository, tag delta-sha256-<BASE's digest>)",
+    )
+    c.add_argument(
+        "--unsafe-replica-bytes",
+        action="store_true",
+        help="push a delta of the bytes a replica wrote ('capture collect'), not rebuilt; refused by default policies",
     )
     c.add_argument("--replica", default=None, help="the replica's name for the attestation (default: DIR's)")
     who = c.add_mutually_exclusive_group(required=True)

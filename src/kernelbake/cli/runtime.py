@@ -79,9 +79,10 @@ def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
     if not v.warm:
         what = "starting COLD; the baked caches are not used"
     elif outcome is Outcome.HIT:
-        what = "nothing compiles at start" + (
-            "; the model is traced again" if v.predicted == "retrace" else ""
-        )
+        what = "nothing compiles at start" + {
+            "retrace": "; the model is traced again",
+            "writes": "; a knob outside the cache keys writes files into the caches",
+        }.get(v.predicted, "")
     elif outcome is Outcome.NO_COMPILE:
         what = "compilation is off for this start: nothing compiles, and the compile caches are not read"
     elif outcome is Outcome.MISS:
@@ -225,6 +226,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kernelbake.cli import capture
 
     capture.register(sub)
+    # snapshot's take runs in the image; its push and verify import host code only when run.
+    from kernelbake.cli import snapshot
+
+    snapshot.register(sub)
     serve.epilog = _image_commands(sub, exclude="serve")
 
 

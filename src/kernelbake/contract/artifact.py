@@ -26,6 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import LABEL_NS
 from kernelbake.contract.layout import CACHE_MANIFEST_PATH, MANIFEST
 from kernelbake.errors import BadInput
@@ -174,8 +175,8 @@ def artifact_facts(labels: Mapping[str, str], *, source: str) -> CacheArtifactFa
     if missing:
         raise InvalidArtifact(f"{source}: cache artifact without label {', '.join(missing)}")
     try:
-        command = json.loads(labels[LABEL_COMMAND])
-        env = json.loads(labels[LABEL_ENV])
+        command = jsondoc.loads(labels[LABEL_COMMAND])
+        env = jsondoc.loads(labels[LABEL_ENV])
         if not isinstance(command, list) or not isinstance(env, dict):
             raise ValueError("not a list and an object")
     except ValueError as exc:

@@ -7,7 +7,11 @@ each under a cache kind's directory, with its size and sha256, and says what it 
   compares it with the digest the pod is pinned to;
 - ``base_manifest``: the sha256 of that image's pinned cache manifest; the runtime, which
   cannot know its own image digest, compares it with the manifest it pinned;
-- ``key``: the compatibility key (``CacheKey`` string), the same as the image's.
+- ``key``: the compatibility key (``CacheKey`` string), the same as the image's;
+- ``origin``: where its bytes come from (``Origin``): ``rebuilt`` by a trusted build that ran
+  the signed image by digest and replayed what a replica recorded (``rebuild`` says which
+  builder, which record, what it dropped), or ``replica``: the bytes a replica wrote, which only
+  a policy with ``unsafe_replica_deltas`` accepts. A manifest that does not say is ``replica``.
 
 On disk (the root of a delta, and of the OCI artifact that carries it)::
 
@@ -21,11 +25,13 @@ delta; admission pins it in ``$KERNELBAKE_DELTA_DIGEST`` after verifying the sig
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.manifest import bundle_path_problem, kind_totals
@@ -52,6 +58,45 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 class InvalidDelta(BadInput, ValueError):
     """A delta manifest that is malformed or unsafe; the message names the field or path."""
+
+
+class Origin(enum.Enum):
+    # Compiled again by a trusted build (the signed image run by digest, no network, its baked
+    # caches as the start) from a replica's record: only that build's output is in the delta.
+    REBUILT = "rebuilt"
+    # The bytes a replica's cache root held, signed as they were: anything that could write
+    # there (serving code, a sidecar on the volume) chose them. Accepted only as unsafe.
+    REPLICA = "replica"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rebuild:
+    """Which trusted build produced a rebuilt delta, and from what."""
+
+    builder: str  # who ran it (the builder's name; the signer vouches for it)
+    image: str  # sha256:… of the image it ran, by digest: the delta's base
+    record: str  # sha256:… of the replica's record it replayed
+    # Files the replica claimed that the rebuild did not produce: not in the delta.
+    dropped: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "builder": self.builder,
+            "image": self.image,
+            "record": self.record,
+            "dropped": list(self.dropped),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Rebuild:
+        if not isinstance(doc, dict):
+            raise InvalidDelta("rebuild must be an object")
+        return cls(
+            builder=str(doc["builder"]),
+            image=str(doc["image"]),
+            record=str(doc["record"]),
+            dropped=tuple(str(d) for d in doc.get("dropped", ())),
+        )
 
 
 def engine_key(kind: CacheKind, path: str) -> str | None:
@@ -92,6 +137,8 @@ class DeltaManifest:
     files: tuple[DeltaFile, ...]
     # Free-form provenance: which replica, when (the attestation carries it signed).
     replica: str = ""
+    origin: Origin = Origin.REPLICA
+    rebuild: Rebuild | None = None  # set exactly when ``origin`` is ``REBUILT``
 
     def __post_init__(self) -> None:
         # One order, so that equal deltas are equal values and encode to the same bytes.
@@ -109,22 +156,15 @@ class DeltaManifest:
         return dataclasses.replace(self, base_image=image_digest)
 
     def to_json(self) -> str:
-        kinds: dict[str, Any] = {}
-        for kind in sorted({f.kind for f in self.files}, key=lambda k: k.value):
-            mine = [f for f in self.files if f.kind is kind]
-            keys = sorted({k for f in mine if (k := engine_key(kind, f.path)) is not None})
-            kinds[kind.value] = {
-                "engine_keys": keys,
-                "files": [f.to_json() for f in mine],
-                "bytes": sum(f.size for f in mine),
-            }
         doc = {
             "schema": SCHEMA,
             "key": str(self.key),
             "key_digest": self.key.digest,
             "base": {"image": self.base_image, "manifest": self.base_manifest},
             "replica": self.replica,
-            "kinds": kinds,
+            "origin": self.origin.value,
+            "rebuild": self.rebuild.to_json() if self.rebuild else None,
+            "kinds": kinds_json(self.files),
         }
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -133,18 +173,28 @@ class DeltaManifest:
         if len(text) > MAX_MANIFEST_BYTES:
             raise InvalidDelta(f"{source}: {len(text)} bytes, more than a delta manifest may hold")
         try:
-            doc = json.loads(text)
+            doc = jsondoc.loads(text)
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
                 raise InvalidDelta(f"delta schema {got!r} is not {SCHEMA}")
             base = doc["base"]
-            files = tuple(_files(doc["kinds"]))
+            files = tuple(files_of(doc["kinds"]))
+            try:
+                # Written before deltas said where their bytes came from: a replica's.
+                origin = Origin(doc.get("origin", Origin.REPLICA.value))
+            except ValueError:
+                raise InvalidDelta(
+                    f"origin {doc.get('origin')!r} is not one of {', '.join(o.value for o in Origin)}"
+                ) from None
+            rebuild = doc.get("rebuild")
             return cls(
                 key=parse_key(doc["key"]),
                 base_image=base.get("image"),
                 base_manifest=base["manifest"],
                 files=files,
                 replica=str(doc.get("replica", "")),
+                origin=origin,
+                rebuild=None if rebuild is None else Rebuild.from_json(rebuild),
             )
         except BadInput as exc:
             # The key's and the invariants' messages, said of this file.
@@ -153,7 +203,23 @@ class DeltaManifest:
             raise InvalidDelta(f"{source}: not a cache delta ({type(exc).__name__}: {exc})") from None
 
 
-def _files(kinds: Any) -> Iterable[DeltaFile]:
+def kinds_json(files: Iterable[DeltaFile]) -> dict[str, Any]:
+    """Files per kind, with the engine's keys where the layout names them (``engine_key``)."""
+    files = list(files)
+    kinds: dict[str, Any] = {}
+    for kind in sorted({f.kind for f in files}, key=lambda k: k.value):
+        mine = [f for f in files if f.kind is kind]
+        keys = sorted({k for f in mine if (k := engine_key(kind, f.path)) is not None})
+        kinds[kind.value] = {
+            "engine_keys": keys,
+            "files": [f.to_json() for f in mine],
+            "bytes": sum(f.size for f in mine),
+        }
+    return kinds
+
+
+def files_of(kinds: Any) -> Iterable[DeltaFile]:
+    """``kinds_json`` read back."""
     if not isinstance(kinds, dict):
         raise InvalidDelta("kinds must be an object")
     for name, entry in kinds.items():
@@ -175,6 +241,7 @@ def check(delta: DeltaManifest) -> None:
         raise InvalidDelta(f"base manifest digest {delta.base_manifest!r} is not sha256:<64 hex>")
     if delta.base_image is not None and not _DIGEST.fullmatch(delta.base_image):
         raise InvalidDelta(f"base image digest {delta.base_image!r} is not sha256:<64 hex>")
+    _check_origin(delta)
     if len(delta.files) > MAX_FILES:
         raise InvalidDelta(f"{len(delta.files)} files, more than a delta may hold ({MAX_FILES})")
     seen: set[str] = set()
@@ -188,6 +255,18 @@ def check(delta: DeltaManifest) -> None:
         seen.add(f.path)
     if (total := delta.total_bytes) > MAX_BYTES:
         raise InvalidDelta(f"{total} bytes, more than a delta may hold ({MAX_BYTES})")
+
+
+def _check_origin(delta: DeltaManifest) -> None:
+    if (delta.origin is Origin.REBUILT) != (delta.rebuild is not None):
+        raise InvalidDelta(f"origin {delta.origin.value!r} and a rebuild record go together, or neither")
+    if (r := delta.rebuild) is None:
+        return
+    for name, value in (("image", r.image), ("record", r.record)):
+        if not _DIGEST.fullmatch(value):
+            raise InvalidDelta(f"rebuild.{name} {value!r} is not sha256:<64 hex>")
+    if delta.base_image is not None and r.image != delta.base_image:
+        raise InvalidDelta(f"rebuilt from the image {r.image}, but layered on {delta.base_image}")
 
 
 def conflicts(delta: DeltaManifest, baked: Mapping[str, str]) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from kernelbake.contract.key import NONE, CacheKey, Engine
@@ -63,12 +63,39 @@ class EngineDeclaration:
         not listed."""
         return next((m for v, b, m in self.adapters if (v, b) == (version, build)), NONE)
 
+    def nearest_adapted(self, version: str, build: Build) -> str:
+        """The release with an adapter for ``build`` nearest to ``version`` (``nearest_release``)."""
+        return nearest_release(version, [v for v, b, _m in self.adapters if b is build])
+
     def adapted(self) -> str:
         """``0.26.0 (cuda), 0.32.0 (cpu, cuda)``: the releases and builds with an adapter."""
         builds: dict[str, list[str]] = {}
         for v, b, _m in self.adapters:
             builds.setdefault(v, []).append(b.value)
         return ", ".join(f"{v} ({', '.join(bs)})" for v, bs in builds.items())
+
+
+def _release_numbers(version: str) -> tuple[int, ...]:
+    parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def nearest_release(version: str, listed: Iterable[str]) -> str:
+    """Of ``listed``, the release nearest ``version`` (``none`` for an empty list): of the
+    listed neighbours below and above it, the one whose major, then minor, then patch number is
+    closer; on a tie the older, since a pin moved down keeps to what was out when the user's
+    release was chosen. Not a number (``main``): read as 0."""
+    want = _release_numbers(version)
+    ordered = sorted(set(listed), key=_release_numbers)
+    below = [v for v in ordered if _release_numbers(v) <= want]
+    above = [v for v in ordered if _release_numbers(v) > want]
+    if not below or not above:
+        return (below[-1:] or above[:1] or [NONE])[0]
+
+    def distance(candidate: str) -> tuple[int, ...]:
+        return tuple(abs(g - w) for g, w in zip(_release_numbers(candidate), want, strict=True))
+
+    return below[-1] if distance(below[-1]) <= distance(above[0]) else above[0]
 
 
 def is_cpu_build(key: CacheKey) -> bool:
@@ -162,6 +189,7 @@ VLLM = EngineDeclaration(
         ("0.26.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_26"),
         ("0.32.0", Build.CPU, "kernelbake.runtime.engines.vllm._v0_32"),
         ("0.32.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_32"),
+        ("0.34.0", Build.CUDA, "kernelbake.runtime.engines.vllm._v0_34"),
     ),
 )
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import MANIFEST, CacheKind
 from kernelbake.errors import BadInput
@@ -130,7 +131,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str, *, source: str = MANIFEST) -> Manifest:
         try:
-            doc = json.loads(text)
+            doc = jsondoc.loads(text)
             if doc.get("schema") != SCHEMA:
                 raise BadInput(f"{source}: manifest schema {doc.get('schema')!r} is not {SCHEMA}")
             files = tuple(_entry(f, source) for f in doc["files"])

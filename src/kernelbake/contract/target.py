@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.layout import CACHE_ROOT, TARGET_FILE
 from kernelbake.contract.serve import ServeArgs
@@ -34,7 +35,7 @@ class TargetConfig:
     @classmethod
     def from_json(cls, text: str, *, source: str = "target.json") -> TargetConfig:
         try:
-            doc = json.loads(text)
+            doc = jsondoc.loads(text)
         except ValueError as exc:
             raise BadInput(f"{source}: not a valid kernelbake target file (not JSON: {exc})") from None
         schema = doc.get("schema") if isinstance(doc, dict) else None

@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 from kernelbake.oci.hosts import DOCKER_HUB
 from kernelbake.oci.reference import DOCKER_HUB_API
@@ -53,7 +53,7 @@ def _read_config(config_dir: Path) -> dict[str, Any]:
         return {}
     text = read_text(path, "docker config")
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text)
     except (ValueError, RecursionError) as exc:
         raise BadInput(f"{path}: cannot read docker config ({exc})") from None
     if not isinstance(doc, dict):
@@ -66,7 +66,7 @@ def _from_helper(helper: str, host: str, runner: Runner, timeout: float) -> Cred
     if result.returncode != 0:
         return None  # the helper's way of saying "no credentials for this host"
     try:
-        doc = json.loads(result.stdout)
+        doc = jsondoc.loads(result.stdout)
         user, secret = str(doc["Username"]), str(doc["Secret"])
     except (ValueError, KeyError, TypeError):
         raise BadInput(f"docker-credential-{helper}: unreadable answer for {host}") from None

@@ -12,18 +12,19 @@ import base64
 import contextlib
 import dataclasses
 import ipaddress
-import json
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
 from kernelbake.cache import BoundedCache
+from kernelbake.contract import jsondoc
 from kernelbake.oci.auth import Challenge, Credentials, docker_credentials, parse_challenge
 from kernelbake.oci.deadline import Bound, DeadlineAdapter, Operation, current_operation, operation
 from kernelbake.oci.errors import (
@@ -374,7 +375,7 @@ class RegistryClient:
             data = self._read(resp, max_bytes, what=what)
             if media_type not in MANIFEST_TYPES:
                 try:
-                    declared = json.loads(data).get("mediaType")
+                    declared = jsondoc.loads(data).get("mediaType")
                 except (ValueError, AttributeError):
                     declared = None
                 if declared not in MANIFEST_TYPES:
@@ -467,6 +468,36 @@ class RegistryClient:
                 headers={"Content-Type": "application/octet-stream"},
                 data=data,
             )
+            resp.close()
+            return digest
+
+    def put_blob_file(self, ref: Reference, path: Path, digest: str) -> str:
+        """``put_blob`` of a file too large to hold in memory (a snapshot's pages), streamed
+        from disk; ``digest`` is the file's sha256, which the registry checks on commit."""
+        what = f"upload blob {ref.name}@{digest}"
+        with self._op(ref.api_host, what):
+            if self.has_blob(ref, digest):
+                return digest
+            resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
+            location = resp.headers.get("Location")
+            resp.close()
+            if not location:
+                raise RegistryProtocolError(f"{what}: no upload Location")
+            url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
+            sep = "&" if "?" in url else "?"
+            with path.open("rb") as fh:
+                resp = self._request(
+                    "PUT",
+                    ref,
+                    f"{url}{sep}digest={digest}",
+                    what=what,
+                    ok=(201, 204),
+                    headers={
+                        "Content-Type": "application/octet-stream",
+                        "Content-Length": str(path.stat().st_size),
+                    },
+                    data=fh,
+                )
             resp.close()
             return digest
 

@@ -31,6 +31,7 @@ import re
 import socket
 
 from kernelbake.errors import BadInput
+from kernelbake.validate import quoted
 
 DOCKER_HUB = "docker.io"
 HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
@@ -43,6 +44,14 @@ _NUMERIC = re.compile(r"[0-9][0-9a-fx.]*")
 # name too.
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0", "[::]")
 
+# A reference (or host) is quoted whole up to this length, more than any real one holds
+# (a 255-character name, a 128-character tag, a digest): a longer one is cut in messages.
+QUOTED_CHARS = 512
+
+
+def _shown(text: str) -> str:
+    return quoted(text, chars=QUOTED_CHARS)
+
 
 class InvalidHost(BadInput, ValueError):
     """A registry host that no runtime could reach; quotes it."""
@@ -53,7 +62,9 @@ def canonical_host(text: str) -> str:
     name, port = _split(text)
     if port is not None:
         if not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidHost(f"registry host {text!r}: port {port!r} is not a number from 1 to 65535")
+            raise InvalidHost(
+                f"registry host {_shown(text)}: port {_shown(port)} is not a number from 1 to 65535"
+            )
         port = str(int(port))
         if port == "443":
             port = None
@@ -62,7 +73,7 @@ def canonical_host(text: str) -> str:
         # ``MyHost/x`` names the registry MyHost only because of its capital; lowercased it
         # would read as the Docker Hub namespace ``myhost``: no canonical spelling exists.
         raise InvalidHost(
-            f"registry host {text!r}: a one-label host without a port has no canonical spelling "
+            f"registry host {_shown(text)}: a one-label host without a port has no canonical spelling "
             "(lowercased it reads as a Docker Hub namespace); write its port or full domain"
         )
     if host in HUB_ALIASES:
@@ -101,10 +112,10 @@ def _split(text: str) -> tuple[str, str | None]:
     if text.startswith("["):
         end = text.find("]")
         if end < 0:
-            raise InvalidHost(f"registry host {text!r}: unclosed '['")
+            raise InvalidHost(f"registry host {_shown(text)}: unclosed '['")
         rest = text[end + 1 :]
         if rest and not rest.startswith(":"):
-            raise InvalidHost(f"registry host {text!r}: expected ':port' after ']'")
+            raise InvalidHost(f"registry host {_shown(text)}: expected ':port' after ']'")
         return text[: end + 1], rest[1:] if rest else None
     name, colon, port = text.partition(":")
     return name, port if colon else None
@@ -115,7 +126,9 @@ def _canonical_name(name: str, text: str) -> str:
         try:
             address = ipaddress.IPv6Address(name[1:-1])
         except ValueError:
-            raise InvalidHost(f"registry host {text!r}: {name!r} is not an IPv6 address") from None
+            raise InvalidHost(
+                f"registry host {_shown(text)}: {_shown(name)} is not an IPv6 address"
+            ) from None
         mapped = address.ipv4_mapped
         return str(mapped) if mapped is not None else f"[{address.compressed}]"
     lowered = name.lower()
@@ -128,7 +141,9 @@ def _canonical_name(name: str, text: str) -> str:
         except OSError:
             pass  # not an address (``123abc.de``): a name, checked below
     if not _NAME.fullmatch(lowered) or len(lowered) > 253:
-        raise InvalidHost(f"registry host {text!r}: {name!r} is not a valid DNS name or IP address")
+        raise InvalidHost(
+            f"registry host {_shown(text)}: {_shown(name)} is not a valid DNS name or IP address"
+        )
     return lowered
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import json
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.oci.errors import RegistryProtocolError
 from kernelbake.oci.types import Descriptor
 
@@ -51,15 +52,13 @@ def index_entries(data: bytes, *, complete: bool, source: str) -> list[Any]:
     ``complete``: ``data`` is the whole document, which must parse. Otherwise it was cut off at
     the byte bound: the entries that lie whole before the cut, the rest dropped."""
     if complete:
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise RegistryProtocolError(f"{source}: not JSON") from None
-        entries = doc.get("manifests") if isinstance(doc, dict) else None
-        if not isinstance(entries, list):
-            raise RegistryProtocolError(f"{source}: index has no manifests list")
-        return entries
+        return _whole(data, source)
     text = data.decode("utf-8", errors="replace")
+    try:
+        # raw_decode recurses per level like json.loads: the part read is bounded as a whole.
+        jsondoc.refuse_deep(text)
+    except jsondoc.TooDeep as exc:
+        raise RegistryProtocolError(f"{source}: {exc}") from None
     decoder = json.JSONDecoder()
     out: list[Any] = []
     try:
@@ -90,6 +89,19 @@ def index_entries(data: bytes, *, complete: bool, source: str) -> list[Any]:
     except (ValueError, IndexError):
         pass  # the cut: what lay whole before it is kept
     return out
+
+
+def _whole(data: bytes, source: str) -> list[Any]:
+    try:
+        doc = jsondoc.loads(data)
+    except jsondoc.TooDeep as exc:
+        raise RegistryProtocolError(f"{source}: {exc}") from None
+    except ValueError:
+        raise RegistryProtocolError(f"{source}: not JSON") from None
+    entries = doc.get("manifests") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise RegistryProtocolError(f"{source}: index has no manifests list")
+    return entries
 
 
 def descriptors(entries: list[Any], *, source: str) -> tuple[list[Descriptor], int]:

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.oci.errors import RegistryProtocolError
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -118,7 +119,7 @@ class Manifest:
     @functools.cached_property
     def doc(self) -> dict[str, Any]:
         try:
-            doc = json.loads(self.data)
+            doc = jsondoc.loads(self.data)
         except ValueError as exc:
             raise RegistryProtocolError(f"{self.source}: manifest is not JSON ({exc})") from None
         if not isinstance(doc, dict):

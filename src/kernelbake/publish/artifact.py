@@ -9,13 +9,13 @@ it is pushed, so that nothing half-built is."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from kernelbake.bake import bakefile
 from kernelbake.bake.bakefile import Layout
 from kernelbake.bake.docker import Docker
 from kernelbake.bake.lanes import Lane
 from kernelbake.bake.stages import run_bake, stage_failed
+from kernelbake.contract import jsondoc
 from kernelbake.contract.artifact import (
     CacheArtifactFacts,
     EngineImage,
@@ -142,7 +142,7 @@ def _engine_command(lane: Lane, target: BuildTarget, layout: Layout) -> tuple[li
     )  # fmt: skip
     log.write_text(res.stdout + res.stderr)
     try:
-        doc = json.loads((res.stdout.strip().splitlines() or ["null"])[-1])
+        doc = jsondoc.loads((res.stdout.strip().splitlines() or ["null"])[-1])
         command, launch = doc["command"], doc["env"]
         if not (isinstance(command, list) and isinstance(launch, dict)):
             raise TypeError("not a list and an object")
@@ -180,7 +180,7 @@ def engine_image(docker: Docker, name: str, settings: Settings) -> EngineImage:
 def _daemon_engine_image(name: str, inspected: str) -> EngineImage:
     """The engine image from ``docker image inspect``'s JSON of it."""
     try:
-        doc = json.loads(inspected)
+        doc = jsondoc.loads(inspected)
         config = str(doc["Id"])
         repo = name.rsplit("@", 1)[0]
         repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo

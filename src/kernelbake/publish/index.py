@@ -5,9 +5,9 @@ resolves a GPU's variant."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.artifact import kind_of
 from kernelbake.contract.key import key_from_labels
 from kernelbake.contract.variants import OCI_INDEX, Variant, encode, index_document, index_tag
@@ -25,7 +25,7 @@ def variant_of(client: RegistryClient, pushed: str) -> Variant:
     top = client.get_manifest(ref)
     facts = read_image(client, ref.with_digest(top.digest), top)
     try:
-        config = json.loads(client.get_blob(ref, facts.manifest.config.digest, max_bytes=MAX_CONFIG_BYTES))
+        config = jsondoc.loads(client.get_blob(ref, facts.manifest.config.digest, max_bytes=MAX_CONFIG_BYTES))
     except ValueError:
         raise ImageLayoutError(f"{pushed}: image config is not JSON") from None
     arch = str(config.get("architecture") or "amd64")

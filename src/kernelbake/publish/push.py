@@ -4,12 +4,12 @@ from the bake's metadata file."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from kernelbake.bake.bakefile import Layout
 from kernelbake.bake.lanes import Lane
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import key_from_labels
 from kernelbake.errors import BuildFailed, RegistryError
 from kernelbake.plan import BuildTarget
@@ -57,7 +57,7 @@ def push_ref(lane: Lane, target: BuildTarget, ref: str, layout: Layout, progress
 def pushed_by_builder(name: str, metadata: Path, repository: str) -> str:
     """What a container builder pushed for bake target ``name``, from its metadata file."""
     try:
-        meta = json.loads(metadata.read_text())
+        meta = jsondoc.loads(metadata.read_text())
         digest = meta[name]["containerimage.digest"]
     except (OSError, ValueError, KeyError) as exc:
         raise RegistryError(f"{name}: pushed, but {metadata} has no digest ({exc})") from None

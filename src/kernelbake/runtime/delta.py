@@ -3,17 +3,23 @@
 The delta is mounted at ``DELTA_ROOT`` (an image volume of the delta artifact). Before the
 engine opens any cache, and only on a warm start from the baked caches, ``serve`` checks:
 
-1. ``delta.json`` is the one whoever created the pod verified: its sha256 equals
+1. nothing is mounted inside ``DELTA_ROOT`` (``/proc/self/mountinfo``): every file comes from the
+   delta's own volume, not from a pod that mounted files over it and pinned those;
+2. ``delta.json`` is the one whoever created the pod verified: its sha256 equals
    ``$KERNELBAKE_DELTA_DIGEST`` (admission sets it after the signature, the key and the base
    image digest; kernelbake cannot tell who set it, so it is as trustworthy as the pod spec,
    like ``$KERNELBAKE_MANIFEST_DIGEST``);
-2. its key is target.json's, and its base manifest is the manifest this image pins;
-3. its files lie in the engine's cache kinds, none gives a baked path other bytes (nor a file
+3. its key is target.json's, and its base manifest is the manifest this image pins;
+4. its files lie in the engine's cache kinds, none gives a baked path other bytes (nor a file
    already in the cache root), and every file's size and sha256 match.
 
 Then its files are copied into the cache root the engine will use (each hashed again as it is
 copied). Any check failing: nothing is copied, a copy failing half-way: what was copied is
 removed; either way the start goes on from the baked caches alone and says why.
+
+The merge line names where the bytes come from (delta.json's ``origin``): rebuilt by which
+builder, or a replica's own bytes, which only a policy with ``unsafe_replica_deltas`` admits
+(serve cannot see the policy, so it says UNSAFE each time).
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaFile,
     DeltaManifest,
+    Origin,
 )
 from kernelbake.contract.delta import conflicts as delta_conflicts
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.manifest import FileEntry, Manifest
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
-from kernelbake.runtime import pin
+from kernelbake.runtime import pin, trusted
 from kernelbake.runtime.bundle import copy_file
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.integrity import NotPlain, file_problems, open_beneath, read_file
@@ -57,12 +64,22 @@ class DeltaOutcome:
     seconds: float = 0.0
     # "verified": every file's sha256 was checked against delta.json, itself pinned.
     verified: bool = False
+    origin: str = ""  # delta.json's, once read
+    builder: str = ""  # who rebuilt it, for a rebuilt delta
+
+    def provenance(self) -> str:
+        if self.origin == Origin.REBUILT.value:
+            return f"rebuilt by {self.builder}"
+        return (
+            "UNSAFE: the bytes a replica wrote, not rebuilt (admitted only by a policy with "
+            "verify.unsafe_replica_deltas)"
+        )
 
     def line(self) -> str:
         if self.used:
             return (
-                f"cache delta {self.digest} merged into the caches: {self.files} files ({self.bytes} B), "
-                f"sha256 of every file checked in {self.seconds:.2f} s"
+                f"cache delta {self.digest} merged into the caches ({self.provenance()}): {self.files} files "
+                f"({self.bytes} B), sha256 of every file checked in {self.seconds:.2f} s"
             )
         return f"WARNING: cache delta at {self.where} not used, starting from the baked caches alone: {self.reason}"
 
@@ -76,6 +93,8 @@ class DeltaOutcome:
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "verified": self.verified,
+            "origin": self.origin,
+            "builder": self.builder,
         }
 
 
@@ -91,6 +110,13 @@ def _refused(env: RuntimeEnv, why: str, digest: str | None = None) -> DeltaOutco
 def _read(env: RuntimeEnv) -> tuple[DeltaManifest, str]:
     """delta.json, pinned; ``BadInput`` says why it cannot be used."""
     where = env.delta_root / DELTA_MANIFEST
+    # The pin says which delta.json to accept, not whose: a pod that mounts its own files
+    # inside the delta's volume (subPath) and pins them would pass every check below.
+    if inside := trusted.mounts_inside(env.delta_root):
+        raise BadInput(
+            "; ".join(inside[:_SHOWN])
+            + (f"; and {len(inside) - _SHOWN} more" if len(inside) > _SHOWN else "")
+        )
     try:
         with open_beneath(env.delta_root, DELTA_MANIFEST) as fd:
             if os.fstat(fd).st_size > MAX_MANIFEST_BYTES:
@@ -223,4 +249,6 @@ def apply(
         bytes=sum(f.size for f in new),
         seconds=time.monotonic() - started,
         verified=True,
+        origin=delta.origin.value,
+        builder=delta.rebuild.builder if delta.rebuild else "",
     )

@@ -22,6 +22,7 @@ from kernelbake.contract.layout import (
     TARGET_FILE,
     UNSAFE_TARGET_ENV,
 )
+from kernelbake.contract.snapshot import IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
 from kernelbake.errors import BadInput
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
@@ -91,6 +92,24 @@ VARIABLES = (
         f"`sha256:…` of the cache delta's `delta.json` mounted at `{DELTA_ROOT}`, as admission verified it (signature, key, base digest); without it a mounted delta is not used",
     ),
     Variable(
+        SNAPSHOT_DIGEST_ENV,
+        f"`sha256:…` of the process snapshot's `snapshot.json` mounted at `{SNAPSHOT_ROOT}`, as admission verified it (signature, subject = the pod's image); without it a mounted snapshot is not restored",
+    ),
+    Variable(
+        IMAGE_DIGEST_ENV,
+        "`sha256:…` of the image this container runs, as admission or the recipe pinned it; a snapshot is restored only into the image it was taken from",
+    ),
+    Variable(
+        "KERNELBAKE_SNAPSHOT_MARKS",
+        "folder for the marker a failed restore leaves (a volume of the pod, so a restarted container does not try again)",
+        "$KERNELBAKE_SCRATCH",
+    ),
+    Variable(
+        "KERNELBAKE_CRIU",
+        "the CRIU command that takes and restores snapshots (the image's private prefix)",
+        "/opt/kernelbake/criu/bin/criu",
+    ),
+    Variable(
         "KERNELBAKE_STATUS",
         "where `serve` writes its JSON status (preflight, prediction, evidence)",
         "$KERNELBAKE_SCRATCH/kernelbake-status.json",
@@ -122,6 +141,48 @@ VARIABLES = (
     ),
     Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
 )
+
+
+# The environment this process was started with, as execve gave it: a list, which may name a
+# variable twice where os.environ (a dict) shows one of them.
+ENVIRON_BLOCK = Path("/proc/self/environ")
+
+
+def _environ_block() -> bytes | None:
+    """The raw environment block, or None where there is no /proc (outside Linux)."""
+    try:
+        return ENVIRON_BLOCK.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _repeated(block: bytes, names: frozenset[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for entry in block.split(b"\0"):
+        name = entry.partition(b"=")[0].decode(errors="replace")
+        if name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return {n: c for n, c in counts.items() if c > 1}
+
+
+def _unambiguous() -> None:
+    """Refuse a start whose environment names one of the runtime's variables more than once:
+    Python keeps the first, Kubernetes (and a shell) the last, so whoever checked the pod may
+    have judged another value than the one read here."""
+    try:
+        block = _environ_block()
+    except OSError as exc:
+        raise BadInput(
+            f"{ENVIRON_BLOCK} cannot be read ({exc.strerror}), so whether a variable is set twice is unknown"
+        ) from None
+    if block is None:
+        return
+    if repeated := _repeated(block, frozenset(v.name for v in VARIABLES)):
+        said = ", ".join(f"${n} {c} times" for n, c in sorted(repeated.items()))
+        raise BadInput(
+            f"the environment sets {said} ({ENVIRON_BLOCK}): which one counts depends on who reads it; "
+            "set each once"
+        )
 
 
 def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
@@ -193,10 +254,20 @@ class RuntimeEnv:
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
     delta_root: Path = Path(DELTA_ROOT)
     delta_digest: str | None = None
+    # The process snapshot a pod may mount (``runtime.snapshot``), the sha256 its snapshot.json
+    # must have, the image digest it must have been taken from, and where a failed restore
+    # leaves its marker.
+    snapshot_root: Path = Path(SNAPSHOT_ROOT)
+    snapshot_digest: str | None = None
+    image_digest: str | None = None
+    snapshot_marks: Path = Path("/tmp")
+    criu: Path = Path("/opt/kernelbake/criu/bin/criu")
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeEnv:
+        if environ is None:
+            _unambiguous()
         env = DeclaredEnv(os.environ if environ is None else environ, VARIABLES)
         token = env.get("HF_TOKEN") or None
         if token is None and HF_TOKEN_SECRET.is_file():
@@ -233,6 +304,16 @@ class RuntimeEnv:
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             delta_root=target_file.parent / Path(DELTA_ROOT).name if moved else Path(DELTA_ROOT),
             delta_digest=_digest(env.get(DELTA_DIGEST_ENV), DELTA_DIGEST_ENV),
+            snapshot_root=target_file.parent / Path(SNAPSHOT_ROOT).name if moved else Path(SNAPSHOT_ROOT),
+            snapshot_digest=_digest(env.get(SNAPSHOT_DIGEST_ENV), SNAPSHOT_DIGEST_ENV),
+            image_digest=_digest(env.get(IMAGE_DIGEST_ENV), IMAGE_DIGEST_ENV),
+            snapshot_marks=Path(
+                env.get("KERNELBAKE_SNAPSHOT_MARKS")
+                or env.get("KERNELBAKE_SCRATCH")
+                or env.get("TMPDIR")
+                or "/tmp"
+            ),
+            criu=Path(env.get("KERNELBAKE_CRIU") or "/opt/kernelbake/criu/bin/criu"),
             environ=dict(env),
         )
 

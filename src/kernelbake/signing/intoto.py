@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.oci.reference import is_digest
 from kernelbake.signing.errors import MalformedSignature
 
@@ -42,7 +43,7 @@ def _b64decode(value: Any, *, what: str, source: str) -> bytes:
 
 def _json_object(data: bytes, *, what: str, source: str) -> dict[str, Any]:
     try:
-        doc = json.loads(data)
+        doc = jsondoc.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise MalformedSignature(f"{source}: {what} is not JSON") from None
     if not isinstance(doc, dict):

@@ -9,35 +9,63 @@ verify:
     - keys/kernelbake.pub
   trusted_root: trusted_root.json   # Sigstore trusted root for keyless, offline; or sigstore-public-good
   require_attestation: true         # default
+  unsafe_replica_deltas: false      # default: a cache delta must be rebuilt by a trusted build
 ```
 
 The policy checks its own invariants when built: trusting nobody is an error (fail closed), an
 identity needs exactly one of ``issuer``/``issuer_regex`` and of ``subject``/``subject_regex``,
 and regexes must match the whole value. Messages name ``file:line: field`` (``kernelbake.validate``).
+
+Regexes are RE2's (``google-re2``), the syntax of cosign's ``--certificate-identity-regexp`` and of
+policy-controller (Go's regexp): they are matched against certificate fields from the registry,
+and Python's backtracking ``re`` takes exponential time on some patterns (``^(a+)+$``: 0.62 s at
+25 characters, 4 times more per 2). RE2 matches in time linear in the field; what it cannot
+match that way (backreferences, lookaround) does not compile, so the policy does not load.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 from kernelbake.signing._internal.instances import PUBLIC_GOOD as PUBLIC_GOOD  # re-exported
 from kernelbake.signing.keys import PublicKey, load_public_key, load_public_key_file
 from kernelbake.textfile import read_text
-from kernelbake.validate import Source, load_yaml
+from kernelbake.validate import Source, load_yaml, quoted
 
 TRUSTED_ROOT_MEDIA_TYPE = "application/vnd.dev.sigstore.trustedroot+json;version=0.1"
-_FIELDS = ("identities", "keys", "trusted_root", "require_attestation")
+_FIELDS = ("identities", "keys", "trusted_root", "require_attestation", "unsafe_replica_deltas")
 _IDENTITY_FIELDS = ("issuer", "issuer_regex", "subject", "subject_regex")
 
 
 class PolicyError(BadInput):
     """A policy that does not load; names file:line: field."""
+
+
+def _re2() -> Any:
+    """The ``re2`` module (a host dependency); without it a policy with a regex does not load."""
+    try:
+        import re2
+    except ImportError:
+        raise PolicyError(
+            "identity regexes need the google-re2 package", hint="pip install 'kernelbake[host]'"
+        ) from None
+    return re2
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2; raises ``re2.error``."""
+    re2 = _re2()
+    options = re2.Options()
+    # RE2 otherwise logs each pattern it refuses to stderr; the refusal is the policy's error.
+    options.log_errors = False
+    return re2.compile(pattern, options=options)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,17 +89,20 @@ class IdentityRule:
                 raise PolicyError(f"{self.where}: {name} is empty")
             if regex is not None:
                 try:
-                    re.compile(regex)
-                except re.error as exc:
+                    _regex(regex)
+                except _re2().error as exc:
+                    why = exc.args[0].decode(errors="replace") if exc.args else str(exc)
                     raise PolicyError(
-                        f"{self.where}: {name}_regex {regex!r} does not compile: {exc}"
+                        f"{self.where}: {name}_regex {quoted(regex)} does not compile as RE2: {why}",
+                        hint="identity regexes are RE2 syntax, as cosign's --certificate-identity-regexp: "
+                        "no backreferences or lookaround",
                     ) from None
 
     @staticmethod
     def _match(value: str, exact: str | None, regex: str | None) -> bool:
         if exact is not None:
             return value == exact
-        return regex is not None and re.fullmatch(regex, value) is not None
+        return regex is not None and _regex(regex).fullmatch(value) is not None
 
     def matches(self, issuer: str, subjects: Iterable[str]) -> bool:
         if not self._match(issuer, self.issuer, self.issuer_regex):
@@ -91,6 +122,9 @@ class VerifyPolicy:
     # Path to a trusted_root.json, or PUBLIC_GOOD; needed by identities.
     trusted_root: str | None = None
     require_attestation: bool = True
+    # Accept cache deltas signed as a replica wrote them (origin replica): code that anything
+    # able to write that replica's cache root chose, run by every replica that mounts it.
+    unsafe_replica_deltas: bool = False
     source: str = "policy"
 
     def __post_init__(self) -> None:
@@ -106,10 +140,14 @@ class VerifyPolicy:
             )
         if not isinstance(self.require_attestation, bool):
             raise PolicyError(f"{self.source}: require_attestation must be true or false")
+        if not isinstance(self.unsafe_replica_deltas, bool):
+            raise PolicyError(f"{self.source}: unsafe_replica_deltas must be true or false")
 
     def describe(self) -> str:
         parts = [f"key {k.fingerprint} ({k.name})" for k in self.keys]
         parts += [f"identity {i}" for i in self.identities]
+        if self.unsafe_replica_deltas:
+            parts.append("UNSAFE: cache deltas of a replica's own bytes (unsafe_replica_deltas)")
         return "; ".join(parts)
 
     @classmethod
@@ -133,12 +171,16 @@ class VerifyPolicy:
             trusted_root = _trusted_root(src, trusted_root, base)
         require = data.get("require_attestation", True)
         if not isinstance(require, bool):
-            raise src.error("require_attestation", f"expected true or false, got {require!r}")
+            raise src.error("require_attestation", f"expected true or false, got {quoted(require)}")
+        unsafe = data.get("unsafe_replica_deltas", False)
+        if not isinstance(unsafe, bool):
+            raise src.error("unsafe_replica_deltas", f"expected true or false, got {quoted(unsafe)}")
         return cls(
             identities=identities,
             keys=keys,
             trusted_root=trusted_root,
             require_attestation=require,
+            unsafe_replica_deltas=unsafe,
             source=src.where(),
         )
 
@@ -149,7 +191,7 @@ def _identity(src: Source, field: str, item: Any) -> IdentityRule:
     for name in _IDENTITY_FIELDS:
         value = item.get(name)
         if value is not None and not isinstance(value, str):
-            raise src.error(f"{field}.{name}", f"expected a string, got {value!r}")
+            raise src.error(f"{field}.{name}", f"expected a string, got {quoted(value)}")
         values[name] = value
     return IdentityRule(where=src.where(field), **values)
 
@@ -178,7 +220,7 @@ def _trusted_root(src: Source, value: Any, base: Path) -> str:
         return value
     path = base / value
     try:
-        doc = json.loads(read_text(path, "the trusted root", error=PolicyError))
+        doc = jsondoc.loads(read_text(path, "the trusted root", error=PolicyError))
     except PolicyError as exc:
         raise src.error("trusted_root", str(exc)) from None
     except (ValueError, RecursionError):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.signing import formats
 from kernelbake.signing.errors import InvalidSignature, MalformedSignature, UntrustedSigner
 from kernelbake.signing.intoto import PAYLOAD_TYPE, Envelope, parse_envelope, parse_envelope_bytes
@@ -58,7 +58,7 @@ def _key_candidates(policy: VerifyPolicy, hint: str | None, *, source: str) -> t
 def verify_bundle(data: bytes, policy: VerifyPolicy, *, source: str) -> Verified:
     """A Sigstore bundle holding a DSSE envelope, key-based or keyless."""
     try:
-        doc: Any = json.loads(data)
+        doc: Any = jsondoc.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise MalformedSignature(f"{source}: bundle is not JSON") from None
     if not isinstance(doc, dict) or doc.get("mediaType") not in formats.BUNDLE_MEDIA_TYPES:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.engines import TORCH, EngineDeclaration
 from kernelbake.contract.key import NONE
 from kernelbake.contract.platform import Platform, Software, arch_for
@@ -95,14 +96,13 @@ class TorchEngine:
     ) -> Prediction | None:
         """Inductor's own factors now against the build's (device, torch and Triton keys, its
         config), and the warm-up shapes through the server's own parser."""
-        import json
         import os
 
         from kernelbake.contract.layout import MANIFEST
         from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source, diff
 
         try:
-            doc = json.loads((Path(target.cache_root) / MANIFEST).read_text())
+            doc = jsondoc.loads((Path(target.cache_root) / MANIFEST).read_text())
         except (OSError, ValueError):
             return None
         baked = doc.get("compile_report", {}).get("engine_identity")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, KernelbakeError
 from kernelbake.runtime import gate
@@ -99,7 +100,7 @@ def _handler(server: _Server) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = jsondoc.loads(self.rfile.read(length) or b"{}")
                 self._reply(200, server.generate(body))
             except (BadInput, ValueError) as exc:
                 self._reply(400, {"error": str(exc)})

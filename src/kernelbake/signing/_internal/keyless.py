@@ -30,6 +30,7 @@ from sigstore.oidc import ExpiredIdentity, IdentityToken
 from sigstore.sign import SigningContext
 from sigstore.verify import Verifier
 
+import kernelbake.contract.jsondoc as jsondoc
 from kernelbake.cache import BoundedCache
 from kernelbake.errors import BadInput
 from kernelbake.signing import formats
@@ -88,6 +89,7 @@ def load_trust_config(value: str) -> ClientTrustConfig:
     path = Path(value)
     text = read_text(path, "trust config")
     try:
+        jsondoc.refuse_deep(text)
         return ClientTrustConfig.from_json(text)
     except (ValueError, RecursionError, Error) as exc:
         raise BadInput(f"{path}: not a Sigstore client trust config ({str(exc).splitlines()[0]})") from None
@@ -128,7 +130,7 @@ def verifier_for(trusted_root: str) -> Verifier:
 
 def _b64url_json(part: str, what: str) -> dict[str, Any]:
     try:
-        doc = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        doc = jsondoc.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
     except (binascii.Error, ValueError):
         raise TokenMalformed(f"OIDC token: {what} is not base64url JSON") from None
     if not isinstance(doc, dict):
@@ -236,7 +238,7 @@ class KeylessSession:
         except _SERVICE_ERRORS as exc:
             raise self._service_error("sign and log the statement", exc) from None
         text = bundle.to_json()
-        doc = json.loads(text)
+        doc = jsondoc.loads(text)
         envelope = json.dumps(doc["dsseEnvelope"], separators=(",", ":")).encode()
         return text.encode(), envelope, self._legacy_annotations(doc)
 
@@ -249,7 +251,7 @@ class KeylessSession:
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import ec
 
-        raw = base64.b64decode(json.loads(bundle)["verificationMaterial"]["certificate"]["rawBytes"])
+        raw = base64.b64decode(jsondoc.loads(bundle)["verificationMaterial"]["certificate"]["rawBytes"])
         key = ephemeral_key(self._signer)
         leaf_key = x509.load_der_x509_certificate(raw).public_key()
         if leaf_key != key.public_key():
@@ -291,7 +293,7 @@ def _proto3_defaults(data: bytes) -> bytes:
     """Fill the zero values protobuf JSON may omit (sigstore-go omits ``logIndex: 0`` and empty
     ``hashes`` in an inclusion proof) and sigstore-python's models require."""
     try:
-        doc = json.loads(data)
+        doc = jsondoc.loads(data)
         entries = doc["verificationMaterial"]["tlogEntries"]
     except (ValueError, KeyError, TypeError):
         return data  # let the real parser report what is wrong
@@ -312,6 +314,8 @@ def verify_bundle(
 ) -> tuple[str, str, bytes]:
     """(signer, payload type, payload) of a keyless DSSE bundle that satisfies ``rules``."""
     try:
+        # sigstore's models parse the bundle again, at whatever depth it nests.
+        jsondoc.refuse_deep(data)
         bundle = Bundle.from_json(_proto3_defaults(data))
     except (InvalidBundle, ValueError, Error) as exc:
         raise MalformedSignature(
@@ -430,7 +434,7 @@ def _legacy_material(
     if not raw:
         raise MalformedSignature(f"{source}: keyless signature without a Rekor bundle annotation")
     try:
-        doc = json.loads(raw)
+        doc = jsondoc.loads(raw)
         payload, entry_set = doc["Payload"], base64.b64decode(doc["SignedEntryTimestamp"], validate=True)
         for name, kind in (("body", str), ("integratedTime", int), ("logIndex", int), ("logID", str)):
             if not isinstance(payload[name], kind):
@@ -523,7 +527,7 @@ def verify_legacy(
             f"{source}: signature does not verify with {certs.describe(leaf)}'s certificate"
         ) from None
     try:
-        body = json.loads(base64.b64decode(payload["body"]))
+        body = jsondoc.loads(base64.b64decode(payload["body"]))
     except (ValueError, binascii.Error):
         raise InvalidSignature(f"{source}: Rekor entry body is not JSON") from None
     if not entry_matches(body, leaf):

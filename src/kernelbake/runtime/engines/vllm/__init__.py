@@ -4,13 +4,13 @@ run time, with every JIT cache vLLM and its libraries fill pointed into the bund
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.engines import VLLM, EngineDeclaration, is_cpu_build
 from kernelbake.contract.layout import MANIFEST, kind_dir
 from kernelbake.contract.platform import Platform, Software
@@ -218,7 +218,7 @@ class VllmEngine:
             result = self._run(argv, env={**env, WEIGHTS_ENV: weights.value}, log=log)
             if result.returncode != 0 or not report_path.exists():
                 return None
-            report: dict[str, Any] = json.loads(report_path.read_text())
+            report: dict[str, Any] = jsondoc.loads(report_path.read_text())
             return report
 
     def _vllm_serve_argv(self, target: TargetConfig, user_args: Sequence[str]) -> list[str]:

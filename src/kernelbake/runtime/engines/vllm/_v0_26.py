@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
 LOAD_FORMAT = "kernelbake_meta"
+# Where vLLM checks that the KV cache fits max_model_len (0.34 moved it to kv_cache_planning).
+KV_ADMISSION_MODULE = "vllm.v1.core.kv_cache_utils"
 
 # What identity.py, compile-only, check and the warm-up (through LOOKUPS) and the rank report
 # ask of vLLM, the same in 0.26 and 0.32: its version, config hashing, compiler's factors, the
@@ -267,15 +269,16 @@ def _stub_after_save(
     return found
 
 
-def install(report: MutableMapping[str, Any]) -> None:
-    """Register the meta loader and patch what compile-only needs. Idempotent."""
+def install(report: MutableMapping[str, Any], *, kv_admission: str = KV_ADMISSION_MODULE) -> None:
+    """Register the meta loader and patch what compile-only needs. Idempotent. ``kv_admission``:
+    the module holding the KV-cache admission check in the running release."""
     if report.get("installed"):
         return
     report["installed"] = True
     _register_meta_loader(report)
     _zero_logits_head()
     _stub_after_aot_load(report)
-    _skip_kv_cache_admission()
+    _skip_kv_cache_admission(kv_admission)
     _lean_profile_run(report)
 
 
@@ -360,14 +363,15 @@ def _stub_after_aot_load(report: MutableMapping[str, Any]) -> None:
     decorators._try_load_aot_compiled_fn = try_load
 
 
-def _skip_kv_cache_admission() -> None:
-    """Change 4: the build allocates KV blocks for the warm-up batch only, not for max_model_len."""
-    from vllm.v1.core import kv_cache_utils
+def _skip_kv_cache_admission(module: str) -> None:
+    """Change 4: the build allocates KV blocks for the warm-up batch only, not for max_model_len.
+    The check is looked up as a module global by its callers, so replacing it there is enough."""
+    import importlib
 
     def skip_admission_check(*args: Any, **kwargs: Any) -> None:
         return None
 
-    kv_cache_utils._check_enough_kv_cache_memory = skip_admission_check
+    vars(importlib.import_module(module))["_check_enough_kv_cache_memory"] = skip_admission_check
 
 
 def _lean_profile_run(report: MutableMapping[str, Any]) -> None:
@@ -444,6 +448,14 @@ def _make_compiler(compilation_config: Any) -> Any:
     from vllm.compilation.backends import make_compiler
 
     return make_compiler(compilation_config)
+
+
+def _compiler_hash(compiler: Any, vllm_config: Any) -> str:
+    return str(compiler.compute_hash(vllm_config))
+
+
+def _config_hash(vllm_config: Any) -> str:
+    return str(vllm_config.compute_hash())
 
 
 def _aot_compile_hash_factors(vllm_config: Any) -> Any:
@@ -539,6 +551,10 @@ LOOKUPS = VllmLookups(
     hash_factors=_hash_factors,
     env_compile_factors=_env_compile_factors,
     make_compiler=_make_compiler,
+    compiler_hash=_compiler_hash,
+    own_config_factors=None,
+    cache_key_factors=None,
+    config_hash=_config_hash,
     aot_compile_hash_factors=_aot_compile_hash_factors,
     inductor_factors=_inductor_factors,
     aot_compile_enabled=_aot_compile_enabled,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.serve import Quantization, ServeArgs
 
 # The fallback only (a bundle without vLLM's recorded identity, see predict.py, which asks
@@ -95,7 +96,7 @@ def with_pins(argv: Sequence[str], pins: Mapping[str, object]) -> list[str]:
         out[1:1] = ["--compilation-config", ""]
         at = 1
     else:
-        config = json.loads(out[at + 1])
+        config = jsondoc.loads(out[at + 1])
     options = config.setdefault("inductor_compile_config", {})
     assert isinstance(options, dict)
     for k, v in pins.items():

@@ -57,6 +57,9 @@ class VllmLookups:
     env_compile_factors: Callable[[], dict[str, Any]]
     # The compiler vLLM compiles the model with, for a compilation config.
     make_compiler: Callable[[Any], Any]
+    # That compiler's own hash for a VllmConfig (0.26: ``compute_hash``; 0.34 hashes its
+    # ``compile_factors`` as its backend does).
+    compiler_hash: Callable[[Any, Any], str]
     # What vLLM's AOT-compile hash includes, for a VllmConfig.
     aot_compile_hash_factors: Callable[[Any], Any]
     # The Inductor factors the compiler's hash includes (system, torch key, configs).
@@ -77,6 +80,16 @@ class VllmLookups:
     backend_class: Callable[[], Any]
     # ``UsageContext.OPENAI_API_SERVER``: what compile-only and ``check`` start the engine as.
     api_server_usage: Callable[[], Any]
+    # The config's own named factors (``{"hash", "configs": {name: {"hash", "factors"}}, "other"}``)
+    # where the release says them itself (0.34: ``compile_factors()``); None where identity.py
+    # records them from ``compute_hash`` (0.26, 0.32).
+    own_config_factors: Callable[[Any], dict[str, Any]] | None
+    # What vLLM writes to ``cache_key_factors.json`` beside its compile cache, computed now by
+    # its own functions for a VllmConfig and the traced files (0.34); None where the release's
+    # file holds hashes only (0.26, 0.32), which kernelbake cannot recompute by asking vLLM.
+    cache_key_factors: Callable[[Any, Sequence[str]], dict[str, Any]] | None
+    # The top-level config hash compile-only reports.
+    config_hash: Callable[[Any], str]
     # The in-process engine class (``LLMEngine``: ``from_engine_args``).
     engine_class: Callable[[], Any]
     # ``SamplingParams``, for the warm-up requests.
@@ -139,9 +152,11 @@ def patches_for_installed_vllm() -> ReleaseAdapter:
     dist, version = installed_vllm()
     adapter = VLLM.adapter(version, Build.CPU if dist == CPU_DIST else Build.CUDA)
     if adapter == NONE:
+        build = Build.CPU if dist == CPU_DIST else Build.CUDA
         raise KeyMismatch(
-            f"{dist} {version}: kernelbake's compile-only supports vLLM {VLLM.adapted()}",
-            hint="pin a supported engine version in the spec",
+            f"{dist} {version}: kernelbake's compile-only supports vLLM {VLLM.adapted()}; "
+            f"nearest: {VLLM.nearest_adapted(version, build)}",
+            hint=f"pin engine.version {VLLM.nearest_adapted(version, build)} (or another listed) in the spec",
         )
     module: ReleaseAdapter = importlib.import_module(adapter)
     return module

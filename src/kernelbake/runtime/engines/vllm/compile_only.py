@@ -140,7 +140,7 @@ def run(serve_argv: Sequence[str]) -> dict[str, Any]:
     # memory counters and where it saved its artifacts (the one worker is this process at 1).
     ranks.fold_ranks(report, engine.collective_rpc(adapter.rank_report))
     in_process = engine.vllm_config.parallel_config.world_size == 1
-    report["vllm_config_hash"] = engine.vllm_config.compute_hash()
+    report["vllm_config_hash"] = vllm.config_hash(engine.vllm_config)
     report["hashed_env"] = given_env
     predict.finish_at_build(report)
     engine.engine_core.shutdown()

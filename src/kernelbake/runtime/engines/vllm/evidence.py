@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.layout import MANIFEST, CacheKind, kind_dir
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.prediction import NOTHING_COMPILES, Outcome, Prediction
@@ -124,7 +124,7 @@ class Watcher:
     def __call__(self, line: str) -> str | None:
         if (at := line.find(PREDICTION_MARK)) >= 0:
             with contextlib.suppress(ValueError, KeyError, TypeError):
-                self.prediction = Prediction.from_json(json.loads(line[at + len(PREDICTION_MARK) :]))
+                self.prediction = Prediction.from_json(jsondoc.loads(line[at + len(PREDICTION_MARK) :]))
             return None
         signal = self.log.feed(line)
         if signal is None or signal in self._seen:
@@ -172,8 +172,9 @@ def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
 
 def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
     """Where the prediction and what vLLM did disagree, one loud line each: a kind predicted
-    to compile nothing (hit, re-trace only, no compile) that got files, or one predicted to
-    compile (miss, bypassed) that got none."""
+    to compile nothing (hit, re-trace only, no compile) that got files, one predicted to
+    compile (miss, bypassed) that got none, or one predicted to get a knob's files (writes)
+    that got none."""
     if prediction is None:
         return []
     did = actual(log, new)
@@ -181,6 +182,14 @@ def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, s
     for verdict in prediction.kinds:
         seen = did.get(verdict.kind)
         if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
+            continue
+        if verdict.outcome is Outcome.WRITES:
+            # A debug knob's files are the prediction; none at all is what contradicts it.
+            if seen == "hit":
+                why = "; ".join(str(c) for c in verdict.changes[:3]) or verdict.note
+                wrong.append(
+                    f"WARNING: prediction wrong: predicted writes ({why}), vLLM wrote nothing in {verdict.kind}"
+                )
             continue
         expected_hit = verdict.outcome in NOTHING_COMPILES
         if expected_hit and seen == "miss":
@@ -292,7 +301,7 @@ def manifest_digests(root: Path, dirs: Mapping[str, Path]) -> dict[str, dict[str
     ``APPENDED_LOG``: none when there is no readable manifest (a cold start; where there is
     one, the preflight has checked it against the pin)."""
     try:
-        doc = json.loads((root / MANIFEST).read_text())
+        doc = jsondoc.loads((root / MANIFEST).read_text())
         files = [(str(f["path"]), str(f["sha256"])) for f in doc.get("files", [])]
         files += [(str(path), APPENDED_LOG) for path in doc.get("logs", [])]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

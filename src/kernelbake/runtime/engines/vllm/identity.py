@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from pathlib import Path
 from typing import Any
 
-from kernelbake.runtime import redact
+from kernelbake.contract import jsondoc
+from kernelbake.runtime import knobs, redact
 from kernelbake.runtime.engines.vllm import compat_layer
 
 SCHEMA = 1
@@ -143,7 +144,11 @@ def _fields(config: Any) -> dict[str, Any]:
 
 def config_factors(vllm_config: Any) -> dict[str, Any]:
     """``VllmConfig.compute_hash()`` and, for each sub-config whose hash it includes, that
-    sub-config's hash and factors."""
+    sub-config's hash and factors; where the release names its factors itself (0.34's
+    ``compile_factors``), its own answer."""
+    own = compat_layer.lookups().own_config_factors
+    if own is not None:
+        return own(vllm_config)
     error = ""
     try:
         with _recording() as calls:
@@ -198,7 +203,7 @@ def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
         factors = vllm.inductor_factors()
         out["compiler"] = {
             "name": type(compiler).__name__,
-            "hash": str(compiler.compute_hash(vllm_config)),
+            "hash": vllm.compiler_hash(compiler, vllm_config),
             "factors": {names[i] if i < len(names) else str(i): _jsonable(v) for i, v in enumerate(factors)},
         }
     except Exception as exc:
@@ -278,7 +283,7 @@ def _device_side(vllm_config: Any) -> dict[str, Any]:
         data = fh.read()
     os.waitpid(pid, 0)
     try:
-        doc: dict[str, Any] = json.loads(data)
+        doc: dict[str, Any] = jsondoc.loads(data)
     except ValueError:
         doc = {"compiler": {"error": "the device-side child returned nothing"}}
     return doc
@@ -334,6 +339,8 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
         "backend": str(cc.backend),
         "switches": switches,
         "dirs": dirs,
+        # Debug and force-recompile knobs of torch and Triton that no key includes.
+        "unkeyed": knobs.unkeyed_knobs(os.environ),
     }
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
 from kernelbake.runtime.engines.vllm import compat_layer
 
 # Relative to VLLM_CACHE_ROOT, which kernelbake points into the bundle's ``vllm`` kind.
@@ -184,7 +185,7 @@ def preload(path: Path) -> Preloaded:
     done: set[tuple[str, str, str]] = set()
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         try:
-            entry = json.loads(raw)
+            entry = jsondoc.loads(raw)
             module, qualname, key, data = (str(entry[k]) for k in ("module", "qualname", "key", "data"))
         except (ValueError, KeyError, TypeError):
             failed.append(f"{path}:{number}: not a recorded launch")

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.contract import jsondoc
+from kernelbake.runtime.engines.vllm import compat_layer
 from kernelbake.runtime.engines.vllm import identity as ident
 from kernelbake.runtime.engines.vllm.evidence import PREDICTION_MARK as MARK
 from kernelbake.runtime.prediction import Prediction, compile_off, predict
@@ -33,12 +35,37 @@ _CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
 def baked_identity(manifest: Path) -> tuple[dict[str, Any] | None, set[str]]:
     """The build's identity and the cache kinds the bundle holds files of."""
     try:
-        doc = json.loads(manifest.read_text())
+        doc = jsondoc.loads(manifest.read_text())
     except (OSError, ValueError):
         return None, set()
     kinds = {str(f.get("kind")) for f in doc.get("files", [])}
     found = doc.get("compile_report", {}).get(ident.REPORT_KEY)
     return (found if isinstance(found, dict) else None), kinds
+
+
+# vLLM's own record of what keyed a compiled graph, beside it: rank_R_D/PREFIX/.
+FACTORS_FILE = "cache_key_factors.json"
+
+
+def engine_factors_baked(vllm_cache: Path) -> dict[str, Any] | None:
+    """The first readable ``cache_key_factors.json`` vLLM wrote under its baked cache (rank
+    0's model first, by path), with ``file`` its path under ``vllm_cache``; None without one."""
+    for path in sorted(vllm_cache.glob(f"torch_compile_cache/*/rank_*/*/{FACTORS_FILE}")):
+        try:
+            doc = jsondoc.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return {"file": path.relative_to(vllm_cache).as_posix(), **doc}
+    return None
+
+
+def with_engine_factors(baked: Mapping[str, Any]) -> dict[str, Any]:
+    """``baked`` with the engine's own factors file from the cache this start reads, where the
+    release can compute the same factors now (``VllmLookups.cache_key_factors``)."""
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    found = engine_factors_baked(Path(root)) if root and compat_layer.lookups().cache_key_factors else None
+    return {**baked, "engine_factors": found} if found else dict(baked)
 
 
 def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -47,6 +74,14 @@ def now_identity(vllm_config: Any, baked: Mapping[str, Any] | None) -> dict[str,
     if baked is not None:
         doc["code_files"] = ident.code_digests(sorted(baked.get("code_files", {})))
         doc["ninja_paths_missing"] = [p for p in baked.get("ninja_paths", []) if not Path(p).exists()]
+        factors = baked.get("engine_factors")
+        compute = compat_layer.lookups().cache_key_factors
+        if isinstance(factors, Mapping) and compute is not None:
+            paths = [f["path"] for f in factors.get("code", {}).get("files", []) if "path" in f]
+            try:
+                doc["engine_factors"] = compute(vllm_config, paths)
+            except Exception as exc:  # the recorded identity still answers; say why not this
+                doc["engine_factors_error"] = f"{type(exc).__name__}: {exc}"
     return doc
 
 
@@ -93,6 +128,7 @@ def _judge(config: Any, manifest: Path) -> Prediction:
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
+    baked = with_engine_factors(baked)
     return predict(baked, now_identity(config, baked), kinds)
 
 
@@ -169,6 +205,7 @@ def check(serve_argv: Sequence[str], manifest: Path, *, trace: bool = True) -> P
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
+    baked = with_engine_factors(baked)
     now = now_identity(config, baked)
     if trace and now.get("graphs") == "inductor" and "inductor" in kinds and not compile_off(baked, now)[0]:
         from kernelbake.runtime.engines.vllm.trace import ask_inductor

@@ -1,0 +1,223 @@
+"""Baked start vs snapshot restore on the CPU default image (issue 40 item 4).
+
+    python3 bench/snapshot_cpu.py --image IMAGE --criu PREFIX [--src src] --out bench/results/snapshot_cpu.json
+
+1. baked: ``docker run IMAGE`` (kernelbake serve), seconds from ``docker run`` to ``/health`` 200,
+   then one completion (temperature 0);
+2. take: ``kernelbake snapshot take`` in a container with the restore capabilities (Docker's
+   defaults + SYS_ADMIN, NET_ADMIN, SYS_TIME, seccomp unconfined), its timings and size;
+3. restored: the same image started with the snapshot mounted at /opt/kernelbake/snapshot and
+   the pins admission would set; seconds to ``/health``, the same completion, compared;
+4. mismatch: the same, with one more engine variable (the key's serve env differs): the seconds
+   until serve says ``snapshot not used`` and starts baked (the container is then stopped).
+
+Exits 1 unless the restore happened, gave the baked engine's completion, and the mismatch fell back.
+
+``PREFIX`` is a CRIU prefix from images/base/criu/install.sh, mounted at /opt/kernelbake/criu
+(an image built with SNAPSHOT=1 has it already). ``--src``: a checkout's src ahead of the image's
+own kernelbake (PYTHONPATH), for a runtime newer than the image; the JSON says which ran. The
+image digest is the local image id when the image was not pulled by digest. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+CAPS = ("SYS_ADMIN", "NET_ADMIN", "SYS_TIME")
+PROMPT = "Hello, my name is"
+
+
+def _docker(*args: str, check: bool = True) -> str:
+    print("+ docker " + " ".join(args), file=sys.stderr, flush=True)
+    p = subprocess.run(["docker", *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise SystemExit(f"docker {args[0]} failed: {p.stderr[-2000:]}")
+    return p.stdout
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+def _json(url: str, body: object | None = None) -> dict[str, object]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def _completion(port: int) -> str:
+    base = f"http://127.0.0.1:{port}"
+    model = _json(f"{base}/v1/models")["data"][0]["id"]  # type: ignore[index]
+    doc = _json(
+        f"{base}/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
+    )
+    return str(doc["choices"][0]["text"])  # type: ignore[index]
+
+
+def _common(args: argparse.Namespace, work: Path) -> list[str]:
+    out = [
+        "--shm-size",
+        "1g",
+        "-v",
+        f"{args.criu}:/opt/kernelbake/criu:ro",
+        "-v",
+        f"{work}:/work",
+        "-e",
+        "TMPDIR=/work/scratch",
+    ]
+    if args.src:
+        out += ["-v", f"{Path(args.src).resolve()}:/src:ro", "-e", "PYTHONPATH=/src"]
+    return out
+
+
+def _caps() -> list[str]:
+    return [f"--cap-add={c}" for c in CAPS] + ["--security-opt", "seccomp=unconfined"]
+
+
+def _until_health(name: str, port: int, timeout: float, started: float) -> float:
+    while time.monotonic() - started < timeout:
+        if _status(f"http://127.0.0.1:{port}/health") == 200:
+            return time.monotonic() - started
+        if not _docker("ps", "-q", "-f", f"name={name}", check=False).strip():
+            raise SystemExit(f"{name} exited before /health: {_docker('logs', name, check=False)[-2000:]}")
+        time.sleep(0.05)
+    raise SystemExit(f"{name}: no /health within {timeout:.0f} s")
+
+
+def _serve(args: argparse.Namespace, work: Path, extra: list[str], tag: str) -> tuple[str, int, float]:
+    """A detached serve container; (name, host port, seconds from docker run to /health)."""
+    name = f"kb-snapshot-bench-{tag}-{uuid.uuid4().hex[:6]}"
+    port = 18500 + (os.getpid() + len(tag)) % 400
+    started = time.monotonic()
+    _docker(
+        "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", *_common(args, work), *extra, args.image
+    )
+    return name, port, _until_health(name, port, args.timeout, started)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", required=True)
+    p.add_argument("--criu", required=True, type=Path, help="a CRIU prefix (images/base/criu/install.sh)")
+    p.add_argument("--src", help="a checkout's src, ahead of the image's kernelbake")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--timeout", type=float, default=900.0)
+    args = p.parse_args()
+    image_id = _docker("image", "inspect", "--format", "{{.Id}}", args.image).strip()
+    repo_digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", args.image))
+    digest = repo_digests[0].partition("@")[2] if repo_digests else image_id
+    result: dict[str, object] = {
+        "image": args.image,
+        "image_digest": digest,
+        "kernelbake": "checkout src (PYTHONPATH)" if args.src else "the image's own",
+        "host": {"cpus": os.cpu_count(), "kernel": os.uname().release},
+    }
+    with tempfile.TemporaryDirectory(prefix="kb-snapshot-bench-") as tmp:
+        work = Path(tmp)
+        name, port, baked_s = _serve(args, work, [], "baked")
+        baked_text = _completion(port)
+        _docker("rm", "-f", name)
+        result["baked"] = {"ready_s": round(baked_s, 2), "completion": baked_text}
+
+        t = time.monotonic()
+        taken = _docker(
+            "run", "--rm", *_caps(), *_common(args, work), "--entrypoint", "python3", args.image,
+            "-m", "kernelbake", "snapshot", "take", "--out", "/work/snap", "--image-digest", digest,
+        )  # fmt: skip
+        take_s = time.monotonic() - t
+        manifest = json.loads((work / "snap/snapshot.json").read_text())
+        data = (work / "snap/snapshot.json").read_bytes()
+        pin = "sha256:" + hashlib.sha256(data).hexdigest()
+        result["take"] = {
+            "wall_s": round(take_s, 2),
+            "taken": manifest["taken"],
+            "files": len(manifest["files"]),
+            "snapshot_bytes": manifest["bytes"],
+            "processes": [c for _, c in manifest["tree"]],
+            "said": [line for line in taken.splitlines() if line.startswith("kernelbake snapshot:")],
+        }
+        pins = [
+            "-v", f"{work / 'snap'}:/opt/kernelbake/snapshot:ro",
+            "-e", f"KERNELBAKE_SNAPSHOT_DIGEST={pin}", "-e", f"KERNELBAKE_IMAGE_DIGEST={digest}",
+            "-e", "KERNELBAKE_SNAPSHOT_MARKS=/work/marks",
+        ]  # fmt: skip
+        name, port, restored_s = _serve(args, work, [*_caps(), *pins], "restored")
+        restored_text = _completion(port)
+        got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+        said = [
+            x
+            for x in (got.stdout + got.stderr).splitlines()
+            if x.startswith("kernelbake serve:") and "snapshot" in x
+        ]
+        _docker("rm", "-f", name)
+        result["restored"] = {
+            "ready_s": round(restored_s, 2),
+            "completion": restored_text,
+            "same_completion_as_baked": restored_text == baked_text,
+            "said": said[-3:],
+            "marked": (work / "marks").is_dir() and any((work / "marks").iterdir()),
+        }
+
+        name = f"kb-snapshot-bench-mismatch-{uuid.uuid4().hex[:6]}"
+        t = time.monotonic()
+        _docker(
+            "run",
+            "-d",
+            "--name",
+            name,
+            *_common(args, work),
+            *_caps(),
+            *pins,
+            "-e",
+            "VLLM_LOGGING_LEVEL=INFO",
+            args.image,
+        )
+        line = ""
+        while time.monotonic() - t < 120 and not line:
+            got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+            logs = got.stdout + got.stderr
+            line = next((x for x in logs.splitlines() if "snapshot not used" in x), "")
+            time.sleep(0.05)
+        result["mismatch"] = {"said_after_s": round(time.monotonic() - t, 2), "said": line}
+        _docker("rm", "-f", name)
+    result["summary"] = {
+        "ready_baked_s": result["baked"]["ready_s"],  # type: ignore[index]
+        "ready_restored_s": result["restored"]["ready_s"],  # type: ignore[index]
+        "snapshot_bytes": result["take"]["snapshot_bytes"],  # type: ignore[index]
+        "same_completion": result["restored"]["same_completion_as_baked"],  # type: ignore[index]
+        "mismatch_fallback_said_after_s": result["mismatch"]["said_after_s"],  # type: ignore[index]
+    }
+    text = json.dumps(result, indent=1, sort_keys=True)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    restored = result["restored"]
+    held = (
+        any(str(x).startswith("kernelbake serve: restored snapshot") for x in restored["said"])  # type: ignore[index]
+        and restored["same_completion_as_baked"]  # type: ignore[index]
+        and "snapshot not used: serve env" in str(result["mismatch"]["said"])  # type: ignore[index]
+    )
+    # Exit 1 unless the restore happened, answered as the baked engine did, and the mismatch fell back.
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

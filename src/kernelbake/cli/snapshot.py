@@ -1,0 +1,128 @@
+"""``kernelbake snapshot``: a baked engine's process tree, dumped once and restored by ``serve``.
+
+``take`` runs inside the image (a container with CRIU's capabilities); ``push`` and
+``verify`` on the host. Each imports its side lazily, so the in-image command never loads
+host code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kernelbake.cli._in_image import IN_IMAGE
+from kernelbake.cli._registry import add_registry_args
+from kernelbake.cli._registry import client as registry_client
+
+
+def cmd_take(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.env import RuntimeEnv
+    from kernelbake.runtime.snapshot.criu import Criu
+    from kernelbake.runtime.snapshot.driver import machine_driver
+    from kernelbake.runtime.snapshot.take import Options, take
+
+    env = RuntimeEnv.from_env()
+    options = Options(
+        image=args.image_digest,
+        user_args=tuple(args.engine_args),
+        port=args.port,
+        warmup_requests=args.warmup,
+        deadline_s=args.deadline,
+    )
+    done = take(env, args.out, options, driver=machine_driver(), criu=Criu(env.criu))
+    for line in done.lines():
+        print(f"kernelbake snapshot: {line}")
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from kernelbake.settings import Settings
+    from kernelbake.signing.signer import signer_from_settings
+    from kernelbake.signing.snapshot import push_snapshot
+
+    signer = signer_from_settings(Settings.from_env(), key=args.key, keyless=args.keyless)
+    pushed = push_snapshot(args.dir, base=args.base, to=args.to, signer=signer, client=registry_client(args))
+    print(f"kernelbake snapshot: {pushed.describe()}")
+    if args.json:
+        print(json.dumps(pushed.to_json(), indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from kernelbake.signing.policy import load_policy
+    from kernelbake.signing.snapshot import verify_snapshot
+
+    verified = verify_snapshot(
+        args.snapshot, base=args.base, policy=load_policy(args.policy), client=registry_client(args)
+    )
+    print(f"kernelbake snapshot: {verified.describe()}")
+    if args.json:
+        print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
+    return 0
+
+
+def _digest(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", text):
+        raise argparse.ArgumentTypeError(f"expected sha256:<64 hex>, got {text!r}")
+    return text
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "snapshot",
+        help=IN_IMAGE + "dump the warmed engine's process tree with CRIU (push and verify run on the host)",
+    )
+    inner = p.add_subparsers(dest="snapshot_command", required=True, metavar="STEP")
+
+    c = inner.add_parser(
+        "take",
+        help="(inside the image, with CRIU's capabilities) start the engine as serve does, warm it, dump it to DIR",
+        usage="kernelbake snapshot take --out DIR --image-digest sha256:… [options] [SERVE ARGS...]",
+    )
+    c.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new or empty directory")
+    c.add_argument(
+        "--image-digest",
+        type=_digest,
+        required=True,
+        metavar="sha256:…",
+        help="the digest of the image this runs",
+    )
+    c.add_argument("--port", type=int, default=8000, help="the port the engine serves on (default 8000)")
+    c.add_argument(
+        "--warmup", type=int, default=3, metavar="N", help="requests sent before the dump (default 3)"
+    )
+    c.add_argument(
+        "--deadline",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a restore may take to answer /health before serve kills it (default 30)",
+    )
+    c.set_defaults(func=cmd_take, passthrough=True)
+
+    c = inner.add_parser(
+        "push", help="push DIR as a snapshot artifact referring to BASE, signed and attested"
+    )
+    c.add_argument("dir", type=Path, metavar="DIR", help="what 'snapshot take' wrote")
+    c.add_argument(
+        "--base", required=True, metavar="IMAGE@sha256:…", help="the image the snapshot was taken from"
+    )
+    c.add_argument(
+        "--to", metavar="REPO:TAG", help="where to push (default: BASE's repository, tag <tag>-snapshot)"
+    )
+    who = c.add_mutually_exclusive_group(required=True)
+    who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
+    who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
+    c.add_argument("--json", action="store_true")
+    add_registry_args(c)
+    c.set_defaults(func=cmd_push)
+
+    c = inner.add_parser("verify", help="check a snapshot as admission does: signature, subject, key")
+    c.add_argument("snapshot", metavar="SNAPSHOT", help="REPO:TAG or REPO@sha256:… of the snapshot artifact")
+    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must refer to")
+    c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
+    c.add_argument("--json", action="store_true")
+    add_registry_args(c)
+    c.set_defaults(func=cmd_verify)

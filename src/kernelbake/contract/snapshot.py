@@ -1,0 +1,331 @@
+"""The process snapshot: its exact key, and the manifest that names every file of it.
+
+A baked cache tolerates a newer driver; a process image tolerates no difference at all, because
+it freezes the user-mode driver's state, the kernel objects the process held and every file it
+had mapped. So ``SnapshotKey`` is an exact-match key, separate from ``CacheKey`` (which it
+contains), and ``differences`` names every field that is not equal, best first, in the words
+``serve`` prints (``driver 580.159.04 recorded, 580.95.05 here``).
+
+On disk (the root of a snapshot, and of the OCI artifact that carries it)::
+
+    <root>/snapshot.json      this manifest (``SNAPSHOT_MANIFEST``): key, tree, every file's sha256
+    <root>/images/...         CRIU's image files (``criu dump -D``)
+
+``SnapshotManifest.to_json`` is canonical (sorted keys, one encoding), so the sha256 of
+``snapshot.json`` names a snapshot; admission pins it in ``$KERNELBAKE_SNAPSHOT_DIGEST`` after it
+has verified the artifact's signature and that it refers to the pod's image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import quote, unquote
+
+from kernelbake.contract.key import CacheKey, parse_key
+from kernelbake.contract.manifest import bundle_path_problem
+from kernelbake.errors import BadInput
+
+SNAPSHOT_SCHEMA = "ks1"
+SCHEMA = 1
+SNAPSHOT_MANIFEST = "snapshot.json"
+IMAGES_DIR = "images"
+# Where a pod mounts the snapshot (an image volume of the snapshot artifact), beside the
+# delta and outside the cache root.
+SNAPSHOT_ROOT = "/opt/kernelbake/snapshot"
+# The sha256 of snapshot.json as admission verified it (signature, subject = the pod's image):
+# without it a mounted snapshot is never restored.
+SNAPSHOT_DIGEST_ENV = "KERNELBAKE_SNAPSHOT_DIGEST"
+# The image digest the pod runs, as admission saw it; the process cannot learn it otherwise.
+IMAGE_DIGEST_ENV = "KERNELBAKE_IMAGE_DIGEST"
+ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
+# Where the dumped tree's stdout and stderr went: CRIU reopens it by path, at the size it had,
+# so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
+ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
+ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
+# The container's /dev/shm is a tmpfs of its own, outside the image, so CRIU reopens the files
+# there by path (vLLM's shared-memory message queues between the API server, engine core and
+# workers): take copies them, as they were at the dump, and the restore puts them back first.
+SHM_DIR = "/dev/shm"
+SHM_COPY = f"{IMAGES_DIR}/dev-shm"
+# The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
+# measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
+# (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes
+# unshare a network namespace; PTRACE_O_SUSPEND_SECCOMP), NET_ADMIN (the network lock's
+# nftables rules), SYS_TIME (the restored time namespace's clock offsets). CHECKPOINT_RESTORE
+# and SYS_PTRACE alone do not get past CRIU's kernel probes; with SYS_ADMIN neither is needed.
+# Seccomp must be unconfined (Docker's profile refuses PTRACE_O_SUSPEND_SECCOMP).
+RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
+MAX_FILES = 100_000
+MAX_MANIFEST_BYTES = 32 << 20
+_SAFE = "-._~/:+@ ,"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class InvalidSnapshot(BadInput, ValueError):
+    """A snapshot key or manifest that does not parse or is unsafe; quotes the input."""
+
+
+class Weights(enum.Enum):
+    # The weights are in the process image (the restore needs nothing else).
+    INSIDE = "inside"
+    # Dumped after vLLM's sleep mode level 2: the restore reloads them after wake-up.
+    OUTSIDE = "outside"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SnapshotKey:
+    """Every fact a restore depends on. Field order is the canonical order and the order the
+    differences are named in: the first is the one a user acts on."""
+
+    image: str  # sha256:… of the image manifest the tree ran from
+    cache_key: CacheKey
+    gpu: str  # device name, memory, SM count, MIG profile; "none" on CPU
+    gpu_count: int
+    driver: str  # NVIDIA driver (kernel module and libcuda); "none"
+    cuda_driver_api: str  # cuDriverGetVersion(); "none"
+    kernel: str  # uname -r
+    criu: str  # criu --version
+    criu_features: str  # what `criu check --all` found missing, sorted; "none"
+    cpu: str  # model name
+    cpu_flags: str  # /proc/cpuinfo flags, sorted
+    serve_args: str  # the engine's argv as JSON
+    serve_env: str  # sha256 of the engine's environment (names and values), canonical JSON
+    weights: Weights
+
+    def __post_init__(self) -> None:
+        if not _DIGEST.fullmatch(self.image):
+            raise InvalidSnapshot(f"snapshot key field image={self.image!r} must be sha256:<64 hex>")
+        if not isinstance(self.cache_key, CacheKey):
+            raise InvalidSnapshot(f"snapshot key field cache_key={self.cache_key!r} must be a CacheKey")
+        if not isinstance(self.weights, Weights):
+            raise InvalidSnapshot(f"snapshot key field weights={self.weights!r} must be a Weights")
+        if not isinstance(self.gpu_count, int) or isinstance(self.gpu_count, bool) or self.gpu_count < 0:
+            raise InvalidSnapshot(f"snapshot key field gpu_count={self.gpu_count!r} must be >= 0")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and (not isinstance(value, str) or not value or value != value.strip()):
+                raise InvalidSnapshot(f"snapshot key field {f.name}={value!r} must be a non-empty string")
+        if not _DIGEST.fullmatch(self.serve_env):
+            raise InvalidSnapshot(f"snapshot key field serve_env={self.serve_env!r} must be sha256:<64 hex>")
+        # Flags in one order, so equal sets are equal keys.
+        object.__setattr__(self, "cpu_flags", " ".join(sorted(set(self.cpu_flags.split()))))
+
+    @staticmethod
+    def field_order() -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(SnapshotKey))
+
+    def as_dict(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name in self.field_order():
+            value = getattr(self, name)
+            out[name] = value.value if isinstance(value, Weights) else str(value)
+        return out
+
+    def __str__(self) -> str:
+        body = ";".join(f"{k}={quote(v, safe=_SAFE)}" for k, v in self.as_dict().items())
+        return f"{SNAPSHOT_SCHEMA}:{body}"
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(str(self).encode()).hexdigest()
+
+    def replace(self, **changes: Any) -> SnapshotKey:
+        return dataclasses.replace(self, **changes)
+
+
+def env_digest(env: Mapping[str, str]) -> str:
+    """``serve_env``: one digest of the engine's whole environment (a restored process keeps
+    the environment it was dumped with, so any change is a difference)."""
+    return "sha256:" + hashlib.sha256(json.dumps(dict(env), sort_keys=True).encode()).hexdigest()
+
+
+def parse_snapshot_key(text: str) -> SnapshotKey:
+    """Inverse of ``str(SnapshotKey)``; raises ``InvalidSnapshot`` quoting the input."""
+    prefix, sep, body = text.strip().partition(":")
+    if not sep or prefix != SNAPSHOT_SCHEMA:
+        raise InvalidSnapshot(f"not a snapshot key (expected prefix {SNAPSHOT_SCHEMA!r}): {text[:200]!r}")
+    values: dict[str, str] = {}
+    for part in body.split(";"):
+        name, eq, value = part.partition("=")
+        if not eq or name in values:
+            raise InvalidSnapshot(f"snapshot key part {part[:80]!r} is not a new name=value")
+        values[name] = unquote(value)
+    order = SnapshotKey.field_order()
+    if sorted(values) != sorted(order):
+        missing = [n for n in order if n not in values]
+        unknown = [n for n in values if n not in order]
+        raise InvalidSnapshot(f"snapshot key: missing fields {missing}, unknown fields {unknown}")
+    kwargs: dict[str, Any] = dict(values)
+    try:
+        kwargs["cache_key"] = parse_key(values["cache_key"])
+        kwargs["weights"] = Weights(values["weights"])
+    except ValueError as exc:
+        raise InvalidSnapshot(f"snapshot key: {exc}") from None
+    if not values["gpu_count"].isdigit():
+        raise InvalidSnapshot(f"snapshot key: gpu_count={values['gpu_count']!r} is not an integer")
+    kwargs["gpu_count"] = int(values["gpu_count"])
+    return SnapshotKey(**kwargs)
+
+
+# How each field reads in ``snapshot not used: …``.
+_LABEL = {
+    "image": "image",
+    "cache_key": "cache key",
+    "gpu": "GPU",
+    "gpu_count": "GPU count",
+    "driver": "driver",
+    "cuda_driver_api": "CUDA driver API",
+    "kernel": "kernel",
+    "criu": "CRIU",
+    "criu_features": "CRIU check",
+    "cpu": "CPU",
+    "cpu_flags": "CPU flags",
+    "serve_args": "serve args",
+    "serve_env": "serve env",
+    "weights": "weights",
+}
+
+
+def differences(recorded: SnapshotKey, here: SnapshotKey) -> Iterator[str]:
+    """Every field that differs, in field order, as ``driver 580.159.04 recorded, 580.95.05
+    here``; nothing for an exact match. The CacheKey names its own fields, CPU flags the flags."""
+    for name in SnapshotKey.field_order():
+        a, b = getattr(recorded, name), getattr(here, name)
+        if a == b:
+            continue
+        if name == "cache_key":
+            differ = [f for f in CacheKey.field_order() if getattr(a, f) != getattr(b, f)]
+            shown = ", ".join(f"{f} {getattr(a, f)} recorded, {getattr(b, f)} here" for f in differ[:3])
+            yield f"cache key {a.short_digest} recorded, {b.short_digest} here ({shown})"
+        elif name == "cpu_flags":
+            was, now = set(a.split()), set(b.split())
+            parts = []
+            if gone := sorted(was - now):
+                parts.append(f"missing here: {' '.join(gone[:8])}")
+            if new := sorted(now - was):
+                parts.append(f"new here: {' '.join(new[:8])}")
+            yield f"CPU flags differ ({'; '.join(parts)})"
+        else:
+            yield f"{_LABEL[name]} {recorded.as_dict()[name]} recorded, {here.as_dict()[name]} here"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SnapshotFile:
+    path: str  # relative to the snapshot root, under images/
+    size: int
+    sha256: str
+    # The permission bits a file put back in place must have (CRIU checks them on the /dev/shm
+    # files it reopens); None for CRIU's own image files. Tar layers do not keep them.
+    mode: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.mode is not None:
+            doc["mode"] = self.mode
+        return doc
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SnapshotManifest:
+    key: SnapshotKey
+    files: tuple[SnapshotFile, ...]
+    # The dumped tree, root first: pid and command, for messages and the restore's wait.
+    tree: tuple[tuple[int, str], ...]
+    # Where the restored tree answers, and how long past the restore it may take.
+    health_port: int
+    health_path: str
+    deadline_s: float
+    # Free-form provenance (the attestation carries it signed): timings of the dump.
+    taken: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
+        object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
+        _check(self)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        doc = {
+            "schema": SCHEMA,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "files": [f.to_json() for f in self.files],
+            "bytes": self.total_bytes,
+            "tree": [[pid, cmd] for pid, cmd in self.tree],
+            "health": {"port": self.health_port, "path": self.health_path, "deadline_s": self.deadline_s},
+            "taken": self.taken,
+        }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, data: str | bytes, *, source: str) -> SnapshotManifest:
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise InvalidSnapshot(f"{source}: {len(data)} B, more than a snapshot manifest may be")
+        try:
+            doc = json.loads(data)
+            if doc.get("schema") != SCHEMA:
+                raise InvalidSnapshot(f"{source}: schema {doc.get('schema')!r}, expected {SCHEMA}")
+            key = parse_snapshot_key(doc["key"])
+            if doc.get("key_digest") != key.digest:
+                raise InvalidSnapshot(f"{source}: key_digest is not the digest of its key")
+            files = tuple(
+                SnapshotFile(
+                    path=str(f["path"]),
+                    size=int(f["size"]),
+                    sha256=str(f["sha256"]),
+                    mode=int(f["mode"]) if "mode" in f else None,
+                )
+                for f in doc["files"]
+            )
+            health = doc["health"]
+            return cls(
+                key=key,
+                files=files,
+                tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
+                health_port=int(health["port"]),
+                health_path=str(health["path"]),
+                deadline_s=float(health["deadline_s"]),
+                taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, InvalidSnapshot):
+                raise
+            raise InvalidSnapshot(
+                f"{source}: not a snapshot manifest ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _check(m: SnapshotManifest) -> None:
+    if not m.files or len(m.files) > MAX_FILES:
+        raise InvalidSnapshot(f"snapshot manifest: {len(m.files)} files; a snapshot has 1 to {MAX_FILES}")
+    seen: set[str] = set()
+    for f in m.files:
+        if (problem := bundle_path_problem(f.path)) is not None or not f.path.startswith(IMAGES_DIR + "/"):
+            raise InvalidSnapshot(f"snapshot file {f.path!r}: {problem or 'not under images/'}")
+        if f.path in seen:
+            raise InvalidSnapshot(f"snapshot file {f.path!r} listed twice")
+        seen.add(f.path)
+        if f.mode is not None and not 0 <= f.mode <= 0o777:
+            raise InvalidSnapshot(f"snapshot file {f.path!r}: mode {f.mode:o} is not permission bits")
+        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+            raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
+    if not m.tree or any(pid <= 0 for pid, _ in m.tree):
+        raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")
+    if not 0 < m.health_port < 65536 or not m.health_path.startswith("/"):
+        raise InvalidSnapshot(f"snapshot manifest: health {m.health_port} {m.health_path!r}")
+    if not 0 < m.deadline_s <= 3600:
+        raise InvalidSnapshot(f"snapshot manifest: deadline_s={m.deadline_s} must be in (0, 3600]")

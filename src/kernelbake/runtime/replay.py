@@ -1,0 +1,113 @@
+"""``kernelbake capture replay``: a record's request classes sent once each to this image's own
+server, inside the trusted rebuild (``capture rebuild`` starts the image by digest, with no
+network and fake weights, and runs this in it).
+
+The record is the replica's word: it must be for this image (its key and pinned manifest), and
+each request is bounded (``contract.record``). Requests go to the server on the loopback only;
+what they compile lands in the image's cache root, where ``capture collect`` then takes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kernelbake.contract.record import CaptureRecord
+from kernelbake.contract.target import TargetConfig
+from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.runtime import pin
+from kernelbake.runtime.env import RuntimeEnv
+
+# A cold CPU replica is ready in about a minute; a GPU one, with its engine's own start, later.
+READY_TIMEOUT = 1200.0
+REQUEST_TIMEOUT = 600.0
+
+# (method, url, body or None, timeout) -> parsed JSON; tests pass a fake server.
+Fetch = Callable[[str, str, dict[str, Any] | None, float], Any]
+
+
+def _fetch(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+    return json.loads(raw) if raw.strip() else {}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Replayed:
+    model: str
+    seconds: tuple[float, ...]
+    failed: tuple[str, ...]  # request i: why, for what the server refused
+
+    def lines(self) -> list[str]:
+        head = [
+            f"replayed {len(self.seconds)} request classes on {self.model} "
+            f"({', '.join(f'{s:.2f} s' for s in self.seconds)})"
+        ]
+        return head + [f"request {f}" for f in self.failed]
+
+
+def load(env: RuntimeEnv, path: Path) -> CaptureRecord:
+    """The record at ``path``, refused unless it was recorded on this very image."""
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read the capture record ({exc.strerror or exc})") from None
+    record = CaptureRecord.from_json(text, source=str(path))
+    target = TargetConfig.load(env.target_file)
+    base = pin.digest(env.pinned_manifest.read_bytes())
+    if record.key != target.key or record.base_manifest != base:
+        raise BadInput(
+            f"{path}: recorded on key {record.key.digest} over the bundle {record.base_manifest}; this image "
+            f"is key {target.key.digest} over {base}: rebuild it from the image the replica ran"
+        )
+    return record
+
+
+def _ready(base: str, fetch: Fetch, timeout: float, sleep: Callable[[float], None]) -> str:
+    """The served model's name, once the server answers."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            models = fetch("GET", f"{base}/v1/models", None, 10.0)
+            return str(models["data"][0]["id"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        sleep(1.0)
+    raise EnvironmentProblem(f"{base}: the server did not answer within {timeout:.0f} s ({last})")
+
+
+def replay(
+    record: CaptureRecord,
+    *,
+    port: int = 8000,
+    fetch: Fetch = _fetch,
+    ready_timeout: float = READY_TIMEOUT,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Replayed:
+    """Each request class once, in order, on the loopback. A request the server refuses is
+    named, not fatal: what it would compile is then missing, and the rebuild drops it."""
+    base = f"http://127.0.0.1:{port}"
+    model = _ready(base, fetch, ready_timeout, sleep)
+    seconds: list[float] = []
+    failed: list[str] = []
+    for i, body in enumerate(record.bodies()):
+        started = time.monotonic()
+        try:
+            fetch(
+                "POST", f"{base}/v1/completions", {**body, "model": model, "stream": False}, REQUEST_TIMEOUT
+            )
+        except urllib.error.HTTPError as exc:
+            failed.append(f"{i}: HTTP {exc.code}")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            failed.append(f"{i}: {type(exc).__name__}: {exc}")
+        seconds.append(round(time.monotonic() - started, 3))
+    return Replayed(model=model, seconds=tuple(seconds), failed=tuple(failed))

@@ -1,0 +1,67 @@
+"""CRIU, run through ``kernelbake.runner.run`` (injectable): its version, what ``criu check
+--all`` finds missing (both in the snapshot key), ``dump`` and ``restore``.
+
+The binary is the private prefix ``images/base/criu/install.sh`` writes (CRIU 4.2.1 through
+trixie's loader: bookworm's 3.17 fails ``criu check`` on kernels >= 6.13, trixie's 4.1.1 cannot
+dump a TCP socket on kernels >= 6.16)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kernelbake.contract.key import NONE
+from kernelbake.errors import EnvironmentProblem
+from kernelbake.runner import Runner, run
+
+DEFAULT_CRIU = Path("/opt/kernelbake/criu/bin/criu")
+_VERSION = re.compile(r"Version:\s*(\S+)")
+# "(00.088305) Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone.
+_FINDING = re.compile(r"(?:Warn|Error)\s+\([^)]*\):\s*(.+)")
+# Options every dump and restore takes: file locks (vLLM's and torch's lock files) are kept;
+# connections inside the tree (torch's TCPStore talks to itself over loopback) are dumped
+# (clients of the serving port are not: take waits until there are none); files deleted while
+# open (the engine's temporary files) are carried up to 1 GiB, or linked back in place.
+_COMMON = ("--file-locks", "--tcp-established", "--ghost-limit", "1G", "--link-remap")
+
+
+class Criu:
+    def __init__(self, binary: Path = DEFAULT_CRIU, runner: Runner = run) -> None:
+        self.binary = binary
+        self._run = runner
+
+    def _argv(self, *args: str) -> list[str]:
+        return [str(self.binary), *args]
+
+    def version(self) -> str:
+        r = self._run(self._argv("--version"), capture=True)
+        m = _VERSION.search(r.stdout + r.stderr)
+        if r.returncode != 0 or m is None:
+            raise EnvironmentProblem(
+                f"{self.binary} --version failed (exit {r.returncode}); is CRIU installed "
+                "(images/base/criu/install.sh)?"
+            )
+        return m.group(1)
+
+    def features(self) -> str:
+        """What ``criu check --all`` reports missing here, sorted, or ``none``."""
+        r = self._run(self._argv("check", "--all"), capture=True)
+        found = sorted({m.group(1).strip() for m in _FINDING.finditer(r.stdout + r.stderr)})
+        return " | ".join(found) if found else NONE
+
+    def dump(self, pid: int, images: Path, work: Path) -> tuple[bool, str]:
+        """``criu dump`` of ``pid``'s tree into ``images`` (the tree is gone after success);
+        (ok, log path)."""
+        log = work / "dump.log"
+        argv = self._argv("dump", "-t", str(pid), "-D", str(images), "-W", str(work), "-o", str(log), "-v4")
+        return self._run([*argv, *_COMMON]).returncode == 0, str(log)
+
+    def restore(self, images: Path, work: Path, pidfile: Path) -> tuple[bool, str]:
+        """``criu restore -d`` from ``images`` (read only); the restored root's pid is written
+        to ``pidfile``; (ok, log path)."""
+        log = work / "restore.log"
+        argv = self._argv(
+            "restore", "-d", "-D", str(images), "-W", str(work), "-o", str(log), "-v4",
+            "--pidfile", str(pidfile),
+        )  # fmt: skip
+        return self._run([*argv, *_COMMON]).returncode == 0, str(log)

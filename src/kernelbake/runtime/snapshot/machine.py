@@ -1,0 +1,85 @@
+"""This machine's side of the snapshot key: what a restore here would meet (the driver's
+facts, the kernel, CRIU and its check, the CPU), measured by small probes tests replace."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kernelbake.contract.key import CacheKey
+from kernelbake.contract.snapshot import (
+    IMAGE_DIGEST_ENV,
+    SNAPSHOT_DIGEST_ENV,
+    SnapshotKey,
+    Weights,
+    env_digest,
+)
+from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.driver import Driver
+
+_CPUINFO = Path("/proc/cpuinfo")
+# Set per container or per pod, never by the user's configuration: left out of serve_env (the
+# restored process keeps the value it was dumped with; none of these reach the engine's work).
+# So are the snapshot's own settings, which only the gate reads.
+VOLATILE_ENV = frozenset(
+    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
+    | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU"}
+)
+
+
+def kernel_release() -> str:
+    return os.uname().release
+
+
+def cpu(cpuinfo: Path = _CPUINFO) -> tuple[str, str]:
+    """(model name, flags) of the first CPU in ``/proc/cpuinfo``."""
+    model, flags = "unknown", "unknown"
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "model name" and model == "unknown":
+            model = value.strip() or model
+        elif name.strip() == "flags" and flags == "unknown":
+            flags = value.strip() or flags
+    return model, flags
+
+
+def serve_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k not in VOLATILE_ENV}
+
+
+def here_key(
+    *,
+    image: str,
+    cache_key: CacheKey,
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    driver: Driver,
+    criu: Criu,
+    weights: Weights = Weights.INSIDE,
+    cpuinfo: Path = _CPUINFO,
+) -> SnapshotKey:
+    """The key a snapshot taken (or restored) here, of this engine command, has."""
+    facts = driver.facts()
+    model, flags = cpu(cpuinfo)
+    return SnapshotKey(
+        image=image,
+        cache_key=cache_key,
+        gpu=facts.gpu,
+        gpu_count=facts.gpu_count,
+        driver=facts.driver,
+        cuda_driver_api=facts.cuda_driver_api,
+        kernel=kernel_release(),
+        criu=criu.version(),
+        criu_features=criu.features(),
+        cpu=model,
+        cpu_flags=flags,
+        serve_args=json.dumps(list(argv)),
+        serve_env=env_digest(serve_env(environ)),
+        weights=weights,
+    )

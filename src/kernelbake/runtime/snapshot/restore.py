@@ -1,0 +1,315 @@
+"""The snapshot gate in ``serve``, and the one restore it allows.
+
+Before anything is restored, in this order (each refusal prints ``snapshot not used: …`` and
+``serve`` does the baked start at once; nothing on the node is changed):
+
+1. a snapshot is mounted (``snapshot.json`` under the snapshot root); none: no line, baked start;
+2. admission pinned it: ``$KERNELBAKE_SNAPSHOT_DIGEST`` is set (after the artifact's signature
+   and its subject, the pod's image, were verified), and ``snapshot.json`` has that sha256;
+3. no marker: a restore of this very snapshot has not failed on this node before;
+4. the key is exact: ``$KERNELBAKE_IMAGE_DIGEST`` (the pod's image) and every other field
+   measured here equal the recorded ones, each difference named;
+5. every file under ``images/`` is listed, a plain file, of its size and sha256 (a truncated
+   or tampered page file is named), and nothing else is there.
+
+Then the one attempt: ``criu restore``, the driver's restore of each process, and ``/health``
+by the recorded deadline. A restore that fails or misses it is killed, the node is marked for
+that snapshot (a file in the marks directory, so a restarted container does not try again),
+and the baked start runs: one attempt, never a loop."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from kernelbake.contract.snapshot import (
+    ENGINE_LOG,
+    ENGINE_LOG_COPY,
+    IMAGE_DIGEST_ENV,
+    IMAGES_DIR,
+    MAX_MANIFEST_BYTES,
+    SHM_COPY,
+    SHM_DIR,
+    SNAPSHOT_DIGEST_ENV,
+    SNAPSHOT_MANIFEST,
+    InvalidSnapshot,
+    SnapshotManifest,
+    differences,
+)
+from kernelbake.contract.target import TargetConfig
+from kernelbake.errors import KernelbakeError
+from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.snapshot import http, tree
+from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.driver import Driver
+from kernelbake.runtime.snapshot.machine import here_key
+
+_PR_SET_CHILD_SUBREAPER = 36
+Say = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gated:
+    """The gate's answer: a manifest to restore, or the reasons not to (best first)."""
+
+    manifest: SnapshotManifest | None
+    digest: str
+    reasons: tuple[str, ...]
+
+
+def marker(env: RuntimeEnv, digest: str) -> Path:
+    return env.snapshot_marks / f"kernelbake-snapshot-failed-{digest.removeprefix('sha256:')[:16]}"
+
+
+def _read_manifest(env: RuntimeEnv) -> tuple[bytes | None, str | None]:
+    path = env.snapshot_root / SNAPSHOT_MANIFEST
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
+        return None, f"{path}: not a plain file of at most {MAX_MANIFEST_BYTES} B"
+    try:
+        return path.read_bytes(), None
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror})"
+
+
+def _file_problems(root: Path, manifest: SnapshotManifest) -> Iterator[str]:
+    listed = {f.path: f for f in manifest.files}
+    for f in manifest.files:
+        p = root / f.path
+        try:
+            st = p.lstat()
+        except OSError:
+            yield f"{f.path}: missing (the snapshot is incomplete)"
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            yield f"{f.path}: not a plain file"
+        elif st.st_size != f.size:
+            yield f"{f.path}: {st.st_size} B, {f.size} B recorded (truncated or replaced)"
+        else:
+            h = hashlib.sha256()
+            with p.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            if h.hexdigest() != f.sha256:
+                yield f"{f.path}: sha256 {h.hexdigest()[:16]}…, {f.sha256[:16]}… recorded (changed)"
+    for dirpath, _dirs, names in os.walk(root / IMAGES_DIR):
+        for name in names:
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            if rel not in listed:
+                yield f"{rel}: not listed in {SNAPSHOT_MANIFEST}; a restore reads only what is signed"
+
+
+def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Criu) -> Gated | None:
+    """None where no snapshot is mounted; otherwise what to restore, or why not."""
+    data, problem = _read_manifest(env)
+    if data is None and problem is None:
+        return None
+    digest = "sha256:" + hashlib.sha256(data or b"").hexdigest()
+    if problem is not None or data is None:
+        return Gated(manifest=None, digest=digest, reasons=(problem or "",))
+    if env.snapshot_digest is None:
+        return Gated(
+            manifest=None,
+            digest=digest,
+            reasons=(f"${SNAPSHOT_DIGEST_ENV} is unset: admission pins a snapshot only after its signature",),
+        )
+    if env.snapshot_digest != digest:
+        return Gated(
+            manifest=None,
+            digest=digest,
+            reasons=(f"{SNAPSHOT_MANIFEST} is {digest}, admission verified {env.snapshot_digest}",),
+        )
+    if marker(env, digest).exists():
+        return Gated(
+            manifest=None,
+            digest=digest,
+            reasons=(f"a restore of {digest[:19]} failed on this node before ({marker(env, digest)})",),
+        )
+    try:
+        manifest = SnapshotManifest.from_json(data, source=str(env.snapshot_root / SNAPSHOT_MANIFEST))
+        if env.image_digest is None:
+            return Gated(
+                manifest=None,
+                digest=digest,
+                reasons=(f"${IMAGE_DIGEST_ENV} is unset: the image this runs from is not known here",),
+            )
+        target = TargetConfig.load(env.target_file)
+        here = here_key(
+            image=env.image_digest,
+            cache_key=target.key,
+            argv=user_args,
+            environ=env.environ,
+            driver=driver,
+            criu=criu,
+            weights=manifest.key.weights,
+        )
+    except (InvalidSnapshot, KernelbakeError) as exc:
+        return Gated(manifest=None, digest=digest, reasons=(str(exc),))
+    if found := list(differences(manifest.key, here)):
+        return Gated(manifest=None, digest=digest, reasons=tuple(found))
+    if found := list(_file_problems(env.snapshot_root, manifest)):
+        return Gated(manifest=None, digest=digest, reasons=tuple(found[:5]))
+    return Gated(manifest=manifest, digest=digest, reasons=())
+
+
+def _put_shm(root: Path, manifest: SnapshotManifest, shm: Path) -> None:
+    """The dumped tree's /dev/shm files back in place (this container's own tmpfs), with the
+    permission bits they had (CRIU checks them)."""
+    for f in manifest.files:
+        if not f.path.startswith(SHM_COPY + "/"):
+            continue
+        dest = shm / f.path.rpartition("/")[2]
+        if dest.exists():
+            raise OSError(f"{dest} exists already; it is not this snapshot's to replace")
+        shutil.copyfile(root / f.path, dest)
+        if f.mode is not None:
+            dest.chmod(f.mode)
+
+
+def _subreaper() -> None:
+    """The restored tree's root becomes this process's child when criu exits (``-d``), so
+    ``serve`` can wait for it and pass signals on, as for an engine it started."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _kill(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+
+
+def _healthy(url: str, deadline: float, alive: Callable[[], bool]) -> bool:
+    while time.monotonic() < deadline:
+        if http.status(url, timeout=0.5) == 200:
+            return True
+        if not alive():
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        # Not our child (no subreaper): alive while it exists.
+        return Path(f"/proc/{pid}").exists()
+    return done == 0
+
+
+def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: Say) -> int | None:
+    """The one attempt. The root's exit code once the restored tree ends, or None (failed:
+    killed, marked; ``serve`` starts the baked way)."""
+    manifest = gated.manifest
+    assert manifest is not None
+    started = time.monotonic()
+    _subreaper()
+    try:
+        env.scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="kernelbake-restore-", dir=env.scratch))
+        log = Path(ENGINE_LOG)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
+        _put_shm(env.snapshot_root, manifest, Path(SHM_DIR))
+    except OSError as exc:
+        # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
+        say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")
+        return None
+    pidfile = work / "root.pid"
+    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
+    why = f"criu restore failed (its log: {criu_log})"
+    # CRIU kills what it restored when it fails; after success the tree is the live one below
+    # the root it names (the same pids it was dumped with).
+    root = _root(pidfile) if ok else None
+    pids = tree.descendants(root) if root is not None else []
+    if ok and root is None:
+        ok, why = False, f"criu restore wrote no root pid to {pidfile}"
+    if ok:
+        try:
+            for pid in pids:
+                driver.restore(pid)
+        except KernelbakeError as exc:
+            ok, why = False, f"the driver's restore failed: {exc}"
+    restored_s = time.monotonic() - started
+    url = f"http://127.0.0.1:{manifest.health_port}{manifest.health_path}"
+    deadline = started + manifest.deadline_s
+    if ok and root is not None and not _healthy(url, deadline, lambda: _alive(root)):
+        ok, why = False, f"{url} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
+    if not ok:
+        _kill(tree.descendants(root) if root is not None else [])
+        path = marker(env, gated.digest)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{gated.digest}\n{why}\n")
+        say(
+            f"snapshot not used: {why}; the tree was killed, this node is marked ({path}); starting the baked way"
+        )
+        return None
+    say(
+        f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B) in "
+        f"{restored_s:.2f} s; {manifest.health_path} answered {time.monotonic() - started:.2f} s after the start "
+        f"of the restore; the engine's output goes on in {ENGINE_LOG}"
+    )
+    assert root is not None
+    return _supervise(root)
+
+
+def _root(pidfile: Path) -> int | None:
+    try:
+        text = pidfile.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 1 else None
+
+
+def _supervise(root: int) -> int:
+    """Wait for the restored root as for a child, passing SIGTERM/SIGINT/SIGHUP on."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(root, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(root, 0)
+            return os.waitstatus_to_exitcode(status)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            while Path(f"/proc/{root}").exists():
+                time.sleep(0.5)
+            return 0
+
+
+def start_from_snapshot(
+    env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Criu, say: Say
+) -> int | None:
+    """``serve``'s first step: the restored engine's exit code, or None for the baked start."""
+    gated = gate(env, user_args, driver=driver, criu=criu)
+    if gated is None:
+        return None
+    if gated.manifest is None:
+        say(f"snapshot not used: {'; '.join(gated.reasons)}; starting the baked way")
+        return None
+    return restore(env, gated, driver=driver, criu=criu, say=say)

@@ -1,0 +1,265 @@
+"""``kernelbake snapshot take``: start the baked engine the way ``serve`` does, warm it with
+requests, wait until no client is connected, and dump its process tree with CRIU (after the
+driver's checkpoint of each process, a no-op without a GPU) into a snapshot directory:
+``images/`` (CRIU's files and the engine's log as it was) and ``snapshot.json`` (the key and
+every file's sha256), written last, so a directory without it is not a snapshot.
+
+Refused before anything is started: a secret in the environment or the arguments (a restored
+process would carry it to every replica), and, before the dump, any in a process of the tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelbake.contract.key import Engine
+from kernelbake.contract.snapshot import (
+    ENGINE_LOG,
+    ENGINE_LOG_COPY,
+    IMAGES_DIR,
+    SHM_COPY,
+    SHM_DIR,
+    SNAPSHOT_MANIFEST,
+    SnapshotFile,
+    SnapshotManifest,
+)
+from kernelbake.contract.target import TargetConfig
+from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.runner import spawn
+from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.redact import argv_secrets, is_secret
+from kernelbake.runtime.snapshot import http, io_uring, tree
+from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.driver import Driver
+from kernelbake.runtime.snapshot.machine import here_key
+
+# CRIU restores every process with the pid it had. The restoring container's own processes
+# (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
+# tree is started above them.
+PID_FLOOR = 1000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+    image: str  # sha256:… of the image this runs in (the host knows it; the process cannot)
+    user_args: tuple[str, ...] = ()
+    port: int = 8000
+    health_path: str = "/health"
+    warmup_requests: int = 3
+    # How long the engine may take to reach /health at take time, and how long past the
+    # restore it may take then (recorded; serve kills a restore that misses it).
+    ready_timeout_s: float = 600.0
+    deadline_s: float = 30.0
+    quiet_timeout_s: float = 30.0
+    # The tree to start; empty: ``kernelbake serve USER_ARGS`` (what the CLI always takes).
+    command: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Taken:
+    out: Path
+    manifest: SnapshotManifest
+
+    def lines(self) -> list[str]:
+        m = self.manifest
+        t = m.taken
+        return [
+            f"snapshot of {len(m.tree)} processes ({', '.join(c.split()[0] for _, c in m.tree)}) in {self.out}: "
+            f"{len(m.files)} files, {m.total_bytes} B; key {m.key.digest}",
+            f"ready {t.get('ready_s', 0):.1f} s, warm-up {t.get('warmup_s', 0):.1f} s, "
+            f"driver checkpoint {t.get('checkpoint_s', 0):.2f} s, criu dump {t.get('dump_s', 0):.2f} s, "
+            f"hashed in {t.get('hash_s', 0):.2f} s; snapshot.json {m.digest}",
+        ]
+
+
+# One request each engine's server answers, as its own clients send it.
+def _warm_vllm(base: str) -> None:
+    model = http.get_json(f"{base}/v1/models")["data"][0]["id"]
+    http.post_json(
+        f"{base}/v1/completions",
+        {"model": model, "prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0},
+    )
+
+
+def _warm_torch(base: str) -> None:
+    http.post_json(f"{base}/v1/generate", {"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 8})
+
+
+WARMUPS: dict[Engine, Callable[[str], None]] = {Engine.VLLM: _warm_vllm, Engine.TORCH: _warm_torch}
+
+
+def refuse_secrets(environ: Mapping[str, str], argv: Sequence[str], where: str) -> None:
+    names = sorted(n for n, v in environ.items() if is_secret(n) and v)
+    flags = [a.partition("=")[0] for a in argv if a.startswith("-") and is_secret(a.partition("=")[0])]
+    if names or flags or argv_secrets(argv):
+        shown = ", ".join([*(f"${n}" for n in names), *flags])
+        raise BadInput(
+            f"{where}: {shown} would be frozen into the snapshot and restored on every replica; "
+            "a snapshot is taken without secrets (pass them after restore, through a file the server reads)"
+        )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(out: Path) -> list[SnapshotFile]:
+    found = []
+    for dirpath, _dirs, names in os.walk(out / IMAGES_DIR):
+        for name in names:
+            p = Path(dirpath) / name
+            rel = p.relative_to(out).as_posix()
+            st = p.stat()
+            mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
+            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=_sha256(p), mode=mode))
+    return found
+
+
+def _wait_ready(proc: Any, url: str, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise EnvironmentProblem(
+                f"the engine exited with {proc.returncode} before {url} answered; its output: {ENGINE_LOG}"
+            )
+        if http.status(url) == 200:
+            return
+        time.sleep(0.2)
+    raise EnvironmentProblem(
+        f"{url} did not answer 200 within {timeout_s:.0f} s; the engine's output: {ENGINE_LOG}"
+    )
+
+
+def _wait_quiet(pids: list[int], port: int, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while (n := tree.clients(pids, port)) and time.monotonic() < end:
+        time.sleep(0.1)
+    if n:
+        raise EnvironmentProblem(
+            f"{n} client connections to port {port} stayed open for {timeout_s:.0f} s; a snapshot is "
+            "taken with none (close them, or keep other clients off the engine while it is taken)"
+        )
+
+
+def _check_tree(pids: list[int]) -> None:
+    for pid in pids:
+        cmd = " ".join(tree.cmdline(pid))[:80]
+        if found := tree.secrets(pid):
+            raise BadInput(
+                f"pid {pid} ({cmd}): {', '.join(found)} would be frozen into the snapshot; not taking it"
+            )
+        if fds := tree.io_urings(pid):
+            raise EnvironmentProblem(
+                f"pid {pid} ({cmd}) holds an io_uring on fd {', '.join(fds)}, which CRIU cannot dump; "
+                "it was started outside kernelbake snapshot take's seccomp filter"
+            )
+
+
+def _copy_shm(shm: Path, dest: Path) -> None:
+    """The plain files in the container's /dev/shm, as the dump left them."""
+    try:
+        entries = sorted(shm.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_file() and not entry.is_symlink():
+            dest.mkdir(parents=True, exist_ok=True)
+            # copy2 keeps the permission bits, which CRIU checks when it reopens the file.
+            shutil.copy2(entry, dest / entry.name)
+
+
+def _kill(pids: Sequence[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
+    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BadInput(f"{out}: not an empty directory; a snapshot is written only into a new or empty one")
+    refuse_secrets(env.environ, options.user_args, "kernelbake snapshot take")
+    target = TargetConfig.load(env.target_file)
+    warm = WARMUPS[target.key.engine]
+    log = Path(ENGINE_LOG)
+    if log.exists():
+        log.unlink()
+    base = f"http://127.0.0.1:{options.port}"
+    argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
+    taken: dict[str, float] = {}
+    tree.raise_pids(PID_FLOOR)
+    started = time.monotonic()
+    proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
+    pids: list[int] = [proc.pid]
+    try:
+        _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
+        taken["ready_s"] = time.monotonic() - started
+        t = time.monotonic()
+        for _ in range(options.warmup_requests):
+            warm(base)
+        taken["warmup_s"] = time.monotonic() - t
+        pids = tree.descendants(proc.pid)
+        _wait_quiet(pids, options.port, options.quiet_timeout_s)
+        _check_tree(pids)
+        key = here_key(
+            image=options.image,
+            cache_key=target.key,
+            argv=options.user_args,
+            environ=env.environ,
+            driver=driver,
+            criu=criu,
+        )
+        commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
+        t = time.monotonic()
+        for pid in pids:
+            driver.checkpoint(pid)
+        taken["checkpoint_s"] = time.monotonic() - t
+        (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+        env.scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
+        t = time.monotonic()
+        ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
+        taken["dump_s"] = time.monotonic() - t
+        if not ok:
+            for pid in pids:
+                driver.restore(pid)
+            raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+        proc.wait()
+        shutil.copyfile(log, out / ENGINE_LOG_COPY)
+        _copy_shm(Path(SHM_DIR), out / SHM_COPY)
+        t = time.monotonic()
+        files = _files(out)
+        taken["hash_s"] = time.monotonic() - t
+        manifest = SnapshotManifest(
+            key=key,
+            files=tuple(files),
+            tree=commands,
+            health_port=options.port,
+            health_path=options.health_path,
+            deadline_s=options.deadline_s,
+            taken={k: round(v, 3) for k, v in taken.items()},
+        )
+        (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
+        return Taken(out=out, manifest=manifest)
+    finally:
+        # After a dump the tree is gone; after any failure it must not outlive the command
+        # (the engine core and workers included, which the root may not have stopped).
+        _kill(tree.descendants(proc.pid) if proc.poll() is None else [])
+        if proc.poll() is None:
+            proc.wait()

@@ -1,0 +1,130 @@
+"""The process tree a snapshot holds, read from ``/proc``: its pids, their commands, what each
+holds that must not (or cannot) enter a snapshot. Every function takes the ``/proc`` root so
+tests give a fake one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kernelbake.runtime.redact import is_secret
+
+PROC = Path("/proc")
+# /proc/net/tcp state column: 01 ESTABLISHED.
+_ESTABLISHED = "01"
+
+
+def _ppid(proc: Path, pid: int) -> int | None:
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def descendants(root: int, proc: Path = PROC) -> list[int]:
+    """``root`` and every process below it, root first, then by pid."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (pp := _ppid(proc, int(entry.name))) is not None:
+            children.setdefault(pp, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(sorted(children.get(pid, [])))
+    return out
+
+
+def raise_pids(floor: int, proc: Path = PROC) -> None:
+    """Use up pids until the next one is above ``floor`` (a fresh pid namespace starts at 1;
+    ``ns_last_pid`` is read-only in a container). Each is a child that exits at once."""
+    while True:
+        try:
+            last = int((proc / "sys/kernel/ns_last_pid").read_text())
+        except (OSError, ValueError):
+            return
+        if last >= floor:
+            return
+        for _ in range(min(256, floor - last)):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+
+
+def cmdline(pid: int, proc: Path = PROC) -> list[str]:
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def environ(pid: int, proc: Path = PROC) -> dict[str, str]:
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        name, eq, value = item.decode(errors="replace").partition("=")
+        if eq:
+            out[name] = value
+    return out
+
+
+def secrets(pid: int, proc: Path = PROC) -> list[str]:
+    """The names (never the values) of what in ``pid``'s environment and argv carries a
+    secret: redact's rule, the one logs follow."""
+    found = [f"${name}" for name, value in environ(pid, proc).items() if is_secret(name) and value]
+    argv = cmdline(pid, proc)
+    flags = [a.partition("=")[0] for a in argv if a.startswith("-") and is_secret(a.partition("=")[0])]
+    return found + [f"argv {flag}" for flag in flags]
+
+
+def io_urings(pid: int, proc: Path = PROC) -> list[str]:
+    """``pid``'s file descriptors on an io_uring, which CRIU cannot dump."""
+    return [fd for fd, link in _fds(pid, proc) if link == "anon_inode:[io_uring]"]
+
+
+def _fds(pid: int, proc: Path) -> list[tuple[str, str]]:
+    """(fd, link target) of ``pid``'s open files, by fd number; those gone meanwhile left out."""
+    try:
+        entries = sorted(
+            (proc / str(pid) / "fd").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1
+        )
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        try:
+            out.append((entry.name, str(entry.readlink())))
+        except OSError:
+            continue
+    return out
+
+
+def socket_inodes(pid: int, proc: Path = PROC) -> set[str]:
+    return {link[len("socket:[") : -1] for _fd, link in _fds(pid, proc) if link.startswith("socket:[")}
+
+
+def clients(pids: list[int], port: int, proc: Path = PROC) -> int:
+    """How many connections the tree has accepted on ``port`` and not closed (CRIU would need
+    ``--tcp-established`` for them, and a restored replica must not carry another's client)."""
+    if not pids:
+        return 0
+    inodes = set().union(*(socket_inodes(p, proc) for p in pids))
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / str(pids[0]) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            local_port = cols[1].rpartition(":")[2] if len(cols) > 9 else ""
+            if cols[3:4] == [_ESTABLISHED] and local_port == f"{port:04X}" and cols[9] in inodes:
+                count += 1
+    return count

@@ -1,0 +1,65 @@
+"""Bounded JSON parsing (``kernelbake.contract.jsondoc``): the depth is counted exactly, without
+recursion, strings and their escapes included, and a document past the bound is refused
+before ``json`` recurses into it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernelbake.contract import jsondoc
+from kernelbake.contract.jsondoc import MAX_JSON_DEPTH, TooDeep
+
+# Strings full of what the counter must not take for structure.
+_TEXT = st.text(alphabet=st.sampled_from('[]{}"\\/ab\n\t\u00e9\u225b\U0001f600'), max_size=12)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=40,
+)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@given(_VALUES, st.booleans())
+def test_the_depth_is_that_of_the_value_whatever_its_strings_hold(value: Any, ascii_only: bool) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert jsondoc.depth(text) == jsondoc.depth(text.encode()) == _depth(value)
+    assert jsondoc.loads(text) == jsondoc.loads(text.encode("utf-16")) == value
+
+
+def test_the_bound_is_exact_and_refused_before_json_recurses() -> None:
+    at = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert jsondoc.loads(at) is not None
+    with pytest.raises(TooDeep, match=f"JSON nested {MAX_JSON_DEPTH + 1} levels deep, more than the 128"):
+        jsondoc.loads("[" + at + "]")
+    # 200,000 deep: json itself ends in a RecursionError, the bound in a ValueError.
+    deep = '{"a":' * 200_000 + "1" + "}" * 200_000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    with pytest.raises(ValueError, match="JSON nested 200,000 levels deep"):
+        jsondoc.loads(deep.encode())
+
+
+def test_brackets_inside_strings_are_not_structure() -> None:
+    text = json.dumps(["[" * 1000, {"k": '\\"{{{{' * 300}])
+    assert jsondoc.depth(text) == 2 and jsondoc.loads(text)[0] == "[" * 1000
+    # Counted across the slices the scan works in.
+    wide = json.dumps(["x" * (3 << 16) + "[" * 500, [[[]]]])
+    assert jsondoc.depth(wide) == 4
+
+
+def test_malformed_json_is_still_malformed() -> None:
+    for bad in ('["unterminated', "[" * 200 + '"', "{]"):
+        with pytest.raises(ValueError):
+            jsondoc.loads(bad)

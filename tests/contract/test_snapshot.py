@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from kernelbake.contract.key import CacheKey
+from kernelbake.contract.snapshot import (
+    InvalidSnapshot,
+    SnapshotFile,
+    SnapshotKey,
+    SnapshotManifest,
+    Weights,
+    differences,
+    env_digest,
+    parse_snapshot_key,
+)
+from kernelbake.plan import plan
+from kernelbake.spec import load_spec
+from tests.conftest import REPO
+from tests.support.strategies import snapshot_keys
+
+
+@given(snapshot_keys())
+def test_canonical_string_round_trips(key: SnapshotKey) -> None:
+    assert parse_snapshot_key(str(key)) == key
+    assert parse_snapshot_key(str(key)).digest == key.digest
+
+
+@given(snapshot_keys())
+def test_a_key_differs_from_itself_nowhere(key: SnapshotKey) -> None:
+    assert list(differences(key, key)) == []
+
+
+def cpu_key(**changes: object) -> SnapshotKey:
+    base = SnapshotKey(
+        image="sha256:" + "a" * 64,
+        cache_key=_cache_key(),
+        gpu="none",
+        gpu_count=0,
+        driver="none",
+        cuda_driver_api="none",
+        kernel="6.18.44-fc-v1252",
+        criu="4.1.1",
+        criu_features="none",
+        cpu="AMD EPYC",
+        cpu_flags="sse avx2 avx512f",
+        serve_args='["vllm", "serve"]',
+        serve_env=env_digest({"A": "1"}),
+        weights=Weights.INSIDE,
+    )
+    return base.replace(**changes)
+
+
+def _cache_key() -> CacheKey:
+    return plan(load_spec(REPO / "images/tiny-llama.yaml"), ["cpu"])[0].key
+
+
+def test_the_named_field_is_the_one_that_differs() -> None:
+    recorded = cpu_key(driver="580.159.04")
+    here = cpu_key(driver="580.95.05")
+    assert list(differences(recorded, here)) == ["driver 580.159.04 recorded, 580.95.05 here"]
+
+
+def test_differences_come_in_field_order_and_name_cpu_flags() -> None:
+    recorded = cpu_key()
+    here = cpu_key(image="sha256:" + "b" * 64, gpu="NVIDIA H200", cpu_flags="sse avx2 amx_tile")
+    found = list(differences(recorded, here))
+    assert found[0].startswith("image sha256:aaa")
+    assert found[1] == "GPU none recorded, NVIDIA H200 here"
+    assert found[2] == "CPU flags differ (missing here: avx512f; new here: amx_tile)"
+
+
+def test_a_foreign_cache_key_names_its_fields() -> None:
+    other = _cache_key().replace(engine_version="9.9.9")
+    (line,) = differences(cpu_key(), cpu_key(cache_key=other))
+    assert "engine_version" in line and "9.9.9 here" in line
+
+
+def test_flags_in_another_order_are_the_same_key() -> None:
+    assert cpu_key(cpu_flags="avx512f sse avx2") == cpu_key()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["kb1:engine=vllm", "ks1:image=sha256:00", "ks1:" + "x=1;" * 3, "ks1:image=a;image=b"],
+)
+def test_bad_key_strings_are_refused_with_the_input(text: str) -> None:
+    with pytest.raises(InvalidSnapshot):
+        parse_snapshot_key(text)
+
+
+def test_a_bad_field_is_refused_when_built() -> None:
+    with pytest.raises(InvalidSnapshot, match="image="):
+        cpu_key(image="latest")
+    with pytest.raises(InvalidSnapshot, match="kernel="):
+        cpu_key(kernel="")
+
+
+def _manifest(**changes: object) -> SnapshotManifest:
+    kw: dict[str, object] = {
+        "key": cpu_key(),
+        "files": (SnapshotFile(path="images/pages-1.img", size=3, sha256="c" * 64),),
+        "tree": ((7, "python3 -m vllm"),),
+        "health_port": 8000,
+        "health_path": "/health",
+        "deadline_s": 10.0,
+        "taken": {"dump_s": 1.5},
+    }
+    kw.update(changes)
+    return SnapshotManifest(**kw)  # type: ignore[arg-type]
+
+
+def test_manifest_round_trips_and_its_digest_names_it() -> None:
+    m = _manifest()
+    again = SnapshotManifest.from_json(m.to_json(), source="t")
+    assert again == m and again.digest == m.digest
+    assert _manifest(deadline_s=11.0).digest != m.digest
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        (),
+        (SnapshotFile(path="../etc/passwd", size=1, sha256="c" * 64),),
+        (SnapshotFile(path="pages-1.img", size=1, sha256="c" * 64),),
+        (SnapshotFile(path="images/a", size=1, sha256="nothex"),),
+    ],
+)
+def test_unsafe_or_empty_file_lists_are_refused(files: tuple[SnapshotFile, ...]) -> None:
+    with pytest.raises(InvalidSnapshot):
+        _manifest(files=files)
+
+
+def test_a_manifest_whose_key_digest_was_edited_is_refused() -> None:
+    text = _manifest().to_json().replace(cpu_key().digest, "sha256:" + "0" * 64)
+    with pytest.raises(InvalidSnapshot, match="key_digest"):
+        SnapshotManifest.from_json(text, source="snapshot.json")
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{}", '{"schema": 1}', "{" * 10])
+def test_junk_manifests_are_refused_without_a_traceback(text: str) -> None:
+    with pytest.raises(InvalidSnapshot, match=r"snapshot\.json"):
+        SnapshotManifest.from_json(text, source="snapshot.json")

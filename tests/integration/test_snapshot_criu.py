@@ -1,0 +1,83 @@
+"""The snapshot path with the real CRIU 4.2.1 (images/base/criu) in real containers: a tree is
+taken in one container and restored in a fresh one with only the measured capabilities, through
+serve's gate; it answers with the state it had (its request count), its child alive. A tampered
+page file in the same snapshot is refused before any restore. Plain Python stands in for the
+engine (tests/integration/snapshot_standin.py), so this runs without an engine image."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kernelbake.contract.snapshot import RESTORE_CAPABILITIES
+from tests.conftest import REPO
+from tests.support.runtime_target import write_target
+
+pytestmark = pytest.mark.docker
+
+ROOTFS = "kernelbake/debian-rootfs:bookworm"
+IMAGE = "sha256:" + "5" * 64
+
+
+@pytest.fixture(scope="module")
+def criu_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prefix = tmp_path_factory.mktemp("criu")
+    debs = REPO / ".cache" / "criu-debs"
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "KEEP": str(debs)}
+    subprocess.run([str(REPO / "images/base/criu/install.sh"), str(prefix)], env=env, check=True)
+    return prefix
+
+
+def _docker(work: Path, criu: Path, *args: str, env: dict[str, str]) -> dict[str, object]:
+    if subprocess.run(["docker", "image", "inspect", ROOTFS], capture_output=True).returncode != 0:
+        pytest.fail(f"{ROOTFS} is missing: make cpu-base builds it")
+    name = f"kb-snapshot-test-{uuid.uuid4().hex[:8]}"
+    caps = [f"--cap-add={c}" for c in sorted(RESTORE_CAPABILITIES)]
+    environ = [f"-e{k}={v}" for k, v in {"PYTHONPATH": "/src", **env}.items()]
+    argv = [
+        # The runtime's default capabilities, and the measured set on top: nothing else.
+        "docker", "run", "--rm", "--name", name,
+        *caps, "--security-opt=seccomp=unconfined",
+        "-v", f"{REPO / 'src'}:/src:ro", "-v", f"{criu}:/opt/kernelbake/criu:ro", "-v", f"{work}:/work",
+        *environ, ROOTFS, "python3", "/work/standin.py", *args,
+    ]  # fmt: skip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))  # type: ignore[no-any-return]
+
+
+def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path, criu_prefix: Path) -> None:
+    write_target(tmp_path, "tiny-llama.yaml")
+    (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
+    base = {"KERNELBAKE_UNSAFE_TARGET": "/work/target.json", "TMPDIR": "/work/scratch"}
+    taken = _docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, env=base)
+    digest = str(taken["digest"])
+    restore_env = {
+        **base,
+        "KERNELBAKE_SNAPSHOT_DIGEST": digest,
+        "KERNELBAKE_IMAGE_DIGEST": IMAGE,
+        "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
+    }
+    restored = _docker(tmp_path, criu_prefix, "restore", env=restore_env)
+    said = restored["said"]
+    assert isinstance(said, list) and said[0].startswith(f"restored snapshot {digest[:19]}"), restored
+    # The warm-up's 3 completions are remembered: the memory was restored, not a fresh start.
+    assert restored["seen"] == {"count": 3, "child_alive": True}, restored
+    assert restored["rc"] == 0
+    assert not (tmp_path / "marks").exists()
+
+    # The same snapshot with one page file byte flipped: refused, named, nothing restored.
+    pages = sorted((tmp_path / "snapshot/images").glob("pages-*.img"))[0]
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    refused = _docker(tmp_path, criu_prefix, "restore", env=restore_env)
+    assert refused["rc"] is None and refused["seen"] == {}
+    (line,) = refused["said"]  # type: ignore[misc]
+    assert f"{pages.relative_to(tmp_path / 'snapshot')}: sha256" in line and "(changed)" in line
+    assert not (tmp_path / "marks").exists()

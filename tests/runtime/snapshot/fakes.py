@@ -1,0 +1,83 @@
+"""Stand-ins for CRIU and the driver in the gate's tests: what they were asked, and, for a
+restore, a real process tree standing in for the restored one (a /health server)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kernelbake.contract.key import NONE
+from kernelbake.runtime.snapshot.driver import DeviceFacts
+
+# Serves /health (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 it answers 503.
+HEALTH_SERVER = r"""
+import http.server, sys, threading
+port, seconds, healthy = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if healthy and self.path == "/health" else 503); self.end_headers()
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+threading.Timer(seconds, s.shutdown).start()
+s.serve_forever()
+"""
+
+
+class FakeDriver:
+    def __init__(self, gpu: str = NONE, driver: str = NONE, api: str = NONE, count: int = 0) -> None:
+        self._facts = DeviceFacts(gpu=gpu, gpu_count=count, driver=driver, cuda_driver_api=api)
+        self.checkpointed: list[int] = []
+        self.restored: list[int] = []
+
+    def facts(self) -> DeviceFacts:
+        return self._facts
+
+    def checkpoint(self, pid: int) -> None:
+        self.checkpointed.append(pid)
+
+    def restore(self, pid: int) -> None:
+        self.restored.append(pid)
+
+
+class FakeCriu:
+    """``restore`` starts HEALTH_SERVER as the restored root (a child of the test, as the
+    subreaper makes the real one) unless ``restore_ok`` is False."""
+
+    binary = Path("/fake/criu")
+
+    def __init__(
+        self, port: int, *, restore_ok: bool = True, healthy: bool = True, serve_s: float = 1.0
+    ) -> None:
+        self.port = port
+        self.restore_ok = restore_ok
+        self.healthy = healthy
+        self.serve_s = serve_s
+        self.restores: list[Path] = []
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def version(self) -> str:
+        return "4.1.1"
+
+    def features(self) -> str:
+        return NONE
+
+    def dump(self, pid: int, images: Path, work: Path) -> tuple[bool, str]:
+        raise AssertionError("the gate never dumps")
+
+    def restore(self, images: Path, work: Path, pidfile: Path) -> tuple[bool, str]:
+        self.restores.append(images)
+        if not self.restore_ok:
+            return False, str(work / "restore.log")
+        self.child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                HEALTH_SERVER,
+                str(self.port),
+                str(self.serve_s),
+                "1" if self.healthy else "0",
+            ]
+        )
+        pidfile.write_text(str(self.child.pid))
+        return True, str(work / "restore.log")

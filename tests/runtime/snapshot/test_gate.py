@@ -1,0 +1,255 @@
+"""serve's snapshot gate: a snapshot is restored only when its pin, marker, key and every file
+check out; each refusal is named, happens before any restore, and changes nothing on the node.
+One restore attempt: a failed one is killed and marked, and never tried again."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import pytest
+
+from kernelbake.contract.snapshot import (
+    ENGINE_LOG_COPY,
+    SNAPSHOT_MANIFEST,
+    SnapshotFile,
+    SnapshotManifest,
+)
+from kernelbake.contract.target import TargetConfig
+from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.snapshot import restore as restore_mod
+from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.machine import here_key
+from kernelbake.runtime.snapshot.restore import marker, start_from_snapshot
+from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
+from tests.support.runtime_target import runtime_env, write_target
+
+IMAGE = "sha256:" + "1" * 64
+PAGES = b"\x00pages\xff" * 1000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _snapshot(
+    tmp_path: Path, port: int, *, driver: FakeDriver, criu: FakeCriu, args: tuple[str, ...] = ()
+) -> str:
+    """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot; its digest."""
+    env = runtime_env(tmp_path)
+    key = here_key(
+        image=IMAGE,
+        cache_key=TargetConfig.load(env.target_file).key,
+        argv=args,
+        environ=env.environ,
+        driver=driver,
+        criu=criu,  # type: ignore[arg-type]
+    )
+    root = tmp_path / "snapshot"
+    (root / "images").mkdir(parents=True)
+    (root / "images/pages-1.img").write_bytes(PAGES)
+    (root / ENGINE_LOG_COPY).write_bytes(b"engine log\n")
+    files = tuple(
+        SnapshotFile(path=p, size=len(d), sha256=_sha(d))
+        for p, d in (("images/pages-1.img", PAGES), (ENGINE_LOG_COPY, b"engine log\n"))
+    )
+    manifest = SnapshotManifest(
+        key=key,
+        files=files,
+        tree=((7, "python3 -m vllm"),),
+        health_port=port,
+        health_path="/health",
+        deadline_s=5.0,
+    )
+    (root / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
+    return manifest.digest
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int]:
+    write_target(tmp_path, "tiny-llama.yaml")
+    # The restored tree's log goes where it was at dump time; here, under tmp_path.
+    monkeypatch.setattr(restore_mod, "ENGINE_LOG", str(tmp_path / "engine-log/engine.log"))
+    (tmp_path / "marks").mkdir()
+    return tmp_path, _free_port()
+
+
+def _env(tmp_path: Path, digest: str | None, image: str | None = IMAGE, **more: str) -> RuntimeEnv:
+    extra = {"KERNELBAKE_SNAPSHOT_MARKS": str(tmp_path / "marks"), **more}
+    if digest is not None:
+        extra["KERNELBAKE_SNAPSHOT_DIGEST"] = digest
+    if image is not None:
+        extra["KERNELBAKE_IMAGE_DIGEST"] = image
+    return runtime_env(tmp_path, **extra)
+
+
+def _start(
+    env: RuntimeEnv, criu: FakeCriu, driver: FakeDriver, args: tuple[str, ...] = ()
+) -> tuple[int | None, list[str]]:
+    said: list[str] = []
+    rc = start_from_snapshot(env, list(args), driver=driver, criu=criu, say=said.append)  # type: ignore[arg-type]
+    return rc, said
+
+
+def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    assert len(criu.restores) == 1 and criu.child is not None
+    assert driver.restored == [criu.child.pid]
+    assert said[0].startswith(f"restored snapshot {digest[:19]}")
+    assert (tmp_path / "engine-log/engine.log").read_bytes() == b"engine log\n"
+
+
+def test_no_snapshot_mounted_is_the_baked_start_without_a_word(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    rc, said = _start(_env(tmp_path, None), FakeCriu(port), FakeDriver())
+    assert (rc, said) == (None, [])
+
+
+def _refused(
+    tmp_path: Path, env: RuntimeEnv, criu: FakeCriu, driver: FakeDriver, args: tuple[str, ...] = ()
+) -> str:
+    """Refused before any restore, nothing marked, the reason printed: that line."""
+    rc, said = _start(env, criu, driver, args)
+    assert rc is None
+    assert criu.restores == [] and driver.restored == []
+    assert list((tmp_path / "marks").iterdir()) == []
+    assert not (tmp_path / "engine-log").exists()
+    (line,) = said
+    assert line.startswith("snapshot not used: ") and line.endswith("; starting the baked way")
+    return line
+
+
+def test_a_tampered_page_file_is_refused_and_named(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    pages = tmp_path / "snapshot/images/pages-1.img"
+    data = bytearray(pages.read_bytes())
+    data[100] ^= 1
+    pages.write_bytes(bytes(data))
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert "images/pages-1.img: sha256" in line and "(changed)" in line
+
+
+def test_a_truncated_image_is_refused(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    pages = tmp_path / "snapshot/images/pages-1.img"
+    pages.write_bytes(pages.read_bytes()[:10])
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert f"images/pages-1.img: 10 B, {len(PAGES)} B recorded (truncated or replaced)" in line
+
+
+def test_a_missing_or_unlisted_file_is_refused(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    (tmp_path / "snapshot/images/core-1.img").write_bytes(b"x")
+    assert "images/core-1.img: not listed" in _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    (tmp_path / "snapshot/images/core-1.img").unlink()
+    (tmp_path / "snapshot/images/pages-1.img").unlink()
+    assert "images/pages-1.img: missing" in _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+
+
+def test_a_foreign_key_is_refused_with_its_fields(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    write_target(tmp_path, "tiny-llama-torch.yaml")  # another image's target.json, same paths
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert "cache key" in line and "recorded" in line
+
+
+def test_another_image_digest_is_refused(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    other = "sha256:" + "2" * 64
+    line = _refused(tmp_path, _env(tmp_path, digest, image=other), criu, driver)
+    assert f"image {IMAGE} recorded, {other} here" in line
+    assert "KERNELBAKE_IMAGE_DIGEST is unset" in _refused(
+        tmp_path, _env(tmp_path, digest, image=None), criu, driver
+    )
+
+
+def test_another_gpu_model_or_driver_is_refused_and_named(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    recorded = FakeDriver(gpu="NVIDIA H200, 143771 MiB, 132 SMs", driver="580.159.04", api="13000", count=1)
+    criu = FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=recorded, criu=criu)
+    other_driver = FakeDriver(
+        gpu="NVIDIA H200, 143771 MiB, 132 SMs", driver="580.95.05", api="13000", count=1
+    )
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, other_driver)
+    assert line == "snapshot not used: driver 580.159.04 recorded, 580.95.05 here; starting the baked way"
+    other_gpu = FakeDriver(
+        gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 132 SMs", driver="580.159.04", api="13000", count=1
+    )
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, other_gpu)
+    assert "GPU NVIDIA H200, 143771 MiB, 132 SMs recorded, NVIDIA H100 80GB HBM3" in line
+
+
+def test_other_serve_args_or_env_are_refused(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    assert "serve args [] recorded" in _refused(
+        tmp_path, _env(tmp_path, digest), criu, driver, ("--max-num-seqs", "4")
+    )
+    assert "serve env" in _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="1"), criu, driver)
+
+
+def test_an_unpinned_or_other_snapshot_json_is_refused(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    assert "KERNELBAKE_SNAPSHOT_DIGEST is unset" in _refused(tmp_path, _env(tmp_path, None), criu, driver)
+    other = "sha256:" + "3" * 64
+    assert f"admission verified {other}" in _refused(tmp_path, _env(tmp_path, other), criu, driver)
+    # An edited snapshot.json (a foreign key written in) no longer has the pinned digest.
+    path = tmp_path / "snapshot" / SNAPSHOT_MANIFEST
+    path.write_text(path.read_text().replace('"deadline_s": 5.0', '"deadline_s": 50.0'))
+    assert "admission verified" in _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+
+
+@pytest.mark.parametrize("how", ["criu fails", "no /health"])
+def test_a_failed_restore_is_killed_marked_and_never_tried_again(setup: tuple[Path, int], how: str) -> None:
+    tmp_path, port = setup
+    driver = FakeDriver()
+    criu = FakeCriu(port, restore_ok=how != "criu fails", healthy=False, serve_s=30.0)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and len(criu.restores) == 1
+    if criu.child is not None:
+        assert criu.child.poll() is not None  # killed, not left serving
+    assert marker(env, digest).exists()
+    assert "this node is marked" in said[0] and said[0].endswith("starting the baked way")
+    # The next start (a restarted container) does not try again.
+    rc, said = _start(env, criu, driver)
+    assert rc is None and len(criu.restores) == 1
+    assert said == [
+        f"snapshot not used: a restore of {digest[:19]} failed on this node before ({marker(env, digest)}); starting the baked way"
+    ]
+
+
+def test_criu_missing_here_is_a_refusal_not_a_traceback(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    env = _env(tmp_path, digest)
+    said: list[str] = []
+    rc = start_from_snapshot(env, [], driver=driver, criu=Criu(tmp_path / "no-criu"), say=said.append)
+    assert rc is None and "command not found" in said[0]

