@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.cli import main
-from kernelbake.contract.delta import DELTA_MANIFEST, DeltaFile, DeltaManifest
+from kernelbake.contract.delta import DELTA_MANIFEST, DeltaFile, DeltaManifest, Origin, Rebuild
 from kernelbake.contract.jsondoc import MAX_JSON_DEPTH
 from kernelbake.contract.layout import CacheKind
 from kernelbake.errors import KernelbakeError
@@ -50,6 +50,9 @@ def _delta_dir(tmp_path: Path, base: PushedImage) -> Path:
         base_manifest=mt.sha256_digest(base.cache_manifest),
         files=(entry,),
         replica="r0",
+        # What a trusted rebuild writes: the default policy refuses a replica's own bytes.
+        origin=Origin.REBUILT,
+        rebuild=Rebuild(builder="builder-1", image=base.digest, record="sha256:" + "e" * 64),
     )
     (out / DELTA_MANIFEST).write_text(delta.to_json())
     return out
