@@ -43,8 +43,6 @@ PORT = 8000
 # A fixed KV cache skips vLLM's memory profiling (another process's memory disturbs it) and
 # keeps the snapshot's size readable: weights + 2 GiB + graphs.
 SERVE_ARGS = [
-    "--load-format",
-    "dummy",
     "--skip-tokenizer-init",
     "--gpu-memory-utilization",
     "0.5",
@@ -196,7 +194,9 @@ def files_under(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
-def start(model: Path, cache: Path, log: Path, sleep: bool = False) -> tuple[subprocess.Popen[bytes], float]:
+def start(
+    model: Path, cache: Path, log: Path, sleep: bool = False, load_format: str = "dummy"
+) -> tuple[subprocess.Popen[bytes], float]:
     env = dict(
         os.environ,
         VLLM_CACHE_ROOT=str(cache),
@@ -218,6 +218,8 @@ def start(model: Path, cache: Path, log: Path, sleep: bool = False) -> tuple[sub
         "--model",
         str(model),
         *SERVE_ARGS,
+        "--load-format",
+        load_format,
         *(["--enable-sleep-mode"] if sleep else []),
     ]
     t0 = time.monotonic()
@@ -329,11 +331,30 @@ def snapshot_and_restore(
     r["restored_alive"] = [p for p in pids if Path(f"/proc/{p}").exists()]
 
 
+def real_weights(model: Path, base: Path) -> Path:
+    """A safetensors checkpoint of ``model``'s config with random weights (seeded), so that a
+    woken engine has files to reload (vLLM cannot reload ``dummy`` weights)."""
+    out = base / "weights" / model.name
+    out.mkdir(parents=True)
+    code = (
+        "import sys, torch, transformers as t; torch.manual_seed(0); "
+        "c = t.AutoConfig.from_pretrained(sys.argv[1]); "
+        "m = t.AutoModelForCausalLM.from_config(c, torch_dtype=torch.bfloat16); "
+        "m.save_pretrained(sys.argv[2], safe_serialization=True)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(model), str(out)], check=True, timeout=900)
+    return out
+
+
 def one_model(model: Path, args: argparse.Namespace, criu: Criu, drv: Driver, doc: dict[str, Any]) -> None:
-    name = str(model)
     base = Path(args.work) / model.name
     shutil.rmtree(base, ignore_errors=True)
     (base / "home").mkdir(parents=True)
+    if args.real_weights:
+        t = time.monotonic()
+        model = real_weights(model, base)
+        doc.setdefault("weights_written_s", {})[model.name] = round(time.monotonic() - t, 1)
+    name = str(model)
     cache = base / "cache"
     cache.mkdir()
     logs = args.out / model.name
@@ -343,7 +364,13 @@ def one_model(model: Path, args: argparse.Namespace, criu: Criu, drv: Driver, do
     for kind in ("cold", "warm"):
         if kind == "cold" and args.skip_cold:
             continue
-        proc, t0 = start(model, cache, logs / f"{kind}.log", sleep=args.sleep_level is not None)
+        proc, t0 = start(
+            model,
+            cache,
+            logs / f"{kind}.log",
+            sleep=args.sleep_level is not None,
+            load_format="safetensors" if args.real_weights else "dummy",
+        )
         ready = wait_health(t0, t0 + args.ready_timeout, proc)
         r[f"ready_{kind}_s"] = ready
         save(args.out, doc)
@@ -395,6 +422,11 @@ def main() -> int:
     ap.add_argument("--images", default="/dev/shm/snap")
     ap.add_argument("--ready-timeout", type=float, default=420)
     ap.add_argument("--skip-cold", action="store_true")
+    ap.add_argument(
+        "--real-weights",
+        action="store_true",
+        help="serve a seeded random safetensors checkpoint written from the config, not dummy weights",
+    )
     ap.add_argument(
         "--sleep-level",
         type=int,
