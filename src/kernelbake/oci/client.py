@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
@@ -448,6 +448,17 @@ class RegistryClient:
     def put_blob(self, ref: Reference, data: bytes) -> str:
         """Upload ``data`` (monolithic POST+PUT) unless the registry has it; returns its digest."""
         digest = sha256_digest(data)
+        return self._upload(ref, digest, lambda: data, len(data))
+
+    def put_blob_file(self, ref: Reference, path: Path, digest: str) -> str:
+        """``put_blob`` of a file too large to hold in memory (a snapshot's pages), streamed
+        from disk; ``digest`` is the file's sha256, which the registry checks on commit."""
+        with path.open("rb") as fh:
+            return self._upload(ref, digest, lambda: fh, path.stat().st_size)
+
+    def _upload(self, ref: Reference, digest: str, body: Callable[[], Any], size: int) -> str:
+        """The monolithic POST+PUT both uploads share; ``body`` is asked for only when the
+        registry lacks the blob."""
         what = f"upload blob {ref.name}@{digest}"
         with self._op(ref.api_host, what):
             if self.has_blob(ref, digest):
@@ -465,39 +476,9 @@ class RegistryClient:
                 f"{url}{sep}digest={digest}",
                 what=what,
                 ok=(201, 204),
-                headers={"Content-Type": "application/octet-stream"},
-                data=data,
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+                data=body(),
             )
-            resp.close()
-            return digest
-
-    def put_blob_file(self, ref: Reference, path: Path, digest: str) -> str:
-        """``put_blob`` of a file too large to hold in memory (a snapshot's pages), streamed
-        from disk; ``digest`` is the file's sha256, which the registry checks on commit."""
-        what = f"upload blob {ref.name}@{digest}"
-        with self._op(ref.api_host, what):
-            if self.has_blob(ref, digest):
-                return digest
-            resp = self._request("POST", ref, "blobs/uploads/", what=what, ok=(202,))
-            location = resp.headers.get("Location")
-            resp.close()
-            if not location:
-                raise RegistryProtocolError(f"{what}: no upload Location")
-            url = urljoin(f"{self._base(ref.api_host)}/v2/{ref.repository}/blobs/uploads/", location)
-            sep = "&" if "?" in url else "?"
-            with path.open("rb") as fh:
-                resp = self._request(
-                    "PUT",
-                    ref,
-                    f"{url}{sep}digest={digest}",
-                    what=what,
-                    ok=(201, 204),
-                    headers={
-                        "Content-Type": "application/octet-stream",
-                        "Content-Length": str(path.stat().st_size),
-                    },
-                    data=fh,
-                )
             resp.close()
             return digest
 
