@@ -15,7 +15,7 @@ into a copy of its own, mounted at the cache root's path in a private mount name
    the server is up.
 
 Cases run in parallel (16 cores, one GPU shared with a small memory budget each). Writes
-OUT/vllm-0.26.0-h200-keymatrix.json ({"cases": [{"name", "env", "args", "predicted",
+OUT/vllm-RELEASE-h200-keymatrix.json (RELEASE: the installed vLLM's; {"cases": [{"name", "env", "args", "predicted",
 "actual", "reasons", ...}]}) and OUT/keymatrix-logs.tar.gz. Values of secret-carrying
 variables appear in neither (a case sets VLLM_API_KEY and the result is searched for it).
 """
@@ -51,8 +51,22 @@ MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
 WORK = Path(os.environ.get("KEYMATRIX_WORK", "/opt/kernelbake-keymatrix"))
 TARGET = Path(os.environ.get("KEYMATRIX_TARGET", "/opt/kernelbake/target.json"))
 CACHE_ROOT = Path(os.environ.get("KEYMATRIX_CACHE_ROOT", "/opt/kernelbake/cache"))
-RESULT = "vllm-0.26.0-h200-keymatrix.json"
-IDENTITIES = "vllm-0.26.0-h200-identities.json"
+
+
+def _release() -> str:
+    """The vLLM release this run measures, asked of the installed engine (its distribution's
+    metadata), never assumed: the spec's release and the result's names follow it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return os.environ.get("KEYMATRIX_RELEASE") or version("vllm").split("+")[0]
+    except PackageNotFoundError:
+        return "0.26.0"  # off the GPU machine (the orchestration tests): the spec's own release
+
+
+RELEASE = _release()
+RESULT = f"vllm-{RELEASE}-h200-keymatrix.json"
+IDENTITIES = f"vllm-{RELEASE}-h200-identities.json"
 # Cases whose identity document (as ``check --identity-out`` writes it) becomes a test fixture.
 FIXTURE_CASES = {
     "baseline",
@@ -86,7 +100,8 @@ def _target_json(model_path: str | None = None) -> str:
     from kernelbake.plan import plan
     from kernelbake.spec import load_spec
 
-    spec = load_spec(SPEC)
+    # The reference spec, at the release installed here (the spec names 0.26.0).
+    spec = dataclasses.replace(load_spec(SPEC), engine_version=RELEASE)
     t = plan(spec, ["h200"])[0]
     key = t.key if model_path is None else dataclasses.replace(t.key, model_path=model_path)
     return TargetConfig(key=key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes).to_json()
@@ -486,6 +501,7 @@ def main() -> int:
             results = [f.result() for f in futures]
     doc = {
         "command": "PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src python3 bench/vllm_keymatrix.py --out $OUT",
+        "release": RELEASE,
         "prepare": info,
         "base_args": BASE_ARGS,
         "summary": summarise(results),
