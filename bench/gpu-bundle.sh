@@ -97,11 +97,13 @@ if [ "$(cat "$stage/.wheels" 2>/dev/null)" != "$wheels" ]; then
   rm -rf "$stage"
   # shellcheck disable=SC2086  # one wheel path per word
   "$py" -m pip install -q --no-deps --no-index --no-compile "${plat[@]}" --target "$stage" $wheels
-  # Trims: what a dense or MoE model on Hopper under Python 3.12 never loads.
+  # Trims: what a dense or MoE model on Hopper under Python 3.12 never loads. Triton's AMD
+  # backend stays (2.7 MB): from 3.7, `import triton` reaches it through gluon, and without it
+  # torch finds no Triton at all (seen on the H200, 2026-12-05: TritonMissing).
   rm -rf "$stage/bin" "$stage/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$stage/vllm/vllm-rs" \
          "$stage"/vllm/third_party/deep_gemm/_C.cpython-3{10,11,13,14}-x86_64-linux-gnu.so \
          "$stage/nvidia/nccl/include" "$stage/nvidia/nccl/lib/libnccl_device.bc" \
-         "$stage/nvidia/nccl/lib/libnccl_device.ltoir" "$stage/triton/backends/amd"
+         "$stage/nvidia/nccl/lib/libnccl_device.ltoir"
   printf '%s' "$wheels" > "$stage/.wheels"
 fi
 xzfile=$work/site.tar.xz

@@ -790,6 +790,18 @@ class _Flow:
         return self.a.deadline - (time.monotonic() - self.started)
 
 
+def _free_port() -> int:
+    """A port no one listens on now. Fixed ports (8000, 8001) let two flows run side by side on
+    the device (bench/device.sh start ... --private-opt) answer each other's /health: on
+    2026-12-05 the 8B flow's cold start read the reference model's server as ready and got a
+    404 for its model."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _start(
     run: _Flow, name: str, env: dict[str, str], port: int, waves: list[list[request_mix.Request]]
 ) -> tuple[Server, dict[str, Any]]:
@@ -808,7 +820,7 @@ def _start(
 def _cold_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     """Cold: the same image with its caches off, alone on the machine (the compile is over)."""
     cold_env = {**_phase_env(run.runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-    cold, cold_mix = _start(run, "serve-cold", cold_env, 8001, waves)
+    cold, cold_mix = _start(run, "serve-cold", cold_env, _free_port(), waves)
     if cold.ready_s is not None:
         doc["cold_generate"] = cold.generate(run.model_path)
     doc["serve_cold"] = {**cold.stop(), **cold_mix}
@@ -816,7 +828,7 @@ def _cold_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[st
 
 def _baked_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     before = _files(run.cache_root)
-    warm, warm_mix = _start(run, "serve-warm", run.run_env, 8000, waves)
+    warm, warm_mix = _start(run, "serve-warm", run.run_env, _free_port(), waves)
     if warm.ready_s is not None:
         doc["warm_generate"] = warm.generate(run.model_path)
         # Which processes hold GPU memory while serving: the kernelbake supervisor
@@ -836,7 +848,7 @@ def _also_env(run: _Flow, doc: dict[str, Any]) -> None:
             doc.setdefault("skipped", []).append(f"serve with {pair}: {run.left():.0f} s left")
             continue
         var, _, value = pair.partition("=")
-        other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, 8002, run.logs)
+        other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, _free_port(), run.logs)
         wait_ready(other, run.started, run.a.deadline)
         gen = other.generate(run.model_path) if other.ready_s is not None else None
         doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
@@ -930,7 +942,7 @@ def rebake(
         out["compile_report"] = _compile_report(cache_root)
         dirs = watched_dirs(cache_root, envs["run"])
         at_launch = snapshot(dirs)
-        server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, 8003, logs)
+        server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, _free_port(), logs)
         wait_ready(server, started, a.deadline)
         mix: dict[str, Any] = {}
         if server.ready_s is not None and a.mix_total:
