@@ -21,7 +21,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import restore as restore_mod
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.machine import here_key
-from kernelbake.runtime.snapshot.restore import marker, start_from_snapshot
+from kernelbake.runtime.snapshot.restore import gate, marker, start_from_snapshot
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
 from tests.support.runtime_target import runtime_env, write_target
 
@@ -209,6 +209,9 @@ def test_other_serve_args_or_env_are_refused(setup: tuple[Path, int]) -> None:
         tmp_path, _env(tmp_path, digest), criu, driver, ("--max-num-seqs", "4")
     )
     assert "serve env" in _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="1"), criu, driver)
+    # What the kubelet and the device plugin set per pod is no difference.
+    volatile = _env(tmp_path, digest, KUBERNETES_SERVICE_HOST="10.0.0.1", NVIDIA_VISIBLE_DEVICES="GPU-9")
+    assert gate(volatile, (), driver=driver, criu=criu).reasons == ()  # type: ignore[union-attr]
 
 
 def test_an_unpinned_or_other_snapshot_json_is_refused(setup: tuple[Path, int]) -> None:

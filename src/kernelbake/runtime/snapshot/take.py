@@ -41,7 +41,7 @@ from kernelbake.runtime.redact import argv_secrets, is_secret
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import here_key
+from kernelbake.runtime.snapshot.machine import here_key, serve_env
 
 # CRIU restores every process with the pid it had. The restoring container's own processes
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
@@ -254,6 +254,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             health_path=options.health_path,
             deadline_s=options.deadline_s,
             taken={k: round(v, 3) for k, v in taken.items()},
+            environment=serve_env(env.environ),
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
