@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.snapshot import (
+    Weights,
     ENGINE_LOG_COPY,
     SNAPSHOT_MANIFEST,
     SnapshotFile,
@@ -41,7 +42,13 @@ def _sha(data: bytes) -> str:
 
 
 def _snapshot(
-    tmp_path: Path, port: int, *, driver: FakeDriver, criu: FakeCriu, args: tuple[str, ...] = ()
+    tmp_path: Path,
+    port: int,
+    *,
+    driver: FakeDriver,
+    criu: FakeCriu,
+    args: tuple[str, ...] = (),
+    weights: Weights = Weights.INSIDE,
 ) -> str:
     """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot; its digest."""
     env = runtime_env(tmp_path)
@@ -52,6 +59,7 @@ def _snapshot(
         environ=env.environ,
         driver=driver,
         criu=criu,  # type: ignore[arg-type]
+        weights=weights,
     )
     root = tmp_path / "snapshot"
     (root / "images").mkdir(parents=True)
@@ -301,3 +309,38 @@ def test_a_hashed_gate_says_so(setup: tuple[Path, int]) -> None:
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
     gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
     assert gated is not None and gated.checked.startswith("2 files checked by sizes and sha256 in ")
+
+
+# Weights left out: the restored engine is woken and its weights reloaded before serve says so.
+
+
+def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    criu.calls = tmp_path / "calls.txt"
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    assert criu.calls.read_text().splitlines() == [
+        "/wake_up {}",
+        '/collective_rpc {"method": "reload_weights"}',
+    ]
+    assert "weights outside" in said[0] and "woken " in said[0] and "weights reloaded " in said[0]
+
+
+def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port, reload_ok=False, serve_s=30.0)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and criu.child is not None and criu.child.poll() is not None
+    assert marker(env, digest).exists()
+    assert "/collective_rpc answered 500" in said[0] and "this node is marked" in said[0]
+    # A snapshot taken with its weights inside is never woken: nothing was posted.
+    driver, criu = FakeDriver(), FakeCriu(port)
+    criu.calls = tmp_path / "calls-inside.txt"
+    (tmp_path / "snapshot").rename(tmp_path / "snapshot-asleep")
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0 and not criu.calls.exists() and "weights inside" in said[0]

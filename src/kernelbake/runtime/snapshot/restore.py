@@ -15,8 +15,9 @@ Before anything is restored, in this order (each refusal prints ``snapshot not u
    of those layers alone, with nothing mounted inside (``volume``): verified once per node,
    when it was pulled, and writable by nothing in the pod.
 
-Then the one attempt: ``criu restore``, the driver's restore of each process, and ``/health``
-by the recorded deadline. A restore that fails or misses it is killed, the node is marked for
+Then the one attempt: ``criu restore``, the driver's restore of each process, ``/health`` and,
+for a snapshot taken with its weights outside, vLLM woken and its weights reloaded from the
+model's files, all by the recorded deadline. A restore that fails or misses it is killed, the node is marked for
 that snapshot (a file in the marks directory, so a restarted container does not try again),
 and the baked start runs: one attempt, never a loop."""
 
@@ -47,6 +48,7 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     InvalidSnapshot,
     SnapshotManifest,
+    Weights,
     differences,
 )
 from kernelbake.contract.target import TargetConfig
@@ -232,6 +234,47 @@ def _alive(pid: int) -> bool:
     return done == 0
 
 
+def _bring_back(
+    env: RuntimeEnv, work: Path, driver: Driver, criu: Criu, phases: dict[str, float]
+) -> tuple[int | None, list[int], str | None]:
+    """``criu restore`` and the driver's restore of each process: (root, pids, why it failed)."""
+    pidfile = work / "root.pid"
+    t = time.monotonic()
+    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
+    phases["criu restore"] = time.monotonic() - t
+    # CRIU kills what it restored when it fails; after success the tree is the live one below
+    # the root it names (the same pids it was dumped with).
+    root = _root(pidfile) if ok else None
+    pids = tree.descendants(root) if root is not None else []
+    if not ok:
+        return root, pids, f"criu restore failed (its log: {criu_log})"
+    if root is None:
+        return None, pids, f"criu restore wrote no root pid to {pidfile}"
+    t = time.monotonic()
+    try:
+        for pid in pids:
+            driver.restore(pid)
+    except KernelbakeError as exc:
+        return root, pids, f"the driver's restore failed: {exc}"
+    phases["driver restore"] = time.monotonic() - t
+    return root, pids, None
+
+
+def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
+    """A snapshot taken asleep (weights outside): vLLM woken and its weights reloaded from the
+    model's files, by the deadline; why not, or None."""
+    for what, path, body in (
+        ("woken", "/wake_up", {}),
+        ("weights reloaded", "/collective_rpc", {"method": "reload_weights"}),
+    ):
+        t = time.monotonic()
+        code = http.post(base + path, body, timeout=max(1.0, deadline - t))
+        if code != 200:
+            return f"{base}{path} answered {code}"
+        phases[what] = time.monotonic() - t
+    return None
+
+
 def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: Say) -> int | None:
     """The one attempt. The root's exit code once the restored tree ends, or None (failed:
     killed, marked; ``serve`` starts the baked way)."""
@@ -250,27 +293,18 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")
         return None
-    pidfile = work / "root.pid"
-    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
-    why = f"criu restore failed (its log: {criu_log})"
-    # CRIU kills what it restored when it fails; after success the tree is the live one below
-    # the root it names (the same pids it was dumped with).
-    root = _root(pidfile) if ok else None
-    pids = tree.descendants(root) if root is not None else []
-    if ok and root is None:
-        ok, why = False, f"criu restore wrote no root pid to {pidfile}"
-    if ok:
-        try:
-            for pid in pids:
-                driver.restore(pid)
-        except KernelbakeError as exc:
-            ok, why = False, f"the driver's restore failed: {exc}"
-    restored_s = time.monotonic() - started
-    url = f"http://127.0.0.1:{manifest.health_port}{manifest.health_path}"
+    phases: dict[str, float] = {}
+    root, pids, why = _bring_back(env, work, driver, criu, phases)
+    base = f"http://127.0.0.1:{manifest.health_port}"
     deadline = started + manifest.deadline_s
-    if ok and root is not None and not _healthy(url, deadline, lambda: _alive(root)):
-        ok, why = False, f"{url} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
-    if not ok:
+    if why is None and root is not None:
+        t = time.monotonic()
+        if not _healthy(base + manifest.health_path, deadline, lambda: _alive(root)):
+            why = f"{base}{manifest.health_path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
+        phases[manifest.health_path] = time.monotonic() - t
+    if why is None and manifest.key.weights is Weights.OUTSIDE:
+        why = _awake(base, deadline, phases)
+    if why is not None:
         _kill(tree.descendants(root) if root is not None else [])
         path = marker(env, gated.digest)
         with contextlib.suppress(OSError):
@@ -280,10 +314,11 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
             f"snapshot not used: {why}; the tree was killed, this node is marked ({path}); starting the baked way"
         )
         return None
+    shown = ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
     say(
-        f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B) in "
-        f"{restored_s:.2f} s; {manifest.health_path} answered {time.monotonic() - started:.2f} s after the start "
-        f"of the restore ({gated.checked} before it); the engine's output goes on in {ENGINE_LOG}"
+        f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B, weights "
+        f"{manifest.key.weights.value}), serving {time.monotonic() - started:.2f} s after the start of the restore "
+        f"({shown}; {gated.checked} before it); the engine's output goes on in {ENGINE_LOG}"
     )
     assert root is not None
     return _supervise(root)
