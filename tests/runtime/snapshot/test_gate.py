@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from kernelbake.contract.snapshot import (
-    Weights,
     ENGINE_LOG_COPY,
     SNAPSHOT_MANIFEST,
     SnapshotFile,
     SnapshotManifest,
+    Weights,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.env import RuntimeEnv
