@@ -428,3 +428,21 @@ def test_the_real_verifier_verifies_a_pushed_snapshot_as_a_volume(tmp_path: Path
         )
         with pytest.raises(ImageRejected):
             verifier(other.reference)
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        {"securityContext": []},
+        {"securityContext": {"capabilities": 7, "seccompProfile": "Unconfined"}},
+        {"securityContext": {"capabilities": {"add": "SYS_ADMIN"}}, "env": {"a": 1}},
+        {"volumeMounts": 3, "env": [[1], {"name": ["x"]}], "args": {"a": 1}},
+    ],
+)
+def test_junk_shapes_are_judged_as_absent_without_a_traceback(junk: dict[str, Any]) -> None:
+    pod = _pod()
+    pod["containers"][0].update(junk)
+    pod["securityContext"] = ["junk"]
+    pod["volumes"] = "junk"
+    decision = _decide(pod)
+    assert isinstance(decision.problems, tuple)

@@ -120,20 +120,29 @@ class ImageLike(Protocol):
     def key(self) -> CacheKey: ...
 
 
+def _dict(value: Any) -> Mapping[str, Any]:
+    """``value`` where the pod spec has an object there; else nothing (a pod author's junk is
+    judged as absent here, and its shape is the API server's to refuse)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _cap(name: object) -> str:
     return str(name).upper().removeprefix("CAP_")
 
 
 def _asks(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[set[str], bool, bool]:
-    """(capabilities added, seccomp unconfined, privileged) of ``container`` in ``pod``."""
-    sc = container.get("securityContext") or {}
-    caps = (sc.get("capabilities") or {}).get("add") or [] if isinstance(sc, dict) else []
-    added = {_cap(c) for c in caps} if isinstance(caps, list) else set()
-    profile = (sc.get("seccompProfile") if isinstance(sc, dict) else None) or (
-        pod.get("securityContext") or {}
-    ).get("seccompProfile")
-    unconfined = isinstance(profile, dict) and profile.get("type") == "Unconfined"
-    return added, unconfined, isinstance(sc, dict) and sc.get("privileged") is True
+    """(capabilities added, seccomp unconfined, privileged) of ``container`` in ``pod``; the
+    container's seccomp profile, else the pod's."""
+    sc = _dict(container.get("securityContext"))
+    added = {_cap(c) for c in _list(_dict(sc.get("capabilities")).get("add"))}
+    profile = _dict(sc.get("seccompProfile")) or _dict(
+        _dict(pod.get("securityContext")).get("seccompProfile")
+    )
+    return added, profile.get("type") == "Unconfined", sc.get("privileged") is True
 
 
 def _inside_root(path: Any) -> bool:
@@ -148,7 +157,7 @@ def _mounts(
     """The container's mounts of verified snapshots, and what is wrong with its mounts at or
     inside ``SNAPSHOT_ROOT``: anything but a verified snapshot there, whole, is a file serve would
     restore from (and, on its fast path, without hashing it)."""
-    mounts: list[Mapping[str, Any]] = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+    mounts: list[Mapping[str, Any]] = [m for m in _list(container.get("volumeMounts")) if isinstance(m, dict)]
     ours = [m for m in mounts if isinstance(m.get("name"), str) and m["name"] in snapshots]
     problems = [
         f"{where}: volume {str(m.get('name'))[:80]!r} is mounted at {str(m.get('mountPath'))[:80]!r}, where serve "
@@ -239,7 +248,7 @@ def _env_problems(where: str, container: Mapping[str, Any], snapshot: SnapshotLi
             f"{where}: envFrom brings variables admission cannot read, and the snapshot's key holds the "
             "environment; set each with a value"
         )
-    for e in container.get("env") or []:
+    for e in _list(container.get("env")):
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) or is_volatile(e["name"]):
             continue
         name = e["name"][:80]
@@ -278,7 +287,7 @@ def _pin(
 def _host_paths(spec: Mapping[str, Any]) -> list[str]:
     return [
         str(v.get("name"))[:80]
-        for v in spec.get("volumes") or []
+        for v in _list(spec.get("volumes"))
         if isinstance(v, dict) and v.get("hostPath") is not None
     ]
 
@@ -327,9 +336,7 @@ def _restore(
     out.problems += wrong
     if snapshot is None or wrong:
         return
-    env = {
-        str(e.get("name")): e for e in c.get("env") or [] if isinstance(e, dict) and e.get("name") in _PINNED
-    }
+    env = {str(e["name"]): e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED}
     want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
     pinned = _pin(where, c, env, want, out.patch if at is not None else None, at or ())
     out.problems += pinned
@@ -357,12 +364,12 @@ def decide_snapshots(
     not replace."""
     out = _Decision(patch=[dict(op) for op in after])
     for field in CONTAINER_FIELDS:
-        for j, c in enumerate(spec.get(field) or []):
+        for j, c in enumerate(_list(spec.get(field))):
             if not isinstance(c, dict):
                 continue
             where = f'{_KINDS.get(field, "container")} "{str(c.get("name", j))[:80]}"'
             mounts, wrong = _mounts(where, c, snapshots)
-            pins = [e for e in c.get("env") or [] if isinstance(e, dict) and e.get("name") in _PINNED]
+            pins = [e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED]
             image = str(c.get("image", ""))
             if governed is not None and image not in governed and not mounts and not pins:
                 continue
