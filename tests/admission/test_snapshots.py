@@ -446,3 +446,17 @@ def test_junk_shapes_are_judged_as_absent_without_a_traceback(junk: dict[str, An
     pod["volumes"] = "junk"
     decision = _decide(pod)
     assert isinstance(decision.problems, tuple)
+
+
+def test_privileged_asks_for_the_restore_set_and_no_privileged_sibling_may_stand_beside_a_restore() -> None:
+    pod = _pod([], seccomp="RuntimeDefault", privileged=True)
+    problems = decide_snapshots(pod, {}, {IMAGE: Image()}, mutate=True, governed={IMAGE}).problems
+    assert any("privileged grants every capability" in p for p in problems)
+    pod = _pod()
+    pod["containers"].append(
+        {"name": "helper", "image": "docker.io/library/busybox:1", "securityContext": {"privileged": True}}
+    )
+    (problem,) = _decide(pod, governed={IMAGE}).problems
+    assert problem.startswith('container "helper": privileged beside a snapshot restore')
+    pod["containers"][1]["securityContext"]["privileged"] = False
+    assert _decide(pod, governed={IMAGE}).problems == ()

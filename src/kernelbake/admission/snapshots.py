@@ -308,9 +308,9 @@ def _restore(
     snapshots: Mapping[str, SnapshotLike],
     image: ImageLike | None,
     at: tuple[str, ...] | None,
-) -> None:
-    """A container that asks for the restore set: admitted, pinned (``at``: where to patch), or
-    refused naming why."""
+) -> bool:
+    """A container that asks for the restore set: admitted (True), pinned (``at``: where to
+    patch), or refused naming why."""
     added, _, privileged = _asks(c, spec)
     wrong: list[str] = []
     if privileged:
@@ -335,7 +335,7 @@ def _restore(
         wrong += _env_problems(where, c, snapshot)
     out.problems += wrong
     if snapshot is None or wrong:
-        return
+        return False
     env = {str(e["name"]): e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED}
     want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
     pinned = _pin(where, c, env, want, out.patch if at is not None else None, at or ())
@@ -344,6 +344,7 @@ def _restore(
         out.notes.append(
             f"{where}: restore of snapshot {snapshot.manifest_digest} admitted with {', '.join(sorted(added))}"
         )
+    return not pinned
 
 
 def decide_snapshots(
@@ -363,19 +364,22 @@ def decide_snapshots(
     sets the pins. ``after``: the patch's operations so far, which a new list of variables must
     not replace."""
     out = _Decision(patch=[dict(op) for op in after])
+    restores, privileged = 0, []
     for field in CONTAINER_FIELDS:
         for j, c in enumerate(_list(spec.get(field))):
             if not isinstance(c, dict):
                 continue
             where = f'{_KINDS.get(field, "container")} "{str(c.get("name", j))[:80]}"'
+            added, unconfined, whole = _asks(c, spec)
+            privileged += [where] if whole else []
             mounts, wrong = _mounts(where, c, snapshots)
             pins = [e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED]
             image = str(c.get("image", ""))
             if governed is not None and image not in governed and not mounts and not pins:
                 continue
             out.problems += wrong
-            added, unconfined, _ = _asks(c, spec)
-            if not (added & RESTORE_CAPABILITIES or unconfined):
+            # Privileged is every capability, the restore set among them.
+            if not (added & RESTORE_CAPABILITIES or unconfined or whole):
                 if pins:
                     names = sorted({str(e["name"]) for e in pins})
                     out.problems.append(
@@ -393,5 +397,12 @@ def decide_snapshots(
                 )
                 continue
             at = (*spec_path, field, str(j)) if mutate else None
-            _restore(out, where, c, spec, mounts, snapshots, images.get(image), at)
+            restores += _restore(out, where, c, spec, mounts, snapshots, images.get(image), at)
+    if restores and privileged:
+        # Whatever its image: it could enter the restoring container (or the node) and change
+        # what is restored, which serve trusts unhashed on a pulled image volume.
+        out.problems.append(
+            f"{', '.join(privileged[:4])}: privileged beside a snapshot restore; no container of a restoring "
+            "pod may be privileged"
+        )
     return CacheDecision(tuple(out.problems), tuple(out.notes), tuple(out.patch[len(after) :]))
