@@ -12,9 +12,11 @@ unconfined seccomp profile is admitted only when it
   them (``_key_problems``): the image's entrypoint (no ``command``), the recorded arguments
   exactly, every variable it sets literally and as recorded; a ``valueFrom``, an ``envFrom`` or
   a ``$(VAR)`` in the arguments cannot be known here, so it is refused (fail closed);
-- adds no capability beyond the restore set, is not privileged (which is every capability), and
-  is no ephemeral container; and its pod mounts no hostPath (with SYS_ADMIN a container could
-  write through one into the node's image store, where the snapshot's files are);
+- adds no capability beyond the restore set, is not privileged (which is every capability, so a
+  privileged container asks for the set too), and is no ephemeral container; and its pod mounts
+  no hostPath (with SYS_ADMIN a container could write through one into the node's image store,
+  where the snapshot's files are) and has no privileged container of any image (one could enter
+  the restoring container and change what it restores);
 - has ``$KERNELBAKE_SNAPSHOT_DIGEST`` and ``$KERNELBAKE_IMAGE_DIGEST`` equal to the verified
   snapshot.json and image digests: patched in when absent, refused when they differ.
 
