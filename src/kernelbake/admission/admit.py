@@ -27,6 +27,7 @@ from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
 from kernelbake.admission.scheduling import Way, ways
+from kernelbake.admission.snapshots import VerifiedSnapshotVolume, decide_snapshots
 from kernelbake.admission.variants import Picker
 from kernelbake.admission.volumes import ImageVolume, image_volumes
 from kernelbake.admission.workloads import (
@@ -82,6 +83,9 @@ class Plan:
     caches: CachePlan | None = None
     # Set when the answer needs no verification.
     final: Response | None = None
+    # The pod spec and where it is in the object (snapshot restores are judged on it whole).
+    spec_path: tuple[str, ...] = ()
+    spec: Mapping[str, Any] | None = None
 
     @property
     def refs(self) -> dict[str, ImageRef]:
@@ -157,7 +161,16 @@ def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan
     if not governed and not problems and caches is None:
         return Plan(request, final=dataclasses.replace(_allow(request), warnings=tuple(notes)))
     found_ways = tuple(ways(spec)) if governed or caches is not None else ()
-    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
+    return Plan(
+        request,
+        tuple(governed),
+        tuple(problems),
+        tuple(notes),
+        found_ways,
+        caches,
+        spec_path=spec_path,
+        spec=spec,
+    )
 
 
 def _nothing_changed(request: Request, old: Mapping[str, Any] | None, spec: Mapping[str, Any]) -> bool:
@@ -303,6 +316,7 @@ def decide(
     notes = list(plan.notes)
     patch: list[dict[str, Any]] = []
     unavailable = 0
+    verified: dict[Governed, VerifiedLike] = {}
     for g in plan.governed:
         budget.check()
         verdict = _decide_image(review, g)
@@ -310,11 +324,17 @@ def decide(
         notes += verdict.notes
         patch += verdict.patch
         unavailable += verdict.unavailable
+        if verdict.verified is not None:
+            verified[g] = verdict.verified
     if plan.caches is not None:
         cached = _decide_caches(review, plan.caches, budget, {op["path"] for op in patch})
         problems += cached.problems
         notes += cached.notes
         patch += cached.patch
+    restores = _decide_snapshots(review, verified, patch)
+    problems += restores.problems
+    notes += restores.notes
+    patch += restores.patch
     code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
     return _problems(plan.request, policy, problems, notes, code, patch=patch)
 
@@ -350,6 +370,8 @@ class _Verdict:
     patch: tuple[dict[str, Any], ...] = ()
     # Counted so that a denial made only of outages answers "unavailable", not "forbidden".
     unavailable: int = 0
+    # What verified (and was judged) for this site: snapshot restores are judged against it.
+    verified: VerifiedLike | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,7 +443,7 @@ def _accepted(review: _Review, g: Governed, subject: _Subject, image: VerifiedLi
                 f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index",
             )
         )
-    judged = _judge_site(review, g.site, subject.text, image)
+    judged = dataclasses.replace(_judge_site(review, g.site, subject.text, image), verified=image)
     pinned = g.ref.rewritten(image.digest)
     if review.endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
         return dataclasses.replace(
@@ -435,6 +457,8 @@ def _judge_site(review: _Review, site: ImageSite, subject: str, image: VerifiedL
     if isinstance(site, ImageVolume):
         if getattr(image, "artifact", None) is not None:
             return _Verdict()  # A cache artifact: what it holds is judged with the pod's caches.
+        if isinstance(image, VerifiedSnapshotVolume):
+            return _Verdict()  # A snapshot: judged with the containers that restore it.
         found, said = volumes.check(image.key, ways_)
         return _Verdict(tuple(f"{subject}: {p}" for p in found), tuple(f"{subject}: {n}" for n in said))
     verdict = review.judge(image.key, ways_)
@@ -468,6 +492,33 @@ def _decide_caches(review: _Review, caches: CachePlan, budget: Budget, pinned: s
         (*cached.notes, *deltas.notes),
         tuple(dict(op) for op in (*cached.patch, *deltas.patch) if op["path"] not in pinned),
     )
+
+
+def _decide_snapshots(
+    review: _Review, verified: Mapping[Governed, VerifiedLike], patch: Sequence[Mapping[str, Any]]
+) -> _Verdict:
+    """Who may have the restore's capabilities (``admission.snapshots``): judged on the pod's
+    containers of governed images, against the snapshot volumes and images that verified."""
+    plan = review.plan
+    if plan.spec is None:
+        return _Verdict()
+    snapshots = {
+        g.site.name: image
+        for g, image in verified.items()
+        if isinstance(g.site, ImageVolume) and isinstance(image, VerifiedSnapshotVolume)
+    }
+    images = {g.site.image: image for g, image in verified.items() if not isinstance(g.site, ImageVolume)}
+    governed = {g.site.image for g in plan.governed if not isinstance(g.site, ImageVolume)}
+    found = decide_snapshots(
+        plan.spec,
+        snapshots,
+        images,
+        governed=governed,
+        spec_path=plan.spec_path,
+        mutate=review.endpoint is Endpoint.MUTATE,
+        after=patch,
+    )
+    return _Verdict(found.problems, found.notes, tuple(dict(op) for op in found.patch))
 
 
 def variant_target(ref: ImageRef, variant: Variant) -> str:

@@ -20,6 +20,7 @@ from kernelbake.admission.delta_reads import DeltaReads
 from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.snapshots import VerifiedSnapshotVolume, snapshot_volume
 from kernelbake.contract.artifact import InvalidArtifact
 from kernelbake.errors import KernelbakeError
 from kernelbake.fleet import read_index
@@ -27,6 +28,7 @@ from kernelbake.settings import Settings
 from kernelbake.signing.delta import VerifiedDelta, is_delta, read_delta
 from kernelbake.signing.errors import LabelMismatch, MissingAttestation, NotKernelbakeImage
 from kernelbake.signing.policy import VerifyPolicy
+from kernelbake.signing.snapshot import is_snapshot, read_snapshot
 from kernelbake.signing.verify import VerifiedImage, verify_image, verify_signature
 
 _T = TypeVar("_T")
@@ -68,23 +70,28 @@ class SignedImageVerifier:
             client = self._local.client = self._factory()
         return client
 
-    def __call__(self, reference: str) -> VerifiedImage | VerifiedIndex | VerifiedDelta:
+    def __call__(
+        self, reference: str
+    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta | VerifiedSnapshotVolume:
         client = self._client()
         with client.deadline(self.deadline, "verification deadline"):
             return _sorted(lambda: self._verify(reference, client))
 
     def _verify(
         self, reference: str, client: oci.RegistryClient
-    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta:
+    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta | VerifiedSnapshotVolume:
         try:
             return verify_image(reference, self.trust, client=client)
         except (InvalidArtifact, LabelMismatch, MissingAttestation):
-            # A cache delta fails here (its labels name no image or cache artifact; its
-            # attestation is a delta's): verified as a delta, its base judged against the pod's
-            # image (admission.deltas). Anything else stays refused. One more GET, on failures only.
-            if not is_delta(client, reference):
-                raise
-            return read_delta(client, reference, self.trust, parse=self.delta_reads)
+            # A cache delta or a process snapshot fails here (its labels name no image or cache
+            # artifact; its attestation is its own kind's): verified as what it is, then judged
+            # against the pod's image (admission.deltas, admission.snapshots). Anything else
+            # stays refused. One more GET per kind, on failures only.
+            if is_delta(client, reference):
+                return read_delta(client, reference, self.trust, parse=self.delta_reads)
+            if is_snapshot(client, reference):
+                return snapshot_volume(read_snapshot(client, reference, self.trust))
+            raise
         except NotKernelbakeImage:
             # Not one image: a model's GPU index is verified by its signature, and the variant a
             # pod is sent to on its own (the images' path stays as it was: no extra request).

@@ -16,6 +16,7 @@ from kernelbake.cli._registry import client as registry_client
 
 
 def cmd_take(args: argparse.Namespace) -> int:
+    from kernelbake.contract.snapshot import Weights
     from kernelbake.runtime.env import RuntimeEnv
     from kernelbake.runtime.snapshot.criu import Criu
     from kernelbake.runtime.snapshot.driver import machine_driver
@@ -28,6 +29,7 @@ def cmd_take(args: argparse.Namespace) -> int:
         port=args.port,
         warmup_requests=args.warmup,
         deadline_s=args.deadline,
+        weights=Weights(args.weights),
     )
     done = take(env, args.out, options, driver=machine_driver(), criu=Criu(env.criu))
     for line in done.lines():
@@ -99,6 +101,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=30.0,
         metavar="S",
         help="seconds a restore may take to answer /health before serve kills it (default 30)",
+    )
+    c.add_argument(
+        "--weights",
+        choices=("inside", "outside"),
+        default="inside",
+        help="outside: vLLM's sleep mode level 2 before the dump, so the snapshot holds no weights and "
+        "serve reloads them from the model's files after the restore (needs --enable-sleep-mode, "
+        "VLLM_SERVER_DEV_MODE=1 and --middleware kernelbake.runtime.snapshot.devguard.loopback_only)",
     )
     c.set_defaults(func=cmd_take, passthrough=True)
 

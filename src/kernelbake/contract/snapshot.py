@@ -61,6 +61,24 @@ SHM_COPY = f"{IMAGES_DIR}/dev-shm"
 # and SYS_PTRACE alone do not get past CRIU's kernel probes; with SYS_ADMIN neither is needed.
 # Seccomp must be unconfined (Docker's profile refuses PTRACE_O_SUSPEND_SECCOMP).
 RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
+# Set per container, pod or node, never by the user's configuration of the engine: left out of
+# ``serve_env`` (a restored process keeps the values it was dumped with, and none of these
+# reaches the engine's work). The snapshot's own settings, which only the gate reads; the
+# variables the kubelet adds for the API server's Service (``enableServiceLinks: false`` drops
+# the others, never these); and the GPUs the device plugin handed this container (the key
+# holds the GPU model and count; which physical GPU it is differs per replica).
+VOLATILE_ENV = frozenset(
+    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
+    | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU", "NVIDIA_VISIBLE_DEVICES"}
+)
+VOLATILE_PREFIXES = ("KUBERNETES_SERVICE_", "KUBERNETES_PORT")
+
+
+def is_volatile(name: str) -> bool:
+    """Whether ``name`` is left out of the key's environment (``VOLATILE_ENV``)."""
+    return name in VOLATILE_ENV or name.startswith(VOLATILE_PREFIXES)
+
+
 MAX_FILES = 100_000
 MAX_MANIFEST_BYTES = 32 << 20
 _SAFE = "-._~/:+@ ,"
@@ -244,10 +262,21 @@ class SnapshotManifest:
     deadline_s: float
     # Free-form provenance (the attestation carries it signed): timings of the dump.
     taken: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The environment ``serve_env`` digests, names and values: what admission compares a pod's
+    # variables with, before it grants the restore's capabilities (a digest alone cannot say
+    # which variable differs). None in a snapshot.json from before it was recorded. No secret
+    # is here: take refuses them, and the dumped pages hold these values anyway.
+    environment: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
         object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
+        if self.environment is not None:
+            object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
+            if env_digest(self.environment) != self.key.serve_env:
+                raise InvalidSnapshot(
+                    "snapshot manifest: its environment does not digest to the key's serve_env"
+                )
         _check(self)
 
     @property
@@ -265,6 +294,8 @@ class SnapshotManifest:
             "health": {"port": self.health_port, "path": self.health_path, "deadline_s": self.deadline_s},
             "taken": self.taken,
         }
+        if self.environment is not None:
+            doc["environment"] = self.environment
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @property
@@ -292,6 +323,12 @@ class SnapshotManifest:
                 for f in doc["files"]
             )
             health = doc["health"]
+            environment = doc.get("environment")
+            if environment is not None and (
+                not isinstance(environment, dict)
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items())
+            ):
+                raise InvalidSnapshot(f"{source}: environment must map names to string values")
             return cls(
                 key=key,
                 files=files,
@@ -300,6 +337,7 @@ class SnapshotManifest:
                 health_path=str(health["path"]),
                 deadline_s=float(health["deadline_s"]),
                 taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
+                environment=environment,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, InvalidSnapshot):

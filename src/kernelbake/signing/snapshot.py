@@ -25,6 +25,7 @@ import os
 import stat
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,8 @@ class VerifiedSnapshot:
     signer: str
     files: int
     bytes: int
+    # snapshot.json's record of the environment its key digests (None before it was recorded).
+    environment: Mapping[str, str] | None = None
 
     def describe(self) -> str:
         return (
@@ -352,7 +355,14 @@ def read_snapshot(client: RegistryClient, reference: str, policy: VerifyPolicy) 
         signer=signed.signer,
         files=len(manifest.files),
         bytes=manifest.total_bytes,
+        environment=manifest.environment,
     )
+
+
+def is_snapshot(client: RegistryClient, reference: str) -> bool:
+    """Whether ``reference`` names a snapshot artifact (by its manifest's ``artifactType``)."""
+    top = client.get_manifest(parse_reference(reference), accept=mt.IMAGE_MANIFESTS)
+    return top.artifact_type == ARTIFACT_TYPE
 
 
 def verify_snapshot(
