@@ -399,6 +399,7 @@ def lines_of(server: Any) -> Iterator[tuple[float, str]]:
 # The phases on the device, driven by vllm_image_flow (``flow``: that module, for its Server,
 # request mix and file watching).
 
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
     flow: Any  # bench/vllm_image_flow, as loaded
@@ -500,7 +501,11 @@ def restored(s: Setup, name: str, *, drop: bool, overlap: bool, waves: Any) -> d
     dirs = s.flow.watched_dirs(s.run.cache_root, s.env)
     launch = s.flow.snapshot(dirs)
     server = s.flow.Server(
-        f"serve-{name}", [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]], s.env, s.port, s.run.logs
+        f"serve-{name}",
+        [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]],
+        s.env,
+        s.port,
+        s.run.logs,
     )
     reader = prefetch(weight_files(Path(s.run.model_path))) if overlap else None
     wait_said(server.lines, server.proc, (RESTORED, REFUSED), 300)
