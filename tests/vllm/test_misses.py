@@ -116,14 +116,13 @@ def batch(*ids: str, finished: tuple[str, ...] = ()) -> types.SimpleNamespace:
     return types.SimpleNamespace(num_scheduled_tokens={i: 1 for i in ids}, finished=finished)
 
 
-def _notes(tmp_path: Path) -> tuple[type[Scheduler], misses.Compiles, Path, list[int]]:
+def _notes(tmp_path: Path) -> tuple[type[Scheduler], misses.Compiles, Path]:
     path = tmp_path / "scratch" / "kernelbake-misses.jsonl"
     compiles = misses.Compiles(misses.events_path(path))
-    listened: list[int] = []
     cls = type("PatchedScheduler", (Scheduler,), {})
-    misses.patch_scheduler(cls, misses.Notes(path, compiles.path), lambda: listened.append(1))
-    misses.patch_scheduler(cls, misses.Notes(path, compiles.path), lambda: listened.append(2))
-    return cls, compiles, path, listened
+    misses.patch_scheduler(cls, misses.Notes(path, compiles.path))
+    misses.patch_scheduler(cls, misses.Notes(path, compiles.path))  # a second register(): no-op
+    return cls, compiles, path
 
 
 def _waves(path: Path) -> list[dict[str, Any]]:
@@ -131,11 +130,11 @@ def _waves(path: Path) -> list[dict[str, Any]]:
 
 
 def test_the_batch_that_compiled_and_the_next_are_noted_with_what_compiled(tmp_path: Path) -> None:
-    cls, compiles, path, listened = _notes(tmp_path)
+    cls, compiles, path = _notes(tmp_path)
     logprobs20, greedy = params(temperature=0.7, logprobs=20), params(temperature=0.0)
     s = cls({"a": request(logprobs20, 30), "b": request(logprobs20, 30), "c": request(greedy, 7)})
-    compiles.emit("triton", "a kernel of the warm-up")  # before serving: not a miss
-    assert s.schedule() == "scheduled" and listened == [1]
+    compiles.emit("triton", "a kernel of the warm-up")  # before the first batch: the start's
+    assert s.schedule() == "scheduled"
     assert s.update_from_output(batch("c"), "out") == {0: "out"}
     assert _waves(path) == []
     s.schedule()
@@ -154,13 +153,13 @@ def test_the_batch_that_compiled_and_the_next_are_noted_with_what_compiled(tmp_p
         '{"logprobs": 20, "max_tokens": 16, "temperature": 0.7}': (30, 2),
         '{"max_tokens": 16, "temperature": 0.0}': (7, 1),
     }
-    assert [m["copies"] for m in after["wave"]] == [2] and listened == [1] and s.updated == 5
+    assert [m["copies"] for m in after["wave"]] == [2] and s.updated == 5
 
 
 def test_notes_are_bounded_and_never_stop_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cls, compiles, path, _ = _notes(tmp_path)
+    cls, compiles, path = _notes(tmp_path)
     s = cls({str(n): request(params(top_k=n + 1), 4) for n in range(MAX_WAVES + 5)})
     s.schedule()
     for n in range(MAX_WAVES + 5):
@@ -180,21 +179,18 @@ def test_the_compilers_are_hooked_where_their_own_code_says_a_compile_happens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     heard: list[bool] = []
-    knobs = types.SimpleNamespace(
-        compilation=types.SimpleNamespace(listener=lambda **kw: heard.append(kw["cache_hit"]))
-    )
-    triton = types.ModuleType("triton")
-    triton.knobs = knobs  # type: ignore[attr-defined]
+    knobs = types.ModuleType("triton.knobs")
+    knobs.compilation = types.SimpleNamespace(listener=lambda **kw: heard.append(kw["cache_hit"]))  # type: ignore[attr-defined]
     fx = types.ModuleType("torch._inductor.compile_fx")
     fx.fx_codegen_and_compile = lambda gm, *a, **k: "compiled graph"  # type: ignore[attr-defined]
     jit = types.ModuleType("flashinfer.jit.core")
-    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.knobs", knobs)
     monkeypatch.setitem(sys.modules, "torch._inductor.compile_fx", fx)
     monkeypatch.setitem(sys.modules, "flashinfer.jit.core", jit)
     compiles = misses.Compiles(tmp_path / "c.jsonl")
-    assert misses.install_listeners(compiles) == {"triton": True, "inductor": True, "flashinfer": False}
+    misses.hook_compilers(compiles)
+    misses.hook_compilers(compiles)  # a second time wraps nothing twice
     assert "FlashInfer's JIT builds is not where kernelbake looks for it" in capsys.readouterr().err
-    assert misses.install_listeners(compiles)["triton"], "a second install wraps nothing twice"
     src = types.SimpleNamespace(name="_topk_log_softmax_kernel")
     for hit in (True, False):
         knobs.compilation.listener(
@@ -210,26 +206,36 @@ def test_the_compilers_are_hooked_where_their_own_code_says_a_compile_happens(
     assert heard == [True, False], "the listener that was there still hears every call"
 
 
-def test_the_scheduler_is_patched_when_vllm_imports_it_not_before(
+def test_the_scheduler_and_compilers_are_patched_when_imported_not_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    package = tmp_path / "kb_fake_vllm_sched"
+    package = tmp_path / "kb_fake_vllm"
     package.mkdir()
-    (package / "__init__.py").write_text(
+    (package / "__init__.py").write_text("")
+    (package / "sched.py").write_text(
         "class Scheduler:\n"
         "    def schedule(self, throttle_prefills=False):\n        return 'scheduled'\n"
         "    def update_from_output(self, scheduler_output, model_runner_output):\n        return {}\n"
     )
+    (package / "compile_fx.py").write_text("def fx_codegen_and_compile(gm, *a, **k):\n    return 'graph'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(misses, "_installed", {})
+    monkeypatch.setattr(
+        misses, "COMPILERS", (("kb_fake_vllm.compile_fx", "a compiler", misses.COMPILERS[1][2]),)
+    )
     notes = tmp_path / "scratch" / "kernelbake-misses.jsonl"
-    misses.install(notes, "kb_fake_vllm_sched:Scheduler")
-    assert "kb_fake_vllm_sched" not in sys.modules, "nothing is imported to patch it"
-    import kb_fake_vllm_sched  # type: ignore[import-not-found]
+    compiles = misses.install(notes, "kb_fake_vllm.sched:Scheduler")
+    assert misses.install(notes, "kb_fake_vllm.sched:Scheduler") is compiles, "once per process"
+    assert "kb_fake_vllm.sched" not in sys.modules, "nothing is imported to patch it"
+    from kb_fake_vllm import compile_fx, sched  # type: ignore[import-not-found]
 
-    monkeypatch.delitem(sys.modules, "kb_fake_vllm_sched")
-    assert kb_fake_vllm_sched.Scheduler.update_from_output.kernelbake_notes.path == notes
-    assert Path(kb_fake_vllm_sched.__file__).parent == package
+    for name in ("kb_fake_vllm", "kb_fake_vllm.sched", "kb_fake_vllm.compile_fx"):
+        monkeypatch.delitem(sys.modules, name)
+    assert sched.Scheduler.update_from_output.kernelbake_notes.path == notes
+    assert Path(sched.__file__).parent == package
+    assert compile_fx.fx_codegen_and_compile(None) == "graph"
+    assert json.loads(compiles.path.read_text())["kind"] == "inductor"
     assert not any(isinstance(f, misses._AfterImport) for f in sys.meta_path)
 
 

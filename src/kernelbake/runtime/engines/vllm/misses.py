@@ -4,19 +4,21 @@ during which the engine compiled, as request classes a trusted rebuild can send 
 
 Two halves, joined by a file of compile events that every process of the engine appends to:
 
-- **compiles**: in each process that runs the model (the engine core with one GPU or on the
-  CPU, each worker with several), once its warm-up is over, hooks on the compilers append one
-  line per compile: Triton's own compilation listener (``knobs.compilation.listener``, called
-  with ``cache_hit``: a kernel loaded from the baked cache is no compile), Inductor's code
-  generation for a graph (``compile_fx.fx_codegen_and_compile``, which runs only when its FX
-  graph cache missed) and FlashInfer's JIT builds (``jit.core.run_ninja``). DeepGEMM and the
-  TensorRT-LLM kernels build in C++, where no hook reaches: their files are still claims, with
-  no class noted for them (``capture record`` says so).
+- **compiles**: in every process (the model runs in the engine core, or in worker processes:
+  vLLM's CPU build starts one even for one rank), each compiler is hooked where its own code says
+  it compiles, as soon as its module is imported: Triton's compilation listener
+  (``knobs.compilation.listener``, called with ``cache_hit``: a kernel loaded from the baked
+  cache is no compile), Inductor's code generation for a graph (``compile_fx.
+  fx_codegen_and_compile``, which runs only when its FX graph cache missed) and FlashInfer's JIT
+  builds (``jit.core.run_ninja``). DeepGEMM and the TensorRT-LLM kernels build in C++, where no
+  hook reaches: their files are still claims, with no class noted for them (``capture record``
+  says so).
 - **notes**: vLLM's scheduler (in the engine core) is wrapped where it takes a batch's results
   (``update_from_output``): one ``stat`` of the events file per batch; when it grew, the batch
   that just ran, and the one after it (with async scheduling the next batch may already have
-  run), is written down as a wave of request classes, with what compiled. Nothing else is done
-  per batch.
+  run), is written down as a wave of request classes, with what compiled. The size of the file
+  at the first batch is the baseline: what compiled before was the start's. Nothing else is
+  done per batch.
 
 A class keeps what selects a kernel and nothing a user wrote: sampling settings, how many
 logprobs, prompt logprobs, logit-bias and allowed tokens, the kind of structured output, the
@@ -189,9 +191,7 @@ class Compiles:
             _warn(f"cannot note a compile in {self.path}: {exc}")
 
 
-def _hook_triton(compiles: Compiles) -> bool:
-    from triton import knobs
-
+def _hook_triton(knobs: ModuleType, compiles: Compiles) -> bool:
     previous = knobs.compilation.listener
     if getattr(previous, "kernelbake_compiles", None) is compiles:
         return True
@@ -235,22 +235,37 @@ def _module(workdir: Any = None, *_a: Any, **_k: Any) -> str:
     return Path(str(workdir)).name if workdir is not None else "a module"
 
 
-def install_listeners(compiles: Compiles) -> dict[str, bool]:
-    """The compile hooks of this process, for the compilers it has imported (nothing is
-    imported here: the model's process has them by the end of its warm-up). Idempotent."""
-    hooked: dict[str, bool] = {}
-    if "triton" in sys.modules:
-        hooked["triton"] = _guarded("Triton's compilation listener", lambda: _hook_triton(compiles))
-    if (fx := sys.modules.get("torch._inductor.compile_fx")) is not None:
-        hooked["inductor"] = _guarded(
-            "Inductor's code generation",
-            lambda: _wrap(fx, "fx_codegen_and_compile", compiles, "inductor", _graph),
-        )
-    if (jit := sys.modules.get("flashinfer.jit.core")) is not None:
-        hooked["flashinfer"] = _guarded(
-            "FlashInfer's JIT builds", lambda: _wrap(jit, "run_ninja", compiles, "flashinfer", _module)
-        )
-    return hooked
+# Where each compiler says it compiles: (module, what it is, the hook). Each is hooked when its
+# module is imported, in every process of the engine; what compiled before the scheduler's first
+# batch (a start's own compiles) is left out by the notes' baseline, not by the hooks.
+Hook = Callable[[ModuleType, Compiles], bool]
+COMPILERS: tuple[tuple[str, str, Hook], ...] = (
+    ("triton.knobs", "Triton's compilation listener", _hook_triton),
+    (
+        "torch._inductor.compile_fx",
+        "Inductor's code generation",
+        lambda m, c: _wrap(m, "fx_codegen_and_compile", c, "inductor", _graph),
+    ),
+    (
+        "flashinfer.jit.core",
+        "FlashInfer's JIT builds",
+        lambda m, c: _wrap(m, "run_ninja", c, "flashinfer", _module),
+    ),
+)
+
+
+def hook_compilers(compiles: Compiles) -> None:
+    """Each compiler of ``COMPILERS`` hooked in this process once its module is imported (now,
+    if it is). Idempotent."""
+    for name, what, hook in COMPILERS:
+        after_import(name, _hooking(what, hook, compiles))
+
+
+def _hooking(what: str, hook: Hook, compiles: Compiles) -> Callable[[ModuleType], None]:
+    def then(module: ModuleType) -> None:
+        _guarded(what, lambda: hook(module, compiles))
+
+    return then
 
 
 _warned: set[str] = set()
@@ -332,16 +347,15 @@ def _size(path: Path) -> int:
         return 0
 
 
-def patch_scheduler(cls: type, notes: Notes, listen: Callable[[], object]) -> None:
-    """Wrap ``cls.schedule`` (the first batch sets the baseline and hooks this process's
-    compilers) and ``cls.update_from_output`` (each batch's check). Idempotent."""
+def patch_scheduler(cls: type, notes: Notes) -> None:
+    """Wrap ``cls.schedule`` (the first batch sets the baseline: what compiled before it was the
+    start's) and ``cls.update_from_output`` (each batch's check). Idempotent."""
     schedule, update = cls.schedule, cls.update_from_output  # type: ignore[attr-defined]
     if getattr(update, "kernelbake_notes", None) is not None:
         return
 
     def schedule_(self: Any, *args: Any, **kwargs: Any) -> Any:
         if notes.offset is None:
-            listen()
             notes.baseline()
         return schedule(self, *args, **kwargs)
 
@@ -390,46 +404,36 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def after_import(name: str, then: Callable[[ModuleType], None]) -> None:
+    """``then(module)`` now if ``name`` is imported, else right after it is."""
     if (module := sys.modules.get(name)) is not None:
         then(module)
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+    else:
         sys.meta_path.insert(0, _AfterImport(name, then))
 
 
+_installed: dict[Path, Compiles] = {}
+
+
 def install(notes_path: Path, scheduler: str) -> Compiles:
-    """In a serving vLLM process: the scheduler (``module:Class``, from the release's adapter)
-    noting batches once imported. Returns the compile events of this process, for the hook at
-    the end of a worker's warm-up (``listen``)."""
-    compiles = Compiles(events_path(notes_path))
+    """In a serving vLLM process: its compilers hooked and the scheduler (``module:Class``,
+    from the release's adapter) noting batches, each once imported. Once per process."""
+    if (done := _installed.get(notes_path)) is not None:
+        return done
+    compiles = _installed[notes_path] = Compiles(events_path(notes_path))
     notes = Notes(notes_path, compiles.path)
     module, _, attr = scheduler.partition(":")
+    hook_compilers(compiles)
 
     def patch(found: ModuleType) -> None:
-        _guarded(f"vLLM's scheduler ({scheduler})", lambda: _patch(found, attr, notes, compiles))
+        _guarded(f"vLLM's scheduler ({scheduler})", lambda: _patch(found, attr, notes))
 
     after_import(module, patch)
     return compiles
 
 
-def listen_after_warmup(monitor: Any, compiles: Compiles) -> None:
-    """Wraps vLLM's ``jit_monitor.activate``, which each GPU worker calls once its warm-up is
-    over: from then on, that process's compiles are events."""
-    original = monitor.activate
-    if getattr(original, "kernelbake_compiles", None) is compiles:
-        return
-
-    def activate(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        install_listeners(compiles)
-        return result
-
-    activate.kernelbake_compiles = compiles  # type: ignore[attr-defined]
-    monitor.activate = activate
-
-
-def _patch(module: ModuleType, attr: str, notes: Notes, compiles: Compiles) -> bool:
+def _patch(module: ModuleType, attr: str, notes: Notes) -> bool:
     cls = getattr(module, attr, None)
     if cls is None:
         return False
-    patch_scheduler(cls, notes, lambda: install_listeners(compiles))
+    patch_scheduler(cls, notes)
     return True

@@ -89,9 +89,9 @@ def _preload_first_launches() -> None:
 
 
 def _note_misses(notes: Path) -> None:
-    """In every serving process: vLLM's scheduler notes the batches during which the engine
-    compiled, once it is imported (``misses``), and each GPU worker hooks its compilers at the
-    end of its warm-up. Serving never depends on it: what fails is said."""
+    """In every serving process: its compilers and vLLM's scheduler hooked once each is
+    imported (``misses``), so that the scheduler notes the batches during which the engine
+    compiled. Serving never depends on it: what fails is said."""
     import sys
 
     from kernelbake.runtime.engines.vllm import misses
@@ -99,9 +99,7 @@ def _note_misses(notes: Path) -> None:
     try:
         from kernelbake.runtime.engines.vllm.compat_layer import lookups
 
-        found = lookups()
-        compiles = misses.install(notes, found.scheduler)
-        misses.listen_after_warmup(found.jit_monitor(), compiles)
+        misses.install(notes, lookups().scheduler)
     except Exception as exc:
         print(
             f"kernelbake: WARNING: the request classes that compile are not noted ({type(exc).__name__}: {exc})",
