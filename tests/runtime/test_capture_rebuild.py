@@ -382,5 +382,6 @@ def test_record_takes_the_batches_serve_noted_and_the_replay_sends_them_as_batch
     assert done_replay.requests == 3 and len(done_replay.seconds) == 2
     made_up = [b for b in sent if isinstance(b["prompt"], list)]
     assert len(made_up) == 2 and all(len(b["prompt"]) == 30 and b["logprobs"] == 20 for b in made_up)
+    assert all(b["return_tokens_as_token_ids"] is True for b in made_up)
     assert made_up[0]["prompt"] != made_up[1]["prompt"]
     assert sent[-1] == {**CLASS, "model": "m", "stream": False}

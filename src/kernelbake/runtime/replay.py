@@ -88,6 +88,15 @@ def _ready(base: str, fetch: Fetch, timeout: float, sleep: Callable[[float], Non
     raise EnvironmentProblem(f"{base}: the server did not answer within {timeout:.0f} s ({last})")
 
 
+def _body(body: dict[str, Any], prompt: Any, model: str) -> dict[str, Any]:
+    """What is sent: the class, its prompt, this server's model. Made-up token IDs come back as
+    token IDs (vLLM's ``return_tokens_as_token_ids``): a server without a tokenizer
+    (``--skip-tokenizer-init``, as the bench models have) has no other name for the logprobs'
+    tokens, and bench/request_mix.py sends it so to such servers."""
+    made_up = {"return_tokens_as_token_ids": True} if isinstance(prompt, list) else {}
+    return {**made_up, **body, "prompt": prompt, "model": model, "stream": False}
+
+
 def _send(fetch: Fetch, base: str, body: dict[str, Any]) -> str | None:
     """One request; why it failed, or None."""
     try:
@@ -117,7 +126,7 @@ def replay(
     count = 0
     for w, bodies in enumerate(record.sends()):
         started = time.monotonic()
-        sent = [{**body, "prompt": prompt, "model": model, "stream": False} for body, prompt in bodies]
+        sent = [_body(body, prompt, model) for body, prompt in bodies]
         count += len(sent)
         with ThreadPoolExecutor(max_workers=len(sent)) as pool:
             answers = list(pool.map(lambda b: _send(fetch, base, b), sent))
