@@ -25,6 +25,20 @@ would, one at a time:
    manifest against the first bake's, per kind: how deterministic a whole build is, for the kinds a
    request after ``/health`` does not reach (Inductor, FlashInfer, vLLM's AOT artifact).
 
+On the device (``bench/device.sh``; the 0.26.0 bundle of ``shared/gpu-testenv/build-bundle.sh``,
+whose parts travel one per call; the context rendered here and carried with the last part)::
+
+    run(carry=[".gpu/bundle/part1"]): bash bench/device.sh stash part1
+    run(carry=[".gpu/bundle/part2"]): bash bench/device.sh stash part2
+    run(carry=[".gpu/bundle/part3", ".gpu/ctx"]): bash bench/device.sh install &&
+        bash bench/device.sh start capture --private-opt -- bash -c "python3 bench/vllm_capture.py
+          --context .gpu/ctx/tiny-llama-ref-h200/context --deadline 900 --out \$RUN_OUT" &&
+        bash bench/device.sh collect 560
+    run(): bash bench/device.sh collect 560                # until the run's rc is there
+
+About 8 minutes of run on an H200 (a bake of the reference model took 185-195 s there, a baked
+start 24-32 s; three starts, the classes, and a second bake), after the install.
+
 Not here: the signature. There is no registry or cosign on the device machine; pushing, signing
 and ``capture verify`` read ``delta.json`` and the base image's labels the same way for any GPU and
 are measured on the CPU image (``bench/capture_cpu.py``). Writes ``OUT/vllm-capture.json``, logs
