@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kernelbake.contract.record import MAX_WAVES, RequestClass, made_up_prompt
-from kernelbake.runtime.engines.vllm import misses
+from kernelbake.runtime.engines.vllm import misses, on_import
 
 DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
@@ -236,7 +236,7 @@ def test_the_scheduler_and_compilers_are_patched_when_imported_not_before(
     assert Path(sched.__file__).parent == package
     assert compile_fx.fx_codegen_and_compile(None) == "graph"
     assert json.loads(compiles.path.read_text())["kind"] == "inductor"
-    assert not any(isinstance(f, misses._AfterImport) for f in sys.meta_path)
+    assert not any(isinstance(f, on_import._AfterImport) for f in sys.meta_path)
 
 
 def test_a_noted_class_is_replayed_with_a_made_up_prompt_of_its_length() -> None:
@@ -245,3 +245,17 @@ def test_a_noted_class_is_replayed_with_a_made_up_prompt_of_its_length() -> None
     assert all(len(p) == 5 and min(p) >= 100 for p in prompts)
     assert len({p[0] for p in prompts}) == 3, "no two share a prefix for the prefix cache to skip"
     assert cls.problem() is None
+
+
+def test_a_hook_that_breaks_leaves_the_module_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "kb_fake_broken_hook.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    on_import.after_import("kb_fake_broken_hook", lambda m: 1 / 0)
+    import kb_fake_broken_hook  # type: ignore[import-not-found]
+
+    monkeypatch.delitem(sys.modules, "kb_fake_broken_hook")
+    assert kb_fake_broken_hook.VALUE == 1
+    assert "after importing kb_fake_broken_hook: ZeroDivisionError" in capsys.readouterr().err

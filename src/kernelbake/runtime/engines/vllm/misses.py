@@ -33,8 +33,6 @@ the API server just to patch it would add half a second to every start.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -53,6 +51,7 @@ from kernelbake.contract.record import (
     MAX_WAVES,
     RequestClass,
 )
+from kernelbake.runtime.engines.vllm.on_import import after_import
 
 # vLLM's own threshold: a temperature below it samples greedily (vllm/sampling_params.py).
 _SAMPLING_EPS = 1e-5
@@ -369,46 +368,6 @@ def patch_scheduler(cls: type, notes: Notes) -> None:
     update_from_output.kernelbake_notes = notes  # type: ignore[attr-defined]
     cls.schedule = schedule_  # type: ignore[attr-defined]
     cls.update_from_output = update_from_output  # type: ignore[attr-defined]
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` once ``name`` has been imported, wherever that happens next (a
-    forked engine core inherits the finder; a spawned one registers it again)."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, then = spec.loader, self.then
-
-        class Loader(importlib.abc.Loader):
-            def __getattr__(self, name: str) -> Any:
-                # get_source, get_code…: tracebacks and inspect ask the original.
-                return getattr(loader, name)
-
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: ModuleType) -> None:
-                loader.exec_module(module)
-                then(module)
-
-        spec.loader = Loader()
-        return spec
-
-
-def after_import(name: str, then: Callable[[ModuleType], None]) -> None:
-    """``then(module)`` now if ``name`` is imported, else right after it is."""
-    if (module := sys.modules.get(name)) is not None:
-        then(module)
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 _installed: dict[Path, Compiles] = {}
