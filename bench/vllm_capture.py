@@ -1,4 +1,4 @@
-"""Capture on a GPU without Docker (issue 42 item 5): record, rebuild, and the next replica, for
+r"""Capture on a GPU without Docker (issue 42 item 5): record, rebuild, and the next replica, for
 one rendered vLLM image, in one run on the device machine.
 
     kernelbake render bench/specs/tiny-llama-ref.yaml --gpu h200 --out .gpu/ctx          # on the host
@@ -52,6 +52,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -435,6 +436,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average_at_start": os.getloadavg()[0],
         "classes": CLASSES,
+        "user_args": list(flow.USER_ARGS),
     }
     out_json = a.out / "vllm-capture.json"
     work = flow.WORK / "capture"
@@ -473,7 +475,15 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=900.0, help="seconds for the whole run")
     p.add_argument("--rebake", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--rebake-min-left", type=float, default=260.0, help="seconds a rebake needs left")
-    doc = run(p.parse_args())
+    p.add_argument(
+        "--serve-args",
+        help="every start's user arguments, one string (default: the image flow's USER_ARGS; the FP8 "
+        "MoE, for DeepGEMM's determinism at --rebake, needs its own memory settings)",
+    )
+    a = p.parse_args()
+    if a.serve_args is not None:
+        flow.USER_ARGS[:] = shlex.split(a.serve_args)
+    doc = run(a)
     print(json.dumps(doc["summary"], indent=1, default=str))
     return 0 if doc["summary"]["met"] else 1
 
