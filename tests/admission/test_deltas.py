@@ -249,11 +249,17 @@ def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
     spec = doc["spec"]["template"]["spec"]
     sidecar = next(c for c in spec["containers"] if c["name"] == "capture")
     serving = next(c for c in spec["containers"] if c["name"] == "vllm")
-    # The same image and the same cache root: what it collects is what the server's caches gained.
+    # The same image and the same cache root: what it records is what the server's caches gained;
+    # the same notes: the classes it records are the ones the server noted.
     assert sidecar["image"] == serving["image"] == verifier.image
     paths = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
-    assert paths == {"kernel-cache": "/opt/kernelbake/cache"}
+    assert paths == {"kernel-cache": "/opt/kernelbake/cache", "capture-notes": "/capture"}
     assert {"name": "kernel-cache", "mountPath": "/opt/kernelbake/cache"} in serving["volumeMounts"]
+    assert {"name": "capture-notes", "mountPath": "/capture"} in serving["volumeMounts"]
+    notes = [
+        [e["value"] for e in c["env"] if e["name"] == "KERNELBAKE_MISS_NOTES"] for c in (serving, sidecar)
+    ]
+    assert notes[0] == notes[1] and notes[0][0].startswith("/capture/")
 
 
 # -- issue 41, item 3: every entry and every mount counts -------------------------------------

@@ -41,10 +41,17 @@ def _request(text: str) -> dict[str, Any]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.capture import record
     from kernelbake.runtime.env import RuntimeEnv
+    from kernelbake.runtime.record import record
 
-    done = record(RuntimeEnv.from_env(), args.out, list(args.request), root=args.root, replica=args.replica)
+    done = record(
+        RuntimeEnv.from_env(),
+        args.out,
+        list(args.request),
+        root=args.root,
+        replica=args.replica,
+        notes=args.notes,
+    )
     for line in done.lines():
         print(f"kernelbake capture: {line}")
     return 0
@@ -126,7 +133,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     c = inner.add_parser(
         "record",
-        help="(inside the image) record what this replica compiled that the build had not, for a rebuild",
+        help="(inside the image) record what this replica compiled that the build had not (the request classes "
+        "serve noted, the files as claims), for a rebuild",
     )
     c.add_argument("--out", type=Path, required=True, metavar="FILE", help="the record to write (a new file)")
     c.add_argument(
@@ -135,7 +143,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="JSON",
-        help="a request class that compiled here (a completion request's body, without model); repeat",
+        help="a request class to rebuild besides those serve noted (a completion request's body, with its "
+        "prompt, without model), sent alone; repeat",
+    )
+    c.add_argument(
+        "--notes",
+        type=Path,
+        metavar="FILE",
+        help="where serve noted the batches that compiled (default: $KERNELBAKE_MISS_NOTES, "
+        "$KERNELBAKE_SCRATCH/kernelbake-misses.jsonl)",
     )
     c.add_argument("--root", type=Path, help="the live cache root (default: the image's cache root)")
     c.add_argument("--replica", default="", help="a name for this replica, recorded")
@@ -143,7 +159,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     c = inner.add_parser(
         "replay",
-        help="(inside the image, in a rebuild) send a record's request classes to this server once each",
+        help="(inside the image, in a rebuild) send a record's batches to this server, each batch at once",
     )
     c.add_argument("--record", type=Path, required=True, metavar="FILE", help="what 'capture record' wrote")
     c.add_argument("--port", type=int, default=8000, help="the server's port on the loopback")

@@ -10,25 +10,22 @@ an empty directory as ``delta.json`` and the files at their bundle-relative path
 as it is copied; ``delta.json`` is written last, so a directory without it is not a delta.
 
 Such a delta is the replica's bytes (origin ``replica``): whatever could write into the cache
-root chose them, and only a policy with ``unsafe_replica_deltas`` accepts it. ``record`` is the
-safe half: the same diff, kept as claims (engine keys, paths, sha256s) beside the request
-classes that missed, for ``capture rebuild`` to compile again in a trusted build; in that
-build, ``collect`` takes what the rebuild compiled.
+root chose them, and only a policy with ``unsafe_replica_deltas`` accepts it. ``record``
+(``runtime.record``) is the safe half: the same diff, kept as claims (engine keys, paths,
+sha256s) beside the request classes that missed, for ``capture rebuild`` to compile again in a
+trusted build; in that build, ``collect`` takes what the rebuild compiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from kernelbake.contract.delta import DELTA_MANIFEST, MAX_BYTES, MAX_FILES, DeltaFile, DeltaManifest
 from kernelbake.contract.layout import MANIFEST, CacheKind
 from kernelbake.contract.manifest import Manifest
-from kernelbake.contract.record import CaptureRecord
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
 from kernelbake.runtime import pin
@@ -37,7 +34,7 @@ from kernelbake.runtime.env import RuntimeEnv
 
 _KINDS = {k.value: k for k in CacheKind}
 # Listed in the refusals at most this many times; the count says the rest.
-_SHOWN = 20
+SHOWN = 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,9 +50,9 @@ class Collected:
         else:
             kinds = ", ".join(f"{k} {t['files']} ({t['bytes']} B)" for k, t in sorted(totals.items()))
             head = [f"captured {len(self.delta.files)} new files into {self.out}: {kinds}"]
-        shown = [f"refused {r}" for r in self.refused[:_SHOWN]]
-        if len(self.refused) > _SHOWN:
-            shown.append(f"refused {len(self.refused) - _SHOWN} more")
+        shown = [f"refused {r}" for r in self.refused[:SHOWN]]
+        if len(self.refused) > SHOWN:
+            shown.append(f"refused {len(self.refused) - SHOWN} more")
         return head + shown
 
 
@@ -107,7 +104,7 @@ def _walk(root: Path, manifest: Manifest, refused: list[str]) -> list[tuple[str,
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Scan:
+class Scan:
     target: TargetConfig
     base: str  # sha256 of the pinned manifest
     root: Path
@@ -115,7 +112,7 @@ class _Scan:
     refused: list[str]
 
 
-def _scan(env: RuntimeEnv, root: Path | None) -> _Scan:
+def scan(env: RuntimeEnv, root: Path | None) -> Scan:
     """The new files of ``root`` (the target's cache root by default) against the pinned
     manifest; ``BadInput`` for a foreign bundle or more than a delta may hold."""
     target = TargetConfig.load(env.target_file)
@@ -136,66 +133,7 @@ def _scan(env: RuntimeEnv, root: Path | None) -> _Scan:
             f"{root}: {len(found)} new files, {sum(sizes)} B: more than a delta may hold "
             f"({MAX_FILES} files, {MAX_BYTES} B); nothing was written"
         )
-    return _Scan(target=target, base=base, root=root, found=found, refused=refused)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Recorded:
-    out: Path
-    record: CaptureRecord
-    refused: tuple[str, ...]
-
-    def lines(self) -> list[str]:
-        kinds = ", ".join(
-            f"{k} {len(v['files'])} files, {len(v['engine_keys'])} engine keys"
-            for k, v in sorted(json.loads(self.record.to_json())["claims"].items())
-        )
-        head = [
-            f"recorded {len(self.record.requests)} request classes and {len(self.record.claims)} new files "
-            f"({kinds or 'none'}) into {self.out} ({self.record.digest()}); no bytes are kept: "
-            "'kernelbake capture rebuild' compiles them again from the signed image"
-        ]
-        if not self.record.requests:
-            head.append(
-                "no request classes (--request): the rebuild replays none, so it reproduces only what "
-                "the image's own start compiles"
-            )
-        return head + [f"refused {r}" for r in self.refused[:_SHOWN]]
-
-
-def record(
-    env: RuntimeEnv,
-    out: Path,
-    requests: list[dict[str, Any]],
-    *,
-    root: Path | None = None,
-    replica: str = "",
-) -> Recorded:
-    """What this replica compiled that the build had not, as a record for a trusted rebuild:
-    the request classes that missed (``requests``) and the new files as claims (hashed where
-    they lie, copied nowhere), written to the file ``out``, which must not exist yet."""
-    if out.exists() or out.is_symlink():
-        raise BadInput(f"{out}: exists; capture record writes a new file only")
-    scan = _scan(env, root)
-    claims = []
-    for rel, kind in scan.found:
-        try:
-            size = (scan.root / rel).lstat().st_size
-            sha = file_sha256(scan.root / rel)
-        except OSError as exc:
-            raise BadInput(
-                f"{scan.root / rel}: cannot be read ({exc.strerror or exc}); nothing was written"
-            ) from None
-        claims.append(DeltaFile(path=rel, size=size, sha256=sha, kind=kind))
-    doc = CaptureRecord(
-        key=scan.target.key,
-        base_manifest=scan.base,
-        replica=replica,
-        requests=tuple(CaptureRecord.canonical(b) for b in requests),
-        claims=tuple(claims),
-    )
-    out.write_text(doc.to_json())
-    return Recorded(out=out, record=doc, refused=tuple(scan.refused))
+    return Scan(target=target, base=base, root=root, found=found, refused=refused)
 
 
 def collect(env: RuntimeEnv, out: Path, *, root: Path | None = None, replica: str = "") -> Collected:
@@ -204,8 +142,8 @@ def collect(env: RuntimeEnv, out: Path, *, root: Path | None = None, replica: st
     that holds anything, or a delta over the bounds, before writing a file."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"{out}: not an empty directory; capture writes a delta only into a new or empty one")
-    scan = _scan(env, root)
-    target, base, root, found, refused = scan.target, scan.base, scan.root, scan.found, scan.refused
+    seen = scan(env, root)
+    target, base, root, found, refused = seen.target, seen.base, seen.root, seen.found, seen.refused
     if not found:
         empty = DeltaManifest(key=target.key, base_image=None, base_manifest=base, files=(), replica=replica)
         return Collected(out=None, delta=empty, refused=tuple(refused))

@@ -56,6 +56,10 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 # pid of the ``serve`` that will write it.
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
+# Where a serving engine notes the batches during which it compiled (``engines.vllm.misses``),
+# for ``capture record``: ``serve`` sets it in the engine's environment on a warm start.
+MISS_NOTES_ENV = "KERNELBAKE_MISS_NOTES"
+MISS_NOTES_NAME = "kernelbake-misses.jsonl"
 
 # The sha256 of the cache manifest, as whoever starts the pod verified it (``runtime.pin``):
 # for caches that arrive by volume into an image without a pinned manifest of its own. It can
@@ -140,6 +144,11 @@ VARIABLES = (
         internal=True,
     ),
     Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
+    Variable(
+        MISS_NOTES_ENV,
+        "where a serving engine notes the request classes of the batches during which it compiled, and `capture record` reads them (a sidecar that records must see the same file)",
+        f"$KERNELBAKE_SCRATCH/{MISS_NOTES_NAME}",
+    ),
 )
 
 
@@ -249,6 +258,8 @@ class RuntimeEnv:
     gate_owner: int | None = None
     # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
     status_file: Path | None = None
+    # Where the engine notes the batches that compiled while it served (``capture record``).
+    miss_notes: Path = Path("/tmp") / MISS_NOTES_NAME
     manifest_digest: str | None = None
     # The cache delta a pod may mount (``runtime.delta``), and the sha256 its delta.json must
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
@@ -300,6 +311,10 @@ class RuntimeEnv:
                 env.get("KERNELBAKE_STATUS")
                 or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
                 / "kernelbake-status.json"
+            ),
+            miss_notes=Path(
+                env.get(MISS_NOTES_ENV)
+                or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp") / MISS_NOTES_NAME
             ),
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             delta_root=target_file.parent / Path(DELTA_ROOT).name if moved else Path(DELTA_ROOT),

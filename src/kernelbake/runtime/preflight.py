@@ -35,7 +35,7 @@ from kernelbake.runtime import delta as cache_delta
 from kernelbake.runtime import pin
 from kernelbake.runtime.bundle import copy_bundle, load_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
-from kernelbake.runtime.env import CacheMode, RuntimeEnv, VerifyMode
+from kernelbake.runtime.env import MISS_NOTES_ENV, CacheMode, RuntimeEnv, VerifyMode
 from kernelbake.runtime.integrity import Check, strangers
 from kernelbake.runtime.prediction import Change, Prediction, fallback, unavailable
 from kernelbake.runtime.redact import shown
@@ -311,6 +311,9 @@ def _warm_env(
     run_env = _engine_env(env, target, engine, root)
     if asks_engine:
         run_env.update(engine.prediction_env(baked))
+    # What compiles after the start is noted for ``capture record``: only a warm start has
+    # baked caches for a miss to be a miss of.
+    run_env[MISS_NOTES_ENV] = str(env.miss_notes)
     return run_env
 
 

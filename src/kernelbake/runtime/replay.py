@@ -1,6 +1,7 @@
-"""``kernelbake capture replay``: a record's request classes sent once each to this image's own
-server, inside the trusted rebuild (``capture rebuild`` starts the image by digest, with no
-network and fake weights, and runs this in it).
+"""``kernelbake capture replay``: a record's waves sent to this image's own server, each wave's
+requests at once, inside the trusted rebuild (``capture rebuild`` starts the image by digest,
+with no network and fake weights, and runs this in it). A class ``serve`` noted has no prompt:
+it gets as many made-up token IDs as the replica's prompt had tokens (``contract.record``).
 
 The record is the replica's word: it must be for this image (its key and pinned manifest), and
 each request is bounded (``contract.record``). Requests go to the server on the loopback only;
@@ -15,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +45,13 @@ def _fetch(method: str, url: str, body: dict[str, Any] | None, timeout: float) -
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Replayed:
     model: str
-    seconds: tuple[float, ...]
-    failed: tuple[str, ...]  # request i: why, for what the server refused
+    seconds: tuple[float, ...]  # per wave, until its last answer
+    requests: int
+    failed: tuple[str, ...]  # wave i request j: why, for what the server refused
 
     def lines(self) -> list[str]:
         head = [
-            f"replayed {len(self.seconds)} request classes on {self.model} "
+            f"replayed {self.requests} requests in {len(self.seconds)} batches on {self.model} "
             f"({', '.join(f'{s:.2f} s' for s in self.seconds)})"
         ]
         return head + [f"request {f}" for f in self.failed]
@@ -85,6 +88,26 @@ def _ready(base: str, fetch: Fetch, timeout: float, sleep: Callable[[float], Non
     raise EnvironmentProblem(f"{base}: the server did not answer within {timeout:.0f} s ({last})")
 
 
+def _body(body: dict[str, Any], prompt: Any, model: str) -> dict[str, Any]:
+    """What is sent: the class, its prompt, this server's model. Made-up token IDs come back as
+    token IDs (vLLM's ``return_tokens_as_token_ids``): a server without a tokenizer
+    (``--skip-tokenizer-init``, as the bench models have) has no other name for the logprobs'
+    tokens, and bench/request_mix.py sends it so to such servers."""
+    made_up = {"return_tokens_as_token_ids": True} if isinstance(prompt, list) else {}
+    return {**made_up, **body, "prompt": prompt, "model": model, "stream": False}
+
+
+def _send(fetch: Fetch, base: str, body: dict[str, Any]) -> str | None:
+    """One request; why it failed, or None."""
+    try:
+        fetch("POST", f"{base}/v1/completions", body, REQUEST_TIMEOUT)
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def replay(
     record: CaptureRecord,
     *,
@@ -93,21 +116,20 @@ def replay(
     ready_timeout: float = READY_TIMEOUT,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Replayed:
-    """Each request class once, in order, on the loopback. A request the server refuses is
-    named, not fatal: what it would compile is then missing, and the rebuild drops it."""
+    """Each wave of the record in order, its requests sent at once (so the server batches them
+    as it batched the replica's), on the loopback. A request the server refuses is named, not
+    fatal: what it would compile is then missing, and the rebuild drops it."""
     base = f"http://127.0.0.1:{port}"
     model = _ready(base, fetch, ready_timeout, sleep)
     seconds: list[float] = []
     failed: list[str] = []
-    for i, body in enumerate(record.bodies()):
+    count = 0
+    for w, bodies in enumerate(record.sends()):
         started = time.monotonic()
-        try:
-            fetch(
-                "POST", f"{base}/v1/completions", {**body, "model": model, "stream": False}, REQUEST_TIMEOUT
-            )
-        except urllib.error.HTTPError as exc:
-            failed.append(f"{i}: HTTP {exc.code}")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            failed.append(f"{i}: {type(exc).__name__}: {exc}")
+        sent = [_body(body, prompt, model) for body, prompt in bodies]
+        count += len(sent)
+        with ThreadPoolExecutor(max_workers=len(sent)) as pool:
+            answers = list(pool.map(lambda b: _send(fetch, base, b), sent))
+        failed += [f"{w}.{i}: {why}" for i, why in enumerate(answers) if why is not None]
         seconds.append(round(time.monotonic() - started, 3))
-    return Replayed(model=model, seconds=tuple(seconds), failed=tuple(failed))
+    return Replayed(model=model, seconds=tuple(seconds), requests=count, failed=tuple(failed))

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
 LOAD_FORMAT = "kernelbake_meta"
+# vLLM's V1 scheduler (the async scheduler subclasses it and keeps both methods misses.py wraps).
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 # Where vLLM checks that the KV cache fits max_model_len (0.34 moved it to kv_cache_planning).
 KV_ADMISSION_MODULE = "vllm.v1.core.kv_cache_utils"
 
@@ -60,6 +62,10 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     # launches.py wraps activate and asks is_active: moved, the first-launch preload is off.
     Hook("vllm.utils.jit_monitor:activate", ("mode", "verbose")),
     Hook("vllm.utils.jit_monitor:is_active", ()),
+    # misses.py notes the batches that compiled where the scheduler takes their results (the
+    # batch's requests still held) and hooks the compilers at the first batch.
+    Hook(f"{SCHEDULER}.schedule", ("self", "throttle_prefills")),
+    Hook(f"{SCHEDULER}.update_from_output", ("self", "scheduler_output", "model_runner_output")),
 )
 
 # Every vLLM object this module (and compile_only through it) calls or patches, with its
@@ -568,6 +574,7 @@ LOOKUPS = VllmLookups(
     engine_class=_engine_class,
     sampling_params_class=_sampling_params_class,
     jit_monitor=_jit_monitor,
+    scheduler=SCHEDULER,
 )
 
 

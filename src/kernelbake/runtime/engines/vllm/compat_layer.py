@@ -97,6 +97,10 @@ class VllmLookups:
     # vLLM's JIT monitor module (``activate``, ``is_active``): where the Triton kernels that
     # requests first launch are recorded at build and preloaded at serve (``launches``).
     jit_monitor: Callable[[], Any]
+    # ``module:Class`` of vLLM's scheduler, whose ``schedule`` and ``update_from_output`` a
+    # serving engine wraps to note the batches during which it compiled (``misses``); a path,
+    # not an import: the module is patched when vLLM imports it.
+    scheduler: str
 
 
 class ReleaseAdapter(Protocol):
