@@ -173,12 +173,16 @@ def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
 def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
     """Where the prediction and what vLLM did disagree, one loud line each: a kind predicted
     to compile nothing (hit, re-trace only, no compile) that got files, one predicted to
-    compile (miss, bypassed) that got none, or one predicted to get a knob's files (writes)
-    that got none."""
+    compile (miss, bypassed) that got none, one predicted to get a knob's files (writes)
+    that got none, or a start predicted to fail that came up."""
     if prediction is None:
         return []
     did = actual(log, new)
     wrong = []
+    if prediction.predicted == Outcome.FAILS.value:
+        # Called once vLLM is ready: the start it was to refuse came up.
+        why = "; ".join(str(c) for k in prediction.kinds for c in k.changes[:1])
+        return [f"WARNING: prediction wrong: predicted the engine refuses these settings ({why}), it started"]
     for verdict in prediction.kinds:
         seen = did.get(verdict.kind)
         if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
