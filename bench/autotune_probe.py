@@ -4,8 +4,8 @@ On the H200 (vLLM 0.32, torch 2.13) the Qwen3-8B's baked start rewrote two baked
 files (bench/results/vllm-0.32.0-h200-2026-12-05/README.md); 0.26's FP8 MoE rewrote four at every
 start. Inductor writes one only from ``CachingAutotuner.autotune_to_one_config`` (or its coordinate
 descent and combo passes), that is after benchmarking more than one launcher. The reading of
-torch 2.13's source that this probe is to confirm or refute (docs/engines.md, "Autotune results
-benchmarked again"): a kernel loaded from vLLM's mega AOT artifact is a pickled static autotuner
+torch 2.13's source that this probe is to confirm or refute (docs/vllm.md, "Launch configs
+benchmarked again at start"): a kernel loaded from vLLM's mega AOT artifact is a pickled static autotuner
 whose compile results were pruned to the build's winner; ``recheck_autotune_cache`` then sees one
 config and reads no cache (state "only 1 config", not "hit"), so ``_dynamic_scale_rblock`` adds
 a halved-RBLOCK candidate to a register-heavy reduction and the first launch benchmarks both,
