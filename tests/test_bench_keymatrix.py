@@ -151,3 +151,9 @@ def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
     assert expected["fails"] == {"failed"}
     summary = matrix.summarise([{"name": "c", "predicted": "fails", "actual": "failed"}])
     assert summary["right"] == 1 and summary["undecided"] == []
+    # How a start ended, into what it did: an exit before ready and before a compile is decided.
+    assert matrix._actual(decided, False, None, {}) == "failed"
+    assert matrix._actual("ready", False, True, {"vllm": 0}) == "hit"
+    assert matrix._actual("ready", False, None, {"vllm": 0}) == "no-compile"
+    assert matrix._actual("exited 1", True, False, {}) == "miss"
+    assert matrix._actual("timeout", False, None, {}) == "undecided"
