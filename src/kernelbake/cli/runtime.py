@@ -89,6 +89,8 @@ def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
         what = "kernels compile at start" + (
             " (a cache is switched off)" if v.predicted == "bypassed" else ""
         )
+    elif outcome is Outcome.FAILS:
+        what = "the engine refuses these settings and will not start (see differs)"
     else:
         note = v.prediction.note if v.prediction is not None else ""
         what = f"no verdict from the engine{f' ({note})' if note else ''}; not a hit"

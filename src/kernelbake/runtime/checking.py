@@ -28,6 +28,8 @@ class Outcome(enum.Enum):
     HIT = "HIT"
     MISS = "MISS"
     NO_COMPILE = "NO-COMPILE"
+    # The engine refuses this start's settings: it exits before it opens a cache.
+    FAILS = "FAILS"
     # The engine was asked and gave no verdict (it failed, or rejected the arguments).
     UNKNOWN = "UNKNOWN"
 
@@ -42,6 +44,7 @@ _OUTCOMES = {
     "miss": Outcome.MISS,
     "bypassed": Outcome.MISS,
     "unknown": Outcome.UNKNOWN,
+    "fails": Outcome.FAILS,
 }
 
 
