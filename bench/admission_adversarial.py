@@ -49,7 +49,6 @@ import os
 import platform
 import re
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -411,7 +410,7 @@ def connection_to_each(
 ) -> list[tuple[int, http.client.HTTPSConnection]]:
     """``per_worker`` kept-alive HTTPS connections held by each worker, as (worker, connection)
     (the kernel spreads new connections across the workers: open until each has its share)."""
-    tls = ssl.create_default_context(cafile=cafile)
+    tls = connections.api_server_tls(cafile)
     found: list[tuple[int, http.client.HTTPSConnection]] = []
     for _ in range(200 * per_worker):
         if len(found) == per_worker * len(workers):
@@ -452,9 +451,7 @@ def prober(port: int, cafile: str, workers: list[int], conn: Connection) -> None
             except (OSError, http.client.HTTPException):
                 samples.append((worker, started, None))
                 c.close()
-                c = http.client.HTTPSConnection(
-                    "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile)
-                )
+                c = http.client.HTTPSConnection("127.0.0.1", port, context=connections.api_server_tls(cafile))
             stop.wait(max(0.0, started + PROBE_SECONDS - time.monotonic()))
 
     threads = [threading.Thread(target=poll, args=item, daemon=True) for item in connections]

@@ -48,6 +48,17 @@ FRESH_EVERY = 0.2
 PROBE_EVERY = 0.5
 
 
+def api_server_tls(cafile: str, *, client: bool = True) -> ssl.SSLContext:
+    """A client's TLS context as the API server's: it trusts the webhook's CA ``cafile`` and
+    shows the client certificate make-cert.sh wrote beside it (the webhook runs with
+    ``--client-ca``, as deployed); ``client=False``: no certificate."""
+    tls = ssl.create_default_context(cafile=cafile)
+    if client:
+        certs = Path(cafile).parent
+        tls.load_cert_chain(certs / "client.crt", certs / "client.key")
+    return tls
+
+
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -179,7 +190,7 @@ def churn_row(
 
 
 async def _hold(port: int, cafile: str, n: int, seconds: float, refresh: float, conn: Connection) -> None:
-    tls = ssl.create_default_context(cafile=cafile)
+    tls = api_server_tls(cafile)
     # The hold's clock starts once every connection had its first answer (or 30 s passed).
     ends = [float("inf")]
     counts = {"connects": 0, "connect_failures": 0, "requests": 0, "cut": 0}
@@ -235,9 +246,7 @@ def holder(port: int, cafile: str, n: int, seconds: float, refresh: float, conn:
 
 def _fresh_review(port: int, cafile: str, body: bytes) -> tuple[int | None, float]:
     started = time.monotonic()
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile), timeout=10
-    )
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=api_server_tls(cafile), timeout=10)
     try:
         conn.request("POST", "/validate?timeout=10s", body, headers={"Content-Type": "application/json"})
         response = conn.getresponse()
@@ -254,9 +263,7 @@ def _fresh_probe(port: int, cafile: str | None) -> tuple[int | None, float]:
     if cafile is None:
         conn: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     else:
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile), timeout=2
-        )
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=api_server_tls(cafile), timeout=2)
     try:
         conn.request("GET", "/healthz")
         response = conn.getresponse()

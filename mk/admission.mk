@@ -2,8 +2,9 @@
 #
 #     include mk/admission.mk
 #
-#   make admission-cert            deploy/make-cert.sh into build/admission/certs (CA + cert for 127.0.0.1 and the Service)
-#   make admission-serve POLICY=p  kernelbake admission on https://127.0.0.1:8443 with that cert
+#   make admission-cert            deploy/make-cert.sh into build/admission/certs (CA + cert for 127.0.0.1 and the Service,
+#                                  and the client certificate a client must show)
+#   make admission-serve POLICY=p  kernelbake admission on https://127.0.0.1:8443 with that cert (--client-ca its CA)
 #   make admission-review POLICY=p REQUEST=r.json    one AdmissionReview through the same code
 #   make admission-check POLICY=p  validate a policy file
 #   make admission-try             the ready example: the last image `make image` built, in
@@ -36,7 +37,7 @@ admission-cert: $(ADMISSION_CERTS)/tls.crt ## a CA and a serving certificate for
 
 admission-serve: $(ADMISSION_CERTS)/tls.crt ## serve the admission webhook on https://127.0.0.1:8443 with POLICY=
 	$(need-policy)$(KERNELBAKE) admission --policy $(POLICY) --tls-cert $(ADMISSION_CERTS)/tls.crt \
-		--tls-key $(ADMISSION_CERTS)/tls.key --host 127.0.0.1 --port 8443
+		--tls-key $(ADMISSION_CERTS)/tls.key --client-ca $(ADMISSION_CERTS)/ca.crt --host 127.0.0.1 --port 8443
 
 admission-review: ## one AdmissionReview REQUEST= through the webhook code, with POLICY=
 	$(need-policy)$(if $(REQUEST),,$(error REQUEST=request.json is required))$(KERNELBAKE) admission review --policy $(POLICY) $(REQUEST)

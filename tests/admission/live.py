@@ -92,7 +92,14 @@ def serving(
 ) -> Iterator[Served]:
     """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
     policy (no reader thread competing with the caller); stops it with SIGTERM. ``wrap``: a
-    command that runs the server's (a memory cgroup to join first, say)."""
+    command that runs the server's (a memory cgroup to join first, say). As deployed, it takes
+    only the API server's client certificate (``certs``' CA), unless ``options`` say
+    ``--unsafe-any-client`` or name another ``--client-ca``."""
+    clients = (
+        []
+        if {"--unsafe-any-client", "--client-ca"} & set(options)
+        else ["--client-ca", str(certs / "ca.crt")]
+    )
     log_path = policy.with_suffix(".server.log")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -114,6 +121,7 @@ def serving(
                 log_level,
                 "--workers",
                 str(workers),
+                *clients,
                 *options,
             ],
             stderr=log,
