@@ -11,7 +11,9 @@ under the same enforced 512 MiB cgroup.
   review's answers.
 - **held connections**: a process holds ``HELD`` TLS connections (one fewer than the two
   workers' places, as in issue 41), each sending a tiny request every ``REFRESH_SECONDS`` and
-  reconnecting at once when it is cut; meanwhile, for ``HOLD_SECONDS``, a review on a new
+  reconnecting at once when it is cut; it shows the API server's client certificate (the webhook
+  runs with ``--client-ca``), standing for the worst holder: one past the handshake, as anyone
+  is under ``--unsafe-any-client``; meanwhile, for ``HOLD_SECONDS``, a review on a new
   connection every ``FRESH_EVERY`` seconds (as the API server opens one when its pool is short)
   and a probe on a new connection every ``PROBE_EVERY`` seconds, as the kubelet sends them, on
   the probes' port and, for comparison, on the webhook's (issue 41: 831 of 831 such reviews and
