@@ -46,6 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kernelbake.admission import workers
     from kernelbake.admission.delta_reads import BUDGET as DELTA_BUDGET
     from kernelbake.admission.large_bodies import BodyBudget
+    from kernelbake.admission.pod_facts import PodFacts
     from kernelbake.admission.policy import load_admission_policy
     from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.service import Admitter
@@ -101,10 +102,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Made before the fork: the workers share the pod's memory, so they share these budgets.
     bodies = BodyBudget(MAX_BODY)
     deltas = BodyBudget(DELTA_BUDGET)
+    # One parse of each delta.json for the pod, whichever worker is asked first.
+    delta_facts = PodFacts()
 
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
-        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env(), delta_budget=deltas))
+        gateway = build_gateway(
+            policy, settings=Settings.from_env(), delta_budget=deltas, delta_facts=delta_facts
+        )
+        admitter = Admitter(policy, gateway)
         server = AdmissionServer(
             admitter,
             cert=cert,
