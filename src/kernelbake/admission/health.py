@@ -9,8 +9,9 @@ admits the HTTPS port alone), its own places and a short read.
 
 ``GET /healthz``: 200 while the worker's event loop answers. ``GET /readyz``: 200 while the
 webhook accepts reviews, 503 once it is stopping. Both say who may connect (``clients``:
-``client-ca``, or ``unsafe-any-client``), so that a permissive webhook shows in its probes. Anything else: 404; a request not read whole
-within ``READ_SECONDS`` or larger than ``HEAD_LIMIT``: the connection is closed.
+``client-ca``, or ``unsafe-any-client``), so that a permissive webhook shows in its probes.
+Anything else: 404; a request not read whole within ``READ_SECONDS`` or larger than
+``HEAD_LIMIT``: the connection is closed.
 """
 
 from __future__ import annotations

@@ -133,9 +133,9 @@ class PodFacts:
         try:
             return Claim.DONE, decode(data)
         except (ValueError, KeyError, TypeError):
-            # Written by this package in this pod; if it does not read back, read it again.
-            self.drop(digest)
-            return self.claim(digest, stale=stale)
+            # Written by this package in this pod: if it does not read back, the caller reads the
+            # bytes itself rather than trust it.
+            return Claim.FULL, None
 
     def _free(self, now: float, stale: float) -> _Slot | None:
         """An empty slot, else the one read longest ago, else one claimed ``stale`` seconds ago."""
