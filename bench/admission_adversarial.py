@@ -703,7 +703,7 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
     repositories (the same digest), signed with the bench's key (``world``'s work/keys), and the
     review of a pod that runs the image, mounts the first at DELTA_ROOT and names the others as
     image volumes. Returns (the review, what was pushed)."""
-    from kernelbake.contract.delta import DeltaFile, DeltaManifest
+    from kernelbake.contract.delta import DeltaFile, DeltaManifest, Origin, Rebuild
     from kernelbake.contract.key import key_from_labels
     from kernelbake.contract.layout import CacheKind
     from kernelbake.oci import RegistryClient, parse_reference
@@ -727,12 +727,16 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         (source / rel).touch()
         files.append(DeltaFile(path=rel, size=0, sha256=empty, kind=CacheKind.TRITON))
+    # A rebuilt delta, as the default policy admits (a replica's own bytes are refused at push):
+    # no record was replayed here, so the record's digest is a stand-in.
     delta = DeltaManifest(
         key=key_from_labels(facts.labels),
         base_image=None,
         base_manifest=sha256_digest(cache_manifest),
         files=tuple(files),
         replica="bench",
+        origin=Origin.REBUILT,
+        rebuild=Rebuild(builder="bench", image=str(base.digest), record="sha256:" + "0" * 64),
     )
     (source / "delta.json").write_text(delta.to_json())
     signer = KeySigner(load_private_key(work / "keys" / "bench.key"))
