@@ -12,6 +12,7 @@
 #   make test-admission            tests/admission (needs Debian's docker-registry; keyless test needs make signing-deps)
 #   make bench-admission           bench/admission_load.py -> bench/results/admission_load.json
 #   make bench-admission-adversarial   bench/admission_adversarial.py -> bench/results/admission_adversarial.json
+#   make bench-admission-cpu       bench/admission_cpu.py -> bench/results/admission_cpu.json (CPU per review against d6fcc27)
 #   make admission-image [ADMISSION_IMAGE=ref]   deploy/build-image.sh (wheels downloaded on the host)
 
 KERNELBAKE ?= .venv/bin/kernelbake
@@ -28,7 +29,7 @@ IMAGE_REF ?= build/image.ref
 IMAGE ?= $(shell cat $(IMAGE_REF) 2>/dev/null)
 EXAMPLE_POLICY := deploy/examples/local-policy.yaml
 
-.PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission bench-admission-adversarial admission-image
+.PHONY: admission-cert admission-serve admission-review admission-check admission-try test-admission bench-admission bench-admission-adversarial bench-admission-cpu admission-image
 
 $(ADMISSION_CERTS)/tls.crt:
 	deploy/make-cert.sh --out $(ADMISSION_CERTS) --ip 127.0.0.1 --dns localhost
@@ -59,6 +60,9 @@ bench-admission: ## the admission load benchmark
 
 bench-admission-adversarial: ## hostile reviews against the real webhook (bench/results/admission_adversarial.json)
 	$(BENCH_PYTHON) bench/admission_adversarial.py
+
+bench-admission-cpu: ## the webhook's CPU time per review, this tree against d6fcc27 (bench/results/admission_cpu.json)
+	$(BENCH_PYTHON) bench/admission_cpu.py
 
 admission-image: ## the webhook's image (ADMISSION_IMAGE=)
 	deploy/build-image.sh $(ADMISSION_IMAGE)
