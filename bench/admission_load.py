@@ -550,10 +550,15 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
     policy = live.write_policy(
         work / "policy.yaml", [f"{registry}/kernelbake/**", f"{slow}/kernelbake/**"], pub
     )
-    # The webhook takes only the API server's client certificate (--client-ca, as deployed).
+    # The webhook takes only the API server's client certificate (--client-ca, as deployed),
+    # which its own --help says it can: a server from before (an A/B's other side, run by
+    # PYTHONPATH) serves any client, and is not offered the flag.
     tls = client_tls(certs)
-    result: dict[str, Any] = {}
-    with live.serving(policy, certs, workers=args.workers) as served:
+    helped = subprocess.run(
+        [*live.KERNELBAKE, "admission", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    result: dict[str, Any] = {"server_client_ca": "--client-ca" in helped}
+    with live.serving(policy, certs, workers=args.workers, client_ca="--client-ca" in helped) as served:
         pid = served.process.pid
         clients = [await Client.open(served.port, tls) for _ in range(args.concurrency)]
         try:
