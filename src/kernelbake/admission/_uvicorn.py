@@ -229,13 +229,17 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
     at most 16 KiB, so a smaller buffer only means more, smaller reads).
 
     At the limit a new connection takes the place of one without a request in flight: the one
-    that has waited longest of the first ``Waiting`` kind there is (still in its handshake, then
-    connected without a request, both only once they have waited ``GRACE_SECONDS``; then kept
-    alive since its last answer; then still sending a request), at most
-    ``EVICTIONS_PER_SECOND`` a second. A review being answered is never cut (it ends by its
-    deadline); when there is none to cut, the new connection is dropped before its handshake. Both are logged. Without this, 1,023 connections that each sent a tiny request
+    that has waited longest of the first ``Waiting`` kind that has one to give (still in its
+    handshake, then connected without a request, both only once they have waited
+    ``GRACE_SECONDS``; then kept alive since its last answer; then still sending a request, these
+    two only while connections without a request hold less than half the places: ``_victim``),
+    at most ``EVICTIONS_PER_SECOND`` a second. A review being answered is never cut (it ends by
+    its deadline); when there is none to cut, the new connection is dropped before its
+    handshake. Both are logged. Without this, 1,023 connections that each sent a tiny request
     every 100 s made every new connection fail; in this order, a flood of connections that never
-    finish a handshake cuts none of the API server's kept-alive ones, nor a review on its way in.
+    finish a handshake cuts none of the API server's kept-alive ones, nor a review on its way in,
+    and a holder that reconnects at once, its new connection younger than the grace, keeps no
+    newcomer out.
 
     A connection that never gets to a request (dropped, or its handshake failed: a client that
     connects and half-closes) must cost nothing once it is gone. Two reference cycles kept each
@@ -321,8 +325,10 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
                 BoundedTLS._said = now
                 log.warning(
                     "dropped a connection before its TLS handshake: this worker holds %d, the "
-                    "limit (--max-connections), each with a review in flight; %d dropped so far",
+                    "limit (--max-connections), none it may cut (a review in flight on each, or "
+                    "connections younger than %g s without a request on half); %d dropped so far",
                     self.limit,
+                    BoundedTLS.GRACE_SECONDS,
                     BoundedTLS.dropped,
                 )
             # Nothing was read and no handshake started: the socket is closed at once.
@@ -380,22 +386,16 @@ class BoundedTLS(asyncio.sslproto.SSLProtocol):
 
 def _evict() -> bool:
     """Cut a waiting connection to make room for a new one (see ``BoundedTLS``); False when
-    there is none to cut: every place has a request in flight, the first waiting kind is a
-    handshake or a connection without a request younger than ``GRACE_SECONDS``, or this
-    second's ``EVICTIONS_PER_SECOND`` are spent (each cut connection's objects live until the
-    loop's next turn, beside the new one's: under a churn, cutting for every newcomer took a
-    worker from 176 to 260 MiB)."""
+    there is none to cut (``_victim``) or this second's ``EVICTIONS_PER_SECOND`` are spent (each
+    cut connection's objects live until the loop's next turn, beside the new one's: under a
+    churn, cutting for every newcomer took a worker from 176 to 260 MiB)."""
     now = time.monotonic()
     if now - BoundedTLS._window >= 1:
         BoundedTLS._window, BoundedTLS._cuts = now, 0
     if BoundedTLS._cuts >= BoundedTLS.EVICTIONS_PER_SECOND:
         return False
-    found = next(((kind, w) for kind, w in zip(Waiting, BoundedTLS.waiting, strict=True) if w), None)
-    if found is None:
-        return False
-    kind, waiting = found
-    victim, since = next(iter(waiting.items()))
-    if kind <= Waiting.CONNECTED and now - since < BoundedTLS.GRACE_SECONDS:
+    victim = _victim(now)
+    if victim is None:
         return False
     BoundedTLS._cuts += 1
     victim.busy()
@@ -413,6 +413,28 @@ def _evict() -> bool:
             BoundedTLS.evicted,
         )
     return True
+
+
+def _victim(now: float) -> BoundedTLS | None:
+    """The connection a newcomer takes the place of: the longest waiting of the first kind that
+    has one to give. A connection without a request yet gives its place up only once it has
+    waited ``GRACE_SECONDS``; a younger one is passed over, not a reason to drop the newcomer
+    (a holder reconnecting at once kept one in its handshake, and a fresh connection then found
+    no place with 63 of 64 kept alive). Kept-alive and arriving connections give way only while
+    those without a request hold less than half the places: a flood of handshakes never takes
+    the API server's kept-alive connections, and a few newcomers never block them."""
+    waiting = BoundedTLS.waiting
+    for kind in (Waiting.HANDSHAKE, Waiting.CONNECTED):
+        if waiting[kind]:
+            oldest, since = next(iter(waiting[kind].items()))
+            if now - since >= BoundedTLS.GRACE_SECONDS:
+                return oldest
+    if 2 * (len(waiting[Waiting.HANDSHAKE]) + len(waiting[Waiting.CONNECTED])) >= BoundedTLS.limit:
+        return None
+    for kind in (Waiting.KEPT_ALIVE, Waiting.ARRIVING):
+        if waiting[kind]:
+            return next(iter(waiting[kind]))
+    return None
 
 
 def _run_tidy() -> None:

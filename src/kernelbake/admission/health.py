@@ -8,8 +8,10 @@ Here they have a listener that the webhook's clients never reach (deploy/network
 admits the HTTPS port alone), its own places and a short read.
 
 ``GET /healthz``: 200 while the worker's event loop answers. ``GET /readyz``: 200 while the
-webhook accepts reviews, 503 once it is stopping. Anything else: 404; a request not read whole
-within ``READ_SECONDS`` or larger than ``HEAD_LIMIT``: the connection is closed.
+webhook accepts reviews, 503 once it is stopping. Both say who may connect (``clients``:
+``client-ca``, or ``unsafe-any-client``), so that a permissive webhook shows in its probes.
+Anything else: 404; a request not read whole within ``READ_SECONDS`` or larger than
+``HEAD_LIMIT``: the connection is closed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 # Places per worker: the kubelet sends one probe of each kind per period.
 MAX_CONNECTIONS = 16
@@ -26,16 +28,18 @@ READ_SECONDS = 2.0
 HEAD_LIMIT = 1024
 
 
-def answer(head: bytes, ready: bool) -> tuple[int, dict[str, str]]:
-    """The status and body for the request whose head is ``head``."""
+def answer(head: bytes, ready: bool, about: Mapping[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    """The status and body for the request whose head is ``head``; ``about``: what the server
+    says of itself in each probe's answer."""
+    about = about or {}
     method, _, rest = head.partition(b" ")
     path = rest.partition(b" ")[0].partition(b"?")[0]
     if method != b"GET":
         return 405, {"error": "GET /healthz or /readyz"}
     if path == b"/healthz":
-        return 200, {"status": "ok"}
+        return 200, {"status": "ok", **about}
     if path == b"/readyz":
-        return (200, {"status": "ok"}) if ready else (503, {"status": "stopping"})
+        return (200, {"status": "ok", **about}) if ready else (503, {"status": "stopping", **about})
     return 404, {"error": "no such endpoint; use /healthz or /readyz"}
 
 
@@ -46,9 +50,12 @@ class HealthListener:
     """Serve the probes on ``sock`` (already listening); ``ready`` says whether reviews are
     accepted."""
 
-    def __init__(self, sock: socket.socket, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self, sock: socket.socket, ready: Callable[[], bool], about: Mapping[str, str] | None = None
+    ) -> None:
         self.sock = sock
         self.ready = ready
+        self.about = dict(about or {})
         self.open = 0
         self._server: asyncio.Server | None = None
 
@@ -67,7 +74,7 @@ class HealthListener:
         self.open += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
-            status, body = answer(head, self.ready())
+            status, body = answer(head, self.ready(), self.about)
             data = json.dumps(body).encode()
             writer.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"

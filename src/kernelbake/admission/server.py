@@ -9,7 +9,9 @@ HTTP/1.1 and TLS are uvicorn's (with httptools' parser); this module is the ASGI
   handshake has ``HANDSHAKE_SECONDS`` and reads into a ``TLS_READ_BUFFER`` (asyncio's own
   256 KiB per connection let 2,000 silent connections take a worker past the pod's limit); at
   the limit a new connection takes the place of the one idle longest (``_uvicorn.BoundedTLS``);
-- with ``client_ca``, only clients with a certificate it issued get past the handshake;
+- only clients with a certificate ``client_ca`` issued get past the handshake (the API server's);
+  without one the server refuses to start unless told ``unsafe_any_client``, and then says so in
+  every probe's answer (``clients``);
 - the probes have a listener of their own (``health``), which the clients' connections cannot fill;
 - a connection has ``IDLE_SECONDS`` to start a request (and between requests), and
   ``HEADER_SECONDS`` to send the whole of one once it started (a stalled client is dropped);
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import enum
 import gc
 import json
 import json.scanner
@@ -55,6 +58,7 @@ from kernelbake.admission.health import HealthListener
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
 from kernelbake.contract import jsondoc
+from kernelbake.errors import BadInput
 
 log = logging.getLogger("kernelbake.admission.server")
 
@@ -89,6 +93,13 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
+class Clients(enum.Enum):
+    """Who may connect, as the probes' answers say it."""
+
+    CLIENT_CA = "client-ca"  # only the holders of a certificate the client CA issued
+    UNSAFE_ANY_CLIENT = "unsafe-any-client"
+
+
 def tls_context(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
     """The serving context; with ``client_ca``, a client must show a certificate for client
     authentication that it issued (the API server's, from its admission configuration's
@@ -115,17 +126,23 @@ class AdmissionServer:
         bodies: BodyBudget | None = None,
         max_connections: int = MAX_CONNECTIONS,
         client_ca: Path | None = None,
+        unsafe_any_client: bool = False,
         health_sock: socket.socket | None = None,
     ) -> None:
+        if client_ca is None and not unsafe_any_client:
+            # Fails closed: serving anyone who reaches the port is asked for by name.
+            raise BadInput("the webhook needs a client CA (--client-ca), or --unsafe-any-client")
         self.admitter = admitter
+        self.clients = Clients.UNSAFE_ANY_CLIENT if client_ca is None else Clients.CLIENT_CA
+        self._about = {"clients": self.clients.value}
         # The probes' listener (``health``), apart from the port clients can fill.
-        self.health = None if health_sock is None else HealthListener(health_sock, self._ready)
+        self.health = None if health_sock is None else HealthListener(health_sock, self._ready, self._about)
         self.max_connections = max_connections
         # Shared by the workers of one pod when the parent made it before forking.
         self.bodies = bodies or BodyBudget(MAX_BODY)
         # A socket already listening (from ``workers.listening_sockets``) wins over host/port.
         self.sock = sock
-        self.cert, self.key = cert, key
+        self.cert, self.key, self.client_ca = cert, key, client_ca
         self.host, self.port = host, port
         self.tls = tls_context(cert, key, client_ca)
         self._cert_mtimes = self._mtimes()
@@ -205,8 +222,9 @@ class AdmissionServer:
             await self.health.close()
         self.admitter.gateway.close()
 
-    def _mtimes(self) -> tuple[float, float]:
-        return (self.cert.stat().st_mtime, self.key.stat().st_mtime)
+    def _mtimes(self) -> tuple[float, ...]:
+        files = (self.cert, self.key) if self.client_ca is None else (self.cert, self.key, self.client_ca)
+        return tuple(f.stat().st_mtime for f in files)
 
     async def _watch_certificate(self) -> None:
         # Mounted Secrets are updated in place when the certificate is rotated; new
@@ -216,12 +234,17 @@ class AdmissionServer:
             self.reload_certificate()
 
     def reload_certificate(self) -> bool:
-        """Load the certificate pair again if either file changed; True if it did."""
+        """Load the certificate pair again if a file changed, and a changed client CA: True if
+        they were. make-cert.sh rotates the CA with the certificates; the new client CA is added
+        to the old one (OpenSSL's store only grows), so the API server's certificate from either
+        is taken until the next restart drops the old."""
         try:
             mtimes = self._mtimes()
             if mtimes == self._cert_mtimes:
                 return False
             self.tls.load_cert_chain(self.cert, self.key)
+            if self.client_ca is not None and mtimes[2:] != self._cert_mtimes[2:]:
+                self.tls.load_verify_locations(cafile=self.client_ca)
             self._cert_mtimes = mtimes
             log.info("reloaded the serving certificate %s", self.cert)
             return True
@@ -262,7 +285,7 @@ class AdmissionServer:
             return 505, {"error": f"HTTP/{version} is not supported"}, True, False
         path: str = scope["path"]
         if path in ("/healthz", "/readyz"):
-            return 200, {"status": "ok"}, False, False
+            return 200, {"status": "ok", **self._about}, False, False
         endpoint = _ROUTES.get(path)
         if endpoint is None:
             return 404, {"error": f"no such endpoint {path!r}; use /mutate or /validate"}, False, False

@@ -19,6 +19,7 @@ from kernelbake import oci
 from kernelbake.admission.delta_reads import DeltaReads
 from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.large_bodies import BodyBudget
+from kernelbake.admission.pod_facts import PodFacts
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.snapshots import VerifiedSnapshotVolume, snapshot_volume
 from kernelbake.contract.artifact import InvalidArtifact
@@ -120,10 +121,15 @@ def _sorted(call: Callable[[], _T]) -> _T:
 
 
 def build_gateway(
-    policy: AdmissionPolicy, *, settings: Settings | None = None, delta_budget: BodyBudget | None = None
+    policy: AdmissionPolicy,
+    *,
+    settings: Settings | None = None,
+    delta_budget: BodyBudget | None = None,
+    delta_facts: PodFacts | None = None,
 ) -> Gateway:
-    """``delta_budget``: the bytes of delta.json the pod reads at once, shared by the workers
-    when the parent made it before forking (default: this process's own)."""
+    """``delta_budget``: the bytes of delta.json the pod reads at once, and ``delta_facts``:
+    what they said, both shared by the workers when the parent made them before forking
+    (default: this process's own budget, and nothing shared)."""
     # A verification gives up a little before the review's deadline, so that the answer carries
     # the registry's reason (which registry, which call) instead of "did not finish". It also
     # gives the verification's thread back to its registry's lane by then.
@@ -132,7 +138,7 @@ def build_gateway(
         verify_policy(policy),
         settings=settings,
         timeout=seconds,
-        delta_reads=DeltaReads(delta_budget, seconds=seconds),
+        delta_reads=DeltaReads(delta_budget, seconds=seconds, pod=delta_facts),
     )
     return Gateway(
         verifier,
