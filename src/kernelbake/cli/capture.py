@@ -17,7 +17,7 @@ from kernelbake.cli._registry import client as registry_client
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.capture import collect
+    from kernelbake.runtime.capture.collect import collect
     from kernelbake.runtime.env import RuntimeEnv
 
     done = collect(RuntimeEnv.from_env(), args.out, root=args.root, replica=args.replica)
@@ -41,8 +41,8 @@ def _request(text: str) -> dict[str, Any]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.capture.record import record
     from kernelbake.runtime.env import RuntimeEnv
-    from kernelbake.runtime.record import record
 
     done = record(
         RuntimeEnv.from_env(),
@@ -58,7 +58,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kernelbake.runtime import replay
+    from kernelbake.runtime.capture import replay
     from kernelbake.runtime.env import RuntimeEnv
 
     done = replay.replay(replay.load(RuntimeEnv.from_env(), args.record), port=args.port)

@@ -261,7 +261,7 @@ class RuntimeEnv:
     # Where the engine notes the batches that compiled while it served (``capture record``).
     miss_notes: Path = Path("/tmp") / MISS_NOTES_NAME
     manifest_digest: str | None = None
-    # The cache delta a pod may mount (``runtime.delta``), and the sha256 its delta.json must
+    # The cache delta a pod may mount (``runtime.serve.delta``), and the sha256 its delta.json must
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
     delta_root: Path = Path(DELTA_ROOT)
     delta_digest: str | None = None

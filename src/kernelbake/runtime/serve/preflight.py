@@ -31,7 +31,6 @@ from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
-from kernelbake.runtime import delta as cache_delta
 from kernelbake.runtime import pin
 from kernelbake.runtime.bundle import copy_bundle, load_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
@@ -39,6 +38,7 @@ from kernelbake.runtime.env import MISS_NOTES_ENV, CacheMode, RuntimeEnv, Verify
 from kernelbake.runtime.integrity import Check, strangers
 from kernelbake.runtime.prediction import Change, Prediction, fallback, unavailable
 from kernelbake.runtime.redact import shown
+from kernelbake.runtime.serve import delta as cache_delta
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
