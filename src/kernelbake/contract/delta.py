@@ -269,11 +269,58 @@ def _check_origin(delta: DeltaManifest) -> None:
         raise InvalidDelta(f"rebuilt from the image {r.image}, but layered on {delta.base_image}")
 
 
-def conflicts(delta: DeltaManifest, baked: Mapping[str, str]) -> list[str]:
-    """The delta's files that would give a baked path (``baked``: path → sha256) other bytes.
-    A delta never replaces a baked file; the same bytes again are harmless and skipped."""
+def _conflicts(files: Mapping[str, str], baked: Mapping[str, str]) -> list[str]:
+    """The delta's files that would give a baked path (path → sha256) other bytes. A delta never
+    replaces a baked file; the same bytes again are harmless and skipped."""
     return [
-        f"{f.path}: the delta has sha256 {f.sha256}, the baked file {baked[f.path]}"
-        for f in delta.files
-        if f.path in baked and baked[f.path] != f.sha256
+        f"{path}: the delta has sha256 {sha}, the baked file {baked[path]}"
+        for path, sha in sorted(files.items())
+        if path in baked and baked[path] != sha
     ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Layering:
+    """What a delta says it is layered on, or what an image is, as far as the one who checks
+    knows it: ``None`` is not known there, and is not compared (``serve`` cannot know its own
+    image's digest; admission reads no file list)."""
+
+    key: CacheKey
+    manifest: str | None  # sha256:… of the pinned cache manifest
+    image: str | None = None  # sha256:… of the image
+    files: Mapping[str, str] | None = None  # path → sha256: the delta's files, or the baked ones
+
+    @classmethod
+    def of(cls, delta: DeltaManifest) -> Layering:
+        return cls(
+            key=delta.key,
+            manifest=delta.base_manifest,
+            image=delta.base_image,
+            files={f.path: f.sha256 for f in delta.files},
+        )
+
+
+_SHOWN = 3
+
+
+def base_problems(delta: Layering, base: Layering, *, named: str) -> list[str]:
+    """Why a delta does not belong on ``base`` (empty: it does), the one rule that the push, the
+    webhook and ``serve`` each apply with what they know of both: the same image, the same key,
+    the same pinned bundle, and no baked file given other bytes. ``named`` is how the messages
+    name the base ("this image", "the pod's image")."""
+    problems = []
+    if None not in (delta.image, base.image) and delta.image != base.image:
+        problems.append(
+            f"the delta is layered on {delta.image}, but {named} is {base.image}; capture a delta from a "
+            f"replica of {named}"
+        )
+    if delta.key != base.key:
+        problems.append(f"the delta is for key {delta.key.digest}, {named}'s is {base.key.digest}")
+    if None not in (delta.manifest, base.manifest) and delta.manifest != base.manifest:
+        problems.append(
+            f"the delta is layered on the bundle {delta.manifest}, {named} pins {base.manifest}; capture a "
+            f"delta from a replica of {named}"
+        )
+    if delta.files is not None and base.files is not None and (found := _conflicts(delta.files, base.files)):
+        problems.append(f"the delta would replace baked files: {'; '.join(found[:_SHOWN])}")
+    return problems

@@ -36,8 +36,9 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaManifest,
     InvalidDelta,
+    Layering,
     Origin,
-    conflicts,
+    base_problems,
 )
 from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
 from kernelbake.contract.manifest import Manifest as CacheManifest
@@ -172,27 +173,18 @@ def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, bytes]:
 
 
 def _check_base(
-    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base_digest: str
+    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base: str, named: str
 ) -> None:
-    """The delta belongs on this base: its key, its bundle, and no baked file given other bytes."""
-    manifest_digest = sha256_digest(cache_manifest)
-    key = key_from_labels(facts.labels)
-    if delta.key != key:
-        raise DeltaRefused(
-            f"{where}: the delta is for key {delta.key.digest}, the base image's is {key.digest}"
-        )
-    if delta.base_manifest != manifest_digest:
-        raise DeltaRefused(
-            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the base image holds "
-            f"{manifest_digest}; capture it from a replica of that image"
-        )
-    if delta.base_image is not None and delta.base_image != base_digest:
-        raise DeltaRefused(f"{where}: the delta's base is {delta.base_image}, not {base_digest}")
-    baked = CacheManifest.from_json(
-        cache_manifest.decode(errors="replace"), source=f"{base_digest}: manifest"
+    """The delta belongs on this base (``contract.delta.base_problems``)."""
+    baked = CacheManifest.from_json(cache_manifest.decode(errors="replace"), source=f"{base}: manifest")
+    image = Layering(
+        key=key_from_labels(facts.labels),
+        manifest=sha256_digest(cache_manifest),
+        image=base,
+        files={f.path: f.sha256 for f in baked.files},
     )
-    if found := conflicts(delta, {f.path: f.sha256 for f in baked.files}):
-        raise DeltaRefused(f"{where}: the delta would replace baked files: {'; '.join(found[:3])}")
+    if problems := base_problems(Layering.of(delta), image, named=named):
+        raise DeltaRefused(f"{where}: {'; '.join(problems)}")
 
 
 def _config(diff_ids: list[str], labels: dict[str, str]) -> bytes:
@@ -231,7 +223,7 @@ def push_delta(
         )
     base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
-    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest)
+    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest, "the base image")
     if delta.rebuild is not None and delta.rebuild.image != base_ref.digest:
         raise DeltaRefused(
             f"{path}: rebuilt from the image {delta.rebuild.image}, not the base {base_ref.digest}; "
@@ -513,9 +505,5 @@ def verify_delta(
     assert base_ref.digest is not None
     verified, delta = _read(client, reference, policy)
     assert delta is not None  # read each time by default
-    if verified.base_digest != base_ref.digest:
-        raise DeltaRefused(
-            f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"
-        )
-    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest)
+    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest, "the pod's image")
     return verified
