@@ -11,7 +11,6 @@ process would carry it to every replica), and, before the dump, any in a process
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import signal
@@ -37,6 +36,7 @@ from kernelbake.contract.snapshot import (
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import spawn
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret
 from kernelbake.runtime.snapshot import http, io_uring, tree
@@ -154,14 +154,6 @@ def _sleep(base: str) -> None:
         raise EnvironmentProblem(f"{base}/is_sleeping does not say the engine sleeps after /sleep?level=2")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(out: Path) -> list[SnapshotFile]:
     found = []
     for dirpath, _dirs, names in os.walk(out / IMAGES_DIR):
@@ -170,7 +162,7 @@ def _files(out: Path) -> list[SnapshotFile]:
             rel = p.relative_to(out).as_posix()
             st = p.stat()
             mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
-            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=_sha256(p), mode=mode))
+            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=file_sha256(p), mode=mode))
     return found
 
 
