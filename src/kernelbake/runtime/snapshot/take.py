@@ -227,8 +227,8 @@ def _kill(pids: Sequence[int]) -> None:
             continue
 
 
-def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
-    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
+    """The image's target, once nothing rules the snapshot out before the engine starts."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"{out}: not an empty directory; a snapshot is written only into a new or empty one")
     refuse_secrets(env.environ, options.user_args, "kernelbake snapshot take")
@@ -237,28 +237,59 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         found := weights_out_problems(target, env.environ, options.user_args)
     ):
         raise BadInput(f"kernelbake snapshot take --weights outside: {'; '.join(found)}")
-    warm = WARMUPS[target.key.engine]
+    return target
+
+
+def _warmed(proc: Any, target: TargetConfig, options: Options, started: float) -> dict[str, float]:
+    """Ready, warmed up (and asleep, with the weights outside): how long each took."""
+    base = f"http://127.0.0.1:{options.port}"
+    _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
+    taken = {"ready_s": time.monotonic() - started}
+    t = time.monotonic()
+    for _ in range(options.warmup_requests):
+        WARMUPS[target.key.engine](base)
+    taken["warmup_s"] = time.monotonic() - t
+    if options.weights is Weights.OUTSIDE:
+        t = time.monotonic()
+        _sleep(base)
+        taken["sleep_s"] = time.monotonic() - t
+    return taken
+
+
+def _dump(
+    env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
+) -> dict[str, float]:
+    """The device state checkpointed, then the tree dumped into ``out``: how long each took.
+    A failed dump gives the device state back and stops here."""
+    t = time.monotonic()
+    for pid in pids:
+        driver.checkpoint(pid)
+    taken = {"checkpoint_s": time.monotonic() - t}
+    (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    env.scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
+    t = time.monotonic()
+    ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
+    taken["dump_s"] = time.monotonic() - t
+    if not ok:
+        for pid in pids:
+            driver.restore(pid)
+        raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+    return taken
+
+
+def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
+    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+    target = _target(env, out, options)
     log = Path(ENGINE_LOG)
     if log.exists():
         log.unlink()
-    base = f"http://127.0.0.1:{options.port}"
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
-    taken: dict[str, float] = {}
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
     proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
-    pids: list[int] = [proc.pid]
     try:
-        _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
-        taken["ready_s"] = time.monotonic() - started
-        t = time.monotonic()
-        for _ in range(options.warmup_requests):
-            warm(base)
-        taken["warmup_s"] = time.monotonic() - t
-        if options.weights is Weights.OUTSIDE:
-            t = time.monotonic()
-            _sleep(base)
-            taken["sleep_s"] = time.monotonic() - t
+        taken = _warmed(proc, target, options, started)
         pids = tree.descendants(proc.pid)
         _wait_quiet(pids, options.port, options.quiet_timeout_s)
         _check_tree(pids)
@@ -272,20 +303,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
-        t = time.monotonic()
-        for pid in pids:
-            driver.checkpoint(pid)
-        taken["checkpoint_s"] = time.monotonic() - t
-        (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-        env.scratch.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
-        t = time.monotonic()
-        ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
-        taken["dump_s"] = time.monotonic() - t
-        if not ok:
-            for pid in pids:
-                driver.restore(pid)
-            raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+        taken |= _dump(env, proc, pids, out, driver=driver, criu=criu)
         proc.wait()
         shutil.copyfile(log, out / ENGINE_LOG_COPY)
         _copy_shm(Path(SHM_DIR), out / SHM_COPY)
