@@ -71,9 +71,7 @@ def push_parser(
     who = c.add_mutually_exclusive_group(required=True)
     who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
     who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=func)
+    _json_and_registry(c, func)
 
 
 def verify_parser(
@@ -90,6 +88,10 @@ def verify_parser(
     c.add_argument(name, metavar=name.upper(), help=ref_help)
     c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help=base_help)
     c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
+    _json_and_registry(c, func)
+
+
+def _json_and_registry(c: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int]) -> None:
     c.add_argument("--json", action="store_true")
     add_registry_args(c)
     c.set_defaults(func=func)

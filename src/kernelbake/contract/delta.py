@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -58,6 +57,9 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 class InvalidDelta(BadInput, ValueError):
     """A delta manifest that is malformed or unsafe; the message names the field or path."""
+
+
+DOCUMENT = jsondoc.Kind("cache delta", (SCHEMA,), MAX_MANIFEST_BYTES, InvalidDelta)
 
 
 class Origin(enum.Enum):
@@ -166,41 +168,33 @@ class DeltaManifest:
             "rebuild": self.rebuild.to_json() if self.rebuild else None,
             "kinds": kinds_json(self.files),
         }
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return jsondoc.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = DELTA_MANIFEST) -> DeltaManifest:
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise InvalidDelta(f"{source}: {len(text)} bytes, more than a delta manifest may hold")
+        return DOCUMENT.read(text, source=source, build=cls._of)
+
+    @classmethod
+    def _of(cls, doc: dict[str, Any]) -> DeltaManifest:
+        base = doc["base"]
+        files = tuple(files_of(doc["kinds"]))
         try:
-            doc = jsondoc.loads(text)
-            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-                got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-                raise InvalidDelta(f"delta schema {got!r} is not {SCHEMA}")
-            base = doc["base"]
-            files = tuple(files_of(doc["kinds"]))
-            try:
-                # Written before deltas said where their bytes came from: a replica's.
-                origin = Origin(doc.get("origin", Origin.REPLICA.value))
-            except ValueError:
-                raise InvalidDelta(
-                    f"origin {doc.get('origin')!r} is not one of {', '.join(o.value for o in Origin)}"
-                ) from None
-            rebuild = doc.get("rebuild")
-            return cls(
-                key=parse_key(doc["key"]),
-                base_image=base.get("image"),
-                base_manifest=base["manifest"],
-                files=files,
-                replica=str(doc.get("replica", "")),
-                origin=origin,
-                rebuild=None if rebuild is None else Rebuild.from_json(rebuild),
-            )
-        except BadInput as exc:
-            # The key's and the invariants' messages, said of this file.
-            raise InvalidDelta(f"{source}: {exc}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InvalidDelta(f"{source}: not a cache delta ({type(exc).__name__}: {exc})") from None
+            # Written before deltas said where their bytes came from: a replica's.
+            origin = Origin(doc.get("origin", Origin.REPLICA.value))
+        except ValueError:
+            raise InvalidDelta(
+                f"origin {doc.get('origin')!r} is not one of {', '.join(o.value for o in Origin)}"
+            ) from None
+        rebuild = doc.get("rebuild")
+        return cls(
+            key=parse_key(doc["key"]),
+            base_image=base.get("image"),
+            base_manifest=base["manifest"],
+            files=files,
+            replica=str(doc.get("replica", "")),
+            origin=origin,
+            rebuild=None if rebuild is None else Rebuild.from_json(rebuild),
+        )
 
 
 def kinds_json(files: Iterable[DeltaFile]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.manifest import bundle_path_problem
 from kernelbake.errors import BadInput
@@ -88,6 +89,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 class InvalidSnapshot(BadInput, ValueError):
     """A snapshot key or manifest that does not parse or is unsafe; quotes the input."""
+
+
+DOCUMENT = jsondoc.Kind("snapshot manifest", (SCHEMA,), MAX_MANIFEST_BYTES, InvalidSnapshot)
 
 
 class Weights(enum.Enum):
@@ -296,7 +300,7 @@ class SnapshotManifest:
         }
         if self.environment is not None:
             doc["environment"] = self.environment
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return jsondoc.dumps(doc)
 
     @property
     def digest(self) -> str:
@@ -304,47 +308,39 @@ class SnapshotManifest:
 
     @classmethod
     def from_json(cls, data: str | bytes, *, source: str) -> SnapshotManifest:
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise InvalidSnapshot(f"{source}: {len(data)} B, more than a snapshot manifest may be")
-        try:
-            doc = json.loads(data)
-            if doc.get("schema") != SCHEMA:
-                raise InvalidSnapshot(f"{source}: schema {doc.get('schema')!r}, expected {SCHEMA}")
-            key = parse_snapshot_key(doc["key"])
-            if doc.get("key_digest") != key.digest:
-                raise InvalidSnapshot(f"{source}: key_digest is not the digest of its key")
-            files = tuple(
-                SnapshotFile(
-                    path=str(f["path"]),
-                    size=int(f["size"]),
-                    sha256=str(f["sha256"]),
-                    mode=int(f["mode"]) if "mode" in f else None,
-                )
-                for f in doc["files"]
+        return DOCUMENT.read(data, source=source, build=cls._of)
+
+    @classmethod
+    def _of(cls, doc: dict[str, Any]) -> SnapshotManifest:
+        key = parse_snapshot_key(doc["key"])
+        if doc.get("key_digest") != key.digest:
+            raise InvalidSnapshot("key_digest is not the digest of its key")
+        files = tuple(
+            SnapshotFile(
+                path=str(f["path"]),
+                size=int(f["size"]),
+                sha256=str(f["sha256"]),
+                mode=int(f["mode"]) if "mode" in f else None,
             )
-            health = doc["health"]
-            environment = doc.get("environment")
-            if environment is not None and (
-                not isinstance(environment, dict)
-                or not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items())
-            ):
-                raise InvalidSnapshot(f"{source}: environment must map names to string values")
-            return cls(
-                key=key,
-                files=files,
-                tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
-                health_port=int(health["port"]),
-                health_path=str(health["path"]),
-                deadline_s=float(health["deadline_s"]),
-                taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
-                environment=environment,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, InvalidSnapshot):
-                raise
-            raise InvalidSnapshot(
-                f"{source}: not a snapshot manifest ({type(exc).__name__}: {exc})"
-            ) from None
+            for f in doc["files"]
+        )
+        health = doc["health"]
+        environment = doc.get("environment")
+        if environment is not None and (
+            not isinstance(environment, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items())
+        ):
+            raise InvalidSnapshot("environment must map names to string values")
+        return cls(
+            key=key,
+            files=files,
+            tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
+            health_port=int(health["port"]),
+            health_path=str(health["path"]),
+            deadline_s=float(health["deadline_s"]),
+            taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
+            environment=environment,
+        )
 
 
 def _check(m: SnapshotManifest) -> None:

@@ -265,20 +265,13 @@ def default_tag(base_digest: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedDelta:
+class VerifiedDelta(referrer.Verified[CacheKey]):
     """A delta whose signature the policy trusts, shaped as kernelbake pushes one; what it is
     layered on (``base_digest``, ``base_manifest``) is for the caller to compare with the pod's
-    image (``verify_delta`` here, ``admission.deltas`` in a review)."""
+    image (``verify_delta`` here, ``admission.deltas`` in a review). ``manifest_digest`` is what
+    $KERNELBAKE_DELTA_DIGEST must be."""
 
-    reference: str  # host/repo@sha256:… of the delta
-    digest: str
-    key: CacheKey
-    base_digest: str  # the image it is layered on (its subject, and delta.json's base)
-    base_manifest: str  # that image's pinned cache manifest
-    manifest_digest: str  # what $KERNELBAKE_DELTA_DIGEST must be
-    signer: str
-    files: int
-    bytes: int
+    base_manifest: str  # the base image's pinned cache manifest
     origin: str = Origin.REPLICA.value  # what delta.json says; unsaid is a replica's
     builder: str = ""  # who rebuilt it; "" for a replica's bytes
     skipped: tuple[str, ...] = ()
@@ -296,22 +289,8 @@ class VerifiedDelta:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "digest": self.digest,
-            "key": str(self.key),
-            "key_digest": self.key.digest,
-            "base_digest": self.base_digest,
-            "base_manifest": self.base_manifest,
-            "manifest_digest": self.manifest_digest,
-            "signer": self.signer,
-            "files": self.files,
-            "bytes": self.bytes,
-            "origin": self.origin,
-            "builder": self.builder,
-            "skipped": list(self.skipped),
-            "verified": True,
-        }
+        mine = {"base_manifest": self.base_manifest, "origin": self.origin, "builder": self.builder}
+        return {**super().to_json(), **mine, "skipped": list(self.skipped)}
 
 
 def is_delta(client: RegistryClient, reference: str) -> bool:

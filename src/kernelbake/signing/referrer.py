@@ -18,7 +18,7 @@ import os
 import tarfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, Protocol, TypeVar
 
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Manifest, Reference, RegistryClient, parse_reference
@@ -184,6 +184,43 @@ class Read:
     @property
     def where(self) -> str:
         return self.pinned.pinned()
+
+
+class _Key(Protocol):
+    @property
+    def digest(self) -> str: ...
+
+
+K = TypeVar("K", bound=_Key)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verified(Generic[K]):
+    """What every verified artifact of a kind says: where it is, what it refers to, its key,
+    who signed it and how large it is; ``signing.delta`` and ``signing.snapshot`` add their own."""
+
+    reference: str  # host/repo@sha256:… of the artifact
+    digest: str
+    key: K
+    base_digest: str  # the image it refers to: its subject
+    manifest_digest: str  # the sha256 of its manifest file, which the pod pins
+    signer: str
+    files: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "digest": self.digest,
+            "key": str(self.key),
+            "key_digest": self.key.digest,
+            "base_digest": self.base_digest,
+            "manifest_digest": self.manifest_digest,
+            "signer": self.signer,
+            "files": self.files,
+            "bytes": self.bytes,
+            "verified": True,
+        }
 
 
 def read(client: RegistryClient, reference: str, policy: VerifyPolicy, kind: Kind) -> Read:

@@ -193,15 +193,11 @@ def _artifact(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedSnapshot:
-    reference: str
-    digest: str
-    key: SnapshotKey
-    base_digest: str  # the image it refers to (its subject, and the key's image)
-    manifest_digest: str  # what $KERNELBAKE_SNAPSHOT_DIGEST must be
-    signer: str
-    files: int
-    bytes: int
+class VerifiedSnapshot(referrer.Verified[SnapshotKey]):
+    """A snapshot whose signature the policy trusts; ``base_digest`` is the image it refers to
+    (its subject, and the key's image), ``manifest_digest`` what $KERNELBAKE_SNAPSHOT_DIGEST
+    must be."""
+
     # snapshot.json's record of the environment its key digests (None before it was recorded).
     environment: Mapping[str, str] | None = None
 
@@ -210,20 +206,6 @@ class VerifiedSnapshot:
             f"verified snapshot {self.reference}: signed by {self.signer}; refers to {self.base_digest}; "
             f"key {self.key.digest}; {self.files} files ({self.bytes} B); snapshot.json {self.manifest_digest}"
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "digest": self.digest,
-            "key": str(self.key),
-            "key_digest": self.key.digest,
-            "base_digest": self.base_digest,
-            "manifest_digest": self.manifest_digest,
-            "signer": self.signer,
-            "files": self.files,
-            "bytes": self.bytes,
-            "verified": True,
-        }
 
 
 def read_snapshot(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedSnapshot:
