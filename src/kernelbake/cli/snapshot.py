@@ -55,9 +55,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _digest(text: str) -> str:
-    import re
+    from kernelbake.contract.manifest import DIGEST
 
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", text):
+    if not DIGEST.fullmatch(text):
         raise argparse.ArgumentTypeError(f"expected sha256:<64 hex>, got {text!r}")
     return text
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import CacheKind
-from kernelbake.contract.manifest import bundle_path_problem, kind_totals
+from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem, kind_totals
 from kernelbake.errors import BadInput
 
 SCHEMA = 1
@@ -51,8 +50,6 @@ MANIFEST_MEDIA_TYPE = "application/vnd.kernelbake.cache-delta.manifest.v1+json"
 MAX_FILES = 100_000
 MAX_BYTES = 64 << 30
 MAX_MANIFEST_BYTES = 32 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class InvalidDelta(BadInput, ValueError):
@@ -231,9 +228,9 @@ def files_of(kinds: Any) -> Iterable[DeltaFile]:
 def check(delta: DeltaManifest) -> None:
     """Every invariant a delta must hold, whoever built it: a valid base, paths that stay in
     their kind's directory, each listed once, and bounded counts and bytes."""
-    if not _DIGEST.fullmatch(delta.base_manifest or ""):
+    if not DIGEST.fullmatch(delta.base_manifest or ""):
         raise InvalidDelta(f"base manifest digest {delta.base_manifest!r} is not sha256:<64 hex>")
-    if delta.base_image is not None and not _DIGEST.fullmatch(delta.base_image):
+    if delta.base_image is not None and not DIGEST.fullmatch(delta.base_image):
         raise InvalidDelta(f"base image digest {delta.base_image!r} is not sha256:<64 hex>")
     _check_origin(delta)
     if len(delta.files) > MAX_FILES:
@@ -242,7 +239,7 @@ def check(delta: DeltaManifest) -> None:
     for f in delta.files:
         if problem := bundle_path_problem(f.path, f.kind):
             raise InvalidDelta(f"file {f.path!r} {problem}")
-        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+        if f.size < 0 or not SHA256_HEX.fullmatch(f.sha256):
             raise InvalidDelta(f"file {f.path!r}: size or sha256 is not valid")
         if f.path in seen:
             raise InvalidDelta(f"file {f.path!r} is listed twice")
@@ -257,7 +254,7 @@ def _check_origin(delta: DeltaManifest) -> None:
     if (r := delta.rebuild) is None:
         return
     for name, value in (("image", r.image), ("record", r.record)):
-        if not _DIGEST.fullmatch(value):
+        if not DIGEST.fullmatch(value):
             raise InvalidDelta(f"rebuild.{name} {value!r} is not sha256:<64 hex>")
     if delta.base_image is not None and r.image != delta.base_image:
         raise InvalidDelta(f"rebuilt from the image {r.image}, but layered on {delta.base_image}")

@@ -22,14 +22,13 @@ import dataclasses
 import enum
 import hashlib
 import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
 from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
-from kernelbake.contract.manifest import bundle_path_problem
+from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem
 from kernelbake.errors import BadInput
 
 SNAPSHOT_SCHEMA = "ks1"
@@ -83,8 +82,6 @@ def is_volatile(name: str) -> bool:
 MAX_FILES = 100_000
 MAX_MANIFEST_BYTES = 32 << 20
 _SAFE = "-._~/:+@ ,"
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class InvalidSnapshot(BadInput, ValueError):
@@ -122,7 +119,7 @@ class SnapshotKey:
     weights: Weights
 
     def __post_init__(self) -> None:
-        if not _DIGEST.fullmatch(self.image):
+        if not DIGEST.fullmatch(self.image):
             raise InvalidSnapshot(f"snapshot key field image={self.image!r} must be sha256:<64 hex>")
         if not isinstance(self.cache_key, CacheKey):
             raise InvalidSnapshot(f"snapshot key field cache_key={self.cache_key!r} must be a CacheKey")
@@ -134,7 +131,7 @@ class SnapshotKey:
             value = getattr(self, f.name)
             if f.type == "str" and (not isinstance(value, str) or not value or value != value.strip()):
                 raise InvalidSnapshot(f"snapshot key field {f.name}={value!r} must be a non-empty string")
-        if not _DIGEST.fullmatch(self.serve_env):
+        if not DIGEST.fullmatch(self.serve_env):
             raise InvalidSnapshot(f"snapshot key field serve_env={self.serve_env!r} must be sha256:<64 hex>")
         # Flags in one order, so equal sets are equal keys.
         object.__setattr__(self, "cpu_flags", " ".join(sorted(set(self.cpu_flags.split()))))
@@ -355,7 +352,7 @@ def _check(m: SnapshotManifest) -> None:
         seen.add(f.path)
         if f.mode is not None and not 0 <= f.mode <= 0o777:
             raise InvalidSnapshot(f"snapshot file {f.path!r}: mode {f.mode:o} is not permission bits")
-        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+        if f.size < 0 or not SHA256_HEX.fullmatch(f.sha256):
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):
         raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")
