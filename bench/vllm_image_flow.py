@@ -477,7 +477,7 @@ def _gpu_processes() -> list[str]:
 # What each process imports before it can work, measured with ``python -X importtime`` in the
 # served environment, after the timed starts (so it disturbs none of them).
 IMPORTS = {
-    "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.serving, kernelbake.runtime.preflight, kernelbake.runtime.engines.vllm",
+    "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.serve.start, kernelbake.runtime.serve.preflight, kernelbake.runtime.engines.vllm",
     "preflight_probe": "import torch; torch.cuda.is_available()",
     "vllm_api_server": "import vllm.entrypoints.cli.main, vllm.entrypoints.openai.api_server",
     # What `vllm serve`'s main() imports before it parses (every subcommand's module), against

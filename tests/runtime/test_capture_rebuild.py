@@ -23,10 +23,10 @@ from kernelbake.contract.record import MAX_REQUESTS, CaptureRecord, InvalidRecor
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import Result
-from kernelbake.runtime import preflight as pf
-from kernelbake.runtime import replay
-from kernelbake.runtime.capture import collect
-from kernelbake.runtime.record import record
+from kernelbake.runtime.capture import replay
+from kernelbake.runtime.capture.collect import collect
+from kernelbake.runtime.capture.record import record
+from kernelbake.runtime.serve import preflight as pf
 from kernelbake.signing.delta import load_dir
 from kernelbake.signing.rebuild import rebuild
 from tests.runtime.test_capture import NEW, NEW_TRITON, ClassEngine, _fresh, _gain, engine, target

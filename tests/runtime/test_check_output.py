@@ -18,9 +18,9 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.contract.target import TargetConfig
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime import redact
 from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source
+from kernelbake.runtime.serve import preflight as pf
 from tests.runtime.test_ask_engine import SECRET, AskingEngine, _bake, _miss
 from tests.support.fake_engine import platform_for
 from tests.support.runtime_target import write_target

@@ -35,7 +35,7 @@ from kernelbake.admission.gateway import Accepted, Outcome
 from kernelbake.admission.references import InvalidReference, parse_reference
 from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.workloads import CONTAINER_FIELDS
-from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
+from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Layering, Origin, base_problems
 from kernelbake.contract.key import CacheKey
 
 
@@ -81,20 +81,9 @@ def _base_problems(where: str, image: str, delta: DeltaLike, outcomes: Mapping[s
             f"{where}: a cache delta is layered on a kernelbake image, and {image} did not verify as one "
             "(name the image the delta was captured from, by digest)"
         ]
-    problems = []
-    if got.digest != delta.base_digest:
-        problems.append(
-            f"{where}: the delta is layered on {delta.base_digest}, but the container runs {got.digest}; "
-            "capture a delta from a replica of this image"
-        )
-    if got.key != delta.key:
-        problems.append(f"{where}: the delta is for key {delta.key.digest}, the image's is {got.key.digest}")
-    manifest = getattr(got, "manifest_digest", None)
-    if manifest is not None and manifest != delta.base_manifest:
-        problems.append(
-            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the image holds {manifest}"
-        )
-    return problems
+    on = Layering(key=delta.key, manifest=delta.base_manifest, image=delta.base_digest)
+    runs = Layering(key=got.key, manifest=getattr(got, "manifest_digest", None), image=got.digest)
+    return [f"{where}: {p}" for p in base_problems(on, runs, named="the container's image")]
 
 
 _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}

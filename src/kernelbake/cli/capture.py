@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.cli._in_image import IN_IMAGE
-from kernelbake.cli._registry import add_registry_args
 from kernelbake.cli._registry import client as registry_client
+from kernelbake.cli._registry import push_parser, report, signer, verify_parser
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.capture import collect
+    from kernelbake.runtime.capture.collect import collect
     from kernelbake.runtime.env import RuntimeEnv
 
     done = collect(RuntimeEnv.from_env(), args.out, root=args.root, replica=args.replica)
@@ -41,8 +41,8 @@ def _request(text: str) -> dict[str, Any]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from kernelbake.runtime.capture.record import record
     from kernelbake.runtime.env import RuntimeEnv
-    from kernelbake.runtime.record import record
 
     done = record(
         RuntimeEnv.from_env(),
@@ -58,7 +58,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kernelbake.runtime import replay
+    from kernelbake.runtime.capture import replay
     from kernelbake.runtime.env import RuntimeEnv
 
     done = replay.replay(replay.load(RuntimeEnv.from_env(), args.record), port=args.port)
@@ -81,38 +81,27 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from kernelbake.settings import Settings
     from kernelbake.signing.delta import push_delta
-    from kernelbake.signing.signer import signer_from_settings
 
-    settings = Settings.from_env()
-    signer = signer_from_settings(settings, key=args.key, keyless=args.keyless)
     pushed = push_delta(
         args.dir,
         base=args.base,
         to=args.to,
-        signer=signer,
+        signer=signer(args),
         replica=args.replica,
         client=registry_client(args),
         unsafe_replica_bytes=args.unsafe_replica_bytes,
     )
-    print(f"kernelbake capture: {pushed.describe()}")
-    if args.json:
-        print(json.dumps(pushed.to_json(), indent=1, sort_keys=True))
-    return 0
+    return report("capture", pushed, args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from kernelbake.signing.delta import verify_delta
     from kernelbake.signing.policy import load_policy
 
-    verified = verify_delta(
-        args.delta, base=args.base, policy=load_policy(args.policy), client=registry_client(args)
-    )
-    print(f"kernelbake capture: {verified.describe()}")
-    if args.json:
-        print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
-    return 0
+    policy = load_policy(args.policy)
+    verified = verify_delta(args.delta, base=args.base, policy=policy, client=registry_client(args))
+    return report("capture", verified, args)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -121,7 +110,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=IN_IMAGE + "collect a replica's new cache files as a delta (push and verify run on the host)",
     )
     inner = p.add_subparsers(dest="capture_command", required=True, metavar="STEP")
+    _in_image_steps(inner)
+    _rebuild_step(inner)
+    push_parser(
+        inner,
+        help="push DIR as a delta artifact layered on BASE, signed and attested",
+        dir_help="what 'capture collect' wrote",
+        base_help="the image the replica ran",
+        to_help="where to push (default: BASE's repository, tag delta-sha256-<BASE's digest>)",
+        func=cmd_push,
+        extra=_push_options,
+    )
+    verify_parser(
+        inner,
+        help="check a delta as admission does: signature, key, base digest",
+        name="delta",
+        ref_help="REPO:TAG or REPO@sha256:… of the delta",
+        base_help="the image it must be layered on",
+        func=cmd_verify,
+    )
 
+
+def _in_image_steps(inner: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = inner.add_parser(
         "collect", help="(inside the image) write the files the caches gained since the bundle to DIR"
     )
@@ -165,6 +175,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--port", type=int, default=8000, help="the server's port on the loopback")
     c.set_defaults(func=cmd_replay)
 
+
+def _rebuild_step(inner: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = inner.add_parser(
         "rebuild", help="compile a record again in the signed image (no network), as a delta to push"
     )
@@ -178,31 +190,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--json", action="store_true", help="print what was reproduced, differed and dropped")
     c.set_defaults(func=cmd_rebuild)
 
-    c = inner.add_parser("push", help="push DIR as a delta artifact layered on BASE, signed and attested")
-    c.add_argument("dir", type=Path, metavar="DIR", help="what 'capture collect' wrote")
-    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image the replica ran")
-    c.add_argument(
-        "--to",
-        metavar="REPO:TAG",
-        help="where to push (default: BASE's repository, tag delta-sha256-<BASE's digest>)",
-    )
+
+def _push_options(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--unsafe-replica-bytes",
         action="store_true",
         help="push a delta of the bytes a replica wrote ('capture collect'), not rebuilt; refused by default policies",
     )
     c.add_argument("--replica", default=None, help="the replica's name for the attestation (default: DIR's)")
-    who = c.add_mutually_exclusive_group(required=True)
-    who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
-    who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_push)
-
-    c = inner.add_parser("verify", help="check a delta as admission does: signature, key, base digest")
-    c.add_argument("delta", metavar="DELTA", help="REPO:TAG or REPO@sha256:… of the delta")
-    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must be layered on")
-    c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_verify)

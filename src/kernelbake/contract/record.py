@@ -65,6 +65,10 @@ class InvalidRecord(BadInput, ValueError):
     """A capture record that is malformed or over its bounds; the message names the field."""
 
 
+# Schema 1 (before serve noted classes) is still read (``_parse_requests``).
+DOCUMENT = jsondoc.Kind("capture record", (1, SCHEMA), MAX_RECORD_BYTES, InvalidRecord)
+
+
 class WaveSource(enum.Enum):
     # Noted by ``serve`` in the replica: a batch during which the engine compiled.
     SERVED = "served"
@@ -242,33 +246,26 @@ class CaptureRecord:
             "waves": [w.to_json() for w in self.waves],
             "claims": kinds_json(self.claims),
         }
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return jsondoc.dumps(doc)
 
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(self.to_json().encode()).hexdigest()
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = RECORD) -> CaptureRecord:
-        if len(text) > MAX_RECORD_BYTES:
-            raise InvalidRecord(f"{source}: {len(text)} bytes, more than a capture record may hold")
-        try:
-            doc = jsondoc.loads(text)
-            if not isinstance(doc, dict) or doc.get("schema") not in (1, SCHEMA):
-                got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-                raise InvalidRecord(f"record schema {got!r} is not {SCHEMA} (or 1)")
-            requests, waves = _parse_requests(doc)
-            return cls(
-                key=parse_key(doc["key"]),
-                base_manifest=str(doc["base_manifest"]),
-                replica=str(doc.get("replica", "")),
-                requests=requests,
-                waves=waves,
-                claims=tuple(files_of(doc["claims"])),
-            )
-        except BadInput as exc:
-            raise InvalidRecord(f"{source}: {exc}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InvalidRecord(f"{source}: not a capture record ({type(exc).__name__}: {exc})") from None
+        return DOCUMENT.read(text, source=source, build=cls._of)
+
+    @classmethod
+    def _of(cls, doc: dict[str, Any]) -> CaptureRecord:
+        requests, waves = _parse_requests(doc)
+        return cls(
+            key=parse_key(doc["key"]),
+            base_manifest=str(doc["base_manifest"]),
+            replica=str(doc.get("replica", "")),
+            requests=requests,
+            waves=waves,
+            claims=tuple(files_of(doc["claims"])),
+        )
 
 
 def made_up_prompt(tokens: int, salt: int) -> list[int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from kernelbake.contract.layout import (
     TARGET_FILE,
     UNSAFE_TARGET_ENV,
 )
+from kernelbake.contract.manifest import DIGEST
 from kernelbake.contract.snapshot import IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
 from kernelbake.errors import BadInput
 
@@ -65,7 +65,6 @@ MISS_NOTES_NAME = "kernelbake-misses.jsonl"
 # for caches that arrive by volume into an image without a pinned manifest of its own. It can
 # only add a requirement: where the image pins a manifest, both must agree. The name is the
 # contract's: admission and the stock-vLLM recipes set it (``contract.artifact``).
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 # Every variable ``RuntimeEnv.from_env`` reads (it can read no other: ``DeclaredEnv``); the CLI
@@ -205,7 +204,7 @@ def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
 def _digest(raw: str | None, name: str = MANIFEST_DIGEST_ENV) -> str | None:
     if not raw:
         return None
-    if not _DIGEST.fullmatch(raw):
+    if not DIGEST.fullmatch(raw):
         raise BadInput(f"${name}={raw!r}: expected sha256: and 64 lowercase hex digits")
     return raw
 
@@ -261,7 +260,7 @@ class RuntimeEnv:
     # Where the engine notes the batches that compiled while it served (``capture record``).
     miss_notes: Path = Path("/tmp") / MISS_NOTES_NAME
     manifest_digest: str | None = None
-    # The cache delta a pod may mount (``runtime.delta``), and the sha256 its delta.json must
+    # The cache delta a pod may mount (``runtime.serve.delta``), and the sha256 its delta.json must
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
     delta_root: Path = Path(DELTA_ROOT)
     delta_digest: str | None = None

@@ -53,6 +53,7 @@ from kernelbake.contract.snapshot import (
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu
@@ -95,14 +96,6 @@ def _read_manifest(env: RuntimeEnv) -> tuple[bytes | None, str | None]:
         return None, f"{path}: cannot be read ({exc.strerror})"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> Iterator[str]:
     """Every listed file present, plain and of its size, nothing unlisted; and (``hashed``) of
     its sha256. One thread: hashing the page files side by side was no faster on two cores
@@ -119,7 +112,7 @@ def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> I
             yield f"{f.path}: not a plain file"
         elif st.st_size != f.size:
             yield f"{f.path}: {st.st_size} B, {f.size} B recorded (truncated or replaced)"
-        elif hashed and (got := _sha256(p)) != f.sha256:
+        elif hashed and (got := file_sha256(p)) != f.sha256:
             yield f"{f.path}: sha256 {got[:16]}…, {f.sha256[:16]}… recorded (changed)"
     for dirpath, _dirs, names in os.walk(root / IMAGES_DIR):
         for name in names:

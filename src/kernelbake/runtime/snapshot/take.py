@@ -11,7 +11,6 @@ process would carry it to every replica), and, before the dump, any in a process
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import signal
@@ -37,6 +36,7 @@ from kernelbake.contract.snapshot import (
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import spawn
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret
 from kernelbake.runtime.snapshot import http, io_uring, tree
@@ -154,14 +154,6 @@ def _sleep(base: str) -> None:
         raise EnvironmentProblem(f"{base}/is_sleeping does not say the engine sleeps after /sleep?level=2")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(out: Path) -> list[SnapshotFile]:
     found = []
     for dirpath, _dirs, names in os.walk(out / IMAGES_DIR):
@@ -170,7 +162,7 @@ def _files(out: Path) -> list[SnapshotFile]:
             rel = p.relative_to(out).as_posix()
             st = p.stat()
             mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
-            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=_sha256(p), mode=mode))
+            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=file_sha256(p), mode=mode))
     return found
 
 
@@ -235,8 +227,8 @@ def _kill(pids: Sequence[int]) -> None:
             continue
 
 
-def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
-    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
+    """The image's target, once nothing rules the snapshot out before the engine starts."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"{out}: not an empty directory; a snapshot is written only into a new or empty one")
     refuse_secrets(env.environ, options.user_args, "kernelbake snapshot take")
@@ -245,28 +237,59 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         found := weights_out_problems(target, env.environ, options.user_args)
     ):
         raise BadInput(f"kernelbake snapshot take --weights outside: {'; '.join(found)}")
-    warm = WARMUPS[target.key.engine]
+    return target
+
+
+def _warmed(proc: Any, target: TargetConfig, options: Options, started: float) -> dict[str, float]:
+    """Ready, warmed up (and asleep, with the weights outside): how long each took."""
+    base = f"http://127.0.0.1:{options.port}"
+    _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
+    taken = {"ready_s": time.monotonic() - started}
+    t = time.monotonic()
+    for _ in range(options.warmup_requests):
+        WARMUPS[target.key.engine](base)
+    taken["warmup_s"] = time.monotonic() - t
+    if options.weights is Weights.OUTSIDE:
+        t = time.monotonic()
+        _sleep(base)
+        taken["sleep_s"] = time.monotonic() - t
+    return taken
+
+
+def _dump(
+    env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
+) -> dict[str, float]:
+    """The device state checkpointed, then the tree dumped into ``out``: how long each took.
+    A failed dump gives the device state back and stops here."""
+    t = time.monotonic()
+    for pid in pids:
+        driver.checkpoint(pid)
+    taken = {"checkpoint_s": time.monotonic() - t}
+    (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    env.scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
+    t = time.monotonic()
+    ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
+    taken["dump_s"] = time.monotonic() - t
+    if not ok:
+        for pid in pids:
+            driver.restore(pid)
+        raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+    return taken
+
+
+def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
+    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+    target = _target(env, out, options)
     log = Path(ENGINE_LOG)
     if log.exists():
         log.unlink()
-    base = f"http://127.0.0.1:{options.port}"
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
-    taken: dict[str, float] = {}
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
     proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
-    pids: list[int] = [proc.pid]
     try:
-        _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
-        taken["ready_s"] = time.monotonic() - started
-        t = time.monotonic()
-        for _ in range(options.warmup_requests):
-            warm(base)
-        taken["warmup_s"] = time.monotonic() - t
-        if options.weights is Weights.OUTSIDE:
-            t = time.monotonic()
-            _sleep(base)
-            taken["sleep_s"] = time.monotonic() - t
+        taken = _warmed(proc, target, options, started)
         pids = tree.descendants(proc.pid)
         _wait_quiet(pids, options.port, options.quiet_timeout_s)
         _check_tree(pids)
@@ -280,20 +303,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
-        t = time.monotonic()
-        for pid in pids:
-            driver.checkpoint(pid)
-        taken["checkpoint_s"] = time.monotonic() - t
-        (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-        env.scratch.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
-        t = time.monotonic()
-        ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
-        taken["dump_s"] = time.monotonic() - t
-        if not ok:
-            for pid in pids:
-                driver.restore(pid)
-            raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+        taken |= _dump(env, proc, pids, out, driver=driver, criu=criu)
         proc.wait()
         shutil.copyfile(log, out / ENGINE_LOG_COPY)
         _copy_shm(Path(SHM_DIR), out / SHM_COPY)

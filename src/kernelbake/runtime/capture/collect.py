@@ -11,7 +11,7 @@ as it is copied; ``delta.json`` is written last, so a directory without it is no
 
 Such a delta is the replica's bytes (origin ``replica``): whatever could write into the cache
 root chose them, and only a policy with ``unsafe_replica_deltas`` accepts it. ``record``
-(``runtime.record``) is the safe half: the same diff, kept as claims (engine keys, paths,
+(``capture.record``) is the safe half: the same diff, kept as claims (engine keys, paths,
 sha256s) beside the request classes that missed, for ``capture rebuild`` to compile again in a
 trusted build; in that build, ``collect`` takes what the rebuild compiled.
 """

@@ -31,7 +31,6 @@ from kernelbake.contract.manifest import UNSET, Manifest
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
-from kernelbake.runtime import delta as cache_delta
 from kernelbake.runtime import pin
 from kernelbake.runtime.bundle import copy_bundle, load_manifest
 from kernelbake.runtime.engines import EngineRuntime, get_engine, measure
@@ -39,6 +38,8 @@ from kernelbake.runtime.env import MISS_NOTES_ENV, CacheMode, RuntimeEnv, Verify
 from kernelbake.runtime.integrity import Check, strangers
 from kernelbake.runtime.prediction import Change, Prediction, fallback, unavailable
 from kernelbake.runtime.redact import shown
+from kernelbake.runtime.serve import delta as cache_delta
+from kernelbake.runtime.serve.decision import Decision
 
 READ_ONLY_RECIPE = (
     "keep the cache root writable at its own path: "
@@ -56,8 +57,8 @@ class Verdict:
     target: TargetConfig
     platform: Platform
     match: Match
-    # Why the baked caches are not used (empty when starting warm).
-    problems: tuple[str, ...]
+    # Warm or cold, with every reason the baked caches are not used.
+    decision: Decision
     # Worth a warning, but not a reason to start cold.
     notes: tuple[str, ...]
     manifest_files: int
@@ -75,7 +76,12 @@ class Verdict:
     @property
     def warm(self) -> bool:
         """The baked caches are used (some may still miss: see ``predicted_hit``)."""
-        return not self.problems
+        return self.decision.warm
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the baked caches are not used (empty when starting warm)."""
+        return self.decision.reasons
 
     @property
     def predicted_hit(self) -> bool:
@@ -91,7 +97,7 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": "warm" if self.warm else "cold",
+            "verdict": self.decision.start.value,
             "predicted": self.predicted,
             "prediction": self.prediction.to_json() if self.prediction else None,
             "key": str(self.target.key),
@@ -136,57 +142,54 @@ def _usable(paths: Sequence[Path]) -> bool:
     return True
 
 
-def _manifest(env: RuntimeEnv, root: Path, target: TargetConfig) -> tuple[Manifest | None, bytes, list[str]]:
+def _manifest(
+    env: RuntimeEnv, root: Path, target: TargetConfig
+) -> tuple[Manifest | None, bytes, tuple[str, ...]]:
     """The baked manifest, and why it cannot be used (unreadable, not the one the image pins,
     or another key's). A manifest that is not the pinned one is not returned: nothing it says
     is trusted. Also its exact bytes, which a copy of the bundle carries."""
     try:
         manifest, data = load_manifest(root)
     except BadInput as exc:
-        return None, b"", [str(exc)]
+        return None, b"", (str(exc),)
     if problems := pin.problems(env, root, data):
-        return None, b"", problems
+        return None, b"", tuple(problems)
     if manifest.key != target.key:
-        return (
-            manifest,
-            data,
-            [
-                f"the cache manifest was built for key {manifest.key.digest}, target.json says {target.key.digest}"
-            ],
-        )
-    return manifest, data, []
+        why = f"the cache manifest was built for key {manifest.key.digest}, target.json says {target.key.digest}"
+        return manifest, data, (why,)
+    return manifest, data, ()
 
 
 def _integrity(
     env: RuntimeEnv, root: Path, target: TargetConfig, merged: frozenset[str]
-) -> tuple[Manifest | None, bytes, list[str], Check | None]:
+) -> tuple[Manifest | None, bytes, tuple[str, ...], Check | None]:
     """``merged``: the pinned delta's paths, which a restarted container finds merged by its
     earlier start: the delta's to judge, not strangers (``preflight`` goes cold on them if the
     delta is not used)."""
     manifest, data, problems = _manifest(env, root, target)
     if problems or manifest is None:
         return manifest, data, problems, None
-    return manifest, data, [], Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256, delta=merged)
+    return manifest, data, (), Check(root, manifest, hash_files=env.verify is VerifyMode.SHA256, delta=merged)
 
 
-def _known_problems(
-    env: RuntimeEnv, target: TargetConfig, manifest: Manifest | None, manifest_problems: list[str]
-) -> list[str]:
+def _known_reasons(
+    env: RuntimeEnv, target: TargetConfig, manifest: Manifest | None, manifest_reasons: tuple[str, ...]
+) -> tuple[str, ...]:
     """What rules the baked caches out before the probe has run or a file is hashed."""
-    problems = ["KERNELBAKE_CACHE=off: starting cold on purpose"] if env.cache is CacheMode.OFF else []
-    problems += manifest_problems
-    return problems + _rank_problems(manifest if not manifest_problems else None, target)
+    off = ["KERNELBAKE_CACHE=off: starting cold on purpose"] if env.cache is CacheMode.OFF else []
+    ranks = _rank_problems(manifest if not manifest_reasons else None, target)
+    return (*off, *manifest_reasons, *ranks)
 
 
 def _writable_in_place(baked: Path, engine: EngineRuntime) -> bool:
     return _usable([baked, *(kind_dir(baked, k) for k in engine.declaration.cache_kinds)])
 
 
-def _integrity_problems(bad: Sequence[str]) -> list[str]:
+def _integrity_reasons(bad: Sequence[str]) -> tuple[str, ...]:
     problems = [f"cache integrity: {p}" for p in bad[:_MAX_LISTED]]
     if len(bad) > _MAX_LISTED:
         problems.append(f"cache integrity: {len(bad) - _MAX_LISTED} more files differ")
-    return problems
+    return tuple(problems)
 
 
 def _rank_problems(manifest: Manifest | None, target: TargetConfig) -> list[str]:
@@ -341,8 +344,8 @@ def speculate(env: RuntimeEnv, engine: EngineRuntime | None = None) -> Speculati
         # The preflight says what is wrong with the input.
         return None
     baked = Path(target.cache_root)
-    manifest, _data, manifest_problems = _manifest(env, baked, target)
-    if manifest is None or _known_problems(env, target, manifest, manifest_problems):
+    manifest, _data, manifest_reasons = _manifest(env, baked, target)
+    if manifest is None or _known_reasons(env, target, manifest, manifest_reasons):
         return None
     if cache_delta.present(env):
         # The delta is merged before the engine starts, so that what it adds is in the
@@ -426,16 +429,23 @@ def _target_notes(env: RuntimeEnv) -> list[Note]:
     ]
 
 
-def _await_integrity(pending: Check | None, problems: list[str]) -> str:
-    """Waits for the sha256 check (cancelled where the caches are ruled out anyway), adds what
-    differs to ``problems`` and returns how the files were checked."""
+def _await_integrity(pending: Check | None, decision: Decision) -> tuple[Decision, str]:
+    """Waits for the sha256 check (cancelled where the caches are ruled out anyway): the
+    decision with what differs, and how the files were checked."""
     if pending is None:
-        return ""
-    if problems:
+        return decision, ""
+    if not decision.warm:
         pending.cancel()
-        return ""
-    problems += _integrity_problems(pending.result())
-    return pending.summary()
+        return decision, ""
+    return decision.ruled_out(_integrity_reasons(pending.result())), pending.summary()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placed:
+    root: Path
+    decision: Decision
+    # The read-only copy's warning, where the caches were copied.
+    note: Note | None = None
 
 
 def _place_caches(
@@ -444,34 +454,36 @@ def _place_caches(
     engine: EngineRuntime,
     manifest: Manifest | None,
     data: bytes,
-    problems: list[str],
-    notes: list[Note],
+    decision: Decision,
     in_place: bool,
-) -> Path:
+) -> _Placed:
     """Where the engine's caches point: the baked ones in place, a checked copy where the
-    root is read-only, or a fresh directory for a cold start (``problems`` gains a failed
-    copy, ``notes`` the copy's warning)."""
-    root = baked
-    if not problems and not in_place:
-        root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
-        assert manifest is not None  # no problems: the manifest was read and pinned
-        try:
-            # Only what the manifest lists, hashed again as it is copied (never a symlink).
-            copy_bundle(baked, manifest, data, root)
-            notes.append(
-                Note(
-                    NoteKind.READ_ONLY_COPY,
-                    f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
-                    f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}",
-                )
-            )
-        except BadInput as exc:
-            problems += _integrity_problems([f"while copying: {exc}"])
-    if problems:
-        root = _cold_root(env, baked, engine)
+    root is read-only, or a fresh directory for a cold start (a failed copy is one more
+    reason to start cold)."""
+    placed = _Placed(baked, decision)
+    if decision.warm and not in_place:
+        assert manifest is not None  # warm: the manifest was read and pinned
+        placed = _copy(env, baked, manifest, data, decision)
+    root = placed.root if placed.decision.warm else _cold_root(env, baked, engine)
     for kind in engine.declaration.cache_kinds:
         kind_dir(root, kind).mkdir(parents=True, exist_ok=True)
-    return root
+    return dataclasses.replace(placed, root=root)
+
+
+def _copy(env: RuntimeEnv, baked: Path, manifest: Manifest, data: bytes, decision: Decision) -> _Placed:
+    """A writable copy of the baked caches, for a read-only cache root."""
+    root = _fresh_dir(env.scratch, "kernelbake-cache-", f"{baked} is read-only", baked)
+    try:
+        # Only what the manifest lists, hashed again as it is copied (never a symlink).
+        copy_bundle(baked, manifest, data, root)
+    except BadInput as exc:
+        return _Placed(root, decision.ruled_out(_integrity_reasons([f"while copying: {exc}"])))
+    note = Note(
+        NoteKind.READ_ONLY_COPY,
+        f"{baked} is read-only, so the caches were copied to {root}; caches that embed "
+        f"their absolute path rebuild there. To avoid this, {READ_ONLY_RECIPE.format(root=baked)}",
+    )
+    return _Placed(root, decision, note)
 
 
 def _fallback_prediction(
@@ -518,37 +530,49 @@ def preflight(
     # Hashing starts before the probe: the probe imports the engine's libraries (torch
     # takes seconds), and the hashing threads run meanwhile.
     merged = cache_delta.pinned_paths(env)
-    manifest, data, integrity, pending = _integrity(env, baked, target, merged)
+    manifest, data, manifest_reasons, pending = _integrity(env, baked, target, merged)
     engine = engine or get_engine(target.key.engine)
     platform = measure(engine)
     match = check(target.key, platform)
     identity = _identity(manifest)
     device = _device_only(match, identity)
-    problems = [str(r) for r in match.blocking if r is not device]
-    problems += _known_problems(env, target, manifest, integrity)
+    decision = Decision.of(
+        (
+            *(str(r) for r in match.blocking if r is not device),
+            *_known_reasons(env, target, manifest, manifest_reasons),
+        )
+    )
     # The engine states its own verdict as it starts (vLLM's plugin) only where it recorded
     # its identity; otherwise the key, the hashed variables and the engine's flag check.
     asks_engine = identity is not None and bool(engine.prediction_env(baked))
     notes = [] if asks_engine else _serve_time_notes(env, target, engine, manifest, baked, user_args)
     notes += _verify_notes(env)
-    in_place = not problems and _writable_in_place(baked, engine)
-    summary = _await_integrity(pending, problems)
-    root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
-    delta = _delta(env, target, engine, manifest, data, problems, root)
-    if not problems and manifest and (left := cache_delta.leftovers(root, merged, manifest, delta)):
-        problems += _integrity_problems(left)
-        root = _place_caches(env, baked, engine, manifest, data, problems, notes, in_place)
+    in_place = decision.warm and _writable_in_place(baked, engine)
+    decision, summary = _await_integrity(pending, decision)
+    placed = _place_caches(env, baked, engine, manifest, data, decision, in_place)
+    notes += [placed.note] if placed.note else []
+    delta = _delta(env, target, engine, manifest, data, placed.decision, placed.root)
+    if (
+        placed.decision.warm
+        and manifest
+        and (left := cache_delta.leftovers(placed.root, merged, manifest, delta))
+    ):
+        cold = placed.decision.ruled_out(_integrity_reasons(left))
+        placed = _place_caches(env, baked, engine, manifest, data, cold, in_place)
     notes += _target_notes(env)
-    prediction = None if problems else _fallback_prediction(manifest, identity, device, asks_engine, notes)
-    if problems:
-        run_env = _engine_env(env, target, engine, root)
-    else:
+    decision, root = placed.decision, placed.root
+    prediction = (
+        _fallback_prediction(manifest, identity, device, asks_engine, notes) if decision.warm else None
+    )
+    if decision.warm:
         run_env = _warm_env(env, target, engine, root, baked, asks_engine)
+    else:
+        run_env = _engine_env(env, target, engine, root)
     return Verdict(
         target=target,
         platform=platform,
         match=match,
-        problems=tuple(problems),
+        decision=decision,
         notes=tuple(n.text for n in notes),
         manifest_files=len(manifest.files) if manifest else 0,
         cache_root=root,
@@ -566,14 +590,14 @@ def _delta(
     engine: EngineRuntime,
     manifest: Manifest | None,
     data: bytes,
-    problems: Sequence[str],
+    decision: Decision,
     root: Path,
 ) -> cache_delta.DeltaOutcome | None:
     """The mounted delta merged into ``root``, on a warm start only: a delta is layered on the
     baked caches, so where they are not used neither is it."""
     if not cache_delta.present(env):
         return None
-    if problems or manifest is None:
+    if not decision.warm or manifest is None:
         return cache_delta.DeltaOutcome(
             where=env.delta_root, used=False, reason="the baked caches are not used, so neither is the delta"
         )

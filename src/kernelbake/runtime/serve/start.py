@@ -22,8 +22,8 @@ from kernelbake.runtime.gate import GATE_CLOSED_EXIT, Gate
 
 if TYPE_CHECKING:
     from kernelbake.runtime.engines import EngineRuntime
-    from kernelbake.runtime.preflight import Speculation, Verdict
     from kernelbake.runtime.redact import Redactor
+    from kernelbake.runtime.serve.preflight import Speculation, Verdict
 
 
 def serve(env: RuntimeEnv, user_args: list[str]) -> int:
@@ -32,8 +32,8 @@ def serve(env: RuntimeEnv, user_args: list[str]) -> int:
     waits at its cache gate while the preflight runs (``overlapped``)."""
     # Imported here, as the CLI did: tests stand a fake engine in for get_engine.
     from kernelbake.runtime.engines import get_engine
-    from kernelbake.runtime.preflight import preflight, speculate
     from kernelbake.runtime.redact import Redactor
+    from kernelbake.runtime.serve.preflight import preflight, speculate
 
     redact = Redactor.for_run(env.environ, user_args)
     started = time.monotonic()
@@ -160,7 +160,7 @@ def _overlapped(
     meanwhile. The gate opens only on a warm verdict for this very environment; otherwise
     the engine stops there without having opened a cache, and starts again as the preflight
     says (cold, on a fresh directory)."""
-    from kernelbake.runtime.preflight import preflight
+    from kernelbake.runtime.serve.preflight import preflight
 
     final: list[Verdict] = []
     failure: list[BaseException] = []

@@ -8,7 +8,7 @@ and its scratch folder). Two sources, both the replica's word:
   writes them to ``RuntimeEnv.miss_notes``), each a wave of request classes with what
   compiled; a file anything in the replica could write, so read bounded, line by line, and
   each wave checked as a record checks it;
-- the files the cache root gained since the image's bundle (``capture._scan``, the diff
+- the files the cache root gained since the image's bundle (``capture.collect.scan``, the diff
   ``collect`` copies), hashed where they lie as claims.
 
 The operator may add classes (``--request``), each a batch of its own.
@@ -35,7 +35,7 @@ from kernelbake.contract.record import (
 )
 from kernelbake.errors import BadInput
 from kernelbake.runtime.bundle import file_sha256
-from kernelbake.runtime.capture import SHOWN, scan
+from kernelbake.runtime.capture.collect import SHOWN, scan
 from kernelbake.runtime.env import RuntimeEnv
 
 # A noted wave: its classes with their copies, and what compiled during it.

@@ -16,10 +16,10 @@ from typing import Any
 
 from kernelbake.errors import KeyMismatch
 from kernelbake.runtime import engines
-from kernelbake.runtime.engine_output import engine_output
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.preflight import Verdict, ask_engine, preflight
 from kernelbake.runtime.redact import Redactor
+from kernelbake.runtime.serve.engine_output import engine_output
+from kernelbake.runtime.serve.preflight import Verdict, ask_engine, preflight
 
 
 class Outcome(enum.Enum):

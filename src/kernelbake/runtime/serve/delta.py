@@ -37,9 +37,10 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaFile,
     DeltaManifest,
+    Layering,
     Origin,
+    base_problems,
 )
-from kernelbake.contract.delta import conflicts as delta_conflicts
 from kernelbake.contract.layout import CacheKind
 from kernelbake.contract.manifest import FileEntry, Manifest
 from kernelbake.contract.target import TargetConfig
@@ -172,18 +173,13 @@ def _check(
     manifest_data: bytes,
     kinds: set[CacheKind],
 ) -> list[str]:
-    problems = []
-    if delta.key != target.key:
-        problems.append(f"the delta is for key {delta.key.digest}, target.json says {target.key.digest}")
-    if delta.base_manifest != (base := pin.digest(manifest_data)):
-        problems.append(
-            f"the delta is layered on the bundle {delta.base_manifest}, this image pins {base}: "
-            "capture it again from a replica of this image"
-        )
+    # This image: target.json's key and the manifest it pins; its own digest it cannot know.
+    here = Layering(
+        key=target.key, manifest=pin.digest(manifest_data), files={f.path: f.sha256 for f in manifest.files}
+    )
+    problems = base_problems(Layering.of(delta), here, named="this image")
     if foreign := sorted({f.kind.value for f in delta.files if f.kind not in kinds}):
         problems.append(f"the delta holds kinds this engine does not cache: {', '.join(foreign)}")
-    if conflict := delta_conflicts(delta, {f.path: f.sha256 for f in manifest.files}):
-        problems.append(f"the delta would replace baked files: {'; '.join(conflict[:_SHOWN])}")
     if logs := sorted(set(manifest.logs) & {f.path for f in delta.files}):
         problems.append(f"the delta lists the engine's logs: {', '.join(logs[:_SHOWN])}")
     return problems
