@@ -14,6 +14,7 @@ import logging
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,19 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     policy = load_admission_policy(args.policy)
     verify_policy(policy)
     _say_what_is_permissive(policy)
-    cert, key = Path(args.tls_cert), Path(args.tls_key)
-    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
-        # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
-        try:
-            read_bytes(path, what)
-        except BadInput as exc:
-            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
-    try:
-        tls_context(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise BadInput(
-            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
-        ) from None
+    cert, key = _tls_files(args, tls_context)
     client_ca = _client_ca(args)
     sockets, health = _listen(args)
     print(
@@ -129,6 +118,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         return serve(sockets[0])
     return workers.run(sockets, serve)
+
+
+def _tls_files(args: argparse.Namespace, tls_context: Callable[[Path, Path], object]) -> tuple[Path, Path]:
+    """The serving certificate and key, each read and the pair loaded before anything is bound."""
+    cert, key = Path(args.tls_cert), Path(args.tls_key)
+    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
+        # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
+        try:
+            read_bytes(path, what)
+        except BadInput as exc:
+            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
+    try:
+        tls_context(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadInput(
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
+        ) from None
+    return cert, key
 
 
 def _client_ca(args: argparse.Namespace) -> Path | None:
