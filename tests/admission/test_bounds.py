@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission import admit, bounds, gpus, server
+from kernelbake.admission import admit, bounds, gpus
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import Budget, OverBudget
-from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER
+from kernelbake.admission.http import server
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import parse_review
+from kernelbake.admission.rules.caches import ANNOTATION_CONTAINER
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.admission.service import Admitter
 from kernelbake.admission.variants import Picker

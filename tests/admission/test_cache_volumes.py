@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from kernelbake.admission import gpus
-from kernelbake.admission.cache_volumes import (
+from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, VerifiedIndex
+from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.rules.caches import (
     ANNOTATION_INDEX,
     ANNOTATION_MOUNT,
     CacheDecision,
@@ -25,8 +27,6 @@ from kernelbake.admission.cache_volumes import (
     next_cache_refs,
     plan_caches,
 )
-from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, VerifiedIndex
-from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.scheduling import ways
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.artifact import ArtifactKind, CacheArtifactFacts, EngineImage

@@ -22,7 +22,7 @@ import yaml
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.gateway import ImageRejected
 from kernelbake.admission.references import parse_reference
-from kernelbake.admission.snapshots import VerifiedSnapshotVolume, decide_snapshots
+from kernelbake.admission.rules.snapshot_restore import VerifiedSnapshotVolume, decide_snapshots
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,

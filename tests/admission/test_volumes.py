@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission import cache_volumes
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.policy import load_admission_policy
+from kernelbake.admission.rules import caches as cache_volumes
 from kernelbake.admission.service import Admitter
 from kernelbake.admission.verifying import build_gateway
 from kernelbake.admission.volumes import UNJUDGED

@@ -21,15 +21,15 @@ import pytest
 import yaml
 
 from kernelbake.admission import gpus
-from kernelbake.admission.cache_volumes import (
+from kernelbake.admission.gateway import Accepted, ImageRejected, IndexAccepted, Outcome, Rejected
+from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.rules.caches import (
     ANNOTATION_INDEX,
     ANNOTATION_MOUNT,
     decide_caches,
     next_cache_refs,
     plan_caches,
 )
-from kernelbake.admission.gateway import Accepted, ImageRejected, IndexAccepted, Outcome, Rejected
-from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.scheduling import ways
 from kernelbake.admission.verifying import SignedImageVerifier, verify_policy
 from kernelbake.catalogue import load_catalogue

@@ -18,16 +18,17 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kernelbake.admission import bounds, gpus, trusted_paths, volumes
+from kernelbake.admission import bounds, gpus, volumes
 from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
-from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
-from kernelbake.admission.deltas import decide_deltas
 from kernelbake.admission.gateway import IndexAccepted, Outcome, Rejected, Unavailable, VerifiedLike
 from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.review import Code, Operation, Request, Response
+from kernelbake.admission.rules import trusted_paths
+from kernelbake.admission.rules.caches import CachePlan, decide_caches, opt_in_of, plan_caches
+from kernelbake.admission.rules.delta import decide_deltas
+from kernelbake.admission.rules.snapshot_restore import VerifiedSnapshotVolume, decide_snapshots
 from kernelbake.admission.scheduling import Way, ways
-from kernelbake.admission.snapshots import VerifiedSnapshotVolume, decide_snapshots
 from kernelbake.admission.variants import Picker
 from kernelbake.admission.volumes import ImageVolume, image_volumes
 from kernelbake.admission.workloads import (

@@ -13,12 +13,12 @@ from typing import Any
 
 from kernelbake.admission.admit import Endpoint, Plan, decide, plan, variant_refs
 from kernelbake.admission.bounds import REVIEW_CPU_SECONDS, Budget, OverBudget
-from kernelbake.admission.cache_volumes import next_cache_refs
 from kernelbake.admission.gateway import Gateway, Outcome
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef
 from kernelbake.admission.review import Code, MalformedReview, Response, parse_review
+from kernelbake.admission.rules.caches import next_cache_refs
 from kernelbake.admission.variants import Picker
 from kernelbake.catalogue import Catalogue, load_catalogue
 

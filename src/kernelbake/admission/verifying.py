@@ -21,7 +21,7 @@ from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.pod_facts import PodFacts
 from kernelbake.admission.policy import AdmissionPolicy
-from kernelbake.admission.snapshots import VerifiedSnapshotVolume, snapshot_volume
+from kernelbake.admission.rules.snapshot_restore import VerifiedSnapshotVolume, snapshot_volume
 from kernelbake.contract.artifact import InvalidArtifact
 from kernelbake.errors import KernelbakeError
 from kernelbake.fleet import read_index

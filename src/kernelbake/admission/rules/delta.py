@@ -30,10 +30,10 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from kernelbake.admission.cache_volumes import CacheDecision, CachePlan, append, is_delta
 from kernelbake.admission.gateway import Accepted, Outcome
 from kernelbake.admission.references import InvalidReference, parse_reference
-from kernelbake.admission.trusted_paths import normal
+from kernelbake.admission.rules.caches import CacheDecision, CachePlan, append, is_delta
+from kernelbake.admission.rules.trusted_paths import normal
 from kernelbake.admission.workloads import CONTAINER_FIELDS
 from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
 from kernelbake.contract.key import CacheKey

@@ -38,9 +38,9 @@ import posixpath
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
-from kernelbake.admission.cache_volumes import CacheDecision, append
 from kernelbake.admission.gateway import Accepted, Outcome
-from kernelbake.admission.trusted_paths import normal
+from kernelbake.admission.rules.caches import CacheDecision, append
+from kernelbake.admission.rules.trusted_paths import normal
 from kernelbake.admission.workloads import CONTAINER_FIELDS
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import (

@@ -44,13 +44,18 @@ from typing import Any
 
 from kernelbake.admission import gpus
 from kernelbake.admission.bounds import MAX_CACHE_VOLUMES, MAX_PROBLEMS, UNBOUNDED, Budget, cap, stopped
-from kernelbake.admission.cache_checks import VerifiedArtifact, args_problems, engine_problems, env_problems
 from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, Unavailable
 from kernelbake.admission.gpus import admitted
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, parse_reference
+from kernelbake.admission.rules.cache_checks import (
+    VerifiedArtifact,
+    args_problems,
+    engine_problems,
+    env_problems,
+)
+from kernelbake.admission.rules.trusted_paths import normal
 from kernelbake.admission.scheduling import Way
-from kernelbake.admission.trusted_paths import normal
 from kernelbake.admission.variants import Pick, pick
 from kernelbake.admission.volumes import image_volumes
 from kernelbake.admission.workloads import (

@@ -1,0 +1,1 @@
+"""What admission denies, and why: the checks that turn verified images into an answer."""
