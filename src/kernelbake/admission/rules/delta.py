@@ -3,8 +3,8 @@ captured from.
 
 A delta arrives as an image volume of a governed repository; the gateway verifies it
 (``signing.delta.read_delta``: a signature the policy trusts, its shape, delta.json naming its
-subject as the base) and the image review pins the volume by digest with the other images. Here,
-pure, for each container that mounts it:
+subject as the base) and the signature rule pins the volume by digest with the other images.
+Here, for each container that mounts it:
 
 - at ``DELTA_ROOT``, the one place ``serve`` reads a delta from;
 - running a verified kernelbake image (named directly, not through a GPU index) whose digest is
@@ -28,180 +28,161 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from kernelbake.admission.gateway import Accepted, Outcome
+from kernelbake.admission.pod import Container, Mount
 from kernelbake.admission.references import InvalidReference, parse_reference
-from kernelbake.admission.rules.caches import CacheDecision, CachePlan, append, is_delta
-from kernelbake.admission.rules.trusted_paths import normal
-from kernelbake.admission.workloads import CONTAINER_FIELDS
+from kernelbake.admission.rules.caches import CacheVolume
+from kernelbake.admission.rules.facts import Facts, Rule
+from kernelbake.admission.rules.shape import EMPTY, Denial, Verdict, append, verdict
+from kernelbake.admission.subject import DeltaLike, ImageLike
 from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Origin
-from kernelbake.contract.key import CacheKey
+
+Deltas = Mapping[str, tuple[CacheVolume, DeltaLike]]
 
 
-class DeltaLike(Protocol):
-    """What admission needs of ``signing.delta.VerifiedDelta``."""
+def check(facts: Facts) -> Verdict:
+    """Problems, notes and (mutating) the patch that pins each mounted delta for ``serve``."""
+    if facts.caches is None:
+        return EMPTY
+    deltas = {
+        v.name: (v, d) for v in facts.caches.volumes if (d := facts.subjects.deltas.get(v.target)) is not None
+    }
+    denials: list[Denial] = []
+    notes: list[str] = []
+    patch: list[dict[str, Any]] = []
+    for c in facts.pod.containers:
+        mounts, wrong = _mounts(c, deltas)
+        denials += wrong
+        env = c.named(DELTA_DIGEST_ENV)
+        if len(mounts) != 1:
+            denials += _not_one(c, mounts, env)
+            continue
+        volume, delta = deltas[str(mounts[0].name)]
+        subject = f'cache delta "{volume.name}" ({volume.ref})'
+        found = _layered(c, subject, mounts[0], delta, facts.subjects.images)
+        found += [Denial(c.where, f"{subject}: {p}") for p in _pin_problems(env, delta)]
+        denials += found
+        if found or wrong:
+            continue
+        notes += _unsafe_origin(c, subject, delta)
+        if not env and facts.mutate:
+            append(patch, c.obj, c.at, "env", {"name": DELTA_DIGEST_ENV, "value": delta.manifest_digest})
+            notes.append(
+                f"{c.where}: {subject}: verified and pinned ({DELTA_DIGEST_ENV}={delta.manifest_digest})"
+            )
+        elif not env:
+            notes.append(
+                f"{c.where}: {subject}: ${DELTA_DIGEST_ENV} is unset, so serve will not use the delta"
+            )
+    return verdict(denials, notes, patch)
 
-    @property
-    def digest(self) -> str: ...
 
-    @property
-    def key(self) -> CacheKey: ...
+def _mounts(c: Container, deltas: Deltas) -> tuple[list[Mount], list[Denial]]:
+    """The container's mounts of verified deltas, and what is wrong with its mounts at or
+    inside ``DELTA_ROOT`` (anything but one verified delta, whole, at the root)."""
+    ours = [m for m in c.mounts if m.name in deltas]
+    problems = [
+        Denial(
+            c.where,
+            f"volume {str(m.name)[:80]!r} is mounted at {str(m.path)[:80]!r}, where serve reads the cache delta "
+            "it merges; only a verified cache delta's image volume belongs there, whole",
+        )
+        for m in c.mounts
+        if m.name not in deltas and m.under(DELTA_ROOT)
+    ]
+    problems += [
+        Denial(
+            c.where,
+            f"cache delta {str(m.name)[:80]!r} is mounted in part (subPath)",
+            f"mount it at {DELTA_ROOT} whole",
+        )
+        for m in ours
+        if m.partial
+    ]
+    return ours, problems
 
-    @property
-    def base_digest(self) -> str: ...
 
-    @property
-    def base_manifest(self) -> str: ...
-
-    @property
-    def manifest_digest(self) -> str: ...
-
-    @property
-    def origin(self) -> str: ...
-
-
-def delta_of(outcome: Outcome | None) -> DeltaLike | None:
-    """The verified delta an outcome holds, or None (an image, an artifact, a failure)."""
-    if isinstance(outcome, Accepted) and is_delta(outcome):
-        image: Any = outcome.image
-        return image  # type: ignore[no-any-return]
-    return None
+def _not_one(c: Container, mounts: Sequence[Mount], env: Sequence[Mapping[str, Any]]) -> list[Denial]:
+    """A container that mounts no verified delta may not pin one; one that mounts several is refused."""
+    if mounts:
+        return [Denial(c.where, f"mounts {len(mounts)} cache deltas; serve reads one, at {DELTA_ROOT}")]
+    if env:
+        return [
+            Denial(
+                c.where,
+                f"sets ${DELTA_DIGEST_ENV} but mounts no verified cache delta",
+                "only admission sets it, for a delta it verified",
+            )
+        ]
+    return []
 
 
-def _base_problems(where: str, image: str, delta: DeltaLike, outcomes: Mapping[str, Outcome]) -> list[str]:
+def _layered(
+    c: Container, subject: str, mount: Mount, delta: DeltaLike, images: Mapping[str, ImageLike]
+) -> list[Denial]:
+    """What is wrong with where the delta is mounted and what it is layered on."""
+    if not isinstance(mount.path, str) or posixpath.normpath(mount.path) != DELTA_ROOT:
+        return [
+            Denial(c.where, f"{subject}: mounted at {mount.path!r}; serve reads a delta only at {DELTA_ROOT}")
+        ]
+    return [Denial(c.where, f"{subject}: {p}") for p in _base_problems(c.image, delta, images)]
+
+
+def _base_problems(image: str, delta: DeltaLike, images: Mapping[str, ImageLike]) -> list[str]:
     try:
         ref = parse_reference(image)
     except InvalidReference as exc:
-        return [f"{where}: {exc}"]
-    outcome = outcomes.get(ref.target)
-    got = outcome.image if isinstance(outcome, Accepted) else None
-    if got is None or delta_of(outcome) is not None or getattr(got, "artifact", None) is not None:
+        return [str(exc)]
+    got = images.get(ref.target)
+    if got is None:
         return [
-            f"{where}: a cache delta is layered on a kernelbake image, and {image} did not verify as one "
+            f"a cache delta is layered on a kernelbake image, and {image} did not verify as one "
             "(name the image the delta was captured from, by digest)"
         ]
     problems = []
     if got.digest != delta.base_digest:
         problems.append(
-            f"{where}: the delta is layered on {delta.base_digest}, but the container runs {got.digest}; "
+            f"the delta is layered on {delta.base_digest}, but the container runs {got.digest}; "
             "capture a delta from a replica of this image"
         )
     if got.key != delta.key:
-        problems.append(f"{where}: the delta is for key {delta.key.digest}, the image's is {got.key.digest}")
-    manifest = getattr(got, "manifest_digest", None)
-    if manifest is not None and manifest != delta.base_manifest:
+        problems.append(f"the delta is for key {delta.key.digest}, the image's is {got.key.digest}")
+    if got.manifest_digest != delta.base_manifest:
         problems.append(
-            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the image holds {manifest}"
+            f"the delta is layered on the bundle {delta.base_manifest}, the image holds {got.manifest_digest}"
         )
     return problems
 
 
-_KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
-
-
-def _at_root(mount: Mapping[str, Any]) -> bool:
-    path = mount.get("mountPath")
-    return isinstance(path, str) and (normal(path) == DELTA_ROOT or normal(path).startswith(DELTA_ROOT + "/"))
-
-
-def _pin_problems(subject: str, env: Sequence[Mapping[str, Any]], delta: DeltaLike) -> list[str]:
+def _pin_problems(env: Sequence[Mapping[str, Any]], delta: DeltaLike) -> list[str]:
     """Every entry of ``$KERNELBAKE_DELTA_DIGEST`` against the verified delta.json."""
     if len(env) > 1:
         return [
-            f"{subject}: ${DELTA_DIGEST_ENV} is listed {len(env)} times; Kubernetes gives the container the "
-            "last, so list it once (or leave it to admission)"
+            f"${DELTA_DIGEST_ENV} is listed {len(env)} times; Kubernetes gives the container the last, so list "
+            "it once (or leave it to admission)"
         ]
     if env and (env[0].get("value") != delta.manifest_digest or "valueFrom" in env[0]):
         shown = "a valueFrom" if "valueFrom" in env[0] else repr(env[0].get("value"))
-        return [
-            f"{subject}: ${DELTA_DIGEST_ENV} is {shown}, the verified delta.json is {delta.manifest_digest}"
-        ]
+        return [f"${DELTA_DIGEST_ENV} is {shown}, the verified delta.json is {delta.manifest_digest}"]
     return []
 
 
-def _mount_problems(
-    where: str, c: Mapping[str, Any], deltas: Mapping[str, Any]
-) -> tuple[list[Any], list[str]]:
-    """The container's mounts of verified deltas, and what is wrong with its mounts at or
-    inside ``DELTA_ROOT`` (anything but one verified delta, whole, at the root)."""
-    # A name that is no string (a pod author's junk) names no volume, verified or not.
-    mounts = [
-        {**m, "name": m["name"] if isinstance(m.get("name"), str) else None}
-        for m in c.get("volumeMounts") or []
-        if isinstance(m, dict)
-    ]
-    problems = [
-        f"{where}: volume {str(m.get('name'))[:80]!r} is mounted at {str(m.get('mountPath'))[:80]!r}, where serve "
-        "reads the cache delta it merges; only a verified cache delta's image volume belongs there, whole"
-        for m in mounts
-        if m.get("name") not in deltas and _at_root(m)
-    ]
-    problems += [
-        f"{where}: cache delta {str(m.get('name'))[:80]!r} is mounted in part (subPath); mount it at {DELTA_ROOT} whole"
-        for m in mounts
-        if m.get("name") in deltas and (m.get("subPath") or m.get("subPathExpr"))
-    ]
-    return [m for m in mounts if m.get("name") in deltas], problems
-
-
-def _unsafe_origin(subject: str, delta: DeltaLike) -> list[str]:
+def _unsafe_origin(c: Container, subject: str, delta: DeltaLike) -> list[str]:
     """The answer's word on a delta of a replica's own bytes (verified only under the unsafe setting)."""
     if delta.origin == Origin.REBUILT.value:
         return []
     return [
-        f"{subject}: UNSAFE: the bytes a replica wrote, signed without a rebuild; admitted only because the "
-        "policy sets verify.unsafe_replica_deltas"
+        f"{c.where}: {subject}: UNSAFE: the bytes a replica wrote, signed without a rebuild; admitted only "
+        "because the policy sets verify.unsafe_replica_deltas"
     ]
 
 
-def decide_deltas(plan: CachePlan, outcomes: Mapping[str, Outcome], *, mutate: bool) -> CacheDecision:
-    """Problems, notes and (``mutate``) the patch that pins each mounted delta for ``serve``."""
-    deltas = {v.name: (v, d) for v in plan.volumes if (d := delta_of(outcomes.get(v.target))) is not None}
-    problems: list[str] = []
-    notes: list[str] = []
-    patch: list[dict[str, Any]] = []
-    for field in CONTAINER_FIELDS:
-        for j, c in enumerate(plan.spec.get(field) or []):
-            if not isinstance(c, dict):
-                continue
-            where = f'{_KINDS.get(field, "container")} "{c.get("name", j)}"'
-            mounts, wrong = _mount_problems(where, c, deltas)
-            problems += wrong
-            env = [e for e in c.get("env") or [] if isinstance(e, dict) and e.get("name") == DELTA_DIGEST_ENV]
-            if not mounts:
-                if env:
-                    problems.append(
-                        f"{where}: sets ${DELTA_DIGEST_ENV} but mounts no verified cache delta; only admission "
-                        "sets it, for a delta it verified"
-                    )
-                continue
-            if len(mounts) > 1:
-                problems.append(
-                    f"{where}: mounts {len(mounts)} cache deltas; serve reads one, at {DELTA_ROOT}"
-                )
-                continue
-            volume, delta = deltas[mounts[0]["name"]]
-            subject = f'{where}: cache delta "{volume.name}" ({volume.ref})'
-            path = mounts[0].get("mountPath")
-            if not isinstance(path, str) or posixpath.normpath(path) != DELTA_ROOT:
-                problems.append(f"{subject}: mounted at {path!r}; serve reads a delta only at {DELTA_ROOT}")
-                continue
-            found = _base_problems(subject, str(c.get("image", "")), delta, outcomes)
-            found += _pin_problems(subject, env, delta)
-            problems += found
-            if found or wrong:
-                continue
-            notes += _unsafe_origin(subject, delta)
-            if not env and mutate:
-                append(
-                    patch,
-                    c,
-                    (*plan.spec_path, field, str(j)),
-                    "env",
-                    {"name": DELTA_DIGEST_ENV, "value": delta.manifest_digest},
-                )
-                notes.append(f"{subject}: verified and pinned ({DELTA_DIGEST_ENV}={delta.manifest_digest})")
-            elif not env:
-                notes.append(f"{subject}: ${DELTA_DIGEST_ENV} is unset, so serve will not use the delta")
-    return CacheDecision(tuple(problems), tuple(notes), tuple(patch))
+RULE = Rule(
+    "delta",
+    "a cache delta mounted elsewhere than the delta root, in part, or more than one to a container; "
+    "layered on another image, key or pinned bundle than the container runs; or "
+    "`$KERNELBAKE_DELTA_DIGEST` set by the pod to anything but the verified delta.json, listed twice, or "
+    "without a verified delta mounted (nor may anything else be mounted at or inside the delta root)",
+    check,
+)

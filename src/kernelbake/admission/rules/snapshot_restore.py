@@ -26,90 +26,35 @@ refused: they are what make ``serve`` trust the files at ``SNAPSHOT_ROOT``. ``se
 checks the whole key against the node (GPU, driver, kernel, CRIU, CPU, the whole environment,
 which includes the image's ``ENV`` that admission does not see) and the files
 (``runtime.snapshot.restore``). Containers of images the policy does not govern are not judged
-here (Pod Security admission is where their capabilities are limited). Pure: the caller gives the
-verified snapshots by volume name and the verified image of each container image.
+here (Pod Security admission is where their capabilities are limited). ``decide`` is the pure
+core: it takes the verified snapshots by volume name and the verified image of each container
+image, which ``check`` reads from the review's facts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import posixpath
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
-from kernelbake.admission.gateway import Accepted, Outcome
-from kernelbake.admission.rules.caches import CacheDecision, append
-from kernelbake.admission.rules.trusted_paths import normal
-from kernelbake.admission.workloads import CONTAINER_FIELDS
+from kernelbake.admission.pod import Container, ImageVolume, Mount, Pod
+from kernelbake.admission.rules.facts import Facts, Rule
+from kernelbake.admission.rules.shape import Denial, Verdict, append, verdict
+from kernelbake.admission.rules.sites import Resolved
+from kernelbake.admission.subject import SnapshotLike
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
     RESTORE_CAPABILITIES,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_ROOT,
-    SnapshotKey,
     is_volatile,
 )
-from kernelbake.signing.snapshot import VerifiedSnapshot
 
 _PINNED = (SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV)
-_KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
 _SHOWN = 160
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedSnapshotVolume:
-    """A verified snapshot artifact as the gateway keeps it beside images (``VerifiedLike``: its
-    ``key`` is the cache key of the image it was taken from)."""
-
-    reference: str
-    digest: str
-    key: CacheKey
-    signer: str
-    base_digest: str  # the image it was taken from
-    manifest_digest: str  # snapshot.json's sha256: what $KERNELBAKE_SNAPSHOT_DIGEST pins
-    snapshot_key: SnapshotKey
-    environment: Mapping[str, str] | None
-
-
-def snapshot_volume(verified: VerifiedSnapshot) -> VerifiedSnapshotVolume:
-    return VerifiedSnapshotVolume(
-        reference=verified.reference,
-        digest=verified.digest,
-        key=verified.key.cache_key,
-        signer=verified.signer,
-        base_digest=verified.base_digest,
-        manifest_digest=verified.manifest_digest,
-        snapshot_key=verified.key,
-        environment=verified.environment,
-    )
-
-
-def snapshot_of(outcome: Outcome | None) -> VerifiedSnapshotVolume | None:
-    """The verified snapshot an outcome holds, or None (an image, an artifact, a failure)."""
-    if isinstance(outcome, Accepted) and isinstance(outcome.image, VerifiedSnapshotVolume):
-        return outcome.image
-    return None
-
-
-class SnapshotLike(Protocol):
-    """What the decision needs of ``VerifiedSnapshotVolume``."""
-
-    @property
-    def base_digest(self) -> str: ...
-
-    @property
-    def manifest_digest(self) -> str: ...
-
-    @property
-    def key(self) -> CacheKey: ...
-
-    @property
-    def snapshot_key(self) -> SnapshotKey: ...
-
-    @property
-    def environment(self) -> Mapping[str, str] | None: ...
+_RESTORE_SET = ", ".join(sorted(RESTORE_CAPABILITIES))
 
 
 class ImageLike(Protocol):
@@ -120,6 +65,80 @@ class ImageLike(Protocol):
 
     @property
     def key(self) -> CacheKey: ...
+
+
+def check(facts: Facts) -> Verdict:
+    snapshots: dict[str, SnapshotLike] = {}
+    images: dict[str, ImageLike] = {}
+    for g, found in facts.resolved:
+        if not isinstance(found, Resolved):
+            continue
+        if isinstance(g.site, Container):
+            images[g.site.image] = found.subject
+        elif (snapshot := facts.subjects.snapshots.get(found.target)) is not None:
+            snapshots[g.site.name] = snapshot
+    governed = {g.site.image for g in facts.governed if not isinstance(g.site, ImageVolume)}
+    return decide(facts.pod, snapshots, images, governed=governed, mutate=facts.mutate)
+
+
+def decide(
+    pod: Pod,
+    snapshots: Mapping[str, SnapshotLike],
+    images: Mapping[str, ImageLike],
+    *,
+    governed: Collection[str] | None = None,
+    mutate: bool,
+) -> Verdict:
+    """Problems, notes and (``mutate``) the patch that pins each restore for ``serve``.
+    ``snapshots``: volume name → verified snapshot; ``images``: container image → its verified
+    image; ``governed``: the container images the policy governs (None: every container is
+    judged). A container of another image is judged only when it mounts a verified snapshot or
+    sets the pins."""
+    denials: list[Denial] = []
+    notes: list[str] = []
+    patch: list[dict[str, Any]] = []
+    restores, privileged = 0, []
+    for c in pod.containers:
+        added, unconfined, whole = _asks(c.obj, pod.spec)
+        privileged += [c.where] if whole else []
+        mounts, wrong = _mounts(c, snapshots)
+        pins = [e for e in c.env if e.get("name") in _PINNED]
+        if governed is not None and c.image not in governed and not mounts and not pins:
+            continue
+        denials += wrong
+        # Privileged is every capability, the restore set among them.
+        if not (added & RESTORE_CAPABILITIES or unconfined or whole):
+            denials += _without_restore(c, pins, mounts, notes)
+            continue
+        if c.field == "ephemeralContainers":
+            denials.append(
+                Denial(
+                    c.where, "asks for the restore capabilities; serve restores only in a pod's containers"
+                )
+            )
+            continue
+        found, snapshot = _restore(c, pod, added, whole, mounts, snapshots, images.get(c.image))
+        denials += found
+        if snapshot is None or found:
+            continue
+        want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
+        pinned = _pin(c, pins, want, patch if mutate else None)
+        denials += pinned
+        if not pinned:
+            restores += 1
+            notes.append(
+                f"{c.where}: restore of snapshot {snapshot.manifest_digest} admitted with {', '.join(sorted(added))}"
+            )
+    if restores and privileged:
+        # Whatever its image: it could enter the restoring container (or the node) and change
+        # what is restored, which serve trusts unhashed on a pulled image volume.
+        denials.append(
+            Denial(
+                ", ".join(privileged[:4]),
+                "privileged beside a snapshot restore; no container of a restoring pod may be privileged",
+            )
+        )
+    return verdict(denials, notes, patch)
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -147,61 +166,119 @@ def _asks(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[set[str
     return added, profile.get("type") == "Unconfined", sc.get("privileged") is True
 
 
-def _inside_root(path: Any) -> bool:
-    return isinstance(path, str) and (
-        normal(path) == SNAPSHOT_ROOT or normal(path).startswith(SNAPSHOT_ROOT + "/")
-    )
-
-
-def _mounts(
-    where: str, container: Mapping[str, Any], snapshots: Mapping[str, SnapshotLike]
-) -> tuple[list[Mapping[str, Any]], list[str]]:
+def _mounts(c: Container, snapshots: Mapping[str, SnapshotLike]) -> tuple[list[Mount], list[Denial]]:
     """The container's mounts of verified snapshots, and what is wrong with its mounts at or
     inside ``SNAPSHOT_ROOT``: anything but a verified snapshot there, whole, is a file serve would
     restore from (and, on its fast path, without hashing it)."""
-    mounts: list[Mapping[str, Any]] = [m for m in _list(container.get("volumeMounts")) if isinstance(m, dict)]
-    ours = [m for m in mounts if isinstance(m.get("name"), str) and m["name"] in snapshots]
+    ours = [m for m in c.mounts if m.name in snapshots]
     problems = [
-        f"{where}: volume {str(m.get('name'))[:80]!r} is mounted at {str(m.get('mountPath'))[:80]!r}, where serve "
-        "restores a snapshot from; only a verified snapshot's image volume belongs there, whole"
-        for m in mounts
-        if m not in ours and _inside_root(m.get("mountPath"))
+        Denial(
+            c.where,
+            f"volume {str(m.name)[:80]!r} is mounted at {str(m.path)[:80]!r}, where serve restores a snapshot "
+            "from; only a verified snapshot's image volume belongs there, whole",
+        )
+        for m in c.mounts
+        if m not in ours and m.under(SNAPSHOT_ROOT)
     ]
     problems += [
-        f"{where}: snapshot {str(m.get('name'))[:80]!r} is mounted in part (subPath); mount it at {SNAPSHOT_ROOT} whole"
+        Denial(
+            c.where,
+            f"snapshot {str(m.name)[:80]!r} is mounted in part (subPath)",
+            f"mount it at {SNAPSHOT_ROOT} whole",
+        )
         for m in ours
-        if m.get("subPath") or m.get("subPathExpr")
+        if m.partial
     ]
     return ours, problems
 
 
-def _restore_problems(
-    where: str,
-    container: Mapping[str, Any],
-    mounts: list[Mapping[str, Any]],
+def _without_restore(
+    c: Container, pins: list[Mapping[str, Any]], mounts: list[Mount], notes: list[str]
+) -> list[Denial]:
+    """A container that asks for none of the restore set: it may not set the pins."""
+    if pins:
+        names = sorted({str(e["name"]) for e in pins})
+        return [
+            Denial(
+                c.where,
+                f"sets ${' and $'.join(names)} without the restore it pins",
+                "only admission sets them, for a snapshot it verified",
+            )
+        ]
+    if mounts:
+        notes.append(f"{c.where}: mounts a snapshot without the restore capabilities; serve starts baked")
+    return []
+
+
+def _restore(
+    c: Container,
+    pod: Pod,
+    added: set[str],
+    privileged: bool,
+    mounts: list[Mount],
     snapshots: Mapping[str, SnapshotLike],
     image: ImageLike | None,
-) -> tuple[list[str], SnapshotLike | None]:
+) -> tuple[list[Denial], SnapshotLike | None]:
+    """What is wrong with a container that asks for the restore set, and the snapshot it restores."""
+    wrong: list[Denial] = []
+    if privileged:
+        wrong.append(
+            Denial(
+                c.where,
+                f"privileged grants every capability; a restore needs only {_RESTORE_SET} and seccomp Unconfined",
+            )
+        )
+    if extra := sorted(added - RESTORE_CAPABILITIES):
+        wrong.append(Denial(c.where, f"adds {', '.join(extra)} beyond the restore set ({_RESTORE_SET})"))
+    if pod.host_paths:
+        wrong.append(
+            Denial(
+                c.where,
+                f"asks for the restore capabilities in a pod with hostPath volumes ({', '.join(pod.host_paths[:4])}); "
+                "with SYS_ADMIN a container could write through one into the node's image store, where the "
+                "snapshot's files are",
+            )
+        )
+    found, snapshot = _restore_problems(c, mounts, snapshots, image)
+    wrong += found
+    if snapshot is not None:
+        wrong += _args_problems(c, snapshot)
+        wrong += _env_problems(c, snapshot)
+    return wrong, snapshot
+
+
+def _restore_problems(
+    c: Container, mounts: list[Mount], snapshots: Mapping[str, SnapshotLike], image: ImageLike | None
+) -> tuple[list[Denial], SnapshotLike | None]:
     if len(mounts) != 1:
         return [
-            f"{where}: asks for the restore capabilities but mounts {len(mounts)} verified snapshots; "
-            f"they are granted only to restore one, at {SNAPSHOT_ROOT}"
+            Denial(
+                c.where,
+                f"asks for the restore capabilities but mounts {len(mounts)} verified snapshots; they are "
+                f"granted only to restore one, at {SNAPSHOT_ROOT}",
+            )
         ], None
-    snapshot = snapshots[str(mounts[0]["name"])]
-    path = mounts[0].get("mountPath")
+    snapshot = snapshots[str(mounts[0].name)]
+    path = mounts[0].path
     if not isinstance(path, str) or posixpath.normpath(path) != SNAPSHOT_ROOT:
         return [
-            f"{where}: the snapshot is mounted at {path!r}; serve restores only from {SNAPSHOT_ROOT}"
+            Denial(c.where, f"the snapshot is mounted at {path!r}; serve restores only from {SNAPSHOT_ROOT}")
         ], None
     if image is None or image.digest != snapshot.base_digest:
-        runs = image.digest if image is not None else repr(container.get("image"))
+        runs = image.digest if image is not None else repr(c.obj.get("image"))
         return [
-            f"{where}: the snapshot was taken from {snapshot.base_digest}, but the container runs "
-            f"{runs}; a restore is admitted only into its own image, by digest"
+            Denial(
+                c.where,
+                f"the snapshot was taken from {snapshot.base_digest}, but the container runs {runs}; a restore "
+                "is admitted only into its own image, by digest",
+            )
         ], None
     if image.key != snapshot.key:
         return [
-            f"{where}: the snapshot's cache key is {snapshot.key.digest}, the image's is {image.key.digest}"
+            Denial(
+                c.where,
+                f"the snapshot's cache key is {snapshot.key.digest}, the image's is {image.key.digest}",
+            )
         ], None
     return [], snapshot
 
@@ -210,201 +287,104 @@ def _shown(text: str) -> str:
     return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}… ({len(text)} characters)"
 
 
-def _args_problems(where: str, container: Mapping[str, Any], snapshot: SnapshotLike) -> list[str]:
+def _args_problems(c: Container, snapshot: SnapshotLike) -> list[Denial]:
     """``serve``'s arguments as the key records them: the image's entrypoint is
     ``kernelbake serve`` and a container's ``args`` are what follows it."""
-    if container.get("command"):
+    if c.obj.get("command"):
         return [
-            f"{where}: sets command; a restore runs the image's entrypoint (kernelbake serve) with the "
-            "snapshot's arguments in args, so leave command unset"
+            Denial(
+                c.where,
+                "sets command; a restore runs the image's entrypoint (kernelbake serve) with the snapshot's "
+                "arguments in args, so leave command unset",
+            )
         ]
-    args = container.get("args") or []
+    args = c.obj.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        return [f"{where}: args must be a list of strings"]
+        return [Denial(c.where, "args must be a list of strings")]
     if any("$(" in a for a in args):
         return [
-            f"{where}: args refer to variables ($(NAME)), which the kubelet expands and admission cannot "
-            "know; write the arguments the snapshot was taken with"
+            Denial(
+                c.where,
+                "args refer to variables ($(NAME)), which the kubelet expands and admission cannot know",
+                "write the arguments the snapshot was taken with",
+            )
         ]
     recorded = snapshot.snapshot_key.serve_args
     if json.dumps(args) != recorded:
         return [
-            f"{where}: serve args {_shown(json.dumps(args))} here, {_shown(recorded)} recorded; serve would "
-            "start baked, with the restore's capabilities"
+            Denial(
+                c.where,
+                f"serve args {_shown(json.dumps(args))} here, {_shown(recorded)} recorded; serve would start "
+                "baked, with the restore's capabilities",
+            )
         ]
     return []
 
 
-def _env_problems(where: str, container: Mapping[str, Any], snapshot: SnapshotLike) -> list[str]:
+def _env_problems(c: Container, snapshot: SnapshotLike) -> list[Denial]:
     """Each variable the container sets, against the environment the key digests. What the image's
     ENV adds is not seen here; serve compares the whole digest."""
     recorded = snapshot.environment
     if recorded is None:
         return [
-            f"{where}: the snapshot's snapshot.json records no environment (taken by an older kernelbake), "
-            "so admission cannot tell whether serve would restore it; take it again"
+            Denial(
+                c.where,
+                "the snapshot's snapshot.json records no environment (taken by an older kernelbake), so "
+                "admission cannot tell whether serve would restore it",
+                "take it again",
+            )
         ]
     problems = []
-    if container.get("envFrom"):
+    if c.obj.get("envFrom"):
         problems.append(
-            f"{where}: envFrom brings variables admission cannot read, and the snapshot's key holds the "
-            "environment; set each with a value"
+            Denial(
+                c.where,
+                "envFrom brings variables admission cannot read, and the snapshot's key holds the environment",
+                "set each with a value",
+            )
         )
-    for e in _list(container.get("env")):
-        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or is_volatile(e["name"]):
+    for e in c.env:
+        if not isinstance(e.get("name"), str) or is_volatile(e["name"]):
             continue
         name = e["name"][:80]
         if "valueFrom" in e:
             problems.append(
-                f"{where}: ${name} comes from valueFrom, which admission cannot read, and the snapshot's key "
-                "holds the environment; set it with a value"
+                Denial(
+                    c.where,
+                    f"${name} comes from valueFrom, which admission cannot read, and the snapshot's key holds "
+                    "the environment",
+                    "set it with a value",
+                )
             )
         elif name not in recorded:
-            problems.append(f"{where}: ${name} is set here, and was not when the snapshot was taken")
+            problems.append(Denial(c.where, f"${name} is set here, and was not when the snapshot was taken"))
         elif recorded[name] != str(e.get("value", "")):
-            problems.append(f"{where}: ${name} differs from the value the snapshot was taken with")
+            problems.append(Denial(c.where, f"${name} differs from the value the snapshot was taken with"))
     return problems
 
 
 def _pin(
-    where: str,
-    container: Mapping[str, Any],
-    env: Mapping[str, Mapping[str, Any]],
-    want: Mapping[str, str],
-    patch: list[dict[str, Any]] | None,
-    at: tuple[str, ...],
-) -> list[str]:
+    c: Container, pins: list[Mapping[str, Any]], want: Mapping[str, str], patch: list[dict[str, Any]] | None
+) -> list[Denial]:
     """Each pin as the verification says: refused where the pod set another, patched in
     (``patch`` given) where it set none."""
+    env = {str(e["name"]): e for e in pins}
     problems = []
     for name, value in want.items():
         have = env.get(name)
         if have is not None and (have.get("value") != value or "valueFrom" in have):
-            problems.append(f"{where}: ${name} is {have.get('value')!r}, the verified one is {value}")
+            problems.append(Denial(c.where, f"${name} is {have.get('value')!r}, the verified one is {value}"))
         elif have is None and patch is not None:
-            append(patch, container, at, "env", {"name": name, "value": value})
+            append(patch, c.obj, c.at, "env", {"name": name, "value": value})
     return problems
 
 
-def _host_paths(spec: Mapping[str, Any]) -> list[str]:
-    return [
-        str(v.get("name"))[:80]
-        for v in _list(spec.get("volumes"))
-        if isinstance(v, dict) and v.get("hostPath") is not None
-    ]
-
-
-@dataclasses.dataclass
-class _Decision:
-    problems: list[str] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
-    patch: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-
-def _restore(
-    out: _Decision,
-    where: str,
-    c: Mapping[str, Any],
-    spec: Mapping[str, Any],
-    mounts: list[Mapping[str, Any]],
-    snapshots: Mapping[str, SnapshotLike],
-    image: ImageLike | None,
-    at: tuple[str, ...] | None,
-) -> bool:
-    """A container that asks for the restore set: admitted (True), pinned (``at``: where to
-    patch), or refused naming why."""
-    added, _, privileged = _asks(c, spec)
-    wrong: list[str] = []
-    if privileged:
-        wrong.append(
-            f"{where}: privileged grants every capability; a restore needs only "
-            f"{', '.join(sorted(RESTORE_CAPABILITIES))} and seccomp Unconfined"
-        )
-    if extra := sorted(added - RESTORE_CAPABILITIES):
-        wrong.append(
-            f"{where}: adds {', '.join(extra)} beyond the restore set ({', '.join(sorted(RESTORE_CAPABILITIES))})"
-        )
-    if hosts := _host_paths(spec):
-        wrong.append(
-            f"{where}: asks for the restore capabilities in a pod with hostPath volumes ({', '.join(hosts[:4])}); "
-            "with SYS_ADMIN a container could write through one into the node's image store, where the "
-            "snapshot's files are"
-        )
-    found, snapshot = _restore_problems(where, c, mounts, snapshots, image)
-    wrong += found
-    if snapshot is not None:
-        wrong += _args_problems(where, c, snapshot)
-        wrong += _env_problems(where, c, snapshot)
-    out.problems += wrong
-    if snapshot is None or wrong:
-        return False
-    env = {str(e["name"]): e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED}
-    want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
-    pinned = _pin(where, c, env, want, out.patch if at is not None else None, at or ())
-    out.problems += pinned
-    if not pinned:
-        out.notes.append(
-            f"{where}: restore of snapshot {snapshot.manifest_digest} admitted with {', '.join(sorted(added))}"
-        )
-    return not pinned
-
-
-def decide_snapshots(
-    spec: Mapping[str, Any],
-    snapshots: Mapping[str, SnapshotLike],
-    images: Mapping[str, ImageLike],
-    *,
-    governed: Collection[str] | None = None,
-    spec_path: tuple[str, ...] = ("spec",),
-    mutate: bool,
-    after: Collection[Mapping[str, Any]] = (),
-) -> CacheDecision:
-    """Problems, notes and (``mutate``) the patch that pins each restore for ``serve``.
-    ``snapshots``: volume name → verified snapshot; ``images``: container image → its verified
-    image; ``governed``: the container images the policy governs (None: every container is
-    judged). A container of another image is judged only when it mounts a verified snapshot or
-    sets the pins. ``after``: the patch's operations so far, which a new list of variables must
-    not replace."""
-    out = _Decision(patch=[dict(op) for op in after])
-    restores, privileged = 0, []
-    for field in CONTAINER_FIELDS:
-        for j, c in enumerate(_list(spec.get(field))):
-            if not isinstance(c, dict):
-                continue
-            where = f'{_KINDS.get(field, "container")} "{str(c.get("name", j))[:80]}"'
-            added, unconfined, whole = _asks(c, spec)
-            privileged += [where] if whole else []
-            mounts, wrong = _mounts(where, c, snapshots)
-            pins = [e for e in _list(c.get("env")) if isinstance(e, dict) and e.get("name") in _PINNED]
-            image = str(c.get("image", ""))
-            if governed is not None and image not in governed and not mounts and not pins:
-                continue
-            out.problems += wrong
-            # Privileged is every capability, the restore set among them.
-            if not (added & RESTORE_CAPABILITIES or unconfined or whole):
-                if pins:
-                    names = sorted({str(e["name"]) for e in pins})
-                    out.problems.append(
-                        f"{where}: sets ${' and $'.join(names)} without the restore it pins; only "
-                        "admission sets them, for a snapshot it verified"
-                    )
-                elif mounts:
-                    out.notes.append(
-                        f"{where}: mounts a snapshot without the restore capabilities; serve starts baked"
-                    )
-                continue
-            if field == "ephemeralContainers":
-                out.problems.append(
-                    f"{where}: asks for the restore capabilities; serve restores only in a pod's containers"
-                )
-                continue
-            at = (*spec_path, field, str(j)) if mutate else None
-            restores += _restore(out, where, c, spec, mounts, snapshots, images.get(image), at)
-    if restores and privileged:
-        # Whatever its image: it could enter the restoring container (or the node) and change
-        # what is restored, which serve trusts unhashed on a pulled image volume.
-        out.problems.append(
-            f"{', '.join(privileged[:4])}: privileged beside a snapshot restore; no container of a restoring "
-            "pod may be privileged"
-        )
-    return CacheDecision(tuple(out.problems), tuple(out.notes), tuple(out.patch[len(after) :]))
+RULE = Rule(
+    "snapshot-restore",
+    "a container of a governed image that asks for the restore capabilities (SYS_ADMIN, NET_ADMIN, "
+    "SYS_TIME, seccomp Unconfined, or privileged) other than for a restore `serve` would make: one "
+    "verified snapshot mounted whole at the snapshot root, taken from its image and cache key, the "
+    "recorded args and variables, nothing beyond the set, in a pod with no hostPath and no privileged "
+    "container; or the snapshot pins set by the pod",
+    check,
+)

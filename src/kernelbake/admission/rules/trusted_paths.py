@@ -7,7 +7,11 @@ a volume (or a device) at one of them or at any directory above (``/opt/kernelba
 there than the image's signature covers; such a pod is denied (warned about in warn mode), in
 every container kind. The same holds for the cache delta serve merges (``DELTA_ROOT``): only a
 governed image volume may be mounted there, whole (no ``subPath``), and nothing inside it; that
-the volume verified as a delta for this image is ``admission.deltas``' to judge.
+the volume verified as a delta for this image is ``rules.delta``'s to judge.
+
+Found while planning (``find``), before any registry is asked: a container of a governed image
+whose mounts or variables cannot be read whole makes the object malformed (``MalformedObject``,
+code 400); ``check`` reports what was found.
 
 Variables: Kubernetes gives a container the *last* entry of a name listed twice in ``env`` (and
 ``env`` over ``envFrom``), so a review that read one entry could judge a value the container
@@ -26,12 +30,13 @@ Linear in the pod spec: each container, mount and variable is looked at once, ag
 
 from __future__ import annotations
 
-import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from kernelbake.admission.volumes import ImageVolume
-from kernelbake.admission.workloads import Container, MalformedObject
+from kernelbake.admission.pod import Container, ImageVolume, normal
+from kernelbake.admission.rules.facts import Facts, Rule
+from kernelbake.admission.rules.shape import Denial, Verdict, verdict
+from kernelbake.admission.workloads import MalformedObject
 from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
 from kernelbake.contract.layout import CACHE_ROOT, TRUSTED_FILES, TRUSTED_VARIABLES
 
@@ -52,22 +57,16 @@ _MAX_LISTED = 8
 _MAX_SHOWN = 80
 
 
-def normal(path: str) -> str:
-    """``path`` as the container's root resolves it lexically: relative paths under ``/``,
-    ``//`` and ``..`` collapsed, no trailing ``/``."""
-    return "/" + posixpath.normpath("/" + path).lstrip("/")
-
-
 def _shown(value: str) -> str:
     return repr(value if len(value) <= _MAX_SHOWN else value[:_MAX_SHOWN] + "…")
 
 
-def _items(container: Mapping[str, Any], field: str, where: str) -> list[Any]:
-    items = container.get(field)
+def _items(container: Container, field: str) -> list[Any]:
+    items = container.obj.get(field)
     if items is None:
         return []
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise MalformedObject(f"{where}.{field} must be a list of objects")
+        raise MalformedObject(f"{container.field}[{container.index}].{field} must be a list of objects")
     return items
 
 
@@ -78,98 +77,119 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _mount_problems(
-    c: Container, obj: Mapping[str, Any], where: str, volumes: frozenset[str]
-) -> Iterable[str]:
+def _mount_problems(c: Container, volumes: frozenset[str]) -> Iterator[Denial]:
     for field, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
-        for i, m in enumerate(_items(obj, field, where)):
-            written = _string(m, key, f"{where}.{field}[{i}]")
+        for i, m in enumerate(_items(c, field)):
+            at = f"{c.field}[{c.index}].{field}[{i}]"
+            written = _string(m, key, at)
             path = normal(written)
-            name = _string(m, "name", f"{where}.{field}[{i}]")
-            said = f"{c.where}: {field}[{i}] ({_shown(name)}) at {_shown(written)}"
+            name = _string(m, "name", at)
+            said = f"{field}[{i}] ({_shown(name)}) at {_shown(written)}"
             if covered := _COVERING.get(path):
-                yield (
+                yield Denial(
+                    c.where,
                     f"{said} covers {' and '.join(covered)}, which kernelbake serve trusts as the signed "
-                    f"image's own; mount nothing at or above them (a cache volume belongs at {CACHE_ROOT})"
+                    "image's own",
+                    f"mount nothing at or above them (a cache volume belongs at {CACHE_ROOT})",
                 )
             elif path.startswith(DELTA_ROOT + "/"):
-                yield (
-                    f"{said} lies inside {DELTA_ROOT}, where kernelbake serve reads the cache delta it "
-                    "merges; mount nothing there but the delta's own image volume, whole"
+                yield Denial(
+                    c.where,
+                    f"{said} lies inside {DELTA_ROOT}, where kernelbake serve reads the cache delta it merges",
+                    "mount nothing there but the delta's own image volume, whole",
                 )
             elif path == DELTA_ROOT and (field != "volumeMounts" or m.get("name") not in volumes):
-                yield (
+                yield Denial(
+                    c.where,
                     f"{said}: only the image volume of a signed cache delta may be mounted at {DELTA_ROOT}, "
-                    "where kernelbake serve reads the delta it merges"
+                    "where kernelbake serve reads the delta it merges",
                 )
             elif path == DELTA_ROOT and (m.get("subPath") or m.get("subPathExpr")):
-                yield (
-                    f"{said} mounts part of the volume (subPath); mount the cache delta at {DELTA_ROOT} whole"
+                yield Denial(
+                    c.where,
+                    f"{said} mounts part of the volume (subPath)",
+                    f"mount the cache delta at {DELTA_ROOT} whole",
                 )
 
 
-def _env_problems(c: Container, obj: Mapping[str, Any], where: str) -> Iterable[str]:
+def _env_problems(c: Container) -> Iterator[Denial]:
     counts: dict[str, int] = {}
-    for i, e in enumerate(_items(obj, "env", where)):
-        name = _string(e, "name", f"{where}.env[{i}]")
+    for i, e in enumerate(_items(c, "env")):
+        name = _string(e, "name", f"{c.field}[{c.index}].env[{i}]")
         if name in _VARIABLES:
-            yield (
-                f"{c.where}: env sets {name}, which moves the files kernelbake serve trusts as the signed "
-                "image's own; remove it (only runs outside an image set it)"
+            yield Denial(
+                c.where,
+                f"env sets {name}, which moves the files kernelbake serve trusts as the signed image's own",
+                "remove it (only runs outside an image set it)",
             )
         elif name.startswith(NAMESPACE) and "valueFrom" in e:
-            yield (
-                f"{c.where}: env[{i}] takes {_shown(name)} from valueFrom, which admission cannot read, and "
-                "kernelbake serve trusts its value; give the value itself"
+            yield Denial(
+                c.where,
+                f"env[{i}] takes {_shown(name)} from valueFrom, which admission cannot read, and "
+                "kernelbake serve trusts its value",
+                "give the value itself",
             )
         if name.startswith(NAMESPACE):
             counts[name] = counts.get(name, 0) + 1
     for name, count in counts.items():
         if count > 1:
-            yield (
-                f"{c.where}: env lists {_shown(name)} {count} times; Kubernetes gives the container the last, "
-                "so a review of one entry may judge a value serve never sees; list it once"
+            yield Denial(
+                c.where,
+                f"env lists {_shown(name)} {count} times; Kubernetes gives the container the last, so a "
+                "review of one entry may judge a value serve never sees",
+                "list it once",
             )
 
 
-def _from_problems(c: Container, obj: Mapping[str, Any], where: str) -> Iterable[str]:
-    for i, e in enumerate(_items(obj, "envFrom", where)):
-        prefix = _string(e, "prefix", f"{where}.envFrom[{i}]")
+def _from_problems(c: Container) -> Iterator[Denial]:
+    for i, e in enumerate(_items(c, "envFrom")):
+        prefix = _string(e, "prefix", f"{c.field}[{c.index}].envFrom[{i}]")
         if NAMESPACE.startswith(prefix) or prefix.startswith(NAMESPACE):
             source = next((k for k in ("configMapRef", "secretRef") if k in e), "a source")
-            yield (
-                f"{c.where}: envFrom[{i}] ({source}, prefix {_shown(prefix)}) cannot be inspected here and "
-                f"could set {NAMESPACE}* variables, which kernelbake serve trusts (such as {DELTA_DIGEST_ENV}, "
-                f"which pins the cache delta it merges); give it a prefix that does not start {NAMESPACE}, or "
-                "list its variables under env"
+            yield Denial(
+                c.where,
+                f"envFrom[{i}] ({source}, prefix {_shown(prefix)}) cannot be inspected here and could set "
+                f"{NAMESPACE}* variables, which kernelbake serve trusts (such as {DELTA_DIGEST_ENV}, which pins "
+                "the cache delta it merges)",
+                f"give it a prefix that does not start {NAMESPACE}, or list its variables under env",
             )
 
 
-def _container_problems(c: Container, spec: Mapping[str, Any], volumes: frozenset[str]) -> Iterable[str]:
-    obj = spec[c.field][c.index]
-    where = f"{c.field}[{c.index}]"
-    yield from _mount_problems(c, obj, where, volumes)
-    yield from _env_problems(c, obj, where)
-    yield from _from_problems(c, obj, where)
-
-
-def problems(spec: Mapping[str, Any], governed: Iterable[object]) -> list[str]:
-    """Why the pod's containers among ``governed`` (image sites; image volumes are skipped)
-    could change what ``serve`` trusts, at most ``_MAX_LISTED`` of them and a count."""
-    sites = list(governed)
+def find(sites: Iterable[object]) -> Verdict:
+    """Why the containers among ``sites`` (governed image sites; image volumes are skipped)
+    could change what ``serve`` trusts, at most ``_MAX_LISTED`` of them and a count. Raises
+    ``MalformedObject`` for a container whose mounts or variables cannot be read whole."""
+    listed = list(sites)
     # Governed image volumes: the only volumes that may be mounted at DELTA_ROOT (each is
-    # verified, and judged by admission.deltas when it is a delta).
-    volumes = frozenset(s.name for s in sites if isinstance(s, ImageVolume))
-    found: list[str] = []
+    # verified, and judged by rules.delta when it is a delta).
+    volumes = frozenset(s.name for s in listed if isinstance(s, ImageVolume))
+    found: list[Denial] = []
     more = 0
-    for site in sites:
+    for site in listed:
         if not isinstance(site, Container):
             continue
-        for problem in _container_problems(site, spec, volumes):
-            if len(found) < _MAX_LISTED:
-                found.append(problem)
-            else:
-                more += 1
+        for problems in (_mount_problems(site, volumes), _env_problems(site), _from_problems(site)):
+            for problem in problems:
+                if len(found) < _MAX_LISTED:
+                    found.append(problem)
+                else:
+                    more += 1
     if more:
-        found.append(f"{more} more mounts or variables of the pod would move what kernelbake serve trusts")
-    return found
+        found.append(
+            Denial("", f"{more} more mounts or variables of the pod would move what kernelbake serve trusts")
+        )
+    return verdict(found)
+
+
+def check(facts: Facts) -> Verdict:
+    return facts.planned.trusted_paths
+
+
+RULE = Rule(
+    "trusted-paths",
+    "a container of a governed image that mounts anything at or above the files `serve` trusts as the "
+    "signed image's own, or at or inside the delta root but a verified delta whole; sets a variable that "
+    "moves them; or sets a `KERNELBAKE_*` variable twice, from `valueFrom`, or through an `envFrom` whose "
+    "prefix could",
+    check,
+)
