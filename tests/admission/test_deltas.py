@@ -1,4 +1,4 @@
-"""Cache deltas through the webhook (admission/deltas.py; issue 36 item 2): deploy/examples/
+"""Cache deltas through the webhook (admission/rules/delta.py; issue 36 item 2): deploy/examples/
 serve-delta.yaml is admitted with the delta pinned by digest and $KERNELBAKE_DELTA_DIGEST set
 to the verified delta.json; a delta for another image or key, one mounted elsewhere than
 DELTA_ROOT, a pod that sets the variable itself, and a delta that did not verify are denied.

@@ -188,8 +188,8 @@ def check(facts: Facts) -> Verdict:
 RULE = Rule(
     "trusted-paths",
     "a container of a governed image that mounts anything at or above the files `serve` trusts as the "
-    "signed image's own, or at or inside the delta root but a verified delta whole; sets a variable that "
-    "moves them; or sets a `KERNELBAKE_*` variable twice, from `valueFrom`, or through an `envFrom` whose "
-    "prefix could",
+    "signed image's own, or anything but a governed image volume, whole, at or inside the delta root; sets "
+    "a variable that moves those files; or sets a `KERNELBAKE_*` variable twice, from `valueFrom`, or "
+    "through an `envFrom` whose prefix could",
     check,
 )
