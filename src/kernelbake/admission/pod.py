@@ -35,7 +35,7 @@ def under(path: Any, root: str) -> bool:
     return resolved == root or resolved.startswith(root + "/")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Mount:
     """One entry of a container's ``volumeMounts``."""
 
@@ -50,9 +50,10 @@ class Mount:
         return under(self.path, root)
 
 
-@dataclasses.dataclass(frozen=True)
+# Slots: a pod spec may hold some 150,000 containers (an 8 MiB body), each walked into one.
+@dataclasses.dataclass(frozen=True, slots=True)
 class Container:
-    """A container of the pod; an image site (``ImageSite``) when it names an image."""
+    """A container of the pod; an image site when it names an image."""
 
     field: str
     index: int
@@ -64,28 +65,9 @@ class Container:
     path: tuple[str, ...]
     obj: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
 
-    @property
-    def mounts(self) -> tuple[Mount, ...]:
-        """Its ``volumeMounts``, read when a rule first asks (kept in the instance's own dict:
-        ``functools.cached_property`` takes a lock on every read in this Python)."""
-        found: tuple[Mount, ...] | None = self.__dict__.get("_mounts")
-        if found is None:
-            items = self.obj.get("volumeMounts")
-            found = tuple(
-                _mount(m) for m in (items if isinstance(items, list) else ()) if isinstance(m, dict)
-            )
-            self.__dict__["_mounts"] = found
-        return found
-
-    @property
-    def env(self) -> tuple[Mapping[str, Any], ...]:
-        """The entries of its ``env`` that are objects (read once, as ``mounts``)."""
-        found: tuple[Mapping[str, Any], ...] | None = self.__dict__.get("_env")
-        if found is None:
-            items = self.obj.get("env")
-            found = tuple(e for e in (items if isinstance(items, list) else ()) if isinstance(e, dict))
-            self.__dict__["_env"] = found
-        return found
+    # Its volumeMounts, and the entries of its env that are objects.
+    mounts: tuple[Mount, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    env: tuple[Mapping[str, Any], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def pointer(self) -> str:
@@ -105,7 +87,7 @@ class Container:
         return [e for e in self.env if e.get("name") == variable]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ImageVolume:
     """``spec.volumes[].image.reference`` (Kubernetes image volumes, GA in 1.36): the kubelet
     pulls it like a container image, so admission reviews it like one."""
@@ -162,14 +144,26 @@ def _containers(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> list[Con
         for index, item in enumerate(items):
             if not isinstance(item, dict):
                 raise MalformedObject(f"{'.'.join(spec_path)}.{field}[{index}] must be an object")
-            image, name = item.get("image"), item.get("name")
-            label = name if isinstance(name, str) and name else f"{field}[{index}]"
-            if image is not None and not isinstance(image, str):
-                raise MalformedObject(f'{field}[{index}] ("{label}").image must be a string')
-            found.append(
-                Container(field, index, label, image or "", (*spec_path, field, str(index), "image"), item)
-            )
+            found.append(_container(spec_path, field, index, item))
     return found
+
+
+def _container(spec_path: tuple[str, ...], field: str, index: int, item: Mapping[str, Any]) -> Container:
+    image, name = item.get("image"), item.get("name")
+    label = name if isinstance(name, str) and name else f"{field}[{index}]"
+    if image is not None and not isinstance(image, str):
+        raise MalformedObject(f'{field}[{index}] ("{label}").image must be a string')
+    mounts, env = item.get("volumeMounts"), item.get("env")
+    return Container(
+        field,
+        index,
+        label,
+        image or "",
+        (*spec_path, field, str(index), "image"),
+        item,
+        tuple(_mount(m) for m in mounts if isinstance(m, dict)) if isinstance(mounts, list) else (),
+        tuple(e for e in env if isinstance(e, dict)) if isinstance(env, list) else (),
+    )
 
 
 def _mount(m: Mapping[str, Any]) -> Mount:
