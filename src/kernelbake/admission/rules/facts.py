@@ -45,7 +45,6 @@ class Facts:
     resolved: tuple[tuple[Governed, Resolution], ...]
     policy: AdmissionPolicy
     judge: Judge
-    picker: Picker
     # The mutating endpoint: the answer carries the patch.
     mutate: bool
     budget: Budget
@@ -81,7 +80,6 @@ class Facts:
             tuple(resolved),
             policy,
             judge,
-            picker,
             mutate,
             budget,
         )

@@ -54,9 +54,6 @@ class Verdict:
     def problems(self) -> tuple[str, ...]:
         return tuple(str(d) for d in self.denials)
 
-    def __bool__(self) -> bool:
-        return bool(self.denials or self.notes or self.patch)
-
 
 EMPTY = Verdict()
 
