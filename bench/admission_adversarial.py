@@ -73,8 +73,8 @@ from tests.admission import documents  # noqa: E402
 
 import admission_connections as connections  # noqa: E402 (bench/ is on the path from here)
 from kernelbake.admission.bounds import MAX_CONNECTIONS, MESSAGE_BYTES  # noqa: E402
-from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
-from kernelbake.admission.server import MAX_BODY  # noqa: E402
+from kernelbake.admission.http.server import MAX_BODY  # noqa: E402
+from kernelbake.admission.rules.caches import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
 from memory_cgroup import limited  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_adversarial.json"

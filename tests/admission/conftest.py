@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from kernelbake.admission.http.server import AdmissionServer
 from kernelbake.admission.large_bodies import BodyBudget
-from kernelbake.admission.server import AdmissionServer
 from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
 from kernelbake.plan import plan

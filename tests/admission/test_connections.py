@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kernelbake.admission import health, server, workers
-from kernelbake.admission._uvicorn import BoundedTLS
+from kernelbake.admission.http import health, server, workers
+from kernelbake.admission.http._uvicorn import BoundedTLS
 from kernelbake.errors import BadInput
 from tests.admission import documents, live
 from tests.admission.conftest import client_tls, running_server

@@ -155,7 +155,7 @@ def test_only_clients_trusting_the_ca_get_through(port: int) -> None:
 def test_idle_and_stalled_connections_are_dropped(
     verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelbake.admission import server
+    from kernelbake.admission.http import server
 
     monkeypatch.setattr(server, "IDLE_SECONDS", 0.3)
     monkeypatch.setattr(server, "HEADER_SECONDS", 0.3)
@@ -207,7 +207,7 @@ def test_pipelined_requests_are_answered_in_order_even_when_the_first_waits(
 def test_a_rotated_certificate_is_served_without_a_restart(
     verifier: FakeVerifier, certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelbake.admission import server
+    from kernelbake.admission.http import server
 
     monkeypatch.setattr(server, "CERT_CHECK_SECONDS", 0.05)
     mounted = tmp_path / "mounted"
@@ -270,7 +270,7 @@ def test_a_large_review_is_planned_off_the_event_loop(
     spec["containers"] = [dict(spec["containers"][0], name=f"c{i}") for i in range(200)]
     doc["request"]["object"]["metadata"].setdefault("annotations", {})["pad"] = "x" * 70_000
     body = json.dumps(doc).encode()
-    from kernelbake.admission.server import INLINE_BODY
+    from kernelbake.admission.http.server import INLINE_BODY
 
     assert len(body) > INLINE_BODY
     with running_server(admitter, certs) as port:

@@ -2,7 +2,7 @@
 whose key the pod's serve arguments and variables match as far as admission can see them, with
 nothing beyond the measured set; the pins serve trusts are set by admission alone.
 
-The pure decision first (``decide_snapshots``), then the webhook (``Admitter`` with the gateway
+The pure decision first (``rules.snapshot_restore.decide``), then the webhook (``Admitter`` with the gateway
 and a verifier, as the server runs it), and last the real verifier against a registry."""
 
 from __future__ import annotations
@@ -21,8 +21,14 @@ import yaml
 
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.gateway import ImageRejected
+from kernelbake.admission.pod import walk
 from kernelbake.admission.references import parse_reference
-from kernelbake.admission.snapshots import VerifiedSnapshotVolume, decide_snapshots
+from kernelbake.admission.rules import snapshot_restore
+from kernelbake.admission.rules.shape import Verdict
+from kernelbake.admission.subject import Image as Verified
+from kernelbake.admission.subject import Snapshot
+from kernelbake.admission.verifying import VerifiedSnapshotVolume
+from kernelbake.admission.workloads import MalformedObject
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
@@ -102,6 +108,18 @@ def _pod(
     if mount is not None:
         container["volumeMounts"] = [{"name": "snapshot", "mountPath": mount}]
     return {"containers": [container], "volumes": [{"name": "snapshot", "image": {"reference": "x"}}]}
+
+
+def decide_snapshots(
+    pod: dict[str, Any],
+    snapshots: dict[str, Any],
+    images: dict[str, Any],
+    *,
+    mutate: bool,
+    governed: set[str] | None = None,
+) -> Verdict:
+    """The rule's pure core on the pod spec ``pod`` (walked as admission walks it)."""
+    return snapshot_restore.decide(walk(("spec",), pod), snapshots, images, governed=governed, mutate=mutate)
 
 
 def _decide(
@@ -287,19 +305,21 @@ class Verifier:
     def __call__(self, reference: str) -> Any:
         ref = parse_reference(reference)
         if reference == self.image:
-            return FakeVerified(
-                reference, ref.name, ref.digest, self.key, digest_of("m"), "ci@example.com", {}
+            return Verified(
+                FakeVerified(reference, ref.name, ref.digest, self.key, digest_of("m"), "ci@example.com", {})
             )
         if reference in (self.snapshot_ref, f"{ref.name}@{self.snapshot_digest}"):
-            return dataclasses.replace(
-                _snap(
-                    self.snapshot["base"],
-                    cache_key=self.snapshot["cache_key"],
-                    args=self.snapshot.get("args"),
-                    env=self.snapshot.get("env", {}),
-                ),
-                reference=reference,
-                digest=self.snapshot_digest,
+            return Snapshot(
+                dataclasses.replace(
+                    _snap(
+                        self.snapshot["base"],
+                        cache_key=self.snapshot["cache_key"],
+                        args=self.snapshot.get("args"),
+                        env=self.snapshot.get("env", {}),
+                    ),
+                    reference=reference,
+                    digest=self.snapshot_digest,
+                )
             )
         raise ImageRejected(f"{reference} has no signature from a trusted identity")
 
@@ -407,8 +427,9 @@ def test_the_real_verifier_verifies_a_pushed_snapshot_as_a_volume(tmp_path: Path
                 {"keys": [str(public)], "require_attestation": required}, source="t"
             )
             verifier = SignedImageVerifier(trust, client_factory=lambda: client)
-            got = verifier(pushed.reference)
-            assert isinstance(got, VerifiedSnapshotVolume)
+            found = verifier(pushed.reference)
+            assert isinstance(found, Snapshot) and isinstance(found.verified, VerifiedSnapshotVolume)
+            got = found.verified
             assert (got.base_digest, got.manifest_digest, got.key) == (
                 base.digest,
                 pushed.manifest_digest,
@@ -443,9 +464,12 @@ def test_junk_shapes_are_judged_as_absent_without_a_traceback(junk: dict[str, An
     pod = _pod()
     pod["containers"][0].update(junk)
     pod["securityContext"] = ["junk"]
-    pod["volumes"] = "junk"
     decision = _decide(pod)
     assert isinstance(decision.problems, tuple)
+    # Volumes that are no list are no pod spec the walk reads: malformed (code 400), no traceback.
+    pod["volumes"] = "junk"
+    with pytest.raises(MalformedObject, match="volumes must be a list"):
+        _decide(pod)
 
 
 def test_privileged_asks_for_the_restore_set_and_no_privileged_sibling_may_stand_beside_a_restore() -> None:

@@ -10,29 +10,60 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from kernelbake import oci
 from kernelbake.admission.delta_reads import DeltaReads
-from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
+from kernelbake.admission.gateway import Gateway, ImageRejected
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.pod_facts import PodFacts
 from kernelbake.admission.policy import AdmissionPolicy
-from kernelbake.admission.snapshots import VerifiedSnapshotVolume, snapshot_volume
+from kernelbake.admission.subject import CacheArtifact, Delta, Image, Snapshot, Subject, VerifiedIndex
 from kernelbake.contract.artifact import InvalidArtifact
+from kernelbake.contract.key import CacheKey
+from kernelbake.contract.snapshot import SnapshotKey
 from kernelbake.errors import KernelbakeError
 from kernelbake.fleet import read_index
 from kernelbake.settings import Settings
-from kernelbake.signing.delta import VerifiedDelta, is_delta, read_delta
+from kernelbake.signing.delta import is_delta, read_delta
 from kernelbake.signing.errors import LabelMismatch, MissingAttestation, NotKernelbakeImage
 from kernelbake.signing.policy import VerifyPolicy
-from kernelbake.signing.snapshot import is_snapshot, read_snapshot
+from kernelbake.signing.snapshot import VerifiedSnapshot, is_snapshot, read_snapshot
 from kernelbake.signing.verify import VerifiedImage, verify_image, verify_signature
 
 _T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifiedSnapshotVolume:
+    """A verified snapshot artifact as admission judges it (``subject.SnapshotLike``: its ``key``
+    is the cache key of the image it was taken from)."""
+
+    reference: str
+    digest: str
+    key: CacheKey
+    signer: str
+    base_digest: str  # the image it was taken from
+    manifest_digest: str  # snapshot.json's sha256: what $KERNELBAKE_SNAPSHOT_DIGEST pins
+    snapshot_key: SnapshotKey
+    environment: Mapping[str, str] | None
+
+
+def snapshot_volume(verified: VerifiedSnapshot) -> VerifiedSnapshotVolume:
+    return VerifiedSnapshotVolume(
+        reference=verified.reference,
+        digest=verified.digest,
+        key=verified.key.cache_key,
+        signer=verified.signer,
+        base_digest=verified.base_digest,
+        manifest_digest=verified.manifest_digest,
+        snapshot_key=verified.key,
+        environment=verified.environment,
+    )
 
 
 def verify_policy(policy: AdmissionPolicy) -> VerifyPolicy:
@@ -71,27 +102,23 @@ class SignedImageVerifier:
             client = self._local.client = self._factory()
         return client
 
-    def __call__(
-        self, reference: str
-    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta | VerifiedSnapshotVolume:
+    def __call__(self, reference: str) -> Subject | VerifiedIndex:
         client = self._client()
         with client.deadline(self.deadline, "verification deadline"):
             return _sorted(lambda: self._verify(reference, client))
 
-    def _verify(
-        self, reference: str, client: oci.RegistryClient
-    ) -> VerifiedImage | VerifiedIndex | VerifiedDelta | VerifiedSnapshotVolume:
+    def _verify(self, reference: str, client: oci.RegistryClient) -> Subject | VerifiedIndex:
         try:
-            return verify_image(reference, self.trust, client=client)
+            return _kind(verify_image(reference, self.trust, client=client))
         except (InvalidArtifact, LabelMismatch, MissingAttestation):
             # A cache delta or a process snapshot fails here (its labels name no image or cache
             # artifact; its attestation is its own kind's): verified as what it is, then judged
-            # against the pod's image (admission.deltas, admission.snapshots). Anything else
+            # against the pod's image (rules.delta, rules.snapshot_restore). Anything else
             # stays refused. One more GET per kind, on failures only.
             if is_delta(client, reference):
-                return read_delta(client, reference, self.trust, parse=self.delta_reads)
+                return Delta(read_delta(client, reference, self.trust, parse=self.delta_reads))
             if is_snapshot(client, reference):
-                return snapshot_volume(read_snapshot(client, reference, self.trust))
+                return Snapshot(snapshot_volume(read_snapshot(client, reference, self.trust)))
             raise
         except NotKernelbakeImage:
             # Not one image: a model's GPU index is verified by its signature, and the variant a
@@ -107,6 +134,13 @@ class SignedImageVerifier:
         client = self._client()
         with client.deadline(self.deadline, "verification deadline"):
             return _sorted(lambda: client.resolve(oci.parse_reference(reference)))
+
+
+def _kind(verified: VerifiedImage) -> Image | CacheArtifact:
+    """A verified image, or a cache artifact when its labels carried an artifact's facts."""
+    if verified.artifact is None:
+        return Image(verified)
+    return CacheArtifact(verified, verified.artifact)
 
 
 def _sorted(call: Callable[[], _T]) -> _T:

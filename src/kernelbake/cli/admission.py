@@ -44,12 +44,12 @@ def _logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelbake.admission import workers
     from kernelbake.admission.delta_reads import BUDGET as DELTA_BUDGET
+    from kernelbake.admission.http import workers
+    from kernelbake.admission.http.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.large_bodies import BodyBudget
     from kernelbake.admission.pod_facts import PodFacts
     from kernelbake.admission.policy import load_admission_policy
-    from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.service import Admitter
     from kernelbake.admission.verifying import build_gateway, verify_policy
 
@@ -175,7 +175,7 @@ def _clients(client_ca: Path | None) -> str:
 
 def _listen(args: argparse.Namespace) -> tuple[list[socket.socket], socket.socket | None]:
     """The workers' sockets on --port and the probes' one on --health-port (None without)."""
-    from kernelbake.admission import workers
+    from kernelbake.admission.http import workers
 
     def listen(flag: str, port: int, count: int) -> list[socket.socket]:
         try:
@@ -222,7 +222,7 @@ def _stdin_text(limit: int) -> str:
 
 def cmd_review(args: argparse.Namespace) -> int:
     from kernelbake.admission.admit import Endpoint
-    from kernelbake.admission.server import MAX_BODY
+    from kernelbake.admission.http.server import MAX_BODY
 
     _logging("warning")
     source = "<stdin>" if args.request == "-" else args.request

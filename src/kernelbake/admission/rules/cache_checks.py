@@ -1,6 +1,6 @@
 """What a pod must agree with to use a cache artifact: the engine image it was compiled in, the
 serve arguments its key records, and the variables that point the engine at the caches. Pure
-checks for ``cache_volumes``; each returns the problems, one line each."""
+checks for the cache rules (``cache_volume``, ``cache_opt_in``); each returns its denials."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kernelbake.admission import gpus
 from kernelbake.admission.references import InvalidReference, parse_reference
+from kernelbake.admission.rules.shape import Denial
+from kernelbake.admission.scheduling import Way
+from kernelbake.admission.subject import CacheArtifact
 from kernelbake.contract.artifact import MANIFEST_DIGEST_ENV, CacheArtifactFacts
 from kernelbake.contract.key import CacheKey
 
@@ -22,24 +26,53 @@ class VerifiedArtifact:
     facts: CacheArtifactFacts
 
 
-def engine_problems(where: str, image: str, got: VerifiedArtifact) -> list[str]:
+def verified_artifact(target: str, artifact: CacheArtifact) -> VerifiedArtifact:
+    """``artifact`` as verified under ``target``, named by the digest that verified."""
+    name = target.rsplit("@", 1)[0] if "@" in target else target.rsplit(":", 1)[0]
+    return VerifiedArtifact(f"{name}@{artifact.digest}", artifact.key, artifact.facts)
+
+
+def gpu_problems(
+    where: str, text: str, key: CacheKey, ways: Sequence[Way], judge: gpus.Judge
+) -> tuple[list[Denial], list[str]]:
+    """(denials, notes) of the artifact's key against every GPU the pod can land on."""
+    verdict = judge(key, ways)
+    notes = [f"{where}: {text}: {n}" for n in verdict.notes]
+    if verdict.ok:
+        return [], notes
+    return [
+        Denial(
+            where,
+            f"{text} was baked for {key.device} ({key.arch}) but {'; '.join(verdict.problems)}",
+            verdict.hint,
+        )
+    ], notes
+
+
+def engine_problems(where: str, image: str, got: VerifiedArtifact) -> list[Denial]:
     """The container must run the engine image the caches were compiled in, by manifest
     digest: the only digest admission can compare without reading that image."""
     engine = got.facts.engine
     if engine.digest is None:
         return [
-            f"{where}: {got.pinned} names its engine image {engine.name} by config digest "
-            f"{engine.config_digest} only (it was built from a local image), so the pod's image cannot "
-            "be checked against it; build the artifact from an engine image pulled from a registry"
+            Denial(
+                where,
+                f"{got.pinned} names its engine image {engine.name} by config digest {engine.config_digest} "
+                "only (it was built from a local image), so the pod's image cannot be checked against it",
+                "build the artifact from an engine image pulled from a registry",
+            )
         ]
     try:
         ref = parse_reference(image)
     except InvalidReference as exc:
-        return [f"{where}: {exc}"]
+        return [Denial(where, str(exc))]
     if ref.digest != engine.digest:
         return [
-            f"{where}: runs {image}, but the caches of {got.pinned} were compiled in {engine.name}@{engine.digest}; "
-            f"run that image pinned by digest"
+            Denial(
+                where,
+                f"runs {image}, but the caches of {got.pinned} were compiled in {engine.name}@{engine.digest}",
+                "run that image pinned by digest",
+            )
         ]
     return []
 
@@ -78,13 +111,17 @@ def _model(argv: Sequence[str]) -> str | None:
     return None
 
 
-def args_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifact) -> list[str]:
+def args_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifact) -> list[Denial]:
     """The serve arguments the pod gives against the key (and the compilation config against
     the recorded command, which holds the options the build pinned)."""
     argv = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
     if not argv:
         return [
-            f"{where}: mounts the caches of {got.pinned} but gives no command or args; vLLM's defaults are not what the key holds"
+            Denial(
+                where,
+                f"mounts the caches of {got.pinned} but gives no command or args; vLLM's defaults are not "
+                "what the key holds",
+            )
         ]
     flags, key = _flags(argv), got.key.as_dict()
     differ: list[str] = []
@@ -102,11 +139,13 @@ def args_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifac
     if recorded is not None and flags.get("--compilation-config") != recorded:
         differ.append("--compilation-config differs from the command the caches were compiled for")
     if differ:
-        return [f"{where}: its serve arguments do not match the caches of {got.pinned}: {'; '.join(differ)}"]
+        return [
+            Denial(where, f"its serve arguments do not match the caches of {got.pinned}: {'; '.join(differ)}")
+        ]
     return []
 
 
-def env_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifact) -> list[str]:
+def env_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifact) -> list[Denial]:
     """Variables the pod sets itself must have the recorded values (they point the engine at
     the caches and enter its compile hash)."""
     wanted = {**dict(got.facts.env), MANIFEST_DIGEST_ENV: got.facts.manifest_digest}
@@ -116,5 +155,5 @@ def env_problems(where: str, container: Mapping[str, Any], got: VerifiedArtifact
         if isinstance(e, dict) and e.get("name") in wanted and e.get("value") != wanted[e["name"]]
     ]
     if differ:
-        return [f"{where}: sets {', '.join(differ)}, not what the caches of {got.pinned} need"]
+        return [Denial(where, f"sets {', '.join(differ)}, not what the caches of {got.pinned} need")]
     return []

@@ -50,11 +50,11 @@ from typing import Any
 
 import uvicorn
 
-from kernelbake.admission import workers
-from kernelbake.admission._uvicorn import QuietSignals, bound_tls, bounded_protocol
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import MAX_CONNECTIONS
-from kernelbake.admission.health import HealthListener
+from kernelbake.admission.http import workers
+from kernelbake.admission.http._uvicorn import QuietSignals, bound_tls, bounded_protocol
+from kernelbake.admission.http.health import HealthListener
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
 from kernelbake.contract import jsondoc
