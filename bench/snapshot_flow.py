@@ -68,6 +68,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -82,6 +83,10 @@ from kernelbake.contract.snapshot import (
     SnapshotManifest,
 )
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
+
+# Its sibling script (bench/ is not a package; vllm_image_flow.py puts it on the path too).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sharded_to_checkpoint
 
 SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
@@ -98,7 +103,9 @@ def snapshot_args(user_args: Sequence[str], port: int, *, weights_files: bool) -
     (the flow's servers append ``--port``; take's start must have the same arguments)."""
     args = list(user_args)
     if weights_files and "--load-format" in args:
-        args[args.index("--load-format") + 1] = "sharded_state"
+        # The checkpoint save_weights wrote, through vLLM's default loader: the path a user's
+        # weights take, and the one whose reload_weights works on 0.32 (sharded_state has none).
+        args[args.index("--load-format") + 1] = "safetensors"
     return [*args, "--middleware", MIDDLEWARE, "--port", str(port)]
 
 
@@ -296,7 +303,8 @@ def weight_files(model: Path) -> list[Path]:
 
 
 def save_weights(port: int, model: Path) -> dict[str, Any]:
-    """The running server's weights written as vLLM's sharded state into ``model``."""
+    """The running server's weights written into ``model`` as vLLM's sharded state, then in the
+    checkpoint's layout (bench/sharded_to_checkpoint.py says why)."""
     t = time.monotonic()
     body = {"method": "save_sharded_state", "kwargs": {"path": str(model)}}
     req = urllib.request.Request(
@@ -309,10 +317,21 @@ def save_weights(port: int, model: Path) -> dict[str, Any]:
             r.read()
     except (urllib.error.URLError, OSError) as exc:
         return {"ok": False, "error": repr(exc)[:400], "s": round(time.monotonic() - t, 2)}
+    saved = round(time.monotonic() - t, 2)
+    try:
+        converted = sharded_to_checkpoint.convert(model)
+    except (OSError, ValueError) as exc:
+        # A layout the converter does not know: no weight files, so the snapshot keeps the
+        # weights inside (take's other path), and this says why.
+        for p in model.glob(sharded_to_checkpoint.SHARDED):
+            p.unlink()
+        return {"ok": False, "saved_s": saved, "error": f"not converted to a checkpoint: {exc}"[:400]}
     files = weight_files(model)
     return {
         "ok": bool(files),
         "s": round(time.monotonic() - t, 2),
+        "saved_s": saved,
+        "split_tensors": converted["split"],
         "files": len(files),
         "bytes": sum(p.stat().st_size for p in files),
     }
