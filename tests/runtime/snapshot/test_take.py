@@ -228,3 +228,47 @@ def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
     finally:
         server.shutdown()
     assert asked == ["/sleep?level=2", "/is_sleeping"]
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "port"),
+    [
+        ((), None, 8000),
+        (("--seed", "0", "--port", "59981"), None, 59981),
+        (("--port=9000", "--seed", "0"), None, 9000),
+        (("--port", "9000", "--port", "9001"), None, 9001),  # the last, as argparse reads them
+        (("--port", "9000"), 9000, 9000),
+        ((), 8000, 8000),
+    ],
+)
+def test_take_waits_on_the_port_the_engine_is_told(
+    args: tuple[str, ...], given: int | None, port: int
+) -> None:
+    assert take.served_port(Options(image="sha256:" + "1" * 64, user_args=args, port=given)) == port
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "said"),
+    [
+        # The H200 run of 2026-12-05: the engine on 59981, take looking at 8000 for 600 s.
+        (("--port", "59981"), 8000, "--port 8000: the engine's arguments give --port 59981"),
+        ((), 9000, "no --port (vLLM's default, 8000)"),
+        (("--port", "http"), None, "'http' is not a port number"),
+        (("--port=70000",), None, "'70000' is not a port number"),
+    ],
+)
+def test_a_port_take_would_wait_on_in_vain_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], given: int | None, said: str
+) -> None:
+    write_target(tmp_path, "tiny-llama.yaml")
+    spawned: list[object] = []
+    monkeypatch.setattr(take, "spawn", lambda *a, **k: spawned.append(a))
+    with pytest.raises(BadInput, match=said.replace("(", r"\(").replace(")", r"\)")):
+        take.take(
+            runtime_env(tmp_path),
+            tmp_path / "out",
+            Options(image="sha256:" + "1" * 64, user_args=args, port=given),
+            driver=FakeDriver(),
+            criu=FakeCriu(1),
+        )  # type: ignore[arg-type]
+    assert spawned == []
