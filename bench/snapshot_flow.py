@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.snapshot import (
+    ENGINE_LOG,
     IMAGES_DIR,
     SNAPSHOT_MANIFEST,
     SnapshotManifest,
@@ -463,6 +464,10 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
     }
     if proc.returncode != 0:
         out["error"] = (proc.stdout + proc.stderr)[-2000:]
+        # The engine's own account of a failed take (the H200 run of 2026-12-05 came back with
+        # take's line alone): kept beside take's log.
+        with contextlib.suppress(OSError):
+            shutil.copyfile(ENGINE_LOG, s.run.logs / "snapshot-take-engine.log")
         return out
     manifest = SnapshotManifest.from_json((s.snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="take")
     out.update(
