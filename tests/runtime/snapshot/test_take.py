@@ -3,6 +3,7 @@ from a fake /proc; and the seccomp filter that keeps io_uring out of the tree, o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -190,44 +191,76 @@ def test_the_dev_guard_answers_403_without_calling_the_app(monkeypatch: pytest.M
     assert reached == ["app"]
 
 
+class _Engine:
+    """vLLM's development endpoints as take meets them: each answer given, each path asked kept."""
+
+    def __init__(self, *, reload: int = 200, sleeping: str = "true") -> None:
+        import http.server
+        import threading
+
+        asked: list[str] = []
+        bodies: list[bytes] = []
+        self.asked, self.bodies = asked, bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                asked.append(self.path)
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(reload if self.path == "/collective_rpc" else 200)
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                asked.append(self.path)
+                body = f'{{"is_sleeping": {sleeping}}}'.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
 @pytest.mark.parametrize(("sleeping", "ok"), [("true", True), ("false", False)])
 def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
-    import http.server
-    import threading
-
     from kernelbake.errors import EnvironmentProblem
 
-    asked: list[str] = []
-
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            asked.append(self.path)
-            self.send_response(200)
-            self.end_headers()
-
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = f'{{"is_sleeping": {sleeping}}}'.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = _Engine(sleeping=sleeping)
     try:
         if ok:
-            take._sleep(base)
+            take._sleep(engine.base)
         else:
             with pytest.raises(EnvironmentProblem, match="does not say the engine sleeps"):
-                take._sleep(base)
+                take._sleep(engine.base)
     finally:
-        server.shutdown()
-    assert asked == ["/sleep?level=2", "/is_sleeping"]
+        engine.server.shutdown()
+    assert engine.asked == ["/sleep?level=2", "/is_sleeping"]
+
+
+@pytest.mark.parametrize("answer", [200, 500])
+def test_the_reload_every_restore_needs_is_asked_once_before_the_snapshot(answer: int) -> None:
+    """vLLM 0.32 answers 500 to reload_weights under --load-format dummy or sharded_state: such
+    a snapshot would fail at every restore, so take stops before the dump, saying why."""
+    from kernelbake.errors import EnvironmentProblem
+    from kernelbake.runtime.snapshot import http
+
+    engine = _Engine(reload=answer)
+    try:
+        if answer == 200:
+            take._reload_once(engine.base)
+        else:
+            with pytest.raises(
+                EnvironmentProblem, match="reload_weights answered 500: this engine cannot reload"
+            ):
+                take._reload_once(engine.base)
+    finally:
+        engine.server.shutdown()
+    assert engine.asked == ["/collective_rpc"]
+    assert json.loads(engine.bodies[0]) == http.RELOAD_WEIGHTS == {"method": "reload_weights"}
 
 
 @pytest.mark.parametrize(

@@ -148,6 +148,20 @@ def weights_out_problems(
     return problems
 
 
+def _reload_once(base: str) -> None:
+    """The reload every restore of this snapshot will ask for, asked once now, awake: whether
+    the engine can reload its weights with these arguments is the engine's to say (vLLM 0.32
+    cannot from ``--load-format dummy`` or ``sharded_state``: HTTP 500). A snapshot whose every
+    restore would fail is not taken."""
+    if (code := http.post(f"{base}/collective_rpc", http.RELOAD_WEIGHTS, timeout=600)) != 200:
+        raise EnvironmentProblem(
+            f"{base}/collective_rpc reload_weights answered {code}: this engine cannot reload its "
+            "weights with these arguments, so every restore of a snapshot without them would fail; "
+            f"serve weight files through a load format that reloads (vLLM's default does), or take "
+            f"it with --weights inside. The engine's log: {ENGINE_LOG}"
+        )
+
+
 def _sleep(base: str) -> None:
     """vLLM's sleep mode level 2: the weights and the KV cache are freed on the GPU."""
     if (code := http.post(f"{base}/sleep?level=2", {}, timeout=300)) != 200:
@@ -285,6 +299,9 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, starte
         WARMUPS[target.key.engine](base)
     taken["warmup_s"] = time.monotonic() - t
     if options.weights is Weights.OUTSIDE:
+        t = time.monotonic()
+        _reload_once(base)
+        taken["reload_s"] = time.monotonic() - t
         t = time.monotonic()
         _sleep(base)
         taken["sleep_s"] = time.monotonic() - t
