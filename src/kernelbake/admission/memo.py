@@ -12,7 +12,6 @@ which a review naming many images would pay once per image.
 from __future__ import annotations
 
 import abc
-import copy
 from collections.abc import Callable, Sequence
 from typing import Generic, Self, TypeVar
 
@@ -85,6 +84,9 @@ class Answers(abc.ABC, Generic[T, R]):
         one already): the review's calls reach the shared one through its own ``__call__``."""
         if isinstance(self._memo, ReviewMemo):
             return self
-        review = copy.copy(self)
+        # A shallow copy made by hand: copy.copy costs five times as much (2.7 against 0.6 us),
+        # and every review makes two.
+        review = object.__new__(type(self))
+        review.__dict__.update(self.__dict__)
         review._memo = ReviewMemo(self)
         return review
