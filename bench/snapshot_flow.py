@@ -100,7 +100,7 @@ SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
 REFUSED = SAY + "snapshot not used: "
 TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
-_PHASE = re.compile(r"(criu restore|driver restore|/health|woken|weights reloaded) ([0-9.]+) s")
+_PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
 

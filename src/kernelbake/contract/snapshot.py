@@ -49,6 +49,11 @@ ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
 # so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
 ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
 ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
+# While it exists, the restored engine's /health answers 503 (devguard): a snapshot taken with its
+# weights outside is back at /health seconds before its weights are, and a readiness probe on
+# /health must not send requests to an engine still asleep or reloading. serve writes it before
+# the restore and removes it once the weights are reloaded, or the attempt failed.
+RELOADING_MARK = "/tmp/kernelbake-snapshot/reloading"
 # The container's /dev/shm is a tmpfs of its own, outside the image, so CRIU reopens the files
 # there by path (vLLM's shared-memory message queues between the API server, engine core and
 # workers): take copies them, as they were at the dump, and the restore puts them back first.

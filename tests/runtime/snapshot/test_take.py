@@ -191,6 +191,36 @@ def test_the_dev_guard_answers_403_without_calling_the_app(monkeypatch: pytest.M
     assert reached == ["app"]
 
 
+def test_the_dev_guard_holds_health_at_503_while_the_weights_are_reloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restored engine whose weights were left out answers /health before they are back: a
+    readiness probe must not see it ready until serve removes the mark."""
+    import asyncio
+    import types
+
+    from kernelbake.runtime.snapshot import devguard
+
+    mark = tmp_path / "reloading"
+    monkeypatch.setattr(devguard, "_RELOADING", mark)
+    monkeypatch.setattr(devguard, "_reloading", lambda: "503")
+
+    async def app(request: object) -> str:
+        return "200"
+
+    def request(path: str) -> object:
+        return types.SimpleNamespace(
+            client=types.SimpleNamespace(host="10.0.0.9"), url=types.SimpleNamespace(path=path)
+        )
+
+    mark.write_text("")
+    assert asyncio.run(devguard.loopback_only(request("/health"), app)) == "503"
+    # Only /health: the API a client already reached, and serve's own calls, go on.
+    assert asyncio.run(devguard.loopback_only(request("/v1/completions"), app)) == "200"
+    mark.unlink()
+    assert asyncio.run(devguard.loopback_only(request("/health"), app)) == "200"
+
+
 class _Engine:
     """vLLM's development endpoints as take meets them: each answer given, each path asked kept."""
 

@@ -26,6 +26,7 @@ from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     ENGINE_LOG_COPY,
     IMAGES_DIR,
+    RELOADING_MARK,
     SHM_COPY,
     SHM_DIR,
     SNAPSHOT_MANIFEST,
@@ -337,6 +338,8 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     log = Path(ENGINE_LOG)
     if log.exists():
         log.unlink()
+    # A restore's mark left in this container would hold the engine's /health at 503 (devguard).
+    Path(RELOADING_MARK).unlink(missing_ok=True)
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
