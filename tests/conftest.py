@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,7 +8,7 @@ from hypothesis import settings
 
 from tests.support import registry as test_registries
 from tests.support.docker import local_names
-from tests.support.heartbeat import Beater, Fixture, Heartbeat, first_sentence
+from tests.support.heartbeat import HeartbeatPlugin
 from tests.support.registry import running_registry
 
 # Hypothesis's per-example deadline (200 ms) measures the machine, not the code: CI runs on two
@@ -43,65 +41,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# What the session is doing, for the heartbeat's lines (tests/support/heartbeat.py).
-HEARTBEAT = pytest.StashKey[Heartbeat]()
-BEATER = pytest.StashKey[Beater]()
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    every = session.config.getoption("--heartbeat")
-    if not every:
-        return
-    # The lines go to the real stdout while a test runs, past pytest's capture of fd 1: a copy of
-    # it, taken while capture is suspended.
-    capman = session.config.pluginmanager.getplugin("capturemanager")
-    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-        fd = os.dup(1)
-    heartbeat = Heartbeat(every)
-    beater = Beater(heartbeat, lambda line: os.write(fd, f"\n{line}\n".encode()), poll=min(5.0, every / 4))
-    session.config.stash[HEARTBEAT] = heartbeat
-    session.config.stash[BEATER] = beater
-    beater.start()
-
-
-def _phase(item: pytest.Item, phase: str) -> None:
-    if (heartbeat := item.config.stash.get(HEARTBEAT, None)) is not None:
-        heartbeat.phase(item.nodeid, phase)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    _phase(item, "setup")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    _phase(item, "call")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None]:
-    _phase(item, "teardown")
-    try:
-        yield
-    finally:
-        # Between tests pytest is the one talking (the next test's setup says nothing new).
-        if (heartbeat := item.config.stash.get(HEARTBEAT, None)) is not None:
-            heartbeat.idle()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(
-    fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
-) -> Generator[None, object, object]:
-    heartbeat = request.config.stash.get(HEARTBEAT, None)
-    if heartbeat is None:
-        return (yield)
-    heartbeat.fixture_started(Fixture(name=fixturedef.argname, doc=first_sentence(fixturedef.func.__doc__)))
-    try:
-        return (yield)
-    finally:
-        heartbeat.fixture_finished(fixturedef.argname)
+def pytest_configure(config: pytest.Config) -> None:
+    # A plugin, not this conftest's hooks: those reach only nodes under tests/, and a session
+    # fixture's setup (the image builds) runs on the session node, above it.
+    if every := config.getoption("--heartbeat"):
+        config.pluginmanager.register(HeartbeatPlugin(every), "kernelbake-heartbeat")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -123,8 +67,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After every fixture's teardown: a Docker name left under an address a test registry
     listened on points at a registry that is gone; say which, so the fixture that made it
     can be fixed (each registry's teardown removes them, tests/support/registry.py)."""
-    if (beater := session.config.stash.get(BEATER, None)) is not None:
-        beater.stop()
     left = [name for addr in dict.fromkeys(test_registries.STARTED) for name in local_names(f"{addr}/")]
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

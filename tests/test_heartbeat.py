@@ -65,8 +65,13 @@ SLOW = '''
 import time
 import pytest
 
+@pytest.fixture(scope="session")
+def slow_build():
+    """Builds once for the session. Not this."""
+    time.sleep(2.5)
+
 @pytest.fixture
-def slow_thing():
+def slow_thing(slow_build):
     """Sleeps, as a build would. Not this."""
     time.sleep(2.5)
 
@@ -77,10 +82,13 @@ def test_slow(slow_thing):
 
 
 def test_a_silent_fixture_and_test_are_named_in_the_log_past_pytests_capture(tmp_path: Path) -> None:
-    (tmp_path / "test_slow.py").write_text(SLOW)
+    # Laid out as here: the suite's conftest in the tests' directory, below the rootdir.
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (tmp_path / "tests" / "test_slow.py").write_text(SLOW)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "--heartbeat=1", "-p", "no:cacheprovider",
-         str(tmp_path / "test_slow.py")],
+        [sys.executable, "-m", "pytest", "-q", "--rootdir", str(tmp_path), "--heartbeat=1", "-p", "no:cacheprovider",
+         str(tmp_path / "tests" / "test_slow.py")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -88,10 +96,17 @@ def test_a_silent_fixture_and_test_are_named_in_the_log_past_pytests_capture(tmp
     lines = done.stdout.splitlines()
     assert any(
         ln.startswith("kernelbake tests: ")
-        and " in setup of test_slow.py::test_slow, fixture slow_thing: Sleeps, as a build would." in ln
+        and " in setup of tests/test_slow.py::test_slow, fixture slow_thing: Sleeps, as a build would." in ln
+        for ln in lines
+    ), done.stdout
+    # A session fixture's setup runs on the session node, above the conftest's directory.
+    assert any(
+        ln.startswith("kernelbake tests: ")
+        and ln.endswith(", fixture slow_build: Builds once for the session.")
         for ln in lines
     ), done.stdout
     assert any(
-        ln.startswith("kernelbake tests: ") and " in call of test_slow.py::test_slow" in ln for ln in lines
+        ln.startswith("kernelbake tests: ") and " in call of tests/test_slow.py::test_slow" in ln
+        for ln in lines
     )
     assert "captured, not shown" not in done.stdout

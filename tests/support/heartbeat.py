@@ -9,14 +9,18 @@ fixture's own docstring (what it is doing), e.g.
     kernelbake tests: 2 min 0 s in setup of tests/integration/test_runbooks.py::test_x[README.md],
     fixture vllm_image: tiny-llama on vLLM's CPU build (the `make image` default), built and pushed.
 
-``tests/conftest.py`` registers it (``--heartbeat=SECONDS``, 0 turns it off)."""
+``tests/conftest.py`` registers ``HeartbeatPlugin`` (``--heartbeat=SECONDS``, 0 turns it off)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+
+import pytest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,3 +115,56 @@ class Beater:
             line = self._heartbeat.due()
             if line is not None:
                 self._write(line)
+
+
+class HeartbeatPlugin:
+    """The pytest hooks that keep a ``Heartbeat`` up to date and a ``Beater`` writing its lines."""
+
+    def __init__(self, every: float) -> None:
+        self.heartbeat = Heartbeat(every)
+        self._every = every
+        self._beater: Beater | None = None
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # The lines go to the real stdout while a test runs, past pytest's capture of fd 1: a
+        # copy of it, taken while capture is suspended.
+        capman = session.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            fd = os.dup(1)
+        self._beater = Beater(
+            self.heartbeat, lambda line: os.write(fd, f"\n{line}\n".encode()), poll=min(5.0, self._every / 4)
+        )
+        self._beater.start()
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._beater is not None:
+            self._beater.stop()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.heartbeat.phase(item.nodeid, "setup")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self.heartbeat.phase(item.nodeid, "call")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None]:
+        self.heartbeat.phase(item.nodeid, "teardown")
+        try:
+            yield
+        finally:
+            # Between tests pytest is the one talking (the next test's setup says nothing new).
+            self.heartbeat.idle()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        self.heartbeat.fixture_started(
+            Fixture(name=fixturedef.argname, doc=first_sentence(fixturedef.func.__doc__))
+        )
+        try:
+            return (yield)
+        finally:
+            self.heartbeat.fixture_finished(fixturedef.argname)
