@@ -74,6 +74,8 @@ class Published:
 
 @pytest.fixture(scope="module")
 def published(registry: str, tmp_path_factory: pytest.TempPathFactory) -> Published:
+    """vLLM's CPU base pushed as the stock engine image, then tiny-llama built with --publish both,
+    each variant signed, and their index pushed and signed."""
     require_cpu_base(VLLM_CPU_BASE)
     # The engine image as a cluster would pull it: from a registry, by digest. Pushed before
     # the build, so that the daemon knows its manifest digest and the artifact records it.
