@@ -42,6 +42,19 @@ def wait_healthy(engine: Engine, port: int, cid: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
+def wait_for_line(engine: Engine, cid: str, start: str, timeout_s: float = 30) -> str:
+    """The first line of container ``cid``'s log that starts with ``start``, waiting for it (serve
+    prints what the start compiled just after /health answers)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [ln for ln in logs(engine, cid).splitlines() if ln.startswith(start)]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no line starting {start!r}:\n{logs(engine, cid)[-4000:]}")
+        time.sleep(0.5)
+
+
 def complete(port: int, prompt: str = "Hello", tokens: int = 4) -> dict[str, Any]:
     """One greedy completion of ``prompt`` from the server on ``port``."""
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()
