@@ -1,25 +1,22 @@
 """The docs' examples, run: the README's quick start (``docker run`` of the image and a completion
-with its ``curl``; the page's other steps run in test_runbooks) and docs/cluster.md's serving
-manifest played with ``podman kube play``, against the default image the integration fixtures
-build (tiny-llama on vLLM's CPU build).
-
-What each substitutes is said where it happens, and nothing else is changed: the README's
-``$IMAGE`` becomes the built image and the host port a free one; in deploy/examples/serve.yaml
-the ``image:`` fields become the built image, the ``nvidia.com/gpu`` limit is dropped (no GPU
-here), and the pod's restartPolicy is OnFailure, because podman 4.3 applies Always to init
-containers too and restarts the seeding one for ever."""
+with its ``curl``; the page's other steps run in test_runbooks) and docs/cluster.md's podman
+recipe for deploy/examples/serve.yaml, run as the page writes it, against the default image the
+integration fixtures build (tiny-llama on vLLM's CPU build). The README's ``$IMAGE`` becomes the
+built image and its host port a free one; nothing else is changed."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
-import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,7 +31,6 @@ from tests.test_docs import README, blocks
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 HEALTH_TIMEOUT_S = 900
-SERVE = REPO / "deploy" / "examples" / "serve.yaml"
 CLUSTER = REPO / "docs" / "cluster.md"
 
 
@@ -72,34 +68,34 @@ def test_the_readme_quick_start_serves_a_completion_as_its_sample_shows(readme_s
     assert any("baked caches valid (exact match)" in ln for ln in printed), printed
 
 
-def cluster_page_containers_conf() -> str:
-    """The ``containers.conf`` docs/cluster.md's podman recipe writes (its ``printf`` line)."""
+def cluster_page_podman_block() -> runbook.Block:
+    """docs/cluster.md's podman recipe, as a block to run (the page marks it run here)."""
     (block,) = [
-        b for b in runbook.parse(CLUSTER.read_text(), "docs/cluster.md") if "default_ulimits" in b.body
+        b for b in runbook.parse(CLUSTER.read_text(), "docs/cluster.md") if "podman kube play" in b.body
     ]
-    (line,) = [ln for ln in block.body.splitlines() if ln.startswith("printf ") and "containers.conf" in ln]
-    return shlex.split(line)[1].replace("\\n", "\n")
+    assert block.kind is runbook.Kind.ELSEWHERE and block.needs == "test_docs_run", block
+    return dataclasses.replace(block, kind=runbook.Kind.RUN)
 
 
 @contextlib.contextmanager
-def played(manifest: Path, workdir: Path) -> Iterator[dict[str, str]]:
-    """``podman kube play`` of ``manifest``; yields podman's environment, then ``kube down``."""
-    conf = workdir / "containers.conf"
-    # Podman 4.3 as root raises RLIMIT_NOFILE/NPROC beyond what these machines allow runc
-    # (tests/support/podman.py); the limits docs/cluster.md's podman recipe sets, for kube play.
-    conf.write_text(cluster_page_containers_conf())
-    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-    play = subprocess.run(
-        ["podman", "kube", "play", "--tls-verify=false", str(manifest)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+def played(image: str, workdir: Path) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """docs/cluster.md's podman recipe run verbatim in a checkout's shape (``deploy/``, and
+    ``build/image.ref`` naming ``image``, as ``make image`` leaves it), with the venv's python3
+    first on PATH as the README's set-up line puts it; yields the manifest it wrote and podman's
+    environment, then ``kube down``."""
+    (workdir / "deploy").symlink_to(REPO / "deploy")
+    (workdir / "build").mkdir()
+    (workdir / "build" / "image.ref").write_text(image + "\n")
+    manifest = workdir / "build" / "serve-cpu.yaml"
+    env = {**os.environ, "CONTAINERS_CONF": str(workdir / "build" / "containers.conf")}
     try:
-        assert play.returncode == 0, play.stdout + play.stderr
-        yield env
+        runbook.run(
+            [cluster_page_podman_block()], env=runbook.page_env(Path(sys.prefix) / "bin", {}), cwd=workdir
+        )
+        yield yaml.safe_load(manifest.read_text()), env
     finally:
-        subprocess.run(["podman", "kube", "down", str(manifest)], capture_output=True, env=env)
+        if manifest.is_file():
+            subprocess.run(["podman", "kube", "down", str(manifest)], capture_output=True, env=env)
         for volume in ("kernel-cache", "tmp", "shm"):
             subprocess.run(["podman", "volume", "rm", "-f", volume], capture_output=True, env=env)
 
@@ -111,17 +107,13 @@ def test_the_serve_manifest_plays_with_podman_read_only_warm_and_serving(
     assert vllm_image.pushed is not None
     image = vllm_image.pushed
     pull(image)
-    obj = yaml.safe_load(SERVE.read_text())
-    spec = obj["spec"]["template"]["spec"]
-    for c in [*spec["initContainers"], *spec["containers"]]:
-        c["image"] = image
-    del spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-    spec["restartPolicy"] = "OnFailure"
-    manifest = tmp_path / "serve.yaml"
-    manifest.write_text(yaml.safe_dump(obj))
-    pod = f"{obj['metadata']['name']}-pod-0"
-    ctr = f"{pod}-{spec['containers'][0]['name']}"
-    with played(manifest, tmp_path) as env:
+    with played(image, tmp_path) as (obj, env):
+        # What the page's substitutions made of deploy/examples/serve.yaml.
+        spec = obj["spec"]["template"]["spec"]
+        assert {c["image"] for c in [*spec["initContainers"], *spec["containers"]]} == {image}
+        assert "nvidia.com/gpu" not in spec["containers"][0]["resources"]["limits"]
+        pod = f"{obj['metadata']['name']}-pod-0"
+        ctr = f"{pod}-{spec['containers'][0]['name']}"
 
         def podman(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(["podman", *args], capture_output=True, text=True, env=env)
@@ -165,3 +157,9 @@ def test_the_serve_manifest_plays_with_podman_read_only_warm_and_serving(
         for path in ("/tmp", "/dev/shm", "/opt/kernelbake/cache"):
             probe = f"import tempfile; tempfile.NamedTemporaryFile(dir={path!r})"
             assert podman("exec", ctr, "python3", "-c", probe).returncode == 0, path
+        # The page's stop, as it writes it (no containers.conf: nothing is started).
+        down = subprocess.run(
+            ["podman", "kube", "down", "build/serve-cpu.yaml"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert subprocess.run(["podman", "pod", "exists", pod], capture_output=True).returncode == 1

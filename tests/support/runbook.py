@@ -63,7 +63,14 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 # The guides that are runbooks (issue 44), in the order a new user reads them.
-PAGES = ("README.md", "docs/signing.md", "docs/serving.md", "docs/capture.md", "docs/cluster.md")
+PAGES = (
+    "README.md",
+    "docs/building.md",
+    "docs/signing.md",
+    "docs/serving.md",
+    "docs/capture.md",
+    "docs/cluster.md",
+)
 
 
 class RunbookError(AssertionError):
