@@ -68,16 +68,16 @@ import pytest
 @pytest.fixture(scope="session")
 def slow_build():
     """Builds once for the session. Not this."""
-    time.sleep(2.5)
+    time.sleep(1.5)
 
 @pytest.fixture
 def slow_thing(slow_build):
     """Sleeps, as a build would. Not this."""
-    time.sleep(2.5)
+    time.sleep(1.5)
 
 def test_slow(slow_thing):
     print("captured, not shown")
-    time.sleep(2.5)
+    time.sleep(1.5)
 '''
 
 
@@ -87,7 +87,7 @@ def test_a_silent_fixture_and_test_are_named_in_the_log_past_pytests_capture(tmp
     (tmp_path / "tests" / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     (tmp_path / "tests" / "test_slow.py").write_text(SLOW)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--rootdir", str(tmp_path), "--heartbeat=1", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "--rootdir", str(tmp_path), "--heartbeat=0.5", "-p", "no:cacheprovider",
          str(tmp_path / "tests" / "test_slow.py")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
