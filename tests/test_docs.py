@@ -18,6 +18,7 @@ from kernelbake.cli import _reference, build_parser
 from kernelbake.contract.envvars import DeclaredEnv, UndeclaredVariable, Variable
 from kernelbake.runtime import env as runtime_env
 from tests.conftest import REPO
+from tests.support.runbook import commands
 
 README = REPO / "README.md"
 REFERENCE = REPO / _reference.REFERENCE
@@ -135,17 +136,6 @@ def blocks(text: str, tag: str) -> list[str]:
     among its words (``<!-- runbook: commands given -->``, tests/support/runbook.py)."""
     marker = rf"<!-- (?:{re.escape(tag)}|runbook:(?: [^>]*?)? {re.escape(tag)}(?: [^>]*?)?) -->"
     return re.findall(rf"{marker}\s*```(?:sh|console)?\n(.*?)```", text, re.S)
-
-
-def commands(block: str) -> list[list[str]]:
-    """The shell commands of a block: comments dropped, continuation lines joined."""
-    joined = re.sub(r"\\\n\s*", " ", block)
-    out = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        if words:
-            out.append(words)
-    return out
 
 
 def _parses(words: list[str]) -> None:
