@@ -19,7 +19,8 @@ from tests.conftest import REPO
 from tests.integration import _serving
 from tests.support.docker import CPU_BASE, VLLM_CPU_BASE, docker, require_cpu_base
 from tests.support.registry import free_port
-from tests.test_docs import README, blocks, commands
+from tests.support.runbook import commands
+from tests.test_docs import README, blocks
 
 TEST_CDI = REPO / "buildkit" / "cdi" / "kernelbake-test.yaml"
 INSTALLED_CDI = Path("/etc/cdi/kernelbake-test.yaml")
