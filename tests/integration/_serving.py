@@ -42,9 +42,10 @@ def wait_healthy(engine: Engine, port: int, cid: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
-def wait_for_line(engine: Engine, cid: str, start: str, timeout_s: float = 30) -> str:
-    """The first line of container ``cid``'s log that starts with ``start``, waiting for it (serve
-    prints what the start compiled just after /health answers)."""
+def wait_for_line(engine: Engine, cid: str, start: str, timeout_s: float = 180) -> str:
+    """The first line of container ``cid``'s log that starts with ``start``, waiting for it. Serve
+    prints what the start compiled once vLLM says it is ready, after reading every cache file:
+    after a start that compiled, that took over 30 s on the loaded 2-core host (a test failed)."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = [ln for ln in logs(engine, cid).splitlines() if ln.startswith(start)]
