@@ -42,17 +42,20 @@ def wait_healthy(engine: Engine, port: int, cid: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
-def wait_for_line(engine: Engine, cid: str, start: str, timeout_s: float = 180) -> str:
-    """The first line of container ``cid``'s log that starts with ``start``, waiting for it. Serve
-    prints what the start compiled once vLLM says it is ready, after reading every cache file:
-    after a start that compiled, that took over 30 s on the loaded 2-core host (a test failed)."""
+def wait_for_serve_line(engine: Engine, cid: str, text: str, timeout_s: float = 180) -> str:
+    """The first ``kernelbake serve:`` line of container ``cid``'s log that contains ``text``,
+    waiting for it: serve prints what the start compiled once vLLM says it is ready, after
+    reading every cache file (``start-up compiled nothing …``, or after a start that compiled
+    ``WARNING: start-up compiled what the caches lacked …``, which is why this matches text
+    anywhere in the line, not a prefix)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = [ln for ln in logs(engine, cid).splitlines() if ln.startswith(start)]
+        lines = logs(engine, cid).splitlines()
+        found = [ln for ln in lines if ln.startswith("kernelbake serve:") and text in ln]
         if found:
             return found[0]
         if time.monotonic() > deadline:
-            raise AssertionError(f"no line starting {start!r}:\n{logs(engine, cid)[-4000:]}")
+            raise AssertionError(f"no kernelbake serve: line with {text!r}:\n{logs(engine, cid)[-4000:]}")
         time.sleep(0.5)
 
 

@@ -114,7 +114,7 @@ def readme_served(vllm_image: Built) -> QuickStart:
         sent = [w.replace("localhost:8000", f"127.0.0.1:{port}") for w in curl]
         done = subprocess.run(sent, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        _serving.wait_for_line(docker, cid, "kernelbake serve: start-up compiled")
+        _serving.wait_for_serve_line(docker, cid, "start-up compiled")
         return QuickStart(
             image=image, argv=argv, answer=json.loads(done.stdout), log=_serving.logs(docker, cid)
         )

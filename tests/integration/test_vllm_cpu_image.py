@@ -57,7 +57,7 @@ def serve_lines(cid: str) -> list[str]:
 
 def wait_for_evidence(cid: str) -> str:
     """The line `serve` prints once vLLM's server is up: what start-up added per cache dir."""
-    return _serving.wait_for_line(docker, cid, "kernelbake serve: start-up compiled")
+    return _serving.wait_for_serve_line(docker, cid, "start-up compiled")
 
 
 def python_in(image: str, *args: str, run: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
