@@ -126,11 +126,13 @@ test: deps test-deps signing-deps cpu-base lint ## every test, integration inclu
 test-deps: deps ## what only the tests use (podman, catatonit)
 	@scripts/deps.sh test
 
-# docs/reference/cli.md from the argument parsers, exit codes and variable tables, and the startup
-# picture in docs/performance.md from the committed bench JSON (tests/test_docs.py and
-# tests/test_docs_pictures.py fail when either is stale).
-docs: venv ## regenerate docs/reference/cli.md and docs/performance/startup-phases.svg
+# docs/reference/cli.md from the argument parsers, exit codes and variable tables, admission's
+# rules table in docs/admission.md from its RULES, and the startup picture in docs/performance.md
+# from the committed bench JSON (tests/test_docs.py, tests/admission/test_rules_table.py and
+# tests/test_docs_pictures.py fail when one is stale).
+docs: venv ## regenerate docs/reference/cli.md, admission's rules table and docs/performance/startup-phases.svg
 	PYTHONPATH=src $(VENV)/bin/python -m kernelbake.cli._reference --write
+	PYTHONPATH=src $(VENV)/bin/python -m kernelbake.admission.rules.table --write
 	$(VENV)/bin/python bench/plot_startup.py --write
 
 # The markers name what a test needs; tests/conftest.py fails collection when a test uses such

@@ -34,6 +34,12 @@ within 32 MiB of its RSS before it and the review answered; while connections ar
 new connection's review and every probe on the probes' port answered.
 
     .venv/bin/python bench/admission_adversarial.py [--sizes 65536,1048576,4194304,8388608] [--out PATH]
+
+A smaller run, to check that it still runs end to end (its figures are no result; keep it out of
+bench/results):
+
+    .venv/bin/python bench/admission_adversarial.py --sizes 65536 --flood 300 --delta-files 2000 \
+        --churn-seconds 5 --max-connections 64 --hold-seconds 10 --out /tmp/adversarial-small.json
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ import os
 import platform
 import re
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -67,9 +72,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from tests.admission import documents  # noqa: E402
 
 import admission_connections as connections  # noqa: E402 (bench/ is on the path from here)
-from kernelbake.admission.bounds import MESSAGE_BYTES  # noqa: E402
-from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
-from kernelbake.admission.server import MAX_BODY  # noqa: E402
+from kernelbake.admission.bounds import MAX_CONNECTIONS, MESSAGE_BYTES  # noqa: E402
+from kernelbake.admission.http.server import MAX_BODY  # noqa: E402
+from kernelbake.admission.rules.caches import ANNOTATION_CONTAINER, ANNOTATION_INDEX  # noqa: E402
 from memory_cgroup import limited  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_adversarial.json"
@@ -411,7 +416,7 @@ def connection_to_each(
 ) -> list[tuple[int, http.client.HTTPSConnection]]:
     """``per_worker`` kept-alive HTTPS connections held by each worker, as (worker, connection)
     (the kernel spreads new connections across the workers: open until each has its share)."""
-    tls = ssl.create_default_context(cafile=cafile)
+    tls = connections.api_server_tls(cafile)
     found: list[tuple[int, http.client.HTTPSConnection]] = []
     for _ in range(200 * per_worker):
         if len(found) == per_worker * len(workers):
@@ -452,9 +457,7 @@ def prober(port: int, cafile: str, workers: list[int], conn: Connection) -> None
             except (OSError, http.client.HTTPException):
                 samples.append((worker, started, None))
                 c.close()
-                c = http.client.HTTPSConnection(
-                    "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile)
-                )
+                c = http.client.HTTPSConnection("127.0.0.1", port, context=connections.api_server_tls(cafile))
             stop.wait(max(0.0, started + PROBE_SECONDS - time.monotonic()))
 
     threads = [threading.Thread(target=poll, args=item, daemon=True) for item in connections]
@@ -700,7 +703,7 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
     repositories (the same digest), signed with the bench's key (``world``'s work/keys), and the
     review of a pod that runs the image, mounts the first at DELTA_ROOT and names the others as
     image volumes. Returns (the review, what was pushed)."""
-    from kernelbake.contract.delta import DeltaFile, DeltaManifest
+    from kernelbake.contract.delta import DeltaFile, DeltaManifest, Origin, Rebuild
     from kernelbake.contract.key import key_from_labels
     from kernelbake.contract.layout import CacheKind
     from kernelbake.oci import RegistryClient, parse_reference
@@ -724,12 +727,16 @@ def multiplied_delta(refs: Refs, work: Path) -> tuple[dict[str, Any], dict[str, 
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         (source / rel).touch()
         files.append(DeltaFile(path=rel, size=0, sha256=empty, kind=CacheKind.TRITON))
+    # A rebuilt delta, as the default policy admits (a replica's own bytes are refused at push):
+    # no record was replayed here, so the record's digest is a stand-in.
     delta = DeltaManifest(
         key=key_from_labels(facts.labels),
         base_image=None,
         base_manifest=sha256_digest(cache_manifest),
         files=tuple(files),
         replica="bench",
+        origin=Origin.REBUILT,
+        rebuild=Rebuild(builder="bench", image=str(base.digest), record="sha256:" + "0" * 64),
     )
     (source / "delta.json").write_text(delta.to_json())
     signer = KeySigner(load_private_key(work / "keys" / "bench.key"))
@@ -824,7 +831,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         world(work) as (refs, policy, certs),
         limited(MEMORY_LIMIT) as limit,
         live.serving(
-            policy, certs, workers=args.workers, wrap=limit.wrap, options=["--health-port", "0"]
+            policy,
+            certs,
+            workers=args.workers,
+            wrap=limit.wrap,
+            options=["--health-port", "0", "--max-connections", str(args.max_connections)],
         ) as served,
     ):
         cafile = str(certs / "ca.crt")
@@ -1023,6 +1034,14 @@ def summarise(rows: list[dict[str, Any]], pooled: dict[str, Any], memory: dict[s
     }
 
 
+def _sizes(args: argparse.Namespace) -> None:
+    """The rows' sizes from the command line (module constants the rows read)."""
+    global FLOOD, DELTA_FILES
+    FLOOD, DELTA_FILES = args.flood, args.delta_files
+    connections.CHURN_SECONDS, connections.HOLD_SECONDS = args.churn_seconds, args.hold_seconds
+    connections.HELD = args.workers * args.max_connections - 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1034,8 +1053,36 @@ def main() -> int:
         help="body sizes in bytes, comma-separated (default: 64 KiB, 1 MiB, 4 MiB, the max body)",
     )
     parser.add_argument("--workers", type=int, default=2, help="kernelbake admission --workers (deployed: 2)")
+    # Smaller runs, for checking that the bench still runs end to end (their JSON is no result).
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"kernelbake admission --max-connections (deployed: {MAX_CONNECTIONS}); the held row "
+        "holds one fewer than the workers' places together",
+    )
+    parser.add_argument("--flood", type=int, default=FLOOD, help=f"silent connections (default {FLOOD})")
+    parser.add_argument(
+        "--delta-files",
+        type=int,
+        default=DELTA_FILES,
+        help=f"the multiplied delta's files (default {DELTA_FILES})",
+    )
+    parser.add_argument(
+        "--churn-seconds",
+        type=float,
+        default=connections.CHURN_SECONDS,
+        help=f"the churn row's length (default {connections.CHURN_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=connections.HOLD_SECONDS,
+        help=f"the held row's length (default {connections.HOLD_SECONDS:g})",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    _sizes(args)
     load_before = os.getloadavg()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kb-admission-adversarial-") as tmp:

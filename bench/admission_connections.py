@@ -11,7 +11,9 @@ under the same enforced 512 MiB cgroup.
   review's answers.
 - **held connections**: a process holds ``HELD`` TLS connections (one fewer than the two
   workers' places, as in issue 41), each sending a tiny request every ``REFRESH_SECONDS`` and
-  reconnecting at once when it is cut; meanwhile, for ``HOLD_SECONDS``, a review on a new
+  reconnecting at once when it is cut; it shows the API server's client certificate (the webhook
+  runs with ``--client-ca``), standing for the worst holder: one past the handshake, as anyone
+  is under ``--unsafe-any-client``; meanwhile, for ``HOLD_SECONDS``, a review on a new
   connection every ``FRESH_EVERY`` seconds (as the API server opens one when its pool is short)
   and a probe on a new connection every ``PROBE_EVERY`` seconds, as the kubelet sends them, on
   the probes' port and, for comparison, on the webhook's (issue 41: 831 of 831 such reviews and
@@ -46,6 +48,17 @@ HOLD_SECONDS = 30.0
 REFRESH_SECONDS = 5.0
 FRESH_EVERY = 0.2
 PROBE_EVERY = 0.5
+
+
+def api_server_tls(cafile: str, *, client: bool = True) -> ssl.SSLContext:
+    """A client's TLS context as the API server's: it trusts the webhook's CA ``cafile`` and
+    shows the client certificate make-cert.sh wrote beside it (the webhook runs with
+    ``--client-ca``, as deployed); ``client=False``: no certificate."""
+    tls = ssl.create_default_context(cafile=cafile)
+    if client:
+        certs = Path(cafile).parent
+        tls.load_cert_chain(certs / "client.crt", certs / "client.key")
+    return tls
 
 
 def _rss_kib(pid: int) -> int:
@@ -179,7 +192,7 @@ def churn_row(
 
 
 async def _hold(port: int, cafile: str, n: int, seconds: float, refresh: float, conn: Connection) -> None:
-    tls = ssl.create_default_context(cafile=cafile)
+    tls = api_server_tls(cafile)
     # The hold's clock starts once every connection had its first answer (or 30 s passed).
     ends = [float("inf")]
     counts = {"connects": 0, "connect_failures": 0, "requests": 0, "cut": 0}
@@ -235,9 +248,7 @@ def holder(port: int, cafile: str, n: int, seconds: float, refresh: float, conn:
 
 def _fresh_review(port: int, cafile: str, body: bytes) -> tuple[int | None, float]:
     started = time.monotonic()
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile), timeout=10
-    )
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=api_server_tls(cafile), timeout=10)
     try:
         conn.request("POST", "/validate?timeout=10s", body, headers={"Content-Type": "application/json"})
         response = conn.getresponse()
@@ -254,9 +265,7 @@ def _fresh_probe(port: int, cafile: str | None) -> tuple[int | None, float]:
     if cafile is None:
         conn: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     else:
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", port, context=ssl.create_default_context(cafile=cafile), timeout=2
-        )
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=api_server_tls(cafile), timeout=2)
     try:
         conn.request("GET", "/healthz")
         response = conn.getresponse()

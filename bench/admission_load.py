@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.admission import documents, live  # noqa: E402
+from tests.admission.conftest import client_tls  # noqa: E402
 from tests.support.registry import running_registry  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_load.json"
@@ -294,7 +295,7 @@ def burst_sender(port: int, cafile: str, slow: str, count: int, conn: Connection
     then, on "go", one review of a new digest on each, all at once; sends back the answers."""
 
     async def send() -> tuple[list[tuple[float, int, bytes]], float]:
-        tls = ssl.create_default_context(cafile=cafile)
+        tls = client_tls(Path(cafile).parent)
         clients = [await Client.open(port, tls) for _ in range(count)]
         bodies = [
             json.dumps(
@@ -549,9 +550,15 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
     policy = live.write_policy(
         work / "policy.yaml", [f"{registry}/kernelbake/**", f"{slow}/kernelbake/**"], pub
     )
-    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    result: dict[str, Any] = {}
-    with live.serving(policy, certs, workers=args.workers) as served:
+    # The webhook takes only the API server's client certificate (--client-ca, as deployed),
+    # which its own --help says it can: a server from before (an A/B's other side, run by
+    # PYTHONPATH) serves any client, and is not offered the flag.
+    tls = client_tls(certs)
+    helped = subprocess.run(
+        [*live.KERNELBAKE, "admission", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    result: dict[str, Any] = {"server_client_ca": "--client-ca" in helped}
+    with live.serving(policy, certs, workers=args.workers, client_ca="--client-ca" in helped) as served:
         pid = served.process.pid
         clients = [await Client.open(served.port, tls) for _ in range(args.concurrency)]
         try:

@@ -1,8 +1,10 @@
 """Capture on the CPU default image (issues 36 and 42): a replica serves a request class the
 build's warm-up does not cover and compiles for it; a line is then appended to a Python module
-Inductor compiled for it (the poisoned replica). ``kernelbake capture record`` records the class
-and what the caches gained (claims, no bytes); ``capture rebuild`` runs the image by digest with
-no network and fake weights, replays the class and takes only what that trusted build compiled;
+Inductor compiled for it (the poisoned replica). ``kernelbake capture record`` records the
+request classes ``serve`` noted as the engine compiled for them (no ``--request``: the bench sends
+the class, the replica says what it was) and what the caches gained (claims, no bytes);
+``capture rebuild`` runs the image by digest with no network and fake weights, replays the noted
+batches and takes only what that trusted build compiled;
 ``capture push`` pushes that, layered on the image (default tag: one per base digest), signed
 with a fresh key and attested as rebuilt; ``capture verify`` checks it as admission does; a new
 replica starts with the delta mounted at /opt/kernelbake/delta and ``$KERNELBAKE_DELTA_DIGEST``
@@ -21,7 +23,8 @@ runtime on an image built before it; the JSON says which ran. The delta reaches 
 (``docker pull``), its root exported (``docker create`` + ``docker export``) and bind-mounted
 read-only, where a Kubernetes image volume would mount it. Stdlib only, besides docker and the
 kernelbake CLI (``--kernelbake``). Elsewhere (a GPU image): ``--docker-arg=--gpus=all``, ``--model``
-and ``--request '{...}'`` (a class that compiles there; the default is the CPU image's).
+and ``--request '{...}'`` (the class the first replica is sent: one that compiles there; the
+default is the CPU image's).
 """
 
 from __future__ import annotations
@@ -329,9 +332,10 @@ def main() -> int:
             first["gained_after_request"] = gained(one)
             clean = sha256s(one, first["gained_after_request"])
             first["poisoned"] = poison(one, first["gained_after_request"])
+            # No --request: the classes are the ones serve noted as the engine compiled for them.
             recorded = must(
                 ["docker", "exec", one, "python3", "-m", "kernelbake", "capture", "record",
-                 "--out", "/tmp/record.json", "--request", json.dumps(a.request), "--replica", one]
+                 "--out", "/tmp/record.json", "--replica", one]
             )  # fmt: skip
             first["record"] = recorded.strip().splitlines()
             must(["docker", "cp", f"{one}:/tmp/record.json", str(work / "record.json")])
@@ -345,6 +349,13 @@ def main() -> int:
             sh(["docker", "rm", "-f", one])
         doc["first_replica"] = first
         doc["record"] = json.loads((work / "record.json").read_text())
+        noted = [w for w in doc["record"]["waves"] if w["source"] == "served"]
+        doc["record_noted"] = {
+            "served_waves": len(noted),
+            "operator_waves": len(doc["record"]["waves"]) - len(noted),
+            "classes": [doc["record"]["requests"][i] for w in noted for i, _n in w["requests"]],
+            "compiled": [c for w in noted for c in w["compiled"]],
+        }
 
         started = time.monotonic()
         said = must(
@@ -465,6 +476,9 @@ def main() -> int:
             for kind, d in doc["determinism"].items()
         },
         "poisoned_bytes_in_rebuilt_delta": poisoned["poisoned_sha256_in_delta"] or second["poison_ran"],
+        # The record's classes came from serve's notes, none from the operator.
+        "record_served_waves": doc["record_noted"]["served_waves"],
+        "record_operator_waves": doc["record_noted"]["operator_waves"],
     }
     doc["summary"]["refused"] = {
         case: bool(r["delta"] is not None and not r["delta"]["used"] and not r["delta"]["verified"])
@@ -493,6 +507,8 @@ def main() -> int:
         and s["first_replica_compiled_for_the_class"] > 0
         and s["next_replica_compiled_for_the_class"] == 0
         and not s["poisoned_bytes_in_rebuilt_delta"]
+        and s["record_served_waves"] > 0
+        and s["record_operator_waves"] == 0
         and all(s["refused"].values())
     )
     return 0 if met else 1

@@ -34,13 +34,14 @@
 #     them on a text model on Hopper (the check script prints what torch says);
 #   cuSPARSELt 0.8.0 vs 0.8.1: 0.8.0 exports all 16 symbols torch imports; NVSHMEM 3.4.5: the same pin.
 #
-# Device calls. For 0.32.0 (run here on 2026-12-04 at XZ_LEVEL 0, tree 11 MiB): 22 chunks, 21 of
-# 48.0 MiB and one of 40.3 MiB, 1,099,185,856 bytes of xz in all (the site directory is 2.9 GiB);
-# .gpu/ctx, if a run needs it, travels with the last:
+# Device calls. For 0.32.0 (run here on 2026-12-05 at XZ_LEVEL 0, tree 14 MiB, Triton's AMD
+# backend kept: 10 min at load 4-7, the wheels already downloaded): 23 chunks, 22 of 46.0 MiB
+# and one of 36.7 MiB, 1,099,616,696 bytes of xz in all (sha256 46e25468…; the site directory
+# is 2.9 GiB); .gpu/ctx, if a run needs it, travels with the last:
 #   run(carry=[".gpu/bundle/chunk1"]): bash bench/device.sh stash chunk1
 #   run(carry=[".gpu/bundle/chunk2"]): bash bench/device.sh stash chunk2
-#   ...                                 (one call per chunk, up to chunk21)
-#   run(carry=[".gpu/bundle/chunk22", ".gpu/ctx"]): bash bench/device.sh install &&
+#   ...                                 (one call per chunk, up to chunk22)
+#   run(carry=[".gpu/bundle/chunk23", ".gpu/ctx"]): bash bench/device.sh install &&
 #       bash bench/device.sh start NAME -- python3 ... && bash bench/device.sh collect 540
 # Every chunk must be stashed on the same machine (it keeps nothing between leases): if the
 # lease lapses midway, start again from chunk1; install says how many pieces it found.
@@ -91,28 +92,35 @@ if missing:
 print("\n".join(str(found[n]) for n in want))
 PY
 )
+# What the site directory and its packed stream are made from: the wheels and this script (its
+# trims). Keyed on the wheels alone, the AMD-backend fix below reused the site trimmed before it
+# and packed the same stream again (2026-12-05: bundle.json unchanged, TritonMissing again).
+recipe=$(printf '%s\nscript %s' "$wheels" "$(sha256sum "$0" | cut -d' ' -f1)")
 stage=$work/site
-# A site directory installed from these very wheels is kept (installing takes minutes).
-if [ "$(cat "$stage/.wheels" 2>/dev/null)" != "$wheels" ]; then
+# A site directory installed from these very wheels by this very script is kept (installing
+# takes minutes).
+if [ "$(cat "$stage/.wheels" 2>/dev/null)" != "$recipe" ]; then
   rm -rf "$stage"
   # shellcheck disable=SC2086  # one wheel path per word
   "$py" -m pip install -q --no-deps --no-index --no-compile "${plat[@]}" --target "$stage" $wheels
-  # Trims: what a dense or MoE model on Hopper under Python 3.12 never loads.
+  # Trims: what a dense or MoE model on Hopper under Python 3.12 never loads. Triton's AMD
+  # backend stays (2.7 MB): from 3.7, `import triton` reaches it through gluon, and without it
+  # torch finds no Triton at all (seen on the H200, 2026-12-05: TritonMissing).
   rm -rf "$stage/bin" "$stage/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$stage/vllm/vllm-rs" \
          "$stage"/vllm/third_party/deep_gemm/_C.cpython-3{10,11,13,14}-x86_64-linux-gnu.so \
          "$stage/nvidia/nccl/include" "$stage/nvidia/nccl/lib/libnccl_device.bc" \
-         "$stage/nvidia/nccl/lib/libnccl_device.ltoir" "$stage/triton/backends/amd"
-  printf '%s' "$wheels" > "$stage/.wheels"
+         "$stage/nvidia/nccl/lib/libnccl_device.ltoir"
+  printf '%s' "$recipe" > "$stage/.wheels"
 fi
 xzfile=$work/site.tar.xz
 # A stream packed whole from this site directory is kept too (packing takes half an hour on a
-# busy 2-core machine); .packed holds the wheel list it was packed from.
-if [ "$(cat "$xzfile.packed" 2>/dev/null)" != "$wheels" ] || [ ! -f "$xzfile" ]; then
+# busy 2-core machine); .packed holds the recipe it was packed from.
+if [ "$(cat "$xzfile.packed" 2>/dev/null)" != "$recipe" ] || [ ! -f "$xzfile" ]; then
   rm -f "$xzfile.packed"
   # XZ_LEVEL 0 packs torch's libraries 5x faster than 3 for 7 % more bytes (30 MiB of
   # libtorch_cuda.so here: 4.8 MiB in 7 s at 0, 4.5 MiB in 36 s at 3; gzip -6 6.8 MiB).
   tar -C "$stage" --sort=name --exclude=./.wheels -cf - . | xz -T"${XZ_THREADS:-2}" -"${XZ_LEVEL:-0}" > "$xzfile"
-  printf '%s' "$wheels" > "$xzfile.packed"
+  printf '%s' "$recipe" > "$xzfile.packed"
 fi
 
 tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)

@@ -3,7 +3,9 @@ and it works on this GPU. Prints one JSON document; exits 1, naming each failure
 
 - torch, triton and vLLM import from the bundle's directory at bundle.json's versions (the
   device's own torch 2.11 in /opt/torch/.venv must not win);
-- the NCCL torch loaded is the bundle's (``torch.cuda.nccl.version()``);
+- the NCCL torch loaded is the bundle's: the ``libnccl.so`` mapped into this process, asked for
+  its version (``ncclGetVersion``); ``torch.cuda.nccl.version()`` is the version torch was
+  built against (2.29.7 for 2.13.0), reported beside it;
 - a float32 CUDA matmul equals the CPU's within float32 rounding, and a ``torch.compile``d
   function (Inductor generating a Triton kernel, Triton's ptxas building it) equals eager;
 - every vLLM function the release's adapter hooks is where it expects (``compat_layer``).
@@ -50,13 +52,27 @@ def _versions(want: dict[str, str], site: Path, doc: dict[str, Any], failures: l
 
 
 def _nccl(want: dict[str, str], doc: dict[str, Any], failures: list[str]) -> None:
+    import ctypes
+
     import torch
 
-    found = ".".join(str(p) for p in torch.cuda.nccl.version())
+    doc["nccl_built_against"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+    with Path("/proc/self/maps").open() as maps:
+        mapped = sorted({line.split()[-1] for line in maps if "/libnccl.so" in line})
+    doc["nccl_mapped"] = mapped
+    if len(mapped) != 1:
+        failures.append(f"expected one libnccl.so mapped into this process, found {mapped}")
+        return
+    code = ctypes.c_int()
+    if ctypes.CDLL(mapped[0]).ncclGetVersion(ctypes.byref(code)) != 0:
+        failures.append(f"ncclGetVersion failed in {mapped[0]}")
+        return
+    # NCCL's code since 2.9: major * 10000 + minor * 100 + patch.
+    found = f"{code.value // 10000}.{code.value // 100 % 100}.{code.value % 100}"
     doc["nccl"] = found
     expected = want.get("nvidia-nccl-cu13")
-    if expected and not expected.startswith(found):
-        failures.append(f"torch loaded NCCL {found}, the bundle holds {expected}")
+    if expected and found != expected:
+        failures.append(f"torch loaded NCCL {found} ({mapped[0]}), the bundle holds {expected}")
 
 
 def _cudnn(doc: dict[str, Any]) -> None:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # own runtime stage installs the wheel).
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import request_mix
+import snapshot_flow
 from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME
 from kernelbake.runtime.engines.vllm import APPENDED_LOGS, evidence
 
@@ -476,7 +477,7 @@ def _gpu_processes() -> list[str]:
 # What each process imports before it can work, measured with ``python -X importtime`` in the
 # served environment, after the timed starts (so it disturbs none of them).
 IMPORTS = {
-    "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.serving, kernelbake.runtime.preflight, kernelbake.runtime.engines.vllm",
+    "kernelbake_serve": "import kernelbake.cli.runtime, kernelbake.runtime.serve.start, kernelbake.runtime.serve.preflight, kernelbake.runtime.engines.vllm",
     "preflight_probe": "import torch; torch.cuda.is_available()",
     "vllm_api_server": "import vllm.entrypoints.cli.main, vllm.entrypoints.openai.api_server",
     # What `vllm serve`'s main() imports before it parses (every subcommand's module), against
@@ -697,7 +698,9 @@ def flow(
             doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
         else:
             _cold_start(run, waves, doc)
-        _baked_start(run, waves, doc)
+        _baked_start(run, waves, doc, snapshot=name in a.snapshot)
+        if name in a.snapshot:
+            snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu)
         if first:
             _also_env(run, doc)
             _rebakes(run, waves, doc)
@@ -790,6 +793,18 @@ class _Flow:
         return self.a.deadline - (time.monotonic() - self.started)
 
 
+def _free_port() -> int:
+    """A port no one listens on now. Fixed ports (8000, 8001) let two flows run side by side on
+    the device (bench/device.sh start ... --private-opt) answer each other's /health: on
+    2026-12-05 the 8B flow's cold start read the reference model's server as ready and got a
+    404 for its model."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _start(
     run: _Flow, name: str, env: dict[str, str], port: int, waves: list[list[request_mix.Request]]
 ) -> tuple[Server, dict[str, Any]]:
@@ -808,17 +823,24 @@ def _start(
 def _cold_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
     """Cold: the same image with its caches off, alone on the machine (the compile is over)."""
     cold_env = {**_phase_env(run.runtime_env, "run-cold"), "KERNELBAKE_CACHE": "off"}
-    cold, cold_mix = _start(run, "serve-cold", cold_env, 8001, waves)
+    cold, cold_mix = _start(run, "serve-cold", cold_env, _free_port(), waves)
     if cold.ready_s is not None:
         doc["cold_generate"] = cold.generate(run.model_path)
     doc["serve_cold"] = {**cold.stop(), **cold_mix}
 
 
-def _baked_start(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:
+def _baked_start(
+    run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any], snapshot: bool = False
+) -> None:
+    """The baked start; for a ``--snapshot`` model with vLLM's development endpoints, which
+    write the weights it holds into the model's directory for the snapshot's reload."""
     before = _files(run.cache_root)
-    warm, warm_mix = _start(run, "serve-warm", run.run_env, 8000, waves)
+    env = {**run.run_env, "VLLM_SERVER_DEV_MODE": "1"} if snapshot else run.run_env
+    warm, warm_mix = _start(run, "serve-warm", env, _free_port(), waves)
     if warm.ready_s is not None:
         doc["warm_generate"] = warm.generate(run.model_path)
+        if snapshot:
+            doc["snapshot_weights"] = snapshot_flow.save_weights(warm.port, Path(run.model_path))
         # Which processes hold GPU memory while serving: the kernelbake supervisor
         # (pid below) should not, although its preflight imported torch.
         doc["gpu_processes_while_serving"] = {
@@ -836,7 +858,7 @@ def _also_env(run: _Flow, doc: dict[str, Any]) -> None:
             doc.setdefault("skipped", []).append(f"serve with {pair}: {run.left():.0f} s left")
             continue
         var, _, value = pair.partition("=")
-        other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, 8002, run.logs)
+        other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, _free_port(), run.logs)
         wait_ready(other, run.started, run.a.deadline)
         gen = other.generate(run.model_path) if other.ready_s is not None else None
         doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
@@ -930,7 +952,7 @@ def rebake(
         out["compile_report"] = _compile_report(cache_root)
         dirs = watched_dirs(cache_root, envs["run"])
         at_launch = snapshot(dirs)
-        server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, 8003, logs)
+        server = Server(f"serve-rebaked-{n}", argv, {**envs["run"], var: value}, _free_port(), logs)
         wait_ready(server, started, a.deadline)
         mix: dict[str, Any] = {}
         if server.ready_s is not None and a.mix_total:
@@ -1176,6 +1198,8 @@ def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, 
             **{k: s.get(k) for k in keys},
             "cold_from": d.get("cold_from"),
         }
+        if "snapshot" in d:
+            out[m].update(snapshot_flow.summary(d, m))
     return out
 
 
@@ -1301,6 +1325,19 @@ def main() -> int:
         help="seconds of --deadline a --rebake-env needs left to be run at all",
     )
     ap.add_argument(
+        "--snapshot",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="after this model's baked start: its weights written, kernelbake snapshot take, restores "
+        "through serve's gate, a key mismatch and the bad inputs (bench/snapshot_flow.py)",
+    )
+    ap.add_argument(
+        "--criu",
+        default="/opt/kernelbake-criu/bin/criu",
+        help="the CRIU wrapper images/base/criu/install.sh wrote (for --snapshot)",
+    )
+    ap.add_argument(
         "--importtime",
         action="store_true",
         help="for the first model: python -X importtime of each start's imports",
@@ -1322,6 +1359,8 @@ def main() -> int:
         + (" --skip-checks" if a.skip_checks else "")
         + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
+        + "".join(f" --snapshot {m}" for m in a.snapshot)
+        + (f" --criu {a.criu}" if a.snapshot else "")
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": "each model in turn: the rendered stages (compile alone), then a cold start "
@@ -1339,10 +1378,16 @@ def main() -> int:
         doc = flow(context.resolve(), a.out / name, started, a, first=i == 0, name=name)
         result["models"][name] = doc
         result["summary"] = top_summary(result["models"], targets)
+        if a.snapshot:
+            result["snapshot_phases"] = snapshot_flow.phase_table(
+                {m: d for m, d in result["models"].items() if "snapshot" in d}
+            )
         result["wall_s"] = round(time.monotonic() - started, 1)
         # Written after each model: a run cut short keeps what it measured.
         out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(json.dumps(result["summary"], indent=1, default=str))
+    if result.get("snapshot_phases"):
+        print(result["snapshot_phases"])
     return 0
 
 

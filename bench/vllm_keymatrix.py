@@ -15,7 +15,7 @@ into a copy of its own, mounted at the cache root's path in a private mount name
    the server is up.
 
 Cases run in parallel (16 cores, one GPU shared with a small memory budget each). Writes
-OUT/vllm-0.26.0-h200-keymatrix.json ({"cases": [{"name", "env", "args", "predicted",
+OUT/vllm-RELEASE-h200-keymatrix.json (RELEASE: the installed vLLM's; {"cases": [{"name", "env", "args", "predicted",
 "actual", "reasons", ...}]}) and OUT/keymatrix-logs.tar.gz. Values of secret-carrying
 variables appear in neither (a case sets VLLM_API_KEY and the result is searched for it).
 """
@@ -51,8 +51,24 @@ MODEL_CONFIG = REPO / "bench/models/tiny-llama-ref/config.json"
 WORK = Path(os.environ.get("KEYMATRIX_WORK", "/opt/kernelbake-keymatrix"))
 TARGET = Path(os.environ.get("KEYMATRIX_TARGET", "/opt/kernelbake/target.json"))
 CACHE_ROOT = Path(os.environ.get("KEYMATRIX_CACHE_ROOT", "/opt/kernelbake/cache"))
-RESULT = "vllm-0.26.0-h200-keymatrix.json"
-IDENTITIES = "vllm-0.26.0-h200-identities.json"
+# How long a start whose output ended may take to exit before it counts as still running.
+EXIT_WAIT_S = 30.0
+
+
+def _release() -> str:
+    """The vLLM release this run measures, asked of the installed engine (its distribution's
+    metadata), never assumed: the spec's release and the result's names follow it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return os.environ.get("KEYMATRIX_RELEASE") or version("vllm").split("+")[0]
+    except PackageNotFoundError:
+        return "0.26.0"  # off the GPU machine (the orchestration tests): the spec's own release
+
+
+RELEASE = _release()
+RESULT = f"vllm-{RELEASE}-h200-keymatrix.json"
+IDENTITIES = f"vllm-{RELEASE}-h200-identities.json"
 # Cases whose identity document (as ``check --identity-out`` writes it) becomes a test fixture.
 FIXTURE_CASES = {
     "baseline",
@@ -62,6 +78,13 @@ FIXTURE_CASES = {
     "block-size-32",
     "max-num-seqs-512",
     "max-logprobs-5",
+    # What the release's artifact load reads (0.26 compiled, 0.32 started warm), and what
+    # vLLM refuses where it builds its compiler: the engine's own identities, for the tests.
+    "inductor-fx-graph-cache-off",
+    "inductor-force-disable-caches",
+    "vllm-compile-cache-dir-elsewhere",
+    "vllm-disable-compile-cache",
+    "hashed-env-standalone-compile-off",
 }
 SECRET = "kb-secret-7f3a9c"
 # Not hashed by vLLM (dummy weights, a fixed KV-cache size so parallel starts skip memory
@@ -86,7 +109,8 @@ def _target_json(model_path: str | None = None) -> str:
     from kernelbake.plan import plan
     from kernelbake.spec import load_spec
 
-    spec = load_spec(SPEC)
+    # The reference spec, at the release installed here (the spec names 0.26.0).
+    spec = dataclasses.replace(load_spec(SPEC), engine_version=RELEASE)
     t = plan(spec, ["h200"])[0]
     key = t.key if model_path is None else dataclasses.replace(t.key, model_path=model_path)
     return TargetConfig(key=key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes).to_json()
@@ -162,9 +186,52 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
 
         shutil.copy(TARGET.parent / PINNED_MANIFEST_NAME, cdir / PINNED_MANIFEST_NAME)
     args = [*case["args"]]
-    out: dict[str, Any] = {"name": name, **_shown(case)}
+    out: dict[str, Any] = {
+        "name": name,
+        **_shown(case),
+        **_check(cdir, env, args, name in FIXTURE_CASES, deadline),
+    }
+    dirs = cache_dirs(CACHE_ROOT, VllmEngine.declaration.cache_kinds)
+    for attempt in (1, 2):
+        started = time.monotonic()
+        decided, log, plugin_lines, wrong, with_files, again = _serve(cdir, env, port, args, dirs, deadline)
+        out["serve_s"] = round(time.monotonic() - started, 1)
+        text = (cdir / "serve.log").read_text(errors="replace")
+        if decided in ("ready", "compiled", "load_failed", "flashinfer_build") or "EADDRINUSE" not in text:
+            break
+        # Twenty cases start at once, and torch.distributed's rendezvous port (a free one,
+        # picked then bound) can be taken by another case in between: the engine exits.
+        # That says nothing of the caches (it fails before any is opened); the case starts
+        # once more, and its files are counted from a new snapshot.
+        out["retried"] = f"attempt {attempt}: torch.distributed port taken by another case (EADDRINUSE)"
+        (cdir / f"serve-attempt-{attempt}.log").write_text(text)
+    files = {k: len(v) for k, v in with_files.items()}
+    out["decided_by"] = decided
+    out["log_evidence"] = log.to_json()
+    out["files_added"] = files
+    # Not a compile (evidence.split_rebenchmarked): named, and left out of the verdict.
+    out["autotune_rebenchmarked"] = {k: len(v) for k, v in again.items() if v}
+    out["plugin_prediction"] = plugin_lines[:12]
+    out["prediction_wrong_lines"] = wrong
+    compiled = decided in ("compiled", "load_failed", "flashinfer_build") or log.torch_compile_hit is False
+    out["actual"] = _actual(decided, compiled, log.torch_compile_hit, files)
+    out["actual_kinds"] = {k: ("miss" if n else "hit") for k, n in files.items()}
+    if compiled:
+        out["actual_kinds"]["vllm"] = "miss"
+    status = cdir / "status.json"
+    if status.is_file():
+        out["serve_status"] = json.loads(status.read_text())
+    return out
+
+
+def _check(
+    cdir: Path, env: dict[str, str], args: list[str], fixture: bool, deadline: float
+) -> dict[str, Any]:
+    """``kernelbake check --json`` of a case: what it predicted, why, and how long it took;
+    ``fixture``: it also writes the engine's identity (``FIXTURE_CASES``)."""
+    out: dict[str, Any] = {}
     started = time.monotonic()
-    extra = ["--identity-out", str(cdir / "identity.json")] if name in FIXTURE_CASES else []
+    extra = ["--identity-out", str(cdir / "identity.json")] if fixture else []
     check = subprocess.run(
         [
             sys.executable,
@@ -199,43 +266,21 @@ def run_case(case: dict[str, Any], port: int, deadline: float) -> dict[str, Any]
     except (ValueError, KeyError):
         out["predicted"] = "error"
         out["reasons"] = [check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "no output"]
-    dirs = cache_dirs(CACHE_ROOT, VllmEngine.declaration.cache_kinds)
-    for attempt in (1, 2):
-        started = time.monotonic()
-        decided, log, plugin_lines, wrong, with_files, again = _serve(cdir, env, port, args, dirs, deadline)
-        out["serve_s"] = round(time.monotonic() - started, 1)
-        text = (cdir / "serve.log").read_text(errors="replace")
-        if decided in ("ready", "compiled", "load_failed", "flashinfer_build") or "EADDRINUSE" not in text:
-            break
-        # Twenty cases start at once, and torch.distributed's rendezvous port (a free one,
-        # picked then bound) can be taken by another case in between: the engine exits.
-        # That says nothing of the caches (it fails before any is opened); the case starts
-        # once more, and its files are counted from a new snapshot.
-        out["retried"] = f"attempt {attempt}: torch.distributed port taken by another case (EADDRINUSE)"
-        (cdir / f"serve-attempt-{attempt}.log").write_text(text)
-    files = {k: len(v) for k, v in with_files.items()}
-    out["decided_by"] = decided
-    out["log_evidence"] = log.to_json()
-    out["files_added"] = files
-    # Not a compile (evidence.split_rebenchmarked): named, and left out of the verdict.
-    out["autotune_rebenchmarked"] = {k: len(v) for k, v in again.items() if v}
-    out["plugin_prediction"] = plugin_lines[:12]
-    out["prediction_wrong_lines"] = wrong
-    compiled = decided in ("compiled", "load_failed", "flashinfer_build") or log.torch_compile_hit is False
-    if decided == "ready" or compiled:
-        out["actual"] = "miss" if compiled or any(files.values()) else "hit"
-        if out["actual"] == "hit" and log.torch_compile_hit is None:
-            # Up, nothing written, and vLLM neither loaded nor compiled a graph: it ran eagerly.
-            out["actual"] = "no-compile"
-    else:
-        out["actual"] = "undecided"
-    out["actual_kinds"] = {k: ("miss" if n else "hit") for k, n in files.items()}
-    if compiled:
-        out["actual_kinds"]["vllm"] = "miss"
-    status = cdir / "status.json"
-    if status.is_file():
-        out["serve_status"] = json.loads(status.read_text())
     return out
+
+
+def _actual(decided: str, compiled: bool, torch_compile_hit: bool | None, files: dict[str, int]) -> str:
+    """What a start did, from how ``_serve`` saw it end."""
+    if decided == "ready" or compiled:
+        if compiled or any(files.values()):
+            return "miss"
+        # Up, nothing written, and vLLM neither loaded nor compiled a graph: it ran eagerly.
+        return "no-compile" if torch_compile_hit is None else "hit"
+    if decided.startswith("exited"):
+        # The engine ended before it was ready and before it compiled (on 0.32 vLLM refused
+        # VLLM_USE_STANDALONE_COMPILE=0 under its mega AOT artifact): decided, as a failure.
+        return "failed"
+    return "undecided"
 
 
 def _serve(
@@ -286,8 +331,14 @@ def _serve(
         if time.monotonic() > deadline or proc.poll() is not None:
             decided = "timeout" if proc.poll() is None else f"exited {proc.returncode}"
             break
-    if decided == "timeout" and proc.poll() is not None:
-        decided = f"exited {proc.returncode}"
+    if decided == "timeout":
+        # Its output ends a moment before the process does: a start that exited is waited
+        # for, not called a timeout (the 0.32 run's hashed-env-standalone-compile-off exited
+        # at 24 s of a 900 s deadline and was left undecided).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, min(EXIT_WAIT_S, deadline - time.monotonic())))
+        if proc.poll() is not None:
+            decided = f"exited {proc.returncode}"
     with_files, again = _start_added(cdir, dirs, before)
     timer.cancel()
     _kill(proc)
@@ -419,7 +470,7 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
     decided = [
         c
         for c in cases
-        if c.get("predicted") in EXPECTED and c.get("actual") in ("hit", "miss", "no-compile")
+        if c.get("predicted") in EXPECTED and c.get("actual") in ("hit", "miss", "no-compile", "failed")
     ]
     compiles = {"miss", "bypassed"}
     return {
@@ -486,6 +537,7 @@ def main() -> int:
             results = [f.result() for f in futures]
     doc = {
         "command": "PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src python3 bench/vllm_keymatrix.py --out $OUT",
+        "release": RELEASE,
         "prepare": info,
         "base_args": BASE_ARGS,
         "summary": summarise(results),

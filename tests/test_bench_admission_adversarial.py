@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission.server import MAX_BODY
+from kernelbake.admission.http.server import MAX_BODY
 from tests.support import bench
 
 ADV = bench.load("admission_adversarial")

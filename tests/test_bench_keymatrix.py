@@ -6,6 +6,8 @@ FlashInfer's appended log counted as a compile."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -141,3 +143,42 @@ def test_the_cpu_matrix_stops_a_start_at_its_first_cache_file_but_not_at_a_lock(
 
     monkeypatch.setattr(matrix, "docker", docker)
     assert matrix._wrote_a_cache_file("cid") is wrote
+
+
+# A start that prints its last line, closes its output and only then exits: the engine that
+# vLLM 0.32 refused (hashed-env-standalone-compile-off) ended so, and was left undecided.
+_EXITS_LATE = "import os, sys, time; print('engine core failed', flush=True); os.close(1); os.close(2); time.sleep(1.0); sys.exit(1)"
+
+
+def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    matrix = _matrix()
+    root, case = tmp_path / "cache", tmp_path / "case"
+    case.mkdir()
+    _bundle(root)
+    monkeypatch.setattr(matrix, "CACHE_ROOT", root)
+    popen = subprocess.Popen
+
+    def started(argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
+        assert argv[1:4] == ["-m", "kernelbake", "serve"]
+        return popen([sys.executable, "-c", _EXITS_LATE], **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(matrix.subprocess, "Popen", started)
+    dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
+    import time
+
+    decided, *_ = matrix._serve(case, dict(os.environ), 8100, [], dirs, time.monotonic() + 60)
+    assert decided == "exited 1"
+    expected = bench.load("keymatrix_cases").EXPECTED
+    assert expected["fails"] == {"failed"}
+    summary = matrix.summarise([{"name": "c", "predicted": "fails", "actual": "failed"}])
+    assert summary["right"] == 1 and summary["undecided"] == []
+    # How a start ended, into what it did: an exit before ready and before a compile is decided.
+    assert matrix._actual(decided, False, None, {}) == "failed"
+    assert matrix._actual("ready", False, True, {"vllm": 0}) == "hit"
+    assert matrix._actual("ready", False, None, {"vllm": 0}) == "no-compile"
+    assert matrix._actual("exited 1", True, False, {}) == "miss"
+    assert matrix._actual("timeout", False, None, {}) == "undecided"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kernelbake.cli import build_parser
 from kernelbake.contract.delta import DELTA_ROOT
-from kernelbake.runtime.delta import DeltaOutcome
+from kernelbake.runtime.serve.delta import DeltaOutcome
 from kernelbake.signing.delta import UNSAFE_SETTING
 from kernelbake.signing.policy import VerifyPolicy
 from tests.conftest import REPO

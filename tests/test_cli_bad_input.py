@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake import textfile
-from kernelbake.admission.server import MAX_BODY
+from kernelbake.admission.http.server import MAX_BODY
 from kernelbake.cli import main
 from kernelbake.errors import BadInput
 from tests.conftest import REPO

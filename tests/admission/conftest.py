@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from kernelbake.admission.http.server import AdmissionServer
 from kernelbake.admission.large_bodies import BodyBudget
-from kernelbake.admission.server import AdmissionServer
 from kernelbake.admission.service import Admitter
 from kernelbake.contract.key import CacheKey
 from kernelbake.plan import plan
@@ -40,7 +40,8 @@ def verifier(keys: dict[str, CacheKey]) -> Iterator[FakeVerifier]:
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA and a serving certificate for 127.0.0.1, made by deploy/make-cert.sh."""
+    """A CA, a serving certificate for 127.0.0.1 and the API server's client certificate, made
+    by deploy/make-cert.sh."""
     out = tmp_path_factory.mktemp("certs")
     subprocess.run(
         [str(SOURCE_TREE / "deploy" / "make-cert.sh"), "--out", str(out), "--ip", "127.0.0.1"],
@@ -50,8 +51,13 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def client_tls(certs: Path) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(certs / "ca.crt"))
+def client_tls(certs: Path, *, client: bool = True) -> ssl.SSLContext:
+    """A client's TLS context trusting the webhook's CA; it shows the API server's client
+    certificate (which the webhook requires, as deployed) unless ``client`` is False."""
+    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    if client:
+        tls.load_cert_chain(certs / "client.crt", certs / "client.key")
+    return tls
 
 
 @contextlib.contextmanager
@@ -63,8 +69,11 @@ def running_server(
     max_connections: int | None = None,
     **options: Any,
 ) -> Iterator[int]:
-    """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port.
-    ``options``: more of AdmissionServer's (``client_ca``, ``health_sock``)."""
+    """The real AdmissionServer on 127.0.0.1 in a thread of its own; yields the port. It takes
+    only clients with the certificate ``certs`` holds for the API server, as deployed, unless
+    ``options`` say otherwise (``unsafe_any_client``); more of AdmissionServer's: ``health_sock``."""
+    if not options.get("unsafe_any_client"):
+        options.setdefault("client_ca", certs / "ca.crt")
     server = AdmissionServer(
         admitter,
         cert=certs / "tls.crt",

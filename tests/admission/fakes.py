@@ -8,10 +8,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernelbake.admission.gateway import Gateway, ImageRejected, VerifiedIndex
+from kernelbake.admission.gateway import Gateway, ImageRejected
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import parse_reference
 from kernelbake.admission.service import Admitter
+from kernelbake.admission.subject import Image, VerifiedIndex
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.variants import Variant
 from kernelbake.oci import RegistryUnavailable
@@ -68,7 +69,7 @@ class FakeVerifier:
         self.indexes[tag_ref] = (digest, listed)
         return digest
 
-    def __call__(self, reference: str) -> FakeVerified | VerifiedIndex:
+    def __call__(self, reference: str) -> Image | VerifiedIndex:
         with self._lock:
             self.calls.append(reference)
         if self.gate is not None:
@@ -92,7 +93,7 @@ class FakeVerifier:
                         f"{ref.name}@{digest} is signed by mallory@example.com, not a trusted identity "
                         "(trusted: ci@example.com from https://token.actions.githubusercontent.com)"
                     )
-                return FakeVerified(reference, ref.name, digest, key, digest, "ci@example.com", {})
+                return Image(FakeVerified(reference, ref.name, digest, key, digest, "ci@example.com", {}))
         raise ImageRejected(f"{reference} has no signature from a trusted identity")
 
 

@@ -89,10 +89,16 @@ def serving(
     workers: int = 1,
     wrap: Sequence[str] = (),
     options: Sequence[str] = (),
+    client_ca: bool = True,
 ) -> Iterator[Served]:
     """``kernelbake admission`` on 127.0.0.1, a free port, its stderr in a file beside the
     policy (no reader thread competing with the caller); stops it with SIGTERM. ``wrap``: a
-    command that runs the server's (a memory cgroup to join first, say)."""
+    command that runs the server's (a memory cgroup to join first, say). As deployed, it takes
+    only the API server's client certificate (``certs``' CA), unless ``options`` say
+    ``--unsafe-any-client`` or name another ``--client-ca``; ``client_ca=False`` passes neither,
+    for a server from before ``--client-ca`` (a load A/B's other side, by PYTHONPATH)."""
+    given = {"--unsafe-any-client", "--client-ca"} & set(options)
+    clients = ["--client-ca", str(certs / "ca.crt")] if client_ca and not given else []
     log_path = policy.with_suffix(".server.log")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -114,6 +120,7 @@ def serving(
                 log_level,
                 "--workers",
                 str(workers),
+                *clients,
                 *options,
             ],
             stderr=log,

@@ -19,13 +19,15 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission import admit, bounds, gpus, server
+from kernelbake.admission import admit, bounds, gpus
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import Budget, OverBudget
-from kernelbake.admission.cache_volumes import ANNOTATION_CONTAINER
+from kernelbake.admission.http import server
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import parse_review
+from kernelbake.admission.rules import reference
+from kernelbake.admission.rules.caches import ANNOTATION_CONTAINER
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.admission.service import Admitter
 from kernelbake.admission.variants import Picker
@@ -364,11 +366,11 @@ def test_messages_keep_one_entry_per_cause_within_the_limit() -> None:
 
 
 def test_an_unreadable_megabyte_image_is_not_kept_by_the_memo(verifier: FakeVerifier) -> None:
-    before = admit._classify_memo.cache_info().currsize
+    before = reference._classify_memo.cache_info().currsize
     doc = documents.load("deployment-create", "registry.example.com/" + "a/" * 500_000 + "x:1")
     reply = review_once(verifier, doc)
     assert reply["response"]["allowed"] is False
-    assert admit._classify_memo.cache_info().currsize == before
+    assert reference._classify_memo.cache_info().currsize == before
 
 
 def test_a_large_body_is_decoded_letting_other_threads_run() -> None:

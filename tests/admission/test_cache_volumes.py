@@ -1,7 +1,8 @@
-"""Cache artifacts at admission (admission/cache_volumes.py), pure: the opt-in annotation is
-resolved for the pod's GPU and patched in as the recipes in deploy/stock-vllm spell out, and
-image volumes already in a pod are verified, pinned and checked against the pod's GPU, engine
-image, serve arguments and env. Verification outcomes are given, as the gateway would give them."""
+"""Cache artifacts at admission (admission/rules: caches, cache_opt_in, cache_volume), pure: the
+opt-in annotation is resolved for the pod's GPU and patched in as the recipes in deploy/stock-vllm
+spell out, and image volumes already in a pod are verified, pinned and checked against the pod's
+GPU, engine image, serve arguments and env. Verification outcomes are given, as the gateway would
+give them, and every rule runs on them as the webhook runs them."""
 
 from __future__ import annotations
 
@@ -16,18 +17,34 @@ import pytest
 import yaml
 
 from kernelbake.admission import gpus
-from kernelbake.admission.cache_volumes import (
+from kernelbake.admission.bounds import UNBOUNDED
+from kernelbake.admission.pod import walk
+from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.rules import judge as run_rules
+from kernelbake.admission.rules import trusted_paths
+from kernelbake.admission.rules.caches import (
     ANNOTATION_INDEX,
     ANNOTATION_MOUNT,
-    CacheDecision,
     CachePlan,
-    decide_caches,
     next_cache_refs,
     plan_caches,
 )
-from kernelbake.admission.gateway import Accepted, IndexAccepted, Outcome, Rejected, VerifiedIndex
-from kernelbake.admission.policy import AdmissionPolicy
+from kernelbake.admission.rules.facts import Facts, Planned
+from kernelbake.admission.rules.image_volume import UNJUDGED
+from kernelbake.admission.rules.reference import govern
+from kernelbake.admission.rules.shape import Verdict
 from kernelbake.admission.scheduling import ways
+from kernelbake.admission.subject import (
+    Accepted,
+    CacheArtifact,
+    Image,
+    IndexAccepted,
+    Outcome,
+    Rejected,
+    Subject,
+    VerifiedIndex,
+)
+from kernelbake.admission.variants import Picker
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.artifact import ArtifactKind, CacheArtifactFacts, EngineImage
 from kernelbake.contract.key import CacheKey
@@ -74,6 +91,11 @@ class Verified(FakeVerified):
     artifact: CacheArtifactFacts | None = None
 
 
+def subject(verified: Verified) -> Subject:
+    """What the real verifier makes of it: a cache artifact where its labels carry the facts."""
+    return Image(verified) if verified.artifact is None else CacheArtifact(verified, verified.artifact)
+
+
 @pytest.fixture
 def policy() -> AdmissionPolicy:
     return make_policy(images=["registry.example.com/kb/**", f"{REPO.split('/')[0]}/kernelbake/**"])
@@ -104,10 +126,19 @@ def opt_in(
 
 def planned(doc: Mapping[str, Any], policy: AdmissionPolicy) -> CachePlan:
     found = plan_caches(
-        SPEC_PATH, doc["spec"]["template"]["spec"], doc["spec"]["template"]["metadata"], policy
+        walk(SPEC_PATH, doc["spec"]["template"]["spec"]), doc["spec"]["template"]["metadata"], policy
     )
     assert found is not None
     return found
+
+
+def targets(plan: CachePlan) -> set[str]:
+    """What the gateway verifies first for the caches: the index and every governed volume."""
+    return {*plan.opt_in_refs(), *(v.target for v in plan.volumes)}
+
+
+def problems(plan: CachePlan) -> list[str]:
+    return [str(d) for d in (*plan.opt_in_problems, *plan.volume_problems)]
 
 
 def outcomes_for(
@@ -124,12 +155,12 @@ def outcomes_for(
     out: dict[str, Outcome] = {
         str(plan.index): IndexAccepted(VerifiedIndex(digest_of("index"), "ci", tuple(variants))),
         f"{name}@{art_digest}": Accepted(
-            Verified(name, name, art_digest, key, facts.manifest_digest, "ci", {}, facts)
+            subject(Verified(name, name, art_digest, key, facts.manifest_digest, "ci", {}, facts))
         ),
     }
     if image_too:
         out[f"{name}@{img_digest}"] = Accepted(
-            Verified(name, name, img_digest, key, facts.manifest_digest, "ci", {})
+            subject(Verified(name, name, img_digest, key, facts.manifest_digest, "ci", {}))
         )
     return out
 
@@ -140,14 +171,30 @@ def decided(
     spec: Mapping[str, Any],
     policy: AdmissionPolicy,
     judge: gpus.Judge,
-) -> CacheDecision:
-    """``decide_caches`` as the mutating endpoint calls it, over the ways ``spec`` can schedule."""
-    return decide_caches(plan, outcomes, tuple(ways(spec)), policy, judge, mutate=True)
+) -> Verdict:
+    """Every rule as the mutating endpoint runs them on the pod ``spec``, with the caches
+    ``plan`` found and the gateway's verdicts ``outcomes``."""
+    pod = walk(SPEC_PATH, spec)
+    governing = govern(list(pod.sites()), {}, policy, UNBOUNDED)
+    facts = Facts.of(
+        pod=pod,
+        ways=tuple(ways(spec)),
+        governed=governing.governed,
+        planned=Planned(governing.found, trusted_paths.find(g.site for g in governing.governed)),
+        caches=plan,
+        outcomes=outcomes,
+        policy=policy,
+        judge=judge,
+        picker=Picker(judge.catalogue, policy.gpu_match),
+        mutate=True,
+        budget=UNBOUNDED,
+    )
+    return run_rules(facts)
 
 
 def opt_in_decision(
     doc: dict[str, Any], key: CacheKey, facts: CacheArtifactFacts, policy: AdmissionPolicy, judge: gpus.Judge
-) -> CacheDecision:
+) -> Verdict:
     """The decision on the opt-in ``doc`` when its index lists the artifact of ``facts`` for ``key``."""
     plan = planned(doc, policy)
     return decided(plan, outcomes_for(plan, key, facts), doc["spec"]["template"]["spec"], policy, judge)
@@ -175,7 +222,7 @@ def test_the_opt_in_is_patched_into_exactly_the_image_volume_recipe(
     plan = planned(doc, policy)
     outcomes = outcomes_for(plan, cpu_key(keys), facts)
     # First round: the index; second: the artifact its pick names.
-    assert set(plan.refs()) == {str(plan.index)}
+    assert targets(plan) == {str(plan.index)}
     assert set(
         next_cache_refs(plan, outcomes, tuple(ways(doc["spec"]["template"]["spec"])), policy, judge)
     ) == {f"registry.example.com/kb/tiny-llama@sha256:{'2' * 64}"}
@@ -276,12 +323,12 @@ def test_an_image_volume_in_the_pod_is_verified_pinned_and_its_users_checked(
     spec = doc["spec"]["template"]["spec"]
     spec["volumes"][1]["image"]["reference"] = "registry.example.com/kb/tiny-llama:cpu-cache"
     plan = planned(doc, policy)
-    assert plan.index is None and set(plan.refs()) == {"registry.example.com/kb/tiny-llama:cpu-cache"}
+    assert plan.index is None and targets(plan) == {"registry.example.com/kb/tiny-llama:cpu-cache"}
     name = "registry.example.com/kb/tiny-llama"
     digest = artifact.split("@")[1]
     ok = {
         "registry.example.com/kb/tiny-llama:cpu-cache": Accepted(
-            Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts)
+            subject(Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts))
         )
     }
     decision = decided(plan, ok, spec, policy, judge)
@@ -328,43 +375,57 @@ def test_an_engine_container_at_the_cache_root_is_checked_however_its_mount_path
     next(m for m in c["volumeMounts"] if m["name"] == "kernelbake-cache")["mountPath"] = mount_path
     c["command"] = [("4096" if a == "2048" else a) for a in c["command"]]
     plan = planned(doc, policy)
-    (target,) = plan.refs()
+    (target,) = targets(plan)
     name, digest = target.split("@")
     ok = {
-        target: Accepted(Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts))
+        target: Accepted(
+            subject(Verified(name, name, digest, cpu_key(keys), facts.manifest_digest, "ci", {}, facts))
+        )
     }
-    decision = decide_caches(plan, ok, tuple(ways(spec)), policy, judge, mutate=True)
+    decision = decided(plan, ok, spec, policy, judge)
     if checked:
         assert len(decision.problems) == 1 and "--max-model-len 4096 (key: 2048)" in decision.problems[0]
     else:
         assert decision.problems == ()
 
 
-def test_an_image_volume_naming_a_kernelbake_image_or_an_unsigned_one_is_refused(
+def test_an_image_volume_naming_a_kernelbake_image_is_not_judged_as_caches_and_an_unsigned_one_is_refused(
     keys: dict[str, CacheKey], policy: AdmissionPolicy, judge: gpus.Judge
 ) -> None:
+    """As the webhook answers (docs/image-volumes.md's table): a whole image as a volume is
+    verified and pinned, with the warning that its fit is not judged; an unsigned one is denied
+    by the signature rule, and nothing is pinned."""
     doc = recipe("image-volume.yaml")
     spec = doc["spec"]["template"]["spec"]
     plan = planned(doc, policy)
-    (target,) = plan.refs()
+    (target,) = targets(plan)
     name = target.split("@")[0]
     image = {
         target: Accepted(
-            Verified(name, name, target.split("@")[1], cpu_key(keys), "sha256:" + "3" * 64, "ci", {})
+            subject(Verified(name, name, target.split("@")[1], cpu_key(keys), "sha256:" + "3" * 64, "ci", {}))
         )
     }
     decision = decided(plan, image, spec, policy, judge)
-    assert "is a kernelbake image, not a cache artifact" in decision.problems[0]
+    assert decision.problems == ()
+    assert [n for n in decision.notes if "not judged for image volumes" in n] == [
+        f'image volume "kernelbake-cache-artifact": image {target}: {UNJUDGED}'
+    ]
     unsigned = {target: Rejected("no signature from a trusted identity")}
     decision = decided(plan, unsigned, spec, policy, judge)
-    assert "was rejected: no signature" in decision.problems[0] and decision.patch == ()
+    assert decision.problems == (
+        f'image volume "kernelbake-cache-artifact": image {target} was rejected: no signature from a '
+        "trusted identity",
+    )
+    assert decision.patch == ()
 
 
 def test_pods_without_the_annotation_or_governed_volumes_are_left_alone(policy: AdmissionPolicy) -> None:
     doc = recipe("opt-in.yaml")
     doc["spec"]["template"]["metadata"].pop("annotations")
     assert (
-        plan_caches(SPEC_PATH, doc["spec"]["template"]["spec"], doc["spec"]["template"]["metadata"], policy)
+        plan_caches(
+            walk(SPEC_PATH, doc["spec"]["template"]["spec"]), doc["spec"]["template"]["metadata"], policy
+        )
         is None
     )
 
@@ -376,7 +437,7 @@ def test_bad_annotations_are_problems_not_tracebacks(policy: AdmissionPolicy) ->
         ("registry.example.com/kb/tiny-llama:x", "tmpfs", "is not one of image-volume, init-container"),
     ]:
         plan = planned(opt_in(mode, index=index), policy)
-        assert any(expect in p for p in plan.problems), plan.problems
+        assert any(expect in p for p in problems(plan)), problems(plan)
 
 
 def test_a_pod_patched_already_is_checked_not_patched_twice(
@@ -410,8 +471,10 @@ class _ArtifactVerifier:
         self.calls.append(reference)
         if reference.endswith("@" + self.art_digest):
             name = reference.split("@")[0]
-            return Verified(
-                name, name, self.art_digest, self.key, self.facts.manifest_digest, "ci", {}, self.facts
+            return subject(
+                Verified(
+                    name, name, self.art_digest, self.key, self.facts.manifest_digest, "ci", {}, self.facts
+                )
             )
         if reference.startswith(self.name):
             variant = Variant(

@@ -1,4 +1,4 @@
-"""Cache deltas through the webhook (admission/deltas.py; issue 36 item 2): deploy/examples/
+"""Cache deltas through the webhook (admission/rules/delta.py; issue 36 item 2): deploy/examples/
 serve-delta.yaml is admitted with the delta pinned by digest and $KERNELBAKE_DELTA_DIGEST set
 to the verified delta.json; a delta for another image or key, one mounted elsewhere than
 DELTA_ROOT, a pod that sets the variable itself, and a delta that did not verify are denied.
@@ -21,6 +21,7 @@ import yaml
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.gateway import ImageRejected
 from kernelbake.admission.references import parse_reference
+from kernelbake.admission.subject import Delta, Image
 from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT
 from kernelbake.contract.key import CacheKey
 from kernelbake.plan import plan as plan_targets
@@ -72,14 +73,16 @@ class Verifier:
     def __call__(self, reference: str) -> Any:
         ref = parse_reference(reference)
         if reference == self.image:
-            return FakeVerified(
-                reference, ref.name, ref.digest, self.key, BASE_MANIFEST, "ci@example.com", {}
+            return Image(
+                FakeVerified(reference, ref.name, ref.digest, self.key, BASE_MANIFEST, "ci@example.com", {})
             )
         if reference in (self.delta_ref, f"{ref.name}@{self.delta_digest}"):
             if self.rejected:
                 raise ImageRejected(f"{reference}: no trusted signature: signed by key sha256:f00")
-            return FakeDelta(
-                reference=reference, digest=self.delta_digest, manifest_digest=DELTA_JSON, **self.delta
+            return Delta(
+                FakeDelta(
+                    reference=reference, digest=self.delta_digest, manifest_digest=DELTA_JSON, **self.delta
+                )
             )
         raise ImageRejected(f"{reference} has no signature from a trusted identity")
 
@@ -208,8 +211,10 @@ def test_the_real_verifier_verifies_a_pushed_delta_and_refuses_a_foreign_one(tmp
                 {"keys": [str(public)], "require_attestation": required}, source="test"
             )
             verifier = SignedImageVerifier(trust, client_factory=lambda: client)
-            got = verifier(pushed.tagged)
-            assert isinstance(got, VerifiedDelta) and got.base_digest == base.digest
+            found = verifier(pushed.tagged)
+            assert isinstance(found, Delta) and isinstance(found.verified, VerifiedDelta)
+            got = found.verified
+            assert got.base_digest == base.digest
             assert got.manifest_digest == pushed.manifest_digest
             assert verifier(base.pinned).digest == base.digest, "images verify as before"
         foreign = push_delta(
@@ -237,8 +242,8 @@ def test_the_real_verifier_verifies_a_pushed_delta_and_refuses_a_foreign_one(tmp
         unsafe = VerifyPolicy.from_mapping(
             {"keys": [str(public)], "unsafe_replica_deltas": True}, source="test"
         )
-        got = SignedImageVerifier(unsafe, client_factory=lambda: client)(replica.tagged)
-        assert isinstance(got, VerifiedDelta) and got.origin == "replica"
+        found = SignedImageVerifier(unsafe, client_factory=lambda: client)(replica.tagged)
+        assert isinstance(found, Delta) and found.verified.origin == "replica"
 
 
 def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
@@ -249,11 +254,17 @@ def test_the_capture_sidecar_recipe_is_admitted_and_pinned() -> None:
     spec = doc["spec"]["template"]["spec"]
     sidecar = next(c for c in spec["containers"] if c["name"] == "capture")
     serving = next(c for c in spec["containers"] if c["name"] == "vllm")
-    # The same image and the same cache root: what it collects is what the server's caches gained.
+    # The same image and the same cache root: what it records is what the server's caches gained;
+    # the same notes: the classes it records are the ones the server noted.
     assert sidecar["image"] == serving["image"] == verifier.image
     paths = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
-    assert paths == {"kernel-cache": "/opt/kernelbake/cache"}
+    assert paths == {"kernel-cache": "/opt/kernelbake/cache", "capture-notes": "/capture"}
     assert {"name": "kernel-cache", "mountPath": "/opt/kernelbake/cache"} in serving["volumeMounts"]
+    assert {"name": "capture-notes", "mountPath": "/capture"} in serving["volumeMounts"]
+    notes = [
+        [e["value"] for e in c["env"] if e["name"] == "KERNELBAKE_MISS_NOTES"] for c in (serving, sidecar)
+    ]
+    assert notes[0] == notes[1] and notes[0][0].startswith("/capture/")
 
 
 # -- issue 41, item 3: every entry and every mount counts -------------------------------------
@@ -413,7 +424,9 @@ def test_one_delta_under_many_names_is_read_once_and_its_signature_checked_under
 
         def verify(reference: str) -> None:
             start.wait()
-            got[reference] = verifier(reference)
+            found = verifier(reference)
+            assert isinstance(found, Delta)
+            got[reference] = found.verified
 
         threads = [threading.Thread(target=verify, args=(p.tagged,)) for p in pushed]
         for t in threads:
@@ -439,8 +452,16 @@ def test_a_signed_image_that_is_no_delta_at_the_delta_root_is_denied() -> None:
     def as_image(reference: str) -> Any:
         if reference in (image_volume, f"{parse_reference(reference).name}@{verifier.delta_digest}"):
             ref = parse_reference(reference)
-            return FakeVerified(
-                reference, ref.name, verifier.delta_digest, verifier.key, BASE_MANIFEST, "ci@example.com", {}
+            return Image(
+                FakeVerified(
+                    reference,
+                    ref.name,
+                    verifier.delta_digest,
+                    verifier.key,
+                    BASE_MANIFEST,
+                    "ci@example.com",
+                    {},
+                )
             )
         return Verifier.__call__(verifier, reference)
 

@@ -4,6 +4,7 @@ a certificate the API server would accept for the Service."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -170,12 +171,15 @@ def test_the_webhook_has_a_priority_class_of_its_own(docs: dict[str, dict[str, A
     assert 0 < priority["value"] <= 1_000_000_000 and priority["globalDefault"] is False
 
 
-def test_the_client_ca_the_deployment_names_is_in_the_secret_make_cert_fills(
+def test_the_deployment_serves_only_the_api_servers_certificate_from_the_secret_make_cert_fills(
     docs: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    text = (DEPLOY / "deployment.yaml").read_text()
-    mounts = {m["name"]: m["mountPath"] for m in _container(docs)["volumeMounts"]}
-    assert f"# - --client-ca={mounts['tls']}/ca.crt" in text
+    # Issue 41: without --client-ca the webhook served any client that reached its port.
+    container = _container(docs)
+    args = dict(a.split("=", 1) for a in container["args"][1:] if "=" in a)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert args["--client-ca"] == f"{mounts['tls']}/ca.crt"
+    assert "--unsafe-any-client" not in container["args"]
     done = subprocess.run(
         [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path)], capture_output=True, text=True, check=True
     )
@@ -185,13 +189,16 @@ def test_the_client_ca_the_deployment_names_is_in_the_secret_make_cert_fills(
 def test_make_cert_deletes_the_ca_key_and_makes_the_api_servers_client_certificate(tmp_path: Path) -> None:
     # The CA key left on disk let whoever read it mint certificates the webhooks trust.
     done = subprocess.run(
-        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "a"), "--client", "kube-apiserver"],
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "a")],
         capture_output=True,
         text=True,
         check=True,
     )
     out = tmp_path / "a"
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "apiserver",
+        "apiserver/admission-configuration.yaml",
+        "apiserver/kubeconfig.yaml",
         "ca.crt",
         "client.crt",
         "client.key",
@@ -199,7 +206,8 @@ def test_make_cert_deletes_the_ca_key_and_makes_the_api_servers_client_certifica
         "tls.key",
     ]
     assert "90 days" in done.stdout
-    assert (out / "client.key").stat().st_mode & 0o077 == 0
+    for secret in ("client.key", "tls.key", "apiserver/kubeconfig.yaml"):
+        assert (out / secret).stat().st_mode & 0o077 == 0, secret
 
     def verify(cert: str, purpose: str) -> int:
         return subprocess.run(
@@ -210,16 +218,46 @@ def test_make_cert_deletes_the_ca_key_and_makes_the_api_servers_client_certifica
     assert verify("client.crt", "sslclient") == 0
     # Each certificate for its side alone.
     assert verify("client.crt", "sslserver") != 0 and verify("tls.crt", "sslclient") != 0
-    subject = subprocess.run(
-        ["openssl", "x509", "-noout", "-subject", "-in", str(out / "client.crt")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "CN = kube-apiserver" in subject
+    assert "CN = kube-apiserver" in _subject(out / "client.crt")
     subprocess.run(
-        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "b"), "--keep-ca-key"],
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path / "b"), "--keep-ca-key", "--client", "api"],
         capture_output=True,
         check=True,
     )
     assert (tmp_path / "b" / "ca.key").stat().st_mode & 0o077 == 0
+    assert "CN = api" in _subject(tmp_path / "b" / "client.crt")
+
+
+def _subject(cert: Path) -> str:
+    return subprocess.run(
+        ["openssl", "x509", "-noout", "-subject", "-in", str(cert)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_make_cert_writes_the_api_servers_admission_configuration_for_the_webhooks_service(
+    docs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    subprocess.run(
+        [str(DEPLOY / "make-cert.sh"), "--out", str(tmp_path), "--apiserver-dir", "/etc/kb"],
+        capture_output=True,
+        check=True,
+    )
+    config = yaml.safe_load((tmp_path / "apiserver" / "admission-configuration.yaml").read_text())
+    assert config["kind"] == "AdmissionConfiguration"
+    plugins = {p["name"]: p["configuration"] for p in config["plugins"]}
+    assert plugins.keys() == {"ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"}
+    assert {c["kubeConfigFile"] for c in plugins.values()} == {"/etc/kb/kubeconfig.yaml"}
+    kubeconfig = yaml.safe_load((tmp_path / "apiserver" / "kubeconfig.yaml").read_text())
+    (user,) = kubeconfig["users"]
+    # The API server picks the credentials by the host it calls: <service>.<namespace>.svc,
+    # on port 443 (else host:port), for both webhooks.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (hook,) = docs[f"{kind}/kernelbake-admission"]["webhooks"]
+        service = hook["clientConfig"]["service"]
+        assert service["port"] == 443
+        assert user["name"] == f"{service['name']}.{service['namespace']}.svc"
+    assert base64.b64decode(user["user"]["client-certificate-data"]) == (tmp_path / "client.crt").read_bytes()
+    assert base64.b64decode(user["user"]["client-key-data"]) == (tmp_path / "client.key").read_bytes()

@@ -3,9 +3,10 @@ from __future__ import annotations
 import threading
 
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.gateway import Accepted, Gateway, RegistryUnavailable, Rejected, Unavailable
+from kernelbake.admission.gateway import Gateway, RegistryUnavailable
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import parse_reference
+from kernelbake.admission.subject import Accepted, Rejected, Unavailable
 from kernelbake.contract.key import CacheKey
 from tests.admission import documents
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter, make_policy

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission.admit import KEY_FALLBACK
+from kernelbake.admission.rules.gpu import KEY_FALLBACK
 from tests.admission import documents, live
 from tests.admission.documents import H100
 from tests.signing.images import PushedImage

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kernelbake.admission.admit import _classify
 from kernelbake.admission.references import (
     ImageRef,
     InvalidReference,
@@ -16,6 +15,7 @@ from kernelbake.admission.references import (
     normalise_pattern,
     parse_reference,
 )
+from kernelbake.admission.rules.reference import _classify
 from kernelbake.errors import BadInput
 
 D = "sha256:" + "a" * 64

@@ -80,7 +80,7 @@ def test_json_that_is_not_a_review_is_answered_with_a_400_denial(conn: http.clie
 def test_routes(conn: http.client.HTTPSConnection) -> None:
     conn.request("GET", "/healthz")
     r = conn.getresponse()
-    assert (r.status, json.loads(r.read())) == (200, {"status": "ok"})
+    assert (r.status, json.loads(r.read())) == (200, {"status": "ok", "clients": "client-ca"})
     conn.request("GET", "/mutate")
     r = conn.getresponse()
     assert r.status == 405 and "POST an AdmissionReview" in json.loads(r.read())["error"]
@@ -155,7 +155,7 @@ def test_only_clients_trusting_the_ca_get_through(port: int) -> None:
 def test_idle_and_stalled_connections_are_dropped(
     verifier: FakeVerifier, certs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelbake.admission import server
+    from kernelbake.admission.http import server
 
     monkeypatch.setattr(server, "IDLE_SECONDS", 0.3)
     monkeypatch.setattr(server, "HEADER_SECONDS", 0.3)
@@ -207,7 +207,7 @@ def test_pipelined_requests_are_answered_in_order_even_when_the_first_waits(
 def test_a_rotated_certificate_is_served_without_a_restart(
     verifier: FakeVerifier, certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelbake.admission import server
+    from kernelbake.admission.http import server
 
     monkeypatch.setattr(server, "CERT_CHECK_SECONDS", 0.05)
     mounted = tmp_path / "mounted"
@@ -222,17 +222,19 @@ def test_a_rotated_certificate_is_served_without_a_restart(
     )
 
     def handshake(ca: Path, port: int) -> bool:
+        """A request answered, each side's certificate from ``ca``'s CA."""
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-                client_tls(ca).wrap_socket(sock, server_hostname="127.0.0.1").close()
-            return True
-        except ssl.SSLCertVerificationError:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(ca), timeout=10)
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
             return False
 
     with running_server(make_admitter(verifier), mounted) as p:
         assert handshake(certs, p) and not handshake(rotated, p)
-        # As a Secret update does: new files in place, newer mtimes.
-        for name in ("tls.key", "tls.crt"):
+        # As a Secret update does: new files in place, newer mtimes; make-cert.sh makes a new CA,
+        # so the API server's new client certificate is the new CA's too.
+        for name in ("tls.key", "tls.crt", "ca.crt"):
             shutil.copy(rotated / name, mounted / name)
             os.utime(mounted / name, (time.time() + 5, time.time() + 5))
         deadline = time.monotonic() + 20
@@ -268,7 +270,7 @@ def test_a_large_review_is_planned_off_the_event_loop(
     spec["containers"] = [dict(spec["containers"][0], name=f"c{i}") for i in range(200)]
     doc["request"]["object"]["metadata"].setdefault("annotations", {})["pad"] = "x" * 70_000
     body = json.dumps(doc).encode()
-    from kernelbake.admission.server import INLINE_BODY
+    from kernelbake.admission.http.server import INLINE_BODY
 
     assert len(body) > INLINE_BODY
     with running_server(admitter, certs) as port:
@@ -285,7 +287,7 @@ def test_a_large_review_is_planned_off_the_event_loop(
         c = http.client.HTTPSConnection("127.0.0.1", port, context=client_tls(certs), timeout=5)
         c.request("GET", "/healthz")
         health = c.getresponse()
-        assert (health.status, json.loads(health.read())) == (200, {"status": "ok"})
+        assert (health.status, json.loads(health.read())) == (200, {"status": "ok", "clients": "client-ca"})
         small = json.dumps(documents.load("pod-create", TAG)).encode()
         assert post(c, "/mutate", small)[1]["response"]["allowed"] is True
         c.close()

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.trusted_paths import NAMESPACE, normal
+from kernelbake.admission.pod import normal
+from kernelbake.admission.rules.trusted_paths import NAMESPACE
 from tests.admission import documents
 from tests.admission.fakes import REPO, FakeVerifier, make_admitter, make_policy
 

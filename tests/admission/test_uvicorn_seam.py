@@ -1,4 +1,4 @@
-"""The private parts of uvicorn the webhook's server relies on (``kernelbake.admission._uvicorn``).
+"""The private parts of uvicorn the webhook's server relies on (``kernelbake.admission.http._uvicorn``).
 
 When a uvicorn release renames or drops one of them, this fails naming it; the server tests
 would fail too, but somewhere in a TLS exchange.
@@ -13,7 +13,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from kernelbake.admission._uvicorn import PRIVATE_ATTRIBUTES, PRIVATE_CALLBACKS, bounded_protocol
+from kernelbake.admission.http._uvicorn import PRIVATE_ATTRIBUTES, PRIVATE_CALLBACKS, bounded_protocol
 
 
 async def _app(scope: object, receive: object, send: object) -> None:
@@ -60,7 +60,7 @@ def test_asyncio_builds_each_accepted_tls_connection_from_the_class_bound_tls_re
     import asyncio.selector_events
     import asyncio.sslproto
 
-    from kernelbake.admission._uvicorn import BoundedTLS
+    from kernelbake.admission.http._uvicorn import BoundedTLS
 
     # asyncio's own class (a server started in this process has swapped the module's name).
     (original,) = BoundedTLS.__bases__
@@ -77,7 +77,7 @@ def test_what_bounded_tls_reads_and_overrides_of_asyncio_exists() -> None:
     # BoundedTLS breaks a failed handshake's reference cycles through these (issue 41 item 1).
     import asyncio.sslproto
 
-    from kernelbake.admission._uvicorn import BoundedTLS
+    from kernelbake.admission.http._uvicorn import BoundedTLS
 
     (original,) = BoundedTLS.__bases__
     assert list(inspect.signature(original._wakeup_waiter).parameters) == ["self", "exc"]

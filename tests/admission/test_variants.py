@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from kernelbake.admission.admit import Endpoint
-from kernelbake.admission.gateway import IndexAccepted
 from kernelbake.admission.references import parse_reference
 from kernelbake.admission.service import Admitter
+from kernelbake.admission.subject import IndexAccepted
 from kernelbake.contract.key import CacheKey
 from kernelbake.gfd import FAMILY, PRODUCT
 from kernelbake.oci import RegistryUnavailable

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from kernelbake.admission import cache_volumes
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.policy import load_admission_policy
+from kernelbake.admission.rules import image_volume
+from kernelbake.admission.rules.image_volume import UNJUDGED
 from kernelbake.admission.service import Admitter
 from kernelbake.admission.verifying import build_gateway
-from kernelbake.admission.volumes import UNJUDGED
 from kernelbake.contract.key import CacheKey
 from kernelbake.gfd import PRODUCT
 from kernelbake.oci import RegistryClient
@@ -101,8 +101,9 @@ def test_a_kernelbake_image_as_an_image_volume_is_admitted_with_the_warning_that
 ) -> None:
     """What the webhook does with a volume that verifies as a kernelbake image (CACHE has no
     cache-artifact facts here): admitted, pinned, and warned that its fit is not judged; the
-    signature is what fails closed. docs/image-volumes.md's table and cache_volumes' docstring
-    (which said such a volume is refused) say the same as the answer."""
+    signature is what fails closed. docs/image-volumes.md's table and the image_volume rule's
+    docstring (a docstring of the cache checks once said such a volume is refused) say the same as
+    the answer."""
     doc = documents.add_image_volume(documents.load("pod-create", TAG), CACHE)
     response = answer(verifier, doc)
     assert response["allowed"] is True, response
@@ -113,9 +114,9 @@ def test_a_kernelbake_image_as_an_image_volume_is_admitted_with_the_warning_that
     table = (SOURCE_TREE / "docs" / "image-volumes.md").read_text().splitlines()
     row = next(line for line in table if line.startswith("| a kernelbake image"))
     assert row.split(" | ")[-1] == f"allowed and pinned, with the warning `{UNJUDGED}` |"
-    said = " ".join((cache_volumes.__doc__ or "").split())
+    said = " ".join((image_volume.__doc__ or "").split())
     assert "refused" not in said.split("kernelbake image", 1)[1].split(".", 1)[0]
-    assert "the webhook admits it, pinned, with the warning ``volumes.UNJUDGED``" in said
+    assert "The webhook admits it, pinned, with the warning ``UNJUDGED``" in said
 
 
 @pytest.mark.parametrize("pull_policy", ["Always", "IfNotPresent", "Never"])

@@ -73,5 +73,37 @@ def test_bad_json_says_which_file_and_what(tmp_path) -> None:  # type: ignore[no
 def test_a_conflict_is_other_bytes_for_a_baked_path_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
     f = d.DeltaFile(path="triton/K/a", size=1, sha256=SHA, kind=CacheKind.TRITON)
     delta = _delta(tmp_path, f)
-    assert d.conflicts(delta, {"triton/K/a": SHA}) == []
-    assert "the baked file" in d.conflicts(delta, {"triton/K/a": "b" * 64})[0]
+    on = d.Layering.of(delta)
+
+    def base(baked: dict[str, str]) -> d.Layering:
+        return d.Layering(key=delta.key, manifest=BASE, files=baked)
+
+    assert d.base_problems(on, base({"triton/K/a": SHA, "triton/K/b": SHA}), named="it") == []
+    (found,) = d.base_problems(on, base({"triton/K/a": "b" * 64}), named="it")
+    assert (
+        found
+        == f"the delta would replace baked files: triton/K/a: the delta has sha256 {SHA}, the baked file {'b' * 64}"
+    )
+
+
+def test_a_delta_belongs_on_the_base_of_its_image_key_and_bundle_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    delta = _delta(tmp_path).with_base("sha256:" + "c" * 64)
+    on = d.Layering.of(delta)
+    same = d.Layering(key=delta.key, manifest=BASE, image="sha256:" + "c" * 64)
+    assert d.base_problems(on, same, named="the image") == []
+    other = d.Layering(
+        key=delta.key.replace(model="other/model"),
+        manifest="sha256:" + "e" * 64,
+        image="sha256:" + "f" * 64,
+    )
+    found = d.base_problems(on, other, named="the pod's image")
+    assert [p.split(",")[0] for p in found] == [
+        f"the delta is layered on sha256:{'c' * 64}",
+        f"the delta is for key {delta.key.digest}",
+        f"the delta is layered on the bundle {BASE}",
+    ]
+    assert all("the pod's image" in p for p in found)
+    # What the checker cannot know is not compared: serve its own image digest, admission
+    # the bundle of an image it verified without one.
+    unknown = d.Layering(key=delta.key, manifest=None, image=None)
+    assert d.base_problems(on, unknown, named="this image") == []

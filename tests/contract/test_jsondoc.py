@@ -63,3 +63,37 @@ def test_malformed_json_is_still_malformed() -> None:
     for bad in ('["unterminated', "[" * 200 + '"', "{]"):
         with pytest.raises(ValueError):
             jsondoc.loads(bad)
+
+
+class _Invalid(jsondoc.BadInput, ValueError):
+    pass
+
+
+_KIND = jsondoc.Kind("test document", (1, 2), 1 << 10, _Invalid)
+
+
+def test_a_kind_reads_its_schemas_and_names_the_source_in_every_refusal() -> None:
+    assert _KIND.read(jsondoc.dumps({"schema": 1, "n": 3}), source="t.json", build=lambda d: d["n"]) == 3
+    refusals = [
+        ("x" * 2000, r"^t\.json: 2000 bytes, more than a test document may hold$"),
+        ('{"schema": 3}', r"^t\.json: test document schema 3 is not 2 or 1$"),
+        ("[1]", r"^t\.json: test document schema 'list' is not 2 or 1$"),
+        ("[" * 200 + "]" * 200, r"^t\.json: not a test document \(TooDeep: JSON nested 200 levels deep"),
+        ('{"schema": 2}', r"^t\.json: not a test document \(KeyError: 'n'\)$"),
+    ]
+    for text, why in refusals:
+        with pytest.raises(_Invalid, match=why):
+            _KIND.read(text, source="t.json", build=lambda d: d["n"])
+
+    def invariant(doc: dict[str, Any]) -> None:
+        raise jsondoc.BadInput("n must be odd")
+
+    with pytest.raises(_Invalid, match=r"^t\.json: n must be odd$"):
+        _KIND.read('{"schema": 2, "n": 2}', source="t.json", build=invariant)
+
+
+def test_dumps_is_one_form_for_equal_documents() -> None:
+    assert jsondoc.dumps({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == jsondoc.dumps(
+        {"a": [1, {"c": 3, "d": 2}], "b": 1}
+    )
+    assert jsondoc.dumps({"a": 1}) == '{\n "a": 1\n}\n'

@@ -137,7 +137,32 @@ def test_a_manifest_whose_key_digest_was_edited_is_refused() -> None:
         SnapshotManifest.from_json(text, source="snapshot.json")
 
 
-@pytest.mark.parametrize("text", ["", "[]", "{}", '{"schema": 1}', "{" * 10])
+@pytest.mark.parametrize("text", ["", "[]", "{}", '{"schema": 1}', "{" * 10, "[" * 200_000 + "]" * 200_000])
 def test_junk_manifests_are_refused_without_a_traceback(text: str) -> None:
     with pytest.raises(InvalidSnapshot, match=r"snapshot\.json"):
         SnapshotManifest.from_json(text, source="snapshot.json")
+
+
+def test_the_recorded_environment_round_trips_and_must_be_the_keys() -> None:
+    m = _manifest(environment={"A": "1"})
+    again = SnapshotManifest.from_json(m.to_json(), source="t")
+    assert again.environment == {"A": "1"} and again.digest == m.digest != _manifest().digest
+    with pytest.raises(InvalidSnapshot, match="does not digest to the key's serve_env"):
+        _manifest(environment={"A": "2"})
+    text = m.to_json().replace('"A": "1"', '"A": 1')
+    with pytest.raises(InvalidSnapshot, match="environment must map names to string values"):
+        SnapshotManifest.from_json(text, source="t")
+
+
+def test_what_each_pod_or_node_sets_is_not_in_the_key() -> None:
+    from kernelbake.contract.snapshot import is_volatile
+
+    for name in (
+        "HOSTNAME",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_PORT_443_TCP_ADDR",
+        "NVIDIA_VISIBLE_DEVICES",
+    ):
+        assert is_volatile(name), name
+    for name in ("VLLM_LOGGING_LEVEL", "KUBERNETES", "CUDA_VISIBLE_DEVICES", "KERNELBAKE_CACHE"):
+        assert not is_volatile(name), name

@@ -21,17 +21,12 @@ import jsonpatch
 import pytest
 import yaml
 
-from kernelbake.admission import gpus
-from kernelbake.admission.cache_volumes import (
-    ANNOTATION_INDEX,
-    ANNOTATION_MOUNT,
-    decide_caches,
-    next_cache_refs,
-    plan_caches,
-)
-from kernelbake.admission.gateway import Accepted, ImageRejected, IndexAccepted, Outcome, Rejected
+from kernelbake.admission import admit, gpus
+from kernelbake.admission.gateway import ImageRejected
 from kernelbake.admission.policy import AdmissionPolicy
-from kernelbake.admission.scheduling import ways
+from kernelbake.admission.review import parse_review
+from kernelbake.admission.rules.caches import ANNOTATION_INDEX, ANNOTATION_MOUNT, next_cache_refs
+from kernelbake.admission.subject import Accepted, IndexAccepted, Outcome, Rejected, VerifiedIndex
 from kernelbake.admission.verifying import SignedImageVerifier, verify_policy
 from kernelbake.catalogue import load_catalogue
 from kernelbake.contract.artifact import ArtifactKind
@@ -50,6 +45,7 @@ from kernelbake.signing.sign import sign_image
 from kernelbake.signing.signer import KeySigner
 from kernelbake.signing.verify import verify_image
 from kernelbake.spec import load_spec
+from tests.admission import documents
 from tests.conftest import REPO
 from tests.integration import _serving
 from tests.integration._serving import complete, wait_healthy
@@ -60,7 +56,6 @@ from tests.support.registry import free_port
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 HEALTH_TIMEOUT_S = 600
-SPEC_PATH = ("spec", "template", "spec")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +133,6 @@ def test_the_index_lists_both_and_resolve_picks_each_kind_apart(published: Publi
 
 
 def _outcome(verifier: SignedImageVerifier, target: str) -> Outcome:
-    from kernelbake.admission.gateway import VerifiedIndex
-
     try:
         got = verifier(target)
     except ImageRejected as exc:
@@ -148,8 +141,8 @@ def _outcome(verifier: SignedImageVerifier, target: str) -> Outcome:
 
 
 def patched_pod(published: Published, mode: str | None) -> dict[str, Any]:
-    """deploy/stock-vllm/opt-in.yaml for this index and engine, through the admission module
-    with the real verifier, patched."""
+    """deploy/stock-vllm/opt-in.yaml for this index and engine, through the webhook's plan and
+    decision with the real verifier, patched."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "stock-vllm" / "opt-in.yaml").read_text())
     meta = doc["spec"]["template"]["metadata"]
     meta["annotations"][ANNOTATION_INDEX] = published.index.split("@")[0]
@@ -161,16 +154,17 @@ def patched_pod(published: Published, mode: str | None) -> dict[str, Any]:
     policy = AdmissionPolicy.from_mapping(
         {"images": [f"{registry}/stock/**"], "verify": {"keys": [str(published.trust)]}}, source="test-policy"
     )
-    cplan = plan_caches(SPEC_PATH, spec, meta, policy)
-    assert cplan is not None and cplan.problems == ()
+    first = admit.plan(parse_review(documents.review_of(copy.deepcopy(doc))), policy)
+    cplan = first.caches
+    assert first.final is None and cplan is not None
+    assert cplan.opt_in_problems == () and cplan.volume_problems == ()
     verifier = SignedImageVerifier(verify_policy(policy), settings=Settings.from_env(), timeout=60)
     judge = gpus.Judge(load_catalogue(), policy.gpu_match)
-    pod_ways = tuple(ways(spec))
-    outcomes = {t: _outcome(verifier, t) for t in cplan.refs()}
-    for t in next_cache_refs(cplan, outcomes, pod_ways, policy, judge):
+    outcomes = {t: _outcome(verifier, t) for t in first.refs}
+    for t in next_cache_refs(cplan, outcomes, first.ways, policy, judge):
         outcomes[t] = _outcome(verifier, t)
-    decision = decide_caches(cplan, outcomes, pod_ways, policy, judge, mutate=True)
-    assert decision.problems == (), decision.problems
+    decision = admit.decide(first, outcomes, policy, judge, admit.Endpoint.MUTATE)
+    assert decision.allowed, decision.message
     result: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(doc), list(decision.patch))
     pod: dict[str, Any] = result["spec"]["template"]["spec"]
     return pod

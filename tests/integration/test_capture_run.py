@@ -1,7 +1,8 @@
 """Issues 36 and 42 in CI: bench/capture_cpu.py end to end on the default image the fixtures
 build (tiny-llama on vLLM's CPU build, with this tree's kernelbake inside): a replica compiles for
 a request class the warm-up does not cover and is then poisoned (a line appended to a module
-Inductor compiled); ``capture record``/``rebuild``/``push``/``verify`` turn that into a delta
+Inductor compiled); serve notes the class as the engine compiles for it, and ``capture
+record``/``rebuild``/``push``/``verify`` turn that into a delta
 rebuilt from the image, signed, in the test registry; a new replica with the delta mounted serves
 the class without compiling; the poisoned bytes are in no delta that verifies (the rebuilt one
 has the clean bytes; the replica's own is refused at push without the unsafe flag, and by verify
@@ -43,6 +44,9 @@ def test_a_captured_delta_serves_the_next_replica_without_compiling(
     summary = doc["summary"]
     assert doc["runtime"] == "the image's own kernelbake, as built"
     assert summary["first_replica_compiled_for_the_class"] > 0, doc["first_replica"]
+    # The class the rebuild replayed is the one serve noted as it compiled, not one named to it.
+    assert summary["record_served_waves"] >= 1 and summary["record_operator_waves"] == 0, doc["record"]
+    assert any(c["body"].get("logprobs") == 20 for c in doc["record_noted"]["classes"]), doc["record_noted"]
     assert summary["delta_files"] > 0 and doc["verification"]["verified"] is True
     assert "merged into the caches" in summary["next_replica_start"], doc["next_replica"]["serve"]
     assert summary["next_replica_compiled_for_the_class"] == 0, doc["next_replica"]

@@ -331,7 +331,7 @@ def test_a_failing_stage_is_named_and_nothing_is_pushed(
 
 
 USER_SCRIPT = """
-from kernelbake.runtime.engines.torch_engine import use_baked_caches
+from kernelbake.runtime.serve.scripts import use_baked_caches
 verdict = use_baked_caches()
 import json, torch, transformers
 from torch._dynamo.utils import counters

@@ -32,7 +32,9 @@ def criu_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prefix
 
 
-def _docker(work: Path, criu: Path, *args: str, env: dict[str, str]) -> dict[str, object]:
+def _docker(
+    work: Path, criu: Path, *args: str, env: dict[str, str], volumes: tuple[str, ...] = ()
+) -> dict[str, object]:
     if subprocess.run(["docker", "image", "inspect", ROOTFS], capture_output=True).returncode != 0:
         pytest.fail(f"{ROOTFS} is missing: make cpu-base builds it")
     name = f"kb-snapshot-test-{uuid.uuid4().hex[:8]}"
@@ -43,6 +45,7 @@ def _docker(work: Path, criu: Path, *args: str, env: dict[str, str]) -> dict[str
         "docker", "run", "--rm", "--name", name,
         *caps, "--security-opt=seccomp=unconfined",
         "-v", f"{REPO / 'src'}:/src:ro", "-v", f"{criu}:/opt/kernelbake/criu:ro", "-v", f"{work}:/work",
+        *(x for v in volumes for x in ("-v", v)),
         *environ, ROOTFS, "python3", "/work/standin.py", *args,
     ]  # fmt: skip
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -70,6 +73,13 @@ def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path
     assert restored["seen"] == {"count": 3, "child_alive": True}, restored
     assert restored["rc"] == 0
     assert not (tmp_path / "marks").exists()
+    assert "checked by sizes and sha256" in said[0], "a bind mount of a directory is hashed"
+
+    # The snapshot as the runtime mounts a pulled image volume: a read-only overlay of its layers
+    # alone, bound in read-only. The gate checks sizes and restores without hashing.
+    said = _restored_from_overlay(tmp_path, criu_prefix, restore_env)
+    assert said[0].startswith(f"restored snapshot {digest[:19]}"), said
+    assert "checked by sizes (a read-only overlay of the layers the runtime pulled by digest)" in said[0]
 
     # The same snapshot with one page file byte flipped: refused, named, nothing restored.
     pages = sorted((tmp_path / "snapshot/images").glob("pages-*.img"))[0]
@@ -81,3 +91,19 @@ def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path
     (line,) = refused["said"]  # type: ignore[misc]
     assert f"{pages.relative_to(tmp_path / 'snapshot')}: sha256" in line and "(changed)" in line
     assert not (tmp_path / "marks").exists()
+
+
+def _restored_from_overlay(tmp_path: Path, criu: Path, env: dict[str, str]) -> list[str]:
+    overlay, empty = tmp_path / "overlay", tmp_path / "empty-layer"
+    overlay.mkdir()
+    empty.mkdir()
+    lower = f"lowerdir={empty}:{tmp_path / 'snapshot'}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"ro,{lower}", str(overlay)], check=True)
+    try:
+        restored = _docker(tmp_path, criu, "restore", env=env, volumes=(f"{overlay}:/work/snapshot:ro",))
+    finally:
+        subprocess.run(["umount", str(overlay)], check=True)
+    assert restored["rc"] == 0 and restored["seen"] == {"count": 3, "child_alive": True}, restored
+    said = restored["said"]
+    assert isinstance(said, list)
+    return said

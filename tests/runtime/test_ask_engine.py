@@ -21,12 +21,12 @@ from kernelbake.contract.manifest import FileEntry
 from kernelbake.contract.platform import Platform
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime import integrity, redact
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.engines.vllm import evidence
 from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source
+from kernelbake.runtime.serve import preflight as pf
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 from tests.support.runtime_target import runtime_env as _env
 from tests.support.runtime_target import write_target

@@ -17,11 +17,11 @@ from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.manifest import Manifest
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KeyMismatch
-from kernelbake.runtime import preflight as pf
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.prediction import Prediction
+from kernelbake.runtime.serve import preflight as pf
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 from tests.support.runtime_target import runtime_env as _env
 from tests.support.runtime_target import write_target
@@ -87,7 +87,7 @@ def test_check_exits_with_its_mismatch_code_on_a_manifest_the_image_does_not_pin
 ) -> None:
     root = _bake(tmp_path, target)
     monkeypatch.setattr(
-        "kernelbake.runtime.preflight.get_engine", lambda _e: FakeEngine(platform_for(target.key))
+        "kernelbake.runtime.serve.preflight.get_engine", lambda _e: FakeEngine(platform_for(target.key))
     )
     monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
@@ -245,7 +245,7 @@ def test_an_engine_failing_to_predict_is_a_verdict_and_exit_6(
 ) -> None:
     _bake(tmp_path, target)
     engine = _Raising(platform_for(target.key), raises=raises)
-    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _e: engine)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.get_engine", lambda _e: engine)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _e: engine)
     monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))

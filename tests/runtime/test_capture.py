@@ -19,13 +19,13 @@ from kernelbake.contract.delta import DELTA_MANIFEST
 from kernelbake.contract.layout import CacheKind, kind_dir
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime import trusted
 from kernelbake.runtime.bundle import read_manifest
-from kernelbake.runtime.capture import collect
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.capture.collect import collect
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines.vllm import evidence
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.serve import preflight as pf
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 from tests.support.runtime_target import runtime_env, write_target
 

@@ -19,13 +19,14 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.contract.delta import DELTA_MANIFEST, DeltaManifest, Origin
-from kernelbake.contract.record import MAX_REQUESTS, CaptureRecord, InvalidRecord
+from kernelbake.contract.record import MAX_REQUESTS, CaptureRecord, InvalidRecord, RequestClass
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import Result
-from kernelbake.runtime import preflight as pf
-from kernelbake.runtime import replay
-from kernelbake.runtime.capture import collect, record
+from kernelbake.runtime.capture import replay
+from kernelbake.runtime.capture.collect import collect
+from kernelbake.runtime.capture.record import record
+from kernelbake.runtime.serve import preflight as pf
 from kernelbake.signing.delta import load_dir
 from kernelbake.signing.rebuild import rebuild
 from tests.runtime.test_capture import NEW, NEW_TRITON, ClassEngine, _fresh, _gain, engine, target
@@ -80,7 +81,7 @@ class FakeDocker:
             mount = argv[argv.index("-v") + 1].split(":")[0]
             self.record = CaptureRecord.from_json(Path(mount).read_bytes())
         elif verb == "exec" and "replay" in argv:
-            self.replayed = self.record.bodies()
+            self.replayed = [{**b, "prompt": p} for wave in self.record.sends() for b, p in wave]
             for rel, data in self.compiles.items():
                 (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
                 (self.root / rel).write_bytes(data)
@@ -99,7 +100,8 @@ def test_record_keeps_request_classes_and_claims_but_no_bytes(
 ) -> None:
     path = _record(tmp_path, target)
     doc = json.loads(path.read_text())
-    assert doc["requests"] == [CLASS] and doc["replica"] == "replica-0"
+    assert doc["requests"] == [{"body": CLASS, "prompt_tokens": 0}] and doc["replica"] == "replica-0"
+    assert doc["waves"] == [{"requests": [[0, 1]], "source": "operator", "compiled": []}]
     assert doc["claims"]["inductor"]["engine_keys"] == ["fkey1"]
     assert doc["claims"]["triton"]["engine_keys"] == ["tkey1"]
     claimed = {f["path"]: f["sha256"] for k in doc["claims"].values() for f in k["files"]}
@@ -118,19 +120,38 @@ def test_a_record_is_bounded_untrusted_input() -> None:
     with pytest.raises(InvalidRecord, match=r"not a capture record|schema"):
         CaptureRecord.from_json(b"[]")
     text = json.loads(_minimal().to_json())
-    text["requests"] = [{"prompt": "x", "max_tokens": 10**6}]
-    with pytest.raises(InvalidRecord, match=r"requests\[0\]: max_tokens"):
-        CaptureRecord.from_json(json.dumps(text))
-    text["requests"] = [{"prompt": "x"}] * (MAX_REQUESTS + 1)
-    with pytest.raises(InvalidRecord, match="more than a record may hold"):
-        CaptureRecord.from_json(json.dumps(text))
-    text["requests"] = [{"prompt": "x", "stream": True}]
-    with pytest.raises(InvalidRecord, match="stream"):
-        CaptureRecord.from_json(json.dumps(text))
-    text["requests"] = []
+
+    def refused(requests: list[Any], waves: list[Any], match: str) -> None:
+        with pytest.raises(InvalidRecord, match=match):
+            CaptureRecord.from_json(json.dumps({**text, "requests": requests, "waves": waves}))
+
+    one = [{"requests": [[0, 1]], "source": "operator"}]
+    refused([{"body": {"prompt": "x", "max_tokens": 10**6}}], one, r"requests\[0\]: max_tokens")
+    refused([{"body": {"prompt": "x"}}] * (MAX_REQUESTS + 1), one, "more than a record may hold")
+    refused([{"body": {"prompt": "x", "stream": True}}], one, "stream")
+    refused([{"body": {"max_tokens": 4}}], one, "needs a prompt")
+    refused([{"body": {"prompt": [1, 2]}, "prompt_tokens": 2}], one, "carries no prompt")
+    refused([{"body": {}, "prompt_tokens": 10**9}], one, "prompt_tokens")
+    refused([{"body": {"prompt": "x"}}], [{"requests": [[0, 257]], "source": "served"}], "more than 256")
+    refused([{"body": {"prompt": "x"}}], [{"requests": [[1, 1]], "source": "served"}], "class 1 is not")
+    refused([{"body": {"prompt": "x"}}], [], r"requests\[0\]: in no wave")
+    refused([{"body": {"prompt": "x"}}], [{"requests": [[0, 1]], "source": "x"}], "not a capture record")
+    refused(
+        [{"body": {}, "prompt_tokens": 100_000}], [{"requests": [[0, 30]], "source": "served"}], "made-up"
+    )
     text["claims"] = {"inductor": {"files": [{"path": "inductor/../../x", "size": 1, "sha256": "a" * 64}]}}
-    with pytest.raises(InvalidRecord, match="leaves the cache root"):
-        CaptureRecord.from_json(json.dumps(text))
+    refused([], [], "leaves the cache root")
+
+
+def test_a_record_of_the_first_schema_is_read_as_the_operators_classes() -> None:
+    doc = {**json.loads(_minimal().to_json()), "schema": 1, "requests": [CLASS]}
+    del doc["waves"]
+    old = CaptureRecord.from_json(json.dumps(doc))
+    assert [json.loads(c.body) for c in old.requests] == [CLASS] and old.sources() == {
+        "served": 0,
+        "operator": 1,
+    }
+    assert list(old.sends()) == [[({k: v for k, v in CLASS.items() if k != "prompt"}, "hello")]]
 
 
 def _minimal() -> CaptureRecord:
@@ -142,7 +163,9 @@ def _minimal() -> CaptureRecord:
         "model_path=/models/tiny-llama;dtype=float32;quantization=none;tp=1;pp=1;ep=1;max_model_len=2048;"
         "max_num_batched_tokens=128;compilation=44136fa355b3678a;engine_env=4f53cda18c2baa0c;kernelbake=0.1.0"
     )
-    return CaptureRecord(key=key, base_manifest="sha256:" + "b" * 64, replica="", requests=(), claims=())
+    return CaptureRecord(
+        key=key, base_manifest="sha256:" + "b" * 64, replica="", requests=(), waves=(), claims=()
+    )
 
 
 def test_the_cli_records_and_refuses_a_request_that_is_not_one(
@@ -157,10 +180,15 @@ def test_the_cli_records_and_refuses_a_request_that_is_not_one(
     out = tmp_path / "r.json"
     assert main(["capture", "record", "--out", str(out), "--request", json.dumps(CLASS)]) == 0
     said = capsys.readouterr().out
-    assert "recorded 1 request classes and 2 new files" in said and "no bytes are kept" in said
-    assert "no request classes" not in said
+    assert (
+        "recorded 1 request classes in 1 batches (0 noted by serve as they compiled, 1 given with --request)"
+        in said
+    )
+    assert "and 2 new files" in said and "no bytes are kept" in said and "no request classes" not in said
     assert main(["capture", "record", "--out", str(tmp_path / "bare.json")]) == 0
-    assert "no request classes (--request): the rebuild replays none" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "no request classes: serve noted no batch that compiled" in said
+    assert "the rebuild replays none" in said
     with pytest.raises(SystemExit) as exc:
         main(["capture", "record", "--out", str(tmp_path / "s.json"), "--request", "[1]"])
     assert exc.value.code == 2 and "a request is a JSON object" in capsys.readouterr().err
@@ -212,7 +240,7 @@ def test_replay_names_a_refused_request_and_gives_up_on_a_server_that_never_answ
             return {"data": [{"id": "m"}]}
         raise urllib.error.HTTPError(url, 400, "bad", {}, None)  # type: ignore[arg-type]
 
-    assert replay.replay(rec, fetch=refusing).failed == ("0: HTTP 400",)
+    assert replay.replay(rec, fetch=refusing).failed == ("0.0: HTTP 400",)
 
     def down(method: str, url: str, body: Any, _t: float) -> Any:
         raise OSError("connection refused")
@@ -307,3 +335,53 @@ def test_origin_and_rebuild_go_together() -> None:
     doc["origin"] = "trusted"
     with pytest.raises(InvalidDelta, match="origin 'trusted' is not one of rebuilt, replica"):
         DeltaManifest.from_json(json.dumps(doc))
+
+
+def test_a_warm_start_tells_the_engine_where_to_note_what_it_compiles(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    env = runtime_env(tmp_path)
+    assert env.miss_notes == tmp_path / "scratch" / "kernelbake-misses.jsonl"
+    assert pf.preflight(env, engine=engine).env["KERNELBAKE_MISS_NOTES"] == str(env.miss_notes)
+    cold = pf.preflight(runtime_env(tmp_path, KERNELBAKE_CACHE="off"), engine=engine)
+    assert "KERNELBAKE_MISS_NOTES" not in cold.env, "a cold start has nothing to miss"
+
+
+def test_record_takes_the_batches_serve_noted_and_the_replay_sends_them_as_batches(
+    tmp_path: Path, target: TargetConfig, engine: ClassEngine
+) -> None:
+    from kernelbake.runtime.engines.vllm import misses
+
+    env = runtime_env(tmp_path)
+    noted = RequestClass.of({"max_tokens": 8, "temperature": 0.7, "logprobs": 20}, prompt_tokens=30)
+    notes = misses.Notes(env.miss_notes, misses.events_path(env.miss_notes))
+    notes.note({noted: 2}, ["triton _topk_log_softmax_kernel 5f2c"])
+    smuggled = {"body": {"prompt": "my secret prompt", "max_tokens": 4}, "prompt_tokens": 3, "copies": 1}
+    with env.miss_notes.open("a") as fh:
+        fh.write("not json\n")
+        fh.write(json.dumps({"wave": [smuggled], "compiled": []}) + "\n")
+        fh.write(json.dumps({"wave": [{**smuggled, "body": {}, "copies": 10**6}]}) + "\n")
+    _gain(Path(target.cache_root))
+    done = record(env, tmp_path / "record.json", [CLASS], replica="replica-0")
+    rec = done.record
+    assert rec.sources() == {"served": 1, "operator": 1} and len(rec.requests) == 2
+    assert rec.waves[0].compiled == ("triton _topk_log_softmax_kernel 5f2c",)
+    assert "my secret prompt" not in (tmp_path / "record.json").read_text()
+    said = "\n".join(done.lines())
+    assert "(1 noted by serve as they compiled, 1 given with --request)" in said
+    assert said.count("not a noted wave") == 3 and "kernelbake-misses.jsonl:2:" in said
+    sent: list[dict[str, Any]] = []
+
+    def fetch(method: str, url: str, body: dict[str, Any] | None, _t: float) -> Any:
+        if method == "GET":
+            return {"data": [{"id": "m"}]}
+        sent.append(body or {})
+        return {"choices": [{}]}
+
+    done_replay = replay.replay(replay.load(env, tmp_path / "record.json"), fetch=fetch)
+    assert done_replay.requests == 3 and len(done_replay.seconds) == 2
+    made_up = [b for b in sent if isinstance(b["prompt"], list)]
+    assert len(made_up) == 2 and all(len(b["prompt"]) == 30 and b["logprobs"] == 20 for b in made_up)
+    assert all(b["return_tokens_as_token_ids"] is True for b in made_up)
+    assert made_up[0]["prompt"] != made_up[1]["prompt"]
+    assert sent[-1] == {**CLASS, "model": "m", "stream": False}

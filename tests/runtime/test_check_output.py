@@ -1,4 +1,4 @@
-"""``kernelbake check`` reads like a verdict: the word first (HIT, MISS, NO-COMPILE, UNKNOWN),
+"""``kernelbake check`` reads like a verdict: the word first (HIT, MISS, NO-COMPILE, FAILS, UNKNOWN),
 this machine, what differs, that the engine was asked; the engine's own output goes to a log
 file whose path is printed (on stderr only with ``-v``), and an engine that rejects the
 arguments is quoted in its own words."""
@@ -18,9 +18,9 @@ import pytest
 
 from kernelbake.cli import main
 from kernelbake.contract.target import TargetConfig
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime import redact
 from kernelbake.runtime.prediction import Change, KindVerdict, Outcome, Prediction, Source
+from kernelbake.runtime.serve import preflight as pf
 from tests.runtime.test_ask_engine import SECRET, AskingEngine, _bake, _miss
 from tests.support.fake_engine import platform_for
 from tests.support.runtime_target import write_target
@@ -228,3 +228,26 @@ def test_a_cold_start_is_a_miss_that_says_why(
     assert lines[1].startswith("this machine: ") and "(aarch64)" in lines[1]
     assert lines[2] == "why:" and lines[3].startswith("  - arch: baked ")
     assert "the engine was not asked (the start is cold)" in lines
+
+
+def test_settings_the_engine_refuses_are_their_own_word(
+    tmp_path: Path, target: TargetConfig, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # vLLM 0.32's make_compiler refuses VLLM_USE_STANDALONE_COMPILE=0 under its mega artifact
+    # (prediction.refused): no start, not a miss, and check says so with vLLM's words.
+    _bake(tmp_path, target)
+    why = "AssertionError: VLLM_USE_MEGA_AOT_ARTIFACT=1 requires VLLM_USE_STANDALONE_COMPILE=1"
+    refused = Prediction(
+        Source.ENGINE,
+        (
+            KindVerdict("inductor", Outcome.FAILS, (Change("vLLM's compiler", "built", why),), "refused"),
+            KindVerdict("triton", Outcome.FAILS, (), "the engine does not start"),
+        ),
+    )
+    capfd.readouterr()
+    assert _check(tmp_path, monkeypatch, AskingEngine(platform_for(target.key), refused)) == 6
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[0] == "FAILS: the engine refuses these settings and will not start (see differs) (exit 6)"
+    assert f"  - inductor: vLLM's compiler: built → {why}" in lines
+    assert _check(tmp_path, monkeypatch, AskingEngine(platform_for(target.key), refused), "--json") == 6
+    assert json.loads(capfd.readouterr().out)["predicted"] == "fails"

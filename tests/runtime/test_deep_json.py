@@ -18,9 +18,9 @@ from kernelbake.contract.jsondoc import MAX_JSON_DEPTH
 from kernelbake.contract.manifest import MANIFEST
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KeyMismatch
-from kernelbake.runtime import preflight as pf
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines.vllm import evidence
+from kernelbake.runtime.serve import preflight as pf
 from kernelbake.signing.keys import generate_key_pair
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 from tests.support.runtime_target import runtime_env, write_target

@@ -19,11 +19,11 @@ from kernelbake.errors import BadInput, BuildFailed, EnvironmentProblem, KeyMism
 from kernelbake.plan import plan
 from kernelbake.render import target_config
 from kernelbake.runtime import integrity
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import FileEntry, read_manifest
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines import CompileResult
 from kernelbake.runtime.env import VerifyMode
+from kernelbake.runtime.serve import preflight as pf
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
@@ -510,7 +510,7 @@ def test_fetch_model_downloads_config_files_at_the_pinned_revision(
     import sys
     import types
 
-    from kernelbake.runtime.fetch import fetch_model
+    from kernelbake.runtime.compile.fetch import fetch_model
 
     (t,) = plan(load_spec(REPO / "images" / "qwen3-8b.yaml"), ["h100"])
     key = t.key.replace(model_path=str(tmp_path / "models" / "qwen3-8b"))
@@ -547,7 +547,7 @@ def test_check_reports_the_verification_and_refuses_a_flipped_byte(
 
     root = _baked(tmp_path, target)
     engine = FakeEngine(platform_for(target.key))
-    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.get_engine", lambda _engine: engine)
     monkeypatch.setenv("KERNELBAKE_UNSAFE_TARGET", str(tmp_path / "target.json"))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
     capsys.readouterr()

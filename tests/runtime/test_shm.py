@@ -146,8 +146,8 @@ def test_serve_fails_before_the_preflight_and_the_engine(
     def no_preflight(*_args: object, **_kw: object) -> None:
         raise AssertionError("the preflight ran")
 
-    monkeypatch.setattr("kernelbake.runtime.preflight.speculate", no_preflight)
-    monkeypatch.setattr("kernelbake.runtime.preflight.preflight", no_preflight)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.speculate", no_preflight)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.preflight", no_preflight)
     assert main(["serve"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("kernelbake serve: error: /dev/shm has") and err.count("serve:") == 1, err

@@ -25,7 +25,7 @@ from kernelbake.render import target_config
 from kernelbake.runner import run
 from kernelbake.runtime import gate as gate_mod
 from kernelbake.runtime import integrity
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines.vllm import evidence
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.gate import Gate
@@ -116,7 +116,7 @@ def test_serve_supervises_an_engine_with_a_watcher_and_reports_its_evidence(
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
-    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.get_engine", lambda _engine: engine)
     assert main(["serve"]) == 0
     err = capsys.readouterr().err
     assert "kernelbake serve: baked caches valid" in err
@@ -240,7 +240,7 @@ def _serve_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
-    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.get_engine", lambda _engine: engine)
     real = integrity._digest_problem
 
     def after_the_engine_reached_its_gate(root: Path, entry: FileEntry) -> str | None:
@@ -282,7 +282,7 @@ def test_serve_on_a_machine_the_key_does_not_fit_stops_the_engine_at_its_gate(
     engine = _GatedEngine(platform_for(key, arch="sm_80", device="NVIDIA A100-SXM4-80GB"))
     engine.at_gate = at_gate
     monkeypatch.setattr("kernelbake.runtime.engines.get_engine", lambda _engine: engine)
-    monkeypatch.setattr("kernelbake.runtime.preflight.get_engine", lambda _engine: engine)
+    monkeypatch.setattr("kernelbake.runtime.serve.preflight.get_engine", lambda _engine: engine)
     (_argv, env), out, err = _serve_until_restarted(monkeypatch, capfd)
     assert at_gate.exists()
     assert out.startswith("engine: the baked caches failed verification (arch: baked 'x86_64', found 'sm_80'")

@@ -21,10 +21,10 @@ from kernelbake.cli import main
 from kernelbake.contract.layout import PINNED_MANIFEST, TARGET_FILE, TRUSTED_FILES
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime import trusted
-from kernelbake.runtime.compile import run_compile
+from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.serve import preflight as pf
 from tests.support.fake_engine import FakeEngine, pin_manifest, platform_for
 from tests.support.runtime_target import runtime_env as _env
 from tests.support.runtime_target import write_target
@@ -102,7 +102,7 @@ def test_the_retired_target_variable_no_longer_moves_the_trusted_files(
     It once started warm; now the variable is refused before anything is read."""
     _tampered_bundle(tmp_path, target)
     monkeypatch.setattr(
-        "kernelbake.runtime.preflight.get_engine", lambda _e: FakeEngine(platform_for(target.key))
+        "kernelbake.runtime.serve.preflight.get_engine", lambda _e: FakeEngine(platform_for(target.key))
     )
     monkeypatch.delenv("KERNELBAKE_UNSAFE_TARGET", raising=False)
     monkeypatch.setenv("KERNELBAKE_TARGET", str(tmp_path / "target.json"))

@@ -154,7 +154,7 @@ def test_nothing_is_pushed_from_a_tampered_directory_or_for_a_base_it_was_not_ca
     with pytest.raises(BadInput, match=r"delta\.json records"):
         push_delta(d, base=base.pinned, signer=keys.signer, client=client)
     d = _dir(tmp_path / "b", base, base_manifest="sha256:" + "e" * 64)
-    with pytest.raises(DeltaRefused, match="the base image holds"):
+    with pytest.raises(DeltaRefused, match="the base image pins"):
         push_delta(d, base=base.pinned, signer=keys.signer, client=client)
     with pytest.raises(BadInput, match="pinned by digest"):
         push_delta(_dir(tmp_path / "c", base), base=base.tagged, signer=keys.signer, client=client)

@@ -14,6 +14,7 @@ scheme and host, which may name another host) is set. Referrers are listed in pu
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -47,6 +48,8 @@ class Store:
         self.tags: dict[tuple[str, str], str] = {}
         self.blobs: dict[tuple[str, str], bytes] = {}
         self.uploads: dict[str, str] = {}
+        # Blob GETs served, by digest (HEADs not counted): how often a reader fetched the bytes.
+        self.blob_gets: collections.Counter[str] = collections.Counter()
         self.lock = threading.Lock()
 
     def manifest(self, name: str, reference: str) -> tuple[str, bytes, str] | None:
@@ -126,6 +129,8 @@ class _Handler(BaseHTTPRequestHandler):
                 blob = store.blobs.get((name, rest))
                 if blob is None:
                     return self._error(404, "BLOB_UNKNOWN")
+                if self.command == "GET":
+                    store.blob_gets[rest] += 1
                 return self._send(
                     200, blob, {"Content-Type": "application/octet-stream", "Docker-Content-Digest": rest}
                 )

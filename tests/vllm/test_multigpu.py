@@ -18,13 +18,13 @@ from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, BuildFailed
 from kernelbake.plan import plan
 from kernelbake.runner import Result
-from kernelbake.runtime import compile as compile_step
-from kernelbake.runtime import preflight as pf
 from kernelbake.runtime.bundle import read_manifest, write_manifest
+from kernelbake.runtime.compile import stage as compile_step
 from kernelbake.runtime.engines.vllm import VllmEngine
 from kernelbake.runtime.engines.vllm.args import serve_flags
 from kernelbake.runtime.engines.vllm.ranks import fold_ranks, rank_entries
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.serve import preflight as pf
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.support.fake_engine import pin_manifest, platform_for

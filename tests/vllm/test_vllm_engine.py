@@ -365,8 +365,8 @@ def test_compile_step_collects_the_caches_into_the_manifest(
 ) -> None:
     import dataclasses
 
-    from kernelbake.runtime import compile as compile_step
     from kernelbake.runtime.bundle import read_manifest
+    from kernelbake.runtime.compile import stage as compile_step
     from kernelbake.runtime.env import RuntimeEnv
     from tests.support.fake_engine import platform_for
 

@@ -1,54 +1,44 @@
 """The decision, in two pure halves around the gateway's I/O.
 
-``plan`` reads the request: which containers and image volumes name governed images, what is
-wrong before any registry is asked (a reference without tag or digest, an unparseable one, an
-unlisted registry), or a final answer when there is nothing to check. ``decide`` turns
-verification outcomes into the response: signatures, GPU matching for every way the pod can
-schedule (containers; an image volume holding a cache artifact is judged by ``cache_volumes``
-against the pod's GPUs and engine image, any other by ``volumes.check``), the opt-in's cache
-artifact (``cache_volumes``), and in the mutating endpoint a JSONPatch pinning each governed
-image to the digest that was verified.
+``plan`` reads the request: it walks the pod spec once (``pod.walk``), finds which containers
+and image volumes name governed images (``rules.reference.govern``), what the rules that read the
+pod spec alone find (``rules.trusted_paths.find``), what the pod's caches need (``rules.caches``)
+and where it can run (``scheduling.ways``); or it answers at once when there is nothing to check,
+or when the object cannot be reviewed (malformed, too large, a kind admission does not review:
+denied with code 400). ``decide`` turns the verification outcomes into the
+answer: every rule of ``rules.RULES`` on the same facts, and in the mutating endpoint the
+JSONPatch they make (each governed image pinned to the digest that verified).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernelbake.admission import bounds, gpus, trusted_paths, volumes
+from kernelbake.admission import bounds
 from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
-from kernelbake.admission.cache_volumes import CachePlan, decide_caches, opt_in_of, plan_caches
-from kernelbake.admission.deltas import decide_deltas
-from kernelbake.admission.gateway import IndexAccepted, Outcome, Rejected, Unavailable, VerifiedLike
-from kernelbake.admission.policy import AdmissionPolicy, Mode, OnRegistryError
-from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
+from kernelbake.admission.gpus import Judge
+from kernelbake.admission.pod import Pod, walk
+from kernelbake.admission.policy import AdmissionPolicy, Mode
+from kernelbake.admission.references import ImageRef
 from kernelbake.admission.review import Code, Operation, Request, Response
+from kernelbake.admission.rules import judge as run_rules
+from kernelbake.admission.rules import trusted_paths
+from kernelbake.admission.rules.caches import CachePlan, opt_in_of, plan_caches
+from kernelbake.admission.rules.facts import NOTHING_PLANNED, Facts, Planned
+from kernelbake.admission.rules.reference import govern
+from kernelbake.admission.rules.shape import Denial
+from kernelbake.admission.rules.sites import Governed
 from kernelbake.admission.scheduling import Way, ways
+from kernelbake.admission.subject import Outcome
 from kernelbake.admission.variants import Picker
-from kernelbake.admission.volumes import ImageVolume, image_volumes
-from kernelbake.admission.workloads import (
-    ImageSite,
-    MalformedObject,
-    containers,
-    known_kinds,
-    pod_spec,
-    template_metadata,
-)
-from kernelbake.contract.key import CacheKey
-from kernelbake.contract.variants import Variant
-from kernelbake.oci.reference import REFERENCE_MAX
+from kernelbake.admission.workloads import MalformedObject, known_kinds, pod_spec, template_metadata
 
 # Subresources whose object is a Pod that can change what runs; others (status, binding,
 # eviction …) cannot change images.
 _CHECKED_SUBRESOURCES = ("", "ephemeralcontainers")
-
-
-# Admission cannot import the engine, so the GPU verdict comes from the image's key (the
-# fallback of issue 11's prediction); the pod's `kernelbake serve` asks vLLM itself.
-KEY_FALLBACK = "judged from the image's key, the fallback: vLLM's own cache check runs at kernelbake serve"
 
 
 class Endpoint(enum.Enum):
@@ -57,28 +47,14 @@ class Endpoint(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Governed:
-    site: ImageSite
-    ref: ImageRef
-    # UPDATE that leaves this image as it was: checked, never rewritten (on a running Pod a new
-    # image string restarts the container).
-    unchanged: bool = False
-
-    @property
-    def target(self) -> str:
-        """What is verified: the digest when one is given (it wins over a tag)."""
-        return self.ref.target
-
-
-@dataclasses.dataclass(frozen=True)
 class Plan:
     request: Request
+    pod: Pod | None = None
     governed: tuple[Governed, ...] = ()
-    problems: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    # What the rules that read the pod spec alone found, before any registry is asked.
+    planned: Planned = NOTHING_PLANNED
     ways: tuple[Way, ...] = ()
-    # The pod's cache artifacts (``cache_volumes``): the opt-in annotation, and what governed
-    # image volumes hold, judged against the pod's GPUs and engine image.
+    # The pod's cache artifacts: the opt-in annotation, and the governed image volumes.
     caches: CachePlan | None = None
     # Set when the answer needs no verification.
     final: Response | None = None
@@ -120,7 +96,8 @@ def _reviewed(request: Request) -> bool:
 
 def _refused(request: Request, policy: AdmissionPolicy, problem: str) -> Plan:
     """Denied in every mode: an object too large or malformed to read is never waved through."""
-    return Plan(request, final=_problems(request, policy, [problem], (), Code.BAD_REQUEST, always_deny=True))
+    final = _answer(request, policy, [Denial("", problem)], (), always_deny=True, code=Code.BAD_REQUEST)
+    return Plan(request, final=final)
 
 
 def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan:
@@ -131,7 +108,7 @@ def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan
             f"kernelbake admission does not review {request.kind} objects (it reviews {known_kinds()}); "
             "check the webhook's rules"
         )
-        return Plan(request, final=_problems(request, policy, [message], (), Code.BAD_REQUEST))
+        return Plan(request, final=_answer(request, policy, [Denial("", message)], (), code=Code.BAD_REQUEST))
     spec_path, spec = found
     old = _old_spec(request)
     if _nothing_changed(request, old, spec):
@@ -139,7 +116,8 @@ def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan
         # re-checking would only turn a registry outage into failed updates.
         return Plan(request, final=_allow(request))
     old_images = _images(spec_path, old) if old is not None else {}
-    sites = list(image_sites(spec_path, spec))
+    pod = walk(spec_path, spec)
+    sites = list(pod.sites())
     if (
         request.operation is Operation.UPDATE
         and _being_deleted(request.object)
@@ -150,14 +128,17 @@ def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan
         # deletionTimestamp sent with a new object only after mutating admission, so it
         # would wave an unreviewed image through.
         return Plan(request, final=_allow(request))
-    governed, problems, notes = _govern(sites, old_images, policy, budget)
+    governing = govern(sites, old_images, policy, budget)
+    governed = governing.governed
     bounds.cap("the pod's governed images (containers and image volumes)", governed, bounds.MAX_GOVERNED)
-    problems += trusted_paths.problems(spec, (g.site for g in governed))
-    caches = plan_caches(spec_path, spec, template_metadata(request.object, spec_path), policy)
-    if not governed and not problems and caches is None:
-        return Plan(request, final=dataclasses.replace(_allow(request), warnings=tuple(notes)))
+    planned = Planned(governing.found, trusted_paths.find(g.site for g in governed))
+    caches = plan_caches(pod, template_metadata(request.object, spec_path), policy)
+    if not governed and not governing.found.denials and caches is None:
+        return Plan(
+            request, final=dataclasses.replace(_allow(request), warnings=tuple(governing.found.notes))
+        )
     found_ways = tuple(ways(spec)) if governed or caches is not None else ()
-    return Plan(request, tuple(governed), tuple(problems), tuple(notes), found_ways, caches)
+    return Plan(request, pod, governed, planned, found_ways, caches)
 
 
 def _nothing_changed(request: Request, old: Mapping[str, Any] | None, spec: Mapping[str, Any]) -> bool:
@@ -169,46 +150,6 @@ def _nothing_changed(request: Request, old: Mapping[str, Any] | None, spec: Mapp
         and old == spec
         and opt_in_of(request.kind, request.object) == opt_in_of(request.kind, request.old_object)
     )
-
-
-def _govern(
-    sites: Sequence[ImageSite],
-    old_images: Mapping[tuple[str, ...], str],
-    policy: AdmissionPolicy,
-    budget: Budget,
-) -> tuple[list[Governed], list[str], list[str]]:
-    """The sites whose images the policy governs, and what is wrong (or worth a note) with
-    their references before any registry is asked."""
-    registries = policy.listed_registries()
-    governed: list[Governed] = []
-    problems: list[str] = []
-    notes: list[str] = []
-    for site in sites:
-        budget.check()
-        ref = _classify(site.image, policy.images, registries)
-        if ref is None:
-            continue
-        if isinstance(ref, str):
-            problems.append(f"{site.where}: {ref}")
-        elif ref.tag is None and ref.digest is None:
-            problems.append(
-                f"{site.where}: image {site.image} has no tag or digest; name the tag kernelbake built "
-                "(kernelbake plan shows it) or pin a digest"
-            )
-        else:
-            if ref.tag is not None and ref.digest is not None:
-                notes.append(
-                    f"{site.where}: image {site.image} names a tag and a digest; the digest wins: it is what "
-                    "was verified, and the tag is dropped"
-                )
-            governed.append(Governed(site, ref, unchanged=old_images.get(site.path) == site.image))
-    return governed, problems, notes
-
-
-def image_sites(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[ImageSite]:
-    """Every image the pod pulls: its containers' and its image volumes'."""
-    yield from containers(spec_path, spec)
-    yield from image_volumes(spec_path, spec)
 
 
 def _being_deleted(obj: Mapping[str, Any]) -> bool:
@@ -229,284 +170,60 @@ def _old_spec(request: Request) -> Mapping[str, Any] | None:
 
 def _images(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> dict[tuple[str, ...], str]:
     try:
-        return {s.path: s.image for s in image_sites(spec_path, spec)}
+        return {s.path: s.image for s in walk(spec_path, spec).sites()}
     except MalformedObject:
         return {}
-
-
-def _classify(
-    image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
-) -> ImageRef | str | None:
-    # Memoised for references that can be valid: the memo keeps its keys, and a pod author's
-    # megabyte of image string (unreadable anyway) must not outlive the review.
-    if len(image) > REFERENCE_MAX:
-        return _classify_uncached(image, patterns, registries)
-    return _classify_memo(image, patterns, registries)
-
-
-def _classify_uncached(
-    image: str, patterns: tuple[str, ...], registries: tuple[str, ...] | None
-) -> ImageRef | str | None:
-    """The parsed reference if ``patterns`` govern it; a problem when it cannot be
-    canonicalised, may name a governed repository through another spelling of its host, or
-    (``registries`` given: ``unlisted_registries: deny``) comes from a registry not listed;
-    else None (ungoverned). Fails closed: a reference the runtime might read differently from
-    us is never waved through. Memoised: a cluster runs few images."""
-    try:
-        ref = parse_reference(image)
-    except InvalidReference as exc:
-        return f"{exc}; kernelbake admission admits only references it can read"
-    if any(matches(ref.name, p) for p in patterns):
-        if ref.digest is not None and not ref.digest.startswith("sha256:"):
-            return f"image {image!r}: kernelbake verifies sha256 digests only; pin the sha256 digest"
-        return ref
-    for alias in alias_names(ref):
-        if any(matches(alias, p) for p in patterns):
-            return (
-                f"image {image!r} may name the governed repository {alias} through another spelling "
-                f"of its registry host; write it as {alias}"
-            )
-    if registries is not None and not any(matches(ref.domain, r) for r in registries):
-        # The one answer to a name that reaches a governed registry in a way no name check can
-        # see (an /etc/hosts or DNS alias): only registries the policy names are pulled from.
-        return (
-            f"image {image!r} is from the registry {ref.domain}, which the policy does not list "
-            "(unlisted_registries: deny); govern it under images, or list it in unverified_registries"
-        )
-    return None
-
-
-_classify_memo = functools.lru_cache(maxsize=4096)(_classify_uncached)
 
 
 def decide(
     plan: Plan,
     outcomes: Mapping[str, Outcome],
     policy: AdmissionPolicy,
-    judge: gpus.Judge,
+    judge: Judge,
     endpoint: Endpoint,
     picker: Picker | None = None,
     budget: Budget = UNBOUNDED,
 ) -> Response:
     if plan.final is not None:
         return plan.final
-    review = _Review(
-        plan,
-        outcomes,
-        policy,
+    assert plan.pod is not None  # planned
+    facts = Facts.of(
+        pod=plan.pod,
+        ways=plan.ways,
+        governed=plan.governed,
+        planned=plan.planned,
+        caches=plan.caches,
+        outcomes=outcomes,
+        policy=policy,
         # Memoised for this review's ways: hundreds of containers naming one image are judged once.
-        judge.for_review(),
-        (picker or Picker(judge.catalogue, policy.gpu_match)).for_review(),
-        endpoint,
-    )
-    problems = list(plan.problems)
-    notes = list(plan.notes)
-    patch: list[dict[str, Any]] = []
-    unavailable = 0
-    for g in plan.governed:
-        budget.check()
-        verdict = _decide_image(review, g)
-        problems += verdict.problems
-        notes += verdict.notes
-        patch += verdict.patch
-        unavailable += verdict.unavailable
-    if plan.caches is not None:
-        cached = _decide_caches(review, plan.caches, budget, {op["path"] for op in patch})
-        problems += cached.problems
-        notes += cached.notes
-        patch += cached.patch
-    code = Code.UNAVAILABLE if problems and unavailable == len(problems) else Code.FORBIDDEN
-    return _problems(plan.request, policy, problems, notes, code, patch=patch)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Review:
-    """What ``decide`` judges every governed image with."""
-
-    plan: Plan
-    outcomes: Mapping[str, Outcome]
-    policy: AdmissionPolicy
-    judge: gpus.Judge
-    picker: Picker
-    endpoint: Endpoint
-
-    def outcome(self, target: str) -> Outcome:
-        """The verdict for ``target``; one that did not come in time is unavailable."""
-        found = self.outcomes.get(target)
-        if found is not None:
-            return found
-        return Unavailable(
-            f"verification did not finish within {self.policy.deadline_seconds:g}s "
-            "(is the registry slow or down?)"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Verdict:
-    """What one governed image adds to the response."""
-
-    problems: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    patch: tuple[dict[str, Any], ...] = ()
-    # Counted so that a denial made only of outages answers "unavailable", not "forbidden".
-    unavailable: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Subject:
-    """What is judged for a governed image: the image, or the variant of its GPU index that
-    the pod runs (verified, judged and pinned as an image from then on)."""
-
-    text: str
-    outcome: Outcome
-    asked: str | None
-    claimed: CacheKey | None = None
-
-
-def _decide_image(review: _Review, g: Governed) -> _Verdict:
-    subject = _Subject(f"{g.site.where}: image {g.site.image}", review.outcome(g.target), g.ref.digest)
-    if isinstance(subject.outcome, IndexAccepted):
-        picked = _variant_subject(review, g, subject.text, subject.outcome)
-        if isinstance(picked, _Verdict):
-            return picked
-        subject = picked
-    outcome = subject.outcome
-    if isinstance(outcome, IndexAccepted):
-        return _Verdict((f"{subject.text}: the index lists another index, not an image",))
-    if isinstance(outcome, Rejected):
-        return _Verdict((f"{subject.text} was rejected: {outcome.reason}",))
-    if isinstance(outcome, Unavailable):
-        if review.policy.registry_errors is OnRegistryError.UNSAFE_ALLOW:
-            return _Verdict(
-                notes=(
-                    f"{subject.text} was admitted UNVERIFIED (registry_errors: unsafe-allow): {outcome.reason}",
-                )
-            )
-        return _Verdict((f"{subject.text} could not be verified: {outcome.reason}",), unavailable=1)
-    return _accepted(review, g, subject, outcome.image)
-
-
-def _variant_subject(
-    review: _Review, g: Governed, subject: str, outcome: IndexAccepted
-) -> _Subject | _Verdict:
-    """The variant of the GPU index that the pod's placement picks, or why none can run."""
-    index = outcome.index
-    if g.ref.digest is not None and index.digest != g.ref.digest:
-        return _Verdict((f"{subject}: verification returned {index.digest}, not the digest asked for",))
-    chosen = review.picker(index.variants, review.plan.ways)
-    if chosen.variant is None:
-        return _Verdict(
-            (
-                f"{subject} names the GPU index {g.ref.name}@{index.digest}, and "
-                f"{'; '.join(chosen.problems)}; {chosen.hint}",
-            )
-        )
-    return _Subject(
-        f"{subject} (the {chosen.variant.key.device} variant of its GPU index)",
-        review.outcome(variant_target(g.ref, chosen.variant)),
-        chosen.variant.digest,
-        chosen.variant.key,
-    )
-
-
-def _accepted(review: _Review, g: Governed, subject: _Subject, image: VerifiedLike) -> _Verdict:
-    """A verified image: the digest and key it was asked for, judged where the pod runs it, and
-    (mutating endpoint) pinned to the digest verified."""
-    if subject.asked is not None and image.digest != subject.asked:
-        return _Verdict((f"{subject.text}: verification returned {image.digest}, not the digest asked for",))
-    if subject.claimed is not None and image.key != subject.claimed:
-        return _Verdict(
-            (
-                f"{subject.text}: the index claims key {subject.claimed.digest} for it, but it verifies as "
-                f"{image.key.digest} ({image.key.device}); re-publish and re-sign the index",
-            )
-        )
-    judged = _judge_site(review, g.site, subject.text, image)
-    pinned = g.ref.rewritten(image.digest)
-    if review.endpoint is Endpoint.MUTATE and pinned != g.site.image and not g.unchanged:
-        return dataclasses.replace(
-            judged, patch=({"op": "replace", "path": g.site.pointer, "value": pinned},)
-        )
-    return judged
-
-
-def _judge_site(review: _Review, site: ImageSite, subject: str, image: VerifiedLike) -> _Verdict:
-    ways_ = review.plan.ways
-    if isinstance(site, ImageVolume):
-        if getattr(image, "artifact", None) is not None:
-            return _Verdict()  # A cache artifact: what it holds is judged with the pod's caches.
-        found, said = volumes.check(image.key, ways_)
-        return _Verdict(tuple(f"{subject}: {p}" for p in found), tuple(f"{subject}: {n}" for n in said))
-    verdict = review.judge(image.key, ways_)
-    problems = (
-        ()
-        if verdict.ok
-        else (
-            f"{subject} was baked for {image.key.device} ({image.key.arch}) but "
-            f"{'; '.join(verdict.problems)}; {verdict.hint} ({KEY_FALLBACK})",
-        )
-    )
-    return _Verdict(problems, tuple(f"{subject}: {n} ({KEY_FALLBACK})" for n in verdict.notes))
-
-
-def _decide_caches(review: _Review, caches: CachePlan, budget: Budget, pinned: set[str]) -> _Verdict:
-    """The pod's cache artifacts and the capture deltas layered on its image; a governed image
-    volume is pinned with the other images (``pinned``), not twice."""
-    cached = decide_caches(
-        caches,
-        review.outcomes,
-        review.plan.ways,
-        review.policy,
-        review.judge,
-        mutate=review.endpoint is Endpoint.MUTATE,
-        verified_elsewhere=True,
+        judge=judge.for_review(),
+        picker=(picker or Picker(judge.catalogue, policy.gpu_match)).for_review(),
+        mutate=endpoint is Endpoint.MUTATE,
         budget=budget,
     )
-    deltas = decide_deltas(caches, review.outcomes, mutate=review.endpoint is Endpoint.MUTATE)
-    return _Verdict(
-        (*cached.problems, *deltas.problems),
-        (*cached.notes, *deltas.notes),
-        tuple(dict(op) for op in (*cached.patch, *deltas.patch) if op["path"] not in pinned),
-    )
+    found = run_rules(facts)
+    code = Code.UNAVAILABLE if found.denials and all(d.outage for d in found.denials) else Code.FORBIDDEN
+    return _answer(plan.request, policy, found.denials, found.notes, code=code, patch=found.patch)
 
 
-def variant_target(ref: ImageRef, variant: Variant) -> str:
-    """What is verified for the variant of ``ref``'s index that a pod runs."""
-    return f"{ref.name}@{variant.digest}"
-
-
-def variant_refs(plan: Plan, outcomes: Mapping[str, Outcome], picker: Picker) -> dict[str, ImageRef]:
-    """The variants to verify next: for each governed image whose verdict is a GPU index, the
-    variant its pod's placement picks (``decide`` picks the same)."""
-    refs: dict[str, ImageRef] = {}
-    picker = picker.for_review()
-    for g in plan.governed:
-        outcome = outcomes.get(g.target)
-        if isinstance(outcome, IndexAccepted):
-            chosen = picker(outcome.index.variants, plan.ways)
-            if chosen.variant is not None:
-                target = variant_target(g.ref, chosen.variant)
-                refs[target] = parse_reference(target)
-    return refs
-
-
-def _problems(
+def _answer(
     request: Request,
     policy: AdmissionPolicy,
-    problems: Sequence[str],
+    denials: Sequence[Denial],
     notes: Sequence[str],
-    code: Code,
     *,
+    code: Code,
     patch: Sequence[Mapping[str, Any]] = (),
     always_deny: bool = False,
 ) -> Response:
-    """Allowed (with the patch) without problems or in warn mode, else denied with all of them,
+    """Allowed (with the patch) without denials or in warn mode, else denied with all of them,
     one per cause, in a message of a few KiB (``bounds.message``) however many there are."""
     uid, version = request.uid, request.api_version
-    if not problems:
+    if not denials:
         return Response(
             uid=uid, api_version=version, allowed=True, warnings=bounds.warnings(notes), patch=tuple(patch)
         )
+    problems = [str(d) for d in denials]
     if policy.mode is Mode.WARN and not always_deny:
         warned = [f"kernelbake (warn mode) would deny: {p}" for p in problems]
         return Response(

@@ -1,6 +1,6 @@
 """The only I/O of admission: verifying image references, cached per digest.
 
-A verifier is any callable ``reference -> verified image`` (the real one is
+A verifier is any callable ``reference -> Subject`` (the real one is
 ``kernelbake.signing.verify.verify_image`` bound to the policy, see ``verifying``); tests inject
 their own. The gateway runs verifiers on a bounded pool where each registry has its own share
 (``lanes``: a slow or flooded registry fills its own lane and queue, never another's), lets
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -30,43 +29,27 @@ from typing import Protocol, TypeAlias
 from kernelbake.admission.lanes import Lanes, Saturated
 from kernelbake.admission.policy import CachePolicy
 from kernelbake.admission.references import ImageRef
+from kernelbake.admission.subject import (
+    Accepted,
+    IndexAccepted,
+    Outcome,
+    Rejected,
+    Subject,
+    Unavailable,
+    VerifiedIndex,
+)
 from kernelbake.cache import BoundedCache
-from kernelbake.contract.key import CacheKey
-from kernelbake.contract.variants import Variant
 from kernelbake.errors import KernelbakeError
 from kernelbake.oci.errors import RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
 
-class VerifiedLike(Protocol):
-    """What admission needs of ``kernelbake.signing.verify.VerifiedImage``."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def key(self) -> CacheKey: ...
-
-    @property
-    def signer(self) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifiedIndex:
-    """A model's GPU-variant index whose signature verified: the variants it lists (each is
-    verified on its own when a pod is sent to it)."""
-
-    digest: str
-    signer: str
-    variants: tuple[Variant, ...]
-
-
 class Verifier(Protocol):
-    """Verify one reference (tag or digest): return the verified image (or GPU index) or raise
-    ``ImageRejected`` / ``RegistryUnavailable``."""
+    """Verify one reference (tag or digest): return what it verified as (``subject.Subject``, or
+    a GPU index) or raise ``ImageRejected`` / ``RegistryUnavailable``."""
 
-    def __call__(self, reference: str, /) -> VerifiedLike | VerifiedIndex: ...
+    def __call__(self, reference: str, /) -> Subject | VerifiedIndex: ...
 
 
 # Resolve a tag reference to its current digest without verifying (a manifest HEAD).
@@ -77,29 +60,6 @@ class ImageRejected(KernelbakeError):
     """The image is not acceptable: unsigned, wrong signer, labels disagree with the attestation …"""
 
     return_code = 7
-
-
-@dataclasses.dataclass(frozen=True)
-class Accepted:
-    image: VerifiedLike
-
-
-@dataclasses.dataclass(frozen=True)
-class IndexAccepted:
-    index: VerifiedIndex
-
-
-@dataclasses.dataclass(frozen=True)
-class Rejected:
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Unavailable:
-    reason: str
-
-
-Outcome: TypeAlias = Accepted | IndexAccepted | Rejected | Unavailable
 
 
 class Gateway:

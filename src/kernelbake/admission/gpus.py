@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from kernelbake.admission.memo import PlacementMemo, ReviewMemo
 from kernelbake.admission.policy import GpuMatch
-from kernelbake.admission.scheduling import MEMO_WEIGHT, Operator, Requirement, Way, weight
-from kernelbake.cache import BoundedCache
+from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.catalogue import CPU, Catalogue
 from kernelbake.contract.compat import Reason, check_fields
 from kernelbake.contract.key import CacheKey
@@ -66,50 +66,30 @@ def judge(key: CacheKey, ways: Sequence[Way], catalogue: Catalogue, match: GpuMa
 
 
 class Judge:
-    """``judge`` for one catalogue and match mode, memoised: the verdict depends only on the
-    key and the ways, and a cluster runs few distinct (image, placement) pairs, so a warm
-    review skips the comparisons entirely. Bounded, thread-safe."""
+    """``judge`` for one catalogue and match mode, memoised (``memo``): the verdict depends only
+    on the key and the ways."""
 
     def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
         self.catalogue, self.match = catalogue, match
-        # Keyed by the key's identity: verified images come from the gateway's cache, so the
-        # same key object recurs, and hashing a 23-field key on every review is what this saves.
-        self._memo: BoundedCache[tuple[int, tuple[Way, ...]], tuple[CacheKey, GpuVerdict]] = BoundedCache(
-            max_entries
+        self._memo: PlacementMemo[CacheKey, GpuVerdict] | ReviewMemo[CacheKey, GpuVerdict] = PlacementMemo(
+            self._judge, max_entries
         )
 
+    def _judge(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+        return judge(key, ways, self.catalogue, self.match)
+
     def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
-        if weight(ways) > MEMO_WEIGHT:
-            return judge(key, ways, self.catalogue, self.match)
-        memo_key = (id(key), tuple(ways))
-        hit = self._memo.get(memo_key)
-        if hit is not None and hit[0] is key:
-            return hit[1]
-        verdict = judge(key, ways, self.catalogue, self.match)
-        # Holding the key keeps its id from being reused while the entry lives.
-        self._memo.put(memo_key, (key, verdict))
-        return verdict
+        return self._memo(key, ways)
 
     def for_review(self) -> Judge:
-        """This judge with a memo for one review: the shared memo hashes and compares the ways
-        on every call (linear in their values), which a review naming many images would pay
-        once per image; here each (key, ways) pair of the review pays it once."""
+        """This judge with a memo for one review in front of the shared one."""
         return _ReviewJudge(self)
 
 
 class _ReviewJudge(Judge):
     def __init__(self, shared: Judge) -> None:
         self.catalogue, self.match = shared.catalogue, shared.match
-        self._shared = shared
-        self._seen: dict[tuple[int, int], tuple[CacheKey, Sequence[Way], GpuVerdict]] = {}
-
-    def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
-        hit = self._seen.get((id(key), id(ways)))
-        if hit is not None and hit[0] is key and hit[1] is ways:
-            return hit[2]
-        verdict = self._shared(key, ways)
-        self._seen[(id(key), id(ways))] = (key, ways, verdict)
-        return verdict
+        self._memo = ReviewMemo(shared)
 
     def for_review(self) -> Judge:
         return self
@@ -132,6 +112,11 @@ class Admitted:
         reqs = self.gpu_requirements
         still = f" ({', '.join(map(str, reqs))} still admits nodes without GPU labels)" if reqs else ""
         return f"{self.way.source} does not pin a GPU{still}"
+
+    def no_product(self) -> str:
+        """The problem of an ``open_ended`` way in ``gpu.match: device`` mode."""
+        pins = ", ".join(map(str, self.gpu_requirements))
+        return f"{self.way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
 
 
 def admitted(way: Way, catalogue: Catalogue) -> Admitted:
@@ -162,44 +147,56 @@ def _judge_way(
     found = admitted(way, catalogue)
     if not found.pins_gpu:
         return [found.unpinned()], [], True
-    gpu_reqs, open_ended, admitted_gpus = found.gpu_requirements, found.open_ended, found.gpus
+    problems = _pin_problems(found, match)
+    mismatched, tolerated = _compared(key, found, match)
+    problems += [f"{way.source} admits {listed(p)}: {reason}" for reason, p in mismatched.items()]
+    notes = []
+    if match is GpuMatch.ARCH:
+        notes = [
+            f"{way.source} admits {listed(p)}: {reason}; the caches will be recompiled there"
+            for reason, p in tolerated.items()
+        ]
+    return problems, notes, bool(found.gpus) or found.open_ended
+
+
+def _pin_problems(found: Admitted, match: GpuMatch) -> list[str]:
+    """What is wrong with the way's GPU pins themselves, whatever the key."""
     problems: list[str] = []
-    unknown = [n.product for n in admitted_gpus if n.device is None]
+    unknown = [n.product for n in found.gpus if n.device is None]
     if unknown:
-        problems.append(f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue")
-    pins = ", ".join(str(r) for r in gpu_reqs)
-    if open_ended and match is GpuMatch.DEVICE:
         problems.append(
-            f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
+            f"{found.way.source} admits {listed(unknown)}, not a GPU product in kernelbake's catalogue"
         )
-    elif open_ended and not admitted_gpus:
-        problems.append(f"{way.source} admits only GPUs kernelbake's catalogue does not know ({pins})")
+    if found.open_ended and match is GpuMatch.DEVICE:
+        problems.append(found.no_product())
+    elif found.open_ended and not found.gpus:
+        pins = ", ".join(str(r) for r in found.gpu_requirements)
+        problems.append(f"{found.way.source} admits only GPUs kernelbake's catalogue does not know ({pins})")
+    return problems
+
+
+def _compared(
+    key: CacheKey, found: Admitted, match: GpuMatch
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(mismatched, tolerated): each reason the key does not fit, with the products it holds for."""
     mismatched: dict[str, list[str]] = {}
     tolerated: dict[str, list[str]] = {}
     # Many products (-SHARED, MIG slices, repeats) share a device: compare each device once.
     compared: dict[tuple[str, str], tuple[Reason, ...]] = {}
-    for n in admitted_gpus:
+    for n in found.gpus:
         if n.device is None or n.arch is None:
             continue
         platform = (n.device, n.arch)
         if platform not in compared:
             compared[platform] = check_fields(key, {"device": n.device, "arch": n.arch}).blocking
         for reason in compared[platform]:
-            if reason.field == "device" and (match is GpuMatch.ARCH or open_ended):
-                # Arch mode tolerates it; an open-ended way was already reported above.
-                tolerated.setdefault(str(reason), []).append(n.product)
-            else:
-                mismatched.setdefault(str(reason), []).append(n.product)
-    problems += [f"{way.source} admits {_list(p)}: {reason}" for reason, p in mismatched.items()]
-    notes = []
-    if match is GpuMatch.ARCH:
-        notes = [
-            f"{way.source} admits {_list(p)}: {reason}; the caches will be recompiled there"
-            for reason, p in tolerated.items()
-        ]
-    return problems, notes, bool(admitted_gpus) or open_ended
+            # Arch mode tolerates another device; an open-ended way was already reported.
+            tolerable = reason.field == "device" and (match is GpuMatch.ARCH or found.open_ended)
+            (tolerated if tolerable else mismatched).setdefault(str(reason), []).append(n.product)
+    return mismatched, tolerated
 
 
-def _list(items: Sequence[str]) -> str:
+def listed(items: Sequence[str]) -> str:
+    """A few of ``items``, and how many more."""
     shown = ", ".join(items[:_LISTED])
     return shown + (f" and {len(items) - _LISTED} more" if len(items) > _LISTED else "")

@@ -11,14 +11,16 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from kernelbake.admission.admit import Endpoint, Plan, decide, plan, variant_refs
+from kernelbake.admission.admit import Endpoint, Plan, decide, plan
 from kernelbake.admission.bounds import REVIEW_CPU_SECONDS, Budget, OverBudget
-from kernelbake.admission.cache_volumes import next_cache_refs
-from kernelbake.admission.gateway import Gateway, Outcome
+from kernelbake.admission.gateway import Gateway
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef
 from kernelbake.admission.review import Code, MalformedReview, Response, parse_review
+from kernelbake.admission.rules.caches import next_cache_refs
+from kernelbake.admission.rules.sites import variant_refs
+from kernelbake.admission.subject import Outcome
 from kernelbake.admission.variants import Picker
 from kernelbake.catalogue import Catalogue, load_catalogue
 
@@ -155,7 +157,7 @@ class Admitter:
         into ``outcomes``, the rest are submitted (through the same per-registry lanes as any
         verification) and added to ``asked``. One asked already and unfinished is not asked
         again: the review waited for it once and gave it back."""
-        following = variant_refs(first, outcomes, self.picker)
+        following = variant_refs(first.governed, outcomes, self.picker, first.ways)
         if first.caches is not None:
             following.update(next_cache_refs(first.caches, outcomes, first.ways, self.policy, self.judge))
         wanted = {t: r for t, r in following.items() if t not in outcomes and t not in asked}

@@ -14,17 +14,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from kernelbake.admission.gpus import Admitted, admitted
+from kernelbake.admission.gpus import Admitted, admitted, listed
+from kernelbake.admission.memo import PlacementMemo, ReviewMemo
 from kernelbake.admission.policy import GpuMatch
-from kernelbake.admission.scheduling import MEMO_WEIGHT, Way, weight
-from kernelbake.cache import BoundedCache
+from kernelbake.admission.scheduling import Way
 from kernelbake.catalogue import Catalogue
 from kernelbake.contract.artifact import ArtifactKind
 from kernelbake.contract.compat import Candidate, Tier, rank_variants
 from kernelbake.contract.variants import Variant, of_kind
 from kernelbake.gfd import PRODUCT, product_for
-
-_LISTED = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +63,7 @@ def pick(
     chosen: dict[int, list[str]] = {}  # variant → the products that pick it
     for way in ways:
         found = admitted(way, catalogue)
-        blocked = _blocked(way, found, match)
+        blocked = _blocked(found, match)
         if blocked is not None:
             problems.append(blocked)
             continue
@@ -83,14 +81,13 @@ def pick(
     return _one_variant(variants, chosen)
 
 
-def _blocked(way: Way, found: Admitted, match: GpuMatch) -> str | None:
-    """Why no variant can be picked for ``way`` at all, if so: it does not pin a GPU, or (device
-    mode) pins one only by arch or memory."""
+def _blocked(found: Admitted, match: GpuMatch) -> str | None:
+    """Why no variant can be picked for the way ``found`` reads at all, if so: it does not pin a
+    GPU, or (device mode) pins one only by arch or memory."""
     if not found.pins_gpu:
         return found.unpinned()
     if found.open_ended and match is GpuMatch.DEVICE:
-        pins = ", ".join(map(str, found.gpu_requirements))
-        return f"{way.source} pins {pins} but not {PRODUCT}, and vLLM's compile hash includes the exact device name"
+        return found.no_product()
     return None
 
 
@@ -101,7 +98,7 @@ def _unknown(way: Way, found: Admitted) -> list[str]:
         problems.append(f"{way.source} admits no GPU product kernelbake's catalogue knows")
     unknown = [gpu.product for gpu in found.gpus if gpu.device is None or gpu.arch is None]
     if unknown:
-        problems.append(f"{way.source} admits {_list(unknown)}, not a GPU product in kernelbake's catalogue")
+        problems.append(f"{way.source} admits {listed(unknown)}, not a GPU product in kernelbake's catalogue")
     return problems
 
 
@@ -134,7 +131,7 @@ def _one_variant(variants: Sequence[Variant], chosen: Mapping[int, list[str]]) -
     """The variant every GPU the pod can land on picks, or the nodeSelectors that settle it."""
     if len(chosen) > 1:
         needs = "; ".join(
-            f"{_list(p)} need{'s' if len(p) == 1 else ''} {_label(variants[i])}" for i, p in chosen.items()
+            f"{listed(p)} need{'s' if len(p) == 1 else ''} {_label(variants[i])}" for i, p in chosen.items()
         )
         one_of = " or ".join(f"{PRODUCT}: {p[0]}" for p in chosen.values())
         return Pick(
@@ -147,53 +144,30 @@ def _one_variant(variants: Sequence[Variant], chosen: Mapping[int, list[str]]) -
 
 
 class Picker:
-    """``pick`` for one catalogue and match mode, memoised like ``gpus.Judge``: the answer depends
-    only on the index's variants and the pod's ways, and both recur. Bounded, thread-safe."""
+    """``pick`` for one catalogue and match mode, memoised like ``gpus.Judge`` (``memo``): the
+    answer depends only on the index's variants and the pod's ways, and both recur."""
 
     def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
         self.catalogue, self.match = catalogue, match
-        # Keyed by the variants' identity, as Judge is by the key's: they come from the gateway's
-        # cached verdict, so the same tuple recurs, and hashing every key on each review is
-        # what this saves.
-        self._memo: BoundedCache[tuple[int, tuple[Way, ...]], tuple[Sequence[Variant], Pick]] = BoundedCache(
-            max_entries
+        self._memo: PlacementMemo[Sequence[Variant], Pick] | ReviewMemo[Sequence[Variant], Pick] = (
+            PlacementMemo(self._pick, max_entries)
         )
 
+    def _pick(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
+        return pick(variants, ways, self.catalogue, self.match)
+
     def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
-        if weight(ways) > MEMO_WEIGHT:
-            return pick(variants, ways, self.catalogue, self.match)
-        memo_key = (id(variants), tuple(ways))
-        hit = self._memo.get(memo_key)
-        if hit is not None and hit[0] is variants:
-            return hit[1]
-        result = pick(variants, ways, self.catalogue, self.match)
-        # Holding the variants keeps their id from being reused while the entry lives.
-        self._memo.put(memo_key, (variants, result))
-        return result
+        return self._memo(variants, ways)
 
     def for_review(self) -> Picker:
-        """This picker with a memo for one review (as ``gpus.Judge.for_review``)."""
+        """This picker with a memo for one review in front of the shared one."""
         return _ReviewPicker(self)
 
 
 class _ReviewPicker(Picker):
     def __init__(self, shared: Picker) -> None:
         self.catalogue, self.match = shared.catalogue, shared.match
-        self._shared = shared
-        self._seen: dict[tuple[int, int], tuple[Sequence[Variant], Sequence[Way], Pick]] = {}
-
-    def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
-        hit = self._seen.get((id(variants), id(ways)))
-        if hit is not None and hit[0] is variants and hit[1] is ways:
-            return hit[2]
-        result = self._shared(variants, ways)
-        self._seen[(id(variants), id(ways))] = (variants, ways, result)
-        return result
+        self._memo = ReviewMemo(shared)
 
     def for_review(self) -> Picker:
         return self
-
-
-def _list(items: Sequence[str]) -> str:
-    shown = ", ".join(items[:_LISTED])
-    return shown + (f" and {len(items) - _LISTED} more" if len(items) > _LISTED else "")

@@ -1,4 +1,4 @@
-"""Where the pod spec lives in each kind of object, and which containers it runs.
+"""Where the pod spec lives in each kind of object (the walk of the spec itself is ``pod``).
 
 Paths are kept as tuples of JSON-pointer segments so that patches address the object the API
 server sent (``/spec/template/spec/containers/0/image`` for a Deployment,
@@ -7,9 +7,8 @@ server sent (``/spec/template/spec/containers/0/image`` for a Deployment,
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kernelbake.admission.review import GroupKind
 from kernelbake.errors import BadInput
@@ -33,43 +32,6 @@ class MalformedObject(BadInput):
     """The object does not have the shape of its kind (answered with code 400)."""
 
 
-class ImageSite(Protocol):
-    """A place in a pod spec that names an image the kubelet pulls: a container's ``image``
-    (``Container``) or an image volume's ``reference`` (``volumes.ImageVolume``)."""
-
-    @property
-    def image(self) -> str: ...
-
-    # JSON pointer segments of the field, for the patch and for comparing with the old object.
-    @property
-    def path(self) -> tuple[str, ...]: ...
-
-    @property
-    def pointer(self) -> str: ...
-
-    @property
-    def where(self) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Container:
-    field: str
-    index: int
-    name: str
-    image: str
-    # JSON pointer segments of the image field.
-    path: tuple[str, ...]
-
-    @property
-    def pointer(self) -> str:
-        return pointer(self.path)
-
-    @property
-    def where(self) -> str:
-        kind = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
-        return f'{kind.get(self.field, "container")} "{self.name}"'
-
-
 def pointer(path: Sequence[str]) -> str:
     """RFC 6901: ``~`` → ``~0``, ``/`` → ``~1``."""
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
@@ -91,27 +53,6 @@ def pod_spec(kind: GroupKind, obj: Mapping[str, Any]) -> tuple[tuple[str, ...], 
             where = ".".join(path[: i + 1])
             raise MalformedObject(f"{kind.kind} has no object at {where}")
     return path, node
-
-
-def containers(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Iterator[Container]:
-    for field in CONTAINER_FIELDS:
-        items = spec.get(field)
-        if items is None:
-            continue
-        if not isinstance(items, list):
-            raise MalformedObject(f"{'.'.join(spec_path)}.{field} must be a list")
-        for index, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise MalformedObject(f"{'.'.join(spec_path)}.{field}[{index}] must be an object")
-            image = item.get("image")
-            name = item.get("name")
-            label = name if isinstance(name, str) and name else f"{field}[{index}]"
-            if image is None or image == "":
-                # Defaulted or rejected by the API server's own validation; nothing to run yet.
-                continue
-            if not isinstance(image, str):
-                raise MalformedObject(f'{field}[{index}] ("{label}").image must be a string')
-            yield Container(field, index, label, image, (*spec_path, field, str(index), "image"))
 
 
 def template_metadata(obj: Mapping[str, Any], spec_path: tuple[str, ...]) -> Any:

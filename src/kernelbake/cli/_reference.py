@@ -112,7 +112,6 @@ def render() -> str:
     from kernelbake import settings
     from kernelbake.runtime import env
 
-    parser = build_parser()
     out = [
         "# Command-line reference",
         "",
@@ -125,52 +124,9 @@ def render() -> str:
         "runs `kernelbake check --json`. `serve` and `check` pass every option they do not know to the",
         "engine.",
         "",
-        "## Commands",
+        *_command_sections(build_parser()),
         "",
-    ]
-    commands = list(_commands(parser))
-    out += [
-        f"- [`kernelbake {' '.join(path)}`](#{'-'.join(('kernelbake', *path))}): {h}"
-        for path, h, _ in commands
-    ]
-    for path, summary, sub in commands:
-        sub.formatter_class = _formatter
-        usage = sub.format_usage().strip().removeprefix("usage: ")
-        out += ["", f"### kernelbake {' '.join(path)}", ""]
-        if summary:
-            out += [summary[0].upper() + summary[1:] + ".", ""]
-        if sub.description and sub.description != summary:
-            out += [sub.description, ""]
-        out += ["```", usage, "```"]
-        if sub.epilog:
-            out += ["", "```", sub.epilog, "```"]
-        rows = _option_rows(sub)
-        if rows:
-            out += ["", "| argument | meaning |", "|---|---|", *rows]
-    out += [
-        "",
-        "## Exit codes",
-        "",
-        "Every failure is one line on stderr, `kernelbake COMMAND: error: …`, and one of these codes.",
-        "",
-        "| code | meaning | raised as |",
-        "|---|---|---|",
-        "| 0 | success (`check`: nothing compiles; `admission review`: allowed) | |",
-    ]
-    by_code: dict[int, list[type[KernelbakeError]]] = {}
-    for cls in _error_classes():
-        by_code.setdefault(cls.return_code, []).append(cls)
-    for code, classes in sorted(by_code.items()):
-        doc = (classes[0].__doc__ or "").strip().split("\n\n")[0]
-        names = ", ".join(f"`{c.__name__}`" for c in classes)
-        out.append(f"| {code} | {_cell(doc)} | {names} |")
-    out += [
-        "| 130 | interrupted (Ctrl-C) | |",
-        f"| {EXIT_BROKEN_PIPE} | the reader of the output went away (`… \\| head`), as for a tool SIGPIPE ended | |",
-        "",
-        "Command-specific meanings: `check` exits 6 when a kernel would compile, the caches are",
-        "bypassed or unused, or the engine gave no prediction; `admission review` exits 1 when the",
-        "review denies; `resolve` exits 6 when no variant fits.",
+        *_exit_codes(),
         "",
         "## Environment variables",
         "",
@@ -190,6 +146,59 @@ def render() -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _command_sections(parser: argparse.ArgumentParser) -> list[str]:
+    """The list of commands, then each command's usage and arguments."""
+    commands = list(_commands(parser))
+    out = ["## Commands", ""]
+    out += [
+        f"- [`kernelbake {' '.join(path)}`](#{'-'.join(('kernelbake', *path))}): {h}"
+        for path, h, _ in commands
+    ]
+    for path, summary, sub in commands:
+        sub.formatter_class = _formatter
+        usage = sub.format_usage().strip().removeprefix("usage: ")
+        out += ["", f"### kernelbake {' '.join(path)}", ""]
+        if summary:
+            out += [summary[0].upper() + summary[1:] + ".", ""]
+        if sub.description and sub.description != summary:
+            out += [sub.description, ""]
+        out += ["```", usage, "```"]
+        if sub.epilog:
+            out += ["", "```", sub.epilog, "```"]
+        rows = _option_rows(sub)
+        if rows:
+            out += ["", "| argument | meaning |", "|---|---|", *rows]
+    return out
+
+
+def _exit_codes() -> list[str]:
+    out = [
+        "## Exit codes",
+        "",
+        "Every failure is one line on stderr, `kernelbake COMMAND: error: …`, and one of these codes.",
+        "",
+        "| code | meaning | raised as |",
+        "|---|---|---|",
+        "| 0 | success (`check`: nothing compiles; `admission review`: allowed) | |",
+    ]
+    by_code: dict[int, list[type[KernelbakeError]]] = {}
+    for cls in _error_classes():
+        by_code.setdefault(cls.return_code, []).append(cls)
+    for code, classes in sorted(by_code.items()):
+        doc = (classes[0].__doc__ or "").strip().split("\n\n")[0]
+        names = ", ".join(f"`{c.__name__}`" for c in classes)
+        out.append(f"| {code} | {_cell(doc)} | {names} |")
+    return [
+        *out,
+        "| 130 | interrupted (Ctrl-C) | |",
+        f"| {EXIT_BROKEN_PIPE} | the reader of the output went away (`… \\| head`), as for a tool SIGPIPE ended | |",
+        "",
+        "Command-specific meanings: `check` exits 6 when a kernel would compile, the caches are",
+        "bypassed or unused, or the engine gave no prediction; `admission review` exits 1 when the",
+        "review denies; `resolve` exits 6 when no variant fits.",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import logging
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,11 +44,12 @@ def _logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelbake.admission import workers
     from kernelbake.admission.delta_reads import BUDGET as DELTA_BUDGET
+    from kernelbake.admission.http import workers
+    from kernelbake.admission.http.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.large_bodies import BodyBudget
+    from kernelbake.admission.pod_facts import PodFacts
     from kernelbake.admission.policy import load_admission_policy
-    from kernelbake.admission.server import MAX_BODY, AdmissionServer, tls_context
     from kernelbake.admission.service import Admitter
     from kernelbake.admission.verifying import build_gateway, verify_policy
 
@@ -69,25 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     policy = load_admission_policy(args.policy)
     verify_policy(policy)
     _say_what_is_permissive(policy)
-    cert, key = Path(args.tls_cert), Path(args.tls_key)
-    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
-        # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
-        try:
-            read_bytes(path, what)
-        except BadInput as exc:
-            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
-    client_ca = _client_ca(args.client_ca)
-    try:
-        tls_context(cert, key, client_ca)
-    except (OSError, ssl.SSLError) as exc:
-        raise BadInput(
-            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
-        ) from None
+    cert, key = _tls_files(args, tls_context)
+    client_ca = _client_ca(args)
     sockets, health = _listen(args)
     print(
         f"kernelbake admission: listening on https://{args.host}:{sockets[0].getsockname()[1]} "
         f"(policy {policy.source}: {policy.mode.value}, {len(policy.images)} pattern(s), "
-        f"{args.workers} worker(s))",
+        f"{args.workers} worker(s); clients: {_clients(client_ca)})",
         file=sys.stderr,
         flush=True,
     )
@@ -101,10 +91,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Made before the fork: the workers share the pod's memory, so they share these budgets.
     bodies = BodyBudget(MAX_BODY)
     deltas = BodyBudget(DELTA_BUDGET)
+    # One parse of each delta.json for the pod, whichever worker is asked first.
+    delta_facts = PodFacts()
 
     def serve(sock: socket.socket) -> int:
         # Built in the worker: the verification pool's threads must not cross a fork.
-        admitter = Admitter(policy, build_gateway(policy, settings=Settings.from_env(), delta_budget=deltas))
+        gateway = build_gateway(
+            policy, settings=Settings.from_env(), delta_budget=deltas, delta_facts=delta_facts
+        )
+        admitter = Admitter(policy, gateway)
         server = AdmissionServer(
             admitter,
             cert=cert,
@@ -113,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             bodies=bodies,
             max_connections=args.max_connections,
             client_ca=client_ca,
+            unsafe_any_client=client_ca is None,
             # One listening socket for the probes, accepted from by every worker.
             health_sock=health,
         )
@@ -124,14 +120,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return workers.run(sockets, serve)
 
 
-def _client_ca(path: str | None) -> Path | None:
-    log = logging.getLogger("kernelbake.admission")
-    if path is None:
-        log.warning(
-            "no --client-ca: any client that reaches the port may connect; give the CA of the "
-            "API server's client certificate (docs/admission.md, Who may connect)"
+def _tls_files(args: argparse.Namespace, tls_context: Callable[[Path, Path], object]) -> tuple[Path, Path]:
+    """The serving certificate and key, each read and the pair loaded before anything is bound."""
+    cert, key = Path(args.tls_cert), Path(args.tls_key)
+    for flag, path, what in (("--tls-cert", cert, "the certificate"), ("--tls-key", key, "the key")):
+        # Checked with the bounded reader first: OpenSSL would wait on a FIFO or read a device.
+        try:
+            read_bytes(path, what)
+        except BadInput as exc:
+            raise BadInput(f"{flag} {exc.message}", hint="deploy/make-cert.sh makes one") from None
+    try:
+        tls_context(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadInput(
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key ({exc})"
+        ) from None
+    return cert, key
+
+
+def _client_ca(args: argparse.Namespace) -> Path | None:
+    """The CA whose client certificates may connect; None only with ``--unsafe-any-client``.
+    Fails closed: neither is bad input, before anything listens."""
+    if args.unsafe_any_client:
+        logging.getLogger("kernelbake.admission").warning(
+            "--unsafe-any-client: UNSAFE: any client that reaches the port may connect, hold "
+            "connections and read which images verify; give --client-ca, the CA of the API "
+            "server's client certificate (docs/admission.md, Who may connect)"
         )
         return None
+    if args.client_ca is None:
+        raise BadInput(
+            "--client-ca FILE is required to serve: the webhook serves only the API server, by the "
+            "client certificate this CA issued",
+            hint="deploy/make-cert.sh makes the CA and the API server's certificate (docs/admission.md, "
+            "Who may connect); --unsafe-any-client serves any client that reaches the port",
+        )
+    path = args.client_ca
     try:
         read_bytes(Path(path), "the client CA")
         ssl.create_default_context(cafile=path)
@@ -142,9 +166,16 @@ def _client_ca(path: str | None) -> Path | None:
     return Path(path)
 
 
+def _clients(client_ca: Path | None) -> str:
+    """Who may connect, as the start line says it."""
+    if client_ca is None:
+        return "ANY, --unsafe-any-client"
+    return f"certificates from {client_ca}"
+
+
 def _listen(args: argparse.Namespace) -> tuple[list[socket.socket], socket.socket | None]:
     """The workers' sockets on --port and the probes' one on --health-port (None without)."""
-    from kernelbake.admission import workers
+    from kernelbake.admission.http import workers
 
     def listen(flag: str, port: int, count: int) -> list[socket.socket]:
         try:
@@ -191,7 +222,7 @@ def _stdin_text(limit: int) -> str:
 
 def cmd_review(args: argparse.Namespace) -> int:
     from kernelbake.admission.admit import Endpoint
-    from kernelbake.admission.server import MAX_BODY
+    from kernelbake.admission.http.server import MAX_BODY
 
     _logging("warning")
     source = "<stdin>" if args.request == "-" else args.request
@@ -264,11 +295,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also serve GET /healthz and /readyz over plain HTTP on this port, for the kubelet's "
         "probes: a listener the webhook's clients cannot fill (0 picks a free one; default: none)",
     )
-    p.add_argument(
+    clients = p.add_mutually_exclusive_group()
+    clients.add_argument(
         "--client-ca",
         metavar="FILE",
-        help="only clients with a certificate this CA issued may connect (the API server's client "
-        "certificate; default: any client, with a warning)",
+        help="only clients with a certificate for client authentication this CA issued may connect "
+        "(the API server's, from deploy/make-cert.sh); required unless --unsafe-any-client",
+    )
+    clients.add_argument(
+        "--unsafe-any-client",
+        action="store_true",
+        help="UNSAFE: serve any client that reaches the port, without a client certificate (said at "
+        "start and in the probes' answers); for a control plane that cannot show one, behind a "
+        "NetworkPolicy narrowed to its addresses",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.cli._in_image import IN_IMAGE
-from kernelbake.cli._registry import add_registry_args
 from kernelbake.cli._registry import client as registry_client
+from kernelbake.cli._registry import push_parser, report, signer, verify_parser
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.capture import collect
+    from kernelbake.runtime.capture.collect import collect
     from kernelbake.runtime.env import RuntimeEnv
 
     done = collect(RuntimeEnv.from_env(), args.out, root=args.root, replica=args.replica)
@@ -41,17 +41,24 @@ def _request(text: str) -> dict[str, Any]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.capture import record
+    from kernelbake.runtime.capture.record import record
     from kernelbake.runtime.env import RuntimeEnv
 
-    done = record(RuntimeEnv.from_env(), args.out, list(args.request), root=args.root, replica=args.replica)
+    done = record(
+        RuntimeEnv.from_env(),
+        args.out,
+        list(args.request),
+        root=args.root,
+        replica=args.replica,
+        notes=args.notes,
+    )
     for line in done.lines():
         print(f"kernelbake capture: {line}")
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kernelbake.runtime import replay
+    from kernelbake.runtime.capture import replay
     from kernelbake.runtime.env import RuntimeEnv
 
     done = replay.replay(replay.load(RuntimeEnv.from_env(), args.record), port=args.port)
@@ -74,38 +81,27 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from kernelbake.settings import Settings
     from kernelbake.signing.delta import push_delta
-    from kernelbake.signing.signer import signer_from_settings
 
-    settings = Settings.from_env()
-    signer = signer_from_settings(settings, key=args.key, keyless=args.keyless)
     pushed = push_delta(
         args.dir,
         base=args.base,
         to=args.to,
-        signer=signer,
+        signer=signer(args),
         replica=args.replica,
         client=registry_client(args),
         unsafe_replica_bytes=args.unsafe_replica_bytes,
     )
-    print(f"kernelbake capture: {pushed.describe()}")
-    if args.json:
-        print(json.dumps(pushed.to_json(), indent=1, sort_keys=True))
-    return 0
+    return report("capture", pushed, args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from kernelbake.signing.delta import verify_delta
     from kernelbake.signing.policy import load_policy
 
-    verified = verify_delta(
-        args.delta, base=args.base, policy=load_policy(args.policy), client=registry_client(args)
-    )
-    print(f"kernelbake capture: {verified.describe()}")
-    if args.json:
-        print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
-    return 0
+    policy = load_policy(args.policy)
+    verified = verify_delta(args.delta, base=args.base, policy=policy, client=registry_client(args))
+    return report("capture", verified, args)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,7 +110,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=IN_IMAGE + "collect a replica's new cache files as a delta (push and verify run on the host)",
     )
     inner = p.add_subparsers(dest="capture_command", required=True, metavar="STEP")
+    _in_image_steps(inner)
+    _rebuild_step(inner)
+    push_parser(
+        inner,
+        help="push DIR as a delta artifact layered on BASE, signed and attested",
+        dir_help="what 'capture collect' wrote",
+        base_help="the image the replica ran",
+        to_help="where to push (default: BASE's repository, tag delta-sha256-<BASE's digest>)",
+        func=cmd_push,
+        extra=_push_options,
+    )
+    verify_parser(
+        inner,
+        help="check a delta as admission does: signature, key, base digest",
+        name="delta",
+        ref_help="REPO:TAG or REPO@sha256:… of the delta",
+        base_help="the image it must be layered on",
+        func=cmd_verify,
+    )
 
+
+def _in_image_steps(inner: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = inner.add_parser(
         "collect", help="(inside the image) write the files the caches gained since the bundle to DIR"
     )
@@ -126,7 +143,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     c = inner.add_parser(
         "record",
-        help="(inside the image) record what this replica compiled that the build had not, for a rebuild",
+        help="(inside the image) record what this replica compiled that the build had not (the request classes "
+        "serve noted, the files as claims), for a rebuild",
     )
     c.add_argument("--out", type=Path, required=True, metavar="FILE", help="the record to write (a new file)")
     c.add_argument(
@@ -135,7 +153,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="JSON",
-        help="a request class that compiled here (a completion request's body, without model); repeat",
+        help="a request class to rebuild besides those serve noted (a completion request's body, with its "
+        "prompt, without model), sent alone; repeat",
+    )
+    c.add_argument(
+        "--notes",
+        type=Path,
+        metavar="FILE",
+        help="where serve noted the batches that compiled (default: $KERNELBAKE_MISS_NOTES, "
+        "$KERNELBAKE_SCRATCH/kernelbake-misses.jsonl)",
     )
     c.add_argument("--root", type=Path, help="the live cache root (default: the image's cache root)")
     c.add_argument("--replica", default="", help="a name for this replica, recorded")
@@ -143,12 +169,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     c = inner.add_parser(
         "replay",
-        help="(inside the image, in a rebuild) send a record's request classes to this server once each",
+        help="(inside the image, in a rebuild) send a record's batches to this server, each batch at once",
     )
     c.add_argument("--record", type=Path, required=True, metavar="FILE", help="what 'capture record' wrote")
     c.add_argument("--port", type=int, default=8000, help="the server's port on the loopback")
     c.set_defaults(func=cmd_replay)
 
+
+def _rebuild_step(inner: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = inner.add_parser(
         "rebuild", help="compile a record again in the signed image (no network), as a delta to push"
     )
@@ -162,31 +190,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--json", action="store_true", help="print what was reproduced, differed and dropped")
     c.set_defaults(func=cmd_rebuild)
 
-    c = inner.add_parser("push", help="push DIR as a delta artifact layered on BASE, signed and attested")
-    c.add_argument("dir", type=Path, metavar="DIR", help="what 'capture collect' wrote")
-    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image the replica ran")
-    c.add_argument(
-        "--to",
-        metavar="REPO:TAG",
-        help="where to push (default: BASE's repository, tag delta-sha256-<BASE's digest>)",
-    )
+
+def _push_options(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--unsafe-replica-bytes",
         action="store_true",
         help="push a delta of the bytes a replica wrote ('capture collect'), not rebuilt; refused by default policies",
     )
     c.add_argument("--replica", default=None, help="the replica's name for the attestation (default: DIR's)")
-    who = c.add_mutually_exclusive_group(required=True)
-    who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
-    who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_push)
-
-    c = inner.add_parser("verify", help="check a delta as admission does: signature, key, base digest")
-    c.add_argument("delta", metavar="DELTA", help="REPO:TAG or REPO@sha256:… of the delta")
-    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must be layered on")
-    c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_verify)

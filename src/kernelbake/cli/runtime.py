@@ -13,7 +13,7 @@ from kernelbake.cli._in_image import IN_IMAGE
 from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
-    from kernelbake.runtime.checking import CheckResult
+    from kernelbake.runtime.serve.check import CheckResult
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -25,22 +25,22 @@ def _owner(text: str) -> tuple[int, int]:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.compile import run_compile
+    from kernelbake.runtime.compile.stage import run_compile
 
     run_compile(RuntimeEnv.from_env(), owner=args.chown)
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.serving import serve
+    from kernelbake.runtime.serve.start import serve
 
     return serve(RuntimeEnv.from_env(), list(args.engine_args))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.checking import default_log, run_check
     from kernelbake.runtime.env import VerifyMode
     from kernelbake.runtime.redact import Redactor
+    from kernelbake.runtime.serve.check import default_log, run_check
 
     env = RuntimeEnv.from_env()
     if args.unsafe_size_only:
@@ -72,7 +72,7 @@ _LOG_GOES = "in the scratch directory, gone with a --rm container: -v prints it 
 def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
     """The verdict first (the word, this machine, what differs, what was asked), then the
     details: the key and the files, the warnings, the prediction per cache kind."""
-    from kernelbake.runtime.checking import Outcome
+    from kernelbake.runtime.serve.check import Outcome
 
     v = result.verdict
     outcome = result.outcome
@@ -89,6 +89,8 @@ def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
         what = "kernels compile at start" + (
             " (a cache is switched off)" if v.predicted == "bypassed" else ""
         )
+    elif outcome is Outcome.FAILS:
+        what = "the engine refuses these settings and will not start (see differs)"
     else:
         note = v.prediction.note if v.prediction is not None else ""
         what = f"no verdict from the engine{f' ({note})' if note else ''}; not a hit"
@@ -144,14 +146,14 @@ def cmd_engine_command(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.fetch import fetch_model
+    from kernelbake.runtime.compile.fetch import fetch_model
 
     print(f"kernelbake fetch-model: {fetch_model(RuntimeEnv.from_env())}")
     return 0
 
 
 def cmd_seed_cache(args: argparse.Namespace) -> int:
-    from kernelbake.runtime.preflight import seed
+    from kernelbake.runtime.serve.preflight import seed
 
     done = seed(RuntimeEnv.from_env(), args.dest)
     print(

@@ -7,15 +7,15 @@ host code."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from kernelbake.cli._in_image import IN_IMAGE
-from kernelbake.cli._registry import add_registry_args
 from kernelbake.cli._registry import client as registry_client
+from kernelbake.cli._registry import push_parser, report, signer, verify_parser
 
 
 def cmd_take(args: argparse.Namespace) -> int:
+    from kernelbake.contract.snapshot import Weights
     from kernelbake.runtime.env import RuntimeEnv
     from kernelbake.runtime.snapshot.criu import Criu
     from kernelbake.runtime.snapshot.driver import machine_driver
@@ -28,6 +28,7 @@ def cmd_take(args: argparse.Namespace) -> int:
         port=args.port,
         warmup_requests=args.warmup,
         deadline_s=args.deadline,
+        weights=Weights(args.weights),
     )
     done = take(env, args.out, options, driver=machine_driver(), criu=Criu(env.criu))
     for line in done.lines():
@@ -36,35 +37,27 @@ def cmd_take(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from kernelbake.settings import Settings
-    from kernelbake.signing.signer import signer_from_settings
     from kernelbake.signing.snapshot import push_snapshot
 
-    signer = signer_from_settings(Settings.from_env(), key=args.key, keyless=args.keyless)
-    pushed = push_snapshot(args.dir, base=args.base, to=args.to, signer=signer, client=registry_client(args))
-    print(f"kernelbake snapshot: {pushed.describe()}")
-    if args.json:
-        print(json.dumps(pushed.to_json(), indent=1, sort_keys=True))
-    return 0
+    pushed = push_snapshot(
+        args.dir, base=args.base, to=args.to, signer=signer(args), client=registry_client(args)
+    )
+    return report("snapshot", pushed, args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from kernelbake.signing.policy import load_policy
     from kernelbake.signing.snapshot import verify_snapshot
 
-    verified = verify_snapshot(
-        args.snapshot, base=args.base, policy=load_policy(args.policy), client=registry_client(args)
-    )
-    print(f"kernelbake snapshot: {verified.describe()}")
-    if args.json:
-        print(json.dumps(verified.to_json(), indent=1, sort_keys=True))
-    return 0
+    policy = load_policy(args.policy)
+    verified = verify_snapshot(args.snapshot, base=args.base, policy=policy, client=registry_client(args))
+    return report("snapshot", verified, args)
 
 
 def _digest(text: str) -> str:
-    import re
+    from kernelbake.contract.manifest import DIGEST
 
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", text):
+    if not DIGEST.fullmatch(text):
         raise argparse.ArgumentTypeError(f"expected sha256:<64 hex>, got {text!r}")
     return text
 
@@ -100,29 +93,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="seconds a restore may take to answer /health before serve kills it (default 30)",
     )
+    c.add_argument(
+        "--weights",
+        choices=("inside", "outside"),
+        default="inside",
+        help="outside: vLLM's sleep mode level 2 before the dump, so the snapshot holds no weights and "
+        "serve reloads them from the model's files after the restore (needs --enable-sleep-mode, "
+        "VLLM_SERVER_DEV_MODE=1 and --middleware kernelbake.runtime.snapshot.devguard.loopback_only)",
+    )
     c.set_defaults(func=cmd_take, passthrough=True)
 
-    c = inner.add_parser(
-        "push", help="push DIR as a snapshot artifact referring to BASE, signed and attested"
+    push_parser(
+        inner,
+        help="push DIR as a snapshot artifact referring to BASE, signed and attested",
+        dir_help="what 'snapshot take' wrote",
+        base_help="the image the snapshot was taken from",
+        to_help="where to push (default: BASE's repository, tag <tag>-snapshot)",
+        func=cmd_push,
     )
-    c.add_argument("dir", type=Path, metavar="DIR", help="what 'snapshot take' wrote")
-    c.add_argument(
-        "--base", required=True, metavar="IMAGE@sha256:…", help="the image the snapshot was taken from"
+    verify_parser(
+        inner,
+        help="check a snapshot as admission does: signature, subject, key",
+        name="snapshot",
+        ref_help="REPO:TAG or REPO@sha256:… of the snapshot artifact",
+        base_help="the image it must refer to",
+        func=cmd_verify,
     )
-    c.add_argument(
-        "--to", metavar="REPO:TAG", help="where to push (default: BASE's repository, tag <tag>-snapshot)"
-    )
-    who = c.add_mutually_exclusive_group(required=True)
-    who.add_argument("--key", type=Path, metavar="KEY", help="sign with this cosign private key")
-    who.add_argument("--keyless", action="store_true", help="sign keyless (sigstore)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_push)
-
-    c = inner.add_parser("verify", help="check a snapshot as admission does: signature, subject, key")
-    c.add_argument("snapshot", metavar="SNAPSHOT", help="REPO:TAG or REPO@sha256:… of the snapshot artifact")
-    c.add_argument("--base", required=True, metavar="IMAGE@sha256:…", help="the image it must refer to")
-    c.add_argument("--policy", type=Path, required=True, help="the verify policy (keys or identities)")
-    c.add_argument("--json", action="store_true")
-    add_registry_args(c)
-    c.set_defaults(func=cmd_verify)

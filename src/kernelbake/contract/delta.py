@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.layout import CacheKind
-from kernelbake.contract.manifest import bundle_path_problem, kind_totals
+from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem, kind_totals
 from kernelbake.errors import BadInput
 
 SCHEMA = 1
@@ -52,12 +50,13 @@ MANIFEST_MEDIA_TYPE = "application/vnd.kernelbake.cache-delta.manifest.v1+json"
 MAX_FILES = 100_000
 MAX_BYTES = 64 << 30
 MAX_MANIFEST_BYTES = 32 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class InvalidDelta(BadInput, ValueError):
     """A delta manifest that is malformed or unsafe; the message names the field or path."""
+
+
+DOCUMENT = jsondoc.Kind("cache delta", (SCHEMA,), MAX_MANIFEST_BYTES, InvalidDelta)
 
 
 class Origin(enum.Enum):
@@ -166,41 +165,33 @@ class DeltaManifest:
             "rebuild": self.rebuild.to_json() if self.rebuild else None,
             "kinds": kinds_json(self.files),
         }
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return jsondoc.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = DELTA_MANIFEST) -> DeltaManifest:
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise InvalidDelta(f"{source}: {len(text)} bytes, more than a delta manifest may hold")
+        return DOCUMENT.read(text, source=source, build=cls._of)
+
+    @classmethod
+    def _of(cls, doc: dict[str, Any]) -> DeltaManifest:
+        base = doc["base"]
+        files = tuple(files_of(doc["kinds"]))
         try:
-            doc = jsondoc.loads(text)
-            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-                got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-                raise InvalidDelta(f"delta schema {got!r} is not {SCHEMA}")
-            base = doc["base"]
-            files = tuple(files_of(doc["kinds"]))
-            try:
-                # Written before deltas said where their bytes came from: a replica's.
-                origin = Origin(doc.get("origin", Origin.REPLICA.value))
-            except ValueError:
-                raise InvalidDelta(
-                    f"origin {doc.get('origin')!r} is not one of {', '.join(o.value for o in Origin)}"
-                ) from None
-            rebuild = doc.get("rebuild")
-            return cls(
-                key=parse_key(doc["key"]),
-                base_image=base.get("image"),
-                base_manifest=base["manifest"],
-                files=files,
-                replica=str(doc.get("replica", "")),
-                origin=origin,
-                rebuild=None if rebuild is None else Rebuild.from_json(rebuild),
-            )
-        except BadInput as exc:
-            # The key's and the invariants' messages, said of this file.
-            raise InvalidDelta(f"{source}: {exc}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InvalidDelta(f"{source}: not a cache delta ({type(exc).__name__}: {exc})") from None
+            # Written before deltas said where their bytes came from: a replica's.
+            origin = Origin(doc.get("origin", Origin.REPLICA.value))
+        except ValueError:
+            raise InvalidDelta(
+                f"origin {doc.get('origin')!r} is not one of {', '.join(o.value for o in Origin)}"
+            ) from None
+        rebuild = doc.get("rebuild")
+        return cls(
+            key=parse_key(doc["key"]),
+            base_image=base.get("image"),
+            base_manifest=base["manifest"],
+            files=files,
+            replica=str(doc.get("replica", "")),
+            origin=origin,
+            rebuild=None if rebuild is None else Rebuild.from_json(rebuild),
+        )
 
 
 def kinds_json(files: Iterable[DeltaFile]) -> dict[str, Any]:
@@ -237,9 +228,9 @@ def files_of(kinds: Any) -> Iterable[DeltaFile]:
 def check(delta: DeltaManifest) -> None:
     """Every invariant a delta must hold, whoever built it: a valid base, paths that stay in
     their kind's directory, each listed once, and bounded counts and bytes."""
-    if not _DIGEST.fullmatch(delta.base_manifest or ""):
+    if not DIGEST.fullmatch(delta.base_manifest or ""):
         raise InvalidDelta(f"base manifest digest {delta.base_manifest!r} is not sha256:<64 hex>")
-    if delta.base_image is not None and not _DIGEST.fullmatch(delta.base_image):
+    if delta.base_image is not None and not DIGEST.fullmatch(delta.base_image):
         raise InvalidDelta(f"base image digest {delta.base_image!r} is not sha256:<64 hex>")
     _check_origin(delta)
     if len(delta.files) > MAX_FILES:
@@ -248,7 +239,7 @@ def check(delta: DeltaManifest) -> None:
     for f in delta.files:
         if problem := bundle_path_problem(f.path, f.kind):
             raise InvalidDelta(f"file {f.path!r} {problem}")
-        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+        if f.size < 0 or not SHA256_HEX.fullmatch(f.sha256):
             raise InvalidDelta(f"file {f.path!r}: size or sha256 is not valid")
         if f.path in seen:
             raise InvalidDelta(f"file {f.path!r} is listed twice")
@@ -263,17 +254,64 @@ def _check_origin(delta: DeltaManifest) -> None:
     if (r := delta.rebuild) is None:
         return
     for name, value in (("image", r.image), ("record", r.record)):
-        if not _DIGEST.fullmatch(value):
+        if not DIGEST.fullmatch(value):
             raise InvalidDelta(f"rebuild.{name} {value!r} is not sha256:<64 hex>")
     if delta.base_image is not None and r.image != delta.base_image:
         raise InvalidDelta(f"rebuilt from the image {r.image}, but layered on {delta.base_image}")
 
 
-def conflicts(delta: DeltaManifest, baked: Mapping[str, str]) -> list[str]:
-    """The delta's files that would give a baked path (``baked``: path → sha256) other bytes.
-    A delta never replaces a baked file; the same bytes again are harmless and skipped."""
+def _conflicts(files: Mapping[str, str], baked: Mapping[str, str]) -> list[str]:
+    """The delta's files that would give a baked path (path → sha256) other bytes. A delta never
+    replaces a baked file; the same bytes again are harmless and skipped."""
     return [
-        f"{f.path}: the delta has sha256 {f.sha256}, the baked file {baked[f.path]}"
-        for f in delta.files
-        if f.path in baked and baked[f.path] != f.sha256
+        f"{path}: the delta has sha256 {sha}, the baked file {baked[path]}"
+        for path, sha in sorted(files.items())
+        if path in baked and baked[path] != sha
     ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Layering:
+    """What a delta says it is layered on, or what an image is, as far as the one who checks
+    knows it: ``None`` is not known there, and is not compared (``serve`` cannot know its own
+    image's digest; admission reads no file list)."""
+
+    key: CacheKey
+    manifest: str | None  # sha256:… of the pinned cache manifest
+    image: str | None = None  # sha256:… of the image
+    files: Mapping[str, str] | None = None  # path → sha256: the delta's files, or the baked ones
+
+    @classmethod
+    def of(cls, delta: DeltaManifest) -> Layering:
+        return cls(
+            key=delta.key,
+            manifest=delta.base_manifest,
+            image=delta.base_image,
+            files={f.path: f.sha256 for f in delta.files},
+        )
+
+
+_SHOWN = 3
+
+
+def base_problems(delta: Layering, base: Layering, *, named: str) -> list[str]:
+    """Why a delta does not belong on ``base`` (empty: it does), the one rule that the push, the
+    webhook and ``serve`` each apply with what they know of both: the same image, the same key,
+    the same pinned bundle, and no baked file given other bytes. ``named`` is how the messages
+    name the base ("this image", "the pod's image")."""
+    problems = []
+    if None not in (delta.image, base.image) and delta.image != base.image:
+        problems.append(
+            f"the delta is layered on {delta.image}, but {named} is {base.image}; capture a delta from a "
+            f"replica of {named}"
+        )
+    if delta.key != base.key:
+        problems.append(f"the delta is for key {delta.key.digest}, {named}'s is {base.key.digest}")
+    if None not in (delta.manifest, base.manifest) and delta.manifest != base.manifest:
+        problems.append(
+            f"the delta is layered on the bundle {delta.manifest}, {named} pins {base.manifest}; capture a "
+            f"delta from a replica of {named}"
+        )
+    if delta.files is not None and base.files is not None and (found := _conflicts(delta.files, base.files)):
+        problems.append(f"the delta would replace baked files: {'; '.join(found[:_SHOWN])}")
+    return problems

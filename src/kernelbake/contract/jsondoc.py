@@ -11,9 +11,13 @@ for malformed JSON. Host and image code both parse such input, so this lives in 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kernelbake.errors import BadInput
 
 # Deeper than any document kernelbake reads or writes: a cache manifest nests 4 levels, an OCI
 # index 4, a pod spec with its managedFields under 30. Python's own scanner (the admission
@@ -80,3 +84,42 @@ def loads(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     parsing (``refuse_deep``)."""
     refuse_deep(data, max_depth=max_depth)
     return json.loads(data)
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    """A document kernelbake writes, in its one canonical form (sorted keys, one space of
+    indent, a final newline): equal documents are equal bytes, so a digest names one."""
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of document kernelbake writes with ``dumps`` and reads back from outside (a
+    delta.json, a capture record, a snapshot.json): how messages name it, the schemas it reads,
+    its bound, and the error that says a text is not one."""
+
+    what: str
+    schemas: tuple[int, ...]
+    max_bytes: int
+    invalid: type[BadInput]
+
+    def read(self, text: str | bytes, *, source: str, build: Callable[[dict[str, Any]], T]) -> T:
+        """``build`` of the document in ``text``, once it is bounded, nested within bounds, an
+        object and of a known schema; whatever it raises for a missing or malformed field, or
+        any ``BadInput`` (a key's, an invariant's), is one ``invalid`` that names ``source``."""
+        if len(text) > self.max_bytes:
+            raise self.invalid(f"{source}: {len(text)} bytes, more than a {self.what} may hold")
+        try:
+            doc = loads(text)
+            if not isinstance(doc, dict) or doc.get("schema") not in self.schemas:
+                got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+                known = " or ".join(str(s) for s in sorted(self.schemas, reverse=True))
+                raise self.invalid(f"{self.what} schema {got!r} is not {known}")
+            return build(doc)
+        except BadInput as exc:
+            raise self.invalid(f"{source}: {exc}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self.invalid(f"{source}: not a {self.what} ({type(exc).__name__}: {exc})") from None

@@ -22,7 +22,9 @@ from kernelbake.errors import BadInput
 # A hashed variable that was not set at compile time (so setting it later is a change).
 UNSET = "<unset>"
 SCHEMA = 1
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+# How every document names bytes: a sha256 in hex, and as an OCI digest (``sha256:<hex>``).
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def bundle_path_problem(path: str, kind: CacheKind | None = None) -> str | None:
@@ -153,7 +155,7 @@ def _entry(raw: Any, source: str) -> FileEntry:
     entry = FileEntry(str(raw["path"]), int(raw["size"]), str(raw["sha256"]), CacheKind(raw["kind"]))
     if problem := bundle_path_problem(entry.path, entry.kind):
         raise BadInput(f"{source}: manifest file {entry.path!r} {problem}")
-    if entry.size < 0 or not _SHA256.fullmatch(entry.sha256):
+    if entry.size < 0 or not SHA256_HEX.fullmatch(entry.sha256):
         raise BadInput(f"{source}: manifest file {entry.path!r}: size or sha256 is not valid")
     return entry
 

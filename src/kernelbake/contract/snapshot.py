@@ -22,13 +22,13 @@ import dataclasses
 import enum
 import hashlib
 import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
+from kernelbake.contract import jsondoc
 from kernelbake.contract.key import CacheKey, parse_key
-from kernelbake.contract.manifest import bundle_path_problem
+from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem
 from kernelbake.errors import BadInput
 
 SNAPSHOT_SCHEMA = "ks1"
@@ -61,15 +61,34 @@ SHM_COPY = f"{IMAGES_DIR}/dev-shm"
 # and SYS_PTRACE alone do not get past CRIU's kernel probes; with SYS_ADMIN neither is needed.
 # Seccomp must be unconfined (Docker's profile refuses PTRACE_O_SUSPEND_SECCOMP).
 RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
+# Set per container, pod or node, never by the user's configuration of the engine: left out of
+# ``serve_env`` (a restored process keeps the values it was dumped with, and none of these
+# reaches the engine's work). The snapshot's own settings, which only the gate reads; the
+# variables the kubelet adds for the API server's Service (``enableServiceLinks: false`` drops
+# the others, never these); and the GPUs the device plugin handed this container (the key
+# holds the GPU model and count; which physical GPU it is differs per replica).
+VOLATILE_ENV = frozenset(
+    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
+    | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU", "NVIDIA_VISIBLE_DEVICES"}
+)
+VOLATILE_PREFIXES = ("KUBERNETES_SERVICE_", "KUBERNETES_PORT")
+
+
+def is_volatile(name: str) -> bool:
+    """Whether ``name`` is left out of the key's environment (``VOLATILE_ENV``)."""
+    return name in VOLATILE_ENV or name.startswith(VOLATILE_PREFIXES)
+
+
 MAX_FILES = 100_000
 MAX_MANIFEST_BYTES = 32 << 20
 _SAFE = "-._~/:+@ ,"
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class InvalidSnapshot(BadInput, ValueError):
     """A snapshot key or manifest that does not parse or is unsafe; quotes the input."""
+
+
+DOCUMENT = jsondoc.Kind("snapshot manifest", (SCHEMA,), MAX_MANIFEST_BYTES, InvalidSnapshot)
 
 
 class Weights(enum.Enum):
@@ -100,7 +119,7 @@ class SnapshotKey:
     weights: Weights
 
     def __post_init__(self) -> None:
-        if not _DIGEST.fullmatch(self.image):
+        if not DIGEST.fullmatch(self.image):
             raise InvalidSnapshot(f"snapshot key field image={self.image!r} must be sha256:<64 hex>")
         if not isinstance(self.cache_key, CacheKey):
             raise InvalidSnapshot(f"snapshot key field cache_key={self.cache_key!r} must be a CacheKey")
@@ -112,7 +131,7 @@ class SnapshotKey:
             value = getattr(self, f.name)
             if f.type == "str" and (not isinstance(value, str) or not value or value != value.strip()):
                 raise InvalidSnapshot(f"snapshot key field {f.name}={value!r} must be a non-empty string")
-        if not _DIGEST.fullmatch(self.serve_env):
+        if not DIGEST.fullmatch(self.serve_env):
             raise InvalidSnapshot(f"snapshot key field serve_env={self.serve_env!r} must be sha256:<64 hex>")
         # Flags in one order, so equal sets are equal keys.
         object.__setattr__(self, "cpu_flags", " ".join(sorted(set(self.cpu_flags.split()))))
@@ -244,10 +263,21 @@ class SnapshotManifest:
     deadline_s: float
     # Free-form provenance (the attestation carries it signed): timings of the dump.
     taken: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The environment ``serve_env`` digests, names and values: what admission compares a pod's
+    # variables with, before it grants the restore's capabilities (a digest alone cannot say
+    # which variable differs). None in a snapshot.json from before it was recorded. No secret
+    # is here: take refuses them, and the dumped pages hold these values anyway.
+    environment: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
         object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
+        if self.environment is not None:
+            object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
+            if env_digest(self.environment) != self.key.serve_env:
+                raise InvalidSnapshot(
+                    "snapshot manifest: its environment does not digest to the key's serve_env"
+                )
         _check(self)
 
     @property
@@ -265,7 +295,9 @@ class SnapshotManifest:
             "health": {"port": self.health_port, "path": self.health_path, "deadline_s": self.deadline_s},
             "taken": self.taken,
         }
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        if self.environment is not None:
+            doc["environment"] = self.environment
+        return jsondoc.dumps(doc)
 
     @property
     def digest(self) -> str:
@@ -273,40 +305,39 @@ class SnapshotManifest:
 
     @classmethod
     def from_json(cls, data: str | bytes, *, source: str) -> SnapshotManifest:
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise InvalidSnapshot(f"{source}: {len(data)} B, more than a snapshot manifest may be")
-        try:
-            doc = json.loads(data)
-            if doc.get("schema") != SCHEMA:
-                raise InvalidSnapshot(f"{source}: schema {doc.get('schema')!r}, expected {SCHEMA}")
-            key = parse_snapshot_key(doc["key"])
-            if doc.get("key_digest") != key.digest:
-                raise InvalidSnapshot(f"{source}: key_digest is not the digest of its key")
-            files = tuple(
-                SnapshotFile(
-                    path=str(f["path"]),
-                    size=int(f["size"]),
-                    sha256=str(f["sha256"]),
-                    mode=int(f["mode"]) if "mode" in f else None,
-                )
-                for f in doc["files"]
+        return DOCUMENT.read(data, source=source, build=cls._of)
+
+    @classmethod
+    def _of(cls, doc: dict[str, Any]) -> SnapshotManifest:
+        key = parse_snapshot_key(doc["key"])
+        if doc.get("key_digest") != key.digest:
+            raise InvalidSnapshot("key_digest is not the digest of its key")
+        files = tuple(
+            SnapshotFile(
+                path=str(f["path"]),
+                size=int(f["size"]),
+                sha256=str(f["sha256"]),
+                mode=int(f["mode"]) if "mode" in f else None,
             )
-            health = doc["health"]
-            return cls(
-                key=key,
-                files=files,
-                tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
-                health_port=int(health["port"]),
-                health_path=str(health["path"]),
-                deadline_s=float(health["deadline_s"]),
-                taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, InvalidSnapshot):
-                raise
-            raise InvalidSnapshot(
-                f"{source}: not a snapshot manifest ({type(exc).__name__}: {exc})"
-            ) from None
+            for f in doc["files"]
+        )
+        health = doc["health"]
+        environment = doc.get("environment")
+        if environment is not None and (
+            not isinstance(environment, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items())
+        ):
+            raise InvalidSnapshot("environment must map names to string values")
+        return cls(
+            key=key,
+            files=files,
+            tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
+            health_port=int(health["port"]),
+            health_path=str(health["path"]),
+            deadline_s=float(health["deadline_s"]),
+            taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
+            environment=environment,
+        )
 
 
 def _check(m: SnapshotManifest) -> None:
@@ -321,7 +352,7 @@ def _check(m: SnapshotManifest) -> None:
         seen.add(f.path)
         if f.mode is not None and not 0 <= f.mode <= 0o777:
             raise InvalidSnapshot(f"snapshot file {f.path!r}: mode {f.mode:o} is not permission bits")
-        if f.size < 0 or not _SHA256.fullmatch(f.sha256):
+        if f.size < 0 or not SHA256_HEX.fullmatch(f.sha256):
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):
         raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")

@@ -24,11 +24,8 @@ from kernelbake.runtime.integrity import open_beneath, read_file
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def scan(

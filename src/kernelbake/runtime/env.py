@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from kernelbake.contract.layout import (
     TARGET_FILE,
     UNSAFE_TARGET_ENV,
 )
+from kernelbake.contract.manifest import DIGEST
 from kernelbake.contract.snapshot import IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
 from kernelbake.errors import BadInput
 
@@ -56,12 +56,15 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 # pid of the ``serve`` that will write it.
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
+# Where a serving engine notes the batches during which it compiled (``engines.vllm.misses``),
+# for ``capture record``: ``serve`` sets it in the engine's environment on a warm start.
+MISS_NOTES_ENV = "KERNELBAKE_MISS_NOTES"
+MISS_NOTES_NAME = "kernelbake-misses.jsonl"
 
 # The sha256 of the cache manifest, as whoever starts the pod verified it (``runtime.pin``):
 # for caches that arrive by volume into an image without a pinned manifest of its own. It can
 # only add a requirement: where the image pins a manifest, both must agree. The name is the
 # contract's: admission and the stock-vLLM recipes set it (``contract.artifact``).
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 # Every variable ``RuntimeEnv.from_env`` reads (it can read no other: ``DeclaredEnv``); the CLI
@@ -140,6 +143,11 @@ VARIABLES = (
         internal=True,
     ),
     Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
+    Variable(
+        MISS_NOTES_ENV,
+        "where a serving engine notes the request classes of the batches during which it compiled, and `capture record` reads them (a sidecar that records must see the same file)",
+        f"$KERNELBAKE_SCRATCH/{MISS_NOTES_NAME}",
+    ),
 )
 
 
@@ -196,7 +204,7 @@ def _enum_value(cls: type[enum.Enum], name: str, raw: str) -> enum.Enum:
 def _digest(raw: str | None, name: str = MANIFEST_DIGEST_ENV) -> str | None:
     if not raw:
         return None
-    if not _DIGEST.fullmatch(raw):
+    if not DIGEST.fullmatch(raw):
         raise BadInput(f"${name}={raw!r}: expected sha256: and 64 lowercase hex digits")
     return raw
 
@@ -249,8 +257,10 @@ class RuntimeEnv:
     gate_owner: int | None = None
     # ``kernelbake serve`` writes its JSON status here (preflight, prediction, evidence).
     status_file: Path | None = None
+    # Where the engine notes the batches that compiled while it served (``capture record``).
+    miss_notes: Path = Path("/tmp") / MISS_NOTES_NAME
     manifest_digest: str | None = None
-    # The cache delta a pod may mount (``runtime.delta``), and the sha256 its delta.json must
+    # The cache delta a pod may mount (``runtime.serve.delta``), and the sha256 its delta.json must
     # have; moved beside target.json by ``$KERNELBAKE_UNSAFE_TARGET`` like the trusted files.
     delta_root: Path = Path(DELTA_ROOT)
     delta_digest: str | None = None
@@ -300,6 +310,10 @@ class RuntimeEnv:
                 env.get("KERNELBAKE_STATUS")
                 or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
                 / "kernelbake-status.json"
+            ),
+            miss_notes=Path(
+                env.get(MISS_NOTES_ENV)
+                or Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp") / MISS_NOTES_NAME
             ),
             manifest_digest=_digest(env.get(MANIFEST_DIGEST_ENV)),
             delta_root=target_file.parent / Path(DELTA_ROOT).name if moved else Path(DELTA_ROOT),

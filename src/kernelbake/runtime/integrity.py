@@ -110,7 +110,7 @@ def strangers(root: Path, manifest: Manifest, delta: Collection[str] = ()) -> li
     """Everything in the cache root the manifest does not account for: symlinks anywhere,
     and files that are neither listed, the manifest itself, nor one of the engine's logs.
     ``delta``: the paths of the pinned cache delta, which a restart finds merged already;
-    their bytes are the delta's to judge (``runtime.delta.apply``), and where it is not used
+    their bytes are the delta's to judge (``runtime.serve.delta.apply``), and where it is not used
     the preflight counts them as strangers after all."""
     listed = {f.path for f in manifest.files} | set(delta)  # ``size_problems`` judges these
     unhashed = {*manifest.logs, MANIFEST}

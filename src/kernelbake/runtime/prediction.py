@@ -47,12 +47,17 @@ class Outcome(enum.Enum):
     # Nothing of this kind was baked, so nothing can be missed.
     EMPTY = "empty"
     UNKNOWN = "unknown"
+    # The engine refuses this start's settings where it builds its compiler (vLLM's own
+    # ``make_compiler`` raised): it exits before it opens any cache.
+    FAILS = "fails"
 
 
 # Outcomes under which nothing of a kind compiles (``kernelbake check`` exits 0).
 NOTHING_COMPILES = frozenset({Outcome.HIT, Outcome.RETRACE, Outcome.SKIPPED, Outcome.EMPTY, Outcome.WRITES})
 # The overall level of a prediction: the first of these that any kind has (``predicted``).
 _LEVELS = (
+    # The engine will not start at all: nothing else about the caches matters.
+    (Outcome.FAILS, "fails"),
     # A bypass is the cause of what then compiles elsewhere (Triton's partial), so it leads.
     (Outcome.BYPASSED, "bypassed"),
     (Outcome.MISS, "miss"),
@@ -114,9 +119,10 @@ class Prediction:
 
     @property
     def predicted(self) -> str:
-        """The level of the whole start: ``miss`` (a kernel compiles), ``bypassed`` (a knob
-        switches a cache off, so it compiles), ``unknown``, ``retrace`` (traced again,
-        nothing compiles), ``no-compile`` (compilation is off), or ``hit``."""
+        """The level of the whole start: ``fails`` (the engine refuses the settings and does
+        not start), ``miss`` (a kernel compiles), ``bypassed`` (a knob switches a cache off, so
+        it compiles), ``unknown``, ``retrace`` (traced again, nothing compiles), ``no-compile``
+        (compilation is off), or ``hit``."""
         outcomes = {k.outcome for k in self.kinds}
         return next((level for outcome, level in _LEVELS if outcome in outcomes), "hit")
 
@@ -366,6 +372,61 @@ def switched_off(baked: Mapping[str, Any], now: Mapping[str, Any]) -> list[Chang
     return out
 
 
+class Store(enum.Enum):
+    """What loading vLLM's baked compiled graphs reads, as the installed release's adapter says
+    it (``compile.artifact.reads`` in an identity: ``VllmLookups.aot_artifact``). A cache
+    switch or directory this start changes bypasses the baked graphs only where the load reads
+    that store; the rest apply only to what compiles anew."""
+
+    # vLLM's AOT artifact: VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/HASH.
+    ARTIFACT = "aot-artifact"
+    # vLLM's per-graph compile cache (torch_compile_cache/HASH, or compilation_config.cache_dir),
+    # which its backend reads when it compiles the artifact's traced graph again.
+    GRAPH_CACHE = "graph-cache"
+    # Inductor's FX-graph and AOTAutograd caches, through which those per-graph entries load.
+    INDUCTOR = "inductor"
+
+
+# How identity.compile_state names the switches and directories (``switched_off``'s factors).
+_INDUCTOR_SWITCHES = ("torch._inductor.config.", "torch._functorch.config.")
+_GRAPH_CACHE_FACTORS = frozenset(
+    {"vllm is_compile_cache_enabled", "vllm compilation_config.cache_dir cache directory"}
+)
+
+
+def store_of(change: Change) -> Store:
+    """The store a ``switched_off`` change concerns. VLLM_CACHE_ROOT elsewhere, and any switch
+    not named here, count as the artifact itself: read by every load, so they bypass it."""
+    if change.factor.startswith(_INDUCTOR_SWITCHES) or change.factor == "inductor cache directory":
+        return Store.INDUCTOR
+    if change.factor in _GRAPH_CACHE_FACTORS:
+        return Store.GRAPH_CACHE
+    return Store.ARTIFACT
+
+
+def artifact_bypass(now: Mapping[str, Any], switches: Sequence[Change]) -> tuple[list[Change], list[Change]]:
+    """Of the switches and directories this start changes (``switched_off``), (those that keep
+    vLLM from the baked artifact, those its load does not read), from what the release says its
+    load reads (``compile.artifact``). Recorded by an older kernelbake (no ``artifact``): every
+    change counts, as it did on vLLM 0.26 with torch 2.11."""
+    art = now.get("compile", {}).get("artifact")
+    if not isinstance(art, Mapping):
+        return list(switches), []
+    if not art.get("loads", True):
+        skipped = Change("vLLM's AOT artifact load", "tried", "skipped (VLLM_DISABLE_COMPILE_CACHE)")
+        return [skipped, *switches], []
+    reads = {str(r) for r in art.get("reads", [])}
+    read = [c for c in switches if store_of(c).value in reads]
+    return read, [c for c in switches if c not in read]
+
+
+def refused(baked: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """vLLM's own refusal of this start's settings, where it builds its compiler
+    (``identity``: ``compiler.refused``) and did not at build; empty when it builds one."""
+    now_refused = str(now.get("compiler", {}).get("refused", ""))
+    return now_refused if now_refused and not baked.get("compiler", {}).get("refused") else ""
+
+
 def knob_changes(baked: Mapping[str, Any], now: Mapping[str, Any]) -> dict[tuple[str, str], list[Change]]:
     """Knobs outside every key (``runtime.knobs``: recorded per start under ``compile.unkeyed``)
     that this start sets otherwise than the build did, by (effect, library: ``torch`` or
@@ -478,35 +539,18 @@ def predict(
         config_changes = [c for c in config_changes if not c.factor.startswith(_COMPILE_ONLY_CONFIGS)]
     config_changed = bool(config_changes)
     knobs = knob_changes(baked, now)
+    switches = switched_off(baked, now)
+    ignored: list[Change] = []
+    if baked.get("graphs") == "vllm" and now.get("graphs") == "vllm":
+        # Only what vLLM's load of its baked artifact reads keeps it from that artifact.
+        switches, ignored = artifact_bypass(now, switches)
     # A knob that makes torch compile although its cache holds the entry bypasses that cache.
-    bypass = [*switched_off(baked, now), *knobs.get(("recompiles", "torch"), [])]
+    bypass = [*switches, *knobs.get(("recompiles", "torch"), [])]
+    if not off and (why := refused(baked, now)):
+        return _refused(baked_kinds, why, note, now, factors)
     verdicts = _Verdicts(frozenset(baked_kinds))
     add, put = verdicts.add, verdicts.put
-    # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
-    # (VLLM_USE_AOT_COMPILE=0, or VLLM_DISABLE_COMPILE_CACHE=1, which turns its default off).
-    aot_off_now = baked.get("graphs") == "vllm" and now.get("graphs") == "inductor"
-    graphs_in_inductor = now.get("graphs") == "inductor" and not aot_off_now
-    if off:
-        put(KindVerdict("vllm", Outcome.SKIPPED, tuple(off), off_note))
-        put(KindVerdict("inductor", Outcome.SKIPPED, tuple(off), off_note))
-    elif graphs_in_inductor:
-        _inductor_graph_verdicts(verdicts, baked, now, tc, bypass)
-    elif bypass:
-        # vLLM's AOT artifact holds Inductor's compiled graphs and is loaded through
-        # Inductor's caches: a switch of either bypasses both (seen on the H200: with the
-        # FX-graph cache off vLLM reports a load failure and compiles again).
-        note = "the baked artifacts are not read: the model is compiled again"
-        put(KindVerdict("vllm", Outcome.BYPASSED, (*bypass, *tc), note))
-        put(KindVerdict("inductor", Outcome.BYPASSED, tuple(bypass), note))
-    elif aot_off_now and not tc:
-        # vLLM traces the model (Dynamo) instead of loading its AOT artifact, and loads the
-        # compiled graphs from the same baked hash directory: nothing compiles.
-        note = "vLLM's AOT compile is off for this start: it traces the model again (seconds) and loads the baked graphs"
-        put(KindVerdict("vllm", Outcome.RETRACE, (Change("vLLM AOT compile", "on", "off"),), note))
-        add("inductor", _compiler_changes(baked, now))
-    else:
-        add("vllm", tc)
-        add("inductor", _compiler_changes(baked, now))
+    graphs_in_inductor = _graph_verdicts(verdicts, baked, now, tc, bypass, ignored, (off, off_note))
     recompiles = (tc or bypass) and not off
     follows = "the graphs recompile: kernels whose generated source changed compile, the rest load"
     triton = diff(baked.get("triton", {}), now.get("triton", {}), "triton")
@@ -527,6 +571,70 @@ def predict(
             KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")
         )
     return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now, factors=factors)
+
+
+def _refused(kinds: Iterable[str], why: str, note: str, now: Mapping[str, Any], factors: str) -> Prediction:
+    """vLLM refuses this start's settings (``refused``): every baked kind ``FAILS``, the
+    refusal named on the ``vllm`` kind."""
+    said = (
+        "vLLM refuses these settings where it builds its compiler: the engine exits before it opens a cache"
+    )
+    verdicts = [
+        KindVerdict(k, Outcome.FAILS, (Change("vLLM's compiler", "built", why),), said)
+        if k == "vllm"
+        else KindVerdict(k, Outcome.FAILS, (), "the engine does not start")
+        for k in sorted(kinds)
+    ]
+    return Prediction(Source.ENGINE, tuple(verdicts), note, identity=now, factors=factors)
+
+
+def _graph_verdicts(
+    verdicts: _Verdicts,
+    baked: Mapping[str, Any],
+    now: Mapping[str, Any],
+    tc: Sequence[Change],
+    bypass: Sequence[Change],
+    ignored: Sequence[Change],
+    off: tuple[Sequence[Change], str],
+) -> bool:
+    """The ``vllm`` and ``inductor`` kinds, which hold the compiled graphs; True where this
+    start keeps them in Inductor's own cache (AOT compile off: the CPU build)."""
+    put = verdicts.put
+    # AOT compile on at build (the baked graphs are vLLM's artifact) and off for this start
+    # (VLLM_USE_AOT_COMPILE=0, or VLLM_DISABLE_COMPILE_CACHE=1, which turns its default off).
+    aot_off_now = baked.get("graphs") == "vllm" and now.get("graphs") == "inductor"
+    if off[0]:
+        put(KindVerdict("vllm", Outcome.SKIPPED, tuple(off[0]), off[1]))
+        put(KindVerdict("inductor", Outcome.SKIPPED, tuple(off[0]), off[1]))
+    elif now.get("graphs") == "inductor" and not aot_off_now:
+        _inductor_graph_verdicts(verdicts, baked, now, tc, bypass)
+        return True
+    elif bypass:
+        # Where the load reads them (``artifact_bypass``): vLLM 0.26 on torch 2.11 loads the
+        # artifact's graphs through its per-graph cache and Inductor's caches, and with the
+        # FX-graph cache off reported a load failure and compiled again (H200 key matrix).
+        note = "the baked artifacts are not read: the model is compiled again"
+        put(KindVerdict("vllm", Outcome.BYPASSED, (*bypass, *tc), note))
+        put(KindVerdict("inductor", Outcome.BYPASSED, tuple(bypass), note))
+    elif aot_off_now and not tc:
+        # vLLM traces the model (Dynamo) instead of loading its AOT artifact, and loads the
+        # compiled graphs from the same baked hash directory: nothing compiles.
+        note = "vLLM's AOT compile is off for this start: it traces the model again (seconds) and loads the baked graphs"
+        put(KindVerdict("vllm", Outcome.RETRACE, (Change("vLLM AOT compile", "on", "off"),), note))
+        verdicts.add("inductor", _compiler_changes(baked, now))
+    elif ignored and not tc:
+        # A self-contained artifact (vLLM 0.32 on torch 2.13: seen on the H200, all three
+        # such cases started warm): the switches govern only what would compile anew.
+        note = (
+            "vLLM loads its baked artifact, which holds Inductor's compiled graphs, without reading "
+            + "; ".join(str(c) for c in ignored)
+        )
+        put(KindVerdict("vllm", Outcome.HIT, (), note))
+        verdicts.add("inductor", _compiler_changes(baked, now))
+    else:
+        verdicts.add("vllm", tc)
+        verdicts.add("inductor", _compiler_changes(baked, now))
+    return False
 
 
 class _Verdicts:

@@ -20,9 +20,7 @@ A delta of the replica's own bytes is refused unless the policy sets ``unsafe_re
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
-import os
 import stat
 import tarfile
 from collections.abc import Callable
@@ -36,22 +34,20 @@ from kernelbake.contract.delta import (
     MAX_MANIFEST_BYTES,
     DeltaManifest,
     InvalidDelta,
+    Layering,
     Origin,
-    conflicts,
+    base_problems,
 )
 from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
-from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
-from kernelbake.oci import types as mt
-from kernelbake.oci.types import encode_json, sha256_digest
-from kernelbake.remote import read_cache_manifest, read_image
-from kernelbake.signing import intoto
+from kernelbake.oci import Reference, RegistryClient, parse_reference
+from kernelbake.oci.types import sha256_digest
+from kernelbake.remote import ImageFacts, read_cache_manifest
+from kernelbake.signing import referrer
 from kernelbake.signing.errors import DeltaRefused, registry_errors
 from kernelbake.signing.policy import VerifyPolicy
-from kernelbake.signing.sign import push_bundle, sign_image
 from kernelbake.signing.signer import Signer
-from kernelbake.signing.verify import verify_signature
 
 DELTA_PREDICATE_TYPE = "https://kernelbake.dev/attestation/cache-delta/v1"
 DELTA_ARTIFACT = "cache-delta/v1"
@@ -62,6 +58,15 @@ ANN_DELTA_BASE = LABEL_DELTA_BASE
 TAG_PREFIX = "delta-"
 # The policy setting that lets a replica's own bytes through, named in every refusal.
 UNSAFE_SETTING = "verify.unsafe_replica_deltas"
+KIND = referrer.Kind(
+    artifact_type=ARTIFACT_TYPE,
+    manifest=DELTA_MANIFEST,
+    max_manifest_bytes=MAX_MANIFEST_BYTES,
+    predicate_type=DELTA_PREDICATE_TYPE,
+    what="cache delta",
+    layers=f"files, then {DELTA_MANIFEST} alone",
+    refused=DeltaRefused,
+)
 
 
 def _hash_beneath(root: Path, rel: str) -> tuple[int, str, int, int]:
@@ -75,30 +80,16 @@ def _hash_beneath(root: Path, rel: str) -> tuple[int, str, int, int]:
             raise BadInput(f"{root / rel}: {p} is a symlink; a delta holds plain files only")
     if not stat.S_ISREG(st.st_mode):
         raise BadInput(f"{root / rel}: not a regular file")
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return st.st_size, h.hexdigest(), stat.S_IMODE(st.st_mode), int(st.st_mtime)
+    return st.st_size, referrer.file_sha256(p), stat.S_IMODE(st.st_mode), int(st.st_mtime)
 
 
 def _tar(entries: list[tuple[str, bytes, int, int]]) -> bytes:
     """An uncompressed, ordered tar of (path, bytes, mode, mtime), owned by root."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        dirs: set[str] = set()
+        seen: set[str] = set()
         for path, data, mode, mtime in entries:
-            parts = path.split("/")
-            for i in range(1, len(parts)):
-                d = "/".join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
-                    tar.addfile(info)
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), (mode & 0o777) | 0o444, mtime
-            tar.addfile(info, io.BytesIO(data))
+            referrer.add_file(tar, path, len(data), (mode & 0o777) | 0o444, mtime, io.BytesIO(data), seen)
     return buf.getvalue()
 
 
@@ -122,12 +113,8 @@ def load_dir(path: Path) -> tuple[DeltaManifest, list[tuple[str, bytes, int, int
                 f"{path / f.path}: sha256 {sha} ({size} B), delta.json records {f.sha256} ({f.size} B)"
             )
         entries.append((f.path, (path / f.path).read_bytes(), mode, mtime))
-    listed = {f.path for f in delta.files} | {DELTA_MANIFEST}
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
-            rel = (Path(dirpath) / name).relative_to(path).as_posix()
-            if rel not in listed:
-                raise BadInput(f"{path / rel}: not listed in delta.json; a delta pushes only what it lists")
+    if rel := referrer.unlisted(path, path, [*(f.path for f in delta.files), DELTA_MANIFEST]):
+        raise BadInput(f"{path / rel}: not listed in delta.json; a delta pushes only what it lists")
     return delta, entries
 
 
@@ -159,51 +146,27 @@ class PushedDelta:
         return dataclasses.asdict(self)
 
 
-def _base(client: RegistryClient, base: str) -> tuple[Reference, Any, bytes]:
+def _base(client: RegistryClient, base: str) -> tuple[Reference, ImageFacts, bytes]:
     """The base image pinned by digest, its facts and its cache manifest's bytes."""
-    ref = parse_reference(base)
-    if ref.digest is None:
-        raise BadInput(f"{base}: the base must be pinned by digest (IMAGE@sha256:…), the one the replica ran")
+    ref, facts = referrer.pinned_base(client, base, pinned_as="the one the replica ran")
     with registry_errors(ref.pinned(), missing_is_image=True):
-        top = client.get_manifest(ref)
-        facts = read_image(client, ref.with_digest(top.digest), top)
         _layer, cache_manifest = read_cache_manifest(client, facts)
-    return ref.with_digest(top.digest), facts, cache_manifest
+    return ref, facts, cache_manifest
 
 
 def _check_base(
-    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base_digest: str
+    where: str, delta: DeltaManifest, facts: Any, cache_manifest: bytes, base: str, named: str
 ) -> None:
-    """The delta belongs on this base: its key, its bundle, and no baked file given other bytes."""
-    manifest_digest = sha256_digest(cache_manifest)
-    key = key_from_labels(facts.labels)
-    if delta.key != key:
-        raise DeltaRefused(
-            f"{where}: the delta is for key {delta.key.digest}, the base image's is {key.digest}"
-        )
-    if delta.base_manifest != manifest_digest:
-        raise DeltaRefused(
-            f"{where}: the delta is layered on the bundle {delta.base_manifest}, the base image holds "
-            f"{manifest_digest}; capture it from a replica of that image"
-        )
-    if delta.base_image is not None and delta.base_image != base_digest:
-        raise DeltaRefused(f"{where}: the delta's base is {delta.base_image}, not {base_digest}")
-    baked = CacheManifest.from_json(
-        cache_manifest.decode(errors="replace"), source=f"{base_digest}: manifest"
+    """The delta belongs on this base (``contract.delta.base_problems``)."""
+    baked = CacheManifest.from_json(cache_manifest.decode(errors="replace"), source=f"{base}: manifest")
+    image = Layering(
+        key=key_from_labels(facts.labels),
+        manifest=sha256_digest(cache_manifest),
+        image=base,
+        files={f.path: f.sha256 for f in baked.files},
     )
-    if found := conflicts(delta, {f.path: f.sha256 for f in baked.files}):
-        raise DeltaRefused(f"{where}: the delta would replace baked files: {'; '.join(found[:3])}")
-
-
-def _config(diff_ids: list[str], labels: dict[str, str]) -> bytes:
-    return encode_json(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Labels": labels},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        }
-    )
+    if problems := base_problems(Layering.of(delta), image, named=named):
+        raise DeltaRefused(f"{where}: {'; '.join(problems)}")
 
 
 def push_delta(
@@ -220,18 +183,10 @@ def push_delta(
     it. Everything is checked before the first byte is pushed."""
     client = client or RegistryClient()
     delta, entries = load_dir(path)
-    if not delta.files:
-        raise BadInput(f"{path}: the delta lists no files; there is nothing to push")
-    if delta.origin is Origin.REPLICA and not unsafe_replica_bytes:
-        raise BadInput(
-            f"{path}: holds the bytes a replica wrote (origin replica), which anything that could write its "
-            "cache root chose; record in the replica ('kernelbake capture record') and push what "
-            "'kernelbake capture rebuild' compiles, or pass --unsafe-replica-bytes (refused by a policy "
-            f"without {UNSAFE_SETTING})"
-        )
+    _pushable(path, delta, unsafe_replica_bytes=unsafe_replica_bytes)
     base_ref, facts, cache_manifest = _base(client, base)
     assert base_ref.digest is not None
-    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest)
+    _check_base(str(path), delta, facts, cache_manifest, base_ref.digest, "the base image")
     if delta.rebuild is not None and delta.rebuild.image != base_ref.digest:
         raise DeltaRefused(
             f"{path}: rebuilt from the image {delta.rebuild.image}, not the base {base_ref.digest}; "
@@ -240,64 +195,16 @@ def push_delta(
     delta = delta.with_base(base_ref.digest)
     if replica is not None:
         delta = dataclasses.replace(delta, replica=replica)
-    data = delta.to_json().encode()
-    files_layer = _tar(entries)
-    manifest_layer = _tar([(DELTA_MANIFEST, data, 0o444, 0)])
-    labels = {
-        **delta.key.labels(),
-        LABEL_ARTIFACT: DELTA_ARTIFACT,
-        LABEL_DELTA_BASE: base_ref.digest,
-        LABEL_DELTA_MANIFEST: sha256_digest(data),
-    }
-    layers = [Descriptor.of(b, mt.OCI_LAYER_TAR) for b in (files_layer, manifest_layer)]
-    config = _config([d.digest for d in layers], labels)
-    config_desc = Descriptor.of(config, mt.OCI_CONFIG)
-    subject = facts.top.descriptor()
-    doc = {
-        "schemaVersion": 2,
-        "mediaType": mt.OCI_MANIFEST,
-        "artifactType": ARTIFACT_TYPE,
-        "config": config_desc.to_json(),
-        "layers": [d.to_json() for d in layers],
-        "subject": Descriptor(
-            media_type=subject.media_type, digest=subject.digest, size=subject.size
-        ).to_json(),
-        "annotations": {ANN_DELTA_BASE: base_ref.digest, LABEL_DELTA_MANIFEST: sha256_digest(data)},
-    }
-    manifest = encode_json(doc)
     dest = parse_reference(to) if to else base_ref.with_tag(default_tag(base_ref.digest))
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the delta to")
-    for blob in (files_layer, manifest_layer, config):
-        client.put_blob(dest, blob)
-    if dest.name == base_ref.name:
-        # A referrer of the base where registries look for them (the fallback index too).
-        client.push_referrer(base_ref, manifest, mt.OCI_MANIFEST)
-    client.put_manifest(dest, manifest, mt.OCI_MANIFEST)
-    digest = sha256_digest(manifest)
-    pinned = dest.with_digest(digest)
-    sign_image(pinned.pinned(), signer, client=client, attest=False)
-    predicate = {
-        "replica": delta.replica,
-        "baseImage": {"name": base_ref.name, "digest": base_ref.digest},
-        "key": str(delta.key),
-        "keyDigest": delta.key.digest,
-        "signer": signer.identity,
-        "deltaManifest": {"path": "/" + DELTA_MANIFEST, "digest": sha256_digest(data)},
-        "kinds": delta.totals(),
-        "origin": delta.origin.value,
-        "rebuild": delta.rebuild.to_json() if delta.rebuild else None,
-    }
-    statement = signer.sign_statement(
-        intoto.make_statement(pinned.name, digest, DELTA_PREDICATE_TYPE, predicate)
-    )
-    top = client.get_manifest(pinned)
-    push_bundle(client, pinned, top.descriptor(), statement.bundle, DELTA_PREDICATE_TYPE, signer)
+    artifact = _artifact(delta, entries, base_ref, signer)
+    pinned = referrer.publish(client, artifact, base=base_ref, facts=facts, dest=dest, signer=signer)
     return PushedDelta(
         reference=pinned.pinned(),
         tagged=f"{dest.name}:{dest.tag}",
         base=base_ref.pinned(),
-        manifest_digest=sha256_digest(data),
+        manifest_digest=sha256_digest(delta.to_json().encode()),
         files=len(delta.files),
         bytes=delta.total_bytes,
         signer=signer.identity,
@@ -307,26 +214,64 @@ def push_delta(
     )
 
 
+def _pushable(path: Path, delta: DeltaManifest, *, unsafe_replica_bytes: bool) -> None:
+    if not delta.files:
+        raise BadInput(f"{path}: the delta lists no files; there is nothing to push")
+    if delta.origin is Origin.REPLICA and not unsafe_replica_bytes:
+        raise BadInput(
+            f"{path}: holds the bytes a replica wrote (origin replica), which anything that could write its "
+            "cache root chose; record in the replica ('kernelbake capture record') and push what "
+            "'kernelbake capture rebuild' compiles, or pass --unsafe-replica-bytes (refused by a policy "
+            f"without {UNSAFE_SETTING})"
+        )
+
+
+def _artifact(
+    delta: DeltaManifest, entries: list[tuple[str, bytes, int, int]], base: Reference, signer: Signer
+) -> referrer.Artifact:
+    """The delta as the artifact pushed: its files, then delta.json alone."""
+    data = delta.to_json().encode()
+    assert base.digest is not None
+    return referrer.Artifact(
+        kind=KIND,
+        layers=(
+            referrer.Layer.of(_tar(entries)),
+            referrer.Layer.of(referrer.manifest_tar(DELTA_MANIFEST, data)),
+        ),
+        labels={
+            **delta.key.labels(),
+            LABEL_ARTIFACT: DELTA_ARTIFACT,
+            LABEL_DELTA_BASE: base.digest,
+            LABEL_DELTA_MANIFEST: sha256_digest(data),
+        },
+        annotations={ANN_DELTA_BASE: base.digest, LABEL_DELTA_MANIFEST: sha256_digest(data)},
+        predicate={
+            "replica": delta.replica,
+            "baseImage": {"name": base.name, "digest": base.digest},
+            "key": str(delta.key),
+            "keyDigest": delta.key.digest,
+            "signer": signer.identity,
+            "deltaManifest": {"path": "/" + DELTA_MANIFEST, "digest": sha256_digest(data)},
+            "kinds": delta.totals(),
+            "origin": delta.origin.value,
+            "rebuild": delta.rebuild.to_json() if delta.rebuild else None,
+        },
+    )
+
+
 def default_tag(base_digest: str) -> str:
     """``delta-sha256-<hex>``: a tag per base, so that a delta for one base never replaces another's."""
     return TAG_PREFIX + base_digest.replace(":", "-")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedDelta:
+class VerifiedDelta(referrer.Verified[CacheKey]):
     """A delta whose signature the policy trusts, shaped as kernelbake pushes one; what it is
     layered on (``base_digest``, ``base_manifest``) is for the caller to compare with the pod's
-    image (``verify_delta`` here, ``admission.deltas`` in a review)."""
+    image (``verify_delta`` here, ``admission.deltas`` in a review). ``manifest_digest`` is what
+    $KERNELBAKE_DELTA_DIGEST must be."""
 
-    reference: str  # host/repo@sha256:… of the delta
-    digest: str
-    key: CacheKey
-    base_digest: str  # the image it is layered on (its subject, and delta.json's base)
-    base_manifest: str  # that image's pinned cache manifest
-    manifest_digest: str  # what $KERNELBAKE_DELTA_DIGEST must be
-    signer: str
-    files: int
-    bytes: int
+    base_manifest: str  # the base image's pinned cache manifest
     origin: str = Origin.REPLICA.value  # what delta.json says; unsaid is a replica's
     builder: str = ""  # who rebuilt it; "" for a replica's bytes
     skipped: tuple[str, ...] = ()
@@ -344,53 +289,13 @@ class VerifiedDelta:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "digest": self.digest,
-            "key": str(self.key),
-            "key_digest": self.key.digest,
-            "base_digest": self.base_digest,
-            "base_manifest": self.base_manifest,
-            "manifest_digest": self.manifest_digest,
-            "signer": self.signer,
-            "files": self.files,
-            "bytes": self.bytes,
-            "origin": self.origin,
-            "builder": self.builder,
-            "skipped": list(self.skipped),
-            "verified": True,
-        }
-
-
-def _manifest_descriptor(where: str, layers: list[Descriptor]) -> Descriptor:
-    if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
-        raise DeltaRefused(f"{where}: a delta has two tar layers (files, then {DELTA_MANIFEST} alone)")
-    return layers[-1]
-
-
-def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
-    where = pinned.pinned()
-    last = _manifest_descriptor(where, layers)
-    if last.size > MAX_MANIFEST_BYTES + (64 << 10):
-        raise DeltaRefused(
-            f"{where}: its {DELTA_MANIFEST} layer is {last.size} B, more than a delta's may be"
-        )
-    blob = client.get_blob(pinned, last.digest, max_bytes=MAX_MANIFEST_BYTES + (64 << 10))
-    try:
-        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
-            members = [m for m in tar.getmembers() if not m.isdir()]
-            if len(members) != 1 or members[0].name != DELTA_MANIFEST or not members[0].isreg():
-                raise DeltaRefused(f"{where}: its last layer must hold {DELTA_MANIFEST} alone")
-            fh = tar.extractfile(members[0])
-            return fh.read() if fh else b""
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DeltaRefused(f"{where}: its last layer is not a readable tar ({exc})") from None
+        mine = {"base_manifest": self.base_manifest, "origin": self.origin, "builder": self.builder}
+        return {**super().to_json(), **mine, "skipped": list(self.skipped)}
 
 
 def is_delta(client: RegistryClient, reference: str) -> bool:
     """Whether ``reference`` names a cache delta (by its manifest's ``artifactType``)."""
-    top = client.get_manifest(parse_reference(reference), accept=mt.IMAGE_MANIFESTS)
-    return top.artifact_type == ARTIFACT_TYPE
+    return referrer.is_kind(client, reference, KIND)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -429,46 +334,19 @@ def read_delta(
 def _read(
     client: RegistryClient, reference: str, policy: VerifyPolicy, parse: ParseOnce = _each_time
 ) -> tuple[VerifiedDelta, DeltaManifest | None]:
-    """A trusted signature on the delta's digest (junk and foreign referrers passed over, as
-    for images), its ``artifactType``, its two layers, delta.json that names the manifest's
-    subject as its base. Raises a ``VerificationFailed`` subclass."""
-    ref = parse_reference(reference)
-    with registry_errors(str(ref), missing_is_image=True):
-        top = client.get_manifest(ref, accept=mt.IMAGE_MANIFESTS)
-    pinned = ref.with_digest(top.digest)
-    where = pinned.pinned()
-    if ref.digest is not None and ref.digest != top.digest:
-        raise DeltaRefused(f"{reference}: the registry served {top.digest}")
-    signed = verify_signature(client, pinned, policy)
-    if top.artifact_type != ARTIFACT_TYPE:
-        raise DeltaRefused(
-            f"{where}: artifactType {top.artifact_type!r} is not {ARTIFACT_TYPE}; not a cache delta"
-        )
-    subject = top.subject
-    if subject is None:
-        raise DeltaRefused(f"{where}: no subject, so not layered on any image")
-    layer = _manifest_descriptor(where, top.layers)
+    """A trusted signature on the delta's digest, its ``artifactType`` and its two layers
+    (``referrer.read``), delta.json that names the manifest's subject as its base, and a
+    rebuilt delta unless the policy lets a replica's bytes through. Raises a
+    ``VerificationFailed`` subclass."""
+    found = referrer.read(client, reference, policy, KIND)
+    where, subject = found.where, found.subject
+    layer = referrer.manifest_descriptor(where, found.top.layers, KIND)
     parsed: list[DeltaManifest] = []
 
     def read() -> DeltaFacts:
-        with registry_errors(where, missing_is_image=False):
-            data = _manifest_layer(client, pinned, top.layers)
-        try:
-            delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
-        except InvalidDelta as exc:
-            raise DeltaRefused(str(exc)) from None
+        delta, facts = _facts(where, referrer.manifest_file(client, found, KIND))
         parsed.append(delta)
-        return DeltaFacts(
-            manifest_digest=sha256_digest(data),
-            key=delta.key,
-            base_image=delta.base_image,
-            base_manifest=delta.base_manifest,
-            files=len(delta.files),
-            bytes=delta.total_bytes,
-            origin=delta.origin,
-            replica=delta.replica,
-            builder=delta.rebuild.builder if delta.rebuild else "",
-        )
+        return facts
 
     # The layer's digest names its bytes (get_blob checks them), so its facts are the same
     # under every name the blob is copied to.
@@ -477,30 +355,46 @@ def _read(
         raise DeltaRefused(
             f"{where}: {DELTA_MANIFEST} names the base {facts.base_image}, its subject is {subject.digest}"
         )
-    found = facts.manifest_digest
-    if top.annotations.get(LABEL_DELTA_MANIFEST, found) != found:
-        raise DeltaRefused(f"{where}: its annotation names another {DELTA_MANIFEST} than its layer holds")
+    referrer.check_annotation(found, LABEL_DELTA_MANIFEST, facts.manifest_digest, KIND)
     if facts.origin is Origin.REPLICA and not policy.unsafe_replica_deltas:
         raise DeltaRefused(
-            f"{where}: signed by {signed.signer} as replica {facts.replica or '(unnamed)'} wrote it (origin "
-            f"replica), not rebuilt by a trusted build; this policy accepts rebuilt deltas only: rebuild it "
-            f"('kernelbake capture rebuild'), or set {UNSAFE_SETTING}: true to run a replica's bytes"
+            f"{where}: signed by {found.signed.signer} as replica {facts.replica or '(unnamed)'} wrote it "
+            f"(origin replica), not rebuilt by a trusted build; this policy accepts rebuilt deltas only: "
+            f"rebuild it ('kernelbake capture rebuild'), or set {UNSAFE_SETTING}: true to run a replica's bytes"
         )
     verified = VerifiedDelta(
         reference=where,
-        digest=top.digest,
+        digest=found.top.digest,
         key=facts.key,
         base_digest=subject.digest,
         base_manifest=facts.base_manifest,
-        manifest_digest=found,
-        signer=signed.signer,
+        manifest_digest=facts.manifest_digest,
+        signer=found.signed.signer,
         files=facts.files,
         bytes=facts.bytes,
         origin=facts.origin.value,
         builder=facts.builder,
-        skipped=tuple(f"{s.origin}: {s.reason}" for s in signed.skipped),
+        skipped=tuple(f"{s.origin}: {s.reason}" for s in found.signed.skipped),
     )
     return verified, (parsed[0] if parsed else None)
+
+
+def _facts(where: str, data: bytes) -> tuple[DeltaManifest, DeltaFacts]:
+    try:
+        delta = DeltaManifest.from_json(data, source=f"{where}: {DELTA_MANIFEST}")
+    except InvalidDelta as exc:
+        raise DeltaRefused(str(exc)) from None
+    return delta, DeltaFacts(
+        manifest_digest=sha256_digest(data),
+        key=delta.key,
+        base_image=delta.base_image,
+        base_manifest=delta.base_manifest,
+        files=len(delta.files),
+        bytes=delta.total_bytes,
+        origin=delta.origin,
+        replica=delta.replica,
+        builder=delta.rebuild.builder if delta.rebuild else "",
+    )
 
 
 def verify_delta(
@@ -513,9 +407,5 @@ def verify_delta(
     assert base_ref.digest is not None
     verified, delta = _read(client, reference, policy)
     assert delta is not None  # read each time by default
-    if verified.base_digest != base_ref.digest:
-        raise DeltaRefused(
-            f"{verified.reference}: layered on {verified.base_digest}, but the pod's image is {base_ref.digest}"
-        )
-    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest)
+    _check_base(verified.reference, delta, facts, cache_manifest, base_ref.digest, "the pod's image")
     return verified

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernelbake.contract.delta import DELTA_MANIFEST, DeltaFile, DeltaManifest, Origin, Rebuild, engine_key
+from kernelbake.contract.delta import DELTA_MANIFEST, DeltaFile, DeltaManifest
 from kernelbake.contract.record import CaptureRecord
+from kernelbake.contract.reproduced import judge, stamp
 from kernelbake.errors import BadInput, BuildFailed
 from kernelbake.oci import parse_reference
 from kernelbake.runner import Runner, run
@@ -76,28 +77,6 @@ class Rebuilt:
             "per_kind": self.per_kind,
             "replay": list(self.replay),
         }
-
-
-def compare(claims: Sequence[DeltaFile], rebuilt: Sequence[DeltaFile]) -> dict[str, Any]:
-    """Per kind, how the rebuild's files and engine keys match the replica's claims: the
-    determinism the rebuild can show (same keys? same bytes?)."""
-    out: dict[str, Any] = {}
-    for kind in sorted({f.kind for f in (*claims, *rebuilt)}, key=lambda k: k.value):
-        mine = {f.path: f.sha256 for f in claims if f.kind is kind}
-        built = {f.path: f.sha256 for f in rebuilt if f.kind is kind}
-        keys_claimed = {k for p in mine if (k := engine_key(kind, p))}
-        keys_built = {k for p in built if (k := engine_key(kind, p))}
-        both = mine.keys() & built.keys()
-        out[kind.value] = {
-            "claimed_files": len(mine),
-            "rebuilt_files": len(built),
-            "same_paths": len(both),
-            "same_bytes": sum(mine[p] == built[p] for p in both),
-            "claimed_engine_keys": sorted(keys_claimed),
-            "rebuilt_engine_keys": sorted(keys_built),
-            "same_engine_keys": keys_claimed == keys_built,
-        }
-    return out
 
 
 def _docker(runner: Runner, argv: list[str], what: str, timeout: float | None = None) -> str:
@@ -199,14 +178,7 @@ def rebuild(
                 "the replica ran"
             )
         result = _judge(record, collected.files, said)
-        delta = dataclasses.replace(
-            collected,
-            origin=Origin.REBUILT,
-            replica=record.replica,
-            rebuild=Rebuild(
-                builder=builder, image=str(ref.digest), record=record.digest(), dropped=result.dropped
-            ),
-        )
+        delta = stamp(collected, record, builder=builder, image=str(ref.digest), dropped=result.dropped)
         (staging / DELTA_MANIFEST).write_text(delta.to_json())
         if out.exists():
             out.rmdir()
@@ -217,18 +189,17 @@ def rebuild(
 
 
 def _judge(record: CaptureRecord, files: tuple[DeltaFile, ...], said: list[str]) -> Rebuilt:
-    claimed = {f.path: f.sha256 for f in record.claims}
-    built = {f.path: f.sha256 for f in files}
+    found = judge(record, files)
     return Rebuilt(
         out=None,
         delta=DeltaManifest(key=record.key, base_image=None, base_manifest=record.base_manifest, files=files)
         if files
         else None,
         record=record.digest(),
-        reproduced=tuple(sorted(p for p in claimed.keys() & built.keys() if claimed[p] == built[p])),
-        differed=tuple(sorted(p for p in claimed.keys() & built.keys() if claimed[p] != built[p])),
-        dropped=tuple(sorted(claimed.keys() - built.keys())),
-        extra=tuple(sorted(built.keys() - claimed.keys())),
-        per_kind=compare(record.claims, files),
+        reproduced=found.reproduced,
+        differed=found.differed,
+        dropped=found.dropped,
+        extra=found.extra,
+        per_kind=found.per_kind,
         replay=tuple(said),
     )

@@ -19,12 +19,10 @@ key's digest; ``artifactType`` ``ARTIFACT_TYPE``, ``subject`` the image. Signed 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
-import os
 import stat
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +40,27 @@ from kernelbake.contract.snapshot import (
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
 from kernelbake.oci import types as mt
-from kernelbake.oci.types import encode_json, sha256_digest
-from kernelbake.remote import read_image
-from kernelbake.signing import intoto
-from kernelbake.signing.errors import SnapshotRefused, registry_errors
+from kernelbake.oci.types import sha256_digest
+from kernelbake.remote import ImageFacts
+from kernelbake.signing import referrer
+from kernelbake.signing.errors import SnapshotRefused
 from kernelbake.signing.policy import VerifyPolicy
-from kernelbake.signing.sign import push_bundle, sign_image
 from kernelbake.signing.signer import Signer
-from kernelbake.signing.verify import verify_signature
 
 SNAPSHOT_PREDICATE_TYPE = "https://kernelbake.dev/attestation/snapshot/v1"
 SNAPSHOT_ARTIFACT = "snapshot/v1"
 LABEL_SNAPSHOT_KEY = f"{LABEL_NS}.snapshot.key-digest"
 LABEL_SNAPSHOT_MANIFEST = f"{LABEL_NS}.snapshot.manifest-digest"
 TAG_SUFFIX = "-snapshot"
+KIND = referrer.Kind(
+    artifact_type=ARTIFACT_TYPE,
+    manifest=SNAPSHOT_MANIFEST,
+    max_manifest_bytes=MAX_MANIFEST_BYTES,
+    predicate_type=SNAPSHOT_PREDICATE_TYPE,
+    what="snapshot",
+    layers=f"images, then {SNAPSHOT_MANIFEST} alone",
+    refused=SnapshotRefused,
+)
 
 
 def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
@@ -68,61 +73,28 @@ def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
             f"{path / SNAPSHOT_MANIFEST}: cannot read ({exc.strerror}); is {path} what 'kernelbake snapshot take' wrote?"
         ) from None
     manifest = SnapshotManifest.from_json(data, source=str(path / SNAPSHOT_MANIFEST))
-    listed = {f.path: f for f in manifest.files}
-    for dirpath, _dirs, names in os.walk(path / IMAGES_DIR):
-        for name in names:
-            rel = (Path(dirpath) / name).relative_to(path).as_posix()
-            if rel not in listed:
-                raise BadInput(
-                    f"{path / rel}: not listed in {SNAPSHOT_MANIFEST}; a snapshot pushes only what it lists"
-                )
+    if rel := referrer.unlisted(path, path / IMAGES_DIR, (f.path for f in manifest.files)):
+        raise BadInput(
+            f"{path / rel}: not listed in {SNAPSHOT_MANIFEST}; a snapshot pushes only what it lists"
+        )
     for f in manifest.files:
         p = path / f.path
         st = p.lstat() if p.exists() or p.is_symlink() else None
         if st is None or not stat.S_ISREG(st.st_mode):
             raise BadInput(f"{p}: missing or not a plain file, but {SNAPSHOT_MANIFEST} lists it")
-        h = hashlib.sha256()
-        with p.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        if (st.st_size, h.hexdigest()) != (f.size, f.sha256):
-            raise BadInput(
-                f"{p}: sha256 {h.hexdigest()} ({st.st_size} B), {SNAPSHOT_MANIFEST} records {f.sha256}"
-            )
+        if (st.st_size, sha := referrer.file_sha256(p)) != (f.size, f.sha256):
+            raise BadInput(f"{p}: sha256 {sha} ({st.st_size} B), {SNAPSHOT_MANIFEST} records {f.sha256}")
     return manifest, data
 
 
 def _tar_to(dest: Path, root: Path, manifest: SnapshotManifest) -> str:
     """The images layer, written to ``dest`` (a snapshot is as large as the model); its sha256."""
     with dest.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        dirs: set[str] = set()
+        seen: set[str] = set()
         for f in manifest.files:
-            parts = f.path.split("/")
-            for i in range(1, len(parts)):
-                d = "/".join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
-                    tar.addfile(info)
-            info = tarfile.TarInfo(f.path)
-            info.size, info.mode, info.mtime = f.size, 0o444, 0
             with (root / f.path).open("rb") as fh:
-                tar.addfile(info, fh)
-    h = hashlib.sha256()
-    with dest.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
-
-
-def _manifest_tar(data: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo(SNAPSHOT_MANIFEST)
-        info.size, info.mode, info.mtime = len(data), 0o444, 0
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+                referrer.add_file(tar, f.path, f.size, 0o444, 0, fh, seen)
+    return "sha256:" + referrer.file_sha256(dest)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,19 +117,11 @@ class PushedSnapshot:
         return dataclasses.asdict(self)
 
 
-def _base(client: RegistryClient, base: str) -> tuple[Reference, Any]:
-    ref = parse_reference(base)
-    if ref.digest is None:
-        raise BadInput(
-            f"{base}: the image must be pinned by digest (IMAGE@sha256:…), the one the snapshot was taken from"
-        )
-    with registry_errors(ref.pinned(), missing_is_image=True):
-        top = client.get_manifest(ref)
-        facts = read_image(client, ref.with_digest(top.digest), top)
-    return ref.with_digest(top.digest), facts
+def _base(client: RegistryClient, base: str) -> tuple[Reference, ImageFacts]:
+    return referrer.pinned_base(client, base, pinned_as="the one the snapshot was taken from")
 
 
-def _check_base(where: str, key: SnapshotKey, facts: Any, base_digest: str) -> None:
+def _check_base(where: str, key: SnapshotKey, facts: ImageFacts, base_digest: str) -> None:
     if key.image != base_digest:
         raise SnapshotRefused(f"{where}: taken from image {key.image}, not {base_digest}")
     image_key = key_from_labels(facts.labels)
@@ -180,70 +144,15 @@ def push_snapshot(
     dest = parse_reference(to) if to else base_ref.with_tag(f"{base_ref.tag or 'image'}{TAG_SUFFIX}")
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the snapshot to")
-    meta = _manifest_tar(data)
     with tempfile.TemporaryDirectory(prefix="kernelbake-snapshot-push-") as tmp:
         layer = Path(tmp) / "images.tar"
-        layer_digest = _tar_to(layer, path, manifest)
-        layers = [
-            Descriptor(media_type=mt.OCI_LAYER_TAR, digest=layer_digest, size=layer.stat().st_size),
-            Descriptor.of(meta, mt.OCI_LAYER_TAR),
-        ]
-        labels = {
-            **manifest.key.cache_key.labels(),
-            LABEL_ARTIFACT: SNAPSHOT_ARTIFACT,
-            LABEL_SNAPSHOT_KEY: manifest.key.digest,
-            LABEL_SNAPSHOT_MANIFEST: sha256_digest(data),
-        }
-        config = encode_json(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Labels": labels},
-                "rootfs": {"type": "layers", "diff_ids": [d.digest for d in layers]},
-            }
+        digest = _tar_to(layer, path, manifest)
+        images = referrer.Layer(
+            descriptor=Descriptor(media_type=mt.OCI_LAYER_TAR, digest=digest, size=layer.stat().st_size),
+            path=layer,
         )
-        config_desc = Descriptor.of(config, mt.OCI_CONFIG)
-        subject = facts.top.descriptor()
-        doc = {
-            "schemaVersion": 2,
-            "mediaType": mt.OCI_MANIFEST,
-            "artifactType": ARTIFACT_TYPE,
-            "config": config_desc.to_json(),
-            "layers": [d.to_json() for d in layers],
-            "subject": Descriptor(
-                media_type=subject.media_type, digest=subject.digest, size=subject.size
-            ).to_json(),
-            "annotations": {
-                LABEL_SNAPSHOT_MANIFEST: sha256_digest(data),
-                LABEL_SNAPSHOT_KEY: manifest.key.digest,
-            },
-        }
-        body = encode_json(doc)
-        client.put_blob_file(dest, layer, layer_digest)
-    client.put_blob(dest, meta)
-    client.put_blob(dest, config)
-    if dest.name == base_ref.name:
-        client.push_referrer(base_ref, body, mt.OCI_MANIFEST)
-    client.put_manifest(dest, body, mt.OCI_MANIFEST)
-    digest = sha256_digest(body)
-    pinned = dest.with_digest(digest)
-    sign_image(pinned.pinned(), signer, client=client, attest=False)
-    predicate = {
-        "baseImage": {"name": base_ref.name, "digest": base_ref.digest},
-        "snapshotKey": str(manifest.key),
-        "keyDigest": manifest.key.digest,
-        "cacheKeyDigest": manifest.key.cache_key.digest,
-        "snapshotManifest": {"path": "/" + SNAPSHOT_MANIFEST, "digest": sha256_digest(data)},
-        "files": len(manifest.files),
-        "bytes": manifest.total_bytes,
-        "taken": dict(manifest.taken),
-        "signer": signer.identity,
-    }
-    statement = signer.sign_statement(
-        intoto.make_statement(pinned.name, digest, SNAPSHOT_PREDICATE_TYPE, predicate)
-    )
-    top = client.get_manifest(pinned)
-    push_bundle(client, pinned, top.descriptor(), statement.bundle, SNAPSHOT_PREDICATE_TYPE, signer)
+        artifact = _artifact(manifest, data, images, base_ref, signer)
+        pinned = referrer.publish(client, artifact, base=base_ref, facts=facts, dest=dest, signer=signer)
     return PushedSnapshot(
         reference=pinned.pinned(),
         base=base_ref.pinned(),
@@ -255,16 +164,42 @@ def push_snapshot(
     )
 
 
+def _artifact(
+    manifest: SnapshotManifest, data: bytes, images: referrer.Layer, base: Reference, signer: Signer
+) -> referrer.Artifact:
+    """The snapshot as the artifact pushed: CRIU's images, then snapshot.json alone."""
+    return referrer.Artifact(
+        kind=KIND,
+        layers=(images, referrer.Layer.of(referrer.manifest_tar(SNAPSHOT_MANIFEST, data))),
+        labels={
+            **manifest.key.cache_key.labels(),
+            LABEL_ARTIFACT: SNAPSHOT_ARTIFACT,
+            LABEL_SNAPSHOT_KEY: manifest.key.digest,
+            LABEL_SNAPSHOT_MANIFEST: sha256_digest(data),
+        },
+        annotations={LABEL_SNAPSHOT_MANIFEST: sha256_digest(data), LABEL_SNAPSHOT_KEY: manifest.key.digest},
+        predicate={
+            "baseImage": {"name": base.name, "digest": base.digest},
+            "snapshotKey": str(manifest.key),
+            "keyDigest": manifest.key.digest,
+            "cacheKeyDigest": manifest.key.cache_key.digest,
+            "snapshotManifest": {"path": "/" + SNAPSHOT_MANIFEST, "digest": sha256_digest(data)},
+            "files": len(manifest.files),
+            "bytes": manifest.total_bytes,
+            "taken": dict(manifest.taken),
+            "signer": signer.identity,
+        },
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedSnapshot:
-    reference: str
-    digest: str
-    key: SnapshotKey
-    base_digest: str  # the image it refers to (its subject, and the key's image)
-    manifest_digest: str  # what $KERNELBAKE_SNAPSHOT_DIGEST must be
-    signer: str
-    files: int
-    bytes: int
+class VerifiedSnapshot(referrer.Verified[SnapshotKey]):
+    """A snapshot whose signature the policy trusts; ``base_digest`` is the image it refers to
+    (its subject, and the key's image), ``manifest_digest`` what $KERNELBAKE_SNAPSHOT_DIGEST
+    must be."""
+
+    # snapshot.json's record of the environment its key digests (None before it was recorded).
+    environment: Mapping[str, str] | None = None
 
     def describe(self) -> str:
         return (
@@ -272,87 +207,39 @@ class VerifiedSnapshot:
             f"key {self.key.digest}; {self.files} files ({self.bytes} B); snapshot.json {self.manifest_digest}"
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "digest": self.digest,
-            "key": str(self.key),
-            "key_digest": self.key.digest,
-            "base_digest": self.base_digest,
-            "manifest_digest": self.manifest_digest,
-            "signer": self.signer,
-            "files": self.files,
-            "bytes": self.bytes,
-            "verified": True,
-        }
-
-
-def _manifest_layer(client: RegistryClient, pinned: Reference, layers: list[Descriptor]) -> bytes:
-    where = pinned.pinned()
-    if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
-        raise SnapshotRefused(
-            f"{where}: a snapshot has two tar layers (images, then {SNAPSHOT_MANIFEST} alone)"
-        )
-    limit = MAX_MANIFEST_BYTES + (64 << 10)
-    if layers[-1].size > limit:
-        raise SnapshotRefused(
-            f"{where}: its {SNAPSHOT_MANIFEST} layer is {layers[-1].size} B, more than one may be"
-        )
-    blob = client.get_blob(pinned, layers[-1].digest, max_bytes=limit)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
-            members = [m for m in tar.getmembers() if not m.isdir()]
-            if len(members) != 1 or members[0].name != SNAPSHOT_MANIFEST or not members[0].isreg():
-                raise SnapshotRefused(f"{where}: its last layer must hold {SNAPSHOT_MANIFEST} alone")
-            fh = tar.extractfile(members[0])
-            return fh.read() if fh else b""
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SnapshotRefused(f"{where}: its last layer is not a readable tar ({exc})") from None
-
 
 def read_snapshot(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedSnapshot:
-    """A trusted signature on the artifact's digest, its ``artifactType``, its two layers and a
-    snapshot.json whose key names the manifest's subject as its image. Raises a
-    ``VerificationFailed`` subclass."""
-    ref = parse_reference(reference)
-    with registry_errors(str(ref), missing_is_image=True):
-        top = client.get_manifest(ref, accept=mt.IMAGE_MANIFESTS)
-    pinned = ref.with_digest(top.digest)
-    where = pinned.pinned()
-    if ref.digest is not None and ref.digest != top.digest:
-        raise SnapshotRefused(f"{reference}: the registry served {top.digest}")
-    signed = verify_signature(client, pinned, policy)
-    if top.artifact_type != ARTIFACT_TYPE:
-        raise SnapshotRefused(
-            f"{where}: artifactType {top.artifact_type!r} is not {ARTIFACT_TYPE}; not a snapshot"
-        )
-    if top.subject is None:
-        raise SnapshotRefused(f"{where}: no subject, so not taken from any image")
-    with registry_errors(where, missing_is_image=False):
-        data = _manifest_layer(client, pinned, top.layers)
+    """A trusted signature on the artifact's digest, its ``artifactType`` and its two layers
+    (``referrer.read``), and a snapshot.json whose key names the manifest's subject as its
+    image. Raises a ``VerificationFailed`` subclass."""
+    found = referrer.read(client, reference, policy, KIND)
+    where = found.where
+    data = referrer.manifest_file(client, found, KIND)
     try:
         manifest = SnapshotManifest.from_json(data, source=f"{where}: {SNAPSHOT_MANIFEST}")
     except InvalidSnapshot as exc:
         raise SnapshotRefused(str(exc)) from None
-    if manifest.key.image != top.subject.digest:
+    if manifest.key.image != found.subject.digest:
         raise SnapshotRefused(
-            f"{where}: {SNAPSHOT_MANIFEST} was taken from {manifest.key.image}, its subject is {top.subject.digest}"
+            f"{where}: {SNAPSHOT_MANIFEST} was taken from {manifest.key.image}, its subject is {found.subject.digest}"
         )
-    found = sha256_digest(data)
-    if top.annotations.get(LABEL_SNAPSHOT_MANIFEST, found) != found:
-        raise SnapshotRefused(
-            f"{where}: its annotation names another {SNAPSHOT_MANIFEST} than its layer holds"
-        )
+    referrer.check_annotation(found, LABEL_SNAPSHOT_MANIFEST, sha256_digest(data), KIND)
     return VerifiedSnapshot(
         reference=where,
-        digest=top.digest,
+        digest=found.top.digest,
         key=manifest.key,
-        base_digest=top.subject.digest,
-        manifest_digest=found,
-        signer=signed.signer,
+        base_digest=found.subject.digest,
+        manifest_digest=sha256_digest(data),
+        signer=found.signed.signer,
         files=len(manifest.files),
         bytes=manifest.total_bytes,
+        environment=manifest.environment,
     )
+
+
+def is_snapshot(client: RegistryClient, reference: str) -> bool:
+    """Whether ``reference`` names a snapshot artifact (by its manifest's ``artifactType``)."""
+    return referrer.is_kind(client, reference, KIND)
 
 
 def verify_snapshot(

@@ -10,13 +10,21 @@ from pathlib import Path
 from kernelbake.contract.key import NONE
 from kernelbake.runtime.snapshot.driver import DeviceFacts
 
-# Serves /health (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 it answers 503.
+# Serves /health (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 it answers 503. POSTs
+# (vLLM's /wake_up, /collective_rpc) are answered 200, or 500 with RELOAD=0 for the reload, and
+# each is appended to CALLS as "path body".
 HEALTH_SERVER = r"""
 import http.server, sys, threading
 port, seconds, healthy = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+reload_ok, calls = sys.argv[4] == "1", sys.argv[5]
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if healthy and self.path == "/health" else 503); self.end_headers()
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        with open(calls, "a") as fh:
+            fh.write(f"{self.path} {body}\n")
+        self.send_response(500 if self.path == "/collective_rpc" and not reload_ok else 200); self.end_headers()
     def log_message(self, *a): pass
 s = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
 threading.Timer(seconds, s.shutdown).start()
@@ -47,12 +55,21 @@ class FakeCriu:
     binary = Path("/fake/criu")
 
     def __init__(
-        self, port: int, *, restore_ok: bool = True, healthy: bool = True, serve_s: float = 1.0
+        self,
+        port: int,
+        *,
+        restore_ok: bool = True,
+        healthy: bool = True,
+        serve_s: float = 1.0,
+        reload_ok: bool = True,
     ) -> None:
         self.port = port
         self.restore_ok = restore_ok
         self.healthy = healthy
         self.serve_s = serve_s
+        self.reload_ok = reload_ok
+        # What the restored engine was sent after /health (written by the stand-in).
+        self.calls: Path | None = None
         self.restores: list[Path] = []
         self.child: subprocess.Popen[bytes] | None = None
 
@@ -77,6 +94,8 @@ class FakeCriu:
                 str(self.port),
                 str(self.serve_s),
                 "1" if self.healthy else "0",
+                "1" if self.reload_ok else "0",
+                str(self.calls or "/dev/null"),
             ]
         )
         pidfile.write_text(str(self.child.pid))

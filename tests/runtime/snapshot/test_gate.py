@@ -15,13 +15,15 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     SnapshotFile,
     SnapshotManifest,
+    Weights,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import restore as restore_mod
+from kernelbake.runtime.snapshot import volume
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.machine import here_key
-from kernelbake.runtime.snapshot.restore import marker, start_from_snapshot
+from kernelbake.runtime.snapshot.restore import gate, marker, start_from_snapshot
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
 from tests.support.runtime_target import runtime_env, write_target
 
@@ -40,7 +42,13 @@ def _sha(data: bytes) -> str:
 
 
 def _snapshot(
-    tmp_path: Path, port: int, *, driver: FakeDriver, criu: FakeCriu, args: tuple[str, ...] = ()
+    tmp_path: Path,
+    port: int,
+    *,
+    driver: FakeDriver,
+    criu: FakeCriu,
+    args: tuple[str, ...] = (),
+    weights: Weights = Weights.INSIDE,
 ) -> str:
     """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot; its digest."""
     env = runtime_env(tmp_path)
@@ -51,6 +59,7 @@ def _snapshot(
         environ=env.environ,
         driver=driver,
         criu=criu,  # type: ignore[arg-type]
+        weights=weights,
     )
     root = tmp_path / "snapshot"
     (root / "images").mkdir(parents=True)
@@ -209,6 +218,10 @@ def test_other_serve_args_or_env_are_refused(setup: tuple[Path, int]) -> None:
         tmp_path, _env(tmp_path, digest), criu, driver, ("--max-num-seqs", "4")
     )
     assert "serve env" in _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="1"), criu, driver)
+    # What the kubelet and the device plugin set per pod is no difference.
+    volatile = _env(tmp_path, digest, KUBERNETES_SERVICE_HOST="10.0.0.1", NVIDIA_VISIBLE_DEVICES="GPU-9")
+    gated = gate(volatile, (), driver=driver, criu=criu)  # type: ignore[arg-type]
+    assert gated is not None and gated.reasons == ()
 
 
 def test_an_unpinned_or_other_snapshot_json_is_refused(setup: tuple[Path, int]) -> None:
@@ -253,3 +266,81 @@ def test_criu_missing_here_is_a_refusal_not_a_traceback(setup: tuple[Path, int])
     said: list[str] = []
     rc = start_from_snapshot(env, [], driver=driver, criu=Criu(tmp_path / "no-criu"), say=said.append)
     assert rc is None and "command not found" in said[0]
+
+
+# Verified once per node: on an image volume the runtime pulled (runtime.snapshot.volume).
+_BASE = "1 0 0:30 / / rw,relatime - overlay overlay rw,lowerdir=/l1:/l2,upperdir=/u,workdir=/w\n"
+
+
+def _as_pulled(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    line = f"2 1 0:40 / {root} ro,relatime - overlay overlay ro,lowerdir=/v/2/fs:/v/1/fs\n"
+    monkeypatch.setattr(volume, "_read", lambda: _BASE + line)
+
+
+def test_on_a_pulled_volume_sizes_are_checked_and_sha256_is_not(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    pages = tmp_path / "snapshot/images/pages-1.img"
+    data = bytearray(pages.read_bytes())
+    data[100] ^= 1
+    pages.write_bytes(bytes(data))
+    env = _env(tmp_path, digest)
+    # Hashed where the mount is no pulled image volume: the changed byte is named.
+    assert "images/pages-1.img: sha256" in _refused(tmp_path, env, criu, driver)
+    _as_pulled(monkeypatch, tmp_path / "snapshot")
+    gated = gate(env, (), driver=driver, criu=criu)  # type: ignore[arg-type]
+    assert gated is not None and gated.reasons == ()
+    assert gated.checked.startswith("2 files checked by sizes (a read-only overlay of the layers")
+    pages.write_bytes(bytes(data[:-1]))
+    assert "images/pages-1.img: 6999 B, 7000 B recorded (truncated or replaced)" in _refused(
+        tmp_path, env, criu, driver
+    )
+    pages.write_bytes(bytes(data))
+    (tmp_path / "snapshot/images/extra.img").write_bytes(b"x")
+    assert "images/extra.img: not listed" in _refused(tmp_path, env, criu, driver)
+
+
+def test_a_hashed_gate_says_so(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
+    assert gated is not None and gated.checked.startswith("2 files checked by sizes and sha256 in ")
+
+
+# Weights left out: the restored engine is woken and its weights reloaded before serve says so.
+
+
+def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    criu.calls = tmp_path / "calls.txt"
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    assert criu.calls.read_text().splitlines() == [
+        "/wake_up {}",
+        '/collective_rpc {"method": "reload_weights"}',
+    ]
+    assert "weights outside" in said[0] and "woken " in said[0] and "weights reloaded " in said[0]
+
+
+def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port, reload_ok=False, serve_s=30.0)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and criu.child is not None and criu.child.poll() is not None
+    assert marker(env, digest).exists()
+    assert "/collective_rpc answered 500" in said[0] and "this node is marked" in said[0]
+    # A snapshot taken with its weights inside is never woken: nothing was posted.
+    driver, criu = FakeDriver(), FakeCriu(port)
+    criu.calls = tmp_path / "calls-inside.txt"
+    (tmp_path / "snapshot").rename(tmp_path / "snapshot-asleep")
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0 and not criu.calls.exists() and "weights inside" in said[0]

@@ -110,3 +110,121 @@ def test_the_tree_and_what_it_holds_are_read_from_proc(tmp_path: Path) -> None:
     (proc / "12/environ").write_bytes(b"PATH=/bin\0HF_TOKEN=hf_x\0")
     (proc / "12/cmdline").write_bytes(b"vllm\0--api-key=abc\0")
     assert tree.secrets(12, proc) == ["$HF_TOKEN", "argv --api-key"]
+
+
+def test_weights_outside_needs_sleep_mode_dev_endpoints_and_their_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelbake.contract.snapshot import Weights
+    from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    started: list[object] = []
+    monkeypatch.setattr(take, "spawn", lambda *a, **k: started.append(a))
+    options = Options(image="sha256:" + "1" * 64, weights=Weights.OUTSIDE, user_args=("--seed", "0"))
+    with pytest.raises(BadInput) as info:
+        take.take(runtime_env(tmp_path), tmp_path / "out", options, driver=FakeDriver(), criu=FakeCriu(1))  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith(
+        "kernelbake snapshot take --weights outside: the engine runs without --enable-sleep-mode"
+    )
+    assert "VLLM_SERVER_DEV_MODE=1 is unset" in message and f"--middleware {MIDDLEWARE} is missing" in message
+    assert started == []
+    from kernelbake.contract.target import TargetConfig
+
+    target = TargetConfig.load(tmp_path / "target.json")
+    ok = ("--enable-sleep-mode", f"--middleware={MIDDLEWARE}")
+    assert take.weights_out_problems(target, {"VLLM_SERVER_DEV_MODE": "1"}, ok) == []
+    assert (
+        take.weights_out_problems(
+            target, {"VLLM_SERVER_DEV_MODE": "1"}, ("--enable-sleep-mode", "--middleware", MIDDLEWARE)
+        )
+        == []
+    )
+
+
+def test_the_dev_guard_lets_only_loopback_past_the_serving_api() -> None:
+    from kernelbake.runtime.snapshot.devguard import allowed
+
+    for path in ("/v1/completions", "/health", "/metrics", "/v1"):
+        assert allowed(path, "10.1.2.3"), path
+    for path in (
+        "/collective_rpc",
+        "/sleep",
+        "/wake_up",
+        "/is_sleeping",
+        "/reset_prefix_cache",
+        "/v1x",
+        "/healthz",
+    ):
+        assert not allowed(path, "10.1.2.3"), path
+        assert not allowed(path, None), path
+        assert not allowed(path, "not an address"), path
+        assert allowed(path, "127.0.0.1") and allowed(path, "::1"), path
+
+
+def test_the_dev_guard_answers_403_without_calling_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import types
+
+    from kernelbake.runtime.snapshot import devguard
+
+    monkeypatch.setattr(devguard, "_refuse", lambda path: ("403", path))
+    reached: list[str] = []
+
+    async def app(request: object) -> str:
+        reached.append("app")
+        return "200"
+
+    def request(host: str | None, path: str) -> object:
+        client = types.SimpleNamespace(host=host) if host else None
+        return types.SimpleNamespace(client=client, url=types.SimpleNamespace(path=path))
+
+    assert asyncio.run(devguard.loopback_only(request("10.0.0.9", "/collective_rpc"), app)) == (
+        "403",
+        "/collective_rpc",
+    )
+    assert asyncio.run(devguard.loopback_only(request(None, "/sleep"), app)) == ("403", "/sleep")
+    assert reached == []
+    assert asyncio.run(devguard.loopback_only(request("127.0.0.1", "/collective_rpc"), app)) == "200"
+    assert reached == ["app"]
+
+
+@pytest.mark.parametrize(("sleeping", "ok"), [("true", True), ("false", False)])
+def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
+    import http.server
+    import threading
+
+    from kernelbake.errors import EnvironmentProblem
+
+    asked: list[str] = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = f'{{"is_sleeping": {sleeping}}}'.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        if ok:
+            take._sleep(base)
+        else:
+            with pytest.raises(EnvironmentProblem, match="does not say the engine sleeps"):
+                take._sleep(base)
+    finally:
+        server.shutdown()
+    assert asked == ["/sleep?level=2", "/is_sleeping"]

@@ -24,7 +24,6 @@ from kernelbake.runtime.env import RuntimeEnv
 
 if TYPE_CHECKING:
     from kernelbake.runtime.prediction import Prediction
-    from kernelbake.runtime.preflight import Verdict
 
 
 class TorchEngine:
@@ -162,21 +161,3 @@ def inductor_identity() -> dict[str, object]:
         "torch_key": hashlib.sha256(bytes(torch_key())).hexdigest(),
         "config": {str(k): repr(v) for k, v in sorted(portable.items())},
     }
-
-
-def use_baked_caches(user_args: Sequence[str] = ()) -> Verdict:
-    """For your own scripts in a torch image: run the preflight and point this process at the
-    caches it chose (the baked ones when they fit, else a fresh directory), so that your own
-    ``torch.compile`` of the same model and shapes loads the baked graphs and kernels.
-
-    Call it before importing torch: Inductor reads some of these variables at import.
-    """
-    from kernelbake.runtime import env as runtime_env
-    from kernelbake.runtime.env import RuntimeEnv
-    from kernelbake.runtime.preflight import preflight
-
-    verdict = preflight(RuntimeEnv.from_env(), user_args, engine=TorchEngine())
-    for line in verdict.lines():
-        print(f"kernelbake: {line}", file=sys.stderr, flush=True)
-    runtime_env.apply(verdict.env)
-    return verdict

@@ -1,4 +1,5 @@
-"""The few HTTP calls a snapshot makes to its own engine on localhost (health, warm-up)."""
+"""The few HTTP calls a snapshot makes to its own engine on localhost (health, warm-up, sleep,
+wake-up and the weights' reload)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,19 @@ def post_json(url: str, body: Any, *, timeout: float = 120.0) -> Any:
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def post(url: str, body: Any, *, timeout: float = 120.0) -> int | None:
+    """The HTTP status of ``POST url`` with a JSON body (vLLM's /sleep and /wake_up answer with
+    no body); None when nothing answers."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ValueError):
+        return None

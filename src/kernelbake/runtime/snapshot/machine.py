@@ -9,24 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.contract.key import CacheKey
-from kernelbake.contract.snapshot import (
-    IMAGE_DIGEST_ENV,
-    SNAPSHOT_DIGEST_ENV,
-    SnapshotKey,
-    Weights,
-    env_digest,
-)
+from kernelbake.contract.snapshot import SnapshotKey, Weights, env_digest, is_volatile
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 
 _CPUINFO = Path("/proc/cpuinfo")
-# Set per container or per pod, never by the user's configuration: left out of serve_env (the
-# restored process keeps the value it was dumped with; none of these reach the engine's work).
-# So are the snapshot's own settings, which only the gate reads.
-VOLATILE_ENV = frozenset(
-    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
-    | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU"}
-)
 
 
 def kernel_release() -> str:
@@ -50,7 +37,9 @@ def cpu(cpuinfo: Path = _CPUINFO) -> tuple[str, str]:
 
 
 def serve_env(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k not in VOLATILE_ENV}
+    """The environment the key holds: everything but what each container, pod or node sets
+    (``contract.snapshot.VOLATILE_ENV``)."""
+    return {k: v for k, v in environ.items() if not is_volatile(k)}
 
 
 def here_key(

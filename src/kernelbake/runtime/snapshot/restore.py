@@ -10,10 +10,14 @@ Before anything is restored, in this order (each refusal prints ``snapshot not u
 4. the key is exact: ``$KERNELBAKE_IMAGE_DIGEST`` (the pod's image) and every other field
    measured here equal the recorded ones, each difference named;
 5. every file under ``images/`` is listed, a plain file, of its size and sha256 (a truncated
-   or tampered page file is named), and nothing else is there.
+   or tampered page file is named), and nothing else is there. The sha256 is skipped only for
+   an image volume the container runtime pulled by digest and mounted as a read-only overlay
+   of those layers alone, with nothing mounted inside (``volume``): verified once per node,
+   when it was pulled, and writable by nothing in the pod.
 
-Then the one attempt: ``criu restore``, the driver's restore of each process, and ``/health``
-by the recorded deadline. A restore that fails or misses it is killed, the node is marked for
+Then the one attempt: ``criu restore``, the driver's restore of each process, ``/health`` and,
+for a snapshot taken with its weights outside, vLLM woken and its weights reloaded from the
+model's files, all by the recorded deadline. A restore that fails or misses it is killed, the node is marked for
 that snapshot (a file in the marks directory, so a restarted container does not try again),
 and the baked start runs: one attempt, never a loop."""
 
@@ -44,12 +48,14 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     InvalidSnapshot,
     SnapshotManifest,
+    Weights,
     differences,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.snapshot import http, tree
+from kernelbake.runtime.snapshot import http, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
@@ -65,6 +71,9 @@ class Gated:
     manifest: SnapshotManifest | None
     digest: str
     reasons: tuple[str, ...]
+    # How the files were checked, for the restore's line: by sha256, or (an image volume the
+    # runtime pulled by digest, ``volume``) by size.
+    checked: str = ""
 
 
 def marker(env: RuntimeEnv, digest: str) -> Path:
@@ -87,7 +96,10 @@ def _read_manifest(env: RuntimeEnv) -> tuple[bytes | None, str | None]:
         return None, f"{path}: cannot be read ({exc.strerror})"
 
 
-def _file_problems(root: Path, manifest: SnapshotManifest) -> Iterator[str]:
+def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> Iterator[str]:
+    """Every listed file present, plain and of its size, nothing unlisted; and (``hashed``) of
+    its sha256. One thread: hashing the page files side by side was no faster on two cores
+    (bench/results/snapshot_verify.json), since one process's pages are most of the bytes."""
     listed = {f.path: f for f in manifest.files}
     for f in manifest.files:
         p = root / f.path
@@ -100,13 +112,8 @@ def _file_problems(root: Path, manifest: SnapshotManifest) -> Iterator[str]:
             yield f"{f.path}: not a plain file"
         elif st.st_size != f.size:
             yield f"{f.path}: {st.st_size} B, {f.size} B recorded (truncated or replaced)"
-        else:
-            h = hashlib.sha256()
-            with p.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != f.sha256:
-                yield f"{f.path}: sha256 {h.hexdigest()[:16]}…, {f.sha256[:16]}… recorded (changed)"
+        elif hashed and (got := file_sha256(p)) != f.sha256:
+            yield f"{f.path}: sha256 {got[:16]}…, {f.sha256[:16]}… recorded (changed)"
     for dirpath, _dirs, names in os.walk(root / IMAGES_DIR):
         for name in names:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
@@ -162,9 +169,13 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         return Gated(manifest=None, digest=digest, reasons=(str(exc),))
     if found := list(differences(manifest.key, here)):
         return Gated(manifest=None, digest=digest, reasons=tuple(found))
-    if found := list(_file_problems(env.snapshot_root, manifest)):
+    started = time.monotonic()
+    pulled = volume.pulled_by_runtime(env.snapshot_root)
+    if found := list(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
         return Gated(manifest=None, digest=digest, reasons=tuple(found[:5]))
-    return Gated(manifest=manifest, digest=digest, reasons=())
+    how = f"sizes ({pulled})" if pulled else "sizes and sha256"
+    checked = f"{len(manifest.files)} files checked by {how} in {time.monotonic() - started:.2f} s"
+    return Gated(manifest=manifest, digest=digest, reasons=(), checked=checked)
 
 
 def _put_shm(root: Path, manifest: SnapshotManifest, shm: Path) -> None:
@@ -216,6 +227,47 @@ def _alive(pid: int) -> bool:
     return done == 0
 
 
+def _bring_back(
+    env: RuntimeEnv, work: Path, driver: Driver, criu: Criu, phases: dict[str, float]
+) -> tuple[int | None, list[int], str | None]:
+    """``criu restore`` and the driver's restore of each process: (root, pids, why it failed)."""
+    pidfile = work / "root.pid"
+    t = time.monotonic()
+    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
+    phases["criu restore"] = time.monotonic() - t
+    # CRIU kills what it restored when it fails; after success the tree is the live one below
+    # the root it names (the same pids it was dumped with).
+    root = _root(pidfile) if ok else None
+    pids = tree.descendants(root) if root is not None else []
+    if not ok:
+        return root, pids, f"criu restore failed (its log: {criu_log})"
+    if root is None:
+        return None, pids, f"criu restore wrote no root pid to {pidfile}"
+    t = time.monotonic()
+    try:
+        for pid in pids:
+            driver.restore(pid)
+    except KernelbakeError as exc:
+        return root, pids, f"the driver's restore failed: {exc}"
+    phases["driver restore"] = time.monotonic() - t
+    return root, pids, None
+
+
+def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
+    """A snapshot taken asleep (weights outside): vLLM woken and its weights reloaded from the
+    model's files, by the deadline; why not, or None."""
+    for what, path, body in (
+        ("woken", "/wake_up", {}),
+        ("weights reloaded", "/collective_rpc", {"method": "reload_weights"}),
+    ):
+        t = time.monotonic()
+        code = http.post(base + path, body, timeout=max(1.0, deadline - t))
+        if code != 200:
+            return f"{base}{path} answered {code}"
+        phases[what] = time.monotonic() - t
+    return None
+
+
 def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: Say) -> int | None:
     """The one attempt. The root's exit code once the restored tree ends, or None (failed:
     killed, marked; ``serve`` starts the baked way)."""
@@ -234,27 +286,18 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")
         return None
-    pidfile = work / "root.pid"
-    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
-    why = f"criu restore failed (its log: {criu_log})"
-    # CRIU kills what it restored when it fails; after success the tree is the live one below
-    # the root it names (the same pids it was dumped with).
-    root = _root(pidfile) if ok else None
-    pids = tree.descendants(root) if root is not None else []
-    if ok and root is None:
-        ok, why = False, f"criu restore wrote no root pid to {pidfile}"
-    if ok:
-        try:
-            for pid in pids:
-                driver.restore(pid)
-        except KernelbakeError as exc:
-            ok, why = False, f"the driver's restore failed: {exc}"
-    restored_s = time.monotonic() - started
-    url = f"http://127.0.0.1:{manifest.health_port}{manifest.health_path}"
+    phases: dict[str, float] = {}
+    root, pids, why = _bring_back(env, work, driver, criu, phases)
+    base = f"http://127.0.0.1:{manifest.health_port}"
     deadline = started + manifest.deadline_s
-    if ok and root is not None and not _healthy(url, deadline, lambda: _alive(root)):
-        ok, why = False, f"{url} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
-    if not ok:
+    if why is None and root is not None:
+        t = time.monotonic()
+        if not _healthy(base + manifest.health_path, deadline, lambda: _alive(root)):
+            why = f"{base}{manifest.health_path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
+        phases[manifest.health_path] = time.monotonic() - t
+    if why is None and manifest.key.weights is Weights.OUTSIDE:
+        why = _awake(base, deadline, phases)
+    if why is not None:
         _kill(tree.descendants(root) if root is not None else [])
         path = marker(env, gated.digest)
         with contextlib.suppress(OSError):
@@ -264,10 +307,11 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
             f"snapshot not used: {why}; the tree was killed, this node is marked ({path}); starting the baked way"
         )
         return None
+    shown = ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
     say(
-        f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B) in "
-        f"{restored_s:.2f} s; {manifest.health_path} answered {time.monotonic() - started:.2f} s after the start "
-        f"of the restore; the engine's output goes on in {ENGINE_LOG}"
+        f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B, weights "
+        f"{manifest.key.weights.value}), serving {time.monotonic() - started:.2f} s after the start of the restore "
+        f"({shown}; {gated.checked} before it); the engine's output goes on in {ENGINE_LOG}"
     )
     assert root is not None
     return _supervise(root)

@@ -11,7 +11,6 @@ process would carry it to every replica), and, before the dump, any in a process
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import signal
@@ -32,16 +31,19 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     SnapshotFile,
     SnapshotManifest,
+    Weights,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import spawn
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import here_key
+from kernelbake.runtime.snapshot.machine import here_key, serve_env
 
 # CRIU restores every process with the pid it had. The restoring container's own processes
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
@@ -63,6 +65,9 @@ class Options:
     quiet_timeout_s: float = 30.0
     # The tree to start; empty: ``kernelbake serve USER_ARGS`` (what the CLI always takes).
     command: tuple[str, ...] = ()
+    # OUTSIDE: vLLM's sleep mode level 2 before the dump (weights and KV cache freed), so the
+    # snapshot holds no weights and ``serve`` wakes the engine and reloads them after restore.
+    weights: Weights = Weights.INSIDE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,7 +92,8 @@ def _warm_vllm(base: str) -> None:
     model = http.get_json(f"{base}/v1/models")["data"][0]["id"]
     http.post_json(
         f"{base}/v1/completions",
-        {"model": model, "prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0},
+        # Token ids: a server started with --skip-tokenizer-init refuses text.
+        {"model": model, "prompt": list(range(1, 17)), "max_tokens": 8, "temperature": 0},
     )
 
 
@@ -109,12 +115,43 @@ def refuse_secrets(environ: Mapping[str, str], argv: Sequence[str], where: str) 
         )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _flag_values(args: Sequence[str], flag: str) -> list[str]:
+    """The values ``args`` give ``flag`` (``--flag V`` or ``--flag=V``)."""
+    out = [a.partition("=")[2] for a in args if a.startswith(flag + "=")]
+    out += [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    return out
+
+
+def weights_out_problems(
+    target: TargetConfig, environ: Mapping[str, str], user_args: Sequence[str]
+) -> list[str]:
+    """What a snapshot with its weights left out needs and this start lacks: vLLM, its sleep
+    mode (which changes vLLM's compile hash, so the image is best baked with it), the
+    development endpoints that sleep, wake and reload, and the guard that keeps those on
+    loopback in every replica (``devguard``)."""
+    args = [*target.serve.extra_args, *user_args]
+    problems = []
+    if target.key.engine is not Engine.VLLM:
+        problems.append(
+            f"the {target.key.engine.value} engine has no sleep mode; take it with the weights inside"
+        )
+    if "--enable-sleep-mode" not in args:
+        problems.append("the engine runs without --enable-sleep-mode (add it to the spec's serve.extra_args)")
+    if environ.get("VLLM_SERVER_DEV_MODE") != "1":
+        problems.append(
+            "VLLM_SERVER_DEV_MODE=1 is unset (the /sleep, /wake_up and /collective_rpc endpoints)"
+        )
+    if MIDDLEWARE not in _flag_values(args, "--middleware"):
+        problems.append(f"--middleware {MIDDLEWARE} is missing (it keeps those endpoints on loopback)")
+    return problems
+
+
+def _sleep(base: str) -> None:
+    """vLLM's sleep mode level 2: the weights and the KV cache are freed on the GPU."""
+    if (code := http.post(f"{base}/sleep?level=2", {}, timeout=300)) != 200:
+        raise EnvironmentProblem(f"{base}/sleep?level=2 answered {code}; the engine did not go to sleep")
+    if http.get_json(f"{base}/is_sleeping").get("is_sleeping") is not True:
+        raise EnvironmentProblem(f"{base}/is_sleeping does not say the engine sleeps after /sleep?level=2")
 
 
 def _files(out: Path) -> list[SnapshotFile]:
@@ -125,7 +162,7 @@ def _files(out: Path) -> list[SnapshotFile]:
             rel = p.relative_to(out).as_posix()
             st = p.stat()
             mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
-            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=_sha256(p), mode=mode))
+            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=file_sha256(p), mode=mode))
     return found
 
 
@@ -190,30 +227,69 @@ def _kill(pids: Sequence[int]) -> None:
             continue
 
 
-def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
-    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
+    """The image's target, once nothing rules the snapshot out before the engine starts."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"{out}: not an empty directory; a snapshot is written only into a new or empty one")
     refuse_secrets(env.environ, options.user_args, "kernelbake snapshot take")
     target = TargetConfig.load(env.target_file)
-    warm = WARMUPS[target.key.engine]
+    if options.weights is Weights.OUTSIDE and (
+        found := weights_out_problems(target, env.environ, options.user_args)
+    ):
+        raise BadInput(f"kernelbake snapshot take --weights outside: {'; '.join(found)}")
+    return target
+
+
+def _warmed(proc: Any, target: TargetConfig, options: Options, started: float) -> dict[str, float]:
+    """Ready, warmed up (and asleep, with the weights outside): how long each took."""
+    base = f"http://127.0.0.1:{options.port}"
+    _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
+    taken = {"ready_s": time.monotonic() - started}
+    t = time.monotonic()
+    for _ in range(options.warmup_requests):
+        WARMUPS[target.key.engine](base)
+    taken["warmup_s"] = time.monotonic() - t
+    if options.weights is Weights.OUTSIDE:
+        t = time.monotonic()
+        _sleep(base)
+        taken["sleep_s"] = time.monotonic() - t
+    return taken
+
+
+def _dump(
+    env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
+) -> dict[str, float]:
+    """The device state checkpointed, then the tree dumped into ``out``: how long each took.
+    A failed dump gives the device state back and stops here."""
+    t = time.monotonic()
+    for pid in pids:
+        driver.checkpoint(pid)
+    taken = {"checkpoint_s": time.monotonic() - t}
+    (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    env.scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
+    t = time.monotonic()
+    ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
+    taken["dump_s"] = time.monotonic() - t
+    if not ok:
+        for pid in pids:
+            driver.restore(pid)
+        raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+    return taken
+
+
+def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
+    """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
+    target = _target(env, out, options)
     log = Path(ENGINE_LOG)
     if log.exists():
         log.unlink()
-    base = f"http://127.0.0.1:{options.port}"
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
-    taken: dict[str, float] = {}
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
     proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
-    pids: list[int] = [proc.pid]
     try:
-        _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
-        taken["ready_s"] = time.monotonic() - started
-        t = time.monotonic()
-        for _ in range(options.warmup_requests):
-            warm(base)
-        taken["warmup_s"] = time.monotonic() - t
+        taken = _warmed(proc, target, options, started)
         pids = tree.descendants(proc.pid)
         _wait_quiet(pids, options.port, options.quiet_timeout_s)
         _check_tree(pids)
@@ -224,22 +300,10 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             environ=env.environ,
             driver=driver,
             criu=criu,
+            weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
-        t = time.monotonic()
-        for pid in pids:
-            driver.checkpoint(pid)
-        taken["checkpoint_s"] = time.monotonic() - t
-        (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-        env.scratch.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
-        t = time.monotonic()
-        ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
-        taken["dump_s"] = time.monotonic() - t
-        if not ok:
-            for pid in pids:
-                driver.restore(pid)
-            raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+        taken |= _dump(env, proc, pids, out, driver=driver, criu=criu)
         proc.wait()
         shutil.copyfile(log, out / ENGINE_LOG_COPY)
         _copy_shm(Path(SHM_DIR), out / SHM_COPY)
@@ -254,6 +318,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             health_path=options.health_path,
             deadline_s=options.deadline_s,
             taken={k: round(v, 3) for k, v in taken.items()},
+            environment=serve_env(env.environ),
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)

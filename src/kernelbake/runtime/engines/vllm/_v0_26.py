@@ -22,16 +22,19 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelbake.runtime.engines.vllm.compat_layer import Hook, VllmLookups
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
+from kernelbake.runtime.prediction import Store
 
 if TYPE_CHECKING:
     import torch
 
 LOAD_FORMAT = "kernelbake_meta"
+# vLLM's V1 scheduler (the async scheduler subclasses it and keeps both methods misses.py wraps).
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 # Where vLLM checks that the KV cache fits max_model_len (0.34 moved it to kv_cache_planning).
 KV_ADMISSION_MODULE = "vllm.v1.core.kv_cache_utils"
 
@@ -53,6 +56,19 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     Hook("vllm.compilation.compiler_interface:get_inductor_factors", ()),
     Hook("vllm.envs:VLLM_USE_AOT_COMPILE"),
     Hook("vllm.envs:VLLM_DISABLE_COMPILE_CACHE"),
+    # aot_artifact_of: whether the artifact holds Inductor's graphs, and the code that loads them.
+    Hook("vllm.envs:VLLM_USE_MEGA_AOT_ARTIFACT"),
+    Hook(
+        "vllm.compilation.caching:reconstruct_serializable_fn_from_mega_artifact",
+        (
+            "state",
+            "standalone_compile_artifacts",
+            "vllm_config",
+            "sym_shape_indices_map",
+            "returns_tuple_map",
+            "fake_mode",
+        ),
+    ),
     Hook("vllm.envs:VLLM_CACHE_ROOT"),
     Hook("vllm.model_executor.models.registry:ModelRegistry.models"),
     Hook("vllm.distributed:get_pp_group", ()),
@@ -60,6 +76,10 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     # launches.py wraps activate and asks is_active: moved, the first-launch preload is off.
     Hook("vllm.utils.jit_monitor:activate", ("mode", "verbose")),
     Hook("vllm.utils.jit_monitor:is_active", ()),
+    # misses.py notes the batches that compiled where the scheduler takes their results (the
+    # batch's requests still held) and hooks the compilers at the first batch.
+    Hook(f"{SCHEDULER}.schedule", ("self", "throttle_prefills")),
+    Hook(f"{SCHEDULER}.update_from_output", ("self", "scheduler_output", "model_runner_output")),
 )
 
 # Every vLLM object this module (and compile_only through it) calls or patches, with its
@@ -488,6 +508,40 @@ def _compile_cache_enabled(compilation_config: Any) -> bool:
         return not bool(envs.VLLM_DISABLE_COMPILE_CACHE)
 
 
+def aot_artifact_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """How vLLM finds and loads its AOT artifact, for vLLM's own values of its variables
+    (``vllm.envs``, which resolves their defaults: ``values`` holds the three named here). The
+    same in 0.26, 0.32 and 0.34 (``vllm/compilation/decorators.py`` and ``caching.py``, read
+    from each release's source):
+
+    - the decorator looks for ``VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/HASH/
+      rank_R_D/model`` whatever ``compilation_config.cache_dir`` says, and only when
+      ``VLLM_USE_AOT_COMPILE`` is on and ``VLLM_DISABLE_COMPILE_CACHE`` off;
+    - with ``VLLM_USE_MEGA_AOT_ARTIFACT`` (vLLM's default from torch 2.12) the artifact holds
+      Inductor's compiled graphs (``reconstruct_serializable_fn_from_mega_artifact``: torch's
+      ``AOTCompiledArtifact``, which loads its bundled entries without Inductor's FX-graph or
+      AOTAutograd caches), so it reads nothing else;
+    - without it (torch 2.11: vLLM 0.26 on the H200) the artifact holds the traced graph, which
+      vLLM's backend compiles again through its per-graph cache (``compilation_config.
+      cache_dir``) and Inductor's caches, where every entry then loads.
+    """
+    loads = bool(values["VLLM_USE_AOT_COMPILE"]) and not bool(values["VLLM_DISABLE_COMPILE_CACHE"])
+    if bool(values["VLLM_USE_MEGA_AOT_ARTIFACT"]):
+        reads = [Store.ARTIFACT]
+    else:
+        reads = [Store.ARTIFACT, Store.GRAPH_CACHE, Store.INDUCTOR]
+    return {"loads": loads, "reads": [r.value for r in reads]}
+
+
+_AOT_VARIABLES = ("VLLM_USE_AOT_COMPILE", "VLLM_DISABLE_COMPILE_CACHE", "VLLM_USE_MEGA_AOT_ARTIFACT")
+
+
+def _aot_artifact() -> dict[str, Any]:
+    import vllm.envs as envs
+
+    return aot_artifact_of({name: getattr(envs, name) for name in _AOT_VARIABLES})
+
+
 def _cache_root() -> str:
     import vllm.envs as envs
 
@@ -559,6 +613,7 @@ LOOKUPS = VllmLookups(
     inductor_factors=_inductor_factors,
     aot_compile_enabled=_aot_compile_enabled,
     compile_cache_enabled=_compile_cache_enabled,
+    aot_artifact=_aot_artifact,
     cache_root=_cache_root,
     model_module=_model_module,
     compilation_config_class=_compilation_config_class,
@@ -568,6 +623,7 @@ LOOKUPS = VllmLookups(
     engine_class=_engine_class,
     sampling_params_class=_sampling_params_class,
     jit_monitor=_jit_monitor,
+    scheduler=SCHEDULER,
 )
 
 

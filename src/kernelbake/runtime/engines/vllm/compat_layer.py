@@ -68,6 +68,11 @@ class VllmLookups:
     aot_compile_enabled: Callable[[], bool]
     # vLLM's own answer to "is my compile cache on", for a compilation config.
     compile_cache_enabled: Callable[[Any], bool]
+    # Whether this start loads vLLM's AOT artifact and which stores that load reads
+    # (``{"loads": bool, "reads": [prediction.Store values]}``), from vLLM's own values of its
+    # variables: what decides whether Inductor's cache switches and compilation_config.cache_dir
+    # keep the baked graphs from loading.
+    aot_artifact: Callable[[], dict[str, Any]]
     # ``VLLM_CACHE_ROOT`` as vLLM resolved it.
     cache_root: Callable[[], str]
     # The module of the class vLLM's model registry holds for an architecture (None: none).
@@ -97,6 +102,10 @@ class VllmLookups:
     # vLLM's JIT monitor module (``activate``, ``is_active``): where the Triton kernels that
     # requests first launch are recorded at build and preloaded at serve (``launches``).
     jit_monitor: Callable[[], Any]
+    # ``module:Class`` of vLLM's scheduler, whose ``schedule`` and ``update_from_output`` a
+    # serving engine wraps to note the batches during which it compiled (``misses``); a path,
+    # not an import: the module is patched when vLLM imports it.
+    scheduler: str
 
 
 class ReleaseAdapter(Protocol):

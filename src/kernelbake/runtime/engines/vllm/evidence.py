@@ -173,12 +173,16 @@ def actual(log: LogEvidence, new: Mapping[str, set[str]]) -> dict[str, str]:
 def compare(prediction: Prediction | None, log: LogEvidence, new: Mapping[str, set[str]]) -> list[str]:
     """Where the prediction and what vLLM did disagree, one loud line each: a kind predicted
     to compile nothing (hit, re-trace only, no compile) that got files, one predicted to
-    compile (miss, bypassed) that got none, or one predicted to get a knob's files (writes)
-    that got none."""
+    compile (miss, bypassed) that got none, one predicted to get a knob's files (writes)
+    that got none, or a start predicted to fail that came up."""
     if prediction is None:
         return []
     did = actual(log, new)
     wrong = []
+    if prediction.predicted == Outcome.FAILS.value:
+        # Called once vLLM is ready: the start it was to refuse came up.
+        why = "; ".join(str(c) for k in prediction.kinds for c in k.changes[:1])
+        return [f"WARNING: prediction wrong: predicted the engine refuses these settings ({why}), it started"]
     for verdict in prediction.kinds:
         seen = did.get(verdict.kind)
         if seen is None or verdict.outcome in (Outcome.PARTIAL, Outcome.UNKNOWN):
@@ -225,19 +229,18 @@ def startup_report(new: Mapping[str, set[str]], rebenchmarked: Mapping[str, set[
             # Worded so that no compile-line filter (bench/vllm_image_flow.COMPILE_LINE) takes
             # it for one: nothing is built here.
             f"\nInductor benchmarked the launch configs of {n} baked kernels again (it rewrote their "
-            "baked .best_config: Inductor does not reuse a choice outside a kernel's listed "
-            "configs, such as combo kernels' sequential tuning); nothing was built"
+            "baked .best_config; docs/vllm.md, 'Launch configs benchmarked again at start'); nothing was built"
         )
     return text
 
 
-# Inductor writes a kernel's ``.best_config`` only after benchmarking its launch configs
-# (torch/_inductor/runtime/triton_heuristics.py, ``save_cache_hook``). A baked one rewritten
-# with other bytes is a benchmark run again: Inductor reuses a saved choice only when it is
-# one of the kernel's listed configs (``_load_cached_autotuning``), which the sequential
-# autotune of combo kernels (vLLM's ``combo_kernels``) need not produce: the likely cause,
-# from torch's source, not traced on the GPU. Seen on the H200 at every baked start of the
-# FP8 MoE: 4 such files, no new Triton file (the configs it benchmarks load from the bundle).
+# Inductor writes a kernel's ``.best_config`` only after benchmarking more than one launcher
+# (torch/_inductor/runtime/triton_heuristics.py, ``save_cache_hook`` in autotune_to_one_config
+# and its coordinate-descent and combo passes). A baked one rewritten with other bytes is a
+# benchmark run again, not a compile; why torch 2.13 runs it is read in docs/vllm.md
+# ("Launch configs benchmarked again at start", to be confirmed by bench/autotune_probe.py on the
+# GPU). Seen on the H200 at every baked start of 0.26's FP8 MoE (4 files) and at 0.32's
+# Qwen3-8B baked start (2), with no new Triton file (what it benchmarks loads from the bundle).
 AUTOTUNE_RESULT = ".best_config"
 
 

@@ -193,21 +193,31 @@ def env_factors() -> dict[str, Any]:
 # -- the compiler, Triton and FlashInfer (device facts) -----------------------------------
 
 
-def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
-    """Needs the device: runs where CUDA may be initialised (see ``_device_side``)."""
-    out: dict[str, Any] = {}
+def _compiler(vllm_config: Any) -> dict[str, Any]:
+    """The compiler vLLM builds for this config, its hash and the Inductor factors in it."""
+    vllm = compat_layer.lookups()
     try:
-        vllm = compat_layer.lookups()
         compiler = vllm.make_compiler(vllm_config.compilation_config)
+    except Exception as exc:
+        # vLLM's own function, which its backend calls at every start with compilation on:
+        # what it raises here (0.32: VLLM_USE_STANDALONE_COMPILE=0 under its default mega AOT
+        # artifact, an assertion) the engine core raises too, and exits.
+        return {"refused": f"{type(exc).__name__}: {exc}"}
+    try:
         names = ("system", "torch_key", "inductor_config", "functorch_config")
         factors = vllm.inductor_factors()
-        out["compiler"] = {
+        return {
             "name": type(compiler).__name__,
             "hash": vllm.compiler_hash(compiler, vllm_config),
             "factors": {names[i] if i < len(names) else str(i): _jsonable(v) for i, v in enumerate(factors)},
         }
     except Exception as exc:
-        out["compiler"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
+    """Needs the device: runs where CUDA may be initialised (see ``_device_side``)."""
+    out: dict[str, Any] = {"compiler": _compiler(vllm_config)}
     try:
         # Apart from the compiler's: it hashes the whole config, which may fail where the
         # compiler's own hash does not (compilation off, see ``config_factors``).
@@ -314,7 +324,7 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
     environment applied: the compilation mode and backend vLLM chose (its platform may
     change both: the CPU build's ``VLLM_CPU_CI_ENV`` picks the eager backend), the cache
     switches of Inductor and AOTAutograd, vLLM's own answer to "is my compile cache on",
-    and where each cache is read from."""
+    where each cache is read from, and which of them loading vLLM's AOT artifact reads."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -339,6 +349,9 @@ def compile_state(vllm_config: Any) -> dict[str, Any]:
         "backend": str(cc.backend),
         "switches": switches,
         "dirs": dirs,
+        # Whether vLLM loads its AOT artifact this start, and what that load reads: the
+        # adapter's answer for this release, from vLLM's own values of its variables.
+        "artifact": vllm.aot_artifact(),
         # Debug and force-recompile knobs of torch and Triton that no key includes.
         "unkeyed": knobs.unkeyed_knobs(os.environ),
     }

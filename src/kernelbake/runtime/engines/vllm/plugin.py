@@ -44,7 +44,7 @@ REPORT: dict[str, Any] = {}
 
 
 def register() -> None:
-    from kernelbake.runtime.env import GATE_ENV
+    from kernelbake.runtime.env import GATE_ENV, MISS_NOTES_ENV
 
     if os.environ.get(GATE_ENV):
         from kernelbake.runtime import gate
@@ -58,6 +58,8 @@ def register() -> None:
 
             serve_hook(Path(manifest))
             _preload_first_launches()
+        if notes := os.environ.get(MISS_NOTES_ENV):
+            _note_misses(Path(notes))
         return
     from kernelbake.runtime.engines.vllm.compat_layer import patches_for_installed_vllm
 
@@ -84,3 +86,23 @@ def _preload_first_launches() -> None:
             import sys
 
             print(f"kernelbake: WARNING: {exc}", file=sys.stderr, flush=True)
+
+
+def _note_misses(notes: Path) -> None:
+    """In every serving process: its compilers and vLLM's scheduler hooked once each is
+    imported (``misses``), so that the scheduler notes the batches during which the engine
+    compiled. Serving never depends on it: what fails is said."""
+    import sys
+
+    from kernelbake.runtime.engines.vllm import misses
+
+    try:
+        from kernelbake.runtime.engines.vllm.compat_layer import lookups
+
+        misses.install(notes, lookups().scheduler)
+    except Exception as exc:
+        print(
+            f"kernelbake: WARNING: the request classes that compile are not noted ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+            flush=True,
+        )

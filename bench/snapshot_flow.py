@@ -1,0 +1,646 @@
+r"""The snapshot's part of ``bench/vllm_image_flow.py --snapshot MODEL`` (issue 40 item 5): after
+the baked start, on the same machine and the same image, in this order:
+
+1. **weights files**: the baked server (started with ``VLLM_SERVER_DEV_MODE=1``) writes the
+   weights it holds (vLLM's dummy values, seeded) with ``save_sharded_state`` into the model's
+   directory, so a woken engine has files to reload (vLLM cannot reload ``dummy`` weights) and
+   the reloaded weights are the baked start's: its tokens are the ones to compare with;
+2. **take**: ``kernelbake snapshot take --weights outside`` (sleep mode level 2 before the dump;
+   the image is baked with ``--enable-sleep-mode``, which is in vLLM's compile hash), timed: the
+   snapshot's build time and size. Without weight files it takes the weights inside;
+3. **restores** through ``kernelbake serve``'s gate, the snapshot mounted as a pulled image volume
+   is (a read-only overlay of its directory: the gate's fast path): with the page cache dropped
+   (a node that just pulled it), dropped again with the weight files read beside the restore
+   (whether loading the weights overlaps the CRIU and driver restore), and with it warm. The
+   first serves the request mix (files and JIT lines after it) and the greedy tokens;
+4. **key mismatch**: one more variable, timed to serve's ``snapshot not used`` line;
+5. **bad inputs** (issue 40 item 6), each a fresh ``serve``: a tampered page file, a truncated
+   image, a foreign cache key, another image digest, another GPU model, another driver, a
+   snapshot.json other than the pinned one; each must be refused before any restore (no CRIU
+   run, no mark), with the reason printed.
+
+``summary`` and ``phase_table`` read the model's document. Everything that needs no GPU (the bad
+inputs, the parsing of serve's lines, the CRIU wrapper, the summary) is tested in
+tests/test_bench_snapshot_flow.py.
+
+The device run (``bench/device.sh``; one call each, run() being the device tool):
+
+    # here: the bundle (shared/gpu-testenv/build-bundle.sh) as chunks small enough to carry beside
+    # CRIU's 17 MB of .debs and the contexts, the contexts, and the .debs criu.lock pins
+    bash bench/device.sh chunk 40
+    kernelbake render bench/specs/qwen3-8b-sleep.yaml --gpu h200 --out .gpu/ctx
+    kernelbake render bench/specs/qwen3-30b-a3b-fp8-sleep.yaml --gpu h200 --out .gpu/ctx
+    KEEP=.gpu/bundle/criu images/base/criu/install.sh build/criu
+    run(carry=[".gpu/bundle/chunk1", ".gpu/bundle/criu"]): bash bench/device.sh stash chunk1 && bash bench/device.sh stash criu
+    run(carry=[".gpu/bundle/chunkK"]): bash bench/device.sh stash chunkK       # each further chunk but the last
+    run(carry=[".gpu/bundle/chunkN", ".gpu/ctx"]): bash bench/device.sh stash chunkN && bash bench/device.sh install &&
+      DEBS=/root/stash/criu images/base/criu/install.sh /opt/kernelbake-criu &&
+      bash bench/device.sh start snap8b -- bash -c "python3 bench/vllm_image_flow.py
+        --context .gpu/ctx/qwen3-8b-sleep-h200/context --skip-checks --mix-total 100
+        --snapshot qwen3-8b-sleep --criu /opt/kernelbake-criu/bin/criu --deadline 900 --out \$RUN_OUT" &&
+      bash bench/device.sh collect 540
+    run(): bash bench/device.sh collect 560                                   # until snap8b's rc is there
+
+The 8B run: compile ~190 s, cold ~165 s, baked ~26 s and the weights written (~16 GB), take
+~45 s, three restores, the mismatch with its baked fallback (~30 s) and seven bad inputs: about
+10 minutes in its own session. The FP8 MoE (its compile alone took 539-566 s; its cold start,
+428.8 s, is left out and merged from the earlier run with ``--merge``) as a second run, after it
+or in the next device session (~15 minutes):
+
+      bash bench/device.sh start snapmoe --after snap8b -- bash -c "python3 bench/vllm_image_flow.py
+        --context .gpu/ctx/qwen3-30b-a3b-fp8-sleep-h200/context --skip-checks --mix-total 100
+        --baked-only qwen3-30b-a3b-fp8-sleep --snapshot qwen3-30b-a3b-fp8-sleep
+        --criu /opt/kernelbake-criu/bin/criu --deadline 1100 --out \$RUN_OUT"
+
+Each writes ``$RUN_OUT/vllm-image-flow.json``: ``summary[MODEL]`` has ``ready_cold_s``,
+``ready_baked_s``, ``ready_restored_s``, ``snapshot_bytes`` and the rest of ``summary()`` below;
+``snapshot_phases`` is the phase table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelbake.contract.snapshot import (
+    IMAGES_DIR,
+    SNAPSHOT_MANIFEST,
+    SnapshotManifest,
+)
+from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
+
+SAY = "kernelbake serve: "
+RESTORED = SAY + "restored snapshot"
+REFUSED = SAY + "snapshot not used: "
+TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
+_PHASE = re.compile(r"(criu restore|driver restore|/health|woken|weights reloaded) ([0-9.]+) s")
+_SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
+_CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
+
+
+def snapshot_args(user_args: Sequence[str], port: int, *, weights_files: bool) -> list[str]:
+    """The user arguments of every snapshot start: the flow's, with the weights loaded from the
+    files the baked server wrote (when it did), the development endpoints' guard, and the port
+    (the flow's servers append ``--port``; take's start must have the same arguments)."""
+    args = list(user_args)
+    if weights_files and "--load-format" in args:
+        args[args.index("--load-format") + 1] = "sharded_state"
+    return [*args, "--middleware", MIDDLEWARE, "--port", str(port)]
+
+
+def image_digest(target_json: Path) -> str:
+    """The flow builds no image manifest: the digest stands for target.json's, and says so."""
+    return "sha256:" + hashlib.sha256(target_json.read_bytes()).hexdigest()
+
+
+def parse_restored(line: str) -> dict[str, Any]:
+    """serve's ``restored snapshot …`` line as numbers: seconds from the restore's start to
+    serving, each phase, and how the files were checked."""
+    out: dict[str, Any] = {"phases_s": {k: float(v) for k, v in _PHASE.findall(line)}}
+    if m := _SERVING.search(line):
+        out["serving_after_restore_start_s"] = float(m.group(1))
+    if m := _CHECKED.search(line):
+        out["files_checked"], out["files_checked_s"] = m.group(1), float(m.group(2))
+    return out
+
+
+def said(lines: Sequence[tuple[float, str]], prefix: str) -> tuple[float, str] | None:
+    """The first of a server's (time, line) that starts with ``prefix``."""
+    return next(((t, ln.strip()) for t, ln in lines if ln.startswith(prefix)), None)
+
+
+# Bad inputs: each a snapshot root, the environment that changes, and the words of its refusal.
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    name: str
+    root: Path
+    env: Mapping[str, str]
+    expect: str
+
+
+def _linked_copy(src: Path, dest: Path, *, copied: str | None = None) -> Path:
+    """``src`` again at ``dest`` with hard links (a snapshot is GBs), ``copied`` a real copy."""
+    for dirpath, _dirs, names in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for n in names:
+            s, d = Path(dirpath) / n, dest / rel / n
+            if (rel / n).as_posix() == copied:
+                shutil.copyfile(s, d)
+            else:
+                os.link(s, d)
+    return dest
+
+
+def _rekeyed(src: Path, dest: Path, **changes: Any) -> tuple[Path, str]:
+    """The snapshot with its key changed (as if one with that key had been verified and pinned)
+    and snapshot.json's new digest."""
+    manifest = SnapshotManifest.from_json((src / SNAPSHOT_MANIFEST).read_bytes(), source=str(src))
+    (dest / IMAGES_DIR).mkdir(parents=True)
+    _linked_copy(src / IMAGES_DIR, dest / IMAGES_DIR)
+    key = manifest.key.replace(**changes)
+    environment = manifest.environment
+    changed = dataclasses.replace(manifest, key=key, environment=environment)
+    (dest / SNAPSHOT_MANIFEST).write_text(changed.to_json())
+    return dest, changed.digest
+
+
+def _largest(src: Path, prefix: str) -> str:
+    found = [p for p in (src / IMAGES_DIR).iterdir() if p.name.startswith(prefix) and p.is_file()]
+    return max(found, key=lambda p: p.stat().st_size).relative_to(src).as_posix()
+
+
+def bad_inputs(src: Path, work: Path, pin: str) -> list[Bad]:
+    """The snapshot ``src`` made bad in each of issue 40 item 6's ways under ``work``; ``pin``:
+    its snapshot.json's digest (what admission verified)."""
+    work.mkdir(parents=True, exist_ok=True)
+    pages = _largest(src, "pages-")
+    tampered = _linked_copy(src, work / "tampered", copied=pages)
+    with (tampered / pages).open("r+b") as fh:
+        fh.seek((tampered / pages).stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    small = min(
+        (p for p in (src / IMAGES_DIR).glob("*.img") if p.stat().st_size > 1), key=lambda p: p.stat().st_size
+    ).relative_to(src)
+    truncated = _linked_copy(src, work / "truncated", copied=small.as_posix())
+    os.truncate(truncated / small, (truncated / small).stat().st_size - 1)
+    manifest = SnapshotManifest.from_json((src / SNAPSHOT_MANIFEST).read_bytes(), source=str(src))
+    foreign, foreign_pin = _rekeyed(
+        src,
+        work / "foreign-key",
+        cache_key=dataclasses.replace(
+            manifest.key.cache_key, max_model_len=manifest.key.cache_key.max_model_len + 1
+        ),
+    )
+    gpu, gpu_pin = _rekeyed(src, work / "other-gpu", gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 132 SMs")
+    driver, driver_pin = _rekeyed(src, work / "other-driver", driver="580.95.05")
+    other = "sha256:" + "0" * 64
+    return [
+        Bad("tampered page file", tampered, {}, f"{pages}: sha256"),
+        Bad("truncated image", truncated, {}, "recorded (truncated or replaced)"),
+        Bad("foreign key", foreign, {"KERNELBAKE_SNAPSHOT_DIGEST": foreign_pin}, "cache key"),
+        Bad(
+            "another image digest",
+            src,
+            {"KERNELBAKE_IMAGE_DIGEST": other},
+            f"image {manifest.key.image} recorded",
+        ),
+        Bad("another GPU model", gpu, {"KERNELBAKE_SNAPSHOT_DIGEST": gpu_pin}, "GPU "),
+        Bad("another driver", driver, {"KERNELBAKE_SNAPSHOT_DIGEST": driver_pin}, "driver "),
+        Bad(
+            "another snapshot.json than the pinned one",
+            src,
+            {"KERNELBAKE_SNAPSHOT_DIGEST": other},
+            "admission verified",
+        ),
+    ]
+
+
+def judged(bad: Bad, lines: Sequence[tuple[float, str]], marks: Path) -> dict[str, Any]:
+    """What a bad input's start said, and whether it was refused as it must be: before any
+    restore (a refusal, not a failed attempt, which would name a mark), the reason expected,
+    nothing marked."""
+    refusal = said(lines, REFUSED)
+    restored = said(lines, RESTORED)
+    marked = sorted(p.name for p in marks.iterdir()) if marks.is_dir() else []
+    ok = (
+        refusal is not None
+        and restored is None
+        and bad.expect in refusal[1]
+        and "this node is marked" not in refusal[1]
+        and not marked
+    )
+    return {
+        "refused_before_restore": ok,
+        "said": refusal[1][len(SAY) :] if refusal else None,
+        "said_after_s": refusal[0] if refusal else None,
+        "restored": restored is not None,
+        "marked": marked,
+    }
+
+
+# On the device: the machine's own state (page cache, mounts).
+
+
+def drop_caches() -> bool:
+    """The page cache emptied (root), so a restore reads the snapshot and weights from disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def mount_pulled(snapshot: Path, root: Path, empty: Path) -> None:
+    """``snapshot`` at ``root`` as containerd mounts a two-layer image volume: an overlay of
+    lower layers alone, read-only."""
+    unmount(root)
+    root.mkdir(parents=True, exist_ok=True)
+    empty.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={empty}:{snapshot}", str(root)], check=True
+    )
+
+
+def unmount(root: Path) -> None:
+    if root.is_symlink():
+        root.unlink()
+        return
+    while subprocess.run(["mountpoint", "-q", str(root)]).returncode == 0:
+        subprocess.run(["umount", str(root)], check=True)
+    if root.is_dir():
+        root.rmdir()
+
+
+def point(root: Path, target: Path) -> None:
+    """``root`` a link to ``target``: a plain directory, hashed by the gate."""
+    unmount(root)
+    root.symlink_to(target)
+
+
+def prefetch(paths: Sequence[Path]) -> threading.Thread:
+    """The weight files read into the page cache on a thread (the overlap under test)."""
+
+    def read() -> None:
+        for p in paths:
+            with p.open("rb") as fh:
+                while fh.read(16 << 20):
+                    pass
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t
+
+
+def weight_files(model: Path) -> list[Path]:
+    return sorted(p for p in model.glob("*.safetensors") if p.is_file())
+
+
+def save_weights(port: int, model: Path) -> dict[str, Any]:
+    """The running server's weights written as vLLM's sharded state into ``model``."""
+    t = time.monotonic()
+    body = {"method": "save_sharded_state", "kwargs": {"path": str(model)}}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/collective_rpc",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+    except (urllib.error.URLError, OSError) as exc:
+        return {"ok": False, "error": repr(exc)[:400], "s": round(time.monotonic() - t, 2)}
+    files = weight_files(model)
+    return {
+        "ok": bool(files),
+        "s": round(time.monotonic() - t, 2),
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
+
+
+def wait_said(lines: list[tuple[float, str]], proc: Any, prefixes: Sequence[str], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if any(said(lines, p) for p in prefixes):
+            return
+        time.sleep(0.05)
+
+
+# The summary and the phase table.
+
+
+def summary(doc: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The issue's figures for one model: cold, baked and restored launch → ready, the snapshot's
+    size and build time, the restore's phases, the mismatch's fallback, the bad inputs."""
+    snap = doc.get("snapshot") or {}
+    restores = snap.get("restores") or {}
+    first = restores.get("restored") or {}
+    base = model.removesuffix("-dummy").removesuffix("-sleep")
+    target = TARGET_S.get(base)
+    ready = first.get("ready_s")
+    baked_tokens = (doc.get("warm_generate") or {}).get("tokens")
+    bad = snap.get("bad_inputs") or {}
+    return {
+        "ready_cold_s": (doc.get("serve_cold") or {}).get("ready_s"),
+        "ready_baked_s": (doc.get("serve_warm") or {}).get("ready_s"),
+        "ready_restored_s": ready,
+        "snapshot_bytes": (snap.get("take") or {}).get("bytes"),
+        "snapshot_files": (snap.get("take") or {}).get("files"),
+        "snapshot_take_s": (snap.get("take") or {}).get("wall_s"),
+        "snapshot_weights": (snap.get("take") or {}).get("weights"),
+        "restored_health_s": first.get("health_s"),
+        "restored_phases_s": first.get("phases_s"),
+        "ready_restored_overlap_s": (restores.get("restored-overlap") or {}).get("ready_s"),
+        "ready_restored_warm_cache_s": (restores.get("restored-warm") or {}).get("ready_s"),
+        "target_restored_s": target,
+        "met": ready <= target if ready is not None and target is not None else None,
+        "tokens_identical_restored": first.get("tokens") == baked_tokens
+        if first.get("tokens") and baked_tokens
+        else None,
+        "files_added_after_ready_restored": first.get("files_added_after_ready_count"),
+        "compile_lines_after_ready_restored": first.get("compile_lines_after_ready"),
+        "key_mismatch_fallback_s": (snap.get("mismatch") or {}).get("said_after_s"),
+        "key_mismatch_said": (snap.get("mismatch") or {}).get("said"),
+        "key_mismatch_ready_s": (snap.get("mismatch") or {}).get("ready_s"),
+        "bad_inputs_refused": {k: v.get("refused_before_restore") for k, v in bad.items()},
+        "failed": snap.get("failed"),
+    }
+
+
+def phase_table(models: Mapping[str, Mapping[str, Any]]) -> str:
+    """Seconds, per model: cold and baked launch → /health, and each restore's phases."""
+    rows = ["| model | start | phase | s |", "|---|---|---|---:|"]
+    for model, doc in models.items():
+        for start, key in (("cold", "serve_cold"), ("baked", "serve_warm")):
+            if (doc.get(key) or {}).get("ready_s") is not None:
+                rows.append(f"| {model} | {start} | launch → /health | {doc[key]['ready_s']} |")
+        snap = doc.get("snapshot") or {}
+        if take := snap.get("take"):
+            rows.append(
+                f"| {model} | take | snapshot build ({take.get('weights')}), {take.get('bytes')} B | {take.get('wall_s')} |"
+            )
+        for name, r in (snap.get("restores") or {}).items():
+            if r.get("restore_start_s") is not None:
+                rows.append(
+                    f"| {model} | {name} | launch → restore start (python, gate, files) | {r['restore_start_s']} |"
+                )
+            for phase, s in (r.get("phases_s") or {}).items():
+                rows.append(f"| {model} | {name} | {phase} | {s} |")
+            rows.append(f"| {model} | {name} | **launch → serving** | **{r.get('ready_s')}** |")
+        if (m := snap.get("mismatch")) and m.get("said_after_s") is not None:
+            rows.append(f"| {model} | key mismatch | launch → `snapshot not used` | {m['said_after_s']} |")
+    return "\n".join(rows)
+
+
+def lines_of(server: Any) -> Iterator[tuple[float, str]]:
+    yield from list(server.lines)
+
+
+# The phases on the device, driven by vllm_image_flow (``flow``: that module, for its Server,
+# request mix and file watching).
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    flow: Any  # bench/vllm_image_flow, as loaded
+    run: Any  # its _Flow: the baked image on this machine
+    snapshot: Path  # what take writes
+    root: Path  # where serve looks for a snapshot (the flow's target is moved: /opt/kernelbake/snapshot)
+    work: Path
+    args: list[str]  # serve's user arguments at take and at every restore
+    env: dict[str, str]  # take's environment; every restore's is this and the pins
+    # One port for take and every restore (CRIU gives a restored server the socket it had),
+    # free when the run starts, so that flows side by side do not answer each other.
+    port: int
+
+
+def take(s: Setup, weights: str) -> dict[str, Any]:
+    cmd = [
+        *s.run.argv[: s.run.argv.index("serve")],
+        "snapshot",
+        "take",
+        "--out",
+        str(s.snapshot),
+        "--image-digest",
+        s.env["KERNELBAKE_IMAGE_DIGEST"],
+        "--weights",
+        weights,
+        "--deadline",
+        "120",
+        # The engine's arguments whole (take has a --port of its own, serve none).
+        "--",
+        *s.args,
+    ]
+    env = {k: v for k, v in s.env.items() if k not in ("KERNELBAKE_IMAGE_DIGEST",)}
+    t = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, timeout=900)
+    wall = round(time.monotonic() - t, 2)
+    (s.run.logs / "snapshot-take.log").write_text(proc.stdout + proc.stderr)
+    out: dict[str, Any] = {
+        "rc": proc.returncode,
+        "wall_s": wall,
+        "weights": weights,
+        "said": proc.stdout.splitlines()[-3:],
+    }
+    if proc.returncode != 0:
+        out["error"] = (proc.stdout + proc.stderr)[-2000:]
+        return out
+    manifest = SnapshotManifest.from_json((s.snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="take")
+    out.update(
+        files=len(manifest.files),
+        bytes=manifest.total_bytes,
+        taken=dict(manifest.taken),
+        digest=manifest.digest,
+    )
+    return out
+
+
+def clear_shm(names: Sequence[str]) -> list[str]:
+    """The machine's /dev/shm files of these names removed (a container's /dev/shm is its own;
+    this machine's outlives each start, and serve puts the snapshot's back only where none is)."""
+    gone = []
+    for n in names:
+        p = Path("/dev/shm") / n
+        if p.is_file():
+            p.unlink()
+            gone.append(n)
+    return gone
+
+
+def shm_names(snapshot: Path) -> list[str]:
+    return sorted(p.name for p in (snapshot / IMAGES_DIR / "dev-shm").glob("*") if p.is_file())
+
+
+def reap(snapshot: Path) -> list[int]:
+    """Processes of the dumped tree's pids still alive after serve stopped (CRIU restores each
+    with its pid, so a straggler would fail the next restore): killed, and named."""
+    manifest = SnapshotManifest.from_json((snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="reap")
+    left = [pid for pid, _ in manifest.tree if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def clear_marks(marks: Path) -> list[str]:
+    """Marks of a failed restore, listed and removed, so that the next restore is tried."""
+    found = sorted(p.name for p in marks.glob("*")) if marks.is_dir() else []
+    for n in found:
+        (marks / n).unlink()
+    return found
+
+
+def restored(s: Setup, name: str, *, drop: bool, overlap: bool, waves: Any) -> dict[str, Any]:
+    """One restore through serve's gate, timed from launch to serve's ``restored snapshot`` line
+    (after the weights' reload); with ``waves``, the tokens and the request mix after it."""
+    clear_shm(shm_names(s.snapshot))
+    out: dict[str, Any] = {
+        "page_cache_dropped": drop_caches() if drop else False,
+        "weights_read_beside": overlap,
+    }
+    dirs = s.flow.watched_dirs(s.run.cache_root, s.env)
+    launch = s.flow.snapshot(dirs)
+    server = s.flow.Server(
+        f"serve-{name}",
+        [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]],
+        s.env,
+        s.port,
+        s.run.logs,
+    )
+    reader = prefetch(weight_files(Path(s.run.model_path))) if overlap else None
+    wait_said(server.lines, server.proc, (RESTORED, REFUSED), 300)
+    done = said(server.lines, RESTORED)
+    if done is None:
+        out["failed"] = (said(server.lines, REFUSED) or (0, "no line"))[1]
+    else:
+        out["ready_s"] = done[0]
+        out.update(parse_restored(done[1]))
+        out["restore_start_s"] = round(done[0] - out.get("serving_after_restore_start_s", 0.0), 2)
+        out["health_s"] = server.ready_s
+        if waves is not None:
+            out["tokens"] = server.generate(s.run.model_path).get("tokens")
+            mix = (
+                s.flow.after_ready(server, s.run.model_path, dirs, launch, waves) if s.run.a.mix_total else {}
+            )
+            out["files_added_after_ready_count"] = mix.get("files_added_after_ready_count")
+            out["request_mix_ok"] = (mix.get("request_mix") or {}).get("ok")
+    if reader is not None:
+        reader.join(timeout=300)
+    stopped = server.stop()
+    out["compile_lines_after_ready"] = stopped.get("compile_lines_after_ready")
+    out["kernelbake_lines"] = stopped.get("kernelbake_lines")
+    out["marks_left"] = clear_marks(Path(s.env["KERNELBAKE_SNAPSHOT_MARKS"]))
+    out["killed_after_stop"] = reap(s.snapshot)
+    return out
+
+
+def refused(
+    s: Setup, name: str, env: Mapping[str, str], *, until_ready: bool = False
+) -> list[tuple[float, str]]:
+    """A serve that must not restore: its lines until the refusal (and, ``until_ready``, until the
+    baked start answers /health), then stopped."""
+    server = s.flow.Server(
+        f"serve-{name}",
+        [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]],
+        dict(env),
+        s.port,
+        s.run.logs,
+    )
+    wait_said(server.lines, server.proc, (REFUSED, RESTORED), 120)
+    if until_ready:
+        s.flow.wait_ready(server, time.monotonic(), 300)
+    lines = list(server.lines)
+    ready = server.ready_s
+    server.stop()
+    return [*lines, (ready or -1.0, "READY")] if until_ready else lines
+
+
+def mismatch(s: Setup) -> dict[str, Any]:
+    lines = refused(s, "mismatch", {**s.env, "BENCH_SNAPSHOT_MISMATCH": "1"}, until_ready=s.run.left() > 150)
+    found = said(lines, REFUSED)
+    ready = next((t for t, ln in lines if ln == "READY"), None)
+    return {
+        "said": found[1][len(SAY) :] if found else None,
+        "said_after_s": found[0] if found else None,
+        "ready_s": ready if ready and ready > 0 else None,
+        "restored": said(lines, RESTORED) is not None,
+    }
+
+
+def bad(s: Setup, pin: str) -> dict[str, Any]:
+    marks = Path(s.env["KERNELBAKE_SNAPSHOT_MARKS"])
+    out = {}
+    for b in bad_inputs(s.snapshot, s.work / "bad", pin):
+        point(s.root, b.root)
+        lines = refused(s, "bad-" + b.name.replace(" ", "-"), {**s.env, **b.env})
+        out[b.name] = judged(b, lines, marks)
+    shutil.rmtree(s.work / "bad", ignore_errors=True)
+    return out
+
+
+def skip_lock(criu: str, at: Path) -> str:
+    """A wrapper of ``criu`` that dumps and restores with ``--network-lock skip``: the device has
+    no iptables, which CRIU's default lock runs (bench/results/vllm-0.26.0-h200-snapshot-2026-12-04;
+    safe here: take waits until no client is connected, and the tree's own loopback connections
+    are frozen with it). Version and check go through unchanged, so the key is the same."""
+    at.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in dump|restore) exec {criu} "$@" --network-lock skip ;; esac\n'
+        f'exec {criu} "$@"\n'
+    )
+    at.chmod(0o755)
+    return str(at)
+
+
+def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> None:
+    """Every snapshot phase for the model of ``run_`` (its baked start already ran and, with
+    weights written, left them in the model's directory); into ``doc["snapshot"]``."""
+    snap: dict[str, Any] = {}
+    doc["snapshot"] = snap
+    target = Path(run_.runtime_env["KERNELBAKE_UNSAFE_TARGET"])
+    work = flow.WORK / "snapshot"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    # Weights outside need vLLM's sleep mode baked in (it is in the compile hash) and the files
+    # the baked server wrote; otherwise the snapshot holds them (the slower path, still measured).
+    baked_asleep = "--enable-sleep-mode" in json.loads(target.read_text())["serve"]["extra_args"]
+    weights_files = baked_asleep and bool((doc.get("snapshot_weights") or {}).get("ok"))
+    env = {
+        **run_.run_env,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "KERNELBAKE_CRIU": skip_lock(criu, work / "criu"),
+        "KERNELBAKE_IMAGE_DIGEST": image_digest(target),
+        "KERNELBAKE_SNAPSHOT_MARKS": str(work / "marks"),
+    }
+    port = flow._free_port()
+    s = Setup(
+        flow,
+        run_,
+        work / "taken",
+        target.parent / "snapshot",
+        work,
+        snapshot_args(run_.argv[run_.argv.index("serve") + 1 :], port, weights_files=weights_files),
+        env,
+        port,
+    )
+    try:
+        unmount(s.root)
+        # Left by the cold and baked starts: take would carry them into the snapshot.
+        snap["shm_cleared_before_take"] = clear_shm(sorted(p.name for p in Path("/dev/shm").glob("psm_*")))
+        snap["take"] = take(s, "outside" if weights_files else "inside")
+        if snap["take"]["rc"] != 0:
+            return
+        pin = snap["take"]["digest"]
+        s.env["KERNELBAKE_SNAPSHOT_DIGEST"] = pin
+        mount_pulled(s.snapshot, s.root, work / "empty")
+        snap["restores"] = restores = {}
+        restores["restored"] = restored(s, "restored", drop=True, overlap=False, waves=waves)
+        for name, drop, overlap in (("restored-overlap", True, True), ("restored-warm", False, False)):
+            if run_.left() > 120 and weights_files:
+                restores[name] = restored(s, name, drop=drop, overlap=overlap, waves=None)
+        snap["mismatch"] = mismatch(s)
+        snap["bad_inputs"] = bad(s, pin)
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+        snap["failed"] = repr(exc)[:600]
+    finally:
+        unmount(s.root)
