@@ -102,7 +102,7 @@ def test_the_snapshot_starts_load_the_written_weights_behind_the_guard() -> None
     args = ["--load-format", "dummy", "--seed", "0"]
     assert flow.snapshot_args(args, 8000, weights_files=True) == [
         "--load-format",
-        "sharded_state",
+        "safetensors",
         "--seed",
         "0",
         "--middleware",

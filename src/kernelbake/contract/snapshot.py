@@ -24,9 +24,10 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from kernelbake.contract import jsondoc
+from kernelbake.contract.canonical import Canonical
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem
 from kernelbake.errors import BadInput
@@ -99,9 +100,13 @@ class Weights(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SnapshotKey:
-    """Every fact a restore depends on. Field order is the canonical order and the order the
-    differences are named in: the first is the one a user acts on."""
+class SnapshotKey(Canonical):
+    """Every fact a restore depends on. Field order is the canonical order (``str(key)``,
+    ``as_dict``, ``digest``: ``contract.canonical``) and the order the differences are named in:
+    the first is the one a user acts on."""
+
+    PREFIX = SNAPSHOT_SCHEMA
+    SAFE = _SAFE
 
     image: str  # sha256:… of the image manifest the tree ran from
     cache_key: CacheKey
@@ -135,25 +140,6 @@ class SnapshotKey:
             raise InvalidSnapshot(f"snapshot key field serve_env={self.serve_env!r} must be sha256:<64 hex>")
         # Flags in one order, so equal sets are equal keys.
         object.__setattr__(self, "cpu_flags", " ".join(sorted(set(self.cpu_flags.split()))))
-
-    @staticmethod
-    def field_order() -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(SnapshotKey))
-
-    def as_dict(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name in self.field_order():
-            value = getattr(self, name)
-            out[name] = value.value if isinstance(value, Weights) else str(value)
-        return out
-
-    def __str__(self) -> str:
-        body = ";".join(f"{k}={quote(v, safe=_SAFE)}" for k, v in self.as_dict().items())
-        return f"{SNAPSHOT_SCHEMA}:{body}"
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(str(self).encode()).hexdigest()
 
     def replace(self, **changes: Any) -> SnapshotKey:
         return dataclasses.replace(self, **changes)

@@ -258,7 +258,7 @@ def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
     model's files, by the deadline; why not, or None."""
     for what, path, body in (
         ("woken", "/wake_up", {}),
-        ("weights reloaded", "/collective_rpc", {"method": "reload_weights"}),
+        ("weights reloaded", "/collective_rpc", http.RELOAD_WEIGHTS),
     ):
         t = time.monotonic()
         code = http.post(base + path, body, timeout=max(1.0, deadline - t))
