@@ -42,12 +42,16 @@ _CHECKED_SUBRESOURCES = ("", "ephemeralcontainers")
 
 
 class Endpoint(enum.Enum):
+    """The webhook's two paths; only the mutating one's answer carries the patch (pins, caches)."""
+
     MUTATE = "mutate"
     VALIDATE = "validate"
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """A request read before any registry is asked: what to verify, or the answer if none is needed."""
+
     request: Request
     pod: Pod | None = None
     governed: tuple[Governed, ...] = ()

@@ -24,6 +24,8 @@ MAX_WARNING = 256
 
 
 class Operation(enum.Enum):
+    """The API server's operation under review (``request.operation``)."""
+
     CREATE = "CREATE"
     UPDATE = "UPDATE"
     DELETE = "DELETE"
@@ -32,6 +34,8 @@ class Operation(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class GroupKind:
+    """An object's API group and kind (``request.kind`` less the version): what picks its pod spec."""
+
     group: str
     kind: str
 
@@ -41,6 +45,8 @@ class GroupKind:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request:
+    """The parts of an AdmissionReview's ``request`` admission reads."""
+
     api_version: str
     uid: str
     kind: GroupKind

@@ -19,6 +19,8 @@ from kernelbake.admission.workloads import MalformedObject
 
 
 class Operator(enum.Enum):
+    """A node selector requirement's operator, spelled as in the pod spec."""
+
     IN = "In"
     NOT_IN = "NotIn"
     EXISTS = "Exists"
@@ -29,6 +31,8 @@ class Operator(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Requirement:
+    """One ``matchExpressions`` entry (or a nodeSelector pair, as ``In``) of a way to schedule."""
+
     key: str
     operator: Operator
     values: tuple[str, ...] = ()

@@ -1,7 +1,8 @@
 """The canonical string of a key dataclass (``CacheKey``, ``SnapshotKey``): ``schema:name=value;…``
 in field order, each value its wire string (an Enum's value, anything else ``str``), percent-encoded
 but for the characters the key leaves readable; its digest is the sha256 of that string. One
-encoding for both keys, so that what makes two keys equal is written once.
+encoding for both keys, so that what makes two keys equal is written once; ``wire_fields`` reads it
+back (each key then types its own values).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import dataclasses
 import enum
 import hashlib
 from typing import Any, ClassVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote
+
+# How much of a string that does not parse a message quotes.
+_QUOTED = 200
 
 
 class Canonical:
@@ -42,3 +46,21 @@ class Canonical:
 
 def _wire(value: Any) -> str:
     return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+def wire_fields(text: str, *, prefix: str, what: str, error: type[Exception]) -> dict[str, str]:
+    """Field name → wire string of a canonical string that starts with ``prefix``: the inverse of
+    ``str()`` up to the values' types. Raises ``error`` quoting the input when it is not
+    ``prefix:name=value;…`` with each name once; ``what`` names the key in the message."""
+    head, sep, body = text.strip().partition(":")
+    if not sep or head != prefix:
+        raise error(f"not a kernelbake {what} (expected prefix {prefix!r}): {text[:_QUOTED]!r}")
+    values: dict[str, str] = {}
+    for part in body.split(";"):
+        name, eq, value = part.partition("=")
+        if not eq:
+            raise error(f"{what} part {part[:80]!r} is not name=value in {text[:_QUOTED]!r}")
+        if name in values:
+            raise error(f"{what} field {name!r} appears twice in {text[:_QUOTED]!r}")
+        values[name] = unquote(value)
+    return values

@@ -16,6 +16,8 @@ from kernelbake.contract.platform import Platform
 
 
 class Severity(enum.Enum):
+    """How much one difference between the baked key and what is found matters."""
+
     # The cache would be rebuilt or unusable: start cold.
     BLOCKING = "blocking"
     # Worth saying, but the baked caches are still valid (e.g. a newer driver).
@@ -24,6 +26,8 @@ class Severity(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Reason:
+    """One field the baked key and what is found disagree on, and why that matters (for messages)."""
+
     field: str
     expected: str
     found: str
@@ -36,6 +40,8 @@ class Reason:
 
 @dataclasses.dataclass(frozen=True)
 class Match:
+    """A key checked against what is found: every reason, never a bare bool (``usable`` if none blocks)."""
+
     key: CacheKey
     reasons: tuple[Reason, ...]
 

@@ -12,9 +12,8 @@ import enum
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote
 
-from kernelbake.contract.canonical import Canonical
+from kernelbake.contract.canonical import Canonical, wire_fields
 from kernelbake.errors import BadInput
 
 KEY_SCHEMA = "kb1"
@@ -113,17 +112,7 @@ class CacheKey(Canonical):
 
 def parse_key(text: str) -> CacheKey:
     """Inverse of ``str(CacheKey)``; raises ``InvalidKey`` quoting the input."""
-    prefix, sep, body = text.strip().partition(":")
-    if not sep or prefix != KEY_SCHEMA:
-        raise InvalidKey(f"not a kernelbake key (expected prefix {KEY_SCHEMA!r}): {text!r}")
-    values: dict[str, str] = {}
-    for part in body.split(";"):
-        name, eq, value = part.partition("=")
-        if not eq:
-            raise InvalidKey(f"key part {part!r} is not name=value in {text!r}")
-        if name in values:
-            raise InvalidKey(f"key field {name!r} appears twice in {text!r}")
-        values[name] = unquote(value)
+    values = wire_fields(text, prefix=KEY_SCHEMA, what="key", error=InvalidKey)
     return key_from_fields(values, source=repr(text))
 
 

@@ -24,10 +24,9 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import unquote
 
 from kernelbake.contract import jsondoc
-from kernelbake.contract.canonical import Canonical
+from kernelbake.contract.canonical import Canonical, wire_fields
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem
 from kernelbake.errors import BadInput
@@ -158,15 +157,7 @@ def env_digest(env: Mapping[str, str]) -> str:
 
 def parse_snapshot_key(text: str) -> SnapshotKey:
     """Inverse of ``str(SnapshotKey)``; raises ``InvalidSnapshot`` quoting the input."""
-    prefix, sep, body = text.strip().partition(":")
-    if not sep or prefix != SNAPSHOT_SCHEMA:
-        raise InvalidSnapshot(f"not a snapshot key (expected prefix {SNAPSHOT_SCHEMA!r}): {text[:200]!r}")
-    values: dict[str, str] = {}
-    for part in body.split(";"):
-        name, eq, value = part.partition("=")
-        if not eq or name in values:
-            raise InvalidSnapshot(f"snapshot key part {part[:80]!r} is not a new name=value")
-        values[name] = unquote(value)
+    values = wire_fields(text, prefix=SNAPSHOT_SCHEMA, what="snapshot key", error=InvalidSnapshot)
     order = SnapshotKey.field_order()
     if sorted(values) != sorted(order):
         missing = [n for n in order if n not in values]

@@ -70,6 +70,8 @@ _LEVELS = (
 
 
 class Source(enum.Enum):
+    """Who predicted: the engine from its identity documents, kernelbake's ``fallback``, or none."""
+
     ENGINE = "engine"
     FALLBACK = "fallback"
     # The engine was asked and failed to answer (``unavailable``): nothing is predicted.
@@ -78,6 +80,8 @@ class Source(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Change:
+    """One factor that differs between the build and now, named in a miss as ``factor: baked → now``."""
+
     factor: str
     baked: str
     now: str
@@ -88,6 +92,8 @@ class Change:
 
 @dataclasses.dataclass(frozen=True)
 class KindVerdict:
+    """What one cache kind does at start, and the changed factors behind a miss."""
+
     kind: str
     outcome: Outcome
     changes: tuple[Change, ...] = ()

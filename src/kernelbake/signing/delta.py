@@ -95,12 +95,7 @@ def _tar(entries: list[tuple[str, bytes, int, int]]) -> bytes:
 
 def load_dir(path: Path) -> tuple[DeltaManifest, list[tuple[str, bytes, int, int]]]:
     """What ``capture collect`` wrote, every file checked against delta.json."""
-    try:
-        text = (path / DELTA_MANIFEST).read_bytes()
-    except OSError as exc:
-        raise BadInput(
-            f"{path / DELTA_MANIFEST}: cannot read ({exc.strerror}); is {path} what 'kernelbake capture collect' wrote?"
-        ) from None
+    text = referrer.read_written(path, KIND, by="kernelbake capture collect")
     delta = DeltaManifest.from_json(text, source=str(path / DELTA_MANIFEST))
     entries = []
     for f in delta.files:

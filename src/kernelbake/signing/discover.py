@@ -81,6 +81,8 @@ MAX_LEGACY_MANIFEST_BYTES = 256 << 10
 
 
 class Kind(enum.Enum):
+    """The format a signature artifact was found in: a Sigstore bundle, or cosign's legacy tags."""
+
     BUNDLE = "bundle"
     LEGACY_SIGNATURE = "legacy-signature"
     LEGACY_ATTESTATION = "legacy-attestation"
@@ -88,6 +90,8 @@ class Kind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Artifact:
+    """One signature artifact found for the digest, its bytes read (within bounds), not yet verified."""
+
     kind: Kind
     origin: str  # where it was found, in full, for messages
     data: bytes
@@ -106,6 +110,8 @@ class Skipped:
 
 @dataclasses.dataclass(frozen=True)
 class Found:
+    """What discovery found for a digest: the artifacts to try, and what it passed over."""
+
     artifacts: tuple[Artifact, ...]
     skipped: tuple[Skipped, ...]
 

@@ -294,3 +294,14 @@ def unlisted(root: Path, below: Path, listed: Iterable[str]) -> str | None:
             if (rel := (Path(dirpath) / name).relative_to(root).as_posix()) not in names:
                 return rel
     return None
+
+
+def read_written(path: Path, kind: Kind, *, by: str) -> bytes:
+    """The bytes of ``kind``'s manifest file in the directory ``path``, which the command ``by``
+    wrote; one line naming that command when it cannot be read (the wrong directory, most likely)."""
+    try:
+        return (path / kind.manifest).read_bytes()
+    except OSError as exc:
+        raise BadInput(
+            f"{path / kind.manifest}: cannot read ({exc.strerror}); is {path} what '{by}' wrote?"
+        ) from None

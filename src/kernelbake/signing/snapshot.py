@@ -66,12 +66,7 @@ KIND = referrer.Kind(
 def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
     """What ``snapshot take`` wrote, every file checked against snapshot.json (sizes and
     sha256), nothing unlisted: a snapshot that changed on its way here is not pushed."""
-    try:
-        data = (path / SNAPSHOT_MANIFEST).read_bytes()
-    except OSError as exc:
-        raise BadInput(
-            f"{path / SNAPSHOT_MANIFEST}: cannot read ({exc.strerror}); is {path} what 'kernelbake snapshot take' wrote?"
-        ) from None
+    data = referrer.read_written(path, KIND, by="kernelbake snapshot take")
     manifest = SnapshotManifest.from_json(data, source=str(path / SNAPSHOT_MANIFEST))
     if rel := referrer.unlisted(path, path / IMAGES_DIR, (f.path for f in manifest.files)):
         raise BadInput(

@@ -54,6 +54,8 @@ OPT_IN = f"annotation {ANNOTATION_INDEX}"
 
 
 class MountMode(enum.Enum):
+    """How the opt-in's artifact reaches the pod (annotation ``kernelbake.dev/cache-mount``)."""
+
     IMAGE_VOLUME = "image-volume"
     INIT_CONTAINER = "init-container"
 
@@ -75,6 +77,8 @@ class CacheVolume:
 
 @dataclasses.dataclass(frozen=True)
 class CachePlan:
+    """The pod's caches as planned from the pod spec alone: the opt-in, the governed volumes, problems."""
+
     # The opt-in: the variant index to take the artifact from, and how to mount it.
     index: ImageRef | None = None
     mode: MountMode = MountMode.IMAGE_VOLUME

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 
 class Start(enum.Enum):
+    """Whether this start uses the baked caches."""
+
     # The baked caches are used (some may still miss: the prediction says which).
     WARM = "warm"
     # A fresh, empty cache root: the engine compiles everything and reads no baked cache.
@@ -25,6 +27,8 @@ class Start(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """Warm or cold, with every reason it is cold (a warm one with a reason cannot be built)."""
+
     start: Start
     # Why the baked caches are not used, in the order the preflight found them; empty when warm.
     reasons: tuple[str, ...] = ()

@@ -377,6 +377,8 @@ class NoteKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Note:
+    """Something the preflight says without starting cold; ``kind`` says what becomes of it."""
+
     kind: NoteKind
     text: str
 

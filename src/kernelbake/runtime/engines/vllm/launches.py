@@ -49,12 +49,16 @@ _IMPORTABLE = ("vllm",)
 
 
 class Mode(enum.Enum):
+    """Record first launches at build, or preload them at serve (the module's docstring says when)."""
+
     RECORD = "record"
     PRELOAD = "preload"
 
 
 @dataclasses.dataclass(frozen=True)
 class Preloaded:
+    """What a preload at serve did, for its stderr line."""
+
     loaded: int
     present: int
     failed: tuple[str, ...]
