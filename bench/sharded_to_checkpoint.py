@@ -60,6 +60,16 @@ def parts(config: Mapping[str, Any]) -> dict[str, list[tuple[str, int]]]:
     }
 
 
+def refuses(config: Mapping[str, Any]) -> str | None:
+    """Why ``convert`` would refuse this model's sharded state, told from its config.json alone
+    (None: a dense, unquantised decoder it splits): the flow then need not save ~30 GB first."""
+    if int(config.get("num_experts") or 0):
+        return "mixture of experts: vLLM's fused experts (w13/w2) are shuffled per kernel backend"
+    if config.get("quantization_config"):
+        return "quantised: the fused tensors' scales are not split here"
+    return None
+
+
 def split(
     name: str, meta: Mapping[str, Any], layout: Mapping[str, list[tuple[str, int]]]
 ) -> Iterator[tuple[str, dict[str, Any], int, int]]:

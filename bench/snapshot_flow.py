@@ -1,10 +1,19 @@
 r"""The snapshot's part of ``bench/vllm_image_flow.py --snapshot MODEL`` (issue 40 item 5): after
 the baked start, on the same machine and the same image, in this order:
 
-1. **weights files**: the baked server (started with ``VLLM_SERVER_DEV_MODE=1``) writes the
-   weights it holds (vLLM's dummy values, seeded) with ``save_sharded_state`` into the model's
-   directory, so a woken engine has files to reload (vLLM cannot reload ``dummy`` weights) and
-   the reloaded weights are the baked start's: its tokens are the ones to compare with;
+1. **weights files** (``--weights-from``), a checkpoint in the Hugging Face layout in the model's
+   directory, so a woken engine has files to reload (vLLM cannot reload ``dummy`` weights; on
+   0.32 ``reload_weights`` reads through the default loader, ``--load-format safetensors``):
+   ``saved``: the baked server (started with ``VLLM_SERVER_DEV_MODE=1``) writes the weights it
+   holds (vLLM's dummy values, seeded) with ``save_sharded_state`` and
+   bench/sharded_to_checkpoint.py puts them back in the checkpoint's layout: the reloaded weights
+   are the baked start's, and its tokens are the ones to compare with. ``generated``:
+   bench/fake_checkpoint.py writes the checkpoint from the config (seeded values; the FP8 MoE's
+   fused experts are a layout the converter refuses). The baked start ran on dummy values, so
+   the tokens to compare with are those of a fresh start loaded from the checkpoint: the key
+   mismatch's fallback (4.), which starts the baked way with the snapshot's arguments. ``auto``
+   (the default): saved where the converter knows the layout, generated where it does not. The
+   summary names the reference (``tokens_reference``);
 2. **take**: ``kernelbake snapshot take --weights outside`` (sleep mode level 2 before the dump;
    the image is baked with ``--enable-sleep-mode``, which is in vLLM's compile hash), timed: the
    snapshot's build time and size. Without weight files it takes the weights inside;
@@ -13,7 +22,8 @@ the baked start, on the same machine and the same image, in this order:
    (a node that just pulled it), dropped again with the weight files read beside the restore
    (whether loading the weights overlaps the CRIU and driver restore), and with it warm. The
    first serves the request mix (files and JIT lines after it) and the greedy tokens;
-4. **key mismatch**: one more variable, timed to serve's ``snapshot not used`` line;
+4. **key mismatch**: one more variable, timed to serve's ``snapshot not used`` line; its
+   fallback, once ready, gives its greedy tokens (the reference of generated weights);
 5. **bad inputs** (issue 40 item 6), each a fresh ``serve``: a tampered page file, a truncated
    image, a foreign cache key, another image digest, another GPU model, another driver, a
    snapshot.json other than the pinned one; each must be refused before any restore (no CRIU
@@ -50,14 +60,23 @@ The 8B run on 0.32 (2026-12-05, bench/results/vllm-0.32.0-h200-snapshot-2026-12-
 compile 226 s, cold 203 s, baked 29 s, the weights written and converted (16.4 GB) 41 s; then
 take (~45 s expected), three restores, the mismatch with its baked fallback (~30 s) and seven
 bad inputs: about 14 minutes in its own session. The FP8 MoE's fused experts are a layout
-bench/sharded_to_checkpoint.py refuses, so on 0.32 its snapshot keeps the weights inside. The MoE (its compile alone took 539-566 s; its cold start,
-428.8 s, is left out and merged from the earlier run with ``--merge``) as a second run, after it
-or in the next device session (~15 minutes):
+bench/sharded_to_checkpoint.py refuses, so its weights are generated (``--weights-from
+generated``: 31.2 GB in 7 files, 37,539 tensors; about 40 s at this host's 0.4 GB/s, the
+device's disk is faster), which its disk must hold beside the bundle and the snapshot. The MoE
+(its compile alone took 539-566 s; its cold start, 428.8 s, is left out and merged from the
+earlier run with ``--merge``) as a second run, after it or in the next device session (~16
+minutes; the context rendered here first, ``kernelbake render
+bench/specs/vllm-0.32.0/qwen3-30b-a3b-fp8-sleep.yaml --gpu h200 --out .gpu/ctx``, and carried
+with the last chunk as above):
 
       bash bench/device.sh start snapmoe --after snap8b -- bash -c "python3 bench/vllm_image_flow.py
         --context .gpu/ctx/qwen3-30b-a3b-fp8-sleep-h200/context --skip-checks --mix-total 100
         --baked-only qwen3-30b-a3b-fp8-sleep --snapshot qwen3-30b-a3b-fp8-sleep
-        --criu /opt/kernelbake-criu/bin/criu --deadline 1100 --out \$RUN_OUT"
+        --weights-from generated --criu /opt/kernelbake-criu/bin/criu --deadline 1100
+        --out \$RUN_OUT"
+
+Its restores' tokens are compared with the key mismatch's fallback (a start loaded from the
+generated checkpoint), which is waited for while 60 s of the deadline are left.
 
 Each writes ``$RUN_OUT/vllm-image-flow.json``: ``summary[MODEL]`` has ``ready_cold_s``,
 ``ready_baked_s``, ``ready_restored_s``, ``snapshot_bytes`` and the rest of ``summary()`` below;
@@ -94,6 +113,7 @@ from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 
 # Its sibling script (bench/ is not a package; vllm_image_flow.py puts it on the path too).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fake_checkpoint
 import sharded_to_checkpoint
 
 SAY = "kernelbake serve: "
@@ -103,6 +123,16 @@ TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
 _PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
+# How the model's weight files are made for a snapshot with the weights outside (--weights-from):
+# saved from the baked server and converted, generated from the config (bench/fake_checkpoint.py),
+# or saved where the converter knows the layout and generated where it does not.
+WEIGHTS_FROM = ("auto", "saved", "generated")
+SEED = 0
+# The tokens a restore is compared with: the baked start's when the restored engine holds its
+# weights (inside the snapshot, or saved from it); a start loaded from the checkpoint when the
+# weights were generated (the baked start ran on dummy values, not those files).
+REF_BAKED = "baked start (its weights: inside the snapshot or saved from it)"
+REF_CHECKPOINT = "key-mismatch fallback: a fresh start loaded from the generated checkpoint"
 
 
 def snapshot_args(user_args: Sequence[str], port: int, *, weights_files: bool) -> list[str]:
@@ -111,8 +141,9 @@ def snapshot_args(user_args: Sequence[str], port: int, *, weights_files: bool) -
     (the flow's servers append ``--port``; take's start must have the same arguments)."""
     args = list(user_args)
     if weights_files and "--load-format" in args:
-        # The checkpoint save_weights wrote, through vLLM's default loader: the path a user's
-        # weights take, and the one whose reload_weights works on 0.32 (sharded_state has none).
+        # The checkpoint make_weights wrote (saved or generated), through vLLM's default loader:
+        # the path a user's weights take, and the one whose reload_weights works on 0.32
+        # (sharded_state has none).
         args[args.index("--load-format") + 1] = "safetensors"
     return [*args, "--middleware", MIDDLEWARE, "--port", str(port)]
 
@@ -333,16 +364,65 @@ def save_weights(port: int, model: Path) -> dict[str, Any]:
         # weights inside (take's other path), and this says why.
         for p in model.glob(sharded_to_checkpoint.SHARDED):
             p.unlink()
-        return {"ok": False, "saved_s": saved, "error": f"not converted to a checkpoint: {exc}"[:400]}
+        return {
+            "ok": False,
+            "made": "saved",
+            "refused": True,
+            "saved_s": saved,
+            "error": f"not converted to a checkpoint: {exc}"[:400],
+        }
     files = weight_files(model)
     return {
         "ok": bool(files),
+        "made": "saved",
         "s": round(time.monotonic() - t, 2),
         "saved_s": saved,
         "split_tensors": converted["split"],
         "files": len(files),
         "bytes": sum(p.stat().st_size for p in files),
     }
+
+
+def generate_weights(model: Path, seed: int = SEED) -> dict[str, Any]:
+    """A checkpoint made up from ``model``'s config.json (bench/fake_checkpoint.py says why)."""
+    t = time.monotonic()
+    try:
+        made = fake_checkpoint.write(model, seed)
+    except (OSError, ValueError) as exc:
+        return {
+            "ok": False,
+            "made": "generated",
+            "error": repr(exc)[:400],
+            "s": round(time.monotonic() - t, 2),
+        }
+    return {"ok": True, "made": "generated", **made}
+
+
+def make_weights(how: str, port: int, model: Path) -> dict[str, Any]:
+    """The model's weight files for the snapshot, ``how`` one of WEIGHTS_FROM; ``auto`` saves
+    what the converter can split and generates the rest (without saving first where the config
+    already tells that it cannot)."""
+    if how not in WEIGHTS_FROM:
+        raise ValueError(f"--weights-from {how}: one of {WEIGHTS_FROM}")
+    if how == "generated":
+        return generate_weights(model)
+    if how == "auto" and (
+        why := sharded_to_checkpoint.refuses(json.loads((model / "config.json").read_text()))
+    ):
+        return {**generate_weights(model), "not_saved": why}
+    saved = save_weights(port, model)
+    if how == "auto" and saved.get("refused"):
+        return {**generate_weights(model), "saved_first": saved}
+    return saved
+
+
+def tokens_reference(doc: Mapping[str, Any]) -> tuple[str, list[int] | None]:
+    """What the restored tokens are compared with, and those tokens."""
+    snap = doc.get("snapshot") or {}
+    made = (doc.get("snapshot_weights") or {}).get("made")
+    if (snap.get("take") or {}).get("weights") == "outside" and made == "generated":
+        return REF_CHECKPOINT, (snap.get("mismatch") or {}).get("tokens")
+    return REF_BAKED, (doc.get("warm_generate") or {}).get("tokens")
 
 
 def wait_said(lines: list[tuple[float, str]], proc: Any, prefixes: Sequence[str], timeout: float) -> None:
@@ -365,7 +445,8 @@ def summary(doc: Mapping[str, Any], model: str) -> dict[str, Any]:
     base = model.removesuffix("-dummy").removesuffix("-sleep")
     target = TARGET_S.get(base)
     ready = first.get("ready_s")
-    baked_tokens = (doc.get("warm_generate") or {}).get("tokens")
+    reference, ref_tokens = tokens_reference(doc)
+    weights = doc.get("snapshot_weights") or {}
     bad = snap.get("bad_inputs") or {}
     return {
         "ready_cold_s": (doc.get("serve_cold") or {}).get("ready_s"),
@@ -381,8 +462,12 @@ def summary(doc: Mapping[str, Any], model: str) -> dict[str, Any]:
         "ready_restored_warm_cache_s": (restores.get("restored-warm") or {}).get("ready_s"),
         "target_restored_s": target,
         "met": ready <= target if ready is not None and target is not None else None,
-        "tokens_identical_restored": first.get("tokens") == baked_tokens
-        if first.get("tokens") and baked_tokens
+        "weights_made": weights.get("made"),
+        "weights_made_s": weights.get("s"),
+        "weights_bytes": weights.get("bytes"),
+        "tokens_reference": reference,
+        "tokens_identical_restored": first.get("tokens") == ref_tokens
+        if first.get("tokens") and ref_tokens
         else None,
         "files_added_after_ready_restored": first.get("files_added_after_ready_count"),
         "compile_lines_after_ready_restored": first.get("compile_lines_after_ready"),
@@ -402,6 +487,8 @@ def phase_table(models: Mapping[str, Mapping[str, Any]]) -> str:
             if (doc.get(key) or {}).get("ready_s") is not None:
                 rows.append(f"| {model} | {start} | launch → /health | {doc[key]['ready_s']} |")
         snap = doc.get("snapshot") or {}
+        if (w := doc.get("snapshot_weights")) and w.get("made"):
+            rows.append(f"| {model} | weights | files {w['made']}, {w.get('bytes')} B | {w.get('s')} |")
         if take := snap.get("take"):
             rows.append(
                 f"| {model} | take | snapshot build ({take.get('weights')}), {take.get('bytes')} B | {take.get('wall_s')} |"
@@ -567,9 +654,9 @@ def restored(s: Setup, name: str, *, drop: bool, overlap: bool, waves: Any) -> d
 
 def refused(
     s: Setup, name: str, env: Mapping[str, str], *, until_ready: bool = False
-) -> list[tuple[float, str]]:
+) -> tuple[list[tuple[float, str]], list[int] | None]:
     """A serve that must not restore: its lines until the refusal (and, ``until_ready``, until the
-    baked start answers /health), then stopped."""
+    baked start answers /health, and its greedy tokens), then stopped."""
     server = s.flow.Server(
         f"serve-{name}",
         [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]],
@@ -578,16 +665,24 @@ def refused(
         s.run.logs,
     )
     wait_said(server.lines, server.proc, (REFUSED, RESTORED), 120)
+    tokens = None
     if until_ready:
         s.flow.wait_ready(server, time.monotonic(), 300)
+        if server.ready_s is not None:
+            tokens = server.generate(s.run.model_path).get("tokens")
     lines = list(server.lines)
     ready = server.ready_s
     server.stop()
-    return [*lines, (ready or -1.0, "READY")] if until_ready else lines
+    return ([*lines, (ready or -1.0, "READY")] if until_ready else lines), tokens
 
 
-def mismatch(s: Setup) -> dict[str, Any]:
-    lines = refused(s, "mismatch", {**s.env, "BENCH_SNAPSHOT_MISMATCH": "1"}, until_ready=s.run.left() > 150)
+def mismatch(s: Setup, *, reference: bool) -> dict[str, Any]:
+    """A key mismatch: serve's refusal and its fallback, the baked start with the snapshot's
+    arguments, so loaded from the weight files when they are outside. ``reference``: its tokens
+    are what the restores are compared with (generated weights), so it is waited for with less
+    time left."""
+    env = {**s.env, "BENCH_SNAPSHOT_MISMATCH": "1"}
+    lines, tokens = refused(s, "mismatch", env, until_ready=s.run.left() > (60 if reference else 150))
     found = said(lines, REFUSED)
     ready = next((t for t, ln in lines if ln == "READY"), None)
     return {
@@ -595,6 +690,7 @@ def mismatch(s: Setup) -> dict[str, Any]:
         "said_after_s": found[0] if found else None,
         "ready_s": ready if ready and ready > 0 else None,
         "restored": said(lines, RESTORED) is not None,
+        "tokens": tokens,
     }
 
 
@@ -603,7 +699,7 @@ def bad(s: Setup, pin: str) -> dict[str, Any]:
     out = {}
     for b in bad_inputs(s.snapshot, s.work / "bad", pin):
         point(s.root, b.root)
-        lines = refused(s, "bad-" + b.name.replace(" ", "-"), {**s.env, **b.env})
+        lines, _ = refused(s, "bad-" + b.name.replace(" ", "-"), {**s.env, **b.env})
         out[b.name] = judged(b, lines, marks)
     shutil.rmtree(s.work / "bad", ignore_errors=True)
     return out
@@ -635,7 +731,8 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
     # Weights outside need vLLM's sleep mode baked in (it is in the compile hash) and the files
     # the baked server wrote; otherwise the snapshot holds them (the slower path, still measured).
     baked_asleep = "--enable-sleep-mode" in json.loads(target.read_text())["serve"]["extra_args"]
-    weights_files = baked_asleep and bool((doc.get("snapshot_weights") or {}).get("ok"))
+    made = doc.get("snapshot_weights") or {}
+    weights_files = baked_asleep and bool(made.get("ok"))
     env = {
         **run_.run_env,
         "VLLM_SERVER_DEV_MODE": "1",
@@ -669,7 +766,8 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
         for name, drop, overlap in (("restored-overlap", True, True), ("restored-warm", False, False)):
             if run_.left() > 120 and weights_files:
                 restores[name] = restored(s, name, drop=drop, overlap=overlap, waves=None)
-        snap["mismatch"] = mismatch(s)
+        snap["mismatch"] = mismatch(s, reference=weights_files and made.get("made") == "generated")
+        snap["tokens_reference"] = tokens_reference(doc)[0]
         snap["bad_inputs"] = bad(s, pin)
     except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
         snap["failed"] = repr(exc)[:600]

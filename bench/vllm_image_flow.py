@@ -833,14 +833,17 @@ def _baked_start(
     run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any], snapshot: bool = False
 ) -> None:
     """The baked start; for a ``--snapshot`` model with vLLM's development endpoints, which
-    write the weights it holds into the model's directory for the snapshot's reload."""
+    write the weights it holds into the model's directory for the snapshot's reload (or, with
+    ``--weights-from generated``, a checkpoint made up from the config is written there)."""
     before = _files(run.cache_root)
     env = {**run.run_env, "VLLM_SERVER_DEV_MODE": "1"} if snapshot else run.run_env
     warm, warm_mix = _start(run, "serve-warm", env, _free_port(), waves)
     if warm.ready_s is not None:
         doc["warm_generate"] = warm.generate(run.model_path)
         if snapshot:
-            doc["snapshot_weights"] = snapshot_flow.save_weights(warm.port, Path(run.model_path))
+            doc["snapshot_weights"] = snapshot_flow.make_weights(
+                run.a.weights_from, warm.port, Path(run.model_path)
+            )
         # Which processes hold GPU memory while serving: the kernelbake supervisor
         # (pid below) should not, although its preflight imported torch.
         doc["gpu_processes_while_serving"] = {
@@ -1333,6 +1336,15 @@ def main() -> int:
         "through serve's gate, a key mismatch and the bad inputs (bench/snapshot_flow.py)",
     )
     ap.add_argument(
+        "--weights-from",
+        choices=snapshot_flow.WEIGHTS_FROM,
+        default="auto",
+        help="for --snapshot: the weight files a snapshot with the weights outside reloads: saved "
+        "from the baked server and converted (bench/sharded_to_checkpoint.py), generated from the "
+        "config (bench/fake_checkpoint.py; the restores are then compared with a start from them), "
+        "or auto: saved where the converter knows the layout, generated where not",
+    )
+    ap.add_argument(
         "--criu",
         default="/opt/kernelbake-criu/bin/criu",
         help="the CRIU wrapper images/base/criu/install.sh wrote (for --snapshot)",
@@ -1360,7 +1372,7 @@ def main() -> int:
         + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
         + "".join(f" --snapshot {m}" for m in a.snapshot)
-        + (f" --criu {a.criu}" if a.snapshot else "")
+        + (f" --weights-from {a.weights_from} --criu {a.criu}" if a.snapshot else "")
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": "each model in turn: the rendered stages (compile alone), then a cold start "

@@ -103,3 +103,15 @@ def test_an_unknown_layout_is_refused_and_nothing_is_left_half_written(
         conv.convert(m)
     assert sorted(p.name for p in m.iterdir()) == ["config.json", "model-rank-0-part-0.safetensors"]
     assert (m / "model-rank-0-part-0.safetensors").read_bytes() == before
+
+
+def test_what_convert_refuses_is_told_from_the_config_alone() -> None:
+    assert conv.refuses(CONFIG) is None
+    assert "mixture of experts" in (conv.refuses({**CONFIG, "num_experts": 128}) or "")
+    assert "quantised" in (conv.refuses({**CONFIG, "quantization_config": {"quant_method": "fp8"}}) or "")
+    dense = json.loads((Path(__file__).parents[1] / "bench/models/qwen3-8b-dummy/config.json").read_text())
+    assert conv.refuses(dense) is None
+    moe = json.loads(
+        (Path(__file__).parents[1] / "bench/models/qwen3-30b-a3b-fp8-dummy/config.json").read_text()
+    )
+    assert conv.refuses(moe) is not None

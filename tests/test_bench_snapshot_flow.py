@@ -171,3 +171,180 @@ def test_the_criu_wrapper_skips_the_network_lock_only_to_dump_and_restore(tmp_pa
     assert said("dump", "-t", "7") == "dump -t 7 --network-lock skip"
     assert said("restore", "-d") == "restore -d --network-lock skip"
     assert said("--version") == "--version" and said("check", "--all") == "check --all"
+
+
+# The weight files (--weights-from) and the tokens the restores are compared with.
+
+TINY_MOE_FP8 = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 256,
+    "intermediate_size": 384,
+    "moe_intermediate_size": 128,
+    "num_experts": 4,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    },
+}
+TINY_QWEN3 = {k: v for k, v in TINY_MOE_FP8.items() if k not in ("num_experts", "moe_intermediate_size")} | {
+    "architectures": ["Qwen3ForCausalLM"],
+    "quantization_config": None,
+}
+
+
+def _model_dir(tmp_path: Path, config: dict[str, object]) -> Path:
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_generated_weights_are_a_checkpoint_the_snapshot_starts_load(tmp_path: Path) -> None:
+    flow = _flow()
+    model = _model_dir(tmp_path, TINY_MOE_FP8)
+    made = flow.make_weights("generated", 0, model)
+    assert made["ok"] and made["made"] == "generated" and made["seed"] == flow.SEED
+    assert [p.name for p in flow.weight_files(model)] == ["model-00001-of-00001.safetensors"]
+    assert made["bytes"] == (model / "model-00001-of-00001.safetensors").stat().st_size
+    assert (model / "model.safetensors.index.json").is_file()
+    # A config it does not know: no files, the reason said (the snapshot then keeps the weights in).
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"architectures": ["MixtralForCausalLM"]}')
+    refused = flow.make_weights("generated", 0, other)
+    assert not refused["ok"] and "architectures" in refused["error"] and flow.weight_files(other) == []
+
+
+def test_auto_saves_what_the_converter_splits_and_generates_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow = _flow()
+    saves: list[Path] = []
+
+    def save(port: int, model: Path) -> dict[str, object]:
+        saves.append(model)
+        return {"ok": True, "made": "saved"}
+
+    monkeypatch.setattr(flow, "save_weights", save)
+    moe = _model_dir(tmp_path, TINY_MOE_FP8)
+    made = flow.make_weights("auto", 0, moe)
+    # The MoE's config says the converter would refuse: generated without saving ~30 GB first.
+    assert made["made"] == "generated" and made["ok"] and "mixture of experts" in made["not_saved"]
+    assert saves == []
+    dense = _model_dir(tmp_path / "d", TINY_QWEN3)
+    assert flow.make_weights("auto", 0, dense) == {"ok": True, "made": "saved"} and saves == [dense]
+    assert flow.make_weights("saved", 0, moe) == {"ok": True, "made": "saved"}
+    # A refusal after saving (a layout the config did not tell): auto generates, saved does not.
+    monkeypatch.setattr(flow, "save_weights", lambda p, m: {"ok": False, "made": "saved", "refused": True})
+    after = flow.make_weights("auto", 0, dense)
+    assert after["made"] == "generated" and after["ok"] and after["saved_first"]["refused"]
+    assert flow.make_weights("saved", 0, dense)["ok"] is False
+    with pytest.raises(ValueError, match="--weights-from"):
+        flow.make_weights("dummy", 0, dense)
+
+
+def test_a_converter_refusal_after_saving_is_marked_and_the_sharded_files_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+    import io
+
+    flow = _flow()
+    model = _model_dir(tmp_path, TINY_MOE_FP8)
+    import json
+    import struct
+
+    # What save_sharded_state writes for the MoE: fused experts, which the converter refuses.
+    header = json.dumps(
+        {"model.layers.0.mlp.experts.w13_weight": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}}
+    )
+    (model / "model-rank-0-part-0.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header.encode() + b"\0\0"
+    )
+    monkeypatch.setattr(
+        flow.urllib.request, "urlopen", lambda *a, **k: contextlib.nullcontext(io.BytesIO(b"{}"))
+    )
+    got = flow.save_weights(0, model)
+    assert got["refused"] and not got["ok"] and got["made"] == "saved" and "experts" in got["error"]
+    assert list(model.glob("model-rank-*")) == []
+
+
+class _FallbackServer:
+    """A serve whose snapshot is refused and whose baked fallback becomes ready."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, logs: Path) -> None:
+        self.lines = [(0.4, "kernelbake serve: snapshot not used: cache key …; starting the baked way")]
+        self.proc = type("P", (), {"poll": lambda self: None})()
+        self.ready_s: float | None = None
+        self.generated: list[str] = []
+
+    def generate(self, model: str) -> dict[str, object]:
+        self.generated.append(model)
+        return {"tokens": [7, 8, 9]}
+
+    def stop(self) -> dict[str, object]:
+        return {}
+
+
+def _setup(tmp_path: Path, left: float) -> object:
+    import types
+
+    flow = _flow()
+
+    def wait_ready(server: _FallbackServer, started: float, timeout: float) -> None:
+        server.ready_s = 21.5
+
+    fake = types.SimpleNamespace(Server=_FallbackServer, wait_ready=wait_ready)
+    run = types.SimpleNamespace(
+        argv=["kernelbake", "serve", "--x"], logs=tmp_path, model_path="/models/m", left=lambda: left
+    )
+    return flow.Setup(fake, run, tmp_path / "s", tmp_path / "r", tmp_path, ["--x", "--port", "1"], {}, 1)
+
+
+def test_the_mismatch_fallback_gives_the_reference_tokens_of_generated_weights(tmp_path: Path) -> None:
+    flow = _flow()
+    # 100 s left: enough to wait for the fallback when its tokens are the reference...
+    got = flow.mismatch(_setup(tmp_path, 100.0), reference=True)
+    assert got["tokens"] == [7, 8, 9] and got["ready_s"] == 21.5 and got["said_after_s"] == 0.4
+    # ...not otherwise (the 150 s it always needed).
+    got = flow.mismatch(_setup(tmp_path, 100.0), reference=False)
+    assert got["tokens"] is None and got["ready_s"] is None
+
+
+def test_generated_weights_compare_the_restore_with_a_start_from_the_checkpoint() -> None:
+    flow = _flow()
+    doc: dict[str, object] = {
+        "warm_generate": {"tokens": [1, 2, 3]},
+        "snapshot_weights": {"ok": True, "made": "generated", "s": 38.2, "bytes": 31_161_965_568},
+        "snapshot": {
+            "take": {"weights": "outside", "wall_s": 70.0},
+            "restores": {"restored": {"ready_s": 12.0, "tokens": [7, 8, 9]}},
+            "mismatch": {"said_after_s": 0.5, "tokens": [7, 8, 9]},
+        },
+    }
+    s = flow.summary(doc, "qwen3-30b-a3b-fp8-sleep")
+    assert s["tokens_reference"] == flow.REF_CHECKPOINT and s["tokens_identical_restored"] is True
+    assert (s["weights_made"], s["weights_made_s"], s["weights_bytes"]) == ("generated", 38.2, 31_161_965_568)
+    assert s["target_restored_s"] == 15.0 and s["met"] is True
+    # The baked start's dummy tokens are not the reference: they would differ and say nothing.
+    doc["snapshot"]["mismatch"]["tokens"] = [1, 2, 3]  # type: ignore[index]
+    assert flow.summary(doc, "qwen3-30b-a3b-fp8-sleep")["tokens_identical_restored"] is False
+    # No fallback tokens (no time left for it): no comparison, rather than the wrong one.
+    doc["snapshot"]["mismatch"]["tokens"] = None  # type: ignore[index]
+    assert flow.summary(doc, "qwen3-30b-a3b-fp8-sleep")["tokens_identical_restored"] is None
+    # Weights inside the snapshot (take's other path): the restored engine is the baked start's.
+    doc["snapshot"]["take"]["weights"] = "inside"  # type: ignore[index]
+    doc["snapshot"]["restores"]["restored"]["tokens"] = [1, 2, 3]  # type: ignore[index]
+    s = flow.summary(doc, "qwen3-30b-a3b-fp8-sleep")
+    assert s["tokens_reference"] == flow.REF_BAKED and s["tokens_identical_restored"] is True
+    table = flow.phase_table({"qwen3-30b-a3b-fp8-sleep": doc})
+    assert "| qwen3-30b-a3b-fp8-sleep | weights | files generated, 31161965568 B | 38.2 |" in table
