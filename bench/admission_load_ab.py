@@ -113,6 +113,7 @@ def main() -> int:
         help=f"warm reviews per run, in waves of the concurrency (default {WARM_REVIEWS:,}; 20 waves at least)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default="", help="what else ran on the host, for the record ('host')")
     a = p.parse_args()
     if not (a.old_src / "kernelbake").is_dir():
         sys.exit(f"admission_load_ab: {a.old_src} holds no kernelbake package (git archive REV src)")
@@ -141,6 +142,7 @@ def main() -> int:
         "new": new_rev,
         "date": time.strftime("%Y-%m-%d"),
         "cpus": os.cpu_count(),
+        **({"host": a.note} if a.note else {}),
         "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
         "summary": summarise(rows, levels),
