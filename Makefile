@@ -45,7 +45,7 @@ endif
 
 PUSH_TO := $(if $(REGISTRY),$(REGISTRY),127.0.0.1:$(REGISTRY_PORT)/kernelbake)
 
-.PHONY: help image deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
+.PHONY: help image sign-built deps test-deps venv cpu-base vllm-cpu-base torch-cpu-base registry build-image test test-fast lint docs bench clean distclean
 
 # Each target's line is the `## ` note on its rule line, in the order the files define them
 # (this Makefile, then mk/*.mk); tests/test_make.py fails when a target has none.
@@ -57,20 +57,33 @@ help: ## this list
 
 image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
 	@$(MAKE) --no-print-directory build-image
-	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(BUILD)/image.ref)"
+	@$(MAKE) --no-print-directory sign-built
 	@$(if $(SNAPSHOT),$(MAKE) --no-print-directory snapshot IMAGE="$$(cat $(BUILD)/image.ref)",true)
 	@echo "pullable: $$(cat $(BUILD)/image.ref)"
+	@if [ -s $(INDEX_REF) ] && [ "$$(cat $(INDEX_REF))" != "$$(cat $(BUILD)/image.ref)" ]; then \
+	  echo "index:    $$(cat $(INDEX_REF))   (the variant index: the image and its cache artifact)"; fi
 	@echo "verify:   make verify   (or: cosign verify --key $(SIGNING_PUB) --insecure-ignore-tlog --allow-insecure-registry $$(cat $(BUILD)/image.ref))"
 
-build-image: ## only the kernelbake build step of image (writes build/image.ref)
+# What build-image writes: image.ref, the image to pull and run (the variant index when several
+# GPUs' images were pushed: there is no one image then), and index.ref, the variant index when
+# the build pushed one (several GPUs, or an image with its cache artifact: --publish both).
+INDEX_REF := $(BUILD)/index.ref
+
+build-image: ## only the kernelbake build step of image (writes build/image.ref, and build/index.ref with an index)
 	@mkdir -p $(BUILD)
 	@# The output goes to image.out only once the build succeeded: a failed one is kept beside it as
-	@# image.out.failed, and the last good build's image.out and image.ref stay what they were.
+	@# image.out.failed, and the last good build's image.out, image.ref and index.ref stay what they were.
 	set -o pipefail; $(KB) build images/$(MODEL).yaml --gpu $(GPU) --push $(PUSH_TO) --out $(BUILD) $(BUILD_ARGS) \
 	  | tee $(BUILD)/image.out.failed && mv $(BUILD)/image.out.failed $(BUILD)/image.out
-	@# Several GPUs (GPU=h100,h200 or GPU=all): the variant index, which sign and verify cover whole.
-	@awk '$$1 == "pushed" { ref = $$2 } $$1 == "index" { index_ref = $$2 } \
-	  END { if (index_ref) ref = index_ref; if (!ref) exit 1; print ref }' $(BUILD)/image.out > $(BUILD)/image.ref
+	@rm -f $(INDEX_REF)
+	@awk -v index_file=$(INDEX_REF) '$$1 == "pushed" { ref = $$2; n++ } $$1 == "index" { index_ref = $$2 } \
+	  END { if (index_ref) print index_ref > index_file; if (n != 1) ref = index_ref; if (!ref) exit 1; print ref }' \
+	  $(BUILD)/image.out > $(BUILD)/image.ref
+
+# The index when the build pushed one (signing it signs every variant it lists, the image and its
+# cache artifact included), else the image.
+sign-built: ## sign what build-image pushed: build/index.ref when there is one (every variant with it), else build/image.ref
+	@$(MAKE) --no-print-directory sign IMAGE="$$(cat $(INDEX_REF) 2>/dev/null || cat $(IMAGE_REF))"
 
 # Signing: `make image` signs what it pushed (by digest) with a local key generated on first
 # use (build/signing/kernelbake.key); `make verify` checks the last image built.
@@ -138,7 +151,7 @@ bench: image ## the CPU cold-start benchmark on the last image built (~8 min)
 # Keeps the signing key, the local registry's storage, the last image's reference and the wheel
 # downloads, naming each with its size; distclean deletes those too, naming each first
 # (scripts/clean.sh says why they are kept).
-clean: ## delete build outputs; keep the signing key, registry storage, build/image.ref and wheels, each named
+clean: ## delete build outputs; keep the signing key, registry storage, build/image.ref, build/index.ref and wheels, each named
 	@scripts/clean.sh $(BUILD) $(SIGNING_DIR) $(WHEELS) $(CPU_BASE_WORK)/wheels
 
 distclean: ## delete those too, each named with its size first

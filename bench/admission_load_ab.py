@@ -3,11 +3,11 @@
 Host load moves the tail latencies of ``bench/admission_load.py`` far more than any change to
 the server does (2026-12-04: p99 at 200 concurrent from 27 ms on an idle host to 600 ms at load
 15), so one run per side says little. Here both sides run in turns, for each concurrency and
-round, the order flipped every round; the old side is the same bench script with the other
-revision's ``src`` first on PYTHONPATH (``git archive REV src | tar -x -C DIR``). Each run records
-the 1-minute load average before it, and the summary compares medians.
+round, the order flipped every round; the old side is the other revision's own bench script
+with its ``src`` first on PYTHONPATH (``git archive REV | tar -x -C DIR``: the whole tree). Each
+run records the 1-minute load average before it, and the summary compares medians.
 
-    git archive d6fcc27 src | tar -x -C /tmp/old
+    git archive d6fcc27 | tar -x -C /tmp/old
     .venv/bin/python bench/admission_load_ab.py --old-src /tmp/old/src --old-rev d6fcc27 \\
         [--rounds 2] [--concurrency 500,200,50] [--out bench/results/admission_load_ab.json]
 """

@@ -5,11 +5,14 @@ runs ``--check``, which fails when the committed SVG is not what the JSON draws.
     python3 bench/plot_startup.py --write   # docs/performance/startup-phases.svg
     python3 bench/plot_startup.py --check   # exit 1 when that file is stale
 
-Each source is a result with ``phases: {model: {start: {phase: seconds}}}`` (bench/
-vllm_startup_floor.py writes it). The starts drawn are ``cold``, ``baked`` and, once the
-snapshot work writes them into the same shape, every start whose name begins with ``restored``;
-the others (levers tried once) stay in the JSON and the page's table. A bar is the phases
-stacked in the order the JSON lists them, labelled with launch → /health.
+One panel per machine, each bar labelled with what was measured and where:
+- the H200: the cold and baked starts of bench/vllm_startup_floor.py (``phases: {model: {start:
+  {phase: seconds}}}``; every start named ``restored…`` in that shape is drawn too), and the CRIU
+  restores of bench/vllm_snapshot_restore.py (the restore, the driver's restore, then ``/health``,
+  counted from the restore's start; the server ran outside the image);
+- the shared 2-core host: bench/snapshot_cpu.py's baked and restored starts of the CPU default
+  image, ``docker run`` → ``/health`` as one span (the bench does not split it).
+A bar is its phases stacked in the order the JSON gives them, labelled with its total.
 """
 
 from __future__ import annotations
@@ -18,29 +21,125 @@ import argparse
 import io
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = (REPO / "bench/results/vllm-0.26.0-h200-startup-floor-2026-12-03/startup-floor.json",)
+RESULTS = REPO / "bench/results"
+FLOOR = RESULTS / "vllm-0.26.0-h200-startup-floor-2026-12-03/startup-floor.json"
+SNAPSHOT_H200 = RESULTS / "vllm-0.26.0-h200-snapshot-2026-12-04"
+SNAPSHOT_CPU = RESULTS / "snapshot_cpu.json"
 OUT = REPO / "docs/performance/startup-phases.svg"
 TOTAL = "launch → /health"
 DRAWN = ("cold", "baked")
+# The phases of a CRIU restore (bench/vllm_snapshot_restore.py), in the order they run.
+CRIU_RESTORE = "criu restore -d (the process tree's memory)"
+DRIVER_RESTORE = "driver restore + unlock (GPU memory)"
+RESTORED_HEALTH = "restored → /health"
+UNSPLIT = "docker run → /health (not split)"
 # A fixed palette, one colour per phase in order: the picture changes only with the data.
-COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+COLOURS = (
+    "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3",
+    "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
+)  # fmt: skip
+
+Row = tuple[str, dict[str, float]]  # label, phases (TOTAL among them)
 
 
-def starts(doc: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
-    """(label, phases) of each start drawn, in the JSON's order, model by model."""
+@dataclass(frozen=True, kw_only=True)
+class Panel:
+    title: str
+    sources: tuple[tuple[Path, Callable[[dict[str, Any]], list[Row]]], ...]
+
+    def rows(self) -> list[Row]:
+        return [row for path, read in self.sources for row in read(json.loads(path.read_text()))]
+
+
+def starts(doc: dict[str, Any]) -> list[Row]:
+    """(label, phases) of each start drawn from a startup-floor result, in the JSON's order."""
     out = []
     for model, by_start in doc["phases"].items():
         for start, phases in by_start.items():
             if start in DRAWN or start.startswith("restored"):
-                out.append((f"{model}, {start}", phases))
+                out.append((start if len(doc["phases"]) == 1 else f"{model}, {start}", phases))
     return out
 
 
-def render(sources: tuple[Path, ...] = SOURCES) -> bytes:
+def criu_restores(what: str) -> Callable[[dict[str, Any]], list[Row]]:
+    """The restore of each model in a bench/vllm_snapshot_restore.py result, its phases from
+    the restore's start; ``what`` says which snapshot it was."""
+
+    def read(doc: dict[str, Any]) -> list[Row]:
+        out = []
+        for model, runs in doc["models"].items():
+            snap = runs["snapshot"]
+            restore, driver, health = (
+                snap["restore"]["s"],
+                snap["driver_restore_s"],
+                snap["restored_health_s"],
+            )
+            phases = {
+                CRIU_RESTORE: restore,
+                DRIVER_RESTORE: driver,
+                RESTORED_HEALTH: max(health - restore - driver, 0.0),
+                TOTAL: health,
+            }
+            out.append(
+                (f"restored, {what}" if len(doc["models"]) == 1 else f"{model}, restored, {what}", phases)
+            )
+        return out
+
+    return read
+
+
+def cpu_snapshot(doc: dict[str, Any]) -> list[Row]:
+    """bench/snapshot_cpu.py's baked and restored starts, each one span."""
+    return [
+        (start, {UNSPLIT: doc[start]["ready_s"], TOTAL: doc[start]["ready_s"]})
+        for start in ("baked", "restored")
+    ]
+
+
+PANELS = (
+    Panel(
+        title="Qwen3-8B architecture, dummy weights, on one H200, vLLM 0.26.\n"
+        "Cold, baked: the image flow, launch → /health (2026-12-03). Restored: CRIU 4.2.1, from the\n"
+        "restore's start, a server outside the image (2026-12-04); *the weights reload after /health, not measured",
+        sources=(
+            (FLOOR, starts),
+            (SNAPSHOT_H200 / "weights-in.json", criu_restores("weights in")),
+            (SNAPSHOT_H200 / "weights-out-sleep2.json", criu_restores("weights out*")),
+        ),
+    ),
+    Panel(
+        title="The CPU default image (tiny-llama, vLLM 0.32's CPU build) on the shared 2-core host,\n"
+        "under other work's load: docker run → /health (bench/snapshot_cpu.py)",
+        sources=((SNAPSHOT_CPU, cpu_snapshot),),
+    ),
+)
+
+
+def _draw(ax: Any, rows: list[Row], order: list[str], seen: set[str]) -> None:
+    """The panel's bars; each phase is labelled (for the one legend) where it is first drawn."""
+    for y, (_, phases) in enumerate(rows):
+        left = 0.0
+        for phase in (p for p in order if p in phases):
+            width = phases[phase]
+            colour = COLOURS[order.index(phase) % len(COLOURS)]
+            ax.barh(y, width, left=left, color=colour, label=None if phase in seen else phase)
+            seen.add(phase)
+            left += width
+        ax.text(left, y, f" {phases.get(TOTAL, left):.1f} s", va="center")
+    longest = max(phases.get(TOTAL, 0.0) for _, phases in rows)
+    ax.set_xlim(0, longest * 1.15)  # room for the last bar's label
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds to /health")
+
+
+def render(panels: tuple[Panel, ...] = PANELS) -> bytes:
     import matplotlib
 
     matplotlib.use("svg")
@@ -48,24 +147,23 @@ def render(sources: tuple[Path, ...] = SOURCES) -> bytes:
 
     # Byte-stable output for the same data: no date, fixed ids, text kept as text.
     matplotlib.rcParams.update({"svg.hashsalt": "kernelbake", "svg.fonttype": "none"})
-    rows = [row for src in sources for row in starts(json.loads(src.read_text()))]
-    names = [p for _, phases in rows for p in phases if p != TOTAL]
-    order = list(dict.fromkeys(names))
-    fig, ax = plt.subplots(figsize=(9, 0.7 * len(rows) + 1.8))
-    for y, (_, phases) in enumerate(rows):
-        left = 0.0
-        for i, phase in enumerate(order):
-            width = phases.get(phase, 0.0)
-            ax.barh(y, width, left=left, color=COLOURS[i % len(COLOURS)], label=phase if y == 0 else None)
-            left += width
-        ax.text(left + 1, y, f"{phases.get(TOTAL, left):.1f} s", va="center")
-    longest = max(phases.get(TOTAL, 0.0) for _, phases in rows)
-    ax.set_xlim(0, longest * 1.12)  # room for the last bar's label
-    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds from launch to /health")
-    ax.set_title("Startup phases, one H200, vLLM 0.26 (bench/results)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=1, frameon=False, fontsize=8)
+    drawn = [panel.rows() for panel in panels]
+    # One colour per phase across the panels, in the order the phases first appear.
+    order = list(dict.fromkeys(p for rows in drawn for _, phases in rows for p in phases if p != TOTAL))
+    heights = [0.5 * len(rows) + 0.4 for rows in drawn]
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(9, sum(heights) + 2.5), gridspec_kw={"height_ratios": heights}, squeeze=False
+    )
+    seen: set[str] = set()
+    for ax, panel, rows in zip(axes[:, 0], panels, drawn, strict=True):
+        _draw(ax, rows, order, seen)
+        ax.set_title(panel.title, fontsize=9, loc="left")
+    fig.subplots_adjust(hspace=0.75)
+    # One legend for every panel, below the last (a phase has one colour throughout).
+    handles = [h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0]]
+    fig.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(0.08, 0.02), ncol=2, frameon=False, fontsize=8
+    )
     buf = io.StringIO()
     # No matplotlib version in the file: a patch release that draws the same bytes reads as current.
     meta = {"Date": None, "Creator": "bench/plot_startup.py"}

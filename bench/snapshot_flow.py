@@ -23,27 +23,34 @@ the baked start, on the same machine and the same image, in this order:
 inputs, the parsing of serve's lines, the CRIU wrapper, the summary) is tested in
 tests/test_bench_snapshot_flow.py.
 
-The device run (``bench/device.sh``; one call each, run() being the device tool):
+The device run on vLLM 0.32 (``bench/device.sh``; one call each, run() being the device tool;
+after a call returns, the next must come within ~30 s or the machine is given back):
 
-    # here: the bundle (shared/gpu-testenv/build-bundle.sh) as chunks small enough to carry beside
-    # CRIU's 17 MB of .debs and the contexts, the contexts, and the .debs criu.lock pins
-    bash bench/device.sh chunk 40
-    kernelbake render bench/specs/qwen3-8b-sleep.yaml --gpu h200 --out .gpu/ctx
-    kernelbake render bench/specs/qwen3-30b-a3b-fp8-sleep.yaml --gpu h200 --out .gpu/ctx
+    # here: the bundle as chunks (22 of ~46 MiB: each plus the tree fits a call), the context,
+    # and the .debs criu.lock pins (17 MB, a call of their own)
+    bash bench/gpu-bundle.sh 0.32.0
+    kernelbake render bench/specs/vllm-0.32.0/qwen3-8b-sleep.yaml --gpu h200 --out .gpu/ctx
     KEEP=.gpu/bundle/criu images/base/criu/install.sh build/criu
-    run(carry=[".gpu/bundle/chunk1", ".gpu/bundle/criu"]): bash bench/device.sh stash chunk1 && bash bench/device.sh stash criu
-    run(carry=[".gpu/bundle/chunkK"]): bash bench/device.sh stash chunkK       # each further chunk but the last
-    run(carry=[".gpu/bundle/chunkN", ".gpu/ctx"]): bash bench/device.sh stash chunkN && bash bench/device.sh install &&
+    run(carry=[".gpu/bundle/criu"]): bash bench/device.sh stash criu
+    run(carry=[".gpu/bundle/chunkK"]): bash bench/device.sh stash chunkK       # K = 1 .. N-1
+    run(carry=[".gpu/bundle/chunkN", ".gpu/ctx"]): bash bench/device.sh stash chunkN &&
+      bash bench/device.sh install &&
       DEBS=/root/stash/criu images/base/criu/install.sh /opt/kernelbake-criu &&
       bash bench/device.sh start snap8b -- bash -c "python3 bench/vllm_image_flow.py
         --context .gpu/ctx/qwen3-8b-sleep-h200/context --skip-checks --mix-total 100
-        --snapshot qwen3-8b-sleep --criu /opt/kernelbake-criu/bin/criu --deadline 900 --out \$RUN_OUT" &&
+        --snapshot qwen3-8b-sleep --criu /opt/kernelbake-criu/bin/criu --deadline 960 --out \$RUN_OUT" &&
       bash bench/device.sh collect 540
     run(): bash bench/device.sh collect 560                                   # until snap8b's rc is there
 
-The 8B run: compile ~190 s, cold ~165 s, baked ~26 s and the weights written (~16 GB), take
-~45 s, three restores, the mismatch with its baked fallback (~30 s) and seven bad inputs: about
-10 minutes in its own session. The FP8 MoE (its compile alone took 539-566 s; its cold start,
+(Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
+tree.) On vLLM 0.26 the same, with ``shared/gpu-testenv/build-bundle.sh``'s parts and
+``bench/specs/qwen3-8b-sleep.yaml``.
+
+The 8B run on 0.32 (2026-12-05, bench/results/vllm-0.32.0-h200-snapshot-2026-12-05-partial):
+compile 226 s, cold 203 s, baked 29 s, the weights written and converted (16.4 GB) 41 s; then
+take (~45 s expected), three restores, the mismatch with its baked fallback (~30 s) and seven
+bad inputs: about 14 minutes in its own session. The FP8 MoE's fused experts are a layout
+bench/sharded_to_checkpoint.py refuses, so on 0.32 its snapshot keeps the weights inside. The MoE (its compile alone took 539-566 s; its cold start,
 428.8 s, is left out and merged from the earlier run with ``--merge``) as a second run, after it
 or in the next device session (~15 minutes):
 
@@ -78,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.contract.snapshot import (
+    ENGINE_LOG,
     IMAGES_DIR,
     SNAPSHOT_MANIFEST,
     SnapshotManifest,
@@ -92,7 +100,7 @@ SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
 REFUSED = SAY + "snapshot not used: "
 TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
-_PHASE = re.compile(r"(criu restore|driver restore|/health|woken|weights reloaded) ([0-9.]+) s")
+_PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
 
@@ -463,6 +471,10 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
     }
     if proc.returncode != 0:
         out["error"] = (proc.stdout + proc.stderr)[-2000:]
+        # The engine's own account of a failed take (the H200 run of 2026-12-05 came back with
+        # take's line alone): kept beside take's log.
+        with contextlib.suppress(OSError):
+            shutil.copyfile(ENGINE_LOG, s.run.logs / "snapshot-take-engine.log")
         return out
     manifest = SnapshotManifest.from_json((s.snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="take")
     out.update(

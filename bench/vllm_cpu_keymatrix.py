@@ -185,7 +185,26 @@ def _leaves(paths: list[str]) -> list[str]:
     ]
 
 
-def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) -> dict[str, Any]:
+def _written(diff: list[str]) -> list[str]:
+    """The files ``docker diff`` lines name as added or changed in the cache root."""
+    return _leaves(
+        [line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")]
+    )
+
+
+def _wrote_a_cache_file(cid: str) -> bool:
+    """Whether the start has written a file into the cache root that stays: a lock file comes
+    and goes on a warm start too (Inductor's), so it decides nothing."""
+    diff = docker("diff", cid, check=False).stdout.splitlines()
+    return any("lock" not in Path(p).name for p in _written(diff))
+
+
+def run_serve(
+    case: dict[str, Any], image: str, flags: list[str], logdir: Path, *, stop_at_first_write: bool = False
+) -> dict[str, Any]:
+    """``stop_at_first_write``: end the start once it wrote a cache file (the truth is ``miss``
+    from then on, whatever else it writes), instead of once it is up: a miss compiles for
+    minutes on two cores. The matrix itself runs every start to the end and counts its files."""
     started = time.monotonic()
     # Files written from here on are the start's (the image's own are older: it was built before).
     since = int(time.time()) - 1
@@ -209,6 +228,9 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
             if docker("inspect", "-f", "{{.State.Running}}", cid, check=False).stdout.strip() != "true":
                 decided = "exited"
                 break
+            if stop_at_first_write and _wrote_a_cache_file(cid):
+                decided = "first write"
+                break
             time.sleep(2)
         out["serve_s"] = round(time.monotonic() - started, 1)
         diff = docker("diff", cid, check=False).stdout.splitlines()
@@ -227,9 +249,7 @@ def run_serve(case: dict[str, Any], image: str, flags: list[str], logdir: Path) 
     finally:
         docker("rm", "-f", cid, check=False)
     (logdir / "serve.log").write_text(text)
-    changed = _leaves(
-        [line[2:] for line in diff if line[:2] in ("A ", "C ") and line[2:].startswith(CACHE_ROOT + "/")]
-    )
+    changed = _written(diff)
     per_kind: dict[str, list[str]] = {}
     for base, paths in ((CACHE_ROOT, changed), (root, found.stdout.splitlines())):
         for path in paths:
@@ -266,13 +286,15 @@ def actual_of(out: dict[str, Any]) -> str:
     return "no-compile" if not log.get("torch_compile") or log.get("eager_backend") else "hit"
 
 
-def run_case(case: dict[str, Any], image: str, work: Path) -> dict[str, Any]:
+def run_case(
+    case: dict[str, Any], image: str, work: Path, *, stop_at_first_write: bool = False
+) -> dict[str, Any]:
     logdir = work / "cases" / case["name"]
     logdir.mkdir(parents=True, exist_ok=True)
     flags = _mounts(case, image, logdir)
     result: dict[str, Any] = {"name": case["name"], **_shown(case)}
     result.update(run_check(case, image, flags, logdir))
-    result.update(run_serve(case, image, flags, logdir))
+    result.update(run_serve(case, image, flags, logdir, stop_at_first_write=stop_at_first_write))
     result["right"] = result["actual"] in EXPECTED.get(result["predicted"], set())
     return result
 

@@ -141,15 +141,25 @@ YAML
     DOCKER_CONFIG="$dir/config" docker context create "kernelbake-test-$f" \
       --docker "host=unix://$dir/$f/docker.sock" >/dev/null
   done
-  local pids=()
-  for image in "$@"; do
-    for f in "${families[@]}"; do
-      (docker save "$image" | docker -H "unix://$dir/$f/docker.sock" load -q >/dev/null) &
-      pids+=($!)
-    done
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
+  local image
+  for image in "$@"; do load_everywhere "$image"; done
   echo "export DOCKER_CONFIG=$dir/config"
+}
+
+# One `docker save` of IMAGE, read by every daemon's `docker load` at once through a fifo each
+# (a save of the torch base image is ~17 s of I/O on a loaded host: once, not once per daemon).
+load_everywhere() {
+  local image=$1 f fifos=() pids=() p
+  for f in "${families[@]}"; do
+    rm -f "$dir/$f/load.fifo"
+    mkfifo "$dir/$f/load.fifo"
+    docker -H "unix://$dir/$f/docker.sock" load -q < "$dir/$f/load.fifo" >/dev/null &
+    pids+=($!)
+    fifos+=("$dir/$f/load.fifo")
+  done
+  docker save "$image" | tee "${fifos[@]}" >/dev/null
+  for p in "${pids[@]}"; do wait "$p"; done
+  rm -f "${fifos[@]}"
 }
 
 case $cmd in

@@ -29,6 +29,7 @@ kept=(
   "$SIGNING_DIR|the signing key"
   "$REGISTRY_DIR|the local registry's storage"
   "$BUILD/image.ref|the last image make image pushed, which make verify reads"
+  "$BUILD/index.ref|the variant index make image pushed last (several GPUs, or --publish both)"
   "$WHEELS|the downloaded wheels of vLLM's CPU build"
   "$CPU_WHEELS|the downloaded wheels of the torch CPU base image"
 )

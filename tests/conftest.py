@@ -8,6 +8,7 @@ from hypothesis import settings
 
 from tests.support import registry as test_registries
 from tests.support.docker import local_names
+from tests.support.heartbeat import HeartbeatPlugin
 from tests.support.registry import running_registry
 
 # Hypothesis's per-example deadline (200 ms) measures the machine, not the code: CI runs on two
@@ -28,6 +29,23 @@ NEEDS_MARKER = {
     "single_image": "docker",
     "two_phase_image": "docker",
 }
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--heartbeat",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a line naming the test and fixture at work after SECONDS without output (0: never)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A plugin, not this conftest's hooks: those reach only nodes under tests/, and a session
+    # fixture's setup (the image builds) runs on the session node, above it.
+    if every := config.getoption("--heartbeat"):
+        config.pluginmanager.register(HeartbeatPlugin(every), "kernelbake-heartbeat")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -120,6 +120,31 @@ def test_each_matrix_runs_the_cases_of_its_committed_result_from_the_one_table(
     assert secret == [{"name": "api-key-secret", "env": {"VLLM_API_KEY": module.SECRET}, "args": []}]
 
 
+@pytest.mark.parametrize(
+    ("diff", "wrote"),
+    [
+        # Inductor's lock files come and go on a warm start too: they decide nothing.
+        (["C /opt/kernelbake/cache", "C /opt/kernelbake/cache/inductor", "A /opt/kernelbake/cache/inductor/locks",
+          "A /opt/kernelbake/cache/inductor/locks/abc.lock"], False),
+        (["C /tmp", "A /tmp/x.so", "C /opt/kernelbake/cache.json"], False),  # outside the cache root
+        (["C /opt/kernelbake/cache/vllm", "A /opt/kernelbake/cache/vllm/modelinfos",
+          "A /opt/kernelbake/cache/vllm/modelinfos/llama.json"], True),
+        (["C /opt/kernelbake/cache/inductor/54/c5.main.so"], True),  # rewritten in place
+    ],
+)  # fmt: skip
+def test_the_cpu_matrix_stops_a_start_at_its_first_cache_file_but_not_at_a_lock(
+    monkeypatch: pytest.MonkeyPatch, diff: list[str], wrote: bool
+) -> None:
+    matrix = bench.load("vllm_cpu_keymatrix")
+
+    def docker(*args: str, check: bool = True, timeout: float | None = None) -> object:
+        assert args == ("diff", "cid")
+        return type("Done", (), {"stdout": "\n".join(diff) + "\n"})()
+
+    monkeypatch.setattr(matrix, "docker", docker)
+    assert matrix._wrote_a_cache_file("cid") is wrote
+
+
 # A start that prints its last line, closes its output and only then exits: the engine that
 # vLLM 0.32 refused (hashed-env-standalone-compile-off) ended so, and was left undecided.
 _EXITS_LATE = "import os, sys, time; print('engine core failed', flush=True); os.close(1); os.close(2); time.sleep(1.0); sys.exit(1)"

@@ -18,6 +18,7 @@ from kernelbake.cli import _reference, build_parser
 from kernelbake.contract.envvars import DeclaredEnv, UndeclaredVariable, Variable
 from kernelbake.runtime import env as runtime_env
 from tests.conftest import REPO
+from tests.support.runbook import commands, shown_line
 
 README = REPO / "README.md"
 REFERENCE = REPO / _reference.REFERENCE
@@ -137,15 +138,20 @@ def blocks(text: str, tag: str) -> list[str]:
     return re.findall(rf"{marker}\s*```(?:sh|console)?\n(.*?)```", text, re.S)
 
 
-def commands(block: str) -> list[list[str]]:
-    """The shell commands of a block: comments dropped, continuation lines joined."""
-    joined = re.sub(r"\\\n\s*", " ", block)
-    out = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        if words:
-            out.append(words)
-    return out
+# A warm start's lines, which test_docs_run checks in the README's sample against a real run.
+WARM_START = ("kernelbake serve: baked caches valid", "kernelbake serve: start-up compiled nothing")
+
+
+@pytest.mark.parametrize("doc", DOCS[2:], ids=lambda p: str(p.relative_to(REPO)))
+def test_a_warm_starts_lines_on_a_page_are_those_of_the_readmes_checked_sample(doc: Path) -> None:
+    # Issue 44: docs/engines.md showed "55 files, engine caches at …" after serve had long
+    # printed 67 files and the time their sha256 took; the README's sample is the one checked.
+    (sample,) = blocks(README.read_text(), "serve-output")
+    printed = [ln for ln in sample.splitlines() if ln.startswith(WARM_START)]
+    assert len(printed) == len(WARM_START), sample
+    shown = [ln.strip() for ln in doc.read_text().splitlines() if ln.strip().startswith(WARM_START)]
+    stale = [ln for ln in shown if not any(shown_line(ln).fullmatch(p) for p in printed)]
+    assert stale == [], f"{doc.relative_to(REPO)}: not as the README's sample: {stale}"
 
 
 def _parses(words: list[str]) -> None:

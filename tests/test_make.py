@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 MAKEFILES = [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))]
@@ -95,3 +97,53 @@ def test_a_failed_build_keeps_the_last_builds_output_and_reference(tmp_path: Pat
     assert res.returncode != 0
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in before} == before
     assert (tmp_path / "image.out.failed").read_text() == "building…\n"
+
+
+IMG = "127.0.0.1:5000/kernelbake/tiny-llama"
+H100, H200 = f"{IMG}@sha256:{'a1' * 32}", f"{IMG}@sha256:{'a2' * 32}"
+CACHE = f"{IMG}@sha256:{'c1' * 32}"
+INDEX = f"{IMG}:vllm0.32.0-gpus-1a2b3c4d@sha256:{'e1' * 32}"
+
+
+def _build_printing(tmp_path: Path, printed: str) -> subprocess.CompletedProcess[str]:
+    """``make build-image`` with a stand-in for kernelbake build that prints ``printed``."""
+    fake = tmp_path / "fake-kb"
+    fake.write_text(f"#!/bin/sh\nprintf '{printed}'\n")
+    fake.chmod(0o755)
+    return _make("build-image", f"BUILD={tmp_path}", f"KB={fake}")
+
+
+@pytest.mark.parametrize(
+    ("printed", "image_ref", "index_ref"),
+    [
+        # One image: it, and no index.
+        (f"built\\t{IMG}:t\\npushed\\t{H100}\\n", H100, None),
+        # --publish both on one target (the CPU default): the image to run, and the index that
+        # lists it with its cache artifact (it was the index, a "gpus" tag, for a CPU build).
+        (f"pushed\\t{H100}\\ncache\\t{CACHE}\\nindex\\t{INDEX}\\n", H100, INDEX),
+        # Several GPUs: no one image, so the index is both.
+        (f"pushed\\t{H100}\\npushed\\t{H200}\\nindex\\t{INDEX}\\n", INDEX, INDEX),
+    ],
+)
+def test_build_image_writes_the_image_to_run_and_the_index_apart(
+    tmp_path: Path, printed: str, image_ref: str, index_ref: str | None
+) -> None:
+    (tmp_path / "index.ref").write_text("a stale index of the build before\n")
+    res = _build_printing(tmp_path, printed)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "image.ref").read_text() == image_ref + "\n"
+    if index_ref is None:
+        assert not (tmp_path / "index.ref").exists()
+    else:
+        assert (tmp_path / "index.ref").read_text() == index_ref + "\n"
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_sign_built_signs_the_index_when_there_is_one_else_the_image(tmp_path: Path, index: bool) -> None:
+    (tmp_path / "image.ref").write_text(H100 + "\n")
+    if index:
+        (tmp_path / "index.ref").write_text(INDEX + "\n")
+    res = _make("-n", "sign-built", f"BUILD={tmp_path}", f"SIGNING_KEY={tmp_path}/k.key")
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stdout.splitlines() if "kernelbake sign " in ln]
+    assert line.endswith(f" {INDEX if index else H100}"), line

@@ -131,10 +131,29 @@ def test_shown_lines_match_with_ellipses_and_any_number() -> None:
     assert runbook.missing_lines("z\na\n", printed) == ["a"]
 
 
+PAGE_TEXTS = {page: (REPO / page).read_text() for page in runbook.PAGES}
+
+
 @pytest.mark.parametrize("page", runbook.PAGES)
 def test_every_guide_is_a_runbook_with_blocks_to_run(page: str) -> None:
-    blocks = runbook.parse((REPO / page).read_text(), page)
+    blocks = runbook.parse(PAGE_TEXTS[page], page)
     assert any(b.kind is Kind.RUN for b in blocks), page
+    # What a page leaves to another page's run is run there, command for command.
+    for block in blocks:
+        if block.kind is Kind.SAME:
+            runbook.check_same(block, PAGE_TEXTS)
+
+
+def test_a_block_left_to_another_page_must_be_run_there_command_for_command() -> None:
+    same = '<!-- runbook: same=other.md -->\n```sh\ndocker run --rm "$IMAGE" check --json   # warm?\n```\n'
+    (block,) = runbook.parse(same.replace("other.md", "docs/serving.md"), "guide.md")
+    assert block.kind is Kind.SAME and block.skipped_because() == "the same commands run in docs/serving.md"
+    other = '<!-- runbook -->\n```sh\nIMAGE=x\ndocker run --rm "$IMAGE" check --json\n```\n'
+    runbook.check_same(block, {"docs/serving.md": other})
+    with pytest.raises(RunbookError, match=r"guide.md:2: same=docs/serving.md, but no block"):
+        runbook.check_same(block, {"docs/serving.md": other.replace("--json", "")})
+    with pytest.raises(RunbookError, match=r"same=other\.md is not a runbook page"):
+        runbook.parse(same, "guide.md")
 
 
 def test_a_block_that_hangs_fails_naming_its_line(tmp_path: Path) -> None:

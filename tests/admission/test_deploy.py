@@ -228,6 +228,29 @@ def test_make_cert_deletes_the_ca_key_and_makes_the_api_servers_client_certifica
     assert "CN = api" in _subject(tmp_path / "b" / "client.crt")
 
 
+def test_make_cert_out_certs_in_a_checkout_leaves_no_key_git_would_commit(tmp_path: Path) -> None:
+    # Issue 44: `make-cert.sh --out certs`, run from the checkout as a reader might, wrote a CA
+    # private key where a `git add -A` took it. The CA key is kept here on purpose: even then.
+    subprocess.run(
+        [str(DEPLOY / "make-cert.sh"), "--out", "certs", "--keep-ca-key"],
+        cwd=tmp_path,
+        capture_output=True,
+        check=True,
+    )
+    wrote = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "certs").rglob("*") if p.is_file())
+    assert "certs/ca.key" in wrote and "certs/tls.key" in wrote, wrote
+    # Asked of this repository's .gitignore, as if those files lay in its root.
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(wrote) + "\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr  # 1: none ignored
+    assert sorted(set(wrote) - set(done.stdout.splitlines())) == []
+
+
 def _subject(cert: Path) -> str:
     return subprocess.run(
         ["openssl", "x509", "-noout", "-subject", "-in", str(cert)],

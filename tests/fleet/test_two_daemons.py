@@ -29,12 +29,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def fleet_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two more Docker daemons, one per stand-in GPU family, each loaded with the torch CPU base."""
     with two_daemons(tmp_path_factory.mktemp("fleet")) as env:
         yield env
 
 
 @pytest.fixture(scope="module")
 def built(fleet_env: dict[str, str], registry: str, tmp_path_factory: pytest.TempPathFactory) -> list[Built]:
+    """The fleet spec built two-phase on both daemons at once, each compiling on its own core."""
     targets = plan(load_spec(SPEC), [], registry=f"{registry}/fleet")
     out = tmp_path_factory.mktemp("fleet-build")
     return Driver(Settings.from_env(fleet_env)).build(

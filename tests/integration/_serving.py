@@ -42,6 +42,23 @@ def wait_healthy(engine: Engine, port: int, cid: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
+def wait_for_serve_line(engine: Engine, cid: str, text: str, timeout_s: float = 180) -> str:
+    """The first ``kernelbake serve:`` line of container ``cid``'s log that contains ``text``,
+    waiting for it: serve prints what the start compiled once vLLM says it is ready, after
+    reading every cache file (``start-up compiled nothing …``, or after a start that compiled
+    ``WARNING: start-up compiled what the caches lacked …``, which is why this matches text
+    anywhere in the line, not a prefix)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = logs(engine, cid).splitlines()
+        found = [ln for ln in lines if ln.startswith("kernelbake serve:") and text in ln]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no kernelbake serve: line with {text!r}:\n{logs(engine, cid)[-4000:]}")
+        time.sleep(0.5)
+
+
 def complete(port: int, prompt: str = "Hello", tokens: int = 4) -> dict[str, Any]:
     """One greedy completion of ``prompt`` from the server on ``port``."""
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0}).encode()

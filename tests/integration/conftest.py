@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +16,11 @@ from kernelbake.render import BuildMode
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
-from tests.support.docker import CPU_BASE, VLLM_CPU_BASE, require_cpu_base
+from tests.integration import _serving
+from tests.support.docker import CPU_BASE, VLLM_CPU_BASE, docker, require_cpu_base
+from tests.support.registry import free_port
+from tests.support.runbook import commands
+from tests.test_docs import README, blocks
 
 TEST_CDI = REPO / "buildkit" / "cdi" / "kernelbake-test.yaml"
 INSTALLED_CDI = Path("/etc/cdi/kernelbake-test.yaml")
@@ -67,3 +74,49 @@ def two_phase_image(
             load_spec(REPO / "images" / "tiny-llama-torch.yaml"), ["cpu"], registry=f"{registry}/two-phase"
         )
         subprocess.run(["docker", "rmi", compile_env_ref(target)], capture_output=True, timeout=60)
+
+
+def quick_start() -> list[list[str]]:
+    """The commands of the README's quick start, in order."""
+    return [c for b in blocks(README.read_text(), "quick-start") for c in commands(b)]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuickStart:
+    image: str
+    argv: list[str]  # the README's docker run, as run
+    answer: dict[str, Any]  # what the README's curl printed
+    log: str  # the container's whole log, once serve printed what the start compiled
+
+
+@pytest.fixture(scope="session")
+def readme_served(vllm_image: Built) -> QuickStart:
+    """The README's quick start on the default image, pulled from the registry (the local copy
+    removed first): its ``docker run``, with the built image for ``$IMAGE`` and a free host
+    port, until /health answers, then its ``curl``. One start, read by the README's test
+    (test_docs_run) and the pulled image's (test_vllm_cpu_image)."""
+    assert vllm_image.pushed is not None
+    image = vllm_image.pushed
+    docker("image", "rm", image)
+    docker("pull", image)
+    steps = quick_start()
+    (run,) = [c for c in steps if c[:2] == ["docker", "run"] and "-p" in c]
+    (curl,) = [c for c in steps if c[0] == "curl"]
+    port = free_port()
+    name = f"kb-readme-{port}"
+    argv = [image if w == "$IMAGE" else w for w in run]
+    argv[argv.index("-p") + 1] = f"127.0.0.1:{port}:8000"
+    # Detached (the README runs it in the foreground of its own shell), under a name to remove.
+    argv[2:2] = ["-d", "--name", name]
+    cid = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        _serving.wait_healthy(docker, port, cid, 900)
+        sent = [w.replace("localhost:8000", f"127.0.0.1:{port}") for w in curl]
+        done = subprocess.run(sent, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        _serving.wait_for_serve_line(docker, cid, "start-up compiled")
+        return QuickStart(
+            image=image, argv=argv, answer=json.loads(done.stdout), log=_serving.logs(docker, cid)
+        )
+    finally:
+        docker("rm", "-f", cid, check=False)

@@ -1,44 +1,37 @@
-"""The docs' examples, run: the README's quick start (``docker run`` of the image, a completion
-with its ``curl``, ``check``) and docs/cluster.md's serving manifest played with ``podman kube
-play``, against the default image the integration fixtures build (tiny-llama on vLLM's CPU build).
-
-What each substitutes is said where it happens, and nothing else is changed: the README's
-``$IMAGE`` becomes the built image and the host port a free one; in deploy/examples/serve.yaml
-the ``image:`` fields become the built image, the ``nvidia.com/gpu`` limit is dropped (no GPU
-here), and the pod's restartPolicy is OnFailure, because podman 4.3 applies Always to init
-containers too and restarts the seeding one for ever."""
+"""The docs' examples, run: the README's quick start (``docker run`` of the image and a completion
+with its ``curl``; the page's other steps run in test_runbooks) and docs/cluster.md's podman
+recipe for deploy/examples/serve.yaml, run as the page writes it, against the default image the
+integration fixtures build (tiny-llama on vLLM's CPU build). The README's ``$IMAGE`` becomes the
+built image and its host port a free one; nothing else is changed."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import shlex
+import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from kernelbake.pipeline import Built
 from tests.conftest import REPO
+from tests.integration.conftest import QuickStart
 from tests.support import runbook
-from tests.support.docker import docker
 from tests.support.podman import pull, require_podman
-from tests.support.registry import free_port
-from tests.test_docs import README, blocks, commands
+from tests.test_docs import README, blocks
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 HEALTH_TIMEOUT_S = 900
-SERVE = REPO / "deploy" / "examples" / "serve.yaml"
 CLUSTER = REPO / "docs" / "cluster.md"
-
-
-def quick_start() -> list[list[str]]:
-    return [c for b in blocks(README.read_text(), "quick-start") for c in commands(b)]
 
 
 def _healthy(probe: list[str], alive: Callable[[], bool], what: str, log: Callable[[], str]) -> None:
@@ -49,83 +42,60 @@ def _healthy(probe: list[str], alive: Callable[[], bool], what: str, log: Callab
         time.sleep(2)
 
 
-def test_the_readme_quick_start_serves_a_completion_and_checks_warm(vllm_image: Built) -> None:
-    assert vllm_image.pushed is not None
-    image = vllm_image.pushed
-    steps = quick_start()
-    (run,) = [c for c in steps if c[:2] == ["docker", "run"] and "-p" in c]
-    (curl,) = [c for c in steps if c[0] == "curl"]
-    (check,) = [c for c in steps if c[:2] == ["docker", "run"] and "check" in c]
-    port = free_port()
-    name = f"kb-readme-{port}"
-    # The README's command as written, with the image it names and a free host port.
-    argv = [image if w == "$IMAGE" else w for w in run]
-    argv[argv.index("-p") + 1] = f"127.0.0.1:{port}:8000"
-    argv[2:2] = ["--name", name]
-    assert "--shm-size=2g" in argv
-    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-
-        def logs() -> str:
-            res = docker("logs", name, check=False)
-            return res.stdout + res.stderr
-
-        _healthy(
-            ["curl", "-fs", f"http://127.0.0.1:{port}/health"],
-            lambda: server.poll() is None,
-            "the image",
-            logs,
-        )
-        sent = [w.replace("localhost:8000", f"127.0.0.1:{port}") for w in curl]
-        done = subprocess.run(sent, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
-        assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
-        lines = [ln for ln in logs().splitlines() if ln.startswith("kernelbake serve:")]
-        assert any("baked caches valid (exact match)" in ln for ln in lines), lines
-        # What the README shows serve printing is what it prints, in that order: a line that
-        # drifts from the code fails here, not in a new user's terminal.
-        shown = [runbook.shown_line(ln) for ln in blocks(README.read_text(), "serve-output")[0].splitlines()]
-        found = iter(lines)
-        for want in shown:
-            assert any(want.fullmatch(ln) for ln in found), (want.pattern, lines)
-    finally:
-        docker("rm", "-f", name, check=False)
-        server.wait(60)
-    verdict = docker(*[image if w == "$IMAGE" else w for w in check][1:], check=False)
-    assert verdict.returncode == 0, verdict.stderr
-    doc = json.loads(verdict.stdout)
-    assert (doc["verdict"], doc["predicted"]) == ("warm", "hit"), doc
+# What the README's serve sample shows: kernelbake's lines, those of serve and those of its plugin
+# in vLLM's server (the prediction), each kind in its own order (the two processes interleave).
+KINDS = ("kernelbake serve:", "kernelbake:")
+FILES = re.compile(r"(\d+) files")
 
 
-def cluster_page_containers_conf() -> str:
-    """The ``containers.conf`` docs/cluster.md's podman recipe writes (its ``printf`` line)."""
+def test_the_readme_quick_start_serves_a_completion_as_its_sample_shows(readme_served: QuickStart) -> None:
+    """The README's ``docker run`` and ``curl`` (the readme_served fixture); its ``check`` runs in
+    test_runbooks[README.md], which checks the verdict the page shows after it."""
+    assert "--shm-size=2g" in readme_served.argv
+    answer = readme_served.answer
+    assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
+    # The sample is what a run prints: every line of each kind, none left out, in order, the
+    # same words; a number of files is that number (times and digests vary).
+    (sample,) = blocks(README.read_text(), "serve-output")
+    printed = readme_served.log.splitlines()
+    for kind in KINDS:
+        shown = [ln for ln in sample.splitlines() if ln.startswith(kind)]
+        said = [ln for ln in printed if ln.startswith(kind)]
+        assert len(shown) == len(said), (kind, shown, said)
+        for want, got in zip(shown, said, strict=True):
+            assert runbook.shown_line(want).fullmatch(got), (want, got)
+            assert FILES.findall(want) == FILES.findall(got), (want, got)
+    assert any("baked caches valid (exact match)" in ln for ln in printed), printed
+
+
+def cluster_page_podman_block() -> runbook.Block:
+    """docs/cluster.md's podman recipe, as a block to run (the page marks it run here)."""
     (block,) = [
-        b for b in runbook.parse(CLUSTER.read_text(), "docs/cluster.md") if "default_ulimits" in b.body
+        b for b in runbook.parse(CLUSTER.read_text(), "docs/cluster.md") if "podman kube play" in b.body
     ]
-    (line,) = [ln for ln in block.body.splitlines() if ln.startswith("printf ") and "containers.conf" in ln]
-    return shlex.split(line)[1].replace("\\n", "\n")
+    assert block.kind is runbook.Kind.ELSEWHERE and block.needs == "test_docs_run", block
+    return dataclasses.replace(block, kind=runbook.Kind.RUN)
 
 
 @contextlib.contextmanager
-def played(manifest: Path, workdir: Path) -> Iterator[dict[str, str]]:
-    """``podman kube play`` of ``manifest``; yields podman's environment, then ``kube down``."""
-    conf = workdir / "containers.conf"
-    # Podman 4.3 as root raises RLIMIT_NOFILE/NPROC beyond what these machines allow runc
-    # (tests/support/podman.py); the limits docs/cluster.md's podman recipe sets, for kube play.
-    conf.write_text(cluster_page_containers_conf())
-    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-    play = subprocess.run(
-        ["podman", "kube", "play", "--tls-verify=false", str(manifest)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+def played(image: str, workdir: Path) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """docs/cluster.md's podman recipe run verbatim in a checkout's shape (``deploy/``, and
+    ``build/image.ref`` naming ``image``, as ``make image`` leaves it), with the venv's python3
+    first on PATH as the README's set-up line puts it; yields the manifest it wrote and podman's
+    environment, then ``kube down``."""
+    (workdir / "deploy").symlink_to(REPO / "deploy")
+    (workdir / "build").mkdir()
+    (workdir / "build" / "image.ref").write_text(image + "\n")
+    manifest = workdir / "build" / "serve-cpu.yaml"
+    env = {**os.environ, "CONTAINERS_CONF": str(workdir / "build" / "containers.conf")}
     try:
-        assert play.returncode == 0, play.stdout + play.stderr
-        yield env
+        runbook.run(
+            [cluster_page_podman_block()], env=runbook.page_env(Path(sys.prefix) / "bin", {}), cwd=workdir
+        )
+        yield yaml.safe_load(manifest.read_text()), env
     finally:
-        subprocess.run(["podman", "kube", "down", str(manifest)], capture_output=True, env=env)
+        if manifest.is_file():
+            subprocess.run(["podman", "kube", "down", str(manifest)], capture_output=True, env=env)
         for volume in ("kernel-cache", "tmp", "shm"):
             subprocess.run(["podman", "volume", "rm", "-f", volume], capture_output=True, env=env)
 
@@ -137,17 +107,13 @@ def test_the_serve_manifest_plays_with_podman_read_only_warm_and_serving(
     assert vllm_image.pushed is not None
     image = vllm_image.pushed
     pull(image)
-    obj = yaml.safe_load(SERVE.read_text())
-    spec = obj["spec"]["template"]["spec"]
-    for c in [*spec["initContainers"], *spec["containers"]]:
-        c["image"] = image
-    del spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-    spec["restartPolicy"] = "OnFailure"
-    manifest = tmp_path / "serve.yaml"
-    manifest.write_text(yaml.safe_dump(obj))
-    pod = f"{obj['metadata']['name']}-pod-0"
-    ctr = f"{pod}-{spec['containers'][0]['name']}"
-    with played(manifest, tmp_path) as env:
+    with played(image, tmp_path) as (obj, env):
+        # What the page's substitutions made of deploy/examples/serve.yaml.
+        spec = obj["spec"]["template"]["spec"]
+        assert {c["image"] for c in [*spec["initContainers"], *spec["containers"]]} == {image}
+        assert "nvidia.com/gpu" not in spec["containers"][0]["resources"]["limits"]
+        pod = f"{obj['metadata']['name']}-pod-0"
+        ctr = f"{pod}-{spec['containers'][0]['name']}"
 
         def podman(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(["podman", *args], capture_output=True, text=True, env=env)
@@ -191,3 +157,9 @@ def test_the_serve_manifest_plays_with_podman_read_only_warm_and_serving(
         for path in ("/tmp", "/dev/shm", "/opt/kernelbake/cache"):
             probe = f"import tempfile; tempfile.NamedTemporaryFile(dir={path!r})"
             assert podman("exec", ctr, "python3", "-c", probe).returncode == 0, path
+        # The page's stop, as it writes it (no containers.conf: nothing is started).
+        down = subprocess.run(
+            ["podman", "kube", "down", "build/serve-cpu.yaml"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert subprocess.run(["podman", "pod", "exists", pod], capture_output=True).returncode == 1

@@ -12,6 +12,7 @@ key is made and the image signed as ``make image`` does (``kernelbake sign --leg
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -78,12 +79,32 @@ def after_make_image(vllm_image: Built, tmp_path: Path) -> Iterator[tuple[Path, 
             subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, check=False)
 
 
+def _files(root: Path) -> set[str]:
+    """Every file under ``root``, relative to it, not following links (the venv, bench/)."""
+    return {str((Path(d) / f).relative_to(root)) for d, _, files in os.walk(root) for f in files}
+
+
+def _committable(paths: set[str]) -> list[str]:
+    """The paths this repository's .gitignore does not ignore: a ``git add -A`` would take them."""
+    if not paths:
+        return []
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(sorted(paths)) + "\n", capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr  # 1: none ignored
+    return sorted(paths - set(done.stdout.splitlines()))
+
+
 @pytest.mark.parametrize("page", runbook.PAGES)
 def test_the_guide_runs_as_written(page: str, after_make_image: tuple[Path, dict[str, str]]) -> None:
     checkout, env = after_make_image
     blocks = runbook.parse((REPO / page).read_text(), page)
+    before = _files(checkout)
     # Above the pages' own waits (a replica's /health, 900 s), so that those name what failed.
     report = runbook.run(blocks, env=env, cwd=checkout, timeout=1800)
     # What ran and what did not, by line: -rA shows it, and so does a failure.
     print("\n".join(report.lines()))
     assert report.ran, page
+    # What a page writes goes where git ignores it (build/): its keys and certificates included.
+    assert _committable(_files(checkout) - before) == [], page

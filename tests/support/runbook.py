@@ -13,6 +13,8 @@ The marking convention, an HTML comment on the line before a fenced block (GitHu
                                       the integration fixtures build the same image; ``make test``)
     <!-- runbook: elsewhere=NAME -->  not run here: tests/integration/NAME.py runs it (the README's
                                       quick start, a server and the requests sent to it)
+    <!-- runbook: same=PAGE -->       not run here: the same commands run in a block of PAGE (a page
+                                      in PAGES), which the parse checks, comments aside
     <!-- runbook: output -->          a plain block: what the run block before it prints; its lines
                                       must appear in that order (``…`` is any text, a number any number)
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -44,6 +47,7 @@ class Kind(enum.Enum):
     SYNOPSIS = "synopsis"
     GIVEN = "given"
     ELSEWHERE = "elsewhere"
+    SAME = "same"
     OUTPUT = "output"
 
 
@@ -63,7 +67,14 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 # The guides that are runbooks (issue 44), in the order a new user reads them.
-PAGES = ("README.md", "docs/signing.md", "docs/serving.md", "docs/capture.md", "docs/cluster.md")
+PAGES = (
+    "README.md",
+    "docs/building.md",
+    "docs/signing.md",
+    "docs/serving.md",
+    "docs/capture.md",
+    "docs/cluster.md",
+)
 
 
 class RunbookError(AssertionError):
@@ -77,7 +88,7 @@ class Block:
     kind: Kind
     body: str
     tags: tuple[str, ...] = ()
-    # needs=: what CI lacks; elsewhere=: the test that runs it.
+    # needs=: what CI lacks; elsewhere=: the test that runs it; same=: the page that runs it.
     needs: str = ""
 
     @property
@@ -89,6 +100,8 @@ class Block:
             return NEEDS[self.needs]
         if self.kind is Kind.ELSEWHERE:
             return f"run by {TESTS_ELSEWHERE}/{self.needs}.py"
+        if self.kind is Kind.SAME:
+            return f"the same commands run in {self.needs}"
         return {
             Kind.SERVER: "serves until stopped",
             Kind.SYNOPSIS: "usage lines, not commands",
@@ -103,7 +116,7 @@ _SHELL = {"sh", "bash", "console", "shell"}
 
 def _kind(words: list[str], where: str) -> tuple[Kind, str, tuple[str, ...]]:
     kinds = {w for w in words if w in ("server", "synopsis", "given", "output")}
-    valued = [tuple(w.split("=", 1)) for w in words if w.startswith(("needs=", "elsewhere="))]
+    valued = [tuple(w.split("=", 1)) for w in words if w.startswith(("needs=", "elsewhere=", "same="))]
     tags = tuple(w for w in words if w not in kinds and "=" not in w)
     if len(kinds) + len(valued) > 1:
         raise RunbookError(f"{where}: a runbook marker says one thing: {' '.join(words)!r}")
@@ -114,7 +127,27 @@ def _kind(words: list[str], where: str) -> tuple[Kind, str, tuple[str, ...]]:
         raise RunbookError(f"{where}: needs={value} is not one of {', '.join(NEEDS)}")
     if key == "elsewhere" and not (_REPO / TESTS_ELSEWHERE / f"{value}.py").is_file():
         raise RunbookError(f"{where}: elsewhere={value}: there is no {TESTS_ELSEWHERE}/{value}.py")
+    if key == "same" and value not in PAGES:
+        raise RunbookError(f"{where}: same={value} is not a runbook page ({', '.join(PAGES)})")
     return Kind(key), value, tags
+
+
+def commands(body: str) -> list[list[str]]:
+    """A block's commands as words: comments dropped, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def check_same(block: Block, pages: Mapping[str, str]) -> None:
+    """A ``same=PAGE`` block's commands are those of one block PAGE runs (``pages``: page text
+    by name); refused by line otherwise, so that skipping it never drops a command."""
+    wanted = commands(block.body)
+    ran = [b for b in parse(pages[block.needs], block.needs) if b.kind is Kind.RUN]
+    if not any(all(c in commands(b.body) for c in wanted) for b in ran):
+        raise RunbookError(
+            f"{block.where}: same={block.needs}, but no block that {block.needs} runs has these commands: "
+            f"{[' '.join(c) for c in wanted]}"
+        )
 
 
 def parse(text: str, page: str) -> list[Block]:

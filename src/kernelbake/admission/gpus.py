@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kernelbake.admission.memo import PlacementMemo, ReviewMemo
+from kernelbake.admission.memo import Answers
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Operator, Requirement, Way
 from kernelbake.catalogue import CPU, Catalogue
@@ -65,34 +65,12 @@ def judge(key: CacheKey, ways: Sequence[Way], catalogue: Catalogue, match: GpuMa
     return GpuVerdict(tuple(problems), tuple(notes), hint)
 
 
-class Judge:
+class Judge(Answers[CacheKey, GpuVerdict]):
     """``judge`` for one catalogue and match mode, memoised (``memo``): the verdict depends only
     on the key and the ways."""
 
-    def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
-        self.catalogue, self.match = catalogue, match
-        self._memo: PlacementMemo[CacheKey, GpuVerdict] | ReviewMemo[CacheKey, GpuVerdict] = PlacementMemo(
-            self._judge, max_entries
-        )
-
-    def _judge(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
+    def _answer(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
         return judge(key, ways, self.catalogue, self.match)
-
-    def __call__(self, key: CacheKey, ways: Sequence[Way]) -> GpuVerdict:
-        return self._memo(key, ways)
-
-    def for_review(self) -> Judge:
-        """This judge with a memo for one review in front of the shared one."""
-        return _ReviewJudge(self)
-
-
-class _ReviewJudge(Judge):
-    def __init__(self, shared: Judge) -> None:
-        self.catalogue, self.match = shared.catalogue, shared.match
-        self._memo = ReviewMemo(shared)
-
-    def for_review(self) -> Judge:
-        return self
 
 
 @dataclasses.dataclass(frozen=True)

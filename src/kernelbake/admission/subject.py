@@ -22,8 +22,8 @@ from kernelbake.contract.snapshot import SnapshotKey
 from kernelbake.contract.variants import Variant
 
 
-class ImageLike(Protocol):
-    """What admission needs of ``signing.verify.VerifiedImage`` (an image or a cache artifact)."""
+class Keyed(Protocol):
+    """What every subject and everything that verified has: its digest and its cache key."""
 
     @property
     def digest(self) -> str: ...
@@ -31,25 +31,24 @@ class ImageLike(Protocol):
     @property
     def key(self) -> CacheKey: ...
 
+
+class Verified(Keyed, Protocol):
+    """What admission needs of anything that verified: its digest, cache key and signer."""
+
     @property
     def signer(self) -> str: ...
+
+
+class ImageLike(Verified, Protocol):
+    """What admission needs of ``signing.verify.VerifiedImage`` (an image or a cache artifact)."""
 
     # sha256 of the image's pinned cache manifest, as attested.
     @property
     def manifest_digest(self) -> str: ...
 
 
-class DeltaLike(Protocol):
+class DeltaLike(Verified, Protocol):
     """What admission needs of ``signing.delta.VerifiedDelta``."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def key(self) -> CacheKey: ...
-
-    @property
-    def signer(self) -> str: ...
 
     @property
     def base_digest(self) -> str: ...
@@ -64,18 +63,9 @@ class DeltaLike(Protocol):
     def origin(self) -> str: ...
 
 
-class SnapshotLike(Protocol):
+class SnapshotLike(Verified, Protocol):
     """What admission needs of a verified snapshot (``verifying.VerifiedSnapshotVolume``): its
     ``key`` is the cache key of the image it was taken from."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def key(self) -> CacheKey: ...
-
-    @property
-    def signer(self) -> str: ...
 
     @property
     def base_digest(self) -> str: ...
@@ -90,11 +80,10 @@ class SnapshotLike(Protocol):
     def environment(self) -> Mapping[str, str] | None: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class Image:
-    """A kernelbake image (or a GPU index's image variant)."""
+class _OfVerified:
+    """A subject's digest and key: those of what verified (each kind's ``verified`` field)."""
 
-    verified: ImageLike
+    verified: Verified
 
     @property
     def digest(self) -> str:
@@ -106,49 +95,32 @@ class Image:
 
 
 @dataclasses.dataclass(frozen=True)
-class CacheArtifact:
+class Image(_OfVerified):
+    """A kernelbake image (or a GPU index's image variant)."""
+
+    verified: ImageLike
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheArtifact(_OfVerified):
     """A cache-only artifact, with the facts its labels carry (signed with its config)."""
 
     verified: ImageLike
     facts: CacheArtifactFacts
 
-    @property
-    def digest(self) -> str:
-        return self.verified.digest
-
-    @property
-    def key(self) -> CacheKey:
-        return self.verified.key
-
 
 @dataclasses.dataclass(frozen=True)
-class Delta:
+class Delta(_OfVerified):
     """A capture delta, layered on the image it names."""
 
     verified: DeltaLike
 
-    @property
-    def digest(self) -> str:
-        return self.verified.digest
-
-    @property
-    def key(self) -> CacheKey:
-        return self.verified.key
-
 
 @dataclasses.dataclass(frozen=True)
-class Snapshot:
+class Snapshot(_OfVerified):
     """A process snapshot, taken from the image it names."""
 
     verified: SnapshotLike
-
-    @property
-    def digest(self) -> str:
-        return self.verified.digest
-
-    @property
-    def key(self) -> CacheKey:
-        return self.verified.key
 
 
 Subject: TypeAlias = Image | CacheArtifact | Delta | Snapshot

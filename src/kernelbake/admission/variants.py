@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from kernelbake.admission.gpus import Admitted, admitted, listed
-from kernelbake.admission.memo import PlacementMemo, ReviewMemo
+from kernelbake.admission.memo import Answers
 from kernelbake.admission.policy import GpuMatch
 from kernelbake.admission.scheduling import Way
 from kernelbake.catalogue import Catalogue
@@ -143,31 +143,9 @@ def _one_variant(variants: Sequence[Variant], chosen: Mapping[int, list[str]]) -
     return Pick(variants[index])
 
 
-class Picker:
+class Picker(Answers[Sequence[Variant], Pick]):
     """``pick`` for one catalogue and match mode, memoised like ``gpus.Judge`` (``memo``): the
     answer depends only on the index's variants and the pod's ways, and both recur."""
 
-    def __init__(self, catalogue: Catalogue, match: GpuMatch, *, max_entries: int = 4096) -> None:
-        self.catalogue, self.match = catalogue, match
-        self._memo: PlacementMemo[Sequence[Variant], Pick] | ReviewMemo[Sequence[Variant], Pick] = (
-            PlacementMemo(self._pick, max_entries)
-        )
-
-    def _pick(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
+    def _answer(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
         return pick(variants, ways, self.catalogue, self.match)
-
-    def __call__(self, variants: Sequence[Variant], ways: Sequence[Way]) -> Pick:
-        return self._memo(variants, ways)
-
-    def for_review(self) -> Picker:
-        """This picker with a memo for one review in front of the shared one."""
-        return _ReviewPicker(self)
-
-
-class _ReviewPicker(Picker):
-    def __init__(self, shared: Picker) -> None:
-        self.catalogue, self.match = shared.catalogue, shared.match
-        self._memo = ReviewMemo(shared)
-
-    def for_review(self) -> Picker:
-        return self

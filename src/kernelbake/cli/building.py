@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,14 +23,25 @@ if TYPE_CHECKING:
     from kernelbake.inspection import IndexListing
 
 
-def _add_build_args(p: argparse.ArgumentParser) -> None:
+def _add_choice(p: argparse.ArgumentParser, flag: str, default: enum.Enum, help: str) -> None:
+    """An option whose values are the wire strings of ``default``'s Enum, parsed into a member."""
+    kind = type(default)
     p.add_argument(
+        flag,
+        type=kind,
+        choices=list(kind),
+        metavar="{" + ",".join(m.value for m in kind) + "}",
+        default=default,
+        help=help,
+    )
+
+
+def _add_build_args(p: argparse.ArgumentParser) -> None:
+    _add_choice(
+        p,
         "--mode",
-        type=BuildMode,
-        choices=list(BuildMode),
-        metavar="{" + ",".join(m.value for m in BuildMode) + "}",
-        default=BuildMode.SINGLE,
-        help="single: one build, GPU compile via RUN --device (labs frontend); "
+        BuildMode.SINGLE,
+        "single: one build, GPU compile via RUN --device (labs frontend); "
         "two-phase: compile in docker run --device, final build takes the result as a named context",
     )
     p.add_argument("--cdi-device", help="CDI device for the compile step instead of the GPU catalogue's")
@@ -173,13 +185,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="GPU families built at once, each on its own builder (default: all)",
     )
-    p.add_argument(
+    _add_choice(
+        p,
         "--publish",
-        type=Publish,
-        choices=list(Publish),
-        metavar="{" + ",".join(m.value for m in Publish) + "}",
-        default=Publish.IMAGE,
-        help="push the image (default), the cache-only artifact for the stock engine image "
+        Publish.IMAGE,
+        "push the image (default), the cache-only artifact for the stock engine image "
         "(REPO:TAG-cache, mountable as an image volume), or both; all go in the variant index",
     )
     _add_build_args(p)

@@ -82,7 +82,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="sha256:…",
         help="the digest of the image this runs",
     )
-    c.add_argument("--port", type=int, default=8000, help="the port the engine serves on (default 8000)")
+    c.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the port the engine serves on, to check: it is read from the engine's own --port "
+        "(default vLLM's 8000), and a different one is refused",
+    )
     c.add_argument(
         "--warmup", type=int, default=3, metavar="N", help="requests sent before the dump (default 3)"
     )

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
+from kernelbake.contract.canonical import Canonical
 from kernelbake.errors import BadInput
 
 KEY_SCHEMA = "kb1"
@@ -39,8 +39,12 @@ class InvalidKey(BadInput, ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CacheKey:
-    """Fields are the wire strings (normalised); ``field_order`` is the canonical order."""
+class CacheKey(Canonical):
+    """Fields are the wire strings (normalised); ``field_order`` is the canonical order
+    (``str(key)``, ``as_dict``, ``digest``: ``contract.canonical``)."""
+
+    PREFIX = KEY_SCHEMA
+    SAFE = _SAFE
 
     engine: Engine
     engine_version: str
@@ -82,29 +86,6 @@ class CacheKey:
             object.__setattr__(self, name, getattr(self, name).lower())
         if not self.model_path.startswith("/"):
             raise InvalidKey(f"key field model_path={self.model_path!r} must be an absolute path")
-
-    # -- canonical form ---------------------------------------------------------------
-
-    @staticmethod
-    def field_order() -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(CacheKey))
-
-    def as_dict(self) -> dict[str, str]:
-        """Field name → wire string, in canonical order."""
-        out: dict[str, str] = {}
-        for name in self.field_order():
-            value = getattr(self, name)
-            out[name] = value.value if isinstance(value, Engine) else str(value)
-        return out
-
-    def __str__(self) -> str:
-        body = ";".join(f"{k}={quote(v, safe=_SAFE)}" for k, v in self.as_dict().items())
-        return f"{KEY_SCHEMA}:{body}"
-
-    @property
-    def digest(self) -> str:
-        """``sha256:<hex>`` of the canonical string."""
-        return "sha256:" + hashlib.sha256(str(self).encode()).hexdigest()
 
     @property
     def short_digest(self) -> str:

@@ -24,9 +24,10 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from kernelbake.contract import jsondoc
+from kernelbake.contract.canonical import Canonical
 from kernelbake.contract.key import CacheKey, parse_key
 from kernelbake.contract.manifest import DIGEST, SHA256_HEX, bundle_path_problem
 from kernelbake.errors import BadInput
@@ -48,6 +49,11 @@ ARTIFACT_TYPE = "application/vnd.kernelbake.snapshot.v1+json"
 # so the restore puts the snapshot's copy (``ENGINE_LOG_COPY``) back there first.
 ENGINE_LOG = "/tmp/kernelbake-snapshot/engine.log"
 ENGINE_LOG_COPY = f"{IMAGES_DIR}/engine.log"
+# While it exists, the restored engine's /health answers 503 (devguard): a snapshot taken with its
+# weights outside is back at /health seconds before its weights are, and a readiness probe on
+# /health must not send requests to an engine still asleep or reloading. serve writes it before
+# the restore and removes it once the weights are reloaded, or the attempt failed.
+RELOADING_MARK = "/tmp/kernelbake-snapshot/reloading"
 # The container's /dev/shm is a tmpfs of its own, outside the image, so CRIU reopens the files
 # there by path (vLLM's shared-memory message queues between the API server, engine core and
 # workers): take copies them, as they were at the dump, and the restore puts them back first.
@@ -99,9 +105,13 @@ class Weights(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SnapshotKey:
-    """Every fact a restore depends on. Field order is the canonical order and the order the
-    differences are named in: the first is the one a user acts on."""
+class SnapshotKey(Canonical):
+    """Every fact a restore depends on. Field order is the canonical order (``str(key)``,
+    ``as_dict``, ``digest``: ``contract.canonical``) and the order the differences are named in:
+    the first is the one a user acts on."""
+
+    PREFIX = SNAPSHOT_SCHEMA
+    SAFE = _SAFE
 
     image: str  # sha256:… of the image manifest the tree ran from
     cache_key: CacheKey
@@ -135,25 +145,6 @@ class SnapshotKey:
             raise InvalidSnapshot(f"snapshot key field serve_env={self.serve_env!r} must be sha256:<64 hex>")
         # Flags in one order, so equal sets are equal keys.
         object.__setattr__(self, "cpu_flags", " ".join(sorted(set(self.cpu_flags.split()))))
-
-    @staticmethod
-    def field_order() -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(SnapshotKey))
-
-    def as_dict(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name in self.field_order():
-            value = getattr(self, name)
-            out[name] = value.value if isinstance(value, Weights) else str(value)
-        return out
-
-    def __str__(self) -> str:
-        body = ";".join(f"{k}={quote(v, safe=_SAFE)}" for k, v in self.as_dict().items())
-        return f"{SNAPSHOT_SCHEMA}:{body}"
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(str(self).encode()).hexdigest()
 
     def replace(self, **changes: Any) -> SnapshotKey:
         return dataclasses.replace(self, **changes)

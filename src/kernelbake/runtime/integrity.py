@@ -115,16 +115,24 @@ def strangers(root: Path, manifest: Manifest, delta: Collection[str] = ()) -> li
     listed = {f.path for f in manifest.files} | set(delta)  # ``size_problems`` judges these
     unhashed = {*manifest.logs, MANIFEST}
     found = []
+    for p, rel, dirs in walk_sorted(root):
+        link = p.is_symlink()
+        if rel in listed or (rel in unhashed and not link) or (p.name in dirs and not link):
+            continue
+        found.append(f"{rel}: a {'symlink' if link else 'file'} the manifest does not list")
+    return found
+
+
+def walk_sorted(root: Path) -> Iterator[tuple[Path, str, list[str]]]:
+    """Every entry under ``root``, top down, each directory's entries (directories and files
+    together) in sorted order: its path, that path relative to ``root`` as POSIX, and the
+    directory's subdirectories as ``os.walk`` lists them (not followed through a symlink;
+    remove a name there before the next entry to leave that directory out)."""
     for dirpath, dirs, files in os.walk(root):
         base = Path(dirpath)
         for name in sorted([*dirs, *files]):
             p = base / name
-            rel = p.relative_to(root).as_posix()
-            link = p.is_symlink()
-            if rel in listed or (rel in unhashed and not link) or (name in dirs and not link):
-                continue
-            found.append(f"{rel}: a {'symlink' if link else 'file'} the manifest does not list")
-    return found
+            yield p, p.relative_to(root).as_posix(), dirs
 
 
 def _digest_problem(root: Path, entry: FileEntry, record: str = "manifest") -> str | None:

@@ -26,17 +26,21 @@ from kernelbake.oci.errors import (
 
 
 def _one_line(text: str) -> str:
-    # Causes quoted from sigstore, cryptography or a registry may span lines; ours never do.
     return " ".join(text.split())
 
 
-class VerificationFailed(KernelbakeError):
-    """Base of every verification failure; never means "verified"."""
-
-    return_code = 10
+class _OneLine(KernelbakeError):
+    """Message and hint on one line each: causes quoted from sigstore, cryptography or a registry
+    may span lines; ours never do."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
+
+
+class VerificationFailed(_OneLine):
+    """Base of every verification failure; never means "verified"."""
+
+    return_code = 10
 
 
 class Unsigned(VerificationFailed):
@@ -154,13 +158,10 @@ class SnapshotRefused(VerificationFailed):
     return_code = 20
 
 
-class SigningFailed(KernelbakeError):
+class SigningFailed(_OneLine):
     """Base of signing failures."""
 
     return_code = 30
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(_one_line(message), hint=_one_line(hint) if hint else None)
 
 
 class TokenMissing(SigningFailed):

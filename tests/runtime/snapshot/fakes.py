@@ -10,7 +10,8 @@ from pathlib import Path
 from kernelbake.contract.key import NONE
 from kernelbake.runtime.snapshot.driver import DeviceFacts
 
-# Serves /health (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 it answers 503. POSTs
+# Serves /health and /is_sleeping (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 they
+# answer 503. POSTs
 # (vLLM's /wake_up, /collective_rpc) are answered 200, or 500 with RELOAD=0 for the reload, and
 # each is appended to CALLS as "path body".
 HEALTH_SERVER = r"""
@@ -19,7 +20,7 @@ port, seconds, healthy = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1
 reload_ok, calls = sys.argv[4] == "1", sys.argv[5]
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if healthy and self.path == "/health" else 503); self.end_headers()
+        self.send_response(200 if healthy and self.path in ("/health", "/is_sleeping") else 503); self.end_headers()
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
         with open(calls, "a") as fh:

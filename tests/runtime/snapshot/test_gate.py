@@ -86,6 +86,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int]:
     write_target(tmp_path, "tiny-llama.yaml")
     # The restored tree's log goes where it was at dump time; here, under tmp_path.
     monkeypatch.setattr(restore_mod, "ENGINE_LOG", str(tmp_path / "engine-log/engine.log"))
+    monkeypatch.setattr(restore_mod, "RELOADING_MARK", str(tmp_path / "engine-log/reloading"))
     (tmp_path / "marks").mkdir()
     return tmp_path, _free_port()
 
@@ -326,6 +327,37 @@ def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(setup: tuple
         '/collective_rpc {"method": "reload_weights"}',
     ]
     assert "weights outside" in said[0] and "woken " in said[0] and "weights reloaded " in said[0]
+
+
+def test_health_is_held_until_the_weights_are_back_and_released_either_way(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """devguard answers /health 503 while the mark exists: it must exist while the engine is
+    woken and reloaded, and be gone once serve says it serves, after a failed reload (the baked
+    start's /health must answer), and when a killed serve left it behind."""
+    tmp_path, port = setup
+    mark = Path(restore_mod.RELOADING_MARK)
+    seen: list[bool] = []
+    real = restore_mod._awake
+
+    def awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
+        seen.append(mark.exists())
+        return real(base, deadline, phases)
+
+    monkeypatch.setattr(restore_mod, "_awake", awake)
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    assert seen == [True] and not mark.exists()
+    criu = FakeCriu(port, reload_ok=False, serve_s=30.0)
+    (tmp_path / "snapshot").rename(tmp_path / "snapshot-first")
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc is None and seen == [True, True] and not mark.exists()
+    mark.write_text("")
+    rc, said = _start(_env(tmp_path, None), FakeCriu(port), FakeDriver())
+    assert rc is None and "starting the baked way" in said[0] and not mark.exists()
 
 
 def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> None:

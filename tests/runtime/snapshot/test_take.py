@@ -3,6 +3,7 @@ from a fake /proc; and the seccomp filter that keeps io_uring out of the tree, o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -190,41 +191,147 @@ def test_the_dev_guard_answers_403_without_calling_the_app(monkeypatch: pytest.M
     assert reached == ["app"]
 
 
+def test_the_dev_guard_holds_health_at_503_while_the_weights_are_reloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restored engine whose weights were left out answers /health before they are back: a
+    readiness probe must not see it ready until serve removes the mark."""
+    import asyncio
+    import types
+
+    from kernelbake.runtime.snapshot import devguard
+
+    mark = tmp_path / "reloading"
+    monkeypatch.setattr(devguard, "_RELOADING", mark)
+    monkeypatch.setattr(devguard, "_reloading", lambda: "503")
+
+    async def app(request: object) -> str:
+        return "200"
+
+    def request(path: str) -> object:
+        return types.SimpleNamespace(
+            client=types.SimpleNamespace(host="10.0.0.9"), url=types.SimpleNamespace(path=path)
+        )
+
+    mark.write_text("")
+    assert asyncio.run(devguard.loopback_only(request("/health"), app)) == "503"
+    # Only /health: the API a client already reached, and serve's own calls, go on.
+    assert asyncio.run(devguard.loopback_only(request("/v1/completions"), app)) == "200"
+    mark.unlink()
+    assert asyncio.run(devguard.loopback_only(request("/health"), app)) == "200"
+
+
+class _Engine:
+    """vLLM's development endpoints as take meets them: each answer given, each path asked kept."""
+
+    def __init__(self, *, reload: int = 200, sleeping: str = "true") -> None:
+        import http.server
+        import threading
+
+        asked: list[str] = []
+        bodies: list[bytes] = []
+        self.asked, self.bodies = asked, bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                asked.append(self.path)
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(reload if self.path == "/collective_rpc" else 200)
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                asked.append(self.path)
+                body = f'{{"is_sleeping": {sleeping}}}'.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
 @pytest.mark.parametrize(("sleeping", "ok"), [("true", True), ("false", False)])
 def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
-    import http.server
-    import threading
-
     from kernelbake.errors import EnvironmentProblem
 
-    asked: list[str] = []
-
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            asked.append(self.path)
-            self.send_response(200)
-            self.end_headers()
-
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = f'{{"is_sleeping": {sleeping}}}'.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = _Engine(sleeping=sleeping)
     try:
         if ok:
-            take._sleep(base)
+            take._sleep(engine.base)
         else:
             with pytest.raises(EnvironmentProblem, match="does not say the engine sleeps"):
-                take._sleep(base)
+                take._sleep(engine.base)
     finally:
-        server.shutdown()
-    assert asked == ["/sleep?level=2", "/is_sleeping"]
+        engine.server.shutdown()
+    assert engine.asked == ["/sleep?level=2", "/is_sleeping"]
+
+
+@pytest.mark.parametrize("answer", [200, 500])
+def test_the_reload_every_restore_needs_is_asked_once_before_the_snapshot(answer: int) -> None:
+    """vLLM 0.32 answers 500 to reload_weights under --load-format dummy or sharded_state: such
+    a snapshot would fail at every restore, so take stops before the dump, saying why."""
+    from kernelbake.errors import EnvironmentProblem
+    from kernelbake.runtime.snapshot import http
+
+    engine = _Engine(reload=answer)
+    try:
+        if answer == 200:
+            take._reload_once(engine.base)
+        else:
+            with pytest.raises(
+                EnvironmentProblem, match="reload_weights answered 500: this engine cannot reload"
+            ):
+                take._reload_once(engine.base)
+    finally:
+        engine.server.shutdown()
+    assert engine.asked == ["/collective_rpc"]
+    assert json.loads(engine.bodies[0]) == http.RELOAD_WEIGHTS == {"method": "reload_weights"}
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "port"),
+    [
+        ((), None, 8000),
+        (("--seed", "0", "--port", "59981"), None, 59981),
+        (("--port=9000", "--seed", "0"), None, 9000),
+        (("--port", "9000", "--port", "9001"), None, 9001),  # the last, as argparse reads them
+        (("--port", "9000"), 9000, 9000),
+        ((), 8000, 8000),
+    ],
+)
+def test_take_waits_on_the_port_the_engine_is_told(
+    args: tuple[str, ...], given: int | None, port: int
+) -> None:
+    assert take.served_port(Options(image="sha256:" + "1" * 64, user_args=args, port=given)) == port
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "said"),
+    [
+        # The H200 run of 2026-12-05: the engine on 59981, take looking at 8000 for 600 s.
+        (("--port", "59981"), 8000, "--port 8000: the engine's arguments give --port 59981"),
+        ((), 9000, "no --port (vLLM's default, 8000)"),
+        (("--port", "http"), None, "'http' is not a port number"),
+        (("--port=70000",), None, "'70000' is not a port number"),
+    ],
+)
+def test_a_port_take_would_wait_on_in_vain_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], given: int | None, said: str
+) -> None:
+    write_target(tmp_path, "tiny-llama.yaml")
+    spawned: list[object] = []
+    monkeypatch.setattr(take, "spawn", lambda *a, **k: spawned.append(a))
+    with pytest.raises(BadInput, match=said.replace("(", r"\(").replace(")", r"\)")):
+        take.take(
+            runtime_env(tmp_path),
+            tmp_path / "out",
+            Options(image="sha256:" + "1" * 64, user_args=args, port=given),
+            driver=FakeDriver(),
+            criu=FakeCriu(1),
+        )  # type: ignore[arg-type]
+    assert spawned == []

@@ -34,6 +34,7 @@ from kernelbake.admission.pod import Container, Mount
 from kernelbake.admission.references import InvalidReference, parse_reference
 from kernelbake.admission.rules.caches import CacheVolume
 from kernelbake.admission.rules.facts import Facts, Rule
+from kernelbake.admission.rules.roots import root_mounts
 from kernelbake.admission.rules.shape import EMPTY, Denial, Verdict, append, verdict
 from kernelbake.admission.subject import DeltaLike, ImageLike
 from kernelbake.contract.delta import DELTA_DIGEST_ENV, DELTA_ROOT, Layering, Origin, base_problems
@@ -52,7 +53,9 @@ def check(facts: Facts) -> Verdict:
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
     for c in facts.pod.containers:
-        mounts, wrong = _mounts(c, deltas)
+        mounts, wrong = root_mounts(
+            c, deltas, DELTA_ROOT, what="cache delta", use="reads the cache delta it merges"
+        )
         denials += wrong
         env = c.named(DELTA_DIGEST_ENV)
         if len(mounts) != 1:
@@ -76,31 +79,6 @@ def check(facts: Facts) -> Verdict:
                 f"{c.where}: {subject}: ${DELTA_DIGEST_ENV} is unset, so serve will not use the delta"
             )
     return verdict(denials, notes, patch)
-
-
-def _mounts(c: Container, deltas: Deltas) -> tuple[list[Mount], list[Denial]]:
-    """The container's mounts of verified deltas, and what is wrong with its mounts at or
-    inside ``DELTA_ROOT`` (anything but one verified delta, whole, at the root)."""
-    ours = [m for m in c.mounts if m.name in deltas]
-    problems = [
-        Denial(
-            c.where,
-            f"volume {str(m.name)[:80]!r} is mounted at {str(m.path)[:80]!r}, where serve reads the cache delta "
-            "it merges; only a verified cache delta's image volume belongs there, whole",
-        )
-        for m in c.mounts
-        if m.name not in deltas and m.under(DELTA_ROOT)
-    ]
-    problems += [
-        Denial(
-            c.where,
-            f"cache delta {str(m.name)[:80]!r} is mounted in part (subPath)",
-            f"mount it at {DELTA_ROOT} whole",
-        )
-        for m in ours
-        if m.partial
-    ]
-    return ours, problems
 
 
 def _not_one(c: Container, mounts: Sequence[Mount], env: Sequence[Mapping[str, Any]]) -> list[Denial]:

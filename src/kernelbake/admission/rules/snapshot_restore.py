@@ -36,14 +36,14 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Collection, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from kernelbake.admission.pod import Container, ImageVolume, Mount, Pod
 from kernelbake.admission.rules.facts import Facts, Rule
+from kernelbake.admission.rules.roots import root_mounts
 from kernelbake.admission.rules.shape import Denial, Verdict, append, verdict
 from kernelbake.admission.rules.sites import Resolved
-from kernelbake.admission.subject import SnapshotLike
-from kernelbake.contract.key import CacheKey
+from kernelbake.admission.subject import Keyed, SnapshotLike
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
     RESTORE_CAPABILITIES,
@@ -57,19 +57,9 @@ _SHOWN = 160
 _RESTORE_SET = ", ".join(sorted(RESTORE_CAPABILITIES))
 
 
-class ImageLike(Protocol):
-    """What the decision needs of a container's verified image."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def key(self) -> CacheKey: ...
-
-
 def check(facts: Facts) -> Verdict:
     snapshots: dict[str, SnapshotLike] = {}
-    images: dict[str, ImageLike] = {}
+    images: dict[str, Keyed] = {}
     for g, found in facts.resolved:
         if not isinstance(found, Resolved):
             continue
@@ -84,7 +74,7 @@ def check(facts: Facts) -> Verdict:
 def decide(
     pod: Pod,
     snapshots: Mapping[str, SnapshotLike],
-    images: Mapping[str, ImageLike],
+    images: Mapping[str, Keyed],
     *,
     governed: Collection[str] | None = None,
     mutate: bool,
@@ -101,7 +91,9 @@ def decide(
     for c in pod.containers:
         added, unconfined, whole = _asks(c.obj, pod.spec)
         privileged += [c.where] if whole else []
-        mounts, wrong = _mounts(c, snapshots)
+        mounts, wrong = root_mounts(
+            c, snapshots, SNAPSHOT_ROOT, what="snapshot", use="restores a snapshot from"
+        )
         pins = [e for e in c.env if e.get("name") in _PINNED]
         if governed is not None and c.image not in governed and not mounts and not pins:
             continue
@@ -166,32 +158,6 @@ def _asks(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[set[str
     return added, profile.get("type") == "Unconfined", sc.get("privileged") is True
 
 
-def _mounts(c: Container, snapshots: Mapping[str, SnapshotLike]) -> tuple[list[Mount], list[Denial]]:
-    """The container's mounts of verified snapshots, and what is wrong with its mounts at or
-    inside ``SNAPSHOT_ROOT``: anything but a verified snapshot there, whole, is a file serve would
-    restore from (and, on its fast path, without hashing it)."""
-    ours = [m for m in c.mounts if m.name in snapshots]
-    problems = [
-        Denial(
-            c.where,
-            f"volume {str(m.name)[:80]!r} is mounted at {str(m.path)[:80]!r}, where serve restores a snapshot "
-            "from; only a verified snapshot's image volume belongs there, whole",
-        )
-        for m in c.mounts
-        if m not in ours and m.under(SNAPSHOT_ROOT)
-    ]
-    problems += [
-        Denial(
-            c.where,
-            f"snapshot {str(m.name)[:80]!r} is mounted in part (subPath)",
-            f"mount it at {SNAPSHOT_ROOT} whole",
-        )
-        for m in ours
-        if m.partial
-    ]
-    return ours, problems
-
-
 def _without_restore(
     c: Container, pins: list[Mapping[str, Any]], mounts: list[Mount], notes: list[str]
 ) -> list[Denial]:
@@ -217,7 +183,7 @@ def _restore(
     privileged: bool,
     mounts: list[Mount],
     snapshots: Mapping[str, SnapshotLike],
-    image: ImageLike | None,
+    image: Keyed | None,
 ) -> tuple[list[Denial], SnapshotLike | None]:
     """What is wrong with a container that asks for the restore set, and the snapshot it restores."""
     wrong: list[Denial] = []
@@ -248,7 +214,7 @@ def _restore(
 
 
 def _restore_problems(
-    c: Container, mounts: list[Mount], snapshots: Mapping[str, SnapshotLike], image: ImageLike | None
+    c: Container, mounts: list[Mount], snapshots: Mapping[str, SnapshotLike], image: Keyed | None
 ) -> tuple[list[Denial], SnapshotLike | None]:
     if len(mounts) != 1:
         return [

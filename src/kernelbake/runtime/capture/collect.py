@@ -19,7 +19,6 @@ trusted build; in that build, ``collect`` takes what the rebuild compiled.
 from __future__ import annotations
 
 import dataclasses
-import os
 import stat
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from kernelbake.errors import BadInput
 from kernelbake.runtime import pin
 from kernelbake.runtime.bundle import copy_file, file_sha256
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.integrity import walk_sorted
 
 _KINDS = {k.value: k for k in CacheKind}
 # Listed in the refusals at most this many times; the count says the rest.
@@ -74,32 +74,28 @@ def _walk(root: Path, manifest: Manifest, refused: list[str]) -> list[tuple[str,
     baked = {f.path: f for f in manifest.files}
     skip = {*manifest.logs, MANIFEST}
     found: list[tuple[str, CacheKind]] = []
-    for dirpath, dirs, files in os.walk(root):
-        base = Path(dirpath)
-        for name in sorted([*dirs, *files]):
-            p = base / name
-            rel = p.relative_to(root).as_posix()
-            st = p.lstat()
-            top = rel.split("/")[0]
-            kind = _KINDS.get(top)
-            if stat.S_ISDIR(st.st_mode):
-                if base == root and kind is None:
-                    refused.append(f"{rel}/: not a cache kind's directory")
-                    dirs.remove(name)
-                continue
-            if rel in skip:
-                continue
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-                refused.append(f"{rel}: a {'symlink' if stat.S_ISLNK(st.st_mode) else 'special file'}")
-                continue
-            if kind is None:
-                refused.append(f"{rel}: not under a cache kind's directory")
-                continue
-            if (entry := baked.get(rel)) is not None:
-                if st.st_size != entry.size or file_sha256(p) != entry.sha256:
-                    refused.append(f"{rel}: a baked file whose bytes changed; a delta never replaces one")
-                continue
-            found.append((rel, kind))
+    for p, rel, dirs in walk_sorted(root):
+        st = p.lstat()
+        top = rel.split("/")[0]
+        kind = _KINDS.get(top)
+        if stat.S_ISDIR(st.st_mode):
+            if p.parent == root and kind is None:
+                refused.append(f"{rel}/: not a cache kind's directory")
+                dirs.remove(p.name)
+            continue
+        if rel in skip:
+            continue
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            refused.append(f"{rel}: a {'symlink' if stat.S_ISLNK(st.st_mode) else 'special file'}")
+            continue
+        if kind is None:
+            refused.append(f"{rel}: not under a cache kind's directory")
+            continue
+        if (entry := baked.get(rel)) is not None:
+            if st.st_size != entry.size or file_sha256(p) != entry.sha256:
+                refused.append(f"{rel}: a baked file whose bytes changed; a delta never replaces one")
+            continue
+        found.append((rel, kind))
     return sorted(found)
 
 

@@ -9,6 +9,7 @@ weights, compiles it on the spec's shapes and stops; the caches it leaves behind
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -161,3 +162,21 @@ def inductor_identity() -> dict[str, object]:
         "torch_key": hashlib.sha256(bytes(torch_key())).hexdigest(),
         "config": {str(k): repr(v) for k, v in sorted(portable.items())},
     }
+
+
+def __getattr__(name: str) -> object:
+    # ``use_baked_caches`` was documented at this path until it moved to
+    # ``kernelbake.runtime.serve.scripts`` (it runs the preflight, which the engines sit below):
+    # users' scripts and Dockerfiles that import it from here keep working, told where it went.
+    # The one import from the engines up to serve, declared in pyproject's layer contracts.
+    if name == "use_baked_caches":
+        from kernelbake.runtime.serve import scripts
+
+        warnings.warn(
+            "kernelbake.runtime.engines.torch_engine.use_baked_caches moved to "
+            "kernelbake.runtime.serve.scripts.use_baked_caches; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return scripts.use_baked_caches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

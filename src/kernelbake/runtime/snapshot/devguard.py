@@ -11,6 +11,10 @@ release adds is closed until listed). ``serve`` and ``take`` call from 127.0.0.1
 ends: every container of the pod shares its loopback, so a sidecar can reach the development
 endpoints too.
 
+It also keeps ``/health`` at 503 while ``RELOADING_MARK`` exists: serve's restore of such a
+snapshot is back at ``/health`` before its weights are (woken, reloaded), and a readiness probe on
+``/health`` must see it ready only once it serves.
+
 Imported by vLLM's API server process, never by kernelbake's own; starlette comes with vLLM.
 """
 
@@ -18,9 +22,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+from kernelbake.contract.snapshot import RELOADING_MARK
+
 MIDDLEWARE = "kernelbake.runtime.snapshot.devguard.loopback_only"
+_RELOADING = Path(RELOADING_MARK)
 # What any client may reach: the OpenAI-compatible API, health, metrics and the model's own
 # serving routes (prefixes, matched on whole path segments).
 PUBLIC = (
@@ -64,8 +72,19 @@ def _refuse(path: str) -> Any:
     )
 
 
+def _reloading() -> Any:
+    from starlette.responses import JSONResponse  # type: ignore[import-not-found,unused-ignore]
+
+    return JSONResponse(
+        {"error": "restored from a snapshot; its weights are being reloaded (kernelbake serve)"},
+        status_code=503,
+    )
+
+
 async def loopback_only(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     client = request.client.host if request.client is not None else None
+    if request.url.path == "/health" and _RELOADING.exists():
+        return _reloading()
     if allowed(request.url.path, client):
         return await call_next(request)
     return _refuse(request.url.path)

@@ -47,3 +47,8 @@ def post(url: str, body: Any, *, timeout: float = 120.0) -> int | None:
         return int(exc.code)
     except (OSError, ValueError):
         return None
+
+
+# What ``serve`` asks a restored engine that sleeps without its weights, and ``take`` asks once
+# before the dump: vLLM's reload from the files its load format reads.
+RELOAD_WEIGHTS = {"method": "reload_weights"}

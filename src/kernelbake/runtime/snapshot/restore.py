@@ -42,6 +42,7 @@ from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
     IMAGES_DIR,
     MAX_MANIFEST_BYTES,
+    RELOADING_MARK,
     SHM_COPY,
     SHM_DIR,
     SNAPSHOT_DIGEST_ENV,
@@ -258,7 +259,7 @@ def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
     model's files, by the deadline; why not, or None."""
     for what, path, body in (
         ("woken", "/wake_up", {}),
-        ("weights reloaded", "/collective_rpc", {"method": "reload_weights"}),
+        ("weights reloaded", "/collective_rpc", http.RELOAD_WEIGHTS),
     ):
         t = time.monotonic()
         code = http.post(base + path, body, timeout=max(1.0, deadline - t))
@@ -266,6 +267,21 @@ def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
             return f"{base}{path} answered {code}"
         phases[what] = time.monotonic() - t
     return None
+
+
+def _serving(manifest: SnapshotManifest, root: int, deadline: float, phases: dict[str, float]) -> str | None:
+    """The restored tree answering, and, with its weights outside, woken and reloaded, by the
+    deadline: why not, or None. Such a tree's /health stays 503 while RELOADING_MARK exists, so
+    its return is asked of /is_sleeping, which the API server answers once the engine core is
+    back."""
+    base = f"http://127.0.0.1:{manifest.health_port}"
+    outside = manifest.key.weights is Weights.OUTSIDE
+    path = "/is_sleeping" if outside else manifest.health_path
+    t = time.monotonic()
+    if not _healthy(base + path, deadline, lambda: _alive(root)):
+        return f"{base}{path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
+    phases[path] = time.monotonic() - t
+    return _awake(base, deadline, phases) if outside else None
 
 
 def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: Say) -> int | None:
@@ -287,16 +303,16 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")
         return None
     phases: dict[str, float] = {}
+    mark = Path(RELOADING_MARK)
+    if manifest.key.weights is Weights.OUTSIDE:
+        with contextlib.suppress(OSError):
+            mark.write_text("")
     root, pids, why = _bring_back(env, work, driver, criu, phases)
-    base = f"http://127.0.0.1:{manifest.health_port}"
-    deadline = started + manifest.deadline_s
     if why is None and root is not None:
-        t = time.monotonic()
-        if not _healthy(base + manifest.health_path, deadline, lambda: _alive(root)):
-            why = f"{base}{manifest.health_path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
-        phases[manifest.health_path] = time.monotonic() - t
-    if why is None and manifest.key.weights is Weights.OUTSIDE:
-        why = _awake(base, deadline, phases)
+        why = _serving(manifest, root, started + manifest.deadline_s, phases)
+    # /health answers 200 from here on: the weights are back, or the tree is about to be killed.
+    with contextlib.suppress(OSError):
+        mark.unlink(missing_ok=True)
     if why is not None:
         _kill(tree.descendants(root) if root is not None else [])
         path = marker(env, gated.digest)
@@ -350,6 +366,10 @@ def start_from_snapshot(
     env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Criu, say: Say
 ) -> int | None:
     """``serve``'s first step: the restored engine's exit code, or None for the baked start."""
+    # One a killed serve left (an emptyDir /tmp outlives the container) would hold the next
+    # start's /health at 503 for good.
+    with contextlib.suppress(OSError):
+        Path(RELOADING_MARK).unlink(missing_ok=True)
     gated = gate(env, user_args, driver=driver, criu=criu)
     if gated is None:
         return None

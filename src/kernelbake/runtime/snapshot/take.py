@@ -26,6 +26,7 @@ from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     ENGINE_LOG_COPY,
     IMAGES_DIR,
+    RELOADING_MARK,
     SHM_COPY,
     SHM_DIR,
     SNAPSHOT_MANIFEST,
@@ -55,7 +56,9 @@ PID_FLOOR = 1000
 class Options:
     image: str  # sha256:… of the image this runs in (the host knows it; the process cannot)
     user_args: tuple[str, ...] = ()
-    port: int = 8000
+    # Where take looks for the engine: None, the engine's own --port (served_port). Given, it
+    # must agree with that, or take would wait its whole ready timeout on a port nobody opens.
+    port: int | None = None
     health_path: str = "/health"
     warmup_requests: int = 3
     # How long the engine may take to reach /health at take time, and how long past the
@@ -146,6 +149,20 @@ def weights_out_problems(
     return problems
 
 
+def _reload_once(base: str) -> None:
+    """The reload every restore of this snapshot will ask for, asked once now, awake: whether
+    the engine can reload its weights with these arguments is the engine's to say (vLLM 0.32
+    cannot from ``--load-format dummy`` or ``sharded_state``: HTTP 500). A snapshot whose every
+    restore would fail is not taken."""
+    if (code := http.post(f"{base}/collective_rpc", http.RELOAD_WEIGHTS, timeout=600)) != 200:
+        raise EnvironmentProblem(
+            f"{base}/collective_rpc reload_weights answered {code}: this engine cannot reload its "
+            "weights with these arguments, so every restore of a snapshot without them would fail; "
+            f"serve weight files through a load format that reloads (vLLM's default does), or take "
+            f"it with --weights inside. The engine's log: {ENGINE_LOG}"
+        )
+
+
 def _sleep(base: str) -> None:
     """vLLM's sleep mode level 2: the weights and the KV cache are freed on the GPU."""
     if (code := http.post(f"{base}/sleep?level=2", {}, timeout=300)) != 200:
@@ -227,6 +244,39 @@ def _kill(pids: Sequence[int]) -> None:
             continue
 
 
+# ``vllm serve``'s own default for --port, where the engine listens when its arguments name none.
+ENGINE_DEFAULT_PORT = 8000
+
+
+def _engine_port(args: Sequence[str]) -> int | None:
+    """The --port the engine's arguments give (the last, as argparse reads them), or None."""
+    found: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--port" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--port="):
+            found = arg.partition("=")[2]
+    if found is None:
+        return None
+    if not found.isdigit() or not 0 < int(found) < 65536:
+        raise BadInput(f"kernelbake snapshot take: the engine's --port {found!r} is not a port number")
+    return int(found)
+
+
+def served_port(options: Options) -> int:
+    """The port the engine will answer on: its arguments' --port, else vLLM's default; take's
+    --port, when given, only confirms it."""
+    said = _engine_port(options.user_args)
+    port = ENGINE_DEFAULT_PORT if said is None else said
+    if options.port is not None and options.port != port:
+        where = f"--port {said}" if said is not None else f"no --port (vLLM's default, {port})"
+        raise BadInput(
+            f"kernelbake snapshot take --port {options.port}: the engine's arguments give {where}; "
+            "take would wait on a port the engine never opens. Give the port once, in the engine's arguments"
+        )
+    return port
+
+
 def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
     """The image's target, once nothing rules the snapshot out before the engine starts."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -240,9 +290,9 @@ def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
     return target
 
 
-def _warmed(proc: Any, target: TargetConfig, options: Options, started: float) -> dict[str, float]:
+def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, started: float) -> dict[str, float]:
     """Ready, warmed up (and asleep, with the weights outside): how long each took."""
-    base = f"http://127.0.0.1:{options.port}"
+    base = f"http://127.0.0.1:{port}"
     _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
     taken = {"ready_s": time.monotonic() - started}
     t = time.monotonic()
@@ -250,6 +300,9 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, started: float) -
         WARMUPS[target.key.engine](base)
     taken["warmup_s"] = time.monotonic() - t
     if options.weights is Weights.OUTSIDE:
+        t = time.monotonic()
+        _reload_once(base)
+        taken["reload_s"] = time.monotonic() - t
         t = time.monotonic()
         _sleep(base)
         taken["sleep_s"] = time.monotonic() - t
@@ -281,17 +334,20 @@ def _dump(
 def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
     """The snapshot of this image's engine, started with ``options.user_args``, in ``out``."""
     target = _target(env, out, options)
+    port = served_port(options)
     log = Path(ENGINE_LOG)
     if log.exists():
         log.unlink()
+    # A restore's mark left in this container would hold the engine's /health at 503 (devguard).
+    Path(RELOADING_MARK).unlink(missing_ok=True)
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
     proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
     try:
-        taken = _warmed(proc, target, options, started)
+        taken = _warmed(proc, target, options, port, started)
         pids = tree.descendants(proc.pid)
-        _wait_quiet(pids, options.port, options.quiet_timeout_s)
+        _wait_quiet(pids, port, options.quiet_timeout_s)
         _check_tree(pids)
         key = here_key(
             image=options.image,
@@ -314,7 +370,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             key=key,
             files=tuple(files),
             tree=commands,
-            health_port=options.port,
+            health_port=port,
             health_path=options.health_path,
             deadline_s=options.deadline_s,
             taken={k: round(v, 3) for k, v in taken.items()},
