@@ -1,4 +1,4 @@
-"""The admission webhook's CPU time per warm review, this tree against another revision: a
+"""The admission webhook's CPU time per warm review, this tree against other revisions: a
 measure of the server's own work that a loaded host changes far less than latency.
 
 bench/admission_load.py's latency A/B (bench/results/admission_load_ab.json) was inconclusive on
@@ -13,8 +13,11 @@ side's median kept. Latency and throughput are recorded beside it, for reading o
 The other side is ``git archive REV src`` run with the same virtual environment (PYTHONPATH
 first); whether it takes ``--client-ca`` is asked from its own ``--help``. Both sides run
 ``--workers`` processes (deployed: 2) and are offered the API server's client certificate.
+With several revisions (``--against A,B,C``, oldest first), each is a side, and ``steps`` lists
+the medians in that order with this tree last, each with its change from the one before: where
+along a history the work per review grew.
 
-    .venv/bin/python bench/admission_cpu.py [--against d6fcc27] [--concurrency 50,200,500]
+    .venv/bin/python bench/admission_cpu.py [--against d6fcc27[,REV...]] [--concurrency 50,200,500]
         [--reviews 10000] [--rounds 3] [--workers 2] [--out bench/results/admission_cpu.json]
 """
 
@@ -41,7 +44,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from tests.admission import live  # noqa: E402
-from tests.admission.conftest import client_tls  # noqa: E402
+from tests.admission.live import client_tls  # noqa: E402
 from tests.support.registry import running_registry  # noqa: E402
 
 import admission_load as load  # noqa: E402 (bench/ is on the path from here)
@@ -49,21 +52,6 @@ import admission_load as load  # noqa: E402 (bench/ is on the path from here)
 RESULTS = REPO / "bench" / "results" / "admission_cpu.json"
 # The server's instructions, counted only while ``measure`` turns instrumentation on.
 CALLGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=no"]
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *(p for child in children for p in tree(int(child)))]
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system time of ``pids``, from /proc/PID/stat (fields 14 and 15)."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICK
 
 
 def switches(pids: Sequence[int]) -> dict[str, int]:
@@ -115,7 +103,7 @@ def side_server(
         deadline = time.monotonic() + 600
         while True:
             found = re.search(r"listening on https://127\.0\.0\.1:(\d+)", log.read_text(errors="replace"))
-            if found and (workers == 1 or len(tree(proc.pid)) > workers):
+            if found and (workers == 1 or len(load.tree(proc.pid)) > workers):
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server from {src} did not start:\n{log.read_text(errors='replace')}")
@@ -141,14 +129,14 @@ async def measure(
     clients = [await load.Client.open(port, tls) for _ in range(concurrency)]
     try:
         await load.warm_up(clients, mix)
-        pids = tree(pid)
+        pids = load.tree(pid)
         if counted is not None:
             _callgrind("--instr=on", pid)
             _callgrind("--zero", pid)
-        cpu, ctx, started = cpu_seconds(pids), switches(pids), time.perf_counter()
+        cpu, ctx, started = load.cpu_seconds(pids), switches(pids), time.perf_counter()
         warm = await load.warm_waves(clients, mix, waves)
         wall = time.perf_counter() - started
-        cpu, after = cpu_seconds(pids) - cpu, switches(pids)
+        cpu, after = load.cpu_seconds(pids) - cpu, switches(pids)
         if counted is not None:
             _callgrind("--dump=waves", pid)
             _callgrind("--instr=off", pid)
@@ -198,7 +186,8 @@ def other_tree(rev: str, into: Path) -> Path:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    sides = {"this": REPO / "src", args.against: other_tree(args.against, work / "other")}
+    sides = {"this": REPO / "src"}
+    sides |= {rev: other_tree(rev, work / f"other-{rev}") for rev in args.against}
     rows: dict[str, dict[int, list[dict[str, Any]]]] = {s: {c: [] for c in args.concurrency} for s in sides}
     with running_registry(work / "registry") as registry:
         certs = work / "certs"
@@ -227,18 +216,44 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         row = asyncio.run(measure(port, pid, certs, mix, c, waves, counted))
                         rows[name][c].append({"round": round_ + 1, **row})
                         print(json.dumps({"side": name, "concurrency": c, **row}), file=sys.stderr)
-    return {
-        "runs": {s: {str(c): r for c, r in by.items()} for s, by in rows.items()},
-        "summary": summary(rows),
-    }
+    measured: dict[str, Any] = {"runs": {s: {str(c): r for c, r in by.items()} for s, by in rows.items()}}
+    if len(args.against) == 1:
+        measured["summary"] = summary(rows, args.against[0])
+    else:
+        measured["summary"] = {rev: summary(rows, rev) for rev in args.against}
+        measured["steps"] = steps(rows, [*args.against, "this"])
+    return measured
 
 
-def summary(rows: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """Per concurrency, each side's median of each measure, the change and the spread."""
-    this, other = rows["this"], next(v for k, v in rows.items() if k != "this")
+def _measures(rows: dict[str, dict[int, list[dict[str, Any]]]]) -> list[str]:
     measures = ["server_cpu_ms_per_review"]
-    if all("instructions_per_review" in r for by in (this, other) for rs in by.values() for r in rs):
+    if all("instructions_per_review" in r for by in rows.values() for rs in by.values() for r in rs):
         measures.insert(0, "instructions_per_review")
+    return measures
+
+
+def steps(rows: dict[str, dict[int, list[dict[str, Any]]]], order: list[str]) -> dict[str, Any]:
+    """Per concurrency and measure, each side's median in ``order``, with its change from the
+    side before it."""
+    out: dict[str, Any] = {}
+    for c in rows["this"]:
+        for measure in _measures(rows):
+            medians = [statistics.median(r[measure] for r in rows[side][c]) for side in order]
+            out.setdefault(f"{c}_concurrent", {})[measure] = [
+                {
+                    "side": side,
+                    "median": round(m, 4),
+                    "change": None if i == 0 else f"{100 * (m - medians[i - 1]) / medians[i - 1]:+.1f}%",
+                }
+                for i, (side, m) in enumerate(zip(order, medians, strict=True))
+            ]
+    return out
+
+
+def summary(rows: dict[str, dict[int, list[dict[str, Any]]]], against: str) -> dict[str, Any]:
+    """Per concurrency, this tree's and ``against``'s median of each measure, the change and the spread."""
+    this, other = rows["this"], rows[against]
+    measures = _measures({"this": this, against: other})
     out: dict[str, Any] = {}
     for c in this:
         out[f"{c}_concurrent"] = {"errors": sum(r["errors"] for r in [*this[c], *other[c]])}
@@ -259,7 +274,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--against", default="d6fcc27", help="the other side's revision (default d6fcc27)")
+    parser.add_argument(
+        "--against",
+        type=lambda s: s.split(","),
+        default=["d6fcc27"],
+        help="the other sides' revisions, comma-separated, oldest first (default d6fcc27)",
+    )
     parser.add_argument(
         "--concurrency",
         type=lambda s: [int(v) for v in s.split(",")],
@@ -301,7 +321,7 @@ def main() -> int:
         "bench": "admission_cpu",
         "command": "bench/admission_cpu.py " + " ".join(sys.argv[1:]),
         "this": f"the working tree at {head.stdout.strip()}",
-        "other": args.against,
+        "other": args.against[0] if len(args.against) == 1 else args.against,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

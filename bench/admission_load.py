@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -37,17 +38,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 REPO = Path(__file__).resolve().parents[1]
 # The bench reuses the test harness's real parts (registry, image pusher, server runner).
 sys.path.insert(0, str(REPO))
 
 from tests.admission import documents, live  # noqa: E402
-from tests.admission.conftest import client_tls  # noqa: E402
+from tests.admission.live import client_tls  # noqa: E402
 from tests.support.registry import running_registry  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "admission_load.json"
@@ -58,13 +59,23 @@ DRIP_SECONDS = 0.2
 
 class Client(asyncio.Protocol):
     """One kept-alive HTTPS connection speaking just enough HTTP/1.1, as a protocol (no
-    streams), so that the load generator's own overhead stays small next to the server's."""
+    streams), so that the load generator's own overhead stays small next to the server's.
+
+    The class counts this process's connections: each one opened is a full TLS handshake
+    (asyncio's client is given no session to resume; ``resumed`` counts any that were), and one
+    that ends without ``close`` was closed by the server. A server that closes or cuts kept-alive
+    connections would show there, and in errors: a connection is not opened again."""
+
+    opened: ClassVar[int] = 0
+    resumed: ClassVar[int] = 0
+    closed_by_server: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.waiter: asyncio.Future[tuple[float, int, bytes]] | None = None
         self.started = 0.0
+        self.closing = False
 
     @classmethod
     async def open(cls, port: int, tls: ssl.SSLContext) -> Client:
@@ -75,8 +86,12 @@ class Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        Client.opened += 1
+        tls = transport.get_extra_info("ssl_object")
+        Client.resumed += tls is not None and tls.session_reused
 
     def connection_lost(self, exc: Exception | None) -> None:
+        Client.closed_by_server += not self.closing
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(ConnectionError(f"connection lost: {exc!r}"))
 
@@ -110,6 +125,7 @@ class Client(asyncio.Protocol):
             self.waiter = None
 
     def close(self) -> None:
+        self.closing = True
         if self.transport is not None:
             self.transport.close()
 
@@ -217,6 +233,45 @@ def workload(
             denied(400),
         ),
     ]
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server's workers)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(p for child in children for p in tree(int(child)))]
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system time of ``pids``, from /proc/PID/stat (fields 14 and 15)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def established(pids: Sequence[int], port: int) -> list[int]:
+    """For each of ``pids``, its established TCP connections on local ``port`` (/proc: the
+    sockets among its open files, matched in /proc/net/tcp); the kernel spreads connections
+    over the workers' SO_REUSEPORT sockets by a hash, so not always evenly."""
+    ours: dict[str, int] = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            ours[fields[9]] = port
+    counts = []
+    for pid in pids:
+        held = 0
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = str(fd.readlink())
+                    held += link.startswith("socket:[") and link[8:-1] in ours
+        counts.append(held)
+    return counts
 
 
 def rss_kib(pid: int) -> int:
@@ -462,10 +517,14 @@ async def warm_up(clients: list[Client], mix: list[Any]) -> None:
                 raise RuntimeError(f"warm-up review failed: {error}")
 
 
-async def warm_waves(clients: list[Client], mix: list[Any], waves: int) -> dict[str, Any]:
-    """Waves of ``len(clients)`` (--concurrency) concurrent reviews, all sent at once."""
+async def warm_waves(
+    clients: list[Client], mix: list[Any], waves: int, server: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """Waves of ``len(clients)`` (--concurrency) concurrent reviews, all sent at once; with
+    ``server`` (its pid and port), where the CPU time went (``spent``)."""
     warm: list[float] = []
     warm_errors: list[str] = []
+    before = Spent.now(*server) if server is not None else None
     started = time.perf_counter()
     for n in range(waves):
         latencies, errors = await wave(clients, mix, n)
@@ -479,7 +538,55 @@ async def warm_waves(clients: list[Client], mix: list[Any], waves: int) -> dict[
         "reviews_per_second": round(len(warm) / wall, 1),
         "errors": len(warm_errors),
         "error_samples": warm_errors[:3],
+        **({} if before is None else {"spent": before.since(len(warm))}),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Spent:
+    """Clocks read at the start of a stretch of reviews: the server's CPU time (its processes),
+    the load generator's own (this process: both share the host's cores, and a wave's wall time
+    is the generator's work on it plus the server's), and this process's connections."""
+
+    pids: tuple[int, ...]
+    port: int
+    wall: float
+    server_cpu: tuple[float, ...]
+    client_cpu: float
+    opened: int
+    closed_by_server: int
+
+    @classmethod
+    def now(cls, pid: int, port: int) -> Spent:
+        pids = tuple(tree(pid))
+        return cls(
+            pids,
+            port,
+            time.perf_counter(),
+            tuple(cpu_seconds([p]) for p in pids),
+            time.process_time(),
+            Client.opened,
+            Client.closed_by_server,
+        )
+
+    def since(self, reviews: int) -> dict[str, Any]:
+        wall = time.perf_counter() - self.wall
+        by_process = [cpu_seconds([p]) - t for p, t in zip(self.pids, self.server_cpu, strict=True)]
+        server = sum(by_process)
+        client = time.process_time() - self.client_cpu
+        per = 1000 / max(reviews, 1)
+        return {
+            "wall_seconds": round(wall, 3),
+            "server_cpu_ms_per_review": round(server * per, 4),
+            "client_cpu_ms_per_review": round(client * per, 4),
+            # Of all the host's cores over the stretch: what the two together kept busy.
+            "cpu_share_of_host": round((server + client) / wall / (os.cpu_count() or 1), 3),
+            "connections_opened": Client.opened - self.opened,
+            "connections_closed_by_server": Client.closed_by_server - self.closed_by_server,
+            # The parent first, then each worker: how evenly the kernel spread the connections.
+            "server_cpu_seconds_by_process": [round(t, 2) for t in by_process],
+            "server_connections_by_process": established(self.pids, self.port),
+        }
 
 
 async def memory_over_reviews(
@@ -565,7 +672,9 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
             result["first_review_of_a_new_digest"] = await first_reviews(clients[0], fresh)
             mix = workload(registry, h100, unsigned)
             await warm_up(clients, mix)
-            result[f"warm_cache_{args.concurrency}_concurrent"] = await warm_waves(clients, mix, args.waves)
+            result[f"warm_cache_{args.concurrency}_concurrent"] = await warm_waves(
+                clients, mix, args.waves, (pid, served.port)
+            )
             result["memory_over_reviews"] = await memory_over_reviews(clients, mix, args.reviews, pid)
             if args.burst:
                 result["slow_registry_burst"] = await slow_registry_burst(
@@ -575,6 +684,13 @@ async def run(args: argparse.Namespace, registry: str, slow: str, work: Path) ->
             for c in clients:
                 c.close()
         assert served.process.poll() is None, "the server died:\n" + served.log
+    # This process's, over the whole run (the burst's sender counts its own): with kept-alive
+    # connections, --concurrency + 1 (the slow-registry probe), each one full TLS handshake.
+    result["connections"] = {
+        "opened": Client.opened,
+        "tls_sessions_resumed": Client.resumed,
+        "closed_by_server": Client.closed_by_server,
+    }
     return result
 
 

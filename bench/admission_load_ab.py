@@ -29,27 +29,41 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "admission_load_ab.json"
 # The steady-state part of admission_load.py: warm waves, a few first reviews, no burst.
 BENCH_ARGS = ["--burst", "0", "--reviews", "2000", "--fresh", "5"]
+# Warm reviews per run: admission_load's default 20 waves are 1,000 reviews at 50 concurrent.
+WARM_REVIEWS = 10_000
+# What admission_load records of the warm waves besides latency: CPU per review on each side of
+# the connection and the connections the load generator opened (``Spent``).
+SPENT = (
+    "server_cpu_ms_per_review",
+    "client_cpu_ms_per_review",
+    "cpu_share_of_host",
+    "connections_opened",
+    "connections_closed_by_server",
+)
 
 
-def one_run(side: str, concurrency: int, old_src: Path, out: Path) -> dict[str, Any]:
+def waves(concurrency: int, warm_reviews: int) -> int:
+    """Waves for about ``warm_reviews`` reviews at ``concurrency``; admission_load's 20 at least."""
+    return max(20, warm_reviews // concurrency)
+
+
+def one_run(side: str, concurrency: int, old_src: Path, out: Path, warm_reviews: int) -> dict[str, Any]:
     env = dict(os.environ)
     if side == "old":
         env["PYTHONPATH"] = f"{old_src}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
     load = os.getloadavg()[0]
-    # The old side runs its own revision's bench where the archive holds it (the whole tree:
-    # git archive REV): the bench imports the server's test helpers, whose modules move between
-    # revisions, and each revision's client is the one its server expects (client certificates).
-    script = HERE / "admission_load.py"
-    if side == "old" and (old_src.parent / "bench" / "admission_load.py").is_file():
-        script = old_src.parent / "bench" / "admission_load.py"
-    cmd = [sys.executable, str(script), *BENCH_ARGS]
-    cmd += ["--concurrency", str(concurrency), "--out", str(out)]
+    cmd = [sys.executable, str(HERE / "admission_load.py"), *BENCH_ARGS]
+    cmd += ["--concurrency", str(concurrency), "--waves", str(waves(concurrency, warm_reviews))]
+    cmd += ["--out", str(out)]
     print("+ " + " ".join(cmd), f"({side})", flush=True)
     rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False).returncode
     row: dict[str, Any] = {"loadavg_1_before": round(load, 2), "rc": rc}
     if out.is_file():
-        warm = json.loads(out.read_text())[f"warm_cache_{concurrency}_concurrent"]
-        row |= {k: warm[k] for k in ("p50_ms", "p99_ms", "reviews_per_second", "errors")}
+        run = json.loads(out.read_text())
+        warm = run[f"warm_cache_{concurrency}_concurrent"]
+        row |= {k: warm[k] for k in ("count", "p50_ms", "p99_ms", "reviews_per_second", "errors")}
+        row |= warm.get("spent", {})
+        row["server_client_ca"] = run.get("server_client_ca")
     return row
 
 
@@ -72,6 +86,17 @@ def summarise(rows: dict[str, list[dict[str, Any]]], concurrency: list[int]) -> 
             "rps_median_new": round(statistics.median(r["reviews_per_second"] for r in new), 1),
             "errors": sum(r["errors"] for r in old + new),
         }
+        for measure in SPENT:
+            if all(measure in r for r in old + new):
+                mine = statistics.median(r[measure] for r in new)
+                theirs = statistics.median(r[measure] for r in old)
+                out[f"{c}_concurrent"][measure] = {
+                    "median_old": round(theirs, 4),
+                    "median_new": round(mine, 4),
+                    "change": f"{(mine - theirs) / theirs:+.1%}" if theirs else None,
+                    "spread_old": [min(r[measure] for r in old), max(r[measure] for r in old)],
+                    "spread_new": [min(r[measure] for r in new), max(r[measure] for r in new)],
+                }
     return out
 
 
@@ -81,7 +106,14 @@ def main() -> int:
     p.add_argument("--old-rev", required=True, help="its name, for the record")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="500,200,50")
+    p.add_argument(
+        "--warm-reviews",
+        type=int,
+        default=WARM_REVIEWS,
+        help=f"warm reviews per run, in waves of the concurrency (default {WARM_REVIEWS:,}; 20 waves at least)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default="", help="what else ran on the host, for the record ('host')")
     a = p.parse_args()
     if not (a.old_src / "kernelbake").is_dir():
         sys.exit(f"admission_load_ab: {a.old_src} holds no kernelbake package (git archive REV src)")
@@ -96,19 +128,21 @@ def main() -> int:
             order = ("old", "new") if rnd % 2 else ("new", "old")
             for c in levels:
                 for side in order:
-                    row = one_run(side, c, a.old_src, Path(tmp) / f"{side}-{c}-{rnd}.json")
+                    row = one_run(side, c, a.old_src, Path(tmp) / f"{side}-{c}-{rnd}.json", a.warm_reviews)
                     rows[f"{side}_{c}"].append({"round": rnd, **row})
                     print(json.dumps({"side": side, "concurrency": c, **rows[f"{side}_{c}"][-1]}), flush=True)
     previous = json.loads(a.out.read_text()) if a.out.is_file() else None
     doc = {
         "bench": "admission_load A/B",
         "command": "bench/admission_load_ab.py --old-src DIR --old-rev "
-        f"{a.old_rev} --rounds {a.rounds} --concurrency {a.concurrency}",
-        "each_run": "bench/admission_load.py " + " ".join(BENCH_ARGS) + " --concurrency C",
+        f"{a.old_rev} --rounds {a.rounds} --concurrency {a.concurrency} --warm-reviews {a.warm_reviews}",
+        "each_run": "bench/admission_load.py " + " ".join(BENCH_ARGS) + " --concurrency C --waves W",
+        "waves": {str(c): waves(c, a.warm_reviews) for c in levels},
         "old": a.old_rev,
         "new": new_rev,
         "date": time.strftime("%Y-%m-%d"),
         "cpus": os.cpu_count(),
+        **({"host": a.note} if a.note else {}),
         "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
         "summary": summarise(rows, levels),

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -49,15 +48,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return out
-
-
-def client_tls(certs: Path, *, client: bool = True) -> ssl.SSLContext:
-    """A client's TLS context trusting the webhook's CA; it shows the API server's client
-    certificate (which the webhook requires, as deployed) unless ``client`` is False."""
-    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    if client:
-        tls.load_cert_chain(certs / "client.crt", certs / "client.key")
-    return tls
 
 
 @contextlib.contextmanager

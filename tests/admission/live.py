@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -20,12 +21,22 @@ from typing import Any
 from kernelbake.oci import RegistryClient
 from kernelbake.plan import plan
 from kernelbake.spec import load_spec
-from tests.admission.conftest import client_tls
 from tests.conftest import REPO
 from tests.signing.images import PushedImage, push_image
 
 KERNELBAKE = [sys.executable, "-m", "kernelbake"]
 SPEC = REPO / "images" / "qwen3-0.6b.yaml"
+
+
+def client_tls(certs: Path, *, client: bool = True) -> ssl.SSLContext:
+    """A client's TLS context trusting the webhook's CA; it shows the API server's client
+    certificate (which the webhook requires, as deployed) unless ``client`` is False. Here, not
+    in conftest, so that the benches that use this module import no server code: an A/B runs
+    them against another revision's ``src``, whose modules may sit elsewhere."""
+    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    if client:
+        tls.load_cert_chain(certs / "client.crt", certs / "client.key")
+    return tls
 
 
 def kernelbake(

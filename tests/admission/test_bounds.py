@@ -40,9 +40,10 @@ from kernelbake.oci.types import OCI_MANIFEST
 from kernelbake.plan import plan as plan_targets
 from kernelbake.spec import load_spec
 from tests.admission import documents
-from tests.admission.conftest import client_tls, running_server
+from tests.admission.conftest import running_server
 from tests.admission.documents import H100
 from tests.admission.fakes import REPO, FakeVerifier, make_admitter, make_policy
+from tests.admission.live import client_tls
 from tests.admission.test_cache_volumes import _ArtifactVerifier, cpu_key, facts_of, recipe
 from tests.conftest import REPO as SOURCE_TREE
 

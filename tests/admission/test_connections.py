@@ -28,8 +28,9 @@ from kernelbake.admission.http import health, server, workers
 from kernelbake.admission.http._uvicorn import BoundedTLS
 from kernelbake.errors import BadInput
 from tests.admission import documents, live
-from tests.admission.conftest import client_tls, running_server
+from tests.admission.conftest import running_server
 from tests.admission.fakes import REPO, FakeVerifier, make_admitter
+from tests.admission.live import client_tls
 
 
 def _healthz(port: int, certs: Path) -> int:

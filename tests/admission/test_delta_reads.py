@@ -239,7 +239,7 @@ def test_the_webhooks_workers_fetch_a_delta_json_once_for_the_pod(tmp_path: Path
     from kernelbake.signing.sign import sign_image
     from kernelbake.signing.signer import KeySigner
     from tests.admission import live
-    from tests.admission.conftest import client_tls
+    from tests.admission.live import client_tls
     from tests.signing.images import push_image
     from tests.signing.test_delta import _dir
     from tests.support.memregistry import memory_registry

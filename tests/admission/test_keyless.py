@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.admission import documents, live
-from tests.admission.conftest import client_tls
+from tests.admission.live import client_tls
 from tests.signing.conftest import ISSUER, SUBJECT, make_token, mock_sigstore
 
 pytestmark = [pytest.mark.sigstore, pytest.mark.registry]

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from tests.admission import documents
-from tests.admission.conftest import client_tls, running_server
+from tests.admission.conftest import running_server
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter
+from tests.admission.live import client_tls
 from tests.conftest import REPO as SOURCE_TREE
 
 TAG = f"{REPO}:h100"

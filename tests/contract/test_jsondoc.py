@@ -4,6 +4,7 @@ before ``json`` recurses into it."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -97,3 +98,19 @@ def test_dumps_is_one_form_for_equal_documents() -> None:
         {"a": [1, {"c": 3, "d": 2}], "b": 1}
     )
     assert jsondoc.dumps({"a": 1}) == '{\n "a": 1\n}\n'
+
+
+@given(st.binary(max_size=6) | st.sampled_from([codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF32_BE]))
+def test_the_utf8_shortcut_answers_as_json_does(head: bytes) -> None:
+    for data in (head, head + b'{"a": [1]}', b"{" + head, b"[" + head):
+        if jsondoc._plainly_utf8(data):
+            assert json.detect_encoding(data) == "utf-8", data
+
+
+def test_the_utf8_shortcut_leaves_other_encodings_to_json() -> None:
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-8-sig"):
+        data = '{"a": [1]}'.encode(encoding)
+        assert not jsondoc._plainly_utf8(data), encoding
+    deep = ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)).encode("utf-16-le")
+    with pytest.raises(TooDeep):
+        jsondoc.refuse_deep(deep)

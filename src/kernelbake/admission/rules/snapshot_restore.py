@@ -88,8 +88,9 @@ def decide(
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
     restores, privileged = 0, []
+    pod_unconfined = _unconfined(pod.spec)
     for c in pod.containers:
-        added, unconfined, whole = _asks(c.obj, pod.spec)
+        added, unconfined, whole = _asks(c.obj, pod_unconfined)
         privileged += [c.where] if whole else []
         mounts, wrong = root_mounts(
             c, snapshots, SNAPSHOT_ROOT, what="snapshot", use="restores a snapshot from"
@@ -147,15 +148,23 @@ def _cap(name: object) -> str:
     return str(name).upper().removeprefix("CAP_")
 
 
-def _asks(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[set[str], bool, bool]:
-    """(capabilities added, seccomp unconfined, privileged) of ``container`` in ``pod``; the
-    container's seccomp profile, else the pod's."""
+def _unconfined(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod's own seccomp profile, which a container without one inherits, is
+    Unconfined."""
+    return _dict(_dict(spec.get("securityContext")).get("seccompProfile")).get("type") == "Unconfined"
+
+
+def _asks(container: Mapping[str, Any], pod_unconfined: bool) -> tuple[set[str], bool, bool]:
+    """(capabilities added, seccomp unconfined, privileged) of ``container`` in a pod whose own
+    profile is Unconfined or not (``_unconfined``); the container's seccomp profile, else the pod's."""
     sc = _dict(container.get("securityContext"))
+    if not sc:
+        # Most containers set none: the pod's profile is all there is to ask.
+        return set(), pod_unconfined, False
     added = {_cap(c) for c in _list(_dict(sc.get("capabilities")).get("add"))}
-    profile = _dict(sc.get("seccompProfile")) or _dict(
-        _dict(pod.get("securityContext")).get("seccompProfile")
-    )
-    return added, profile.get("type") == "Unconfined", sc.get("privileged") is True
+    profile = _dict(sc.get("seccompProfile"))
+    unconfined = profile.get("type") == "Unconfined" if profile else pod_unconfined
+    return added, unconfined, sc.get("privileged") is True
 
 
 def _without_restore(

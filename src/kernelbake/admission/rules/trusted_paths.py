@@ -80,10 +80,15 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
 def _mount_problems(c: Container, volumes: frozenset[str]) -> Iterator[Denial]:
     for field, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
         for i, m in enumerate(_items(c, field)):
-            at = f"{c.field}[{c.index}].{field}[{i}]"
-            written = _string(m, key, at)
+            written, name = m.get(key, ""), m.get("name", "")
+            if not (isinstance(written, str) and isinstance(name, str)):
+                at = f"{c.field}[{c.index}].{field}[{i}]"
+                _string(m, key, at)
+                _string(m, "name", at)
             path = normal(written)
-            name = _string(m, "name", at)
+            if not (path in _COVERING or path == DELTA_ROOT or path.startswith(DELTA_ROOT + "/")):
+                # The usual mount: nothing to say, so nothing of it is formatted.
+                continue
             said = f"{field}[{i}] ({_shown(name)}) at {_shown(written)}"
             if covered := _COVERING.get(path):
                 yield Denial(
@@ -115,7 +120,9 @@ def _mount_problems(c: Container, volumes: frozenset[str]) -> Iterator[Denial]:
 def _env_problems(c: Container) -> Iterator[Denial]:
     counts: dict[str, int] = {}
     for i, e in enumerate(_items(c, "env")):
-        name = _string(e, "name", f"{c.field}[{c.index}].env[{i}]")
+        name = e.get("name", "")
+        if not isinstance(name, str):
+            _string(e, "name", f"{c.field}[{c.index}].env[{i}]")
         if name in _VARIABLES:
             yield Denial(
                 c.where,
