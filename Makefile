@@ -123,7 +123,7 @@ test: deps test-deps signing-deps cpu-base lint ## every test, integration inclu
 
 # What only the tests use (podman and catatonit: the kubelet of the image-volume, init-container
 # and cluster-walkthrough tests).
-test-deps: deps ## what only the tests use (podman, catatonit)
+test-deps: deps ## what only the tests use (podman, catatonit, .venv-hf)
 	@scripts/deps.sh test
 
 # docs/reference/cli.md from the argument parsers, exit codes and variable tables, admission's
@@ -137,7 +137,7 @@ docs: venv ## regenerate docs/reference/cli.md, admission's rules table and docs
 
 # The markers name what a test needs; tests/conftest.py fails collection when a test uses such
 # a fixture without its marker, so this selection never reaches for Docker or a registry.
-FAST_TESTS := not docker and not registry and not sigstore and not cosign
+FAST_TESTS := not docker and not registry and not sigstore and not cosign and not hf
 test-fast: venv ## the tests that need no Docker, registry, node or cosign (no root)
 	$(VENV)/bin/pytest -m "$(FAST_TESTS)"
 

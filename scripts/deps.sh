@@ -143,12 +143,26 @@ install_test_tools() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null
 }
 
+# The Hugging Face stack that tests/test_bench_fake_checkpoint.py reads the generated checkpoints
+# with (the real safetensors and transformers loaders), in an environment of its own: host code
+# never imports torch, so the host's .venv does not hold it. torch 2.13.0's CPU build is the
+# file this machine keeps on disk (about 40 s in all).
+make_hf_venv() {
+  local hf=${HF_VENV:-.venv-hf}
+  [ -x "$hf/bin/python" ] && [ -f "$hf/.installed" ] && return
+  say "creating $hf (torch CPU, safetensors, transformers, accelerate: the checkpoint tests' readers)"
+  "$PYTHON" -m venv "$hf"
+  "$hf/bin/pip" install -q torch==2.13.0 safetensors transformers accelerate
+  touch "$hf/.installed"
+}
+
 if [ "${1:-}" = venv ]; then
   make_venv
   exit 0
 fi
 if [ "${1:-}" = test ]; then
   install_test_tools
+  make_hf_venv
   exit 0
 fi
 if [ "${1:-}" = buildx ]; then

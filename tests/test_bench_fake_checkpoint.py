@@ -5,22 +5,20 @@ bytes for the same seed, and a refusal of what it does not know."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
 from tests.support import bench
 
 fc = bench.load("fake_checkpoint")
 
-HAS_SAFETENSORS = (
-    importlib.util.find_spec("safetensors") is not None and importlib.util.find_spec("torch") is not None
-)
 
 DENSE = {
     "hidden_size": 256,
@@ -296,43 +294,64 @@ def test_too_little_disk_is_refused_before_writing(tmp_path: Path, monkeypatch: 
     assert sorted(p.name for p in model.iterdir()) == ["config.json"]
 
 
-@pytest.mark.skipif(not HAS_SAFETENSORS, reason="safetensors and torch are not installed here")
+# The Hugging Face stack the generated files are checked with runs in an environment of its own
+# (torch's CPU build, safetensors, transformers, accelerate: `scripts/deps.sh test` makes it), so
+# that the host's .venv never holds torch, which host code must not import.
+HF_PYTHON = REPO / ".venv-hf" / "bin" / "python"
+
+_READ = """
+import json, sys, torch
+from safetensors import safe_open
+path, expected = sys.argv[1], json.loads(sys.argv[2])
+dtypes = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32}
+with safe_open(path, framework="pt") as f:
+    assert list(f.keys()) == sorted(n for n, _, _ in expected), list(f.keys())
+    for name, dtype, shape in expected:
+        t = f.get_tensor(name)
+        assert (t.dtype, list(t.shape)) == (dtypes[dtype], shape), name
+        assert torch.isfinite(t.float()).all() and t.float().abs().max() <= 15, name
+print("read", len(expected))
+"""
+
+_LOAD = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+model, architecture = sys.argv[1], sys.argv[2]
+loaded, info = AutoModelForCausalLM.from_pretrained(model, output_loading_info=True, dtype=torch.bfloat16)
+assert type(loaded).__name__ == architecture, type(loaded).__name__
+assert {k: sorted(v) for k, v in info.items() if v} == {}, info
+out = loaded(torch.tensor([[1, 2, 3, 4]])).logits
+assert out.shape == (1, 4, 512) and torch.isfinite(out.float()).all(), out.shape
+print("loaded", architecture)
+"""
+
+
+def _hf(script: str, *args: str) -> str:
+    if not HF_PYTHON.exists():
+        pytest.fail(f"{HF_PYTHON} is missing: run scripts/deps.sh test (make test-deps)")
+    done = subprocess.run(
+        [str(HF_PYTHON), "-c", script, *args], capture_output=True, text=True, check=False, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.hf
 @pytest.mark.parametrize("kind", sorted(EXPECTED))
 def test_the_real_safetensors_library_reads_it(tmp_path: Path, kind: str) -> None:
-    import torch
-    from safetensors import safe_open
-
     model = _model(tmp_path, CONFIGS[kind])
     fc.write(model)
-    dtypes = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32}
-    with safe_open(str(model / "model-00001-of-00001.safetensors"), framework="pt") as f:
-        assert list(f.keys()) == sorted(n for n, _, _ in EXPECTED[kind])
-        for name, dtype, shape in EXPECTED[kind]:
-            t = f.get_tensor(name)
-            assert (t.dtype, list(t.shape)) == (dtypes[dtype], shape), name
-            assert torch.isfinite(t.float()).all() and t.float().abs().max() <= 15, name
+    shard = model / "model-00001-of-00001.safetensors"
+    assert _hf(_READ, str(shard), json.dumps(EXPECTED[kind])) == f"read {len(EXPECTED[kind])}\n"
 
 
-HAS_TRANSFORMERS = HAS_SAFETENSORS and importlib.util.find_spec("transformers") is not None
-
-
-@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers, safetensors and torch are not installed here")
+@pytest.mark.hf
 @pytest.mark.parametrize("kind", ["qwen3", "llama", "moe-bf16", "moe-fp8"])
 def test_transformers_loads_the_checkpoints_with_no_key_missing_or_unexpected(
     tmp_path: Path, kind: str
 ) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if kind == "moe-fp8" and importlib.util.find_spec("accelerate") is None:
-        pytest.skip("transformers loads FP8 checkpoints with accelerate, not installed here")
     config = MOE if kind == "moe-bf16" else CONFIGS[kind]
     model = _model(tmp_path, config)
     fc.write(model)
-    loaded, info = AutoModelForCausalLM.from_pretrained(
-        str(model), output_loading_info=True, dtype=torch.bfloat16
-    )
-    assert type(loaded).__name__ == config["architectures"][0]
-    assert {k: sorted(v) for k, v in info.items() if v} == {}, info
-    out = loaded(torch.tensor([[1, 2, 3, 4]])).logits
-    assert out.shape == (1, 4, 512) and torch.isfinite(out.float()).all()
+    architecture = config["architectures"][0]
+    assert _hf(_LOAD, str(model), architecture) == f"loaded {architecture}\n"
