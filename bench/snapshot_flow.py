@@ -63,9 +63,11 @@ bad inputs: about 14 minutes in its own session. The FP8 MoE's fused experts are
 bench/sharded_to_checkpoint.py refuses, so its weights are generated (``--weights-from
 generated``: 31.2 GB in 7 files, 37,539 tensors; about 40 s at this host's 0.4 GB/s, the
 device's disk is faster), which its disk must hold beside the bundle and the snapshot. The MoE
-(its compile alone took 539-566 s; its cold start, 428.8 s, is left out and merged from the
-earlier run with ``--merge``) as a second run, after it or in the next device session (~16
-minutes; the context rendered here first, ``kernelbake render
+(its compile alone took 539-566 s on 0.26; ``--baked-only`` leaves its cold start, 428.8 s on
+0.26, out: ``--merge`` takes a cold start only from a run of the same image key, and no 0.32 run
+has one yet, so the summary says the cold start is missing rather than borrow 0.26's; a session
+with ~8 more minutes drops ``--baked-only``) as a second run, after it or in the next device
+session (~16 minutes; the context rendered here first, ``kernelbake render
 bench/specs/vllm-0.32.0/qwen3-30b-a3b-fp8-sleep.yaml --gpu h200 --out .gpu/ctx``, and carried
 with the last chunk as above):
 
