@@ -61,7 +61,7 @@ compile 226 s, cold 203 s, baked 29 s, the weights written and converted (16.4 G
 take (~45 s expected), three restores, the mismatch with its baked fallback (~30 s) and seven
 bad inputs: about 14 minutes in its own session. The FP8 MoE's fused experts are a layout
 bench/sharded_to_checkpoint.py refuses, so its weights are generated (``--weights-from
-generated``: 31.2 GB in 7 files, 37,539 tensors; about 40 s at this host's 0.4 GB/s, the
+generated``: 31.2 GB in 7 files, 37,491 tensors of bench/models/qwen3-30b-a3b-fp8; about 40 s at this host's 0.4 GB/s, the
 device's disk is faster), which its disk must hold beside the bundle and the snapshot. The MoE
 (its compile alone took 539-566 s on 0.26; ``--baked-only`` leaves its cold start, 428.8 s on
 0.26, out: ``--merge`` takes a cold start only from a run of the same image key, and no 0.32 run
