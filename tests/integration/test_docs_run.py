@@ -55,7 +55,9 @@ def test_the_readme_quick_start_serves_a_completion_as_its_sample_shows(readme_s
     answer = readme_served.answer
     assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
     # The sample is what a run prints: every line of each kind, none left out, in order, the
-    # same words; a number of files is that number (times and digests vary).
+    # same words (times, digests and numbers vary). The number of baked files is not the same
+    # in every build of the spec (55 on the CI machines, 67 in one build elsewhere, as the page
+    # says), so it is checked against the run itself: every file serve found, it checked.
     (sample,) = blocks(README.read_text(), "serve-output")
     printed = readme_served.log.splitlines()
     for kind in KINDS:
@@ -64,7 +66,11 @@ def test_the_readme_quick_start_serves_a_completion_as_its_sample_shows(readme_s
         assert len(shown) == len(said), (kind, shown, said)
         for want, got in zip(shown, said, strict=True):
             assert runbook.shown_line(want).fullmatch(got), (want, got)
-            assert FILES.findall(want) == FILES.findall(got), (want, got)
+            assert len(FILES.findall(want)) == len(FILES.findall(got)), (want, got)
+    counts = [
+        int(n) for ln in printed if ln.startswith("kernelbake serve: baked caches") for n in FILES.findall(ln)
+    ]
+    assert len(counts) == 2 and counts[0] == counts[1] > 0, counts
     assert any("baked caches valid (exact match)" in ln for ln in printed), printed
 
 
