@@ -48,6 +48,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# The sibling that writes safetensors headers (stdlib too), found beside this script wherever it runs.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sharded_to_checkpoint
+
 INDEX = "model.safetensors.index.json"
 SHARD_GLOB = "model-*-of-*.safetensors"
 # transformers' default max_shard_size ("5GB", decimal).
@@ -275,14 +279,7 @@ def _offset(name: str, itemsize: int, size: int) -> int:
 
 
 def header(ts: Sequence[Tensor]) -> bytes:
-    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    at = 0
-    for t in ts:
-        meta[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [at, at + t.nbytes]}
-        at += t.nbytes
-    raw = json.dumps(meta, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
+    return sharded_to_checkpoint.encode_header((t.name, t.dtype, t.shape, t.nbytes) for t in ts)
 
 
 def write_file(path: Path, ts: Sequence[Tensor], vals: Mapping[str, bytes]) -> int:

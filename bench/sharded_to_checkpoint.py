@@ -24,7 +24,7 @@ import mmap
 import re
 import struct
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,19 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         if n > 100 << 20:
             raise ValueError(f"{path}: header of {n} bytes is not a safetensors header")
         return json.loads(fh.read(n)), 8 + n
+
+
+def encode_header(tensors: Iterable[tuple[str, str, Sequence[int], int]]) -> bytes:
+    """The length-prefixed safetensors header of ``(name, dtype, shape, bytes)`` laid end to end
+    in this order, padded with spaces to 8 bytes as safetensors writes it (the data stays aligned)."""
+    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name, dtype, shape, nbytes in tensors:
+        meta[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + nbytes]}
+        at += nbytes
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 def parts(config: Mapping[str, Any]) -> dict[str, list[tuple[str, int]]]:
@@ -111,15 +124,9 @@ def convert_file(src: Path, dest: Path, layout: Mapping[str, list[tuple[str, int
         got = list(split(name, header[name], layout))
         fused += len(got) > 1
         pieces.extend(got)
-    out: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    at = 0
-    for name, entry, begin, end in pieces:
-        out[name] = {**entry, "data_offsets": [at, at + end - begin]}
-        at += end - begin
-    raw = json.dumps(out, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    header_bytes = encode_header((n, e["dtype"], e["shape"], end - begin) for n, e, begin, end in pieces)
     with src.open("rb") as fin, dest.open("wb") as fout:
-        fout.write(struct.pack("<Q", len(raw)) + raw)
+        fout.write(header_bytes)
         with mmap.mmap(fin.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             for _, _, begin, end in pieces:
                 step = 256 << 20
