@@ -7,14 +7,7 @@ import threading
 import pytest
 
 from kernelbake.cache import BoundedCache
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def test_least_recently_used_goes_first() -> None:
@@ -37,7 +30,7 @@ def test_putting_again_replaces_and_refreshes() -> None:
 
 
 def test_entries_expire_after_their_ttl() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     cache: BoundedCache[str, str] = BoundedCache(10, clock=clock)
     cache.put("short", "x", 5)
     cache.put("forever", "y")
@@ -51,7 +44,7 @@ def test_entries_expire_after_their_ttl() -> None:
 
 
 def test_zero_ttl_is_not_stored() -> None:
-    cache: BoundedCache[str, str] = BoundedCache(10, clock=Clock())
+    cache: BoundedCache[str, str] = BoundedCache(10, clock=Clock(100.0))
     cache.put("k", "v", 0)
     cache.put("n", "v", -1)
     assert len(cache) == 0 and cache.get("k") is None

@@ -8,19 +8,12 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.support.clock import Clock
 from tests.support.heartbeat import Fixture, Heartbeat, first_sentence
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_line_comes_only_after_the_set_silence_and_names_the_fixture_at_work() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     beat = Heartbeat(60, clock=clock)
     assert beat.due() is None  # no test running
     beat.phase("tests/t.py::test_x", "setup")

@@ -16,6 +16,7 @@ from kernelbake.progress import Progress, PushTally
 from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
+from tests.support.clock import Clock
 from tests.support.recorder import Recorder
 
 # ``docker push`` as it prints without a terminal (no byte counts, a line per state change).
@@ -27,14 +28,6 @@ PUSH_START = [
     "5f70bf18a086: Waiting",
     "a3b1c2d4e5f6: Layer already exists",
 ]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_tally_counts_layers_named_and_up() -> None:

@@ -10,17 +10,10 @@ from kernelbake.admission.subject import Accepted, Rejected, Unavailable
 from kernelbake.contract.key import CacheKey
 from tests.admission import documents
 from tests.admission.fakes import REPO, FakeVerifier, digest_of, make_admitter, make_policy
+from tests.support.clock import Clock
 
 TAG = f"{REPO}:h100"
 DIGEST = digest_of(TAG)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def gateway(verifier: FakeVerifier, clock: Clock, **cache: float) -> Gateway:
