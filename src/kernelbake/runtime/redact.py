@@ -54,6 +54,11 @@ def tree(doc: Any, name: str = "") -> Any:
     return shown(name, doc) if name else doc
 
 
+def secret_flags(argv: Sequence[str]) -> list[str]:
+    """The secret-carrying flags ``argv`` sets (``--api-key``), named without their values."""
+    return [flag for a in argv if a.startswith("-") and is_secret(flag := a.partition("=")[0])]
+
+
 def argv_secrets(argv: Sequence[str]) -> list[str]:
     """Values of secret-carrying flags in ``argv`` (``--api-key X`` and ``--api-key=X``)."""
     found = []

@@ -39,7 +39,7 @@ from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runner import spawn
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.redact import argv_secrets, is_secret
+from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
@@ -109,7 +109,7 @@ WARMUPS: dict[Engine, Callable[[str], None]] = {Engine.VLLM: _warm_vllm, Engine.
 
 def refuse_secrets(environ: Mapping[str, str], argv: Sequence[str], where: str) -> None:
     names = sorted(n for n, v in environ.items() if is_secret(n) and v)
-    flags = [a.partition("=")[0] for a in argv if a.startswith("-") and is_secret(a.partition("=")[0])]
+    flags = secret_flags(argv)
     if names or flags or argv_secrets(argv):
         shown = ", ".join([*(f"${n}" for n in names), *flags])
         raise BadInput(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kernelbake.runtime.redact import is_secret
+from kernelbake.runtime.redact import is_secret, secret_flags
 
 PROC = Path("/proc")
 # /proc/net/tcp state column: 01 ESTABLISHED.
@@ -80,7 +80,7 @@ def secrets(pid: int, proc: Path = PROC) -> list[str]:
     secret: redact's rule, the one logs follow."""
     found = [f"${name}" for name, value in environ(pid, proc).items() if is_secret(name) and value]
     argv = cmdline(pid, proc)
-    flags = [a.partition("=")[0] for a in argv if a.startswith("-") and is_secret(a.partition("=")[0])]
+    flags = secret_flags(argv)
     return found + [f"argv {flag}" for flag in flags]
 
 
