@@ -1,5 +1,5 @@
 """``use_baked_caches`` at the path the docs gave before it moved to ``runtime.serve.scripts``:
-users' scripts and Dockerfiles that import it the old way keep working, and are told where it went."""
+the old import fails, and its message names the new path and when it moved."""
 
 from __future__ import annotations
 
@@ -8,23 +8,35 @@ import sys
 
 import pytest
 
-from kernelbake.runtime.serve import scripts
+NEW_PATH = r"kernelbake\.runtime\.serve\.scripts\.use_baked_caches on 2026-12-05"
 
 
-def test_the_old_documented_import_gives_the_same_function_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match=r"kernelbake\.runtime\.serve\.scripts\.use_baked_caches"):
-        from kernelbake.runtime.engines.torch_engine import use_baked_caches
-    assert use_baked_caches is scripts.use_baked_caches
+def test_the_old_documented_import_fails_naming_the_new_path_and_when_it_moved() -> None:
+    with pytest.raises(ImportError, match=NEW_PATH):
+        from kernelbake.runtime.engines.torch_engine import use_baked_caches  # noqa: F401
 
 
-def test_the_warning_names_the_users_own_line_and_shows_by_default() -> None:
-    # A user's script is __main__, where Python shows a DeprecationWarning without -W.
+def test_a_users_script_sees_the_message_not_a_bare_cannot_import_name() -> None:
     code = "from kernelbake.runtime.engines.torch_engine import use_baked_caches\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert (
-        "<string>:1: DeprecationWarning: kernelbake.runtime.engines.torch_engine.use_baked_caches"
-        in done.stderr
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: kernelbake.runtime.engines.torch_engine.use_baked_caches moved to ")
+    assert "cannot import name" not in done.stderr
+
+
+def test_the_old_path_imports_nothing_of_serve() -> None:
+    code = (
+        "import sys\n"
+        "from kernelbake.runtime.engines import torch_engine\n"
+        "try:\n"
+        "    torch_engine.use_baked_caches\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('kernelbake.runtime.serve')))\n"
     )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_another_missing_name_is_still_an_import_error() -> None:

@@ -62,6 +62,15 @@ def mount_points(text: str) -> frozenset[str]:
     return frozenset(found)
 
 
+def _mounts(replaced: str) -> frozenset[str] | str:
+    """This process's mount points; where they cannot be read, why whether a mount of the pod
+    replaced ``replaced`` is unknown."""
+    try:
+        return mount_points(_mountinfo())
+    except OSError as exc:
+        return f"{MOUNTINFO} cannot be read ({exc.strerror}), so whether a mount of the pod replaced {replaced} is unknown"
+
+
 def _chain(path: str) -> list[str]:
     """``path`` and every directory above it, ``/`` last."""
     out = [posixpath.normpath(path)]
@@ -99,13 +108,9 @@ def untrusted(files: Iterable[str] = TRUSTED_FILES) -> list[str]:
     """Why the trusted ``files`` cannot be taken as the image's (empty when they can)."""
     files = [posixpath.normpath(f) for f in files]
     chain = list(dict.fromkeys(p for f in files for p in _chain(f)))
-    try:
-        mounts = mount_points(_mountinfo())
-    except OSError as exc:
-        return [
-            f"{MOUNTINFO} cannot be read ({exc.strerror}), so whether a mount of the pod replaced "
-            f"{' and '.join(files)} is unknown"
-        ]
+    mounts = _mounts(" and ".join(files))
+    if isinstance(mounts, str):
+        return [mounts]
     problems = [
         f"{p} is a mount point ({MOUNTINFO}), so {_covers(p, files)} from what the pod mounted there, "
         f"not from the image; {_FIX}"
@@ -122,12 +127,9 @@ def mounts_inside(root: str | Path) -> list[str]:
     point strictly inside it (``root`` itself is the delta's image volume), such as a file
     mounted by ``subPath`` over its delta.json; empty when there is none."""
     top = posixpath.normpath(str(root))
-    try:
-        mounts = mount_points(_mountinfo())
-    except OSError as exc:
-        return [
-            f"{MOUNTINFO} cannot be read ({exc.strerror}), so whether a mount of the pod replaced files of {top} is unknown"
-        ]
+    mounts = _mounts(f"files of {top}")
+    if isinstance(mounts, str):
+        return [mounts]
     return [
         f"{m} is a mount point ({MOUNTINFO}) inside the delta, so its files are not all the delta's own; "
         f"mount the delta at {top} whole and nothing inside it"

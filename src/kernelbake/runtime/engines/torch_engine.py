@@ -9,7 +9,6 @@ weights, compiles it on the spec's shapes and stops; the caches it leaves behind
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -166,17 +165,15 @@ def inductor_identity() -> dict[str, object]:
 
 def __getattr__(name: str) -> object:
     # ``use_baked_caches`` was documented at this path until it moved to
-    # ``kernelbake.runtime.serve.scripts`` (it runs the preflight, which the engines sit below):
-    # users' scripts and Dockerfiles that import it from here keep working, told where it went.
-    # The one import from the engines up to serve, declared in pyproject's layer contracts.
+    # ``kernelbake.runtime.serve.scripts`` on 2026-12-05 (it runs the preflight, which the
+    # engines sit below). The old import fails with an ImportError that says where it went;
+    # not an AttributeError, whose message ``from ... import`` would replace with a bare
+    # "cannot import name". Nothing here imports serve.
     if name == "use_baked_caches":
-        from kernelbake.runtime.serve import scripts
-
-        warnings.warn(
-            "kernelbake.runtime.engines.torch_engine.use_baked_caches moved to "
-            "kernelbake.runtime.serve.scripts.use_baked_caches; import it from there",
-            DeprecationWarning,
-            stacklevel=2,
+        raise ImportError(
+            f"{__name__}.use_baked_caches moved to "
+            "kernelbake.runtime.serve.scripts.use_baked_caches on 2026-12-05; "
+            "import it from there",
+            name=__name__,
         )
-        return scripts.use_baked_caches
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,13 +11,7 @@ from typing import Any
 
 def status(url: str, *, timeout: float = 1.0) -> int | None:
     """The HTTP status of ``GET url``; None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (OSError, ValueError):
-        return None
+    return _status(url, timeout)
 
 
 def get_json(url: str, *, timeout: float = 30.0) -> Any:
@@ -26,21 +20,27 @@ def get_json(url: str, *, timeout: float = 30.0) -> Any:
 
 
 def post_json(url: str, body: Any, *, timeout: float = 120.0) -> Any:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(_post(url, body), timeout=timeout) as r:
         return json.loads(r.read())
 
 
 def post(url: str, body: Any, *, timeout: float = 120.0) -> int | None:
     """The HTTP status of ``POST url`` with a JSON body (vLLM's /sleep and /wake_up answer with
     no body); None when nothing answers."""
-    req = urllib.request.Request(
+    return _status(_post(url, body), timeout)
+
+
+def _post(url: str, body: Any) -> urllib.request.Request:
+    return urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
+
+
+def _status(request: str | urllib.request.Request, timeout: float) -> int | None:
+    """The status of the answer to ``request``, its body read and dropped; an error status
+    too; None when nothing answers."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             r.read()
             return int(r.status)
     except urllib.error.HTTPError as exc:
