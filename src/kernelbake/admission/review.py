@@ -21,6 +21,8 @@ API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 KIND = "AdmissionReview"
 # The API server truncates longer warnings; keep ours readable whole.
 MAX_WARNING = 256
+# The patch's JSON, compact; made once (json.dumps with separators builds an encoder per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class Operation(enum.Enum):
@@ -207,7 +209,7 @@ class Response:
         if self.patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(
-                json.dumps(list(self.patch), separators=(",", ":")).encode()
+                _COMPACT.encode(list(self.patch)).encode()
             ).decode()
         if self.warnings:
             response["warnings"] = [_clip(w) for w in self.warnings]
