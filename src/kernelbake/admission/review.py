@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.errors import BadInput
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -34,6 +35,7 @@ class Operation(enum.Enum):
     CONNECT = "CONNECT"
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class GroupKind:
     """An object's API group and kind (``request.kind`` less the version): what picks its pod spec."""
@@ -45,6 +47,7 @@ class GroupKind:
         return f"{self.group}/{self.kind}" if self.group else self.kind
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request:
     """The parts of an AdmissionReview's ``request`` admission reads."""
@@ -176,6 +179,7 @@ class Code(enum.IntEnum):
         ]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Response:
     uid: str
@@ -208,9 +212,7 @@ class Response:
             }
         if self.patch:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(
-                _COMPACT.encode(list(self.patch)).encode()
-            ).decode()
+            response["patch"] = base64.b64encode(_COMPACT.encode(list(self.patch)).encode()).decode()
         if self.warnings:
             response["warnings"] = [_clip(w) for w in self.warnings]
         return {"apiVersion": self.api_version, "kind": KIND, "response": response}
