@@ -22,7 +22,7 @@ import pytest
 from kernelbake.admission import admit, bounds, gpus
 from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import Budget, OverBudget
-from kernelbake.admission.http import server
+from kernelbake.admission.http import codec, server
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.review import parse_review
@@ -379,7 +379,7 @@ def test_a_large_body_is_decoded_letting_other_threads_run() -> None:
     # (some 100 ms on a busy core), so the event loop, and /healthz, waited for it. Counted as
     # turns another thread gets while the decode runs, not as time.
     body = json.dumps({"containers": [{"name": f"c{i}", "image": "x"} for i in range(120_000)]}).encode()
-    assert len(body) > server.YIELDING_BODY
+    assert len(body) > codec.YIELDING_BODY
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0001)
     inside = threading.Event()
@@ -397,7 +397,7 @@ def test_a_large_body_is_decoded_letting_other_threads_run() -> None:
     thread.start()
     try:
         inside.set()
-        doc = server.decode(body)
+        doc = codec.decode(body)
         inside.clear()
     finally:
         stop.set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelbake.admission.http.server import YIELDING_BODY, decode
+from kernelbake.admission.http.codec import YIELDING_BODY, decode
 from kernelbake.contract.jsondoc import MAX_JSON_DEPTH, TooDeep
 
 DEEP = b'{"request":' + b"[" * 200_000 + b"]" * 200_000 + b"}"

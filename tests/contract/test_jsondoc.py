@@ -39,6 +39,13 @@ def test_the_depth_is_that_of_the_value_whatever_its_strings_hold(value: Any, as
     assert jsondoc.loads(text) == jsondoc.loads(text.encode("utf-16")) == value
 
 
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode), st.booleans())
+def test_opening_brackets_are_counted_as_count_counts_them(data: bytes, as_text: bool) -> None:
+    text: str | bytes = data.decode("utf-8", "replace") if as_text else data
+    want = text.count("[") + text.count("{") if isinstance(text, str) else data.count(b"[") + data.count(b"{")
+    assert jsondoc.opening_brackets(text) == want
+
+
 def test_the_bound_is_exact_and_refused_before_json_recurses() -> None:
     at = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
     assert jsondoc.loads(at) is not None

@@ -19,6 +19,7 @@ from typing import Any
 
 from kernelbake.admission import bounds
 from kernelbake.admission.bounds import UNBOUNDED, Budget, OverBudget, OverLimit
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.pod import Pod, walk
 from kernelbake.admission.policy import AdmissionPolicy, Mode
@@ -48,6 +49,7 @@ class Endpoint(enum.Enum):
     VALIDATE = "validate"
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A request read before any registry is asked: what to verify, or the answer if none is needed."""

@@ -16,6 +16,7 @@ import posixpath
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.workloads import CONTAINER_FIELDS, MalformedObject, pointer
 
 _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
@@ -41,6 +42,7 @@ def under(path: Any, root: str) -> bool:
     return resolved == root or resolved.startswith(root + "/")
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class Mount:
     """One entry of a container's ``volumeMounts``."""
@@ -57,6 +59,7 @@ class Mount:
 
 
 # Slots: a pod spec may hold some 150,000 containers (an 8 MiB body), each walked into one.
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class Container:
     """A container of the pod; an image site when it names an image."""
@@ -93,6 +96,7 @@ class Container:
         return [e for e in self.env if e.get("name") == variable]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImageVolume:
     """``spec.volumes[].image.reference`` (Kubernetes image volumes, GA in 1.36): the kubelet
@@ -114,6 +118,7 @@ class ImageVolume:
         return f'image volume "{self.name}"'
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Pod:
     spec_path: tuple[str, ...]

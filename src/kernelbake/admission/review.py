@@ -15,12 +15,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.errors import BadInput
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 KIND = "AdmissionReview"
 # The API server truncates longer warnings; keep ours readable whole.
 MAX_WARNING = 256
+# The patch's JSON, compact; made once (json.dumps with separators builds an encoder per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class Operation(enum.Enum):
@@ -32,6 +35,7 @@ class Operation(enum.Enum):
     CONNECT = "CONNECT"
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class GroupKind:
     """An object's API group and kind (``request.kind`` less the version): what picks its pod spec."""
@@ -43,6 +47,7 @@ class GroupKind:
         return f"{self.group}/{self.kind}" if self.group else self.kind
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request:
     """The parts of an AdmissionReview's ``request`` admission reads."""
@@ -174,6 +179,7 @@ class Code(enum.IntEnum):
         ]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Response:
     uid: str
@@ -206,9 +212,7 @@ class Response:
             }
         if self.patch:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(
-                json.dumps(list(self.patch), separators=(",", ":")).encode()
-            ).decode()
+            response["patch"] = base64.b64encode(_COMPACT.encode(list(self.patch)).encode()).decode()
         if self.warnings:
             response["warnings"] = [_clip(w) for w in self.warnings]
         return {"apiVersion": self.api_version, "kind": KIND, "response": response}

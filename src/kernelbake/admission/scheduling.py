@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission.bounds import MAX_EXPRESSIONS, MAX_NODE_SELECTOR, MAX_TERMS, MAX_VALUES, cap
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.workloads import MalformedObject
 
 
@@ -76,6 +77,7 @@ class Requirement:
         return f"{self.key} {self.operator.value} [{', '.join(self.values)}]"
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Way:
     """One alternative placement: every requirement must hold on the node."""

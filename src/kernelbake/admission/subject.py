@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Protocol, TypeAlias, assert_never
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.contract.artifact import CacheArtifactFacts
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import SnapshotKey
@@ -159,6 +160,7 @@ class Unavailable:
 Outcome: TypeAlias = Accepted | IndexAccepted | Rejected | Unavailable
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Subjects:
     """The accepted outcomes of one review by kind (verified target → what it verified as)."""

@@ -71,6 +71,17 @@ def _plainly_utf8(data: bytes) -> bool:
     return len(data) > 0 and 0 < data[0] < 0x80 and data[1:2] != b"\x00"
 
 
+def opening_brackets(data: str | bytes) -> int:
+    """How many ``[`` and ``{`` the text ``data`` holds, strings included.
+
+    For bytes, by deleting each (``bytes.replace``), which finds them with ``memchr``: bytes.count
+    of one byte compares every byte in a loop of its own, and the two counts were 41,000
+    instructions of a warm admission review (3.7 KB bodies, callgrind), against 15,000 so."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return 2 * len(data) - len(data.replace(b"[", b"")) - len(data.replace(b"{", b""))
+
+
 def refuse_deep(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Raise ``TooDeep`` if the JSON text ``data`` nests deeper than ``max_depth``; bytes are read
     as ``json.loads`` reads them (UTF-8, -16 or -32)."""
@@ -78,11 +89,7 @@ def refuse_deep(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> None:
         data = data.decode(json.detect_encoding(data), "surrogatepass")
     # With no more brackets than max_depth in all, nothing nests past it: a small document
     # pays two counts, not the scan.
-    if isinstance(data, str):
-        opening = data.count("[") + data.count("{")
-    else:
-        opening = data.count(b"[") + data.count(b"{")
-    if opening > max_depth:
+    if opening_brackets(data) > max_depth:
         found = depth(data)
         if found > max_depth:
             raise TooDeep(f"JSON nested {found:,} levels deep, more than the {max_depth} allowed")

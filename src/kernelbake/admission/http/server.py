@@ -36,8 +36,6 @@ import contextlib
 import ctypes
 import enum
 import gc
-import json
-import json.scanner
 import logging
 import math
 import signal
@@ -54,10 +52,10 @@ from kernelbake.admission.admit import Endpoint
 from kernelbake.admission.bounds import MAX_CONNECTIONS
 from kernelbake.admission.http import workers
 from kernelbake.admission.http._uvicorn import QuietSignals, bound_tls, bounded_protocol
+from kernelbake.admission.http.codec import decode, encode
 from kernelbake.admission.http.health import HealthListener
 from kernelbake.admission.large_bodies import BodyBudget
 from kernelbake.admission.service import Admitter
-from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 
 log = logging.getLogger("kernelbake.admission.server")
@@ -68,11 +66,6 @@ HEADER_LIMIT = 64 * 1024
 # Bodies up to this size are handled on the event loop (a real pod's review is a few KiB and
 # takes well under a millisecond to plan); larger ones on a thread (see the module docstring).
 INLINE_BODY = 64 * 1024
-# Bodies larger than this are decoded by json's pure-Python scanner: the C one holds the GIL
-# for the whole document (some 100 ms for 8 MiB on a busy core, bench/admission_adversarial.py),
-# and with it the event loop and /healthz; the Python one lets the loop in at every switch
-# interval, for 3 to 6 times the CPU. A real pod's review is far below it.
-YIELDING_BODY = 1024 * 1024
 IDLE_SECONDS = 120.0
 # A client has this long to send a whole request once it started one.
 HEADER_SECONDS = 30.0
@@ -260,11 +253,11 @@ class AdmissionServer:
         held = _large(scope)
         deadline = self.admitter.policy.deadline_seconds
         if held and not await self.bodies.wait(held, started + deadline - time.monotonic()):
-            status, body, close, held = 503, _encode({"error": _BUSY}), True, 0
+            status, body, close, held = 503, encode({"error": _BUSY}), True, 0
         else:
             try:
                 status, payload, close, large = await self._handle(scope, receive, started)
-                body = await asyncio.to_thread(_encode, payload) if large else _encode(payload)
+                body = await asyncio.to_thread(encode, payload) if large else encode(payload)
             finally:
                 if held:
                     self.bodies.give(held)
@@ -361,23 +354,6 @@ def _large(scope: Scope) -> int:
         # Chunked: as large as a body may be.
         return MAX_BODY
     return declared if INLINE_BODY < declared <= MAX_BODY else 0
-
-
-def decode(body: bytes) -> Any:
-    """The JSON document ``body``, as ``json.loads`` reads it; past ``YIELDING_BODY`` by the
-    scanner that gives the GIL up while it works (see there). That scanner recurses in Python,
-    so the depth is bounded first (``jsondoc``), for either scanner."""
-    jsondoc.refuse_deep(body)
-    if len(body) <= YIELDING_BODY:
-        return json.loads(body)
-    decoder = json.JSONDecoder()
-    # A decoder of its own: the scanner keeps a memo of keys for the document it reads.
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
-
-
-def _encode(payload: Any) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes | tuple[int, Any, bool]:

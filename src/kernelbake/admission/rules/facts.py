@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from kernelbake.admission.bounds import Budget
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.gpus import Judge
 from kernelbake.admission.pod import Pod
 from kernelbake.admission.policy import AdmissionPolicy
@@ -18,6 +19,7 @@ from kernelbake.admission.subject import Outcome, Subjects
 from kernelbake.admission.variants import Picker
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Planned:
     """What the rules that read the pod spec alone found while planning, before any registry was
@@ -30,6 +32,7 @@ class Planned:
 NOTHING_PLANNED = Planned()
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Facts:
     """One review's pod and what verified, read by every rule."""

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from kernelbake.admission.bounds import Budget
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.policy import AdmissionPolicy
 from kernelbake.admission.references import ImageRef, InvalidReference, alias_names, matches, parse_reference
 from kernelbake.admission.rules.facts import Facts, Rule
@@ -22,6 +23,7 @@ from kernelbake.admission.rules.sites import Governed, Site
 from kernelbake.oci.reference import REFERENCE_MAX
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Governing:
     governed: tuple[Governed, ...]

@@ -11,11 +11,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.workloads import pointer
 
 PatchOp = Mapping[str, Any]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Denial:
     """One reason to deny, as the answer's message shows it: ``where: message; hint``."""
@@ -41,6 +43,7 @@ class Denial:
         return Denial(self.where, self.message, self.hint, rule, self.outage)
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What one rule (or the table) adds to the answer."""

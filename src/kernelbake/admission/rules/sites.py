@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from kernelbake.admission.frozen import fast_init
 from kernelbake.admission.pod import Container, ImageVolume
 from kernelbake.admission.references import ImageRef, parse_reference
 from kernelbake.admission.scheduling import Way
@@ -19,6 +20,7 @@ from kernelbake.contract.variants import Variant
 Site = Container | ImageVolume
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Governed:
     """An image site whose reference the policy governs."""
@@ -35,6 +37,7 @@ class Governed:
         return self.ref.target
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """The site verified: ``subject`` is what ``target`` verified as."""
@@ -45,6 +48,7 @@ class Resolved:
     subject: Subject
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True)
 class Unresolved:
     """Why the site did not verify: ``message`` (after the site), with ``hint``."""
