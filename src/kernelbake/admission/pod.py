@@ -25,6 +25,10 @@ _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral 
 def normal(path: str) -> str:
     """``path`` as the container's root resolves it lexically: relative paths under ``/``,
     ``//`` and ``..`` collapsed, no trailing ``/``."""
+    if path[:1] == "/" and path[-1:] != "/" and "//" not in path and "/." not in path:
+        # Already so (absolute, no empty, "." or ".." component, no trailing "/"; "/." also
+        # sends names that start with a dot the long way): most mounts are written this way.
+        return path
     return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
