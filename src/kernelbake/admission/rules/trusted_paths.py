@@ -88,6 +88,9 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
 
 def _mount_problems(c: Container, volumes: frozenset[str], found: list[Denial]) -> None:
     for field, key in _MOUNT_FIELDS:
+        if c.obj.get(field) is None:
+            # Absent (most containers have no volumeDevices): nothing to read or judge.
+            continue
         for i, m in enumerate(_items(c, field)):
             written, name = m.get(key, ""), m.get("name", "")
             if not (isinstance(written, str) and isinstance(name, str)):
@@ -206,8 +209,11 @@ def find(sites: Iterable[object]) -> Verdict:
         # list; what is past _MAX_LISTED is counted and dropped after each container, so the
         # list stays short however many containers have some.
         _mount_problems(site, volumes, found)
-        _env_problems(site, found)
-        _from_problems(site, found)
+        # An absent env or envFrom has nothing to read or judge (_items would answer []).
+        if site.obj.get("env") is not None:
+            _env_problems(site, found)
+        if site.obj.get("envFrom") is not None:
+            _from_problems(site, found)
         if len(found) > _MAX_LISTED:
             more += len(found) - _MAX_LISTED
             del found[_MAX_LISTED:]
