@@ -67,7 +67,10 @@ def check(facts: Facts) -> Verdict:
             images[g.site.image] = found.subject
         elif (snapshot := facts.subjects.snapshots.get(found.target)) is not None:
             snapshots[g.site.name] = snapshot
-    governed = {g.site.image for g in facts.governed if not isinstance(g.site, ImageVolume)}
+    governed: set[str] = set()
+    for g in facts.governed:
+        if not isinstance(g.site, ImageVolume):
+            governed.add(g.site.image)
     return decide(facts.pod, snapshots, images, governed=governed, mutate=facts.mutate)
 
 

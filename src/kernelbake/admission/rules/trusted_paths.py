@@ -199,7 +199,11 @@ def find(sites: Iterable[object]) -> Verdict:
     listed = list(sites)
     # Governed image volumes: the only volumes that may be mounted at DELTA_ROOT (each is
     # verified, and judged by rules.delta when it is a delta).
-    volumes = frozenset([s.name for s in listed if isinstance(s, ImageVolume)])
+    names = []
+    for s in listed:
+        if isinstance(s, ImageVolume):
+            names.append(s.name)
+    volumes = frozenset(names)
     found: list[Denial] = []
     more = 0
     for site in listed:
