@@ -1246,6 +1246,13 @@ def merge(out: Path, inputs: list[Path]) -> dict[str, Any]:
     return merged
 
 
+def model_name(context: Path) -> str:
+    """The model a rendered context is for: its folder's name (``SPEC-GPU``) less the GPU its
+    target.json names, so that a run on an H100 and one on an H200 file the same model."""
+    gpu = json.loads((context / "target.json").read_text())["gpu"]
+    return context.resolve().parent.name.removesuffix(f"-{gpu}")
+
+
 def main() -> int:
     if len(sys.argv) >= 4 and sys.argv[1] == "--merge":
         # Runs of one session that could not share a device call, as one result.
@@ -1381,7 +1388,7 @@ def main() -> int:
     }
     out_json = a.out / "vllm-image-flow.json"
     for i, context in enumerate(a.context):
-        name = context.resolve().parent.name.removesuffix("-h200")
+        name = model_name(context)
         if i and a.deadline - (time.monotonic() - started) < a.min_left:
             # Too little time for a compile and a start: say so rather than run half of it.
             result.setdefault("skipped", []).append(f"{name}: {a.min_left:g} s or less left")

@@ -393,3 +393,17 @@ def _args() -> object:
     import argparse
 
     return argparse.Namespace(deadline=1000.0, mix_total=3)
+
+
+def test_a_context_for_either_hopper_names_the_same_model(tmp_path: Path) -> None:
+    # The device lends an H100 when no H200 comes: both runs file their results under the spec's
+    # name, not one of them under "tiny-llama-ref-h100".
+    spec = load_spec(REPO / "bench" / "specs" / "vllm-0.32.0" / "tiny-llama-ref.yaml")
+    wheel = tmp_path / "kernelbake-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not a real wheel")
+    names = {}
+    for target in plan(spec, ["h200", "h100"]):
+        folder = tmp_path / f"{spec.name}-{target.gpu.name}" / "context"
+        context = write_context(render(target, wheel=wheel.name), folder, wheel)
+        names[target.gpu.name] = _flow().model_name(context)
+    assert names == {"h200": "tiny-llama-ref", "h100": "tiny-llama-ref"}

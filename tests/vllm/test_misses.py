@@ -94,6 +94,19 @@ def test_a_class_keeps_what_selects_a_kernel_and_nothing_a_user_wrote() -> None:
     assert misses.request_class(None, 5) is None, "pooling: nothing the completions API replays"
 
 
+def test_a_class_with_logprob_token_ids_is_one_the_completions_api_accepts() -> None:
+    # vLLM's completions layer passes logprobs=None to SamplingParams when the request names
+    # token IDs, but refuses a request with the IDs and no logprobs (HTTP 400): the H200
+    # capture run of 2026-12-05 lost this class's kernel in the rebuild because of it.
+    served = misses.request_class(params(temperature=0.0, logprob_token_ids=[7, 8, 9, 10, 11]), 24)
+    assert served is not None and served.problem() is None
+    body = json.loads(served.body)
+    assert body["logprob_token_ids"] == [100, 101, 102, 103, 104]
+    assert body["logprobs"] == 5, "the count the sampler uses (SamplingParams.num_logprobs)"
+    both = misses.request_class(params(logprobs=5, logprob_token_ids=[7, 8, 9, 10, 11]), 24)
+    assert both is not None and json.loads(both.body)["logprobs"] == 5
+
+
 class Scheduler:
     """vLLM's V1 scheduler as misses.py sees it: ``requests`` by id, and the two methods."""
 

@@ -133,6 +133,11 @@ def request_class(params: Any, prompt_tokens: int) -> RequestClass | None:
             body[name] = int(value)
     if ids := getattr(params, "logprob_token_ids", None):
         body["logprob_token_ids"] = _made_up(len(ids))
+        # vLLM's completions API refuses logprob_token_ids without logprobs (HTTP 400), yet
+        # hands the engine logprobs=None when it has the IDs (SamplingParams.num_logprobs then
+        # counts them): a class noted without it could not be replayed (the H200 capture run
+        # of 2026-12-05 lost this class's kernel so). len(ids) is what the sampler uses.
+        body.setdefault("logprobs", len(ids))
     if bias := getattr(params, "logit_bias", None):
         body["logit_bias"] = {str(i): 1.0 for i in _made_up(len(bias))}
     if allowed := getattr(params, "allowed_token_ids", None):
