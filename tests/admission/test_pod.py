@@ -1,5 +1,6 @@
 """The pod walk's path test (``pod.under``): its shortcut for paths that cannot resolve under the
-root answers as resolving them does."""
+root answers as resolving them does; so do ``pod.normal``'s for paths already normal, and
+``workloads.pointer``'s for segments with nothing to escape."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import posixpath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernelbake.admission.pod import under
+from kernelbake.admission.pod import normal, under
+from kernelbake.admission.workloads import pointer
 from kernelbake.contract.delta import DELTA_ROOT
 from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.contract.snapshot import SNAPSHOT_ROOT
 
 ROOTS = (SNAPSHOT_ROOT, DELTA_ROOT, CACHE_ROOT, "/opt/kernelbake", "/")
 PARTS = ["", ".", "..", "opt", "kernelbake", "snapshot", "snapshots", "delta", "cache", "x", "Snapshot"]
+# Names that start or end with dots, and the separators and escapes a pointer segment may hold.
+ODD = [".x", "x.", "...", "~", "a~b", "/", "a/b", "~1", " "]
 
 
 def resolved_under(path: str, root: str) -> bool:
@@ -41,3 +45,19 @@ def test_paths_that_resolve_under_the_root_in_roundabout_ways() -> None:
     assert not under("/opt/kernelbake/snapshots", SNAPSHOT_ROOT)
     assert not under("/opt/kernelbake/snapshot/..", SNAPSHOT_ROOT)
     assert under("/anything/..", "/")
+
+
+@given(
+    st.lists(st.sampled_from(PARTS + ODD), max_size=9),
+    st.sampled_from(["", "/", "//"]),
+    st.sampled_from(["", "/"]),
+)
+def test_normal_answers_as_normpath_does(parts: list[str], lead: str, tail: str) -> None:
+    path = lead + "/".join(parts) + tail
+    assert normal(path) == "/" + posixpath.normpath("/" + path).lstrip("/"), path
+
+
+@given(st.lists(st.sampled_from(PARTS + ODD), max_size=6))
+def test_pointer_escapes_as_rfc_6901_does(parts: list[str]) -> None:
+    assert pointer(parts) == "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts), parts
+    assert pointer(tuple(parts)) == pointer(parts)

@@ -137,7 +137,7 @@ def _plan_pod(request: Request, policy: AdmissionPolicy, budget: Budget) -> Plan
     governing = govern(sites, old_images, policy, budget)
     governed = governing.governed
     bounds.cap("the pod's governed images (containers and image volumes)", governed, bounds.MAX_GOVERNED)
-    planned = Planned(governing.found, trusted_paths.find(g.site for g in governed))
+    planned = Planned(governing.found, trusted_paths.find([g.site for g in governed]))
     caches = plan_caches(pod, template_metadata(request.object, spec_path), policy)
     if not governed and not governing.found.denials and caches is None:
         return Plan(

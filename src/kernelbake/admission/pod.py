@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kernelbake.admission.frozen import fast_init
@@ -25,6 +25,10 @@ _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral 
 def normal(path: str) -> str:
     """``path`` as the container's root resolves it lexically: relative paths under ``/``,
     ``//`` and ``..`` collapsed, no trailing ``/``."""
+    if path[:1] == "/" and path[-1:] != "/" and "//" not in path and "/." not in path:
+        # Already so (absolute, no empty, "." or ".." component, no trailing "/"; "/." also
+        # sends names that start with a dot the long way): most mounts are written this way.
+        return path
     return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
@@ -93,6 +97,8 @@ class Container:
 
     def named(self, variable: str) -> list[Mapping[str, Any]]:
         """Every entry of ``env`` that sets ``variable`` (Kubernetes gives the container the last)."""
+        if not self.env:
+            return []
         return [e for e in self.env if e.get("name") == variable]
 
 
@@ -128,13 +134,21 @@ class Pod:
     # Names of the pod's hostPath volumes.
     host_paths: tuple[str, ...] = ()
 
-    def sites(self) -> Iterator[Container | ImageVolume]:
+    def sites(self) -> list[Container | ImageVolume]:
         """Every image the pod pulls: its containers' and its image volumes'."""
-        yield from (c for c in self.containers if c.image)
-        yield from self.image_volumes
+        found: list[Container | ImageVolume] = []
+        for c in self.containers:
+            if c.image:
+                found.append(c)
+        found += self.image_volumes
+        return found
 
-    def of(self, *fields: str) -> Iterator[Container]:
-        return (c for c in self.containers if c.field in fields)
+    def of(self, *fields: str) -> list[Container]:
+        found: list[Container] = []
+        for c in self.containers:
+            if c.field in fields:
+                found.append(c)
+        return found
 
 
 def walk(spec_path: tuple[str, ...], spec: Mapping[str, Any]) -> Pod:
@@ -165,6 +179,25 @@ def _container(spec_path: tuple[str, ...], field: str, index: int, item: Mapping
     if image is not None and not isinstance(image, str):
         raise MalformedObject(f'{field}[{index}] ("{label}").image must be a string')
     mounts, env = item.get("volumeMounts"), item.get("env")
+    # Loops, not comprehensions: each comprehension is a call, and most containers have a
+    # mount or two and few variables.
+    walked: list[Mount] = []
+    if isinstance(mounts, list):
+        for m in mounts:
+            if isinstance(m, dict):
+                name = m.get("name")
+                walked.append(
+                    Mount(
+                        name if isinstance(name, str) else None,
+                        m.get("mountPath"),
+                        bool(m.get("subPath") or m.get("subPathExpr")),
+                    )
+                )
+    variables: list[Mapping[str, Any]] = []
+    if isinstance(env, list):
+        for e in env:
+            if isinstance(e, dict):
+                variables.append(e)
     return Container(
         field,
         index,
@@ -172,17 +205,8 @@ def _container(spec_path: tuple[str, ...], field: str, index: int, item: Mapping
         image or "",
         (*spec_path, field, str(index), "image"),
         item,
-        tuple([_mount(m) for m in mounts if isinstance(m, dict)]) if isinstance(mounts, list) else (),
-        tuple([e for e in env if isinstance(e, dict)]) if isinstance(env, list) else (),
-    )
-
-
-def _mount(m: Mapping[str, Any]) -> Mount:
-    name = m.get("name")
-    return Mount(
-        name if isinstance(name, str) else None,
-        m.get("mountPath"),
-        bool(m.get("subPath") or m.get("subPathExpr")),
+        tuple(walked),
+        tuple(variables),
     )
 
 

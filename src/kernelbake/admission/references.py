@@ -52,19 +52,27 @@ class ImageRef:
         """``host/repository``, canonical."""
         return f"{self.domain}/{self.path}"
 
+    # The name is written out below rather than read through ``name``: every review asks
+    # these of every governed image, several times.
     def __str__(self) -> str:
-        return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+        return (
+            f"{self.domain}/{self.path}"
+            + (f":{self.tag}" if self.tag else "")
+            + (f"@{self.digest}" if self.digest else "")
+        )
 
     def by_digest(self) -> str:
         """``host/repository@digest``, the form verification and the cache key use."""
         if self.digest is None:
             raise ValueError(f"{self} has no digest")
-        return f"{self.name}@{self.digest}"
+        return f"{self.domain}/{self.path}@{self.digest}"
 
     @property
     def target(self) -> str:
         """What is verified: the digest when one is given (it wins over a tag), else the tag."""
-        return self.by_digest() if self.digest else str(self)
+        if self.digest:
+            return f"{self.domain}/{self.path}@{self.digest}"
+        return f"{self.domain}/{self.path}:{self.tag}" if self.tag else f"{self.domain}/{self.path}"
 
     def rewritten(self, digest: str) -> str:
         """The reference to run: the name as the user wrote it, pinned to ``digest``.

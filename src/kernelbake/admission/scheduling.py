@@ -95,7 +95,11 @@ MEMO_WEIGHT = 1024
 
 def weight(ways: Sequence[Way]) -> int:
     """The requirements and values of ``ways``: what a memo entry keyed by them holds."""
-    return sum(1 + len(r.values) for w in ways for r in w.requirements)
+    total = 0
+    for w in ways:
+        for r in w.requirements:
+            total += 1 + len(r.values)
+    return total
 
 
 def ways(spec: Mapping[str, Any]) -> list[Way]:
@@ -120,12 +124,17 @@ def ways(spec: Mapping[str, Any]) -> list[Way]:
 def _node_selector(value: Any) -> tuple[Requirement, ...]:
     if value is None:
         return ()
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    if not isinstance(value, dict):
         raise MalformedObject("nodeSelector must map label names to strings")
+    # Loops, not all() and tuple() over generators: every review with a nodeSelector passes here.
+    for k, v in value.items():
+        if not (isinstance(k, str) and isinstance(v, str)):
+            raise MalformedObject("nodeSelector must map label names to strings")
     cap("nodeSelector", list(value), MAX_NODE_SELECTOR)
-    return tuple(Requirement(k, Operator.IN, (v,)) for k, v in value.items())
+    out = []
+    for k, v in value.items():
+        out.append(Requirement(k, Operator.IN, (v,)))
+    return tuple(out)
 
 
 def _required_terms(affinity: Any) -> list[Mapping[str, Any]] | None:

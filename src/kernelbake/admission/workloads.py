@@ -34,7 +34,11 @@ class MalformedObject(BadInput):
 
 def pointer(path: Sequence[str]) -> str:
     """RFC 6901: ``~`` → ``~0``, ``/`` → ``~1``."""
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+    joined = "/".join(path)
+    if "~" not in joined and joined.count("/") == len(path) - 1:
+        # No segment has a "~" or a "/" (the joins are the only slashes): nothing to escape.
+        return "/" + joined if path else ""
+    return "".join(["/" + p.replace("~", "~0").replace("/", "~1") for p in path])
 
 
 def known_kinds() -> str:

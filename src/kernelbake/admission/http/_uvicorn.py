@@ -153,7 +153,10 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head = None
         # A head that arrived in one read is only seen whole here.
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        # A loop, not sum() over a generator resumed per header: every request passes here.
+        size = len(self.url)
+        for name, value in self.headers:
+            size += len(name) + len(value) + 4
         if size > self.head_limit:
             self._refuse_head()
             return

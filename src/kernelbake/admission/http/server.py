@@ -349,11 +349,13 @@ def _large(scope: Scope) -> int:
     ``MAX_BODY`` (refused unread)."""
     if scope["method"] != "POST" or scope["path"] not in _ROUTES:
         return 0
-    declared = next((int(v) for n, v in scope["headers"] if n == b"content-length"), None)
-    if declared is None:
-        # Chunked: as large as a body may be.
-        return MAX_BODY
-    return declared if INLINE_BODY < declared <= MAX_BODY else 0
+    # The first content-length, by a loop (a generator here was resumed per header, per request).
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            declared = int(value)
+            return declared if INLINE_BODY < declared <= MAX_BODY else 0
+    # Chunked: as large as a body may be.
+    return MAX_BODY
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes | tuple[int, Any, bool]:

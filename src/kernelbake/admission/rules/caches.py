@@ -137,9 +137,12 @@ def _opt_in(
         except ValueError:
             choices = ", ".join(m.value for m in MountMode)
             problems.append(Denial(f"annotation {ANNOTATION_MOUNT}", f"{raw_mode!r} is not one of {choices}"))
-    names = [c.obj.get("name") for c in pod.of("containers")]
     container = 0
     wanted = annotations.get(ANNOTATION_CONTAINER)
+    if wanted is None and raw_index is None:
+        # No opt-in annotation (most pods): the names would not be read.
+        return index, mode, container, problems
+    names = [c.obj.get("name") for c in pod.of("containers")]
     if wanted is not None:
         if wanted not in names:
             problems.append(
@@ -155,7 +158,11 @@ def _opt_in(
 def _pins_delta(pod: Pod) -> bool:
     """Whether a container sets ``$KERNELBAKE_DELTA_DIGEST``: a pod that does is reviewed for its
     deltas (``rules.delta``) even with no other cache to judge."""
-    return any(e.get("name") == DELTA_DIGEST_ENV for c in pod.containers for e in c.env)
+    for c in pod.containers:
+        for e in c.env:
+            if e.get("name") == DELTA_DIGEST_ENV:
+                return True
+    return False
 
 
 def _users(pod: Pod) -> dict[str, list[Container]]:

@@ -24,16 +24,18 @@ def check(facts: Facts) -> Verdict:
             continue
         key = found.subject.key
         judged = facts.judge(key, facts.ways)
-        where = g.site.where
         if not judged.ok:
             denials.append(
                 Denial(
-                    where,
+                    g.site.where,
                     f"{found.text} was baked for {key.device} ({key.arch}) but {'; '.join(judged.problems)}",
                     f"{judged.hint} ({KEY_FALLBACK})",
                 )
             )
-        notes += [f"{where}: {found.text}: {n} ({KEY_FALLBACK})" for n in judged.notes]
+        if judged.notes:
+            # The container's label is formatted only where something is said of it.
+            where = g.site.where
+            notes += [f"{where}: {found.text}: {n} ({KEY_FALLBACK})" for n in judged.notes]
     return verdict(denials, notes)
 
 

@@ -19,13 +19,14 @@ UNJUDGED = "verified; whether its caches fit the pod's GPUs is not judged for im
 
 
 def check(facts: Facts) -> Verdict:
-    notes = [
-        f"{g.site.where}: {found.text}: {UNJUDGED}"
-        for g, found in facts.resolved
-        if isinstance(g.site, ImageVolume)
-        and isinstance(found, Resolved)
-        and found.target in facts.subjects.images
-    ]
+    notes = []
+    for g, found in facts.resolved:
+        if (
+            isinstance(g.site, ImageVolume)
+            and isinstance(found, Resolved)
+            and found.target in facts.subjects.images
+        ):
+            notes.append(f"{g.site.where}: {found.text}: {UNJUDGED}")
     return Verdict(notes=tuple(notes)) if notes else EMPTY
 
 

@@ -17,15 +17,24 @@ def root_mounts(
     """The container's mounts of ``verified`` volumes (by name), and a denial for each other
     mount at or inside ``root`` and each verified one mounted in part. ``what`` names the kind
     ("cache delta"), ``use`` what ``serve`` does at the root ("restores a snapshot from")."""
-    ours = [m for m in c.mounts if m.name in verified]
+    # One pass over the mounts (denials in the order the two kinds were always listed: the
+    # strangers at or inside the root, then the verified volumes mounted in part).
+    ours: list[Mount] = []
+    strangers: list[Mount] = []
+    for m in c.mounts:
+        if m.name in verified:
+            ours.append(m)
+        elif m.under(root):
+            strangers.append(m)
+    if not strangers and not ours:
+        return ours, []
     problems = [
         Denial(
             c.where,
             f"volume {str(m.name)[:80]!r} is mounted at {str(m.path)[:80]!r}, where serve {use}; "
             f"only a verified {what}'s image volume belongs there, whole",
         )
-        for m in c.mounts
-        if m.name not in verified and m.under(root)
+        for m in strangers
     ]
     problems += [
         Denial(

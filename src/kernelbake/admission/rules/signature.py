@@ -25,17 +25,16 @@ def check(facts: Facts) -> Verdict:
     notes: list[str] = []
     patch: list[dict[str, Any]] = []
     for g, found in facts.resolved:
-        where = g.site.where
         if isinstance(found, Resolved):
             pinned = g.ref.rewritten(found.subject.digest)
             if facts.mutate and pinned != g.site.image and not g.unchanged:
                 patch.append({"op": "replace", "path": g.site.pointer, "value": pinned})
         elif found.outage is not None and unsafe:
             notes.append(
-                f"{where}: {found.text} was admitted UNVERIFIED (registry_errors: unsafe-allow): {found.outage}"
+                f"{g.site.where}: {found.text} was admitted UNVERIFIED (registry_errors: unsafe-allow): {found.outage}"
             )
         else:
-            denials.append(Denial(where, found.message, found.hint, outage=found.outage is not None))
+            denials.append(Denial(g.site.where, found.message, found.hint, outage=found.outage is not None))
     return verdict(denials, notes, patch)
 
 

@@ -67,7 +67,10 @@ def check(facts: Facts) -> Verdict:
             images[g.site.image] = found.subject
         elif (snapshot := facts.subjects.snapshots.get(found.target)) is not None:
             snapshots[g.site.name] = snapshot
-    governed = {g.site.image for g in facts.governed if not isinstance(g.site, ImageVolume)}
+    governed: set[str] = set()
+    for g in facts.governed:
+        if not isinstance(g.site, ImageVolume):
+            governed.add(g.site.image)
     return decide(facts.pod, snapshots, images, governed=governed, mutate=facts.mutate)
 
 
@@ -95,13 +98,15 @@ def decide(
         mounts, wrong = root_mounts(
             c, snapshots, SNAPSHOT_ROOT, what="snapshot", use="restores a snapshot from"
         )
-        pins = [e for e in c.env if e.get("name") in _PINNED]
+        pins = [e for e in c.env if e.get("name") in _PINNED] if c.env else []
         if governed is not None and c.image not in governed and not mounts and not pins:
             continue
         denials += wrong
         # Privileged is every capability, the restore set among them.
         if not (added & RESTORE_CAPABILITIES or unconfined or whole):
-            denials += _without_restore(c, pins, mounts, notes)
+            if pins or mounts:
+                # Otherwise it has nothing to say.
+                denials += _without_restore(c, pins, mounts, notes)
             continue
         if c.field == "ephemeralContainers":
             denials.append(
@@ -151,7 +156,11 @@ def _cap(name: object) -> str:
 def _unconfined(spec: Mapping[str, Any]) -> bool:
     """Whether the pod's own seccomp profile, which a container without one inherits, is
     Unconfined."""
-    return _dict(_dict(spec.get("securityContext")).get("seccompProfile")).get("type") == "Unconfined"
+    sc = spec.get("securityContext")
+    if not (isinstance(sc, dict) and sc):
+        # Most pods set none (or an empty one): nothing is Unconfined.
+        return False
+    return _dict(_dict(sc).get("seccompProfile")).get("type") == "Unconfined"
 
 
 def _asks(container: Mapping[str, Any], pod_unconfined: bool) -> tuple[set[str], bool, bool]:

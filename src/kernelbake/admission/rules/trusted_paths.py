@@ -30,7 +30,7 @@ Linear in the pod spec: each container, mount and variable is looked at once, ag
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernelbake.admission.pod import Container, ImageVolume, normal
@@ -51,10 +51,15 @@ _VARIABLES = frozenset(TRUSTED_VARIABLES)
 # (``TRUSTED_VARIABLES``, ``$KERNELBAKE_DELTA_DIGEST``, ``$KERNELBAKE_VERIFY``…) all start so;
 # tests/admission/test_trusted_paths.py checks it against the runtime's own table.
 NAMESPACE = "KERNELBAKE_"
+if not all(v.startswith(NAMESPACE) for v in _VARIABLES):
+    # _env_problems looks only at names in the namespace.
+    raise ImportError(f"trusted_paths: a trusted variable outside {NAMESPACE}*: {sorted(_VARIABLES)}")
 # Problems listed per pod, and characters shown of a value the pod spec chose: the message
 # stays a few KiB however large the spec.
 _MAX_LISTED = 8
 _MAX_SHOWN = 80
+_MOUNT_FIELDS = (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath"))
+_INSIDE_DELTA = DELTA_ROOT + "/"
 
 
 def _shown(value: str) -> str:
@@ -62,11 +67,15 @@ def _shown(value: str) -> str:
 
 
 def _items(container: Container, field: str) -> list[Any]:
+    """``container``'s ``field``: a list of objects, or absent ([]); else the object is malformed."""
     items = container.obj.get(field)
     if items is None:
         return []
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+    if not isinstance(items, list):
         raise MalformedObject(f"{container.field}[{container.index}].{field} must be a list of objects")
+    for i in items:
+        if not isinstance(i, dict):
+            raise MalformedObject(f"{container.field}[{container.index}].{field} must be a list of objects")
     return items
 
 
@@ -77,8 +86,11 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _mount_problems(c: Container, volumes: frozenset[str]) -> Iterator[Denial]:
-    for field, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
+def _mount_problems(c: Container, volumes: frozenset[str], found: list[Denial]) -> None:
+    for field, key in _MOUNT_FIELDS:
+        if c.obj.get(field) is None:
+            # Absent (most containers have no volumeDevices): nothing to read or judge.
+            continue
         for i, m in enumerate(_items(c, field)):
             written, name = m.get(key, ""), m.get("name", "")
             if not (isinstance(written, str) and isinstance(name, str)):
@@ -86,79 +98,97 @@ def _mount_problems(c: Container, volumes: frozenset[str]) -> Iterator[Denial]:
                 _string(m, key, at)
                 _string(m, "name", at)
             path = normal(written)
-            if not (path in _COVERING or path == DELTA_ROOT or path.startswith(DELTA_ROOT + "/")):
+            if not (path in _COVERING or path == DELTA_ROOT or path.startswith(_INSIDE_DELTA)):
                 # The usual mount: nothing to say, so nothing of it is formatted.
                 continue
             said = f"{field}[{i}] ({_shown(name)}) at {_shown(written)}"
             if covered := _COVERING.get(path):
-                yield Denial(
-                    c.where,
-                    f"{said} covers {' and '.join(covered)}, which kernelbake serve trusts as the signed "
-                    "image's own",
-                    f"mount nothing at or above them (a cache volume belongs at {CACHE_ROOT})",
+                found.append(
+                    Denial(
+                        c.where,
+                        f"{said} covers {' and '.join(covered)}, which kernelbake serve trusts as the signed "
+                        "image's own",
+                        f"mount nothing at or above them (a cache volume belongs at {CACHE_ROOT})",
+                    )
                 )
-            elif path.startswith(DELTA_ROOT + "/"):
-                yield Denial(
-                    c.where,
-                    f"{said} lies inside {DELTA_ROOT}, where kernelbake serve reads the cache delta it merges",
-                    "mount nothing there but the delta's own image volume, whole",
+            elif path.startswith(_INSIDE_DELTA):
+                found.append(
+                    Denial(
+                        c.where,
+                        f"{said} lies inside {DELTA_ROOT}, where kernelbake serve reads the cache delta it merges",
+                        "mount nothing there but the delta's own image volume, whole",
+                    )
                 )
             elif path == DELTA_ROOT and (field != "volumeMounts" or m.get("name") not in volumes):
-                yield Denial(
-                    c.where,
-                    f"{said}: only the image volume of a signed cache delta may be mounted at {DELTA_ROOT}, "
-                    "where kernelbake serve reads the delta it merges",
+                found.append(
+                    Denial(
+                        c.where,
+                        f"{said}: only the image volume of a signed cache delta may be mounted at {DELTA_ROOT}, "
+                        "where kernelbake serve reads the delta it merges",
+                    )
                 )
             elif path == DELTA_ROOT and (m.get("subPath") or m.get("subPathExpr")):
-                yield Denial(
-                    c.where,
-                    f"{said} mounts part of the volume (subPath)",
-                    f"mount the cache delta at {DELTA_ROOT} whole",
+                found.append(
+                    Denial(
+                        c.where,
+                        f"{said} mounts part of the volume (subPath)",
+                        f"mount the cache delta at {DELTA_ROOT} whole",
+                    )
                 )
 
 
-def _env_problems(c: Container) -> Iterator[Denial]:
+def _env_problems(c: Container, found: list[Denial]) -> None:
     counts: dict[str, int] = {}
     for i, e in enumerate(_items(c, "env")):
         name = e.get("name", "")
         if not isinstance(name, str):
             _string(e, "name", f"{c.field}[{c.index}].env[{i}]")
+        if not name.startswith(NAMESPACE):
+            # Every variable that moves what serve trusts is in the namespace (_VARIABLES too).
+            continue
         if name in _VARIABLES:
-            yield Denial(
-                c.where,
-                f"env sets {name}, which moves the files kernelbake serve trusts as the signed image's own",
-                "remove it (only runs outside an image set it)",
+            found.append(
+                Denial(
+                    c.where,
+                    f"env sets {name}, which moves the files kernelbake serve trusts as the signed image's own",
+                    "remove it (only runs outside an image set it)",
+                )
             )
-        elif name.startswith(NAMESPACE) and "valueFrom" in e:
-            yield Denial(
-                c.where,
-                f"env[{i}] takes {_shown(name)} from valueFrom, which admission cannot read, and "
-                "kernelbake serve trusts its value",
-                "give the value itself",
+        elif "valueFrom" in e:
+            found.append(
+                Denial(
+                    c.where,
+                    f"env[{i}] takes {_shown(name)} from valueFrom, which admission cannot read, and "
+                    "kernelbake serve trusts its value",
+                    "give the value itself",
+                )
             )
-        if name.startswith(NAMESPACE):
-            counts[name] = counts.get(name, 0) + 1
+        counts[name] = counts.get(name, 0) + 1
     for name, count in counts.items():
         if count > 1:
-            yield Denial(
-                c.where,
-                f"env lists {_shown(name)} {count} times; Kubernetes gives the container the last, so a "
-                "review of one entry may judge a value serve never sees",
-                "list it once",
+            found.append(
+                Denial(
+                    c.where,
+                    f"env lists {_shown(name)} {count} times; Kubernetes gives the container the last, so a "
+                    "review of one entry may judge a value serve never sees",
+                    "list it once",
+                )
             )
 
 
-def _from_problems(c: Container) -> Iterator[Denial]:
+def _from_problems(c: Container, found: list[Denial]) -> None:
     for i, e in enumerate(_items(c, "envFrom")):
         prefix = _string(e, "prefix", f"{c.field}[{c.index}].envFrom[{i}]")
         if NAMESPACE.startswith(prefix) or prefix.startswith(NAMESPACE):
             source = next((k for k in ("configMapRef", "secretRef") if k in e), "a source")
-            yield Denial(
-                c.where,
-                f"envFrom[{i}] ({source}, prefix {_shown(prefix)}) cannot be inspected here and could set "
-                f"{NAMESPACE}* variables, which kernelbake serve trusts (such as {DELTA_DIGEST_ENV}, which pins "
-                "the cache delta it merges)",
-                f"give it a prefix that does not start {NAMESPACE}, or list its variables under env",
+            found.append(
+                Denial(
+                    c.where,
+                    f"envFrom[{i}] ({source}, prefix {_shown(prefix)}) cannot be inspected here and could set "
+                    f"{NAMESPACE}* variables, which kernelbake serve trusts (such as {DELTA_DIGEST_ENV}, which "
+                    "pins the cache delta it merges)",
+                    f"give it a prefix that does not start {NAMESPACE}, or list its variables under env",
+                )
             )
 
 
@@ -169,18 +199,28 @@ def find(sites: Iterable[object]) -> Verdict:
     listed = list(sites)
     # Governed image volumes: the only volumes that may be mounted at DELTA_ROOT (each is
     # verified, and judged by rules.delta when it is a delta).
-    volumes = frozenset(s.name for s in listed if isinstance(s, ImageVolume))
+    names = []
+    for s in listed:
+        if isinstance(s, ImageVolume):
+            names.append(s.name)
+    volumes = frozenset(names)
     found: list[Denial] = []
     more = 0
     for site in listed:
         if not isinstance(site, Container):
             continue
-        for problems in (_mount_problems(site, volumes), _env_problems(site), _from_problems(site)):
-            for problem in problems:
-                if len(found) < _MAX_LISTED:
-                    found.append(problem)
-                else:
-                    more += 1
+        # Each container's problems in order (mounts, variables, envFrom), appended to the
+        # list; what is past _MAX_LISTED is counted and dropped after each container, so the
+        # list stays short however many containers have some.
+        _mount_problems(site, volumes, found)
+        # An absent env or envFrom has nothing to read or judge (_items would answer []).
+        if site.obj.get("env") is not None:
+            _env_problems(site, found)
+        if site.obj.get("envFrom") is not None:
+            _from_problems(site, found)
+        if len(found) > _MAX_LISTED:
+            more += len(found) - _MAX_LISTED
+            del found[_MAX_LISTED:]
     if more:
         found.append(
             Denial("", f"{more} more mounts or variables of the pod would move what kernelbake serve trusts")
