@@ -30,11 +30,11 @@
 #                                               tarball per run (its output and stdout.log, no
 #                                               .so) and the install log, and show where each is
 #
-# Example (issue 25's runs; the contexts come from `kernelbake render SPEC --gpu h200 --out
-# .gpu/ctx`, carried as .gpu/ctx with the third part):
-#   run(carry=[".gpu/bundle/part1"]): bash bench/device.sh stash part1
-#   run(carry=[".gpu/bundle/part2"]): bash bench/device.sh stash part2
-#   run(carry=[".gpu/bundle/part3", ".gpu/ctx"]): bash bench/device.sh install &&
+# Example (the contexts come from `kernelbake render SPEC --gpu h200 --out .gpu/ctx`, carried
+# as .gpu/ctx with the last chunk). The tracked tree is some 16 MB now, so a 56 MiB part of
+# build-bundle.sh no longer fits a call beside it: `bench/device.sh chunk 44` first (5 chunks):
+#   run(carry=[".gpu/bundle/chunk1"]): bash bench/device.sh stash chunk1     (likewise 2 to 4)
+#   run(carry=[".gpu/bundle/chunk5", ".gpu/ctx"]): bash bench/device.sh install &&
 #       bash bench/device.sh start moe -- python3 bench/vllm_image_flow.py --context ... &&
 #       bash bench/device.sh collect 540
 #   run(): bash bench/device.sh collect 560           (again, until every run has ended)

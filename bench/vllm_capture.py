@@ -25,19 +25,21 @@ would, one at a time:
    manifest against the first bake's, per kind: how deterministic a whole build is, for the kinds a
    request after ``/health`` does not reach (Inductor, FlashInfer, vLLM's AOT artifact).
 
-On the device (``bench/device.sh``; the 0.26.0 bundle of ``shared/gpu-testenv/build-bundle.sh``,
-whose parts travel one per call; the context rendered here and carried with the last part)::
+On the device (``bench/device.sh``; the 0.26.0 bundle of ``shared/gpu-testenv/build-bundle.sh``
+repacked by ``bash bench/device.sh chunk 44`` into five chunks, one per call, so that each fits
+beside the tree; the context rendered here, for h200 and h100, carried with the last chunk)::
 
-    run(carry=[".gpu/bundle/part1"]): bash bench/device.sh stash part1
-    run(carry=[".gpu/bundle/part2"]): bash bench/device.sh stash part2
-    run(carry=[".gpu/bundle/part3", ".gpu/ctx"]): bash bench/device.sh install &&
+    run(carry=[".gpu/bundle/chunk1"]): bash bench/device.sh stash chunk1     # likewise 2 to 4
+    run(carry=[".gpu/bundle/chunk5", ".gpu/ctx"]): ctx=tiny-llama-ref-h200;
+        nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && ctx=tiny-llama-ref-h100;
+        bash bench/device.sh install &&
         bash bench/device.sh start capture --private-opt -- bash -c "python3 bench/vllm_capture.py
-          --context .gpu/ctx/tiny-llama-ref-h200/context --deadline 900 --out \$RUN_OUT" &&
-        bash bench/device.sh collect 560
+          --context .gpu/ctx/$ctx/context --deadline 560 --out \$RUN_OUT" &&
+        bash bench/device.sh collect 540
     run(): bash bench/device.sh collect 560                # until the run's rc is there
 
-About 8 minutes of run on an H200 (a bake of the reference model took 185-195 s there, a baked
-start 24-32 s; three starts, the classes, and a second bake), after the install.
+331 s of run on the H200 on 2026-12-05 (bake 234 s, three baked starts of 28-32 s, the
+classes; no second bake), after a 26 s install: bench/results/vllm-0.26.0-h200-capture-2026-12-05.
 
 Not here: the signature. There is no registry or cosign on the device machine; pushing, signing
 and ``capture verify`` read ``delta.json`` and the base image's labels the same way for any GPU and
