@@ -8,6 +8,7 @@ here (a directory holding the image's baked caches); bench/capture_cpu.py runs t
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import urllib.error
@@ -241,6 +242,25 @@ def test_replay_names_a_refused_request_and_gives_up_on_a_server_that_never_answ
         raise urllib.error.HTTPError(url, 400, "bad", {}, None)  # type: ignore[arg-type]
 
     assert replay.replay(rec, fetch=refusing).failed == ("0.0: HTTP 400",)
+
+    # vLLM's refusal says which field and why (the H200 capture run of 2026-12-05 lost a class to
+    # "when using `logprob_token_ids`, `logprobs` must be set."): it is named, on one line, bounded.
+    said = {"error": {"message": "when using `logprob_token_ids`,\n`logprobs` must be set.", "code": 400}}
+
+    def explaining(method: str, url: str, body: Any, _t: float) -> Any:
+        if method == "GET":
+            return {"data": [{"id": "m"}]}
+        answer = io.BytesIO(json.dumps(said).encode())
+        raise urllib.error.HTTPError(url, 400, "Bad Request", {}, answer)  # type: ignore[arg-type]
+
+    assert replay.replay(rec, fetch=explaining).failed == (
+        "0.0: HTTP 400: when using `logprob_token_ids`, `logprobs` must be set.",
+    )
+    said = {"message": "x" * 10_000}
+    (long,) = replay.replay(rec, fetch=explaining).failed
+    assert len(long) < 260 and long.endswith("…")
+    said = ["not", "an", "object"]  # type: ignore[assignment]
+    assert replay.replay(rec, fetch=explaining).failed == ("0.0: HTTP 400",)
 
     def down(method: str, url: str, body: Any, _t: float) -> Any:
         raise OSError("connection refused")

@@ -97,12 +97,34 @@ def _body(body: dict[str, Any], prompt: Any, model: str) -> dict[str, Any]:
     return {**made_up, **body, "prompt": prompt, "model": model, "stream": False}
 
 
+# What of a refusal's body is shown: vLLM says there which field it refused and why.
+_MAX_SAID = 200
+
+
+def _said(exc: urllib.error.HTTPError) -> str:
+    """': <the server's message>' from an error answer (vLLM's ``{"error": {"message": …}}``
+    or ``{"message": …}``), bounded and on one line; '' when there is none to read."""
+    try:
+        raw = exc.read(16 * 1024) if exc.fp is not None else b""
+        doc = json.loads(raw) if raw else None
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    inner = doc.get("error")
+    message = (inner if isinstance(inner, dict) else doc).get("message")
+    if not isinstance(message, str) or not message.strip():
+        return ""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in message).split())
+    return ": " + (flat if len(flat) <= _MAX_SAID else flat[: _MAX_SAID - 1] + "…")
+
+
 def _send(fetch: Fetch, base: str, body: dict[str, Any]) -> str | None:
     """One request; why it failed, or None."""
     try:
         fetch("POST", f"{base}/v1/completions", body, REQUEST_TIMEOUT)
     except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
+        return f"HTTP {exc.code}{_said(exc)}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
