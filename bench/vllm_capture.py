@@ -405,11 +405,19 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     poisoned = first.get("poisoned") or {}
     in_delta = set((rebuilt.get("files") or {}).values())
     waves = rebuilt.get("record_waves") or []
+    # capture replay names each request the server refused ("kernelbake capture: request W.I:
+    # HTTP 400: …"): a class the rebuild could not send is a class its delta lacks.
+    refused = [
+        line
+        for line in (rebuilt.get("replay") or {}).get("lines", [])
+        if line.startswith("kernelbake capture: request ")
+    ]
     return {
         "first_replica_files_per_class": compiled,
         "record_served_waves": sum(w["source"] == "served" for w in waves),
         "record_operator_waves": sum(w["source"] == "operator" for w in waves),
         "rebuilt_files": len(rebuilt.get("files") or {}),
+        "rebuild_replay_refused": refused,
         "rebuild_dropped": rebuilt.get("dropped"),
         "next_replica_merged": nxt.get("merged"),
         "next_replica_files_per_class": after,
@@ -421,6 +429,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
             any(compiled.values())
             and waves
             and all(w["source"] == "served" for w in waves)
+            and not refused
             and nxt.get("merged")
             and not any(after.values())
             and poisoned

@@ -196,6 +196,19 @@ def _doc(**edits: Any) -> dict[str, Any]:
         ({"rebuild__files": {"triton/a/k.cubin": "bad"}}, False),
         ({"next_replica__merged": []}, False),
         ({"replica__classes": {"logprobs_20": {"files_added_count": 0}}}, False),
+        # The H200 run of 2026-12-05: a class the replay could not send.
+        (
+            {
+                "rebuild__replay": {
+                    "rc": 0,
+                    "lines": [
+                        "kernelbake capture: replayed 2 requests in 2 batches on /models/m (0.24 s, 0.00 s)",
+                        "kernelbake capture: request 1.0: HTTP 400",
+                    ],
+                }
+            },
+            False,
+        ),
     ],
 )
 def test_the_verdict_needs_every_part_of_the_measurement(
@@ -203,6 +216,7 @@ def test_the_verdict_needs_every_part_of_the_measurement(
 ) -> None:
     found = capture.summary(_doc(**edits))
     assert found["met"] is met
+    assert bool(found["rebuild_replay_refused"]) is ("rebuild__replay" in edits)
     if met:
         assert found["poisoned_bytes_in_rebuilt_delta"] is False and found["poisoned_named_as_other_bytes"]
         assert found["record_served_waves"] == 1 and found["record_operator_waves"] == 0
