@@ -100,6 +100,12 @@ def test_a_kind_reads_its_schemas_and_names_the_source_in_every_refusal() -> Non
         _KIND.read('{"schema": 2, "n": 2}', source="t.json", build=invariant)
 
 
+@given(_VALUES | st.floats(allow_nan=True))
+def test_compact_writes_what_json_dumps_writes_without_spaces(value: Any) -> None:
+    # The admission answer and its JSONPatch are written so, by one encoder made once.
+    assert jsondoc.compact(value) == json.dumps(value, separators=(",", ":"))
+
+
 def test_dumps_is_one_form_for_equal_documents() -> None:
     assert jsondoc.dumps({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == jsondoc.dumps(
         {"a": [1, {"c": 3, "d": 2}], "b": 1}

@@ -11,19 +11,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kernelbake.admission.frozen import fast_init
+from kernelbake.contract import jsondoc
 from kernelbake.errors import BadInput
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 KIND = "AdmissionReview"
 # The API server truncates longer warnings; keep ours readable whole.
 MAX_WARNING = 256
-# The patch's JSON, compact; made once (json.dumps with separators builds an encoder per call).
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class Operation(enum.Enum):
@@ -212,7 +210,7 @@ class Response:
             }
         if self.patch:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(_COMPACT.encode(list(self.patch)).encode()).decode()
+            response["patch"] = base64.b64encode(jsondoc.compact(list(self.patch)).encode()).decode()
         if self.warnings:
             response["warnings"] = [_clip(w) for w in self.warnings]
         return {"apiVersion": self.api_version, "kind": KIND, "response": response}

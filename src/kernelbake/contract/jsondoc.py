@@ -108,6 +108,16 @@ def dumps(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
+# Made once: json.dumps with separators builds a JSONEncoder per call, a quarter of what
+# encoding a warm admission answer costs (callgrind).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def compact(value: Any) -> str:
+    """``value`` as ``json.dumps(value, separators=(",", ":"))`` writes it: no spaces, for the wire."""
+    return _COMPACT.encode(value)
+
+
 T = TypeVar("T")
 
 
