@@ -33,6 +33,10 @@ s.serve_forever()
 """
 
 
+# The cause a failed stand-in restore writes in its log, which the refusal must repeat.
+RESTORE_ERROR = "File /opt/kernelbake/x.best_config has bad size 273 (expect 274)"
+
+
 class FakeDriver:
     def __init__(self, gpu: str = NONE, driver: str = NONE, api: str = NONE, count: int = 0) -> None:
         self._facts = DeviceFacts(gpu=gpu, gpu_count=count, driver=driver, cuda_driver_api=api)
@@ -86,7 +90,14 @@ class FakeCriu:
     def restore(self, images: Path, work: Path, pidfile: Path) -> tuple[bool, str]:
         self.restores.append(images)
         if not self.restore_ok:
-            return False, str(work / "restore.log")
+            # As CRIU leaves it: warnings, the cause, then errors of its unwinding.
+            log = work / "restore.log"
+            log.write_text(
+                "(00.010) Warn  (criu/kerndat.c:1): dirty tracking is off\n"
+                f"(00.020) Error (criu/files-reg.c:2190): {RESTORE_ERROR}\n"
+                "(00.030) Error (criu/cr-restore.c:2480): Restoring FAILED.\n"
+            )
+            return False, str(log)
         self.child = subprocess.Popen(
             [
                 sys.executable,

@@ -24,7 +24,7 @@ from kernelbake.runtime.snapshot import volume
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.machine import here_key
 from kernelbake.runtime.snapshot.restore import gate, marker, start_from_snapshot
-from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
+from tests.runtime.snapshot.fakes import RESTORE_ERROR, FakeCriu, FakeDriver
 from tests.support.runtime_target import runtime_env, write_target
 
 IMAGE = "sha256:" + "1" * 64
@@ -251,6 +251,9 @@ def test_a_failed_restore_is_killed_marked_and_never_tried_again(setup: tuple[Pa
         assert criu.child.poll() is not None  # killed, not left serving
     assert marker(env, digest).exists()
     assert "this node is marked" in said[0] and said[0].endswith("starting the baked way")
+    if how == "criu fails":
+        # CRIU's own reason, not only where its log was.
+        assert f"criu restore failed: {RESTORE_ERROR}; Restoring FAILED." in said[0]
     # The next start (a restarted container) does not try again.
     rc, said = _start(env, criu, driver)
     assert rc is None and len(criu.restores) == 1

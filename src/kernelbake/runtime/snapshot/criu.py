@@ -23,6 +23,24 @@ _FINDING = re.compile(r"(?:Warn|Error)\s+\([^)]*\):\s*(.+)")
 # (clients of the serving port are not: take waits until there are none); files deleted while
 # open (the engine's temporary files) are carried up to 1 GiB, or linked back in place.
 _COMMON = ("--file-locks", "--tcp-established", "--ghost-limit", "1G", "--link-remap")
+# "(02.517210) Error (criu/sk-unix.c:123): unix: Can't dump ..." → the message alone.
+_ERROR = re.compile(r"Error\s+\([^)]*\):\s*(.+)")
+# How much of a failed run's log its error repeats: the first errors are the cause (later ones
+# are CRIU unwinding), and a log of -v4 runs to megabytes.
+_MOST_ERRORS, _MOST_CHARS = 3, 200
+
+
+def failure(log: Path) -> str:
+    """Why a failed ``criu dump``/``restore`` failed, from its log: its first errors (at most
+    three, each cut to 200 characters), else the log's last line; and where the whole log is."""
+    try:
+        with log.open(errors="replace") as fh:
+            lines = [ln.rstrip() for ln in fh if ln.strip()]
+    except OSError as exc:
+        return f"its log {log} could not be read ({exc.strerror or exc})"
+    found = [m.group(1)[:_MOST_CHARS] for ln in lines if (m := _ERROR.search(ln))][:_MOST_ERRORS]
+    said = "; ".join(found) if found else (lines[-1][:_MOST_CHARS] if lines else "the log is empty")
+    return f"{said} (the whole log: {log})"
 
 
 class Criu:

@@ -57,7 +57,7 @@ from kernelbake.errors import KernelbakeError
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, tree, volume
-from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
 
@@ -241,7 +241,7 @@ def _bring_back(
     root = _root(pidfile) if ok else None
     pids = tree.descendants(root) if root is not None else []
     if not ok:
-        return root, pids, f"criu restore failed (its log: {criu_log})"
+        return root, pids, f"criu restore failed: {failure(Path(criu_log))}"
     if root is None:
         return None, pids, f"criu restore wrote no root pid to {pidfile}"
     t = time.monotonic()

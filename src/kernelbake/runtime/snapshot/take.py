@@ -41,7 +41,7 @@ from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
 from kernelbake.runtime.snapshot import http, io_uring, tree
-from kernelbake.runtime.snapshot.criu import Criu
+from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key, serve_env
@@ -327,7 +327,7 @@ def _dump(
     if not ok:
         for pid in pids:
             driver.restore(pid)
-        raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed; its log: {dump_log}")
+        raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed: {failure(Path(dump_log))}")
     return taken
 
 

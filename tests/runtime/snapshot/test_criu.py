@@ -1,0 +1,48 @@
+"""What a failed CRIU run is reported as: its own first errors, read from its log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runner import Result
+from kernelbake.runtime.snapshot.criu import Criu, failure
+
+# The shape of a real failed dump's log (-v4): info lines, a warning, the cause, the unwinding.
+DUMP_LOG = """\
+(00.000000) Version: 4.2.1 (gitid 0)
+(00.004113) Warn  (criu/kerndat.c:1180): Dirty tracking is OFF. Memory snapshot will not work.
+(02.517210) Error (criu/sk-unix.c:1004): unix: Can't dump socket 12345 of unknown state
+(02.517300) Error (criu/files.c:502): Can't dump file 17 of that type [0x1f]
+(02.517400) Error (criu/cr-dump.c:1690): Dump files (pid: 6394) failed with -1
+(02.520000) Error (criu/cr-dump.c:2110): Dumping FAILED.
+"""
+
+
+def test_a_failed_dump_says_criu_s_first_errors_and_where_its_log_is(tmp_path: Path) -> None:
+    def runner(argv: Any, **_: Any) -> Result:
+        log = Path(argv[argv.index("-o") + 1])
+        log.write_text(DUMP_LOG)
+        return Result(tuple(argv), 1)
+
+    ok, log = Criu(tmp_path / "criu", runner=runner).dump(6394, tmp_path / "images", tmp_path)
+    assert not ok
+    assert failure(Path(log)) == (
+        "unix: Can't dump socket 12345 of unknown state; Can't dump file 17 of that type [0x1f]; "
+        f"Dump files (pid: 6394) failed with -1 (the whole log: {log})"
+    )
+
+
+def test_an_error_line_is_cut_and_a_log_without_errors_gives_its_last_line(tmp_path: Path) -> None:
+    log = tmp_path / "restore.log"
+    log.write_text("(00.1) Error (criu/x.c:1): " + "x" * 5000 + "\n")
+    assert failure(log) == "x" * 200 + f" (the whole log: {log})"
+    log.write_text("(00.1) Warn  (criu/x.c:1): something\n(00.2) Killed by signal 9\n\n")
+    assert failure(log) == f"(00.2) Killed by signal 9 (the whole log: {log})"
+    log.write_text("")
+    assert failure(log) == f"the log is empty (the whole log: {log})"
+
+
+def test_a_log_that_cannot_be_read_is_said_so(tmp_path: Path) -> None:
+    said = failure(tmp_path / "gone" / "dump.log")
+    assert said.startswith(f"its log {tmp_path / 'gone' / 'dump.log'} could not be read (")
