@@ -561,9 +561,13 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
     if proc.returncode != 0:
         out["error"] = (proc.stdout + proc.stderr)[-2000:]
         # The engine's own account of a failed take (the H200 run of 2026-12-05 came back with
-        # take's line alone): kept beside take's log.
+        # take's line alone), and CRIU's (take's scratch folder does not come back): kept beside
+        # take's log.
         with contextlib.suppress(OSError):
             shutil.copyfile(ENGINE_LOG, s.run.logs / "snapshot-take-engine.log")
+        for log in sorted(scratch(s.env).glob("kernelbake-snapshot-*/dump.log")):
+            with contextlib.suppress(OSError):
+                shutil.copyfile(log, s.run.logs / f"snapshot-take-criu-{log.parent.name}.log")
         return out
     manifest = SnapshotManifest.from_json((s.snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="take")
     out.update(
@@ -573,6 +577,11 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         digest=manifest.digest,
     )
     return out
+
+
+def scratch(env: Mapping[str, str]) -> Path:
+    """Where take and serve make their working folders (``RuntimeEnv.scratch``'s rule)."""
+    return Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
 
 
 def clear_shm(names: Sequence[str]) -> list[str]:
@@ -615,6 +624,7 @@ def restored(s: Setup, name: str, *, drop: bool, overlap: bool, waves: Any) -> d
     (after the weights' reload); with ``waves``, the tokens and the request mix after it."""
     clear_shm(shm_names(s.snapshot))
     out: dict[str, Any] = {
+        "cache_root_put_back": s.flow.as_the_image(s.run),
         "page_cache_dropped": drop_caches() if drop else False,
         "weights_read_beside": overlap,
     }
@@ -659,6 +669,7 @@ def refused(
 ) -> tuple[list[tuple[float, str]], list[int] | None]:
     """A serve that must not restore: its lines until the refusal (and, ``until_ready``, until the
     baked start answers /health, and its greedy tokens), then stopped."""
+    s.flow.as_the_image(s.run)
     server = s.flow.Server(
         f"serve-{name}",
         [*s.run.argv[: s.run.argv.index("serve") + 1], *s.args[:-2]],
@@ -757,6 +768,7 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
         unmount(s.root)
         # Left by the cold and baked starts: take would carry them into the snapshot.
         snap["shm_cleared_before_take"] = clear_shm(sorted(p.name for p in Path("/dev/shm").glob("psm_*")))
+        snap["cache_root_put_back_before_take"] = flow.as_the_image(run_)
         snap["take"] = take(s, "outside" if weights_files else "inside")
         if snap["take"]["rc"] != 0:
             return

@@ -648,6 +648,31 @@ def remove(path: Path) -> None:
         path.unlink()
 
 
+def as_the_image(run: _Flow) -> list[str]:
+    """The cache root put back as the image holds it, before a start: what earlier starts on
+    this machine changed, added or removed there (their paths, sorted), restored. vLLM 0.32's
+    baked 8B start rewrote two Inductor autotune results (``.best_config``) in place
+    (2026-12-05, H100): the next start in the same root failed serve's integrity check (size
+    273, the manifest 274) and ran cold, as a restarted container with the same writable
+    layer would; a new container of the image would not."""
+    image, root = run.image_root, run.cache_root
+    want, have = _files(image), _files(root)
+    changed = sorted(
+        rel
+        for rel in want
+        if rel not in have
+        or (image / rel).stat().st_size != (root / rel).stat().st_size
+        or (image / rel).stat().st_mtime_ns != (root / rel).stat().st_mtime_ns
+    )
+    for rel in changed:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        remove(root / rel)
+        shutil.copy2(image / rel, root / rel)
+    for rel in sorted(have - want):
+        remove(root / rel)
+    return sorted([*changed, *(have - want)])
+
+
 def empty(folder: Path) -> None:
     """``folder`` made empty, itself kept: under ``bench/device.sh start --private-opt`` it is
     a bind mount of the run's own, which cannot be removed (EBUSY)."""
@@ -680,6 +705,8 @@ def flow(
     }
     try:
         entrypoint, runtime_env, final_env = _bake(context, plan, cache_root, logs, record, doc)
+        image_root = WORK / "image-cache-root"
+        shutil.copytree(cache_root, image_root, symlinks=True)
         run = _Flow(
             context,
             plan,
@@ -691,6 +718,7 @@ def flow(
             [*entrypoint, *user_args],
             runtime_env,
             _phase_env(final_env, "run"),
+            image_root,
         )
         doc["check"] = _check(entrypoint, run.run_env, user_args, logs, "check")
         waves = mix_plan(target, a.mix_total)
@@ -788,6 +816,9 @@ class _Flow:
     argv: list[str]  # the entrypoint and the user's serve arguments
     runtime_env: dict[str, str]
     run_env: dict[str, str]
+    # A copy of the cache root as the final stage left it: what every container of the image
+    # starts from (this machine's cache root outlives each start; a container's writes die with it).
+    image_root: Path
 
     def left(self) -> float:
         return self.a.deadline - (time.monotonic() - self.started)
@@ -810,11 +841,12 @@ def _start(
 ) -> tuple[Server, dict[str, Any]]:
     """A start of the image with ``env``, until ready; then (``--mix-total``) the request mix.
     The server, still up, and the mix's document (empty without one)."""
+    put_back = as_the_image(run)
     dirs = watched_dirs(run.cache_root, env)
     launch = snapshot(dirs)
     server = Server(name, run.argv, env, port, run.logs)
     wait_ready(server, run.started, run.a.deadline)
-    mix: dict[str, Any] = {}
+    mix: dict[str, Any] = {"cache_root_put_back": put_back}
     if server.ready_s is not None and run.a.mix_total:
         mix = after_ready(server, run.model_path, dirs, launch, waves)
     return server, mix
@@ -861,10 +893,13 @@ def _also_env(run: _Flow, doc: dict[str, Any]) -> None:
             doc.setdefault("skipped", []).append(f"serve with {pair}: {run.left():.0f} s left")
             continue
         var, _, value = pair.partition("=")
+        put_back = as_the_image(run)
         other = Server(f"serve-warm-{i + 1}", run.argv, {**run.run_env, var: value}, _free_port(), run.logs)
         wait_ready(other, run.started, run.a.deadline)
         gen = other.generate(run.model_path) if other.ready_s is not None else None
-        doc.setdefault("serve_warm_also", []).append({"env": pair, "generate": gen, **other.stop()})
+        doc.setdefault("serve_warm_also", []).append(
+            {"env": pair, "generate": gen, "cache_root_put_back": put_back, **other.stop()}
+        )
 
 
 def _rebakes(run: _Flow, waves: list[list[request_mix.Request]], doc: dict[str, Any]) -> None:

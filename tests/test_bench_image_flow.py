@@ -407,3 +407,27 @@ def test_a_context_for_either_hopper_names_the_same_model(tmp_path: Path) -> Non
         context = write_context(render(target, wheel=wheel.name), folder, wheel)
         names[target.gpu.name] = _flow().model_name(context)
     assert names == {"h200": "tiny-llama-ref", "h100": "tiny-llama-ref"}
+
+
+def test_every_start_finds_the_cache_root_as_the_image_holds_it(tmp_path: Path) -> None:
+    """vLLM 0.32's baked 8B start rewrote two Inductor autotune results in place (2026-12-05);
+    the next start in the same root failed serve's integrity check and ran cold. A container of
+    the image starts from the image's files, so the flow puts them back before each start."""
+    import dataclasses
+
+    flow = _flow()
+    image, root = tmp_path / "image", tmp_path / "root"
+    (image / "vllm" / "jd").mkdir(parents=True)
+    (image / "vllm" / "jd" / "k.best_config").write_text('{"time_taken_ms": 10}')
+    (image / "manifest.json").write_text("{}")
+    (image / "gone.bin").write_bytes(b"x")
+    flow.shutil.copytree(image, root, symlinks=True)
+    fields = {f.name: None for f in dataclasses.fields(flow._Flow)}
+    run = flow._Flow(**{**fields, "cache_root": root, "image_root": image})  # type: ignore[arg-type]
+    assert flow.as_the_image(run) == []  # nothing changed: nothing copied
+    (root / "vllm" / "jd" / "k.best_config").write_text('{"time_taken_ms": 9}')  # one byte less
+    (root / "gone.bin").unlink()
+    (root / "vllm" / "new.py").write_text("written by a start")
+    assert flow.as_the_image(run) == ["gone.bin", "vllm/jd/k.best_config", "vllm/new.py"]
+    assert flow._files(root) == flow._files(image)
+    assert (root / "vllm" / "jd" / "k.best_config").read_text() == '{"time_taken_ms": 10}'

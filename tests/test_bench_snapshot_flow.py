@@ -303,18 +303,31 @@ def _setup(tmp_path: Path, left: float) -> object:
     def wait_ready(server: _FallbackServer, started: float, timeout: float) -> None:
         server.ready_s = 21.5
 
-    fake = types.SimpleNamespace(Server=_FallbackServer, wait_ready=wait_ready)
     run = types.SimpleNamespace(
-        argv=["kernelbake", "serve", "--x"], logs=tmp_path, model_path="/models/m", left=lambda: left
+        argv=["kernelbake", "serve", "--x"],
+        logs=tmp_path,
+        model_path="/models/m",
+        left=lambda: left,
+        put_back=0,
     )
+
+    def as_the_image(of: object) -> list[str]:
+        # The cache root is put back as the image holds it before any server starts.
+        assert of is run
+        run.put_back += 1
+        return []
+
+    fake = types.SimpleNamespace(Server=_FallbackServer, wait_ready=wait_ready, as_the_image=as_the_image)
     return flow.Setup(fake, run, tmp_path / "s", tmp_path / "r", tmp_path, ["--x", "--port", "1"], {}, 1)
 
 
 def test_the_mismatch_fallback_gives_the_reference_tokens_of_generated_weights(tmp_path: Path) -> None:
     flow = _flow()
     # 100 s left: enough to wait for the fallback when its tokens are the reference...
-    got = flow.mismatch(_setup(tmp_path, 100.0), reference=True)
+    setup = _setup(tmp_path, 100.0)
+    got = flow.mismatch(setup, reference=True)
     assert got["tokens"] == [7, 8, 9] and got["ready_s"] == 21.5 and got["said_after_s"] == 0.4
+    assert setup.run.put_back == 1  # type: ignore[attr-defined]
     # ...not otherwise (the 150 s it always needed).
     got = flow.mismatch(_setup(tmp_path, 100.0), reference=False)
     assert got["tokens"] is None and got["ready_s"] is None
