@@ -412,6 +412,13 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         for line in (rebuilt.get("replay") or {}).get("lines", [])
         if line.startswith("kernelbake capture: request ")
     ]
+    # vLLM's JIT monitor logs a Triton kernel's first launch in the process, also when Triton
+    # loads it from its cache (triton/runtime/jit.py calls jit_post_compile_hook after every
+    # in-memory miss): with no file written, such a line is a load, not a compile.
+    lines = (nxt.get("server") or {}).get("compile_lines_after_ready") or []
+    wrote = any(after.values())
+    loaded = [ln for ln in lines if flow._JIT_FIRST_LAUNCH in ln] if not wrote else []
+    compiled_after = [ln for ln in lines if ln not in loaded]
     return {
         "first_replica_files_per_class": compiled,
         "record_served_waves": sum(w["source"] == "served" for w in waves),
@@ -421,7 +428,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "rebuild_dropped": rebuilt.get("dropped"),
         "next_replica_merged": nxt.get("merged"),
         "next_replica_files_per_class": after,
-        "next_replica_compile_lines_after_ready": (nxt.get("server") or {}).get("compile_lines_after_ready"),
+        "next_replica_compile_lines_after_ready": compiled_after,
+        "next_replica_loaded_first_launches": loaded,
         "poisoned_bytes_in_rebuilt_delta": poisoned.get("sha256") in in_delta if poisoned else None,
         "poisoned_named_as_other_bytes": poisoned.get("path") in (rebuilt.get("differed") or []),
         "replica_delta_origin": first.get("replica_delta_origin"),
@@ -431,7 +439,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
             and all(w["source"] == "served" for w in waves)
             and not refused
             and nxt.get("merged")
-            and not any(after.values())
+            and not wrote
+            and not compiled_after
             and poisoned
             and poisoned.get("sha256") not in in_delta
         ),

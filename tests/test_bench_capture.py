@@ -156,6 +156,16 @@ def test_determinism_is_per_kind_with_what_differs(capture: ModuleType) -> None:
     assert found["inductor"]["same_paths"] == 0 and found["inductor"]["only_rebuilt"] == ["inductor/y/g.py"]
 
 
+FIRST_LAUNCH = (
+    "29.17 (EngineCore pid=3046) WARNING 12-05 15:28:51 [jit_monitor.py:135] Triton kernel JIT "
+    "compilation during inference: _fill_logprob_token_ids_kernel. This causes a latency spike; "
+    "consider extending warmup to cover this shape/config."
+)
+INDUCTOR_COMPILE = (
+    "31.02 (EngineCore pid=3046) INFO [backends.py:398] Compiling a graph for compile range (1, 8)"
+)
+
+
 def _doc(**edits: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "replica": {
@@ -209,6 +219,11 @@ def _doc(**edits: Any) -> dict[str, Any]:
             },
             False,
         ),
+        # The H100 run of 2026-12-05: vLLM's JIT monitor names both kernels at their first
+        # launch, which Triton loaded from the merged delta (no file written): met...
+        ({"next_replica__server": {"compile_lines_after_ready": [FIRST_LAUNCH]}}, True),
+        # ...but a line that is not a first launch is a compile, files or not.
+        ({"next_replica__server": {"compile_lines_after_ready": [INDUCTOR_COMPILE]}}, False),
     ],
 )
 def test_the_verdict_needs_every_part_of_the_measurement(
@@ -217,6 +232,9 @@ def test_the_verdict_needs_every_part_of_the_measurement(
     found = capture.summary(_doc(**edits))
     assert found["met"] is met
     assert bool(found["rebuild_replay_refused"]) is ("rebuild__replay" in edits)
+    lines = edits.get("next_replica__server", {}).get("compile_lines_after_ready", [])
+    assert found["next_replica_loaded_first_launches"] == [ln for ln in lines if ln == FIRST_LAUNCH]
+    assert found["next_replica_compile_lines_after_ready"] == [ln for ln in lines if ln != FIRST_LAUNCH]
     if met:
         assert found["poisoned_bytes_in_rebuilt_delta"] is False and found["poisoned_named_as_other_bytes"]
         assert found["record_served_waves"] == 1 and found["record_operator_waves"] == 0
