@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 import re
 import sys
@@ -10,8 +11,12 @@ from pathlib import Path
 
 from kernelbake.contract.key import NONE
 from kernelbake.contract.platform import arch_for
+from kernelbake.errors import EnvironmentProblem
+from kernelbake.runner import Runner, run
 
 _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
+# torch's import and CUDA's initialisation take seconds; a hung driver is not waited on forever.
+GPU_QUERY_TIMEOUT_S = 120
 _KERNEL_MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
@@ -58,13 +63,28 @@ def nvidia_driver() -> str:
         return NONE
 
 
-def cuda_device() -> tuple[str, str, str]:
-    """(device name, arch, torch's CUDA version) of GPU 0, or ``none``s without one."""
+def torch_cuda() -> str:
+    """The CUDA version torch was built with, or ``none``; no device is touched."""
     import torch
 
-    cuda = torch.version.cuda or NONE
-    if not torch.cuda.is_available():
-        return NONE, NONE, cuda
-    major, minor = torch.cuda.get_device_capability(0)
-    name = torch.cuda.get_device_name(0)
-    return name, arch_for((int(major), int(minor))), cuda
+    return str(torch.version.cuda) if torch.version.cuda else NONE
+
+
+def cuda_device(runner: Runner = run) -> tuple[str, str, str]:
+    """(device name, arch, torch's CUDA version) of GPU 0, or ``none``s without one; asked of a
+    child process (``kernelbake.runtime.gpu_query``). serve's supervisor is the root of the
+    process tree ``kernelbake snapshot take`` dumps, and CUDA's initialisation leaves a process
+    holding the GPU's device files, which CRIU cannot dump; a process that only queried the GPU
+    has no CUDA context for the driver's checkpoint to act on (take checks that none is left
+    holding one). The child pays torch's import once more, while the engine starts."""
+    r = runner(
+        [sys.executable, "-m", "kernelbake.runtime.gpu_query"], capture=True, timeout=GPU_QUERY_TIMEOUT_S
+    )
+    lines = r.stdout.strip().splitlines()
+    try:
+        name, capability, cuda = json.loads(lines[-1])
+        arch = NONE if name is None else arch_for((int(capability[0]), int(capability[1])))
+    except (IndexError, ValueError, TypeError) as exc:
+        said = (r.stderr.strip().splitlines() or [f"{type(exc).__name__}: {exc}"])[-1][:300]
+        raise EnvironmentProblem(f"asking torch about GPU 0 failed (exit {r.returncode}): {said}") from None
+    return (NONE if name is None else str(name)), arch, (str(cuda) if cuda else NONE)

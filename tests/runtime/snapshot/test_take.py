@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime.snapshot import io_uring, take, tree
 from kernelbake.runtime.snapshot.take import Options, refuse_secrets
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -111,6 +111,43 @@ def test_the_tree_and_what_it_holds_are_read_from_proc(tmp_path: Path) -> None:
     (proc / "12/environ").write_bytes(b"PATH=/bin\0HF_TOKEN=hf_x\0")
     (proc / "12/cmdline").write_bytes(b"vllm\0--api-key=abc\0")
     assert tree.secrets(12, proc) == ["$HF_TOKEN", "argv --api-key"]
+    # GPU device files, open or mapped (CRIU cannot dump them).
+    assert tree.gpu_files(10, proc) == []
+    (proc / "10/fd/5").symlink_to("/dev/nvidiactl")
+    (proc / "12/maps").write_text(
+        "7f0000000000-7f0000001000 rw-s 00000000 00:05 1031 /dev/nvidia-uvm\n"
+        "7f0000002000-7f0000003000 rw-s 00000000 00:05 1032 /dev/nvidia0\n"
+        "7f0000004000-7f0000005000 rw-s 00000000 00:05 1032 /dev/nvidia0\n"
+        "7f0000006000-7f0000007000 r-xp 00000000 08:01 2048 /usr/lib/libc.so.6\n"
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0    [stack]\n"
+        "7ffd00030000-7ffd00031000 rw-p 00000000 00:00 0\n"
+    )
+    assert tree.gpu_files(10, proc) == ["/dev/nvidiactl"]
+    assert tree.gpu_files(12, proc) == ["/dev/nvidia-uvm", "/dev/nvidia0"]
+    assert tree.gpu_files(99, proc) == []  # gone meanwhile
+
+
+def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_criu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that opened the GPU without a CUDA context (a device query) keeps its device
+    files through the driver's checkpoint, and CRIU cannot dump them: take names it, gives the
+    device state back and never runs the dump."""
+    held = {11: ["/dev/nvidia0", "/dev/nvidiactl"]}
+    monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
+    monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["kernelbake", "serve"])
+    driver = FakeDriver()
+    with pytest.raises(EnvironmentProblem) as err:
+        take._dump(
+            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
+            driver=driver, criu=FakeCriu(0),
+        )  # fmt: skip
+    assert str(err.value).startswith(
+        "pid 11 (kernelbake serve) still holds /dev/nvidia0, /dev/nvidiactl after the driver's checkpoint; "
+        "CRIU cannot dump a GPU device file."
+    )
+    assert driver.checkpointed == [10, 11, 12] and driver.restored == [10, 11, 12]
+    assert not (tmp_path / "out").exists()
 
 
 def test_weights_outside_needs_sleep_mode_dev_endpoints_and_their_guard(

@@ -318,6 +318,18 @@ def _dump(
     for pid in pids:
         driver.checkpoint(pid)
     taken = {"checkpoint_s": time.monotonic() - t}
+    if held := [(pid, files) for pid in pids if (files := tree.gpu_files(pid))]:
+        # CRIU would fail on them with a line deep in its log; said here, before it runs.
+        for pid in pids:
+            driver.restore(pid)
+        pid, files = held[0]
+        cmd = " ".join(tree.cmdline(pid))[:80]
+        raise EnvironmentProblem(
+            f"pid {pid} ({cmd}) still holds {', '.join(files[:4])} after the driver's checkpoint"
+            f"{f' (and {len(held) - 1} more processes)' if len(held) > 1 else ''}; CRIU cannot dump a "
+            "GPU device file. A process that opened the GPU without using it (an NVML or CUDA query) "
+            "keeps them: it must close them, or query the GPU from a child process"
+        )
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
     env.scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))

@@ -12,6 +12,7 @@ from kernelbake.runtime.redact import is_secret, secret_flags
 PROC = Path("/proc")
 # /proc/net/tcp state column: 01 ESTABLISHED.
 _ESTABLISHED = "01"
+_GPU_DEVICES = "/dev/nvidia"
 
 
 def _ppid(proc: Path, pid: int) -> int | None:
@@ -87,6 +88,22 @@ def secrets(pid: int, proc: Path = PROC) -> list[str]:
 def io_urings(pid: int, proc: Path = PROC) -> list[str]:
     """``pid``'s file descriptors on an io_uring, which CRIU cannot dump."""
     return [fd for fd, link in _fds(pid, proc) if link == "anon_inode:[io_uring]"]
+
+
+def gpu_files(pid: int, proc: Path = PROC) -> list[str]:
+    """The GPU device files (``/dev/nvidia*``) ``pid`` holds open or mapped, sorted, each once.
+    CRIU cannot dump one; the driver's checkpoint gives up those of a process it checkpoints."""
+    found = {link for _fd, link in _fds(pid, proc) if link.startswith(_GPU_DEVICES)}
+    try:
+        maps = (proc / str(pid) / "maps").read_text(errors="replace")
+    except OSError:
+        maps = ""
+    for line in maps.splitlines():
+        # address perms offset dev inode [path]: the path is the sixth field, when there is one.
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(_GPU_DEVICES):
+            found.add(parts[5])
+    return sorted(found)
 
 
 def _fds(pid: int, proc: Path) -> list[tuple[str, str]]:

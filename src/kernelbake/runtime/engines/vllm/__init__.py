@@ -122,10 +122,11 @@ class VllmEngine:
         self._run = runner
 
     def probe(self) -> Platform:
-        device, arch, cuda = probe.cuda_device()
         if compat_layer.installed_is_cpu_build():
             # The catalogue's cpu target: device "cpu", arch the machine's.
-            device, arch = CPU_DEVICE, probe.machine()
+            device, arch, cuda = CPU_DEVICE, probe.machine(), probe.torch_cuda()
+        else:
+            device, arch, cuda = probe.cuda_device()
         software = Software(
             engine_version=compat_layer.installed_vllm()[1],
             torch=probe.dist_version("torch"),
