@@ -46,3 +46,30 @@ def test_an_error_line_is_cut_and_a_log_without_errors_gives_its_last_line(tmp_p
 def test_a_log_that_cannot_be_read_is_said_so(tmp_path: Path) -> None:
     said = failure(tmp_path / "gone" / "dump.log")
     assert said.startswith(f"its log {tmp_path / 'gone' / 'dump.log'} could not be read (")
+
+
+# `criu check --all` in a fresh container of the CPU image, first and second run (2026-12-05).
+CHECK_FIRST = """\
+Warn  (criu/kerndat.c:1290): Can't keep kdat cache on non-tempfs
+Warn  (criu/cr-check.c:824): Dirty tracking is OFF. Memory snapshot will not work.
+Error (criu/cr-check.c:1007): failed to mount autofs: No such device
+Looks good but some kernel features are missing
+which, depending on your process tree, may cause
+dump or restore failure.
+"""
+CHECK_LATER = "\n".join(line for line in CHECK_FIRST.splitlines() if "kerndat" not in line) + "\n"
+
+
+def test_the_features_in_the_key_are_the_feature_checks_alone(tmp_path: Path) -> None:
+    """The first CRIU run in a container also warns that it cannot keep its kdat cache, and later
+    runs do not: a take and a restore on the same machine must still record the same features."""
+    outputs = iter([CHECK_FIRST, CHECK_LATER])
+    criu = Criu(tmp_path / "criu", runner=lambda argv, **_: Result(tuple(argv), 0, "", next(outputs)))
+    first, later = criu.features(), criu.features()
+    assert (
+        first
+        == later
+        == ("Dirty tracking is OFF. Memory snapshot will not work. | failed to mount autofs: No such device")
+    )
+    nothing = Criu(tmp_path / "criu", runner=lambda argv, **_: Result(tuple(argv), 0, "Looks good.\n", ""))
+    assert nothing.features() == "none"

@@ -16,8 +16,12 @@ from kernelbake.runner import Runner, run
 
 DEFAULT_CRIU = Path("/opt/kernelbake/criu/bin/criu")
 _VERSION = re.compile(r"Version:\s*(\S+)")
-# "(00.088305) Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone.
-_FINDING = re.compile(r"(?:Warn|Error)\s+\([^)]*\):\s*(.+)")
+# "Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone. Only the
+# feature checks' own lines (cr-check.c) describe the machine: the first CRIU run in a fresh
+# container also says "Warn (criu/kerndat.c:1290): Can't keep kdat cache on non-tempfs" and later
+# runs do not, which made a take's key and a restore's differ on the same machine (the CPU image,
+# 2026-12-05: every restore refused).
+_FINDING = re.compile(r"(?:Warn|Error)\s+\((?:[^):]*/)?cr-check\.c:\d+\):\s*(.+)")
 # Options every dump and restore takes: file locks (vLLM's and torch's lock files) are kept;
 # connections inside the tree (torch's TCPStore talks to itself over loopback) are dumped
 # (clients of the serving port are not: take waits until there are none); files deleted while
