@@ -30,10 +30,12 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 MAX_TOKENS = 8
 _FIRST_ID = 100
+_SPAN = 30000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,15 +146,27 @@ def plan(
     return waves
 
 
-def prompt(length: int, salt: int) -> list[int]:
-    """Token IDs; ``salt`` keeps prompts apart so prefix caching cannot skip a prefill."""
-    return [_FIRST_ID + (salt * 7919 + k * 31) % 30000 for k in range(length)]
+def vocab_size(model: str) -> int | None:
+    """``vocab_size`` of the model's ``config.json`` (a local path), or None."""
+    try:
+        found = json.loads((Path(model) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, int) and found > 0 else None
 
 
-def body(request: Request, model: str, salt: int) -> dict[str, Any]:
+def prompt(length: int, salt: int, vocab: int | None = None) -> list[int]:
+    """Token IDs; ``salt`` keeps prompts apart so prefix caching cannot skip a prefill. Drawn
+    from 30,000 IDs, fewer where the model's vocabulary is smaller (the CPU image's model has
+    4,096, and vLLM refuses an ID out of it); the GPU models' prompts are unchanged by it."""
+    span = _SPAN if vocab is None else max(1, min(_SPAN, vocab - _FIRST_ID))
+    return [_FIRST_ID + (salt * 7919 + k * 31) % span for k in range(length)]
+
+
+def body(request: Request, model: str, salt: int, vocab: int | None = None) -> dict[str, Any]:
     return {
         "model": model,
-        "prompt": prompt(request.prompt_len, salt),
+        "prompt": prompt(request.prompt_len, salt, vocab),
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
         **dict(request.params),
@@ -171,9 +185,17 @@ def _send(url: str, doc: dict[str, Any], timeout: float) -> tuple[int, dict[str,
         return 0, f"{type(exc).__name__}: {exc}"[:300]
 
 
-def run(base_url: str, model: str, waves: list[list[Request]], *, timeout: float = 300.0) -> dict[str, Any]:
+def run(
+    base_url: str,
+    model: str,
+    waves: list[list[Request]],
+    *,
+    timeout: float = 300.0,
+    vocab: int | None = None,
+) -> dict[str, Any]:
     """Sends ``waves`` to ``base_url``; returns one record per request and, per class, the
-    latency of its first request (sent alone) and its count of failures."""
+    latency of its first request (sent alone) and its count of failures. ``vocab``: the
+    model's vocabulary size, which bounds the prompts' token IDs."""
     url = base_url.rstrip("/") + "/v1/completions"
     records: list[dict[str, Any]] = []
     salt = 0
@@ -181,7 +203,7 @@ def run(base_url: str, model: str, waves: list[list[Request]], *, timeout: float
 
     def one(request: Request, salt_: int) -> dict[str, Any]:
         t0 = time.monotonic()
-        status, answer = _send(url, body(request, model, salt_), timeout)
+        status, answer = _send(url, body(request, model, salt_, vocab), timeout)
         record: dict[str, Any] = {
             "kind": request.kind,
             "phase": request.phase,

@@ -609,7 +609,9 @@ def after_ready(
     """Once ``/health`` answers: what the start wrote until then, then the request mix, then
     what the mix made each directory gain."""
     at_ready = snapshot(dirs)
-    mix = request_mix.run(f"http://127.0.0.1:{server.port}", model, waves)
+    mix = request_mix.run(
+        f"http://127.0.0.1:{server.port}", model, waves, vocab=request_mix.vocab_size(model)
+    )
     after = snapshot(dirs)
     start_files, start_again = changes(at_launch, at_ready, dirs)
     mix_files, mix_again = changes(at_ready, after, dirs)

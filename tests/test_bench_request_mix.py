@@ -340,3 +340,20 @@ def test_first_launches_with_no_file_added_are_loads_not_compiles() -> None:
     assert s["loaded_first_launches_after_ready"] == [line.split(" ", 3)[3]]
     warm["files_added_after_ready"] = {"bundle": ["triton/A/k.cubin"]}
     assert flow.mix_summary(warm, {})["loaded_first_launches_after_ready"] == []
+
+
+def test_prompts_stay_inside_a_small_vocabulary_and_are_unchanged_for_a_large_one(tmp_path: Path) -> None:
+    """The CPU image's model has 4,096 token IDs: the mix's prompts drew from 30,000 and vLLM
+    refused 35 of 38 requests there (2026-12-05). A GPU model's prompts are the same as before."""
+    rm = bench.load("request_mix")
+    before = [100 + (3 * 7919 + k * 31) % 30000 for k in range(2000)]
+    assert rm.prompt(2000, 3) == rm.prompt(2000, 3, 151936) == rm.prompt(2000, 3, 32000) == before
+    small = rm.prompt(2000, 3, 4096)
+    assert max(small) < 4096 and min(small) >= 100 and len(set(small)) > 100
+    model = tmp_path / "m"
+    model.mkdir()
+    assert rm.vocab_size(str(model)) is None
+    (model / "config.json").write_text('{"vocab_size": 4096}')
+    assert rm.vocab_size(str(model)) == 4096
+    (model / "config.json").write_text("[]")
+    assert rm.vocab_size(str(model)) is None
