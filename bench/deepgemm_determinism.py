@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_capture import determinism  # bench/ scripts import their siblings so
+from vllm_capture import determinism, sha256  # bench/ scripts import their siblings so
 
 # (n, k) of the weights: qkv_proj ((32 + 2 * 4) * 128, 2048) and o_proj (2048, 32 * 128).
 SHAPES = ((5120, 2048), (2048, 4096))
@@ -71,7 +70,7 @@ def hashes(root: Path) -> dict[str, str]:
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
             path = Path(dirpath, name)
-            out[f"{KIND}/{path.relative_to(root).as_posix()}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[f"{KIND}/{path.relative_to(root).as_posix()}"] = sha256(path)
     return out
 
 

@@ -111,6 +111,7 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     SnapshotManifest,
 )
+from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 
 # Its sibling script (bench/ is not a package; vllm_image_flow.py puts it on the path too).
@@ -565,7 +566,7 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         # take's log.
         with contextlib.suppress(OSError):
             shutil.copyfile(ENGINE_LOG, s.run.logs / "snapshot-take-engine.log")
-        for log in sorted(scratch(s.env).glob("kernelbake-snapshot-*/dump.log")):
+        for log in sorted(RuntimeEnv.from_env(s.env).scratch.glob("kernelbake-snapshot-*/dump.log")):
             with contextlib.suppress(OSError):
                 shutil.copyfile(log, s.run.logs / f"snapshot-take-criu-{log.parent.name}.log")
         return out
@@ -577,11 +578,6 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         digest=manifest.digest,
     )
     return out
-
-
-def scratch(env: Mapping[str, str]) -> Path:
-    """Where take and serve make their working folders (``RuntimeEnv.scratch``'s rule)."""
-    return Path(env.get("KERNELBAKE_SCRATCH") or env.get("TMPDIR") or "/tmp")
 
 
 def clear_shm(names: Sequence[str]) -> list[str]:

@@ -412,12 +412,9 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         for line in (rebuilt.get("replay") or {}).get("lines", [])
         if line.startswith("kernelbake capture: request ")
     ]
-    # vLLM's JIT monitor logs a Triton kernel's first launch in the process, also when Triton
-    # loads it from its cache (triton/runtime/jit.py calls jit_post_compile_hook after every
-    # in-memory miss): with no file written, such a line is a load, not a compile.
     lines = (nxt.get("server") or {}).get("compile_lines_after_ready") or []
     wrote = any(after.values())
-    loaded = [ln for ln in lines if flow._JIT_FIRST_LAUNCH in ln] if not wrote else []
+    loaded = flow.loaded_first_launches(lines, wrote)
     compiled_after = [ln for ln in lines if ln not in loaded]
     return {
         "first_replica_files_per_class": compiled,

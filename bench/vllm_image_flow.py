@@ -49,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -659,13 +660,12 @@ def as_the_image(run: _Flow) -> list[str]:
     layer would; a new container of the image would not."""
     image, root = run.image_root, run.cache_root
     want, have = _files(image), _files(root)
-    changed = sorted(
-        rel
-        for rel in want
-        if rel not in have
-        or (image / rel).stat().st_size != (root / rel).stat().st_size
-        or (image / rel).stat().st_mtime_ns != (root / rel).stat().st_mtime_ns
-    )
+
+    def stamp(path: Path) -> tuple[int, int]:
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns
+
+    changed = sorted(rel for rel in want if rel not in have or stamp(image / rel) != stamp(root / rel))
     for rel in changed:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         remove(root / rel)
@@ -1147,6 +1147,15 @@ def _peak(report: dict[str, Any]) -> int | None:
 _JIT_FIRST_LAUNCH = "Triton kernel JIT compilation during inference"
 
 
+def loaded_first_launches(lines: Sequence[str], files_written: bool) -> list[str]:
+    """The lines of vLLM's JIT monitor that are loads, not compiles. It logs a Triton kernel's
+    first launch in the process after its warm-up, also when Triton loads the kernel from its
+    cache (triton/runtime/jit.py calls jit_post_compile_hook after every in-memory miss);
+    Triton writes every kernel it compiles to its cache dir, so with no file written, each of
+    these was loaded. With a file written, none is taken for a load."""
+    return [] if files_written else [ln for ln in lines if _JIT_FIRST_LAUNCH in ln]
+
+
 def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
     """What the request mix after ``/health`` made each start compile, and how long each
     class's first request took, baked against cold."""
@@ -1165,12 +1174,10 @@ def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
             k: v[:20] for k, v in cache_files(warm.get("files_added_after_ready") or {}).items()
         },
         "compile_lines_after_ready": _still_compiling(warm),
-        # vLLM's JIT monitor logs a Triton kernel's first launch in the process after its
-        # warm-up, also when Triton loads the kernel from its cache; Triton writes every kernel
-        # it compiles to TRITON_CACHE_DIR (the bundle), so with no file added there, each of
-        # these was loaded, not compiled.
-        "loaded_first_launches_after_ready": [ln for ln in _still_compiling(warm) if _JIT_FIRST_LAUNCH in ln]
-        if warm and not count(cache_files(warm.get("files_added_after_ready") or {}))
+        "loaded_first_launches_after_ready": loaded_first_launches(
+            _still_compiling(warm), bool(count(cache_files(warm.get("files_added_after_ready") or {})))
+        )
+        if warm
         else [],
         "compile_lines_after_ready_cold": _still_compiling(cold) if cold else None,
         "requests_after_ready": {
