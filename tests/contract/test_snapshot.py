@@ -115,6 +115,26 @@ def test_manifest_round_trips_and_its_digest_names_it() -> None:
     again = SnapshotManifest.from_json(m.to_json(), source="t")
     assert again == m and again.digest == m.digest
     assert _manifest(deadline_s=11.0).digest != m.digest
+    gpu = _manifest(tree=((7, "python3 -m vllm"), (9, "VLLM::EngineCore")), gpu_pids=(9,))
+    assert SnapshotManifest.from_json(gpu.to_json(), source="t").gpu_pids == (9,)
+    assert gpu.digest != _manifest(tree=gpu.tree).digest
+
+
+@pytest.mark.parametrize("gpu_pids", [(8,), (7, 7)])
+def test_checkpointed_pids_must_be_distinct_pids_of_the_tree(gpu_pids: tuple[int, ...]) -> None:
+    """The restore gives device state back to these pids: one outside the tree, or twice, is
+    not a manifest take writes."""
+    with pytest.raises(InvalidSnapshot, match="gpu_pids"):
+        _manifest(gpu_pids=gpu_pids)
+
+
+def test_a_manifest_without_its_checkpointed_pids_is_refused() -> None:
+    """Read fail closed: a manifest that does not say which processes hold device state is
+    not guessed at (every pid, or none)."""
+    text = _manifest().to_json().replace('"gpu_pids": [],', "")
+    assert "gpu_pids" not in text
+    with pytest.raises(InvalidSnapshot, match="gpu_pids"):
+        SnapshotManifest.from_json(text, source="snapshot.json")
 
 
 @pytest.mark.parametrize(

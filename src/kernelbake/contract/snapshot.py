@@ -239,6 +239,9 @@ class SnapshotManifest:
     files: tuple[SnapshotFile, ...]
     # The dumped tree, root first: pid and command, for messages and the restore's wait.
     tree: tuple[tuple[int, str], ...]
+    # The tree's processes whose device state the driver checkpointed (those that held the
+    # GPU): the restore gives it back to exactly these. Empty without a GPU.
+    gpu_pids: tuple[int, ...] = ()
     # Where the restored tree answers, and how long past the restore it may take.
     health_port: int
     health_path: str
@@ -274,6 +277,7 @@ class SnapshotManifest:
             "files": [f.to_json() for f in self.files],
             "bytes": self.total_bytes,
             "tree": [[pid, cmd] for pid, cmd in self.tree],
+            "gpu_pids": list(self.gpu_pids),
             "health": {"port": self.health_port, "path": self.health_path, "deadline_s": self.deadline_s},
             "taken": self.taken,
         }
@@ -314,6 +318,7 @@ class SnapshotManifest:
             key=key,
             files=files,
             tree=tuple((int(pid), str(cmd)) for pid, cmd in doc["tree"]),
+            gpu_pids=tuple(int(pid) for pid in doc["gpu_pids"]),
             health_port=int(health["port"]),
             health_path=str(health["path"]),
             deadline_s=float(health["deadline_s"]),
@@ -338,6 +343,12 @@ def _check(m: SnapshotManifest) -> None:
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):
         raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")
+    if stray := sorted(set(m.gpu_pids) - {pid for pid, _ in m.tree}) or len(set(m.gpu_pids)) != len(
+        m.gpu_pids
+    ):
+        raise InvalidSnapshot(
+            f"snapshot manifest: gpu_pids {list(m.gpu_pids)} must be distinct pids of its tree ({stray})"
+        )
     if not 0 < m.health_port < 65536 or not m.health_path.startswith("/"):
         raise InvalidSnapshot(f"snapshot manifest: health {m.health_port} {m.health_path!r}")
     if not 0 < m.deadline_s <= 3600:

@@ -49,6 +49,7 @@ def _snapshot(
     criu: FakeCriu,
     args: tuple[str, ...] = (),
     weights: Weights = Weights.INSIDE,
+    gpu_pids: tuple[int, ...] = (),
 ) -> str:
     """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot; its digest."""
     env = runtime_env(tmp_path)
@@ -73,6 +74,7 @@ def _snapshot(
         key=key,
         files=files,
         tree=((7, "python3 -m vllm"),),
+        gpu_pids=gpu_pids,
         health_port=port,
         health_path="/health",
         deadline_s=5.0,
@@ -108,14 +110,21 @@ def _start(
     return rc, said
 
 
-def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(setup: tuple[Path, int]) -> None:
+def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     tmp_path, port = setup
     driver, criu = FakeDriver(), FakeCriu(port)
-    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(7,))
+    # CRIU restores the dumped pids; the stand-in's root cannot have pid 7, so the tree below
+    # it is said to hold it too.
+    real = restore_mod.tree.descendants
+    monkeypatch.setattr(restore_mod.tree, "descendants", lambda root, proc=None: [*real(root), 7])
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     assert len(criu.restores) == 1 and criu.child is not None
-    assert driver.restored == [criu.child.pid]
+    # The driver gives device state back to the processes take checkpointed, and only them.
+    assert driver.restored == [7]
     assert said[0].startswith(f"restored snapshot {digest[:19]}")
     assert (tmp_path / "engine-log/engine.log").read_bytes() == b"engine log\n"
 
@@ -260,6 +269,19 @@ def test_a_failed_restore_is_killed_marked_and_never_tried_again(setup: tuple[Pa
     assert said == [
         f"snapshot not used: a restore of {digest[:19]} failed on this node before ({marker(env, digest)}); starting the baked way"
     ]
+
+
+def test_a_restored_tree_without_a_checkpointed_pid_is_a_failed_restore(setup: tuple[Path, int]) -> None:
+    """The driver holds device state for pid 7; a tree CRIU brought back without it cannot be
+    given that state: killed and marked, the pid named, the driver never called."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port, serve_s=30.0)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(7,))
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and criu.child is not None and criu.child.poll() is not None
+    assert driver.restored == [] and marker(env, digest).exists()
+    assert "criu restored no process with pid 7, whose device state the driver holds" in said[0]
 
 
 def test_criu_missing_here_is_a_refusal_not_a_traceback(setup: tuple[Path, int]) -> None:

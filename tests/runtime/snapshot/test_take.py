@@ -146,7 +146,38 @@ def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_
         "pid 11 (kernelbake serve) still holds /dev/nvidia0, /dev/nvidiactl after the driver's checkpoint; "
         "CRIU cannot dump a GPU device file."
     )
-    assert driver.checkpointed == [10, 11, 12] and driver.restored == [10, 11, 12]
+    # Only the process holding the GPU had device state to move, and it is given back.
+    assert driver.checkpointed == [11] and driver.restored == [11]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_driver_checkpoints_only_processes_holding_the_gpu_and_a_refusal_names_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's API server and serve's supervisor hold no CUDA context, and the driver refuses
+    them (CUresult 3, seen on the H100): take checkpoints the processes holding the GPU. One
+    the driver refuses is named, and those already checkpointed get their state back."""
+    held = {11: ["/dev/nvidia0"], 12: ["/dev/nvidia0", "/dev/nvidiactl"]}
+    monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
+    monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["python3", f"worker-{pid}"])
+
+    class Refusing(FakeDriver):
+        def checkpoint(self, pid: int) -> None:
+            if pid == 12:
+                raise EnvironmentProblem("the driver's cuCheckpointProcessLock failed with CUresult 3")
+            super().checkpoint(pid)
+
+    driver = Refusing()
+    with pytest.raises(EnvironmentProblem) as err:
+        take._dump(
+            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
+            driver=driver, criu=FakeCriu(0),
+        )  # fmt: skip
+    assert str(err.value).startswith(
+        "pid 12 (python3 worker-12) holds the GPU, but the driver could not checkpoint it: "
+        "the driver's cuCheckpointProcessLock failed with CUresult 3."
+    )
+    assert driver.checkpointed == [11] and driver.restored == [11]
     assert not (tmp_path / "out").exists()
 
 

@@ -229,9 +229,15 @@ def _alive(pid: int) -> bool:
 
 
 def _bring_back(
-    env: RuntimeEnv, work: Path, driver: Driver, criu: Criu, phases: dict[str, float]
+    env: RuntimeEnv,
+    manifest: SnapshotManifest,
+    work: Path,
+    driver: Driver,
+    criu: Criu,
+    phases: dict[str, float],
 ) -> tuple[int | None, list[int], str | None]:
-    """``criu restore`` and the driver's restore of each process: (root, pids, why it failed)."""
+    """``criu restore`` and the driver's restore of each process it checkpointed: (root, pids,
+    why it failed)."""
     pidfile = work / "root.pid"
     t = time.monotonic()
     ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
@@ -244,9 +250,15 @@ def _bring_back(
         return root, pids, f"criu restore failed: {failure(Path(criu_log))}"
     if root is None:
         return None, pids, f"criu restore wrote no root pid to {pidfile}"
+    if missing := sorted(set(manifest.gpu_pids) - set(pids)):
+        return (
+            root,
+            pids,
+            f"criu restored no process with pid {missing[0]}, whose device state the driver holds",
+        )
     t = time.monotonic()
     try:
-        for pid in pids:
+        for pid in manifest.gpu_pids:
             driver.restore(pid)
     except KernelbakeError as exc:
         return root, pids, f"the driver's restore failed: {exc}"
@@ -307,7 +319,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     if manifest.key.weights is Weights.OUTSIDE:
         with contextlib.suppress(OSError):
             mark.write_text("")
-    root, pids, why = _bring_back(env, work, driver, criu, phases)
+    root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
     if why is None and root is not None:
         why = _serving(manifest, root, started + manifest.deadline_s, phases)
     # /health answers 200 from here on: the weights are back, or the tree is about to be killed.

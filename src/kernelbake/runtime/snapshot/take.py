@@ -35,7 +35,7 @@ from kernelbake.contract.snapshot import (
     Weights,
 )
 from kernelbake.contract.target import TargetConfig
-from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
 from kernelbake.runner import spawn
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
@@ -309,18 +309,42 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, starte
     return taken
 
 
+def _checkpoint(driver: Driver, pids: list[int]) -> list[int]:
+    """The driver's checkpoint of each process that holds the GPU (its device files open or
+    mapped), which are the processes with device state to move: the driver refuses one without
+    a CUDA context (CUresult 3 for vLLM's API server and serve's supervisor, which query the GPU
+    only from children). Those checkpointed; on a failure, their state given back first."""
+    done: list[int] = []
+    for pid in pids:
+        if not tree.gpu_files(pid):
+            continue
+        try:
+            driver.checkpoint(pid)
+        except KernelbakeError as exc:
+            for back in done:
+                driver.restore(back)
+            cmd = " ".join(tree.cmdline(pid))[:80]
+            raise EnvironmentProblem(
+                f"pid {pid} ({cmd}) holds the GPU, but the driver could not checkpoint it: {exc}. "
+                "A process that opened the GPU without a CUDA context (an NVML query) cannot be "
+                "checkpointed: it must query the GPU from a child process"
+            ) from exc
+        done.append(pid)
+    return done
+
+
 def _dump(
     env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
-) -> dict[str, float]:
-    """The device state checkpointed, then the tree dumped into ``out``: how long each took.
+) -> tuple[dict[str, float], list[int]]:
+    """The device state checkpointed, then the tree dumped into ``out``: how long each took,
+    and the processes whose device state the driver holds (the restore gives it back to them).
     A failed dump gives the device state back and stops here."""
     t = time.monotonic()
-    for pid in pids:
-        driver.checkpoint(pid)
+    gpu_pids = _checkpoint(driver, pids)
     taken = {"checkpoint_s": time.monotonic() - t}
     if held := [(pid, files) for pid in pids if (files := tree.gpu_files(pid))]:
         # CRIU would fail on them with a line deep in its log; said here, before it runs.
-        for pid in pids:
+        for pid in gpu_pids:
             driver.restore(pid)
         pid, files = held[0]
         cmd = " ".join(tree.cmdline(pid))[:80]
@@ -337,10 +361,10 @@ def _dump(
     ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
     taken["dump_s"] = time.monotonic() - t
     if not ok:
-        for pid in pids:
+        for pid in gpu_pids:
             driver.restore(pid)
         raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed: {failure(Path(dump_log))}")
-    return taken
+    return taken, gpu_pids
 
 
 def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: Criu) -> Taken:
@@ -371,7 +395,8 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
-        taken |= _dump(env, proc, pids, out, driver=driver, criu=criu)
+        dumped, gpu_pids = _dump(env, proc, pids, out, driver=driver, criu=criu)
+        taken |= dumped
         proc.wait()
         shutil.copyfile(log, out / ENGINE_LOG_COPY)
         _copy_shm(Path(SHM_DIR), out / SHM_COPY)
@@ -382,6 +407,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             key=key,
             files=tuple(files),
             tree=commands,
+            gpu_pids=tuple(gpu_pids),
             health_port=port,
             health_path=options.health_path,
             deadline_s=options.deadline_s,
