@@ -728,6 +728,16 @@ def skip_lock(criu: str, at: Path) -> str:
     return str(at)
 
 
+def take_failed(taken: Mapping[str, Any]) -> str | None:
+    """Why ``take`` failed, from its last line (take's own error), or None: the summary's
+    "failed" says it, rather than null beside a snapshot of None bytes (the 0.32 H100 run of
+    2026-12-05, whose take the driver refused)."""
+    if taken["rc"] == 0:
+        return None
+    lines = str(taken.get("error") or "").strip().splitlines()
+    return f"take exited {taken['rc']}: {lines[-1] if lines else 'no output'}"[:600]
+
+
 def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> None:
     """Every snapshot phase for the model of ``run_`` (its baked start already ran and, with
     weights written, left them in the model's directory); into ``doc["snapshot"]``."""
@@ -766,7 +776,8 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
         snap["shm_cleared_before_take"] = clear_shm(sorted(p.name for p in Path("/dev/shm").glob("psm_*")))
         snap["cache_root_put_back_before_take"] = flow.as_the_image(run_)
         snap["take"] = take(s, "outside" if weights_files else "inside")
-        if snap["take"]["rc"] != 0:
+        if (why := take_failed(snap["take"])) is not None:
+            snap["failed"] = why
             return
         pin = snap["take"]["digest"]
         s.env["KERNELBAKE_SNAPSHOT_DIGEST"] = pin

@@ -113,6 +113,16 @@ def test_the_snapshot_starts_load_the_written_weights_behind_the_guard() -> None
     assert flow.snapshot_args(args, 8000, weights_files=False)[:2] == ["--load-format", "dummy"]
 
 
+def test_a_failed_take_is_the_summary_s_failure_in_take_s_own_words() -> None:
+    flow = _flow()
+    assert flow.take_failed({"rc": 0, "wall_s": 61.0}) is None
+    error = "+ criu check --all\nkernelbake snapshot: error: the driver's cuCheckpointProcessLock failed with CUresult 3\n"
+    assert flow.take_failed({"rc": 3, "error": error}) == (
+        "take exited 3: kernelbake snapshot: error: the driver's cuCheckpointProcessLock failed with CUresult 3"
+    )
+    assert flow.take_failed({"rc": -9}) == "take exited -9: no output"
+
+
 def test_the_summary_and_the_phase_table_carry_the_issues_figures() -> None:
     flow = _flow()
     doc = {
