@@ -66,9 +66,29 @@ def _release() -> str:
         return "0.26.0"  # off the GPU machine (the orchestration tests): the spec's own release
 
 
+def _gpu() -> str:
+    """The catalogue GPU this run bakes for, asked of the device (nvidia-smi's name), never
+    assumed: the device tool lends an H100 or an H200, and compile refuses a key planned for
+    the other card (its compile hash names the exact device)."""
+    if os.environ.get("KEYMATRIX_GPU"):
+        return os.environ["KEYMATRIX_GPU"]
+    try:
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        name = ""
+    return "h100" if "H100" in name else "h200"  # off the GPU machine: the matrix's own card
+
+
 RELEASE = _release()
-RESULT = f"vllm-{RELEASE}-h200-keymatrix.json"
-IDENTITIES = f"vllm-{RELEASE}-h200-identities.json"
+GPU = _gpu()
+RESULT = f"vllm-{RELEASE}-{GPU}-keymatrix.json"
+IDENTITIES = f"vllm-{RELEASE}-{GPU}-identities.json"
 # Cases whose identity document (as ``check --identity-out`` writes it) becomes a test fixture.
 FIXTURE_CASES = {
     "baseline",
@@ -111,9 +131,9 @@ def _target_json(model_path: str | None = None) -> str:
 
     # The reference spec, at the release installed here (the spec names 0.26.0).
     spec = dataclasses.replace(load_spec(SPEC), engine_version=RELEASE)
-    t = plan(spec, ["h200"])[0]
+    t = plan(spec, [GPU])[0]
     key = t.key if model_path is None else dataclasses.replace(t.key, model_path=model_path)
-    return TargetConfig(key=key, gpu="h200", serve=spec.serve, shapes=spec.compile.shapes).to_json()
+    return TargetConfig(key=key, gpu=GPU, serve=spec.serve, shapes=spec.compile.shapes).to_json()
 
 
 def _base_env(home: Path, tmp: Path) -> dict[str, str]:
@@ -280,6 +300,10 @@ def _actual(decided: str, compiled: bool, torch_compile_hit: bool | None, files:
         # The engine ended before it was ready and before it compiled (on 0.32 vLLM refused
         # VLLM_USE_STANDALONE_COMPILE=0 under its mega AOT artifact): decided, as a failure.
         return "failed"
+    if any(files.values()):
+        # Cut by the run's deadline while it wrote caches: it was building (the 0.32 H100 run's
+        # uid-1000-root-owned-cache, 7 FlashInfer files into its own cache at the deadline).
+        return "miss"
     return "undecided"
 
 
@@ -302,7 +326,11 @@ def _serve(
         start_new_session=True,
     )
     assert proc.stdout is not None
-    timer = threading.Timer(max(1.0, deadline - time.monotonic()), _kill, (proc,))
+    # The deadline's kill ends the output like an exit would; it is remembered so that the
+    # start reads as cut off, not as an engine that exited -9 (the 0.32 H100 run called such a
+    # start "failed", a wrong prediction).
+    cut = threading.Event()
+    timer = threading.Timer(max(1.0, deadline - time.monotonic()), lambda: (cut.set(), _kill(proc)))
     timer.start()
     decided = "timeout"
     plugin_lines: list[str] = []
@@ -337,7 +365,7 @@ def _serve(
         # at 24 s of a 900 s deadline and was left undecided).
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.0, min(EXIT_WAIT_S, deadline - time.monotonic())))
-        if proc.poll() is not None:
+        if proc.poll() is not None and not cut.is_set():
             decided = f"exited {proc.returncode}"
     with_files, again = _start_added(cdir, dirs, before)
     timer.cancel()

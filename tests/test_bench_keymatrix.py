@@ -182,3 +182,33 @@ def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
     assert matrix._actual("ready", False, None, {"vllm": 0}) == "no-compile"
     assert matrix._actual("exited 1", True, False, {}) == "miss"
     assert matrix._actual("timeout", False, None, {}) == "undecided"
+    assert matrix._actual("timeout", False, None, {"flashinfer": 7}) == "miss"
+    assert matrix._actual("exited 1", False, None, {"flashinfer": 7}) == "failed"
+
+
+_BUILDS_SLOWLY = "import time; print('Building JIT module sampling', flush=True); time.sleep(30)"
+
+
+def test_a_start_the_deadline_kills_is_cut_off_not_an_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's own kill at its deadline ends the start's output as an exit would: it reads
+    as a timeout (undecided, or a miss when it wrote caches), never as an engine that exited -9."""
+    import subprocess
+    import time
+
+    matrix = _matrix()
+    root, case = tmp_path / "cache", tmp_path / "case"
+    case.mkdir()
+    _bundle(root)
+    monkeypatch.setattr(matrix, "CACHE_ROOT", root)
+    popen = subprocess.Popen
+    monkeypatch.setattr(
+        matrix.subprocess,
+        "Popen",
+        lambda argv, **kw: popen([sys.executable, "-c", _BUILDS_SLOWLY], **kw),  # type: ignore[call-overload]
+    )
+    dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
+    t = time.monotonic()
+    decided, *_ = matrix._serve(case, dict(os.environ), 8100, [], dirs, t + 2)
+    assert decided == "timeout" and time.monotonic() - t < 20
