@@ -343,11 +343,10 @@ def _check(m: SnapshotManifest) -> None:
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):
         raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")
-    if stray := sorted(set(m.gpu_pids) - {pid for pid, _ in m.tree}) or len(set(m.gpu_pids)) != len(
-        m.gpu_pids
-    ):
+    tree_pids = [pid for pid, _ in m.tree]
+    if len(set(m.gpu_pids)) != len(m.gpu_pids) or not set(m.gpu_pids) <= set(tree_pids):
         raise InvalidSnapshot(
-            f"snapshot manifest: gpu_pids {list(m.gpu_pids)} must be distinct pids of its tree ({stray})"
+            f"snapshot manifest: gpu_pids {list(m.gpu_pids)} must be distinct pids of its tree {tree_pids}"
         )
     if not 0 < m.health_port < 65536 or not m.health_path.startswith("/"):
         raise InvalidSnapshot(f"snapshot manifest: health {m.health_port} {m.health_path!r}")

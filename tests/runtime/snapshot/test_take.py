@@ -154,9 +154,9 @@ def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_
 def test_the_driver_checkpoints_only_processes_holding_the_gpu_and_a_refusal_names_the_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """vLLM's API server and serve's supervisor hold no CUDA context, and the driver refuses
-    them (CUresult 3, seen on the H100): take checkpoints the processes holding the GPU. One
-    the driver refuses is named, and those already checkpointed get their state back."""
+    """serve, the tree's root, holds no CUDA context, and the driver refuses such a process
+    (CUresult 3, seen on the H100): take checkpoints the processes holding the GPU. One the
+    driver refuses is named, and those already checkpointed get their state back."""
     held = {11: ["/dev/nvidia0"], 12: ["/dev/nvidia0", "/dev/nvidiactl"]}
     monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
     monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["python3", f"worker-{pid}"])

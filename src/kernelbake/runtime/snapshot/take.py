@@ -312,8 +312,8 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, starte
 def _checkpoint(driver: Driver, pids: list[int]) -> list[int]:
     """The driver's checkpoint of each process that holds the GPU (its device files open or
     mapped), which are the processes with device state to move: the driver refuses one without
-    a CUDA context (CUresult 3 for vLLM's API server and serve's supervisor, which query the GPU
-    only from children). Those checkpointed; on a failure, their state given back first."""
+    a CUDA context (CUresult 3 on the H100 for the tree's root, serve, which queries the GPU only
+    from a child). Those checkpointed; on a failure, their state given back first."""
     done: list[int] = []
     for pid in pids:
         if not tree.gpu_files(pid):
