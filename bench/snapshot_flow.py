@@ -53,7 +53,10 @@ after a call returns, the next must come within ~30 s or the machine is given ba
     run(): bash bench/device.sh collect 560                                   # until snap8b's rc is there
 
 (Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
-tree.) On vLLM 0.26 the same, with ``shared/gpu-testenv/build-bundle.sh``'s parts and
+tree.) The device tool lends an H100 for work that fits 78 GiB, both of these
+models included: render ``--gpu h100`` too (the 0.32 specs target both) and pass the context of
+the card ``nvidia-smi`` names; a context for the other card is refused at compile (the engine's
+compile hash includes the device name). On vLLM 0.26 the same, with ``shared/gpu-testenv/build-bundle.sh``'s parts and
 ``bench/specs/qwen3-8b-sleep.yaml``.
 
 The 8B run on 0.32 (2026-12-05, bench/results/vllm-0.32.0-h200-snapshot-2026-12-05-partial):
