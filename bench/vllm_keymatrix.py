@@ -15,7 +15,8 @@ into a copy of its own, mounted at the cache root's path in a private mount name
    the server is up.
 
 Cases run in parallel (16 cores, one GPU shared with a small memory budget each). Writes
-OUT/vllm-RELEASE-h200-keymatrix.json (RELEASE: the installed vLLM's; {"cases": [{"name", "env", "args", "predicted",
+OUT/vllm-RELEASE-GPU-keymatrix.json (RELEASE: the installed vLLM's, GPU: the card nvidia-smi
+names, h100 or h200; {"cases": [{"name", "env", "args", "predicted",
 "actual", "reasons", ...}]}) and OUT/keymatrix-logs.tar.gz. Values of secret-carrying
 variables appear in neither (a case sets VLLM_API_KEY and the result is searched for it).
 """

@@ -150,10 +150,10 @@ def test_the_cpu_matrix_stops_a_start_at_its_first_cache_file_but_not_at_a_lock(
 _EXITS_LATE = "import os, sys, time; print('engine core failed', flush=True); os.close(1); os.close(2); time.sleep(1.0); sys.exit(1)"
 
 
-def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _serve_as(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, deadline_s: float) -> str:
+    """How the matrix's ``_serve`` decides a start that is ``script`` in place of the engine."""
     import subprocess
+    import time
 
     matrix = _matrix()
     root, case = tmp_path / "cache", tmp_path / "case"
@@ -164,13 +164,19 @@ def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
 
     def started(argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
         assert argv[1:4] == ["-m", "kernelbake", "serve"]
-        return popen([sys.executable, "-c", _EXITS_LATE], **kwargs)  # type: ignore[call-overload, no-any-return]
+        return popen([sys.executable, "-c", script], **kwargs)  # type: ignore[call-overload, no-any-return]
 
     monkeypatch.setattr(matrix.subprocess, "Popen", started)
     dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
-    import time
+    decided, *_ = matrix._serve(case, dict(os.environ), 8100, [], dirs, time.monotonic() + deadline_s)
+    return str(decided)
 
-    decided, *_ = matrix._serve(case, dict(os.environ), 8100, [], dirs, time.monotonic() + 60)
+
+def test_a_start_that_exits_after_its_output_ends_is_decided_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = _matrix()
+    decided = _serve_as(tmp_path, monkeypatch, _EXITS_LATE, 60)
     assert decided == "exited 1"
     expected = bench.load("keymatrix_cases").EXPECTED
     assert expected["fails"] == {"failed"}
@@ -194,21 +200,5 @@ def test_a_start_the_deadline_kills_is_cut_off_not_an_exit(
 ) -> None:
     """The run's own kill at its deadline ends the start's output as an exit would: it reads
     as a timeout (undecided, or a miss when it wrote caches), never as an engine that exited -9."""
-    import subprocess
-    import time
-
-    matrix = _matrix()
-    root, case = tmp_path / "cache", tmp_path / "case"
-    case.mkdir()
-    _bundle(root)
-    monkeypatch.setattr(matrix, "CACHE_ROOT", root)
-    popen = subprocess.Popen
-    monkeypatch.setattr(
-        matrix.subprocess,
-        "Popen",
-        lambda argv, **kw: popen([sys.executable, "-c", _BUILDS_SLOWLY], **kw),  # type: ignore[call-overload]
-    )
-    dirs = cache_dirs(root, VllmEngine.declaration.cache_kinds)
-    t = time.monotonic()
-    decided, *_ = matrix._serve(case, dict(os.environ), 8100, [], dirs, t + 2)
-    assert decided == "timeout" and time.monotonic() - t < 20
+    # Left alone, the stand-in would exit 0 after 30 s: "timeout" is the deadline's kill.
+    assert _serve_as(tmp_path, monkeypatch, _BUILDS_SLOWLY, 2) == "timeout"

@@ -127,6 +127,16 @@ def test_the_tree_and_what_it_holds_are_read_from_proc(tmp_path: Path) -> None:
     assert tree.gpu_files(99, proc) == []  # gone meanwhile
 
 
+def _dump_refused(tmp_path: Path, driver: FakeDriver) -> str:
+    """take's dump of the tree 10 → 11, 12, refused before CRIU runs: why."""
+    with pytest.raises(EnvironmentProblem) as err:
+        take._dump(
+            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
+            driver=driver, criu=FakeCriu(0),
+        )  # fmt: skip
+    return str(err.value)
+
+
 def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_criu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,12 +147,7 @@ def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_
     monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
     monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["kernelbake", "serve"])
     driver = FakeDriver()
-    with pytest.raises(EnvironmentProblem) as err:
-        take._dump(
-            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
-            driver=driver, criu=FakeCriu(0),
-        )  # fmt: skip
-    assert str(err.value).startswith(
+    assert _dump_refused(tmp_path, driver).startswith(
         "pid 11 (kernelbake serve) still holds /dev/nvidia0, /dev/nvidiactl after the driver's checkpoint; "
         "CRIU cannot dump a GPU device file."
     )
@@ -168,12 +173,7 @@ def test_the_driver_checkpoints_only_processes_holding_the_gpu_and_a_refusal_nam
             super().checkpoint(pid)
 
     driver = Refusing()
-    with pytest.raises(EnvironmentProblem) as err:
-        take._dump(
-            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
-            driver=driver, criu=FakeCriu(0),
-        )  # fmt: skip
-    assert str(err.value).startswith(
+    assert _dump_refused(tmp_path, driver).startswith(
         "pid 12 (python3 worker-12) holds the GPU, but the driver could not checkpoint it: "
         "the driver's cuCheckpointProcessLock failed with CUresult 3."
     )
