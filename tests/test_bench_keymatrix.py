@@ -202,3 +202,17 @@ def test_a_start_the_deadline_kills_is_cut_off_not_an_exit(
     as a timeout (undecided, or a miss when it wrote caches), never as an engine that exited -9."""
     # Left alone, the stand-in would exit 0 after 30 s: "timeout" is the deadline's kill.
     assert _serve_as(tmp_path, monkeypatch, _BUILDS_SLOWLY, 2) == "timeout"
+
+
+def test_the_slowest_case_starts_first_and_only_orders_as_named() -> None:
+    """The case run as another uid builds its own FlashInfer modules (over 6 minutes on the
+    H100): started last, the run's deadline cut it (2026-12-05). It starts first now; the rest
+    keep the table's order."""
+    matrix = _matrix()
+    order = [c["name"] for c in matrix.in_order(matrix.CASES, None)]
+    assert order[0] == "uid-1000-root-owned-cache"
+    assert order[1:] == [c["name"] for c in matrix.CASES if c["name"] != order[0]]
+    assert [c["name"] for c in matrix.in_order(matrix.CASES, ["dtype-float16", "baseline"])] == [
+        "dtype-float16",
+        "baseline",
+    ]
