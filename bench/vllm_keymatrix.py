@@ -68,22 +68,25 @@ def _release() -> str:
 
 
 def _gpu() -> str:
-    """The catalogue GPU this run bakes for, asked of the device (nvidia-smi's name), never
-    assumed: the device tool lends an H100 or an H200, and compile refuses a key planned for
-    the other card (its compile hash names the exact device)."""
+    """The catalogue GPU this run bakes for: the one whose device name nvidia-smi reports (the
+    name the catalogue keys by), never assumed: the device tool lends an H100 or an H200, and
+    compile refuses a key planned for the other card (its compile hash names the exact device)."""
+    from kernelbake.catalogue import load_catalogue
+
     if os.environ.get("KEYMATRIX_GPU"):
         return os.environ["KEYMATRIX_GPU"]
     try:
-        name = subprocess.run(
+        names = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
             check=False,
-        ).stdout
+        ).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
-        name = ""
-    return "h100" if "H100" in name else "h200"  # off the GPU machine: the matrix's own card
+        names = []
+    gpu = load_catalogue().gpu_by_device_name(names[0].strip()) if names else None
+    return gpu.name if gpu is not None else "h200"  # off the GPU machine: the matrix's own card
 
 
 RELEASE = _release()

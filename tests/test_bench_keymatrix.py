@@ -216,3 +216,28 @@ def test_the_slowest_case_starts_first_and_only_orders_as_named() -> None:
         "dtype-float16",
         "baseline",
     ]
+
+
+@pytest.mark.parametrize(
+    ("smi", "gpu"),
+    [
+        ("NVIDIA H100 80GB HBM3\n", "h100"),
+        ("NVIDIA H100 PCIe\n", "h100-pcie"),
+        ("NVIDIA H200\n", "h200"),
+        ("", "h200"),
+        ("Some Other GPU\n", "h200"),
+    ],
+)
+def test_the_matrix_bakes_for_the_card_nvidia_smi_names(
+    monkeypatch: pytest.MonkeyPatch, smi: str, gpu: str
+) -> None:
+    """Looked up by the catalogue's device name (the device tool lent an H100 when the matrix
+    planned the H200's key, and compile refused); off the GPU, or an unknown card, the H200."""
+    import subprocess
+
+    matrix = _matrix()
+    monkeypatch.delenv("KEYMATRIX_GPU", raising=False)
+    monkeypatch.setattr(
+        matrix.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=smi, stderr="")
+    )
+    assert matrix._gpu() == gpu

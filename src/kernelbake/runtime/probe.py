@@ -75,9 +75,10 @@ def cuda_device(runner: Runner = run) -> tuple[str, str, str]:
     child process (``kernelbake.runtime.gpu_query``). serve's supervisor is the root of the
     process tree ``kernelbake snapshot take`` dumps, and CUDA's initialisation leaves a process
     holding the GPU's device files, which CRIU cannot dump; a process that only queried the GPU
-    may have no CUDA context for the driver's checkpoint to release them with (not yet seen on
-    the GPU: take names any process left holding one). The child pays torch's import once more,
-    while the engine starts."""
+    has no CUDA context for the driver's checkpoint to release them with (the driver refuses a
+    process without one: CUresult 3 for serve's own on the H100; take checkpoints only the
+    processes holding the GPU and names any left holding it). The child pays torch's import once
+    more, while the engine starts."""
     r = runner(
         [sys.executable, "-m", "kernelbake.runtime.gpu_query"], capture=True, timeout=GPU_QUERY_TIMEOUT_S
     )

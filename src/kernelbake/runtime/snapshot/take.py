@@ -309,6 +309,12 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, starte
     return taken
 
 
+def _give_back(driver: Driver, pids: list[int]) -> None:
+    """The device state of processes the driver checkpointed, restored in place (take stops)."""
+    for pid in pids:
+        driver.restore(pid)
+
+
 def _checkpoint(driver: Driver, pids: list[int]) -> list[int]:
     """The driver's checkpoint of each process that holds the GPU (its device files open or
     mapped), which are the processes with device state to move: the driver refuses one without
@@ -321,8 +327,7 @@ def _checkpoint(driver: Driver, pids: list[int]) -> list[int]:
         try:
             driver.checkpoint(pid)
         except KernelbakeError as exc:
-            for back in done:
-                driver.restore(back)
+            _give_back(driver, done)
             cmd = " ".join(tree.cmdline(pid))[:80]
             raise EnvironmentProblem(
                 f"pid {pid} ({cmd}) holds the GPU, but the driver could not checkpoint it: {exc}. "
@@ -344,8 +349,7 @@ def _dump(
     taken = {"checkpoint_s": time.monotonic() - t}
     if held := [(pid, files) for pid in pids if (files := tree.gpu_files(pid))]:
         # CRIU would fail on them with a line deep in its log; said here, before it runs.
-        for pid in gpu_pids:
-            driver.restore(pid)
+        _give_back(driver, gpu_pids)
         pid, files = held[0]
         cmd = " ".join(tree.cmdline(pid))[:80]
         raise EnvironmentProblem(
@@ -361,8 +365,7 @@ def _dump(
     ok, dump_log = criu.dump(proc.pid, out / IMAGES_DIR, work)
     taken["dump_s"] = time.monotonic() - t
     if not ok:
-        for pid in gpu_pids:
-            driver.restore(pid)
+        _give_back(driver, gpu_pids)
         raise EnvironmentProblem(f"criu dump of pid {proc.pid} failed: {failure(Path(dump_log))}")
     return taken, gpu_pids
 
