@@ -56,6 +56,9 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 # pid of the ``serve`` that will write it.
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
+# Set by ``snapshot take`` for the engine it starts: every process vLLM starts then gives up
+# NVML's device files when take asks (``runtime.nvml``), which CRIU could not dump.
+NVML_RELEASE_ENV = "KERNELBAKE_SNAPSHOT_NVML_RELEASE"
 # Where a serving engine notes the batches during which it compiled (``engines.vllm.misses``),
 # for ``capture record``: ``serve`` sets it in the engine's environment on a warm start.
 MISS_NOTES_ENV = "KERNELBAKE_MISS_NOTES"

@@ -3,6 +3,7 @@ from a fake /proc; and the seccomp filter that keeps io_uring out of the tree, o
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.errors import BadInput, EnvironmentProblem
+from kernelbake.runtime import nvml
 from kernelbake.runtime.snapshot import io_uring, take, tree
 from kernelbake.runtime.snapshot.take import Options, refuse_secrets
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -149,11 +151,64 @@ def test_a_process_still_holding_the_gpu_after_the_checkpoint_stops_take_before_
     driver = FakeDriver()
     assert _dump_refused(tmp_path, driver).startswith(
         "pid 11 (kernelbake serve) still holds /dev/nvidia0, /dev/nvidiactl after the driver's checkpoint; "
-        "CRIU cannot dump a GPU device file."
+        "CRIU cannot dump a GPU device file, and it has no kernelbake handler to shut NVML down"
     )
     # Only the process holding the GPU had device state to move, and it is given back.
     assert driver.checkpointed == [11] and driver.restored == [11]
     assert not (tmp_path / "out").exists()
+
+
+class _DumpingCriu(FakeCriu):
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.dumped: list[int] = []
+
+    def dump(self, pid: int, images: Path, work: Path) -> tuple[bool, str]:
+        self.dumped.append(pid)
+        return True, str(work / "dump.log")
+
+
+@pytest.mark.parametrize("closes", [True, False])
+def test_a_process_holding_nvmls_files_is_asked_to_shut_it_down_and_dumped_once_they_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closes: bool
+) -> None:
+    """NVML's device files outlive the driver's checkpoint (vLLM 0.32's engine core on the H100):
+    take sends the process that catches nvml.RELEASE_SIGNAL that signal, waits for the files
+    to close and dumps; one that does not close them in time is named, the dump never runs."""
+    held = {11: ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia0", "/dev/nvidiactl"]}
+    monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
+    monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["VLLM::EngineCore"])
+    monkeypatch.setattr(
+        tree, "catches", lambda pid, signum, proc=tree.PROC: pid == 11 and signum == nvml.RELEASE_SIGNAL
+    )
+    monkeypatch.setattr(take, "NVML_RELEASE_S", 0.3)
+    sent: list[tuple[int, int]] = []
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append((pid, signum))
+        if closes:
+            held.pop(pid)
+
+    monkeypatch.setattr(take, "_release_nvml", functools.partial(take._release_nvml, kill=kill))
+    driver, criu = FakeDriver(), _DumpingCriu()
+    if closes:
+        taken, gpu_pids = take._dump(
+            runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
+            driver=driver, criu=criu,
+        )  # fmt: skip
+        assert gpu_pids == [11] and criu.dumped == [10] and driver.restored == []
+        assert "nvml_release_s" in taken
+    else:
+        with pytest.raises(EnvironmentProblem) as err:
+            take._dump(
+                runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out",
+                driver=driver, criu=criu,
+            )  # fmt: skip
+        assert "pid 11 (VLLM::EngineCore) still holds /dev/nvidia-caps/nvidia-cap1" in str(err.value)
+        assert "it was asked to shut NVML down and still held them 0.3 s later" in str(err.value)
+        assert criu.dumped == [] and driver.restored == [11]
+    # Only the process holding files after the checkpoint was signalled, once.
+    assert sent == [(11, nvml.RELEASE_SIGNAL)]
 
 
 def test_the_driver_checkpoints_only_processes_holding_the_gpu_and_a_refusal_names_the_process(

@@ -37,8 +37,9 @@ from kernelbake.contract.snapshot import (
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
 from kernelbake.runner import spawn
+from kernelbake.runtime import nvml
 from kernelbake.runtime.bundle import file_sha256
-from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.env import NVML_RELEASE_ENV, RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
@@ -50,6 +51,9 @@ from kernelbake.runtime.snapshot.machine import here_key, serve_env
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
 # tree is started above them.
 PID_FLOOR = 1000
+# How long a process asked to shut NVML down has to close its device files (a Python handler
+# runs between two bytecodes of the main thread; the engine's is idle at this point).
+NVML_RELEASE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -338,6 +342,19 @@ def _checkpoint(driver: Driver, pids: list[int]) -> list[int]:
     return done
 
 
+def _release_nvml(pids: list[int], kill: Callable[[int, int], None] = os.kill) -> list[int]:
+    """Each process still holding GPU device files after the driver's checkpoint, and catching
+    ``nvml.RELEASE_SIGNAL``, asked to shut NVML down (``runtime.nvml``); then a wait of
+    up to NVML_RELEASE_S for their files to close. The pids asked."""
+    asked = [pid for pid in pids if tree.gpu_files(pid) and tree.catches(pid, nvml.RELEASE_SIGNAL)]
+    for pid in asked:
+        kill(pid, nvml.RELEASE_SIGNAL)
+    deadline = time.monotonic() + NVML_RELEASE_S
+    while any(tree.gpu_files(pid) for pid in asked) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return asked
+
+
 def _dump(
     env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
 ) -> tuple[dict[str, float], list[int]]:
@@ -347,16 +364,25 @@ def _dump(
     t = time.monotonic()
     gpu_pids = _checkpoint(driver, pids)
     taken = {"checkpoint_s": time.monotonic() - t}
+    t = time.monotonic()
+    asked = _release_nvml(pids)
+    taken["nvml_release_s"] = time.monotonic() - t
     if held := [(pid, files) for pid in pids if (files := tree.gpu_files(pid))]:
         # CRIU would fail on them with a line deep in its log; said here, before it runs.
         _give_back(driver, gpu_pids)
         pid, files = held[0]
         cmd = " ".join(tree.cmdline(pid))[:80]
+        why = (
+            f"it was asked to shut NVML down and still held them {NVML_RELEASE_S:g} s later"
+            if pid in asked
+            else "it has no kernelbake handler to shut NVML down (an engine not started through "
+            "vLLM's kernelbake plugin, or a process that is not Python)"
+        )
         raise EnvironmentProblem(
             f"pid {pid} ({cmd}) still holds {', '.join(files[:4])} after the driver's checkpoint"
             f"{f' (and {len(held) - 1} more processes)' if len(held) > 1 else ''}; CRIU cannot dump a "
-            "GPU device file. A process that opened the GPU without using it (an NVML or CUDA query) "
-            "keeps them: it must close them, or query the GPU from a child process"
+            f"GPU device file, and {why}. A process that opened the GPU without a CUDA context (NVML, "
+            "a device query) keeps them: it must close them, or query the GPU from a child process"
         )
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
     env.scratch.mkdir(parents=True, exist_ok=True)
@@ -382,7 +408,8 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
-    proc = spawn(argv, env=env.environ, output=log, preexec=io_uring.deny)
+    environ = {**env.environ, NVML_RELEASE_ENV: "1"}
+    proc = spawn(argv, env=environ, output=log, preexec=io_uring.deny)
     try:
         taken = _warmed(proc, target, options, port, started)
         pids = tree.descendants(proc.pid)

@@ -106,6 +106,19 @@ def gpu_files(pid: int, proc: Path = PROC) -> list[str]:
     return sorted(found)
 
 
+def catches(pid: int, signum: int, proc: Path = PROC) -> bool:
+    """Whether ``pid`` has a handler of ``signum`` (``SigCgt`` in its status, a hex mask with
+    bit ``signum - 1``): a signal it does not catch may end it."""
+    try:
+        status = (proc / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def _fds(pid: int, proc: Path) -> list[tuple[str, str]]:
     """(fd, link target) of ``pid``'s open files, by fd number; those gone meanwhile left out."""
     try:

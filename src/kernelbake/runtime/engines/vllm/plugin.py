@@ -44,12 +44,17 @@ REPORT: dict[str, Any] = {}
 
 
 def register() -> None:
-    from kernelbake.runtime.env import GATE_ENV, MISS_NOTES_ENV
+    from kernelbake.runtime.env import GATE_ENV, MISS_NOTES_ENV, NVML_RELEASE_ENV
 
     if os.environ.get(GATE_ENV):
         from kernelbake.runtime import gate
 
         gate.hold_or_exit()
+    if os.environ.get(NVML_RELEASE_ENV) == "1":
+        # A process a snapshot will hold: NVML's device files closed when take asks.
+        from kernelbake.runtime import nvml
+
+        nvml.install()
     if os.environ.get(COMPILE_ONLY_ENV) != "1":
         if manifest := os.environ.get(BAKED_MANIFEST_ENV):
             # Serving: the API server says, per cache kind, what vLLM will find, as soon as it

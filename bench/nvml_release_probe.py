@@ -1,0 +1,163 @@
+"""Whether take's NVML release lets CRIU dump a process the driver has checkpointed, on a GPU
+machine, without vLLM (docs/snapshot.md, 'NVML's device files').
+
+vLLM 0.32's engine core still held /dev/nvidiactl, /dev/nvidia0 and /dev/nvidia-caps/* after
+the driver's checkpoint on the H100 (bench/results/vllm-0.32.0-h100-snapshot-2026-12-05-fourth),
+which is what NVML keeps open: torch.cuda.device_count() initialises it before CUDA is up and
+never shuts it down. This starts two torch processes that do exactly that and hold 1 GiB on
+the GPU, one with kernelbake's handler (``kernelbake.runtime.nvml``, as vLLM's plugin installs
+it when take starts the engine) and one without, and runs take's own steps on each: the
+driver's checkpoint, ``take._release_nvml``, the device files left; then, for the one whose
+files all closed, ``criu dump``, ``criu restore``, the driver's restore, and the data checked.
+
+    PYTHONPATH=src python3 bench/nvml_release_probe.py --criu /opt/kernelbake-criu/bin/criu --out DIR
+
+Prints JSON; writes DIR/nvml-release-probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runtime import nvml
+from kernelbake.runtime.snapshot import take, tree
+from kernelbake.runtime.snapshot.criu import Criu, failure
+from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
+
+CHILD = r"""
+import sys, time
+from pathlib import Path
+if sys.argv[1] == "handler":
+    from kernelbake.runtime import nvml
+    nvml.install()
+import torch
+torch.cuda.device_count()  # before CUDA is up: NVML initialised, never shut down (torch)
+x = torch.rand(1 << 28, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+want = float(x.double().sum())
+torch.cuda.empty_cache()
+d = Path(sys.argv[2])
+(d / "ready").write_text(repr(want))
+while True:
+    if (d / "go").exists():
+        (d / "go").unlink()
+        got = float(x.double().sum())
+        (d / "result").write_text("intact" if got == want else f"changed {want} -> {got}")
+    time.sleep(0.05)
+"""
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _wait_for(path: Path, seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()):
+            return text
+        time.sleep(0.05)
+    return None
+
+
+def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[str, Any]:
+    d = work / mode
+    d.mkdir(parents=True)
+    out: dict[str, Any] = {"mode": mode}
+    with (d / "child.log").open("w") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, mode, str(d)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+    pid = child.pid
+    checkpointed = False
+    try:
+        if _wait_for(d / "ready", 120) is None:
+            out["failed"] = f"the child did not start: {(d / 'child.log').read_text()[-400:]}"
+            return out
+        out["files_before"] = tree.gpu_files(pid)
+        t = time.monotonic()
+        driver.checkpoint(pid)
+        checkpointed = True
+        out["checkpoint_s"] = round(time.monotonic() - t, 3)
+        out["files_after_checkpoint"] = tree.gpu_files(pid)
+        out["catches_release_signal"] = tree.catches(pid, nvml.RELEASE_SIGNAL)
+        t = time.monotonic()
+        out["asked"] = take._release_nvml([pid]) == [pid]
+        out["release_s"] = round(time.monotonic() - t, 3)
+        out["files_after_release"] = tree.gpu_files(pid)
+        if out["files_after_release"] or criu is None:
+            return out
+        images = d / "images"
+        images.mkdir()
+        t = time.monotonic()
+        ok, dump_log = criu.dump(pid, images, d)
+        out["dump_s"] = round(time.monotonic() - t, 3)
+        if not ok:
+            out["failed"] = f"criu dump: {failure(Path(dump_log))}"
+            return out
+        child.wait()
+        checkpointed = False
+        out["images_bytes"] = sum(f.stat().st_size for f in images.iterdir())
+        t = time.monotonic()
+        ok, restore_log = criu.restore(images, d, d / "restored.pid")
+        out["criu_restore_s"] = round(time.monotonic() - t, 3)
+        if not ok:
+            out["failed"] = f"criu restore: {failure(Path(restore_log))}"
+            return out
+        pid = int((d / "restored.pid").read_text())
+        t = time.monotonic()
+        driver.restore(pid)
+        out["driver_restore_s"] = round(time.monotonic() - t, 3)
+        (d / "go").write_text("1")
+        out["after_restore"] = _wait_for(d / "result", 60) or "no answer in 60 s"
+        out["child_log"] = (d / "child.log").read_text()[-300:]
+    except Exception as exc:
+        out["failed"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if checkpointed:
+            try:
+                driver.restore(pid)
+            except Exception as exc:
+                out["give_back_failed"] = str(exc)
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+        if child.poll() is None:
+            child.wait()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--criu", type=Path, default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    doc: dict[str, Any] = {"bench": "nvml_release_probe", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    doc["machine"] = subprocess.run(
+        "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; uname -r; "
+        "python3 -c 'import torch; print(torch.__version__)'",
+        shell=True, capture_output=True, text=True,
+    ).stdout.split("\n")  # fmt: skip
+    # The restored process is criu's child, and criu exits (-d): adopted here, not by init.
+    ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    driver = machine_driver()
+    if not isinstance(driver, CudaDriver):
+        doc["failed"] = "no CUDA device here"
+    else:
+        criu = Criu(a.criu) if a.criu else None
+        with tempfile.TemporaryDirectory(prefix="nvml-probe-", dir="/dev/shm") as work:
+            doc["runs"] = [one(mode, driver, criu, Path(work)) for mode in ("plain", "handler")]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "nvml-release-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
