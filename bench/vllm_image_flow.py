@@ -23,7 +23,8 @@ on the machine, timed from launch until ``/health`` answers (polled every 0.1 s)
 by the request mix of ``bench/request_mix.py`` (``--mix-total``; the files the bundle, HOME and
 TMPDIR gained, or rewrote with other bytes, until /health and during the mix, every compile or JIT line logged after
 /health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
-``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
+A ``--snapshot MODEL`` has its cold start last, after the snapshot's phases (a take that fails
+shows itself minutes sooner). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
 a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
 its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
 variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
@@ -724,13 +725,19 @@ def flow(
         )
         doc["check"] = _check(entrypoint, run.run_env, user_args, logs, "check")
         waves = mix_plan(target, a.mix_total)
-        if name in a.baked_only:
+        snap, cold = name in a.snapshot, name not in a.baked_only
+        if not cold:
             doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
-        else:
+        elif not snap:
             _cold_start(run, waves, doc)
-        _baked_start(run, waves, doc, snapshot=name in a.snapshot)
-        if name in a.snapshot:
+        _baked_start(run, waves, doc, snapshot=snap)
+        if snap:
             snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu)
+            if cold:
+                # After the snapshot's phases, so that a take that fails shows itself some four
+                # minutes sooner on the device (the 8B's cold start). Its arguments load dummy
+                # weights, never the files the snapshot's reload wrote into the model's directory.
+                _cold_start(run, waves, doc)
         if first:
             _also_env(run, doc)
             _rebakes(run, waves, doc)
@@ -1427,7 +1434,8 @@ def main() -> int:
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": "each model in turn: the rendered stages (compile alone), then a cold start "
-        "(KERNELBAKE_CACHE=off) and a baked start of the final stage, each alone on the machine",
+        "(KERNELBAKE_CACHE=off) and a baked start of the final stage, each alone on the machine "
+        "(a --snapshot model: the baked start, the snapshot's phases, then the cold start)",
         "models": {},
     }
     out_json = a.out / "vllm-image-flow.json"

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
+import pytest
+
 from kernelbake.contract.engines import VLLM
 from kernelbake.contract.layout import CACHE_ROOT
 from kernelbake.plan import plan
@@ -431,3 +433,47 @@ def test_every_start_finds_the_cache_root_as_the_image_holds_it(tmp_path: Path) 
     assert flow.as_the_image(run) == ["gone.bin", "vllm/jd/k.best_config", "vllm/new.py"]
     assert flow._files(root) == flow._files(image)
     assert (root / "vllm" / "jd" / "k.best_config").read_text() == '{"time_taken_ms": 10}'
+
+
+def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot's phases follow the baked start at once, so that a take that fails shows
+    itself before the cold start's minutes are spent; other models start cold first."""
+    flow = _flow()
+    context = _context(tmp_path)
+    order: list[str] = []
+    monkeypatch.setattr(flow, "WORK", tmp_path / "work")
+    monkeypatch.setattr(flow, "remove", lambda p: None)
+    monkeypatch.setattr(flow, "empty", lambda p: None)
+    monkeypatch.setattr(flow, "_bake", lambda *a: (["kernelbake"], {}, {}))
+    monkeypatch.setattr(flow.shutil, "copytree", lambda *a, **k: None)
+    monkeypatch.setattr(flow, "_check", lambda *a: {})
+    monkeypatch.setattr(flow, "mix_plan", lambda *a: [])
+    monkeypatch.setattr(flow, "_cold_start", lambda *a: order.append("cold"))
+    monkeypatch.setattr(
+        flow, "_baked_start", lambda *a, snapshot=False: order.append(f"baked snapshot={snapshot}")
+    )
+    monkeypatch.setattr(flow.snapshot_flow, "run", lambda *a: order.append("snapshot"))
+    monkeypatch.setattr(flow, "_checks", lambda *a: order.append("checks"))
+    monkeypatch.setattr(flow, "summary", lambda doc: {})
+
+    def ran(*, snapshot: bool, baked_only: bool) -> list[str]:
+        order.clear()
+        a = flow.argparse.Namespace(
+            baked_only=["m"] if baked_only else [],
+            snapshot=["m"] if snapshot else [],
+            serve_args_for=[],
+            serve_args=None,
+            importtime=False,
+            mix_total=0,
+            criu="criu",
+        )
+        doc = flow.flow(context, tmp_path / "out", 0.0, a, False, "m")
+        assert "failed" not in doc, doc
+        return list(order)
+
+    assert ran(snapshot=False, baked_only=False) == ["cold", "baked snapshot=False", "checks"]
+    assert ran(snapshot=True, baked_only=False) == ["baked snapshot=True", "snapshot", "cold", "checks"]
+    assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot", "checks"]
+    assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
