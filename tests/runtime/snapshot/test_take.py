@@ -7,12 +7,14 @@ import functools
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime import nvml
+from kernelbake.runtime.env import NVML_RELEASE_ENV
 from kernelbake.runtime.snapshot import io_uring, take, tree
 from kernelbake.runtime.snapshot.take import Options, refuse_secrets
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -458,3 +460,38 @@ def test_a_port_take_would_wait_on_in_vain_is_refused_before_anything_starts(
             criu=FakeCriu(1),
         )  # type: ignore[arg-type]
     assert spawned == []
+
+
+def test_take_starts_the_engine_with_the_nvml_release_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's plugin installs the release handler only where this variable is set: take sets it
+    for the engine it starts, and only there (the key's environment is the container's)."""
+    write_target(tmp_path, "tiny-llama.yaml")
+    envs: list[Mapping[str, str]] = []
+
+    def spawn(argv: object, *, env: Mapping[str, str], **kwargs: object) -> None:
+        envs.append(env)
+        raise EnvironmentProblem("stopped after the spawn")
+
+    monkeypatch.setattr(take, "spawn", spawn)
+    monkeypatch.setattr(tree, "raise_pids", lambda floor, proc=tree.PROC: None)
+    env = runtime_env(tmp_path)
+    with pytest.raises(EnvironmentProblem, match="stopped after the spawn"):
+        take.take(
+            env, tmp_path / "out", Options(image="sha256:" + "1" * 64), driver=FakeDriver(), criu=FakeCriu(1)
+        )  # type: ignore[arg-type]
+    assert envs[0][NVML_RELEASE_ENV] == "1" and NVML_RELEASE_ENV not in env.environ
+
+
+def test_a_process_gone_before_it_is_asked_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    held = {11: ["/dev/nvidiactl"]}
+    monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
+    monkeypatch.setattr(tree, "catches", lambda pid, signum, proc=tree.PROC: True)
+    monkeypatch.setattr(take, "NVML_RELEASE_S", 0.1)
+
+    def gone(pid: int, signum: int) -> None:
+        held.pop(pid)
+        raise ProcessLookupError(pid)
+
+    assert take._release_nvml([10, 11], kill=gone) == [11]

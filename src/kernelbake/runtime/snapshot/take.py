@@ -10,6 +10,7 @@ process would carry it to every replica), and, before the dump, any in a process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -348,7 +349,9 @@ def _release_nvml(pids: list[int], kill: Callable[[int, int], None] = os.kill) -
     up to NVML_RELEASE_S for their files to close. The pids asked."""
     asked = [pid for pid in pids if tree.gpu_files(pid) and tree.catches(pid, nvml.RELEASE_SIGNAL)]
     for pid in asked:
-        kill(pid, nvml.RELEASE_SIGNAL)
+        # One gone meanwhile holds nothing: the check after the wait says what is left.
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, nvml.RELEASE_SIGNAL)
     deadline = time.monotonic() + NVML_RELEASE_S
     while any(tree.gpu_files(pid) for pid in asked) and time.monotonic() < deadline:
         time.sleep(0.05)
