@@ -1,0 +1,53 @@
+"""bench/nvml_release_probe.py's steps, played on CPU with a stand-in driver and a child without
+torch, so that a device session spends its minutes on the GPU's answer, not on the probe's glue:
+the child with the handler is asked and survives, the one without is not asked, and the device
+state is always given back."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.snapshot.fakes import FakeDriver
+from tests.support import bench
+
+_CHILD = r"""
+import sys, time
+from pathlib import Path
+if sys.argv[1] == "handler":
+    from kernelbake.runtime import nvml
+    nvml.install()
+(Path(sys.argv[2]) / "ready").write_text("1.0")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(("mode", "asked"), [("plain", False), ("handler", True)])
+def test_the_probe_checkpoints_asks_and_gives_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, asked: bool
+) -> None:
+    probe = bench.load("nvml_release_probe")
+    monkeypatch.setattr(probe, "CHILD", _CHILD)
+    # Held until asked: what NVML's files do on the GPU (a process with no handler keeps them).
+    held: dict[int, list[str]] = {}
+
+    def gpu_files(pid: int, proc: Path = Path("/proc")) -> list[str]:
+        return held.setdefault(pid, ["/dev/nvidiactl"])
+
+    def kill(pid: int, signum: int) -> None:
+        os.kill(pid, signum)
+        held[pid] = []
+
+    monkeypatch.setattr(probe.tree, "gpu_files", gpu_files)
+    monkeypatch.setattr(probe.take, "_release_nvml", functools.partial(probe.take._release_nvml, kill=kill))
+    driver = FakeDriver()
+    out = probe.one(mode, driver, None, tmp_path)
+    assert "failed" not in out, out
+    assert out["catches_release_signal"] is asked and out["asked"] is asked
+    assert out["files_after_release"] == ([] if asked else ["/dev/nvidiactl"])
+    # Checkpointed once, and the device state given back (no dump without CRIU here).
+    assert len(driver.checkpointed) == 1 and driver.restored == driver.checkpointed
