@@ -731,8 +731,10 @@ def flow(
         elif not snap:
             _cold_start(run, waves, doc)
         _baked_start(run, waves, doc, snapshot=snap)
+        _so_far(out, doc)
         if snap:
             snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu)
+            _so_far(out, doc)
             if cold:
                 # After the snapshot's phases, so that a take that fails shows itself some four
                 # minutes sooner on the device (the 8B's cold start). Its arguments load dummy
@@ -749,6 +751,13 @@ def flow(
     doc["wall_s"] = round(time.monotonic() - started, 1)
     doc["summary"] = summary(doc)
     return doc
+
+
+def _so_far(out: Path, doc: dict[str, Any]) -> None:
+    """The model's document as it stands, in OUT/model-so-far.json: vllm-image-flow.json is
+    written after each model, and a device lease that ends mid-model (the 8B's cold start comes
+    some 10 minutes in) would otherwise take every phase measured before it along."""
+    (out / "model-so-far.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def _phase_env(env: dict[str, str], phase: str) -> dict[str, str]:

@@ -450,11 +450,22 @@ def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
     monkeypatch.setattr(flow.shutil, "copytree", lambda *a, **k: None)
     monkeypatch.setattr(flow, "_check", lambda *a: {})
     monkeypatch.setattr(flow, "mix_plan", lambda *a: [])
-    monkeypatch.setattr(flow, "_cold_start", lambda *a: order.append("cold"))
+    so_far = tmp_path / "out" / "model-so-far.json"
+
+    def cold(*a: object) -> None:
+        # What the snapshot's phases measured is on disk before the cold start's minutes.
+        kept = json.loads(so_far.read_text()) if so_far.exists() else {}
+        order.append(f"cold kept={kept.get('snapshot')}")
+
+    monkeypatch.setattr(flow, "_cold_start", cold)
     monkeypatch.setattr(
         flow, "_baked_start", lambda *a, snapshot=False: order.append(f"baked snapshot={snapshot}")
     )
-    monkeypatch.setattr(flow.snapshot_flow, "run", lambda *a: order.append("snapshot"))
+    monkeypatch.setattr(
+        flow.snapshot_flow,
+        "run",
+        lambda _m, _r, doc, *a: (order.append("snapshot"), doc.update(snapshot={"restores": 3})),
+    )
     monkeypatch.setattr(flow, "_checks", lambda *a: order.append("checks"))
     monkeypatch.setattr(flow, "summary", lambda doc: {})
 
@@ -473,7 +484,13 @@ def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
         assert "failed" not in doc, doc
         return list(order)
 
-    assert ran(snapshot=False, baked_only=False) == ["cold", "baked snapshot=False", "checks"]
-    assert ran(snapshot=True, baked_only=False) == ["baked snapshot=True", "snapshot", "cold", "checks"]
+    assert ran(snapshot=False, baked_only=False) == ["cold kept=None", "baked snapshot=False", "checks"]
+    so_far.unlink()
+    assert ran(snapshot=True, baked_only=False) == [
+        "baked snapshot=True",
+        "snapshot",
+        "cold kept={'restores': 3}",
+        "checks",
+    ]
     assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot", "checks"]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
