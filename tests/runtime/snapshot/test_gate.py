@@ -271,6 +271,19 @@ def test_a_failed_restore_is_killed_marked_and_never_tried_again(setup: tuple[Pa
     ]
 
 
+def test_a_restored_tree_that_ends_before_health_is_named_so_at_once(setup: tuple[Path, int]) -> None:
+    """Not "did not answer within 5 s": the tree's end is what failed, and it is said with its
+    exit code (the deadline's message would be the other one)."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port, healthy=False, serve_s=0.3)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and marker(env, digest).exists()
+    assert "the restored tree exited with code 0 " in said[0], said
+    assert f"before http://127.0.0.1:{port}/health answered 200" in said[0], said
+
+
 def test_a_restored_tree_without_a_checkpointed_pid_is_a_failed_restore(setup: tuple[Path, int]) -> None:
     """The driver holds device state for pid 7; a tree CRIU brought back without it cannot be
     given that state: killed and marked, the pid named, the driver never called."""

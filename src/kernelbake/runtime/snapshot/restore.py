@@ -219,13 +219,29 @@ def _healthy(url: str, deadline: float, alive: Callable[[], bool]) -> bool:
     return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        # Not our child (no subreaper): alive while it exists.
-        return Path(f"/proc/{pid}").exists()
-    return done == 0
+class _Root:
+    """The restored root, asked whether it still runs; once it has ended, how (its status is
+    reaped on the way, so it is kept for the message)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.ended: str | None = None
+
+    def alive(self) -> bool:
+        if self.ended is not None:
+            return False
+        try:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Not our child (no subreaper): alive while it exists.
+            if Path(f"/proc/{self.pid}").exists():
+                return True
+            self.ended = "ended"
+            return False
+        if done == 0:
+            return True
+        self.ended = f"exited with code {os.waitstatus_to_exitcode(status)}"
+        return False
 
 
 def _bring_back(
@@ -290,7 +306,14 @@ def _serving(manifest: SnapshotManifest, root: int, deadline: float, phases: dic
     outside = manifest.key.weights is Weights.OUTSIDE
     path = "/is_sleeping" if outside else manifest.health_path
     t = time.monotonic()
-    if not _healthy(base + path, deadline, lambda: _alive(root)):
+    restored = _Root(root)
+    if not _healthy(base + path, deadline, restored.alive):
+        if restored.ended is not None:
+            # Not a slow start: waiting out the deadline would not have helped.
+            return (
+                f"the restored tree {restored.ended} {time.monotonic() - t:.2f} s after the restore, "
+                f"before {base}{path} answered 200"
+            )
         return f"{base}{path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
     phases[path] = time.monotonic() - t
     return _awake(base, deadline, phases) if outside else None
