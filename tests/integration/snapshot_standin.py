@@ -7,6 +7,7 @@ so far, which a restored tree must remember) and /quit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -71,16 +72,20 @@ def restore() -> dict[str, object]:
     seen: dict[str, object] = {}
 
     def client() -> None:
-        # Once the restored tree answers: what it remembers, then stop it.
+        # Once the restored tree answers: what it remembers, then, once the restore has said
+        # how it went, stop it. Stopped sooner, the tree could end before serve's own /health
+        # poll saw it answer (a loaded CI machine did this), which is a failed restore.
         end = time.monotonic() + 60
-        while time.monotonic() < end:
+        while time.monotonic() < end and not seen:
             try:
                 with urllib.request.urlopen("http://127.0.0.1:8000/count", timeout=1) as r:
                     seen.update(json.loads(r.read()))
-                urllib.request.urlopen("http://127.0.0.1:8000/quit", timeout=5).close()
-                return
             except OSError:
                 time.sleep(0.1)
+        while time.monotonic() < end and not said:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen("http://127.0.0.1:8000/quit", timeout=5).close()
 
     t = time.monotonic()
     watcher = threading.Thread(target=client, daemon=True)
