@@ -240,7 +240,8 @@ class _Root:
             return False
         if done == 0:
             return True
-        self.ended = f"exited with code {os.waitstatus_to_exitcode(status)}"
+        code = os.waitstatus_to_exitcode(status)
+        self.ended = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return False
 
 
