@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,6 +285,23 @@ def test_a_restored_tree_that_ends_before_health_is_named_so_at_once(setup: tupl
     assert rc is None and marker(env, digest).exists()
     assert "the restored tree exited with code 0 " in said[0], said
     assert f"before http://127.0.0.1:{port}/health answered 200" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("import sys; sys.exit(3)", "exited with code 3"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "was killed by signal 9"),
+    ],
+)
+def test_how_the_restored_root_ended_is_kept_once_it_is_reaped(body: str, said: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", body])
+    root = restore_mod._Root(child.pid)
+    end = time.monotonic() + 30
+    while root.alive() and time.monotonic() < end:
+        time.sleep(0.02)
+    # Asked again after the reap: still ended, still the same words.
+    assert (root.alive(), root.ended) == (False, said)
 
 
 def test_a_restored_tree_without_a_checkpointed_pid_is_a_failed_restore(setup: tuple[Path, int]) -> None:
