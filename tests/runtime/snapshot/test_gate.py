@@ -260,7 +260,7 @@ def test_a_failed_restore_is_killed_marked_and_never_tried_again(setup: tuple[Pa
     rc, said = _start(env, criu, driver)
     assert rc is None and len(criu.restores) == 1
     if criu.child is not None:
-        assert criu.child.poll() is not None  # killed, not left serving
+        assert criu.ended()  # killed, not left serving
     assert marker(env, digest).exists()
     assert "this node is marked" in said[0] and said[0].endswith("starting the baked way")
     if how == "criu fails":
@@ -312,7 +312,7 @@ def test_a_restored_tree_without_a_checkpointed_pid_is_a_failed_restore(setup: t
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(7,))
     env = _env(tmp_path, digest)
     rc, said = _start(env, criu, driver)
-    assert rc is None and criu.child is not None and criu.child.poll() is not None
+    assert rc is None and criu.child is not None and criu.ended()
     assert driver.restored == [] and marker(env, digest).exists()
     assert "criu restored no process with pid 7, whose device state the driver holds" in said[0]
 
@@ -424,7 +424,7 @@ def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> Non
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
     env = _env(tmp_path, digest)
     rc, said = _start(env, criu, driver)
-    assert rc is None and criu.child is not None and criu.child.poll() is not None
+    assert rc is None and criu.child is not None and criu.ended()
     assert marker(env, digest).exists()
     assert "/collective_rpc answered 500" in said[0] and "this node is marked" in said[0]
     # A snapshot taken with its weights inside is never woken: nothing was posted.

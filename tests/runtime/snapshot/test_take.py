@@ -379,6 +379,10 @@ class _Engine:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
 
 @pytest.mark.parametrize(("sleeping", "ok"), [("true", True), ("false", False)])
 def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
@@ -392,7 +396,7 @@ def test_sleep_is_asked_for_and_then_checked(sleeping: str, ok: bool) -> None:
             with pytest.raises(EnvironmentProblem, match="does not say the engine sleeps"):
                 take._sleep(engine.base)
     finally:
-        engine.server.shutdown()
+        engine.stop()
     assert engine.asked == ["/sleep?level=2", "/is_sleeping"]
 
 
@@ -413,7 +417,7 @@ def test_the_reload_every_restore_needs_is_asked_once_before_the_snapshot(answer
             ):
                 take._reload_once(engine.base)
     finally:
-        engine.server.shutdown()
+        engine.stop()
     assert engine.asked == ["/collective_rpc"]
     assert json.loads(engine.bodies[0]) == http.RELOAD_WEIGHTS == {"method": "reload_weights"}
 
