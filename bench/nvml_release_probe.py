@@ -4,11 +4,17 @@ machine, without vLLM (docs/snapshot.md, 'NVML's device files').
 vLLM 0.32's engine core still held /dev/nvidiactl, /dev/nvidia0 and /dev/nvidia-caps/* after
 the driver's checkpoint on the H100 (bench/results/vllm-0.32.0-h100-snapshot-2026-12-05-fourth),
 which is what NVML keeps open: torch.cuda.device_count() initialises it before CUDA is up and
-never shuts it down. This starts two torch processes that do exactly that and hold 1 GiB on
-the GPU, one with kernelbake's handler (``kernelbake.runtime.nvml``, as vLLM's plugin installs
-it when take starts the engine) and one without, and runs take's own steps on each: the
-driver's checkpoint, ``take._release_nvml``, the device files left; then, for the one whose
-files all closed, ``criu dump``, ``criu restore``, the driver's restore, and the data checked.
+never shuts it down. This starts torch processes that do exactly that and hold 1 GiB on the
+GPU: one with kernelbake's handler (``kernelbake.runtime.nvml``, as vLLM's plugin installs it
+when take starts the engine), one without, and two whose GPU work runs in a child they fork or
+spawn, as vLLM's API server starts its engine core; and runs take's own steps on each: the
+driver's checkpoint, ``take._release_nvml``, the device files left; then, for each whose files
+all closed, ``criu dump``, ``criu restore``, the driver's restore, and the data checked.
+
+Its first runs (H100, bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth) had only the
+first two: both closed every file at the checkpoint, with torch 2.11 and 2.13, so NVML in a
+process's own hands was never the engine core's trouble. Files inherited through a fork are:
+the fork experiments there kept all five after the checkpoint.
 
     PYTHONPATH=src python3 bench/nvml_release_probe.py --criu /opt/kernelbake-criu/bin/criu --out DIR
 
@@ -35,25 +41,44 @@ from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
 
 CHILD = r"""
-import sys, time
+import os, sys, time
 from pathlib import Path
-if sys.argv[1] == "handler":
-    from kernelbake.runtime import nvml
-    nvml.install()
-import torch
-torch.cuda.device_count()  # before CUDA is up: NVML initialised, never shut down (torch)
-x = torch.rand(1 << 28, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
-want = float(x.double().sum())
-torch.cuda.empty_cache()
-d = Path(sys.argv[2])
-(d / "ready").write_text(repr(want))
-while True:
-    if (d / "go").exists():
-        (d / "go").unlink()
-        got = float(x.double().sum())
-        (d / "result").write_text("intact" if got == want else f"changed {want} -> {got}")
-    time.sleep(0.05)
+
+
+def work(d):
+    import torch
+    x = torch.rand(1 << 28, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+    want = float(x.double().sum())
+    torch.cuda.empty_cache()
+    (d / "ready").write_text(str(os.getpid()))
+    while True:
+        if (d / "go").exists():
+            (d / "go").unlink()
+            got = float(x.double().sum())
+            (d / "result").write_text("intact" if got == want else f"changed {want} -> {got}")
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    mode, d = sys.argv[1], Path(sys.argv[2])
+    if mode != "plain":
+        from kernelbake.runtime import nvml
+        nvml.install()
+    import torch
+    torch.cuda.device_count()  # before CUDA is up: NVML initialised, never shut down (torch)
+    if mode in ("forked", "spawned"):
+        # As vLLM's API server starts its engine core: the GPU is used by a child.
+        import multiprocessing
+        ctx = multiprocessing.get_context("fork" if mode == "forked" else "spawn")
+        ctx.Process(target=work, args=(d,)).start()
+        while True:
+            time.sleep(1)
+    work(d)
 """
+# plain: no handler; handler: kernelbake's, as vLLM's plugin installs it; forked and spawned:
+# the handler in both processes, and the GPU used by a child the NVML-holding parent started
+# (vLLM's engine core: forked by kernelbake's default, spawned for a snapshot).
+MODES = ("plain", "handler", "forked", "spawned")
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -70,17 +95,22 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
     d = work / mode
     d.mkdir(parents=True)
     out: dict[str, Any] = {"mode": mode}
+    script = d / "child.py"
+    script.write_text(CHILD)
     with (d / "child.log").open("w") as log:
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, mode, str(d)],
+            [sys.executable, str(script), mode, str(d)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
     pid = child.pid
     checkpointed = False
     try:
-        if _wait_for(d / "ready", 120) is None:
+        if (ready := _wait_for(d / "ready", 120)) is None:
             out["failed"] = f"the child did not start: {(d / 'child.log').read_text()[-400:]}"
             return out
+        # The process that holds the GPU: the child, or the one it started.
+        pid = int(ready)
+        out["gpu_in"] = "the child" if pid == child.pid else "the child's child"
         out["files_before"] = tree.gpu_files(pid)
         t = time.monotonic()
         driver.checkpoint(pid)
@@ -102,7 +132,8 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
         if not ok:
             out["failed"] = f"criu dump: {failure(Path(dump_log))}"
             return out
-        child.wait()
+        if pid == child.pid:
+            child.wait()
         checkpointed = False
         out["images_bytes"] = sum(f.stat().st_size for f in images.iterdir())
         t = time.monotonic()
@@ -126,8 +157,9 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
                 driver.restore(pid)
             except Exception as exc:
                 out["give_back_failed"] = str(exc)
-        with contextlib.suppress(OSError):
-            os.kill(pid, 9)
+        for gone in {pid, child.pid}:
+            with contextlib.suppress(OSError):
+                os.kill(gone, 9)
         if child.poll() is None:
             child.wait()
     return out
@@ -152,7 +184,7 @@ def main() -> int:
     else:
         criu = Criu(a.criu) if a.criu else None
         with tempfile.TemporaryDirectory(prefix="nvml-probe-", dir="/dev/shm") as work:
-            doc["runs"] = [one(mode, driver, criu, Path(work)) for mode in ("plain", "handler")]
+            doc["runs"] = [one(mode, driver, criu, Path(work)) for mode in MODES]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "nvml-release-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))

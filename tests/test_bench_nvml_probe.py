@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,12 @@ from tests.runtime.snapshot.fakes import FakeDriver
 from tests.support import bench
 
 _CHILD = r"""
-import sys, time
+import os, sys, time
 from pathlib import Path
 if sys.argv[1] == "handler":
     from kernelbake.runtime import nvml
     nvml.install()
-(Path(sys.argv[2]) / "ready").write_text("1.0")
+(Path(sys.argv[2]) / "ready").write_text(str(os.getpid()))
 while True:
     time.sleep(0.05)
 """
@@ -51,3 +52,43 @@ def test_the_probe_checkpoints_asks_and_gives_back(
     assert out["files_after_release"] == ([] if asked else ["/dev/nvidiactl"])
     # Checkpointed once, and the device state given back (no dump without CRIU here).
     assert len(driver.checkpointed) == 1 and driver.restored == driver.checkpointed
+
+
+_FORKING_CHILD = r"""
+import os, sys, time
+from pathlib import Path
+if os.fork() == 0:
+    (Path(sys.argv[2]) / "ready").write_text(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_where_the_child_starts_the_gpu_work_the_one_it_started_is_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forked and spawned modes: the process holding the GPU is the one the child started
+    (as vLLM's engine core is the API server's), so that one is checkpointed, given back and
+    killed, and the child with it."""
+    probe = bench.load("nvml_release_probe")
+    monkeypatch.setattr(probe, "CHILD", _FORKING_CHILD)
+    monkeypatch.setattr(probe.tree, "gpu_files", lambda pid, proc=Path("/proc"): ["/dev/nvidiactl"])
+    driver = FakeDriver()
+    out = probe.one("forked", driver, None, tmp_path)
+    assert "failed" not in out, out
+    assert out["gpu_in"] == "the child's child"
+    grandchild = int((tmp_path / "forked/ready").read_text())
+    assert driver.checkpointed == [grandchild] and driver.restored == [grandchild]
+    # Killed (the grandchild, reparented, is not ours to reap: a zombie at most).
+    deadline = time.monotonic() + 5
+    while not _ended(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ended(grandchild)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1]
+    except (FileNotFoundError, IndexError):
+        return True
+    return state.startswith("Z")

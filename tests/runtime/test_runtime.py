@@ -22,7 +22,7 @@ from kernelbake.runtime import integrity
 from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines import CompileResult
-from kernelbake.runtime.env import VerifyMode
+from kernelbake.runtime.env import NVML_RELEASE_ENV, VerifyMode
 from kernelbake.runtime.serve import preflight as pf
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
@@ -158,6 +158,25 @@ def test_launch_env_reaches_the_engine_and_the_image_env_wins(tmp_path: Path, ta
     assert v.env["FAKE_CACHE_DIR"] == str(root / "inductor")
     v = pf.preflight(_env(tmp_path, FAKE_START="spawn"), engine=engine)
     assert v.env["FAKE_START"] == "spawn"
+
+
+class _SnapshotEngine(_FastStartEngine):
+    def snapshot_env(self) -> dict[str, str]:
+        return {"FAKE_START": "spawn"}
+
+
+@pytest.mark.parametrize(("taking", "want"), [("1", "spawn"), ("", "fork")])
+def test_a_tree_snapshot_take_starts_gets_the_engines_snapshot_env_over_the_images(
+    tmp_path: Path, target: TargetConfig, taking: str, want: str
+) -> None:
+    """``snapshot take`` starts serve with NVML_RELEASE_ENV: the engine's snapshot variables
+    then win even over the image's environment (a forked vLLM engine core would hold the API
+    server's NVML files); any other serve keeps its launch default."""
+    _baked(tmp_path, target)
+    engine = _SnapshotEngine(platform_for(target.key))
+    v = pf.preflight(_env(tmp_path, FAKE_START="fork", **{NVML_RELEASE_ENV: taking}), engine=engine)
+    assert v.warm
+    assert v.env["FAKE_START"] == want
 
 
 class _HashedLaunchEngine(FakeEngine):

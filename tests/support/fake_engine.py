@@ -62,6 +62,9 @@ class FakeEngine:
     def launch_env(self) -> dict[str, str]:
         return {}
 
+    def snapshot_env(self) -> dict[str, str]:
+        return {}
+
     # What the fake says it needs in /dev/shm (tests of serve's shared-memory check set it).
     shm: ShmNeed | None = None
 

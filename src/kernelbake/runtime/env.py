@@ -57,7 +57,8 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
 # Set by ``snapshot take`` for the engine it starts: every process vLLM starts then gives up
-# NVML's device files when take asks (``runtime.nvml``), which CRIU could not dump.
+# NVML's device files when take asks (``runtime.nvml``), which CRIU could not dump, and
+# ``serve`` starts the engine with its ``snapshot_env`` (``RuntimeEnv.for_snapshot``).
 NVML_RELEASE_ENV = "KERNELBAKE_SNAPSHOT_NVML_RELEASE"
 # Where a serving engine notes the batches during which it compiled (``engines.vllm.misses``),
 # for ``capture record``: ``serve`` sets it in the engine's environment on a warm start.
@@ -146,6 +147,11 @@ VARIABLES = (
         internal=True,
     ),
     Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
+    Variable(
+        NVML_RELEASE_ENV,
+        "set by `snapshot take` for the serve it starts: the engine starts as a tree to be dumped",
+        internal=True,
+    ),
     Variable(
         MISS_NOTES_ENV,
         "where a serving engine notes the request classes of the batches during which it compiled, and `capture record` reads them (a sidecar that records must see the same file)",
@@ -275,6 +281,8 @@ class RuntimeEnv:
     image_digest: str | None = None
     snapshot_marks: Path = Path("/tmp")
     criu: Path = Path("/opt/kernelbake/criu/bin/criu")
+    # This serve was started by ``snapshot take``: its engine's process tree is to be dumped.
+    for_snapshot: bool = False
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -331,6 +339,7 @@ class RuntimeEnv:
                 or "/tmp"
             ),
             criu=Path(env.get("KERNELBAKE_CRIU") or "/opt/kernelbake/criu/bin/criu"),
+            for_snapshot=env.get(NVML_RELEASE_ENV) == "1",
             environ=dict(env),
         )
 

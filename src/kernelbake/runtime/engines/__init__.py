@@ -84,6 +84,12 @@ class EngineRuntime(Protocol):
         serves; the environment the image runs with wins over each of them."""
         ...
 
+    def snapshot_env(self) -> dict[str, str]:
+        """Variables the engine must start with when ``snapshot take`` will dump its process
+        tree: what keeps any process from holding device files CRIU cannot dump. They change
+        nothing it compiles or serves, and win over the image's environment."""
+        ...
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None] | None:
         """Reads the engine's output while it serves and returns a line to report when the
         engine says whether it used the caches under ``cache_root``; ``None``: nothing to

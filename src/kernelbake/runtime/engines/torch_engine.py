@@ -127,6 +127,9 @@ class TorchEngine:
     def launch_env(self) -> dict[str, str]:
         return {}
 
+    def snapshot_env(self) -> dict[str, str]:
+        return {}
+
     def serve_watcher(self, cache_root: Path) -> None:
         # The torch serve helper reports Inductor's own hit counters itself.
         return None

@@ -275,8 +275,12 @@ def _fresh_dir(scratch: Path, prefix: str, why: str, root: Path) -> Path:
 
 
 def _engine_env(env: RuntimeEnv, target: TargetConfig, engine: EngineRuntime, root: Path) -> dict[str, str]:
+    """What the engine starts with: its launch defaults, then the container's and the image's
+    environment, the caches at ``root``, and for a tree ``snapshot take`` dumps, what the
+    engine needs for that."""
     cache_env = engine.declaration.cache_env_for(root, target.key)
-    return {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
+    snapshot_env = engine.snapshot_env() if env.for_snapshot else {}
+    return {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env, **snapshot_env}
 
 
 def _cold_root(env: RuntimeEnv, baked: Path, engine: EngineRuntime) -> Path:
@@ -395,8 +399,7 @@ def _serve_time_notes(
     arguments that differ from the build's, each of which makes graphs compile at startup."""
     # What the engine will see, its launch defaults included: were one of them hashed,
     # this is where a start that misses the caches would be named.
-    cache_env = engine.declaration.cache_env_for(baked, target.key)
-    effective = {**engine.launch_env(), **env.environ, **dict(target.serve.env), **cache_env}
+    effective = _engine_env(env, target, engine, baked)
     texts = _hashed_env_notes(manifest, effective)
     if shape := engine.shape_args(target, user_args):
         texts.append(

@@ -66,6 +66,17 @@ PLUGIN_TARGET = "kernelbake.runtime.engines.vllm.plugin:register"
 # ignored_factors), so the baked caches still match.
 LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
+# But not for a tree ``snapshot take`` dumps. A forked engine core inherits the API server's
+# NVML file descriptors (/dev/nvidiactl, /dev/nvidia0, /dev/nvidia-caps/*: torch's device count
+# initialises NVML in the API server and never shuts it down). The driver's checkpoint closes a
+# process's own CUDA and NVML files, not inherited ones, and NVML in the child no longer owns
+# them, so they stayed open and CRIU cannot dump a device file: vLLM 0.32 on the H100, and
+# reproduced with a forked torch process and no vLLM
+# (bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth/). Spawned, the engine core
+# starts with none. The variable is in neither release's compile hash (above); the seconds a
+# spawned engine core takes to import again are the take's, never the restore's.
+SNAPSHOT_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
 # vLLM 0.26's start-up plan (vllm/v1/worker/startup_plan.py): with this set to 1, a worker
 # that profiled memory saves the KV-cache size it found under VLLM_CACHE_ROOT/startup_plan/,
 # and every later boot with the same config and device applies it without profiling. Profiled
@@ -258,6 +269,9 @@ class VllmEngine:
     def launch_env(self) -> dict[str, str]:
         return dict(LAUNCH_ENV)
 
+    def snapshot_env(self) -> dict[str, str]:
+        return dict(SNAPSHOT_ENV)
+
     def serve_watcher(self, cache_root: Path) -> Callable[[str], str | None]:
         dirs = evidence.cache_dirs(cache_root, self.declaration.cache_kinds)
         return evidence.watcher(dirs, evidence.manifest_digests(cache_root, dirs))
@@ -307,6 +321,7 @@ __all__ = [
     "CPU_SERVER_MODULE",
     "LAUNCH_ENV",
     "PLUGIN_TARGET",
+    "SNAPSHOT_ENV",
     "STARTUP_PLAN_ENV",
     "VllmEngine",
     "compile_argv",
