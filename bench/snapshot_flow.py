@@ -53,7 +53,16 @@ after a call returns, the next must come within ~30 s or the machine is given ba
     run(): bash bench/device.sh collect 560                                   # until snap8b's rc is there
 
 (Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
-tree.) The device tool lends an H100 for work that fits 78 GiB, both of these
+tree.) The GPU idles while the chunks go over: the call after the CRIU one can start
+``bench/nvml_release_probe.py`` (the machine's torch and that CRIU; its four modes, ~1 minute)
+from a copy of the tree, which the next call's checkout does not replace:
+
+    mkdir -p /root/ptree /root/pout && cp -r src bench /root/ptree && cd /root/ptree &&
+      (PYTHONPATH=src setsid nohup python3 bench/nvml_release_probe.py
+        --criu /opt/kernelbake-criu/bin/criu --out /root/pout > /root/pout/probe.log 2>&1 &)
+
+and a later call copies ``/root/pout`` to ``$OUT`` (2026-12-06, on the H100:
+bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth). The device tool lends an H100 for work that fits 78 GiB, both of these
 models included: render ``--gpu h100`` too (the 0.32 specs target both) and pass the context of
 the card ``nvidia-smi`` names; a context for the other card is refused at compile (the engine's
 compile hash includes the device name). On vLLM 0.26 the same, with ``shared/gpu-testenv/build-bundle.sh``'s parts and
