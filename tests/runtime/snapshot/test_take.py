@@ -174,8 +174,8 @@ class _DumpingCriu(FakeCriu):
 def test_a_process_holding_nvmls_files_is_asked_to_shut_it_down_and_dumped_once_they_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closes: bool
 ) -> None:
-    """NVML's device files outlive the driver's checkpoint (vLLM 0.32's engine core on the H100):
-    take sends the process that catches nvml.RELEASE_SIGNAL that signal, waits for the files
+    """Device files that outlive the driver's checkpoint (vLLM 0.32's forked engine core on the
+    H100 held NVML's, inherited from the API server): take sends the process that catches nvml.RELEASE_SIGNAL that signal, waits for the files
     to close and dumps; one that does not close them in time is named, the dump never runs."""
     held = {11: ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia0", "/dev/nvidiactl"]}
     monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
@@ -208,6 +208,9 @@ def test_a_process_holding_nvmls_files_is_asked_to_shut_it_down_and_dumped_once_
             )  # fmt: skip
         assert "pid 11 (VLLM::EngineCore) still holds /dev/nvidia-caps/nvidia-cap1" in str(err.value)
         assert "it was asked to shut NVML down and still held them 0.3 s later" in str(err.value)
+        # What the H100 showed (vLLM 0.32, forked engine core): named as a cause, with its remedy.
+        assert "inherited the files through a fork keeps them" in str(err.value)
+        assert "started by spawn or exec" in str(err.value)
         assert criu.dumped == [] and driver.restored == [11]
     # Only the process holding files after the checkpoint was signalled, once.
     assert sent == [(11, nvml.RELEASE_SIGNAL)]

@@ -384,8 +384,11 @@ def _dump(
         raise EnvironmentProblem(
             f"pid {pid} ({cmd}) still holds {', '.join(files[:4])} after the driver's checkpoint"
             f"{f' (and {len(held) - 1} more processes)' if len(held) > 1 else ''}; CRIU cannot dump a "
-            f"GPU device file, and {why}. A process that opened the GPU without a CUDA context (NVML, "
-            "a device query) keeps them: it must close them, or query the GPU from a child process"
+            f"GPU device file, and {why}. The checkpoint closes only what a process holds through a "
+            "CUDA context of its own: one that opened the GPU without one (NVML, a device query) or "
+            "inherited the files through a fork keeps them. It must close them, query the GPU from a "
+            "child process, or be started by spawn or exec rather than by a fork of a process that "
+            "held them"
         )
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
     env.scratch.mkdir(parents=True, exist_ok=True)
