@@ -73,8 +73,9 @@ LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 # them, so they stayed open and CRIU cannot dump a device file: vLLM 0.32 on the H100, and
 # reproduced with a forked torch process and no vLLM
 # (bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth/). Spawned, the engine core
-# starts with none. The variable is in neither release's compile hash (above); the seconds a
-# spawned engine core takes to import again are the take's, never the restore's.
+# starts with none. vLLM 0.26 and 0.32 both leave the variable out of their compile hash
+# (envs.compile_factors' ignored_factors); the seconds a spawned engine core takes to import
+# again are the take's, never the restore's.
 SNAPSHOT_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 # vLLM 0.26's start-up plan (vllm/v1/worker/startup_plan.py): with this set to 1, a worker
