@@ -45,7 +45,12 @@ import os, sys, time
 from pathlib import Path
 
 
-def work(d):
+def work(d, handler):
+    if handler:
+        # Again in a spawned child, which runs none of the parent's code (vLLM's plugin
+        # installs it in every process vLLM starts); a forked one has it already.
+        from kernelbake.runtime import nvml
+        nvml.install()
     import torch
     x = torch.rand(1 << 28, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
     want = float(x.double().sum())
@@ -61,7 +66,8 @@ def work(d):
 
 if __name__ == "__main__":
     mode, d = sys.argv[1], Path(sys.argv[2])
-    if mode != "plain":
+    handler = mode != "plain"
+    if handler:
         from kernelbake.runtime import nvml
         nvml.install()
     import torch
@@ -70,10 +76,10 @@ if __name__ == "__main__":
         # As vLLM's API server starts its engine core: the GPU is used by a child.
         import multiprocessing
         ctx = multiprocessing.get_context("fork" if mode == "forked" else "spawn")
-        ctx.Process(target=work, args=(d,)).start()
+        ctx.Process(target=work, args=(d, handler)).start()
         while True:
             time.sleep(1)
-    work(d)
+    work(d, handler)
 """
 # plain: no handler; handler: kernelbake's, as vLLM's plugin installs it; forked and spawned:
 # the handler in both processes, and the GPU used by a child the NVML-holding parent started
