@@ -62,8 +62,8 @@ from a copy of the tree, which the next call's checkout does not replace:
         --criu /opt/kernelbake-criu/bin/criu --out /root/pout > /root/pout/probe.log 2>&1 &)
 
 and a later call copies ``/root/pout`` to ``$OUT`` (2026-12-06, on the H100:
-bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth). The device tool lends an H100 for work that fits 78 GiB, both of these
-models included: render ``--gpu h100`` too (the 0.32 specs target both) and pass the context of
+bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-fifth). The device tool lends an H100 for
+work that fits 78 GiB, both of these models included: render ``--gpu h100`` too (the 0.32 specs target both) and pass the context of
 the card ``nvidia-smi`` names; a context for the other card is refused at compile (the engine's
 compile hash includes the device name). On vLLM 0.26 the same, with ``shared/gpu-testenv/build-bundle.sh``'s parts and
 ``bench/specs/qwen3-8b-sleep.yaml``.

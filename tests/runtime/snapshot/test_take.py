@@ -175,8 +175,9 @@ def test_a_process_holding_nvmls_files_is_asked_to_shut_it_down_and_dumped_once_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closes: bool
 ) -> None:
     """Device files that outlive the driver's checkpoint (vLLM 0.32's forked engine core on the
-    H100 held NVML's, inherited from the API server): take sends the process that catches nvml.RELEASE_SIGNAL that signal, waits for the files
-    to close and dumps; one that does not close them in time is named, the dump never runs."""
+    H100 held NVML's, inherited from the API server): take sends the process that catches
+    nvml.RELEASE_SIGNAL that signal, waits for the files to close and dumps; one that does not
+    close them in time is named, the dump never runs."""
     held = {11: ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia0", "/dev/nvidiactl"]}
     monkeypatch.setattr(tree, "gpu_files", lambda pid, proc=tree.PROC: held.get(pid, []))
     monkeypatch.setattr(tree, "cmdline", lambda pid, proc=tree.PROC: ["VLLM::EngineCore"])
