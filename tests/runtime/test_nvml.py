@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernelbake.runtime import nvml
-from kernelbake.runtime.env import NVML_RELEASE_ENV
+from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV
 from kernelbake.runtime.snapshot import tree
 
 
@@ -63,7 +63,7 @@ time.sleep(60)
 def _child(env_value: str | None) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELBAKE_")}
     if env_value is not None:
-        env[NVML_RELEASE_ENV] = env_value
+        env[SNAPSHOT_TAKE_ENV] = env_value
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, "plugin"],
         env=env,

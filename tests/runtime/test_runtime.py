@@ -22,7 +22,7 @@ from kernelbake.runtime import integrity
 from kernelbake.runtime.bundle import FileEntry, read_manifest
 from kernelbake.runtime.compile.stage import run_compile
 from kernelbake.runtime.engines import CompileResult
-from kernelbake.runtime.env import NVML_RELEASE_ENV, VerifyMode
+from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV, VerifyMode
 from kernelbake.runtime.serve import preflight as pf
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
@@ -169,12 +169,12 @@ class _SnapshotEngine(_FastStartEngine):
 def test_a_tree_snapshot_take_starts_gets_the_engines_snapshot_env_over_the_images(
     tmp_path: Path, target: TargetConfig, taking: str, want: str
 ) -> None:
-    """``snapshot take`` starts serve with NVML_RELEASE_ENV: the engine's snapshot variables
+    """``snapshot take`` starts serve with SNAPSHOT_TAKE_ENV: the engine's snapshot variables
     then win even over the image's environment (a forked vLLM engine core would hold the API
     server's NVML files); any other serve keeps its launch default."""
     _baked(tmp_path, target)
     engine = _SnapshotEngine(platform_for(target.key))
-    v = pf.preflight(_env(tmp_path, FAKE_START="fork", **{NVML_RELEASE_ENV: taking}), engine=engine)
+    v = pf.preflight(_env(tmp_path, FAKE_START="fork", **{SNAPSHOT_TAKE_ENV: taking}), engine=engine)
     assert v.warm
     assert v.env["FAKE_START"] == want
 

@@ -56,10 +56,11 @@ _VERIFY_RENAMED = {"size": VerifyMode.UNSAFE_SIZE_ONLY.value}
 # pid of the ``serve`` that will write it.
 GATE_ENV = "KERNELBAKE_CACHE_GATE"
 GATE_OWNER_ENV = "KERNELBAKE_CACHE_GATE_OWNER"
-# Set by ``snapshot take`` for the engine it starts: every process vLLM starts then gives up
-# NVML's device files when take asks (``runtime.nvml``), which CRIU could not dump, and
-# ``serve`` starts the engine with its ``snapshot_env`` (``RuntimeEnv.for_snapshot``).
-NVML_RELEASE_ENV = "KERNELBAKE_SNAPSHOT_NVML_RELEASE"
+# Set by ``snapshot take`` for the ``serve`` it starts, whose tree it will dump: ``serve``
+# starts the engine with its ``snapshot_env`` (``RuntimeEnv.for_snapshot``), and every process
+# vLLM starts gives up NVML's device files when take asks (``runtime.nvml``): CRIU cannot dump
+# a device file.
+SNAPSHOT_TAKE_ENV = "KERNELBAKE_SNAPSHOT_TAKE"
 # Where a serving engine notes the batches during which it compiled (``engines.vllm.misses``),
 # for ``capture record``: ``serve`` sets it in the engine's environment on a warm start.
 MISS_NOTES_ENV = "KERNELBAKE_MISS_NOTES"
@@ -148,7 +149,7 @@ VARIABLES = (
     ),
     Variable(GATE_OWNER_ENV, "pid of the `serve` that writes that verdict", internal=True),
     Variable(
-        NVML_RELEASE_ENV,
+        SNAPSHOT_TAKE_ENV,
         "set by `snapshot take` for the serve it starts: the engine starts as a tree to be dumped",
         internal=True,
     ),
@@ -339,7 +340,7 @@ class RuntimeEnv:
                 or "/tmp"
             ),
             criu=Path(env.get("KERNELBAKE_CRIU") or "/opt/kernelbake/criu/bin/criu"),
-            for_snapshot=env.get(NVML_RELEASE_ENV) == "1",
+            for_snapshot=env.get(SNAPSHOT_TAKE_ENV) == "1",
             environ=dict(env),
         )
 

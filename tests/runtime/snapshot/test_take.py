@@ -14,7 +14,7 @@ import pytest
 
 from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime import nvml
-from kernelbake.runtime.env import NVML_RELEASE_ENV
+from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV
 from kernelbake.runtime.snapshot import io_uring, take, tree
 from kernelbake.runtime.snapshot.take import Options, refuse_secrets
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -489,7 +489,7 @@ def test_take_starts_the_engine_with_the_nvml_release_asked_for(
         take.take(
             env, tmp_path / "out", Options(image="sha256:" + "1" * 64), driver=FakeDriver(), criu=FakeCriu(1)
         )  # type: ignore[arg-type]
-    assert envs[0][NVML_RELEASE_ENV] == "1" and NVML_RELEASE_ENV not in env.environ
+    assert envs[0][SNAPSHOT_TAKE_ENV] == "1" and SNAPSHOT_TAKE_ENV not in env.environ
 
 
 def test_a_process_gone_before_it_is_asked_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,7 +40,7 @@ from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
 from kernelbake.runner import spawn
 from kernelbake.runtime import nvml
 from kernelbake.runtime.bundle import file_sha256
-from kernelbake.runtime.env import NVML_RELEASE_ENV, RuntimeEnv
+from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV, RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
@@ -414,7 +414,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     tree.raise_pids(PID_FLOOR)
     started = time.monotonic()
-    environ = {**env.environ, NVML_RELEASE_ENV: "1"}
+    environ = {**env.environ, SNAPSHOT_TAKE_ENV: "1"}
     proc = spawn(argv, env=environ, output=log, preexec=io_uring.deny)
     try:
         taken = _warmed(proc, target, options, port, started)

@@ -44,13 +44,13 @@ REPORT: dict[str, Any] = {}
 
 
 def register() -> None:
-    from kernelbake.runtime.env import GATE_ENV, MISS_NOTES_ENV, NVML_RELEASE_ENV
+    from kernelbake.runtime.env import GATE_ENV, MISS_NOTES_ENV, SNAPSHOT_TAKE_ENV
 
     if os.environ.get(GATE_ENV):
         from kernelbake.runtime import gate
 
         gate.hold_or_exit()
-    if os.environ.get(NVML_RELEASE_ENV) == "1":
+    if os.environ.get(SNAPSHOT_TAKE_ENV) == "1":
         # A process a snapshot will hold: NVML's device files closed when take asks.
         from kernelbake.runtime import nvml
 
