@@ -108,7 +108,7 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
             [sys.executable, str(script), mode, str(d)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
-    pid = child.pid
+    pid = restored_root = child.pid
     checkpointed = False
     try:
         if (ready := _wait_for(d / "ready", 120)) is None:
@@ -133,13 +133,14 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
         images = d / "images"
         images.mkdir()
         t = time.monotonic()
-        ok, dump_log = criu.dump(pid, images, d)
+        # The whole tree from its root, the session leader CRIU asks for (the spawned mode's
+        # GPU process is not one: "The root process 1394 is not a session leader", 2026-12-06).
+        ok, dump_log = criu.dump(child.pid, images, d)
         out["dump_s"] = round(time.monotonic() - t, 3)
         if not ok:
             out["failed"] = f"criu dump: {failure(Path(dump_log))}"
             return out
-        if pid == child.pid:
-            child.wait()
+        child.wait()
         checkpointed = False
         out["images_bytes"] = sum(f.stat().st_size for f in images.iterdir())
         t = time.monotonic()
@@ -148,7 +149,8 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
         if not ok:
             out["failed"] = f"criu restore: {failure(Path(restore_log))}"
             return out
-        pid = int((d / "restored.pid").read_text())
+        # Every process comes back with its pid: the GPU one is still ``pid``.
+        restored_root = int((d / "restored.pid").read_text())
         t = time.monotonic()
         driver.restore(pid)
         out["driver_restore_s"] = round(time.monotonic() - t, 3)
@@ -163,11 +165,15 @@ def one(mode: str, driver: CudaDriver, criu: Criu | None, work: Path) -> dict[st
                 driver.restore(pid)
             except Exception as exc:
                 out["give_back_failed"] = str(exc)
-        for gone in {pid, child.pid}:
+        for gone in {pid, child.pid, restored_root}:
             with contextlib.suppress(OSError):
                 os.kill(gone, 9)
         if child.poll() is None:
             child.wait()
+        if restored_root != child.pid:
+            # Adopted here (the subreaper), so reaped here.
+            with contextlib.suppress(OSError):
+                os.waitpid(restored_root, 0)
     return out
 
 

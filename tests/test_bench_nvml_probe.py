@@ -92,3 +92,36 @@ def _ended(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return True
     return state.startswith("Z")
+
+
+class _RecordingCriu:
+    """Says which pid it was asked to dump, and whether that one leads its session (CRIU refuses
+    a root that does not); then fails, so nothing is restored."""
+
+    def __init__(self) -> None:
+        self.dumped: list[tuple[int, bool]] = []
+
+    def dump(self, pid: int, images: Path, work: Path) -> tuple[bool, str]:
+        self.dumped.append((pid, os.getsid(pid) == pid))
+        log = work / "dump.log"
+        log.write_text("(00.1) Error (criu/cr-dump.c:1): recorded, not dumped\n")
+        return False, str(log)
+
+
+def test_the_tree_is_dumped_from_its_root_which_leads_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawned mode's first device run (2026-12-06) dumped the GPU process, a grandchild:
+    CRIU refused it ("not a session leader"). The root the probe started is dumped, the tree
+    with it, while the grandchild is the one checkpointed."""
+    probe = bench.load("nvml_release_probe")
+    monkeypatch.setattr(probe, "CHILD", _FORKING_CHILD)
+    monkeypatch.setattr(probe.tree, "gpu_files", lambda pid, proc=Path("/proc"): [])
+    driver, criu = FakeDriver(), _RecordingCriu()
+    out = probe.one("spawned", driver, criu, tmp_path)
+    grandchild = int((tmp_path / "spawned/ready").read_text())
+    assert driver.checkpointed == [grandchild]
+    assert len(criu.dumped) == 1
+    root, leads = criu.dumped[0]
+    assert root != grandchild and leads
+    assert out["failed"].startswith("criu dump:")
