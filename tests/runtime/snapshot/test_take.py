@@ -503,3 +503,52 @@ def test_a_process_gone_before_it_is_asked_is_not_an_error(monkeypatch: pytest.M
         raise ProcessLookupError(pid)
 
     assert take._release_nvml([10, 11], kill=gone) == [11]
+
+
+def test_only_the_link_remap_files_of_this_dump_are_removed_from_shm(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "link_remap.1").write_bytes(b"another dump's")
+    before = take._shm_names(shm)
+    for name in ("link_remap.413", "psm_0c1d", "sem.mp-x"):
+        (shm / name).write_bytes(b"x")
+    (shm / "link_remap.9").mkdir()
+    assert take._tidy_shm(shm, before) == ["link_remap.413"]
+    assert sorted(p.name for p in shm.iterdir()) == ["link_remap.1", "link_remap.9", "psm_0c1d", "sem.mp-x"]
+
+
+def test_a_failed_dump_leaves_no_link_remap_file_in_shm_and_no_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CRIU links each unlinked file the tree holds (multiprocessing's semaphores) back into
+    /dev/shm as ``link_remap.N``; a second take on one H100 (2026-12-06) failed on the first's.
+    take removes its dump's, whether the dump went through or not."""
+    write_target(tmp_path, "tiny-llama.yaml")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "psm_queue").write_bytes(b"the tree's")
+    monkeypatch.setattr(take, "SHM_DIR", str(shm))
+    monkeypatch.setattr(tree, "raise_pids", lambda floor, proc=tree.PROC: None)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen(["sleep", "30"]))
+        return started[0]
+
+    def dump(*args: object, **kwargs: object) -> None:
+        (shm / "link_remap.413").write_bytes(b"")
+        raise EnvironmentProblem("criu dump of pid 1 failed: stopped here")
+
+    monkeypatch.setattr(take, "spawn", spawn)
+    monkeypatch.setattr(take, "_warmed", lambda *a: {})
+    monkeypatch.setattr(take, "_wait_quiet", lambda *a: None)
+    monkeypatch.setattr(take, "_check_tree", lambda *a: None)
+    monkeypatch.setattr(take, "here_key", lambda **kw: None)
+    monkeypatch.setattr(take, "_dump", dump)
+    with pytest.raises(EnvironmentProblem, match="stopped here"):
+        take.take(
+            runtime_env(tmp_path), tmp_path / "out", Options(image="sha256:" + "1" * 64),
+            driver=FakeDriver(), criu=FakeCriu(1),  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert sorted(p.name for p in shm.iterdir()) == ["psm_queue"]
+    assert started[0].poll() is not None

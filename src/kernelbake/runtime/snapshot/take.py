@@ -241,6 +241,34 @@ def _copy_shm(shm: Path, dest: Path) -> None:
             shutil.copy2(entry, dest / entry.name)
 
 
+def _shm_names(shm: Path) -> frozenset[str]:
+    try:
+        return frozenset(entry.name for entry in shm.iterdir())
+    except OSError:
+        return frozenset()
+
+
+# What CRIU names the link it makes, in the file's own directory, to a file the dumped tree
+# had unlinked but still held (``--link-remap``; the restore opens it by that name and removes
+# it). multiprocessing's semaphores are such files in /dev/shm.
+_LINK_REMAP = "link_remap."
+
+
+def _tidy_shm(shm: Path, before: frozenset[str]) -> list[str]:
+    """CRIU's ``link_remap.N`` files that appeared in /dev/shm since ``before`` (this dump's),
+    removed once copied into the snapshot (or once the dump failed): left there, the next take
+    in this /dev/shm fails on the same name ("Can't link remap to /dev/shm/sem.kQGSOi: File
+    exists", a second take on one H100, 2026-12-06) and a restore into it finds the name taken.
+    Nothing else there is touched: it may be another process's. The names removed."""
+    gone = []
+    for name in sorted(_shm_names(shm) - before):
+        entry = shm / name
+        if name.startswith(_LINK_REMAP) and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+            gone.append(name)
+    return gone
+
+
 def _kill(pids: Sequence[int]) -> None:
     for pid in pids:
         try:
@@ -413,6 +441,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     Path(RELOADING_MARK).unlink(missing_ok=True)
     argv = list(options.command) or [sys.executable, "-m", "kernelbake", "serve", *options.user_args]
     tree.raise_pids(PID_FLOOR)
+    shm_before: frozenset[str] | None = None
     started = time.monotonic()
     environ = {**env.environ, SNAPSHOT_TAKE_ENV: "1"}
     proc = spawn(argv, env=environ, output=log, preexec=io_uring.deny)
@@ -431,6 +460,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
+        shm_before = _shm_names(Path(SHM_DIR))
         dumped, gpu_pids = _dump(env, proc, pids, out, driver=driver, criu=criu)
         taken |= dumped
         proc.wait()
@@ -458,3 +488,5 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         _kill(tree.descendants(proc.pid) if proc.poll() is None else [])
         if proc.poll() is None:
             proc.wait()
+        if shm_before is not None:
+            _tidy_shm(Path(SHM_DIR), shm_before)
