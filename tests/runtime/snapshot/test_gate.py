@@ -4,9 +4,11 @@ One restore attempt: a failed one is killed and marked, and never tried again.""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,11 @@ from tests.support.runtime_target import runtime_env, write_target
 
 IMAGE = "sha256:" + "1" * 64
 PAGES = b"\x00pages\xff" * 1000
+
+
+# The dumped tree's pid: above the kernel's PID_MAX_LIMIT (2**22), so no process here holds it
+# and the gate's check that the tree's pids are free passes (a low pid is a kernel thread's).
+TREE_PID = 4_194_305
 
 
 def _free_port() -> int:
@@ -76,7 +83,7 @@ def _snapshot(
     manifest = SnapshotManifest(
         key=key,
         files=files,
-        tree=((7, "python3 -m vllm"),),
+        tree=((TREE_PID, "python3 -m vllm"),),
         gpu_pids=gpu_pids,
         health_port=port,
         health_path="/health",
@@ -118,16 +125,16 @@ def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(
 ) -> None:
     tmp_path, port = setup
     driver, criu = FakeDriver(), FakeCriu(port)
-    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(7,))
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(TREE_PID,))
     # CRIU restores the dumped pids; the stand-in's root cannot have pid 7, so the tree below
     # it is said to hold it too.
     real = restore_mod.tree.descendants
-    monkeypatch.setattr(restore_mod.tree, "descendants", lambda root, proc=None: [*real(root), 7])
+    monkeypatch.setattr(restore_mod.tree, "descendants", lambda root, proc=None: [*real(root), TREE_PID])
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     assert len(criu.restores) == 1 and criu.child is not None
     # The driver gives device state back to the processes take checkpointed, and only them.
-    assert driver.restored == [7]
+    assert driver.restored == [TREE_PID]
     assert said[0].startswith(f"restored snapshot {digest[:19]}")
     assert (tmp_path / "engine-log/engine.log").read_bytes() == b"engine log\n"
 
@@ -305,16 +312,16 @@ def test_how_the_restored_root_ended_is_kept_once_it_is_reaped(body: str, said: 
 
 
 def test_a_restored_tree_without_a_checkpointed_pid_is_a_failed_restore(setup: tuple[Path, int]) -> None:
-    """The driver holds device state for pid 7; a tree CRIU brought back without it cannot be
+    """The driver holds device state for the tree's pid; a tree CRIU brought back without it cannot be
     given that state: killed and marked, the pid named, the driver never called."""
     tmp_path, port = setup
     driver, criu = FakeDriver(), FakeCriu(port, serve_s=30.0)
-    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(7,))
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, gpu_pids=(TREE_PID,))
     env = _env(tmp_path, digest)
     rc, said = _start(env, criu, driver)
     assert rc is None and criu.child is not None and criu.ended()
     assert driver.restored == [] and marker(env, digest).exists()
-    assert "criu restored no process with pid 7, whose device state the driver holds" in said[0]
+    assert f"criu restored no process with pid {TREE_PID}, whose device state the driver holds" in said[0]
 
 
 def test_criu_missing_here_is_a_refusal_not_a_traceback(setup: tuple[Path, int]) -> None:
@@ -434,3 +441,27 @@ def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> Non
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0 and not criu.calls.exists() and "weights inside" in said[0]
+
+
+def test_a_tree_pid_in_use_here_is_refused_before_criu_runs(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CRIU gives each process its pid back; where one is taken (a host's second restore, the
+    H100 of 2026-12-06), it failed halfway and marked the node. The gate names the pid and its
+    command first, and nothing is tried or marked."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    taken = subprocess.Popen(["sleep", "30"])
+    try:
+        _snapshot(tmp_path, port, driver=driver, criu=criu)
+        manifest = SnapshotManifest.from_json(
+            (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="test"
+        )
+        held = dataclasses.replace(manifest, tree=((taken.pid, "python3 -m vllm"), (TREE_PID, "engine")))
+        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).write_text(held.to_json())
+        line = _refused(tmp_path, _env(tmp_path, held.digest), criu, driver)
+    finally:
+        taken.kill()
+        taken.wait()
+    assert f"pid {taken.pid} (sleep 30) of the snapshot's tree is in use here" in line
+    assert "a pid namespace of its own" in line

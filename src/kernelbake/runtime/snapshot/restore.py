@@ -174,6 +174,19 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
     pulled = volume.pulled_by_runtime(env.snapshot_root)
     if found := list(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
         return Gated(manifest=None, digest=digest, reasons=tuple(found[:5]))
+    if held := tree.in_use(pid for pid, _ in manifest.tree):
+        # CRIU gives each process back the pid it had, and fails halfway ("Can't fork for 3421:
+        # File exists", a host's second restore on the H100, 2026-12-06) where one is taken.
+        cmd = " ".join(tree.cmdline(held[0]))[:80] or "a thread"
+        return Gated(
+            manifest=None,
+            digest=digest,
+            reasons=(
+                f"pid {held[0]} ({cmd}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
+                "snapshot's tree is in use here, and CRIU restores each process with the pid it had: "
+                "restore in a pid namespace of its own (a container's)",
+            ),
+        )
     how = f"sizes ({pulled})" if pulled else "sizes and sha256"
     checked = f"{len(manifest.files)} files checked by {how} in {time.monotonic() - started:.2f} s"
     return Gated(manifest=manifest, digest=digest, reasons=(), checked=checked)

@@ -5,6 +5,7 @@ tests give a fake one."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from kernelbake.runtime.redact import is_secret, secret_flags
@@ -53,6 +54,12 @@ def raise_pids(floor: int, proc: Path = PROC) -> None:
             if pid == 0:
                 os._exit(0)
             os.waitpid(pid, 0)
+
+
+def in_use(pids: Iterable[int], proc: Path = PROC) -> list[int]:
+    """Those of ``pids`` that a process or a thread holds here (``/proc/<tid>`` answers for a
+    thread too, though it is not listed)."""
+    return [pid for pid in pids if (proc / str(pid)).exists()]
 
 
 def cmdline(pid: int, proc: Path = PROC) -> list[str]:
