@@ -379,7 +379,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         f"({shown}; {gated.checked} before it); the engine's output goes on in {ENGINE_LOG}"
     )
     assert root is not None
-    return _supervise(root)
+    return _supervise(root, [pid for pid, _ in manifest.tree])
 
 
 def _root(pidfile: Path) -> int | None:
@@ -390,8 +390,50 @@ def _root(pidfile: Path) -> int | None:
     return int(text) if text.isdigit() and int(text) > 1 else None
 
 
-def _supervise(root: int) -> int:
-    """Wait for the restored root as for a child, passing SIGTERM/SIGINT/SIGHUP on."""
+# How long the restored tree's other processes get to end after its root did, before SIGKILL.
+STRAGGLER_GRACE_S = 10.0
+
+
+def _end_stragglers(pids: Sequence[int], grace_s: float = STRAGGLER_GRACE_S) -> list[int]:
+    """The restored tree's processes still running once its root ended (this process adopted
+    them, as the subreaper, when their parents ended first): SIGTERM, SIGKILL after ``grace_s``,
+    reaped. On a host nothing else would end them: after a restored serve stopped on the H100
+    (2026-12-06), one of the tree's processes was still there, and the next restore could not
+    have its pid. Those still running when asked."""
+    left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for pid in left:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                # Not ours to reap: gone once /proc says so.
+                done = 0 if Path(f"/proc/{pid}").exists() else pid
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                _kill([pid])
+                break
+            time.sleep(0.05)
+    return left
+
+
+def _supervise(root: int, members: Sequence[int]) -> int:
+    """Wait for the restored root as for a child, passing SIGTERM/SIGINT/SIGHUP on; then for
+    the rest of its tree: those of ``members`` (the snapshot's pids) still below this process,
+    so a pid reused by another process is never signalled."""
+    try:
+        return _wait_root(root)
+    finally:
+        below = set(tree.descendants(os.getpid())[1:])
+        _end_stragglers([pid for pid in members if pid in below and pid != root])
+
+
+def _wait_root(root: int) -> int:
+    """The root's exit code, waited for as a child's."""
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
