@@ -616,7 +616,30 @@ def reap(snapshot: Path) -> list[int]:
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # Not this flow's children: gone once init reaped them (a GPU process takes a while).
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return left
+
+
+def past_tree_pids(
+    snapshot: Path, margin: int = 10_000, counter: Path = Path("/proc/sys/kernel/ns_last_pid")
+) -> int | None:
+    """Moves the kernel's next pid past the dumped tree's: CRIU restores every process and thread
+    with its recorded id and leaves the counter among them, so a process started after one restore
+    (serve's own, a thread of this flow) can hold an id the next restore needs ("Can't fork for
+    3421: File exists", the 0.32 H100 run of 2026-12-06; serve's gate now refuses such a restore
+    before CRIU runs). Threads take ids too, hence the margin. Never moved back; root only; None
+    where it cannot."""
+    manifest = SnapshotManifest.from_json((snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="pids")
+    top = max((pid for pid, _ in manifest.tree), default=0) + margin
+    try:
+        if int(counter.read_text()) < top:
+            counter.write_text(f"{top}\n")
+    except (OSError, ValueError):
+        return None
+    return top
 
 
 def clear_marks(marks: Path) -> list[str]:
@@ -635,6 +658,7 @@ def restored(s: Setup, name: str, *, drop: bool, overlap: bool, waves: Any) -> d
         "cache_root_put_back": s.flow.as_the_image(s.run),
         "page_cache_dropped": drop_caches() if drop else False,
         "weights_read_beside": overlap,
+        "next_pid_from": past_tree_pids(s.snapshot),
     }
     dirs = s.flow.watched_dirs(s.run.cache_root, s.env)
     launch = s.flow.snapshot(dirs)

@@ -14,7 +14,7 @@ from kernelbake.contract.snapshot import Weights
 from kernelbake.runtime.snapshot import restore as restore_mod
 from kernelbake.runtime.snapshot.restore import start_from_snapshot
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
-from tests.runtime.snapshot.test_gate import _env, _free_port, _snapshot
+from tests.runtime.snapshot.test_gate import TREE_PID, _env, _free_port, _snapshot
 from tests.support import bench
 from tests.support.runtime_target import write_target
 
@@ -371,3 +371,19 @@ def test_generated_weights_compare_the_restore_with_a_start_from_the_checkpoint(
     assert s["tokens_reference"] == flow.REF_BAKED and s["tokens_identical_restored"] is True
     table = flow.phase_table({"qwen3-30b-a3b-fp8-sleep": doc})
     assert "| qwen3-30b-a3b-fp8-sleep | weights | files generated, 31161965568 B | 38.2 |" in table
+
+
+def test_the_next_pid_is_moved_past_the_tree_s_and_never_back(snap: tuple[Path, int]) -> None:
+    """A host's second restore failed on a pid a process started after the first held: before
+    each restore the flow moves the kernel's counter past the tree's pids."""
+    flow = _flow()
+    tmp_path, port = snap
+    _snapshot(tmp_path, port, driver=FakeDriver(), criu=FakeCriu(port))
+    counter = tmp_path / "ns_last_pid"
+    counter.write_text("500\n")
+    top = flow.past_tree_pids(tmp_path / "snapshot", counter=counter)
+    assert top == TREE_PID + 10_000 and counter.read_text() == f"{top}\n"
+    counter.write_text(f"{top + 7}\n")
+    assert flow.past_tree_pids(tmp_path / "snapshot", counter=counter) == top
+    assert counter.read_text() == f"{top + 7}\n"
+    assert flow.past_tree_pids(tmp_path / "snapshot", counter=tmp_path / "absent") is None
