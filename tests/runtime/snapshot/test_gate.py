@@ -130,6 +130,8 @@ def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(
     # it is said to hold it too.
     real = restore_mod.tree.descendants
     monkeypatch.setattr(restore_mod.tree, "descendants", lambda root, proc=None: [*real(root), TREE_PID])
+    # Weights inside: nothing for a reload to read, so nothing is read ahead.
+    monkeypatch.setattr(restore_mod.readahead, "start", lambda model: pytest.fail("read ahead"))
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     assert len(criu.restores) == 1 and criu.child is not None
@@ -380,13 +382,20 @@ def test_a_hashed_gate_says_so(setup: tuple[Path, int]) -> None:
 # Weights left out: the restored engine is woken and its weights reloaded before serve says so.
 
 
-def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(setup: tuple[Path, int]) -> None:
+def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     tmp_path, port = setup
     driver, criu = FakeDriver(), FakeCriu(port)
     criu.calls = tmp_path / "calls.txt"
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
+    # The weights the reload reads are read beside the restore, from the key's model path.
+    read_ahead: list[Path] = []
+    monkeypatch.setattr(restore_mod.readahead, "start", lambda model: read_ahead.append(model))
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
+    model = TargetConfig.load(runtime_env(tmp_path).target_file).key.model_path
+    assert read_ahead == [Path(model)]
     assert criu.calls.read_text().splitlines() == [
         "/wake_up {}",
         '/collective_rpc {"method": "reload_weights"}',

@@ -56,7 +56,7 @@ from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.snapshot import http, tree, volume
+from kernelbake.runtime.snapshot import http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import here_key
@@ -356,6 +356,8 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     if manifest.key.weights is Weights.OUTSIDE:
         with contextlib.suppress(OSError):
             mark.write_text("")
+        # The reload after the wake-up reads these: read beside CRIU's work, not after it.
+        readahead.start(Path(manifest.key.cache_key.model_path))
     root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
     if why is None and root is not None:
         why = _serving(manifest, root, started + manifest.deadline_s, phases)

@@ -1,0 +1,69 @@
+"""The weight files read beside a restore: which (the index's, not another copy beside them),
+how much (a budget), and nothing where there is nothing to read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kernelbake.runtime.snapshot import readahead
+
+
+def _model(tmp_path: Path, *, index: bool) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    for name, size in (
+        ("model-00001-of-00002.safetensors", 3000),
+        ("model-00002-of-00002.safetensors", 2000),
+    ):
+        (model / name).write_bytes(b"w" * size)
+    # Mistral's layout: the same weights once more, in one file the loader skips given an index.
+    (model / "consolidated.safetensors").write_bytes(b"c" * 5000)
+    (model / "config.json").write_text("{}")
+    if index:
+        weight_map = {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+            "c": "../x",
+        }
+        (model / readahead.INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    return model
+
+
+def test_the_index_names_the_files_and_without_one_every_safetensors_file_is_read(tmp_path: Path) -> None:
+    indexed = _model(tmp_path / "a", index=True)
+    assert [p.name for p in readahead.weight_files(indexed)] == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
+    plain = _model(tmp_path / "b", index=False)
+    assert [p.name for p in readahead.weight_files(plain)] == [
+        "consolidated.safetensors",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
+
+
+def test_reading_stops_at_the_budget_and_passes_over_what_cannot_be_read(tmp_path: Path) -> None:
+    model = _model(tmp_path, index=True)
+    files = readahead.weight_files(model)
+    assert readahead.read(files, 10_000) == 5000
+    assert readahead.read(files, 3500) == 3500
+    assert readahead.read([tmp_path / "gone.safetensors", *files], 10_000) == 5000
+
+
+def test_memory_available_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   100000 kB\n")
+    assert readahead.available_bytes(meminfo) == 100000 * 1024
+    assert readahead.available_bytes(tmp_path / "absent") == 0
+
+
+def test_a_thread_reads_where_there_is_something_to_read(tmp_path: Path) -> None:
+    assert readahead.start(tmp_path / "nothing-here", limit=1 << 20) is None
+    model = _model(tmp_path, index=False)
+    assert readahead.start(model, limit=0) is None
+    thread = readahead.start(model, limit=1 << 20)
+    assert thread is not None and thread.daemon
+    thread.join(timeout=10)
+    assert not thread.is_alive()
