@@ -140,7 +140,7 @@ def test_the_summary_and_the_phase_table_carry_the_issues_figures() -> None:
                     "files_added_after_ready_count": 0,
                     "compile_lines_after_ready": [],
                 },
-                "restored-overlap": {"ready_s": 8.0},
+                "restored-warm": {"ready_s": 8.0},
             },
             "mismatch": {
                 "said_after_s": 0.62,
@@ -158,6 +158,7 @@ def test_the_summary_and_the_phase_table_carry_the_issues_figures() -> None:
     )
     assert s["target_restored_s"] == 10.0 and s["met"] is True and s["tokens_identical_restored"] is True
     assert s["key_mismatch_fallback_s"] == 0.62 and s["bad_inputs_refused"] == {"truncated image": True}
+    assert s["ready_restored_warm_cache_s"] == 8.0
     doc["snapshot"]["restores"]["restored"]["tokens"] = [9]
     assert flow.summary(doc, "qwen3-8b-sleep")["tokens_identical_restored"] is False
     table = flow.phase_table({"qwen3-8b-sleep": doc})
