@@ -270,6 +270,24 @@ def test_a_host_path_or_an_ephemeral_container_gets_no_restore() -> None:
     assert 'ephemeral container "debug": asks for the restore capabilities' in problem
 
 
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("hostPID", "SYS_ADMIN over the node's processes is the node's root"),
+        ("hostNetwork", "NET_ADMIN would change the node's network"),
+        ("hostIPC", "SYS_ADMIN would reach the node's IPC objects"),
+        ("shareProcessNamespace", "the other containers' processes share the pids the snapshot's tree needs"),
+    ],
+)
+def test_a_namespace_shared_with_the_node_or_other_containers_gets_no_restore(field: str, says: str) -> None:
+    pod = _pod()
+    pod[field] = False
+    assert _decide(pod).problems == ()
+    pod[field] = True
+    (problem,) = _decide(pod).problems
+    assert f"asks for the restore capabilities in a pod with {field}: true; {says}" in problem
+
+
 def test_a_container_of_an_ungoverned_image_is_not_judged_unless_it_touches_a_snapshot() -> None:
     pod = _pod(mount=None)
     pod["containers"][0]["image"] = "docker.io/library/busybox:1"

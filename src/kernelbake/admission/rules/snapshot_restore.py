@@ -13,7 +13,9 @@ unconfined seccomp profile is admitted only when it
   exactly, every variable it sets literally and as recorded; a ``valueFrom``, an ``envFrom`` or
   a ``$(VAR)`` in the arguments cannot be known here, so it is refused (fail closed);
 - adds no capability beyond the restore set, is not privileged (which is every capability, so a
-  privileged container asks for the set too), and is no ephemeral container; and its pod mounts
+  privileged container asks for the set too), and is no ephemeral container; its pod shares no
+  namespace with the node or across its containers (``hostPID``, ``hostNetwork``, ``hostIPC``,
+  ``shareProcessNamespace``: ``_HOST_NAMESPACES`` says what each would open); its pod mounts
   no hostPath (with SYS_ADMIN a container could write through one into the node's image store,
   where the snapshot's files are) and has no privileged container of any image (one could enter
   the restoring container and change what it restores);
@@ -53,6 +55,16 @@ from kernelbake.contract.snapshot import (
 )
 
 _PINNED = (SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV)
+# A restoring container gets SYS_ADMIN and NET_ADMIN in its own namespaces; in one it shares
+# with the node or the pod's other containers they reach further, and CRIU gives the tree its
+# recorded pids back, which must be free (serve's gate refuses a restore where one is taken).
+_HOST_NAMESPACES = {
+    "hostPID": "SYS_ADMIN over the node's processes is the node's root, and the snapshot's pids are the node's",
+    "hostNetwork": "NET_ADMIN would change the node's network (CRIU's network lock writes nftables rules)",
+    "hostIPC": "SYS_ADMIN would reach the node's IPC objects",
+    "shareProcessNamespace": "the other containers' processes share the pids the snapshot's tree needs, "
+    "and SYS_ADMIN reaches them",
+}
 _SHOWN = 160
 _RESTORE_SET = ", ".join(sorted(RESTORE_CAPABILITIES))
 
@@ -223,6 +235,14 @@ def _restore(
                 "snapshot's files are",
             )
         )
+    if shared := [f for f in _HOST_NAMESPACES if pod.spec.get(f) is True]:
+        wrong.append(
+            Denial(
+                c.where,
+                f"asks for the restore capabilities in a pod with {', '.join(f + ': true' for f in shared)}; "
+                f"{'; '.join(_HOST_NAMESPACES[f] for f in shared)}",
+            )
+        )
     found, snapshot = _restore_problems(c, mounts, snapshots, image)
     wrong += found
     if snapshot is not None:
@@ -368,7 +388,8 @@ RULE = Rule(
     "a container of a governed image that asks for the restore capabilities (SYS_ADMIN, NET_ADMIN, "
     "SYS_TIME, seccomp Unconfined, or privileged) other than for a restore `serve` would make: one "
     "verified snapshot mounted whole at the snapshot root, taken from its image and cache key, the "
-    "recorded args and variables, nothing beyond the set, in a pod with no hostPath and no privileged "
-    "container; or the snapshot pins set by the pod",
+    "recorded args and variables, nothing beyond the set, in a pod with no hostPath, no namespace "
+    "shared with the node or across its containers and no privileged container; or the snapshot pins "
+    "set by the pod",
     check,
 )
