@@ -43,13 +43,15 @@ def read(files: list[Path], budget: int) -> int:
     """``files`` read in order until ``budget`` bytes; the bytes read. A file that cannot be
     read is passed over: the reload reads them itself and says what is wrong with them."""
     left = budget
+    # One buffer for every read: the bytes are wanted in the page cache, not here.
+    buf = memoryview(bytearray(_CHUNK))
     for path in files:
         if left <= 0:
             break
         try:
             with path.open("rb", buffering=0) as fh:
-                while left > 0 and (got := fh.read(min(_CHUNK, left))):
-                    left -= len(got)
+                while left > 0 and (got := fh.readinto(buf[: min(_CHUNK, left)])):
+                    left -= got
         except OSError:
             continue
     return budget - left
