@@ -39,6 +39,8 @@ after a call returns, the next must come within ~30 s or the machine is given ba
     # here: the bundle as chunks (22 of ~46 MiB: each plus the tree fits a call), the context,
     # and the .debs criu.lock pins (17 MB, a call of their own)
     bash bench/gpu-bundle.sh 0.32.0
+    # the context holds the kernelbake wheel it was rendered with: render it again after any
+    # change to the runtime (the sixth H100 run needed its spawn change in the image)
     kernelbake render bench/specs/vllm-0.32.0/qwen3-8b-sleep.yaml --gpu h200 --out .gpu/ctx
     KEEP=.gpu/bundle/criu images/base/criu/install.sh build/criu
     run(carry=[".gpu/bundle/criu"]): bash bench/device.sh stash criu
