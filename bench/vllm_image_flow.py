@@ -50,6 +50,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -1313,6 +1314,26 @@ def model_name(context: Path) -> str:
     return context.resolve().parent.name.removesuffix(f"-{gpu}")
 
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def stale_wheel(context: Path, src: Path = SRC) -> list[str]:
+    """The kernelbake modules whose text in the context's wheel (built when it was rendered)
+    differs from this tree's, or that only one of them has: a context rendered before a change
+    to the runtime runs the old code in its image (a device session spent on it is lost)."""
+    wheels = sorted((context / "wheels").glob("kernelbake-*.whl"))
+    if not wheels:
+        return ["no kernelbake wheel in the context"]
+    with zipfile.ZipFile(wheels[-1]) as whl:
+        packed = {n: whl.read(n) for n in whl.namelist() if n.startswith("kernelbake/") and n.endswith(".py")}
+    here = {
+        p.relative_to(src).as_posix(): p.read_bytes()
+        for p in (src / "kernelbake").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    return sorted(n for n in packed.keys() | here.keys() if packed.get(n) != here.get(n))
+
+
 def main() -> int:
     if len(sys.argv) >= 4 and sys.argv[1] == "--merge":
         # Runs of one session that could not share a device call, as one result.
@@ -1422,6 +1443,14 @@ def main() -> int:
         help="for the first model: python -X importtime of each start's imports",
     )
     a = ap.parse_args()
+    for context in a.context:
+        if stale := stale_wheel(context):
+            print(
+                f"{context}: its kernelbake wheel is not this tree's ({len(stale)} modules differ: "
+                f"{', '.join(stale[:3])}); render it again: kernelbake render SPEC --gpu GPU --out DIR",
+                file=sys.stderr,
+            )
+            return 2
     if a.serve_args is not None:
         USER_ARGS[:] = shlex.split(a.serve_args)
     started = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
@@ -494,3 +495,27 @@ def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
     ]
     assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot", "checks"]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
+
+
+def test_a_context_whose_wheel_is_not_this_tree_s_is_named_before_anything_runs(tmp_path: Path) -> None:
+    """The context carries the wheel it was rendered with; one rendered before a runtime change
+    would spend a device session on the old code."""
+    flow = _flow()
+    src = tmp_path / "src"
+    (src / "kernelbake/runtime").mkdir(parents=True)
+    (src / "kernelbake/__init__.py").write_text("")
+    (src / "kernelbake/runtime/take.py").write_text("new = 1\n")
+    (src / "kernelbake/runtime/__pycache__").mkdir()
+    (src / "kernelbake/runtime/__pycache__/take.cpython-312.py").write_text("ignored\n")
+    context = tmp_path / "context"
+    (context / "wheels").mkdir(parents=True)
+    with zipfile.ZipFile(context / "wheels/kernelbake-0.1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("kernelbake/__init__.py", "")
+        whl.writestr("kernelbake/runtime/take.py", "old = 1\n")
+        whl.writestr("kernelbake/runtime/gone.py", "")
+        whl.writestr("kernelbake-0.1.0.dist-info/METADATA", "Name: kernelbake\n")
+    assert flow.stale_wheel(context, src) == ["kernelbake/runtime/gone.py", "kernelbake/runtime/take.py"]
+    (src / "kernelbake/runtime/take.py").write_text("old = 1\n")
+    (src / "kernelbake/runtime/gone.py").write_text("")
+    assert flow.stale_wheel(context, src) == []
+    assert flow.stale_wheel(tmp_path, src) == ["no kernelbake wheel in the context"]
