@@ -77,11 +77,23 @@ def test_every_bad_input_is_refused_before_any_restore_and_the_good_one_is_not(
     assert not verdict["refused_before_restore"] and verdict["restored"]
 
 
-def test_the_restore_line_reads_back_into_phases(snap: tuple[Path, int]) -> None:
+def test_the_restore_line_reads_back_into_phases(
+    snap: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     flow = _flow()
     tmp_path, port = snap
     criu = FakeCriu(port)
     digest = _snapshot(tmp_path, port, driver=FakeDriver(), criu=criu, weights=Weights.OUTSIDE)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"w" * 1000)
+
+    def read_ahead(model: Path) -> restore_mod.readahead.ReadAhead:
+        ahead = restore_mod.readahead.ReadAhead([weights], 10_000)
+        ahead.thread.start()
+        ahead.thread.join()
+        return ahead
+
+    monkeypatch.setattr(restore_mod.readahead, "start", read_ahead)
     lines = _serve(tmp_path, {}, digest, criu)
     found = flow.said(lines, flow.RESTORED)
     assert found is not None
@@ -95,6 +107,7 @@ def test_the_restore_line_reads_back_into_phases(snap: tuple[Path, int]) -> None
     ]
     assert parsed["serving_after_restore_start_s"] >= parsed["phases_s"]["criu restore"]
     assert parsed["files_checked"] == "2 files checked by sizes and sha256"
+    assert (parsed["weights_read_ahead_bytes"], parsed["weights_read_ahead_done"]) == (1000, True)
 
 
 def test_the_snapshot_starts_load_the_written_weights_behind_the_guard() -> None:
@@ -388,3 +401,14 @@ def test_the_next_pid_is_moved_past_the_tree_s_and_never_back(snap: tuple[Path, 
     assert flow.past_tree_pids(tmp_path / "snapshot", counter=counter) == top
     assert counter.read_text() == f"{top + 7}\n"
     assert flow.past_tree_pids(tmp_path / "snapshot", counter=tmp_path / "absent") is None
+
+
+def test_a_read_ahead_still_going_at_serving_is_read_as_not_done() -> None:
+    line = (
+        "restored snapshot sha256:6dba79e55eff (4 processes, 3774966854 B, weights outside), serving 9.10 s after "
+        "the start of the restore (criu restore 3.53 s; 169 files checked by sizes (x) in 0.01 s before it); "
+        "8000000000 B of the weights read ahead beside it (4 files, still reading); the engine's output goes on in /x"
+    )
+    parsed = _flow().parse_restored(line)
+    assert (parsed["weights_read_ahead_bytes"], parsed["weights_read_ahead_done"]) == (8_000_000_000, False)
+    assert parsed["phases_s"] == {"criu restore": 3.53} and parsed["serving_after_restore_start_s"] == 9.1

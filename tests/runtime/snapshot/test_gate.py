@@ -389,13 +389,20 @@ def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(
     driver, criu = FakeDriver(), FakeCriu(port)
     criu.calls = tmp_path / "calls.txt"
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
-    # The weights the reload reads are read beside the restore, from the key's model path.
+    # The weights the reload reads are read beside the restore, from the key's model path, and
+    # serve's line says how far that got.
     read_ahead: list[Path] = []
-    monkeypatch.setattr(restore_mod.readahead, "start", lambda model: read_ahead.append(model))
+
+    def start(model: Path) -> restore_mod.readahead.ReadAhead:
+        read_ahead.append(model)
+        return restore_mod.readahead.ReadAhead([model / "model.safetensors"], 10)
+
+    monkeypatch.setattr(restore_mod.readahead, "start", start)
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     model = TargetConfig.load(runtime_env(tmp_path).target_file).key.model_path
     assert read_ahead == [Path(model)]
+    assert "; 0 B of the weights read ahead beside it (1 file); the engine's output goes on in" in said[0]
     assert criu.calls.read_text().splitlines() == [
         "/wake_up {}",
         '/collective_rpc {"method": "reload_weights"}',

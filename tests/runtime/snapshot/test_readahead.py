@@ -59,11 +59,12 @@ def test_memory_available_is_read_from_meminfo(tmp_path: Path) -> None:
     assert readahead.available_bytes(tmp_path / "absent") == 0
 
 
-def test_a_thread_reads_where_there_is_something_to_read(tmp_path: Path) -> None:
+def test_a_thread_reads_where_there_is_something_to_read_and_says_how_far_it_got(tmp_path: Path) -> None:
     assert readahead.start(tmp_path / "nothing-here", limit=1 << 20) is None
     model = _model(tmp_path, index=False)
     assert readahead.start(model, limit=0) is None
-    thread = readahead.start(model, limit=1 << 20)
-    assert thread is not None and thread.daemon
-    thread.join(timeout=10)
-    assert not thread.is_alive()
+    ahead = readahead.start(model, limit=8000)
+    assert ahead is not None and ahead.thread.daemon
+    ahead.thread.join(timeout=10)
+    assert not ahead.thread.is_alive()
+    assert ahead.said() == "8000 B of the weights read ahead beside it (3 files)"

@@ -39,9 +39,28 @@ def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     return 0
 
 
-def read(files: list[Path], budget: int) -> int:
-    """``files`` read in order until ``budget`` bytes; the bytes read. A file that cannot be
-    read is passed over: the reload reads them itself and says what is wrong with them."""
+class ReadAhead:
+    """The reading, on its thread: how far it got, for serve's line (``said``)."""
+
+    def __init__(self, files: list[Path], budget: int) -> None:
+        self.files = tuple(files)
+        self.budget = budget
+        self.done = 0
+        self.thread = threading.Thread(target=self._run, name="kernelbake-readahead", daemon=True)
+
+    def _run(self) -> None:
+        read(self.files, self.budget, self)
+
+    def said(self) -> str:
+        going = ", still reading" if self.thread.is_alive() else ""
+        n = len(self.files)
+        return f"{self.done} B of the weights read ahead beside it ({n} file{'s' if n != 1 else ''}{going})"
+
+
+def read(files: tuple[Path, ...] | list[Path], budget: int, progress: ReadAhead | None = None) -> int:
+    """``files`` read in order until ``budget`` bytes; the bytes read (also kept in
+    ``progress.done`` as they come). A file that cannot be read is passed over: the reload
+    reads them itself and says what is wrong with them."""
     left = budget
     # One buffer for every read: the bytes are wanted in the page cache, not here.
     buf = memoryview(bytearray(_CHUNK))
@@ -52,19 +71,21 @@ def read(files: list[Path], budget: int) -> int:
             with path.open("rb", buffering=0) as fh:
                 while left > 0 and (got := fh.readinto(buf[: min(_CHUNK, left)])):
                     left -= got
+                    if progress is not None:
+                        progress.done = budget - left
         except OSError:
             continue
     return budget - left
 
 
-def start(model: Path, limit: int | None = None) -> threading.Thread | None:
-    """The thread reading ``model``'s weight files, up to ``limit`` bytes (half of what is
+def start(model: Path, limit: int | None = None) -> ReadAhead | None:
+    """The reading of ``model``'s weight files, started, up to ``limit`` bytes (half of what is
     available by default: pages read beyond memory would push out the first ones before the
     reload reads them); None where there is nothing to read."""
     files = weight_files(model)
     budget = available_bytes() // 2 if limit is None else limit
     if not files or budget <= 0:
         return None
-    thread = threading.Thread(target=read, args=(files, budget), name="kernelbake-readahead", daemon=True)
-    thread.start()
-    return thread
+    ahead = ReadAhead(files, budget)
+    ahead.thread.start()
+    return ahead

@@ -353,11 +353,12 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         return None
     phases: dict[str, float] = {}
     mark = Path(RELOADING_MARK)
+    ahead: readahead.ReadAhead | None = None
     if manifest.key.weights is Weights.OUTSIDE:
         with contextlib.suppress(OSError):
             mark.write_text("")
         # The reload after the wake-up reads these: read beside CRIU's work, not after it.
-        readahead.start(Path(manifest.key.cache_key.model_path))
+        ahead = readahead.start(Path(manifest.key.cache_key.model_path))
     root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
     if why is None and root is not None:
         why = _serving(manifest, root, started + manifest.deadline_s, phases)
@@ -378,7 +379,8 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     say(
         f"restored snapshot {gated.digest[:19]} ({len(pids)} processes, {manifest.total_bytes} B, weights "
         f"{manifest.key.weights.value}), serving {time.monotonic() - started:.2f} s after the start of the restore "
-        f"({shown}; {gated.checked} before it); the engine's output goes on in {ENGINE_LOG}"
+        f"({shown}; {gated.checked} before it){f'; {ahead.said()}' if ahead is not None else ''}; "
+        f"the engine's output goes on in {ENGINE_LOG}"
     )
     assert root is not None
     return _supervise(root, [pid for pid, _ in manifest.tree])
