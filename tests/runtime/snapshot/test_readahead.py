@@ -52,11 +52,24 @@ def test_reading_stops_at_the_budget_and_passes_over_what_cannot_be_read(tmp_pat
     assert readahead.read([tmp_path / "gone.safetensors", *files], 10_000) == 5000
 
 
-def test_memory_available_is_read_from_meminfo(tmp_path: Path) -> None:
+def test_memory_available_is_the_node_s_within_the_container_s_limit(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   100000 kB\n")
-    assert readahead.available_bytes(meminfo) == 100000 * 1024
-    assert readahead.available_bytes(tmp_path / "absent") == 0
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    # No cgroup files (cgroup v1, or none): the node's figure.
+    assert readahead.available_bytes(meminfo, cgroup) == 100000 * 1024
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("5000\n")
+    assert readahead.available_bytes(meminfo, cgroup) == 100000 * 1024
+    # A limit: what it leaves, where that is less than the node's.
+    (cgroup / "memory.max").write_text("65000\n")
+    assert readahead.available_bytes(meminfo, cgroup) == 60000
+    (cgroup / "memory.current").write_text("70000\n")
+    assert readahead.available_bytes(meminfo, cgroup) == 0
+    (cgroup / "memory.max").write_text(f"{1 << 40}\n")
+    assert readahead.available_bytes(meminfo, cgroup) == 100000 * 1024
+    assert readahead.available_bytes(tmp_path / "absent", cgroup) == 0
 
 
 def test_a_thread_reads_where_there_is_something_to_read_and_says_how_far_it_got(tmp_path: Path) -> None:

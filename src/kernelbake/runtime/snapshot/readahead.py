@@ -4,8 +4,9 @@ its weights outside, so that vLLM's reload after the wake-up reads memory, not t
 Measured on the H100 (2026-12-06, Qwen3-8B, vLLM 0.32, page cache dropped): the snapshot was
 back in 4.7 s, then the reload read 16.4 GB in 9.98 s, 14.82 s to serving; with the files read
 beside the restore, 13.19 s (both read the same disk, whose bandwidth bounds the sum). Bounded:
-one daemon thread, at most half the memory the kernel says is available, and only the files
-the checkpoint's index names (a directory may also hold another copy of the weights)."""
+one daemon thread, at most half the memory available (to the container, where it has a
+limit), and only the files the checkpoint's index names (a directory may also hold another copy
+of the weights)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,28 @@ def weight_files(model: Path) -> list[Path]:
     return sorted(p for name in names if (p := model / str(name)).is_file() and p.parent == model)
 
 
-def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """``MemAvailable`` (bytes), or 0 where it cannot be read: then nothing is read ahead."""
+def available_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """What memory is left for the page cache: the kernel's ``MemAvailable`` (bytes), and in a
+    container with a memory limit (cgroup v2) no more than what the limit leaves, since the page
+    cache a container reads is charged to it (/proc/meminfo shows the node's). 0 where
+    ``MemAvailable`` cannot be read: then nothing is read ahead."""
+    node = 0
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                node = int(line.split()[1]) * 1024
+                break
     except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return 0
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = int((cgroup / "memory.current").read_text())
+    except (OSError, ValueError):
+        return node
+    if not limit.isdigit():
+        # "max": no limit of its own.
+        return node
+    return max(0, min(node, int(limit) - used))
 
 
 class ReadAhead:
