@@ -125,6 +125,7 @@ from kernelbake.contract.snapshot import (
     SnapshotManifest,
 )
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.snapshot import tree
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 
 # Its sibling script (bench/ is not a package; vllm_image_flow.py puts it on the path too).
@@ -599,17 +600,22 @@ def shm_names(snapshot: Path) -> list[str]:
     return sorted(p.name for p in (snapshot / IMAGES_DIR / "dev-shm").glob("*") if p.is_file())
 
 
+def tree_pids(snapshot: Path) -> list[int]:
+    """The pids of the dumped tree, as its snapshot.json records them."""
+    manifest = SnapshotManifest.from_json((snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="tree")
+    return [pid for pid, _ in manifest.tree]
+
+
 def reap(snapshot: Path) -> list[int]:
     """Processes of the dumped tree's pids still alive after serve stopped (CRIU restores each
     with its pid, so a straggler would fail the next restore): killed, and named."""
-    manifest = SnapshotManifest.from_json((snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="reap")
-    left = [pid for pid, _ in manifest.tree if Path(f"/proc/{pid}").exists()]
+    left = tree.in_use(tree_pids(snapshot))
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     # Not this flow's children: gone once init reaped them (a GPU process takes a while).
     deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in left) and time.monotonic() < deadline:
+    while tree.in_use(left) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -623,8 +629,7 @@ def past_tree_pids(
     3421: File exists", the 0.32 H100 run of 2026-12-06; serve's gate now refuses such a restore
     before CRIU runs). Threads take ids too, hence the margin. Never moved back; root only; None
     where it cannot."""
-    manifest = SnapshotManifest.from_json((snapshot / SNAPSHOT_MANIFEST).read_bytes(), source="pids")
-    top = max((pid for pid, _ in manifest.tree), default=0) + margin
+    top = max(tree_pids(snapshot), default=0) + margin
     try:
         if int(counter.read_text()) < top:
             counter.write_text(f"{top}\n")
