@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kernelbake.runtime.snapshot import readahead
 
 
@@ -81,3 +83,22 @@ def test_a_thread_reads_where_there_is_something_to_read_and_says_how_far_it_got
     ahead.thread.join(timeout=10)
     assert not ahead.thread.is_alive()
     assert ahead.said() == "8000 B of the weights read ahead beside it (3 files)"
+
+
+def test_pieces_go_out_in_the_reload_s_order_and_several_readers_read_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readahead, "_RANGE", 1000)
+    model = _model(tmp_path, index=True)
+    files = readahead.weight_files(model)
+    first, second = files
+    assert readahead.ranges(files, 4500) == [
+        (first, 0, 1000),
+        (first, 1000, 1000),
+        (first, 2000, 1000),
+        (second, 0, 1000),
+        (second, 1000, 500),
+    ]
+    ahead = readahead.ReadAhead(files, 10_000, workers=3)
+    assert readahead.read(files, 10_000, ahead, workers=3) == 5000
+    assert ahead.done == 5000
