@@ -1,0 +1,110 @@
+"""How fast the machine's disk fills the page cache with the reader serve runs beside a restore
+(``kernelbake.runtime.snapshot.readahead``), by the number of threads that read at once.
+
+A restore whose weights stay outside the snapshot reloads them after the wake-up; with the page
+cache dropped that reload read 16.4 GB in 9.98 s on the H100 (bench/results/
+vllm-0.32.0-h100-snapshot-2026-12-06-sixth), most of the 14.82 s to serving. This writes
+weight-sized files (random bytes, fsynced, in shard-sized files as a checkpoint has them), and
+for each count of readers drops the page cache and times ``readahead.read`` over them.
+
+    PYTHONPATH=src python3 bench/disk_read_probe.py --dir /root/diskprobe --gib 8 --out DIR
+
+Needs root for /proc/sys/vm/drop_caches (the device machine runs as root); without it every
+figure would be the page cache's, so it stops. Prints JSON; writes DIR/disk-read-probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runtime.snapshot import readahead
+
+_SHARD = 2 << 30
+
+
+def write_files(where: Path, total: int, shard: int = _SHARD) -> list[Path]:
+    """``total`` bytes in files of ``shard`` bytes (the last may be shorter), fsynced: bytes no
+    disk can compress or skip, as weights are."""
+    where.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(min(64 << 20, shard))
+    files = []
+    left, i = total, 0
+    while left > 0:
+        path = where / f"model-{i + 1:05d}.safetensors"
+        size = min(shard, left)
+        with path.open("wb") as fh:
+            written = 0
+            while written < size:
+                written += fh.write(block[: size - written])
+            fh.flush()
+            os.fsync(fh.fileno())
+        files.append(path)
+        left -= size
+        i += 1
+    return files
+
+
+def drop_caches(control: Path = Path("/proc/sys/vm/drop_caches")) -> None:
+    os.sync()
+    control.write_text("3\n")
+
+
+def measure(
+    files: list[Path], workers: list[int], drop: Callable[[], None] = drop_caches
+) -> list[dict[str, Any]]:
+    """Per count of readers: the page cache dropped, then every byte of ``files`` read."""
+    total = sum(p.stat().st_size for p in files)
+    out = []
+    for n in workers:
+        drop()
+        t0 = time.monotonic()
+        got = readahead.read(files, total, workers=n)
+        s = time.monotonic() - t0
+        out.append({"workers": n, "bytes": got, "seconds": round(s, 3), "gb_per_s": round(got / s / 1e9, 3)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--dir", type=Path, required=True, help="where the files go (the disk the weights are on)"
+    )
+    ap.add_argument("--gib", type=float, default=8.0)
+    ap.add_argument("--workers", default="1,2,4,8")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    try:
+        drop_caches()
+    except OSError as exc:
+        print(
+            f"disk_read_probe: cannot drop the page cache ({exc}): the figures would be memory's",
+            file=sys.stderr,
+        )
+        return 2
+    t0 = time.monotonic()
+    files = write_files(a.dir, int(a.gib * (1 << 30)))
+    doc = {
+        "dir": str(a.dir),
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "written_s": round(time.monotonic() - t0, 3),
+        "default_workers": readahead.WORKERS,
+        "reads": measure(files, [int(w) for w in a.workers.split(",")]),
+    }
+    for p in files:
+        p.unlink()
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "disk-read-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
