@@ -24,7 +24,8 @@ by the request mix of ``bench/request_mix.py`` (``--mix-total``; the files the b
 TMPDIR gained, or rewrote with other bytes, until /health and during the mix, every compile or JIT line logged after
 /health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
 A ``--snapshot MODEL`` has its cold start last, after the snapshot's phases (a take that fails
-shows itself minutes sooner). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
+shows itself minutes sooner), unless ``--cold-first MODEL`` (a session whose first aim is the
+cold and baked starts). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
 a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
 its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
 variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
@@ -727,16 +728,17 @@ def flow(
         doc["check"] = _check(entrypoint, run.run_env, user_args, logs, "check")
         waves = mix_plan(target, a.mix_total)
         snap, cold = name in a.snapshot, name not in a.baked_only
+        cold_first = cold and (not snap or name in a.cold_first)
         if not cold:
             doc.setdefault("skipped", []).append("cold start: --baked-only (device time)")
-        elif not snap:
+        elif cold_first:
             _cold_start(run, waves, doc)
         _baked_start(run, waves, doc, snapshot=snap)
         _so_far(out, doc)
         if snap:
             snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu)
             _so_far(out, doc)
-            if cold:
+            if cold and not cold_first:
                 # After the snapshot's phases, so that a take that fails shows itself some four
                 # minutes sooner on the device (the 8B's cold start). Its arguments load dummy
                 # weights, never the files the snapshot's reload wrote into the model's directory.
@@ -1397,6 +1399,13 @@ def main() -> int:
         help="for this model: the compile and the baked start only, no cold start (device time)",
     )
     ap.add_argument(
+        "--cold-first",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="for a --snapshot model: its cold start before the snapshot's phases, not after",
+    )
+    ap.add_argument(
         "--skip-checks",
         action="store_true",
         help="leave out the kernelbake check runs after the starts (device time)",
@@ -1463,6 +1472,7 @@ def main() -> int:
         + "".join(f" --target {t}" for t in a.target)
         + "".join(f" --serve-args-for {shlex.quote(x)}" for x in a.serve_args_for)
         + "".join(f" --baked-only {m}" for m in a.baked_only)
+        + "".join(f" --cold-first {m}" for m in a.cold_first)
         + "".join(f" --rebake-env {e}" for e in a.rebake_env)
         + (" --skip-checks" if a.skip_checks else "")
         + f" --mix-total {a.mix_total}"

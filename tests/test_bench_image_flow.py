@@ -436,7 +436,7 @@ def test_every_start_finds_the_cache_root_as_the_image_holds_it(tmp_path: Path) 
     assert (root / "vllm" / "jd" / "k.best_config").read_text() == '{"time_taken_ms": 10}'
 
 
-def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
+def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_one_never(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The snapshot's phases follow the baked start at once, so that a take that fails shows
@@ -470,10 +470,11 @@ def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
     monkeypatch.setattr(flow, "_checks", lambda *a: order.append("checks"))
     monkeypatch.setattr(flow, "summary", lambda doc: {})
 
-    def ran(*, snapshot: bool, baked_only: bool) -> list[str]:
+    def ran(*, snapshot: bool, baked_only: bool, cold_first: bool = False) -> list[str]:
         order.clear()
         a = flow.argparse.Namespace(
             baked_only=["m"] if baked_only else [],
+            cold_first=["m"] if cold_first else [],
             snapshot=["m"] if snapshot else [],
             serve_args_for=[],
             serve_args=None,
@@ -494,6 +495,20 @@ def test_a_snapshot_model_starts_cold_last_and_a_baked_only_one_never(
         "checks",
     ]
     assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot", "checks"]
+    so_far.unlink()
+    # --cold-first: a session whose first aim is the cold and baked starts has them before the
+    # snapshot's phases.
+    assert ran(snapshot=True, baked_only=False, cold_first=True) == [
+        "cold kept=None",
+        "baked snapshot=True",
+        "snapshot",
+        "checks",
+    ]
+    assert ran(snapshot=True, baked_only=True, cold_first=True) == [
+        "baked snapshot=True",
+        "snapshot",
+        "checks",
+    ]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
 
 
