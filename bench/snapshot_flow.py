@@ -140,7 +140,11 @@ TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
 _PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
-_READ_AHEAD = re.compile(r"; (\d+) B of the weights read ahead beside it \(\d+ files?(, still reading)?\)")
+# serve's line since the snapshot's images are read first, and before (weights only).
+_READ_AHEAD = re.compile(
+    r"; (\d+) B (?:of the weights )?read ahead beside it "
+    r"\((?:the snapshot's \d+ image files?, then )?\d+ (?:weight )?files?(, still reading)?\)"
+)
 # How the model's weight files are made for a snapshot with the weights outside (--weights-from):
 # saved from the baked server and converted, generated from the config (bench/fake_checkpoint.py),
 # or saved where the converter knows the layout and generated where it does not.
@@ -182,7 +186,7 @@ def parse_restored(line: str) -> dict[str, Any]:
         out["files_checked"], out["files_checked_s"] = m.group(1), float(m.group(2))
     if m := _READ_AHEAD.search(line):
         # serve's reader of the weight files: how far it got by serving, and whether it was done.
-        out["weights_read_ahead_bytes"], out["weights_read_ahead_done"] = int(m.group(1)), not m.group(2)
+        out["read_ahead_bytes"], out["read_ahead_done"] = int(m.group(1)), not m.group(2)
     return out
 
 

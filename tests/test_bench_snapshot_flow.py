@@ -5,6 +5,7 @@ phases; the summary and the phase table carry the issue's figures."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -87,8 +88,8 @@ def test_the_restore_line_reads_back_into_phases(
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"w" * 1000)
 
-    def read_ahead(model: Path) -> restore_mod.readahead.ReadAhead:
-        ahead = restore_mod.readahead.ReadAhead([weights], 10_000)
+    def read_ahead(model: Path, images: Sequence[Path] = ()) -> restore_mod.readahead.ReadAhead:
+        ahead = restore_mod.readahead.ReadAhead([*images, weights], 10_000, images=len(images))
         ahead.thread.start()
         ahead.thread.join()
         return ahead
@@ -107,7 +108,8 @@ def test_the_restore_line_reads_back_into_phases(
     ]
     assert parsed["serving_after_restore_start_s"] >= parsed["phases_s"]["criu restore"]
     assert parsed["files_checked"] == "2 files checked by sizes and sha256"
-    assert (parsed["weights_read_ahead_bytes"], parsed["weights_read_ahead_done"]) == (1000, True)
+    # Serve read the snapshot's images first (the stand-in's few bytes), then the weights.
+    assert parsed["read_ahead_done"] is True and parsed["read_ahead_bytes"] > 1000
 
 
 def test_the_snapshot_starts_load_the_written_weights_behind_the_guard() -> None:
@@ -410,5 +412,14 @@ def test_a_read_ahead_still_going_at_serving_is_read_as_not_done() -> None:
         "8000000000 B of the weights read ahead beside it (4 files, still reading); the engine's output goes on in /x"
     )
     parsed = _flow().parse_restored(line)
-    assert (parsed["weights_read_ahead_bytes"], parsed["weights_read_ahead_done"]) == (8_000_000_000, False)
+    assert (parsed["read_ahead_bytes"], parsed["read_ahead_done"]) == (8_000_000_000, False)
+    # serve's line since the snapshot's images are read first.
+    now = line.replace(
+        "of the weights read ahead beside it (4 files",
+        "read ahead beside it (the snapshot's 170 image files, then 4 weight files",
+    )
+    assert (
+        _flow().parse_restored(now)["read_ahead_bytes"],
+        _flow().parse_restored(now)["read_ahead_done"],
+    ) == (8_000_000_000, False)
     assert parsed["phases_s"] == {"criu restore": 3.53} and parsed["serving_after_restore_start_s"] == 9.1

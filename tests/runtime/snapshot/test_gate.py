@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -131,7 +133,7 @@ def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(
     real = restore_mod.tree.descendants
     monkeypatch.setattr(restore_mod.tree, "descendants", lambda root, proc=None: [*real(root), TREE_PID])
     # Weights inside: nothing for a reload to read, so nothing is read ahead.
-    monkeypatch.setattr(restore_mod.readahead, "start", lambda model: pytest.fail("read ahead"))
+    monkeypatch.setattr(restore_mod.readahead, "start", lambda *a, **k: pytest.fail("read ahead"))
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     assert len(criu.restores) == 1 and criu.child is not None
@@ -389,20 +391,31 @@ def test_a_snapshot_taken_asleep_is_woken_and_reloaded_after_health(
     driver, criu = FakeDriver(), FakeCriu(port)
     criu.calls = tmp_path / "calls.txt"
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.OUTSIDE)
-    # The weights the reload reads are read beside the restore, from the key's model path, and
-    # serve's line says how far that got.
+    # The snapshot's images (CRIU reads them first) and then the weights the reload reads are
+    # read beside the restore, the weights from the key's model path, and serve's line says how
+    # far that got.
     read_ahead: list[Path] = []
+    seen: list[str] = []
+    snapshot_root = _env(tmp_path, digest).snapshot_root
 
-    def start(model: Path) -> restore_mod.readahead.ReadAhead:
+    def start(model: Path, images: Sequence[Path] = ()) -> restore_mod.readahead.ReadAhead:
         read_ahead.append(model)
-        return restore_mod.readahead.ReadAhead([model / "model.safetensors"], 10)
+        seen.extend(str(p.relative_to(snapshot_root)) for p in images)
+        return restore_mod.readahead.ReadAhead([*images, model / "model.safetensors"], 10, images=len(images))
 
     monkeypatch.setattr(restore_mod.readahead, "start", start)
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0, said
     model = TargetConfig.load(runtime_env(tmp_path).target_file).key.model_path
     assert read_ahead == [Path(model)]
-    assert "; 0 B of the weights read ahead beside it (1 file); the engine's output goes on in" in said[0]
+    manifest = json.loads((snapshot_root / "snapshot.json").read_text())
+    listed = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("images/"))
+    assert seen == listed and any(p.startswith("images/pages-") for p in seen)
+    n = len(listed)
+    assert (
+        f"; 0 B read ahead beside it (the snapshot's {n} image files, then 1 weight file); the engine's"
+        in said[0]
+    )
     assert criu.calls.read_text().splitlines() == [
         "/wake_up {}",
         '/collective_rpc {"method": "reload_weights"}',

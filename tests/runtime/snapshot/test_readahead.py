@@ -82,7 +82,19 @@ def test_a_thread_reads_where_there_is_something_to_read_and_says_how_far_it_got
     assert ahead is not None and ahead.thread.daemon
     ahead.thread.join(timeout=10)
     assert not ahead.thread.is_alive()
-    assert ahead.said() == "8000 B of the weights read ahead beside it (3 files)"
+    assert ahead.said() == "8000 B read ahead beside it (the snapshot's 0 image files, then 3 weight files)"
+    # The snapshot's images first: CRIU reads them before the reload reads the weights.
+    image = tmp_path / "pages-1.img"
+    image.write_bytes(b"p" * 700)
+    ahead = readahead.start(model, limit=1000, images=[image])
+    assert ahead is not None and ahead.files[0] == image
+    ahead.thread.join(timeout=10)
+    assert ahead.said() == "1000 B read ahead beside it (the snapshot's 1 image file, then 3 weight files)"
+    # Images alone are worth reading: CRIU reads them whatever the model's directory holds.
+    alone = readahead.start(tmp_path / "nothing-here", limit=1000, images=[image])
+    assert alone is not None
+    alone.thread.join(timeout=10)
+    assert alone.done == 700
 
 
 def test_pieces_go_out_in_the_reload_s_order_and_several_readers_read_them_all(

@@ -357,8 +357,10 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     if manifest.key.weights is Weights.OUTSIDE:
         with contextlib.suppress(OSError):
             mark.write_text("")
-        # The reload after the wake-up reads these: read beside CRIU's work, not after it.
-        ahead = readahead.start(Path(manifest.key.cache_key.model_path))
+        # CRIU reads the images now and the reload after the wake-up reads the weights: both
+        # read beside CRIU's work, in that order, not after it.
+        images = [env.snapshot_root / f.path for f in manifest.files if f.path.startswith(f"{IMAGES_DIR}/")]
+        ahead = readahead.start(Path(manifest.key.cache_key.model_path), images=images)
     root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
     if why is None and root is not None:
         why = _serving(manifest, root, started + manifest.deadline_s, phases)
