@@ -54,6 +54,13 @@ after a call returns, the next must come within ~30 s or the machine is given ba
       bash bench/device.sh collect 540
     run(): bash bench/device.sh collect 560                                   # until snap8b's rc is there
 
+After the 8B's flow, ``bench/reload_probe.py`` asks how the restore's last phase (the weights'
+reload, 13.93 s for the MoE with a warm page cache) could go faster, on the checkpoint the flow
+left in the model's directory (~3 minutes, another 16.4 GB of disk for the kernel format):
+
+    bash bench/device.sh start reload --after snap8b -- bash -c "python3 bench/reload_probe.py
+      --model /models/qwen3-8b-dummy --kernel-dir /root/kfmt --out \$RUN_OUT"
+
 (Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
 tree.) The GPU idles while the chunks go over: the call after the CRIU one can start
 ``bench/nvml_release_probe.py`` (the machine's torch and that CRIU; its four modes, ~1 minute)

@@ -1,0 +1,225 @@
+"""How long vLLM takes to reload a model's weights after a wake-up, by the way it reads them:
+the question behind a restore's last phase (issue 40).
+
+A snapshot taken with its weights outside is restored asleep, woken, and its weights reloaded
+with vLLM's ``reload_weights``. On the H100 (vLLM 0.32, bench/results/
+vllm-0.32.0-h100-moe-snapshot-2026-12-06) that reload took the FP8 MoE 13.93 s with every byte
+of its 31.2 GB in the page cache: the restore's other phases took 2.8 s. This starts vLLM once,
+in this process, on a checkpoint (bench/fake_checkpoint.py makes one from a config), with sleep
+mode, and for each way of reloading puts it to sleep (level 2: weights discarded), wakes it,
+reloads and generates again, with the page cache warm and dropped:
+
+- ``checkpoint``: what serve asks today (``reload_weights``: the checkpoint's tensors through the
+  model's ``load_weights``, then each layer's processing);
+- ``checkpoint-threads``: the same with vLLM's own multi-threaded safetensors reader
+  (``model_loader_extra_config`` ``enable_multithread_load``, ``num_threads``), set on the
+  worker's load config for that reload only (vLLM leaves the load config out of its compile
+  hash, so a serve argument that sets it does not change the kernels);
+- ``kernel-format``: the weights as the engine holds them after processing, written once by
+  vLLM's ``save_sharded_state`` and reloaded with ``is_checkpoint_format=False`` (each tensor
+  copied into its parameter, no processing). Last, since that reload points the model's path at
+  the saved directory.
+
+Each run's greedy tokens (16, from fixed prompt ids) are compared with the first start's.
+
+    python3 bench/fake_checkpoint.py /root/ck8b          # after copying a config.json there
+    python3 bench/reload_probe.py --model /root/ck8b --kernel-dir /root/kfmt --out DIR
+
+Needs root to drop the page cache (the device runs as root; without it the dropped runs are
+left out and said so). Prints JSON; writes DIR/reload-probe.json. What needs no GPU (the order
+of runs, how a run is measured and judged) is tested in tests/test_bench_reload_probe.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+# The sibling scripts and the tree's src, as bench/vllm_image_flow.py finds them.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
+from disk_read_probe import drop_caches
+from kernelbake.runtime.snapshot import readahead
+
+METHODS = ("checkpoint", "checkpoint-threads", "kernel-format")
+# A prompt of fixed token ids: the probe needs no tokenizer (the checkpoint has none).
+PROMPT = [9707, 11, 1879, 0, 576, 374, 264, 1273, 315, 279, 6573, 17189, 13]
+
+
+class Engine(Protocol):
+    def generate(self) -> list[int]: ...
+    def sleep(self) -> None: ...
+    def wake(self) -> None: ...
+    def reload(self, method: str) -> None: ...
+    def save_kernel_format(self) -> int: ...
+
+
+def plan(methods: tuple[str, ...] | list[str], drop: bool) -> list[tuple[str, str]]:
+    """(method, page cache) in the order they run: ``kernel-format`` last (its reload points the
+    model at the saved directory), each warm before dropped."""
+    ordered = sorted(methods, key=lambda m: m == "kernel-format")
+    return [(m, cache) for m in ordered for cache in (("warm", "dropped") if drop else ("warm",))]
+
+
+def measure(
+    engine: Engine,
+    runs: list[tuple[str, str]],
+    reference: list[int],
+    warm: Callable[[str], None],
+    drop: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """Each run: asleep, the page cache made warm or dropped, woken, reloaded, tokens compared.
+    A run that raises is recorded with its error, and the rest go on (the engine is woken
+    again where it can be)."""
+    out: list[dict[str, Any]] = []
+    saved = False
+    for method, cache in runs:
+        run: dict[str, Any] = {"method": method, "page_cache": cache}
+        try:
+            if method == "kernel-format" and not saved:
+                t = time.monotonic()
+                run["kernel_format_bytes"] = engine.save_kernel_format()
+                run["kernel_format_saved_s"] = round(time.monotonic() - t, 3)
+                saved = True
+            engine.sleep()
+            if cache == "warm":
+                warm(method)
+            else:
+                drop()
+            t0 = time.monotonic()
+            engine.wake()
+            t1 = time.monotonic()
+            engine.reload(method)
+            t2 = time.monotonic()
+            run.update(wake_s=round(t1 - t0, 3), reload_s=round(t2 - t1, 3))
+            run["tokens_identical"] = engine.generate() == reference
+        except Exception as exc:  # a probe records what failed and goes on
+            run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        out.append(run)
+    return out
+
+
+def _set_loader_config(worker: Any, extra: dict[str, Any]) -> None:
+    # Runs on the worker (collective_rpc with a callable): the load config the next reload's
+    # loader is built from.
+    worker.model_runner.vllm_config.load_config.model_loader_extra_config = dict(extra)
+
+
+class VllmEngine:
+    """vLLM in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that a callable reaches
+    the worker."""
+
+    def __init__(self, model: Path, kernel_dir: Path, threads: int, a: argparse.Namespace) -> None:
+        from vllm import LLM
+
+        self.model, self.kernel_dir, self.threads = model, kernel_dir, threads
+        self.llm = LLM(
+            model=str(model),
+            enable_sleep_mode=True,
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            load_format="safetensors",
+            seed=0,
+            max_model_len=a.max_model_len,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+        )
+
+    def generate(self) -> list[int]:
+        from vllm.inputs import TokensPrompt
+
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=16, detokenize=False)
+        got = self.llm.generate([TokensPrompt(prompt_token_ids=PROMPT)], params, use_tqdm=False)
+        return list(got[0].outputs[0].token_ids)
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=2)
+
+    def wake(self) -> None:
+        self.llm.wake_up()
+
+    def reload(self, method: str) -> None:
+        if method == "kernel-format":
+            kwargs = {"weights_path": str(self.kernel_dir), "is_checkpoint_format": False}
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+            return
+        extra = (
+            {"enable_multithread_load": True, "num_threads": self.threads}
+            if method == "checkpoint-threads"
+            else {}
+        )
+        self.llm.collective_rpc(_set_loader_config, args=(extra,))
+        try:
+            self.llm.collective_rpc("reload_weights")
+        finally:
+            self.llm.collective_rpc(_set_loader_config, args=({},))
+
+    def save_kernel_format(self) -> int:
+        self.kernel_dir.mkdir(parents=True, exist_ok=True)
+        self.llm.collective_rpc("save_sharded_state", kwargs={"path": str(self.kernel_dir)})
+        return sum(p.stat().st_size for p in self.kernel_dir.glob("*.safetensors"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--model", type=Path, required=True, help="a checkpoint directory (config.json, *.safetensors)"
+    )
+    ap.add_argument(
+        "--kernel-dir", type=Path, required=True, help="where save_sharded_state writes (emptied first)"
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    a = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        drop_caches()
+        can_drop = True
+    except OSError as exc:
+        print(f"reload_probe: cannot drop the page cache ({exc}): warm runs only", file=sys.stderr)
+        can_drop = False
+    for stale in a.kernel_dir.glob("*.safetensors"):
+        stale.unlink()
+    t = time.monotonic()
+    engine = VllmEngine(a.model, a.kernel_dir, a.threads, a)
+    started = time.monotonic() - t
+    reference = engine.generate()
+
+    def warm(method: str) -> None:
+        # Every byte the reload reads, in the page cache before it starts.
+        files = readahead.weight_files(a.kernel_dir if method == "kernel-format" else a.model)
+        readahead.read(files, sum(p.stat().st_size for p in files))
+
+    import torch
+
+    import vllm
+
+    doc = {
+        "bench": "reload_probe",
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0),
+        "model": str(a.model),
+        "checkpoint_bytes": sum(p.stat().st_size for p in readahead.weight_files(a.model)),
+        "started_s": round(started, 2),
+        "reference_tokens": reference,
+        "runs": measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches),
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "reload-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
