@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     for p in files:
         p.unlink()
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "disk-read-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return emit(doc, a.out / "disk-read-probe.json")
+
+
+def emit(doc: dict[str, Any], path: Path) -> int:
+    """A probe's result: written to ``path`` and printed as one line of JSON; exit status 0."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc))
     return 0
 

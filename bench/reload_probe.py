@@ -33,7 +33,6 @@ of runs, how a run is measured and judged) is tested in tests/test_bench_reload_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -44,7 +43,7 @@ from typing import Any, Protocol
 # The sibling scripts and the tree's src, as bench/vllm_image_flow.py finds them.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
-from disk_read_probe import drop_caches
+from disk_read_probe import drop_caches, emit
 from kernelbake.runtime.snapshot import readahead
 
 METHODS = ("checkpoint", "checkpoint-threads", "kernel-format")
@@ -215,10 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "reference_tokens": reference,
         "runs": measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches),
     }
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "reload-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps(doc))
-    return 0
+    return emit(doc, a.out / "reload-probe.json")
 
 
 if __name__ == "__main__":
