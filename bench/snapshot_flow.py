@@ -692,6 +692,10 @@ def restored(s: Setup, name: str, *, drop: bool, waves: Any) -> dict[str, Any]:
             out["files_added_after_ready_count"] = mix.get("files_added_after_ready_count")
             out["request_mix_ok"] = (mix.get("request_mix") or {}).get("ok")
     stopped = server.stop()
+    # The restored engine's own output goes on in serve's engine log (serve's line says where),
+    # not in serve's: kept beside it, for what the reload and the requests said.
+    with contextlib.suppress(OSError):
+        shutil.copyfile(ENGINE_LOG, s.run.logs / f"serve-{name}-engine.log")
     out["compile_lines_after_ready"] = stopped.get("compile_lines_after_ready")
     out["kernelbake_lines"] = stopped.get("kernelbake_lines")
     out["marks_left"] = clear_marks(Path(s.env["KERNELBAKE_SNAPSHOT_MARKS"]))
