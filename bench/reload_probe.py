@@ -20,7 +20,8 @@ reloads and generates again, with the page cache warm and dropped:
   copied into its parameter, no processing). Last, since that reload points the model's path at
   the saved directory.
 
-Each run's greedy tokens (16, from fixed prompt ids) are compared with the first start's.
+Each run's greedy tokens (16, from fixed prompt ids) are compared with the first start's. First,
+awake, the checkpoint ways' weights iterator alone (``reads``): the reading's share of a reload.
 
     python3 bench/fake_checkpoint.py /root/ck8b          # after copying a config.json there
     python3 bench/reload_probe.py --model /root/ck8b --kernel-dir /root/kfmt --out DIR
@@ -57,6 +58,7 @@ class Engine(Protocol):
     def wake(self) -> None: ...
     def reload(self, method: str) -> None: ...
     def save_kernel_format(self) -> int: ...
+    def read_only(self, method: str) -> int: ...
 
 
 def plan(methods: tuple[str, ...] | list[str], drop: bool) -> list[tuple[str, str]]:
@@ -104,6 +106,47 @@ def measure(
     return out
 
 
+def reads(engine: Engine, methods: list[str], warm: Callable[[str], None]) -> list[dict[str, Any]]:
+    """For each checkpoint way of reading, the loader's weights iterator alone, page cache warm,
+    awake, nothing loaded into the model: how much of a reload is reading and how much is
+    loading and processing."""
+    out: list[dict[str, Any]] = []
+    for method in (m for m in methods if m != "kernel-format"):
+        run: dict[str, Any] = {"method": method}
+        try:
+            warm(method)
+            t = time.monotonic()
+            run["bytes"] = engine.read_only(method)
+            run["read_s"] = round(time.monotonic() - t, 3)
+        except Exception as exc:  # a probe records what failed and goes on
+            run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        out.append(run)
+    return out
+
+
+def _loader_extra(method: str, threads: int) -> dict[str, Any]:
+    return {"enable_multithread_load": True, "num_threads": threads} if method == "checkpoint-threads" else {}
+
+
+def _read_only(worker: Any, extra: dict[str, Any]) -> int:
+    # Runs on the worker: the weights iterator a reload would consume, each tensor dropped as it
+    # comes (the bytes it yielded).
+    from vllm.model_executor.model_loader import get_model_loader
+
+    runner = worker.model_runner
+    load_config = runner.vllm_config.load_config
+    before = load_config.model_loader_extra_config
+    load_config.model_loader_extra_config = dict(extra)
+    try:
+        loader = get_model_loader(load_config)
+        got = 0
+        for _name, tensor in loader.get_all_weights(runner.vllm_config.model_config, runner.get_model()):
+            got += tensor.numel() * tensor.element_size()
+        return got
+    finally:
+        load_config.model_loader_extra_config = before
+
+
 def _set_loader_config(worker: Any, extra: dict[str, Any]) -> None:
     # Runs on the worker (collective_rpc with a callable): the load config the next reload's
     # loader is built from.
@@ -149,16 +192,14 @@ class VllmEngine:
             kwargs = {"weights_path": str(self.kernel_dir), "is_checkpoint_format": False}
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
             return
-        extra = (
-            {"enable_multithread_load": True, "num_threads": self.threads}
-            if method == "checkpoint-threads"
-            else {}
-        )
-        self.llm.collective_rpc(_set_loader_config, args=(extra,))
+        self.llm.collective_rpc(_set_loader_config, args=(_loader_extra(method, self.threads),))
         try:
             self.llm.collective_rpc("reload_weights")
         finally:
             self.llm.collective_rpc(_set_loader_config, args=({},))
+
+    def read_only(self, method: str) -> int:
+        return int(self.llm.collective_rpc(_read_only, args=(_loader_extra(method, self.threads),))[0])
 
     def save_kernel_format(self) -> int:
         self.kernel_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_bytes": sum(p.stat().st_size for p in readahead.weight_files(a.model)),
         "started_s": round(started, 2),
         "reference_tokens": reference,
+        "reads": reads(engine, a.methods.split(","), warm),
         "runs": measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches),
     }
     return emit(doc, a.out / "reload-probe.json")

@@ -53,6 +53,24 @@ class Engine:
         self.calls.append("save")
         return 1234
 
+    def read_only(self, method: str) -> int:
+        self.calls.append(f"read {method}")
+        if method == self.broken:
+            raise OSError("No such file")
+        return 5678
+
+
+def test_the_checkpoint_ways_are_read_alone_warm_and_a_failure_is_recorded() -> None:
+    engine = Engine(broken="checkpoint-threads")
+    warmed: list[str] = []
+    got = probe.reads(engine, list(probe.METHODS), warm=warmed.append)
+    assert warmed == ["checkpoint", "checkpoint-threads"] and engine.calls == [
+        "read checkpoint",
+        "read checkpoint-threads",
+    ]
+    assert got[0]["method"] == "checkpoint" and got[0]["bytes"] == 5678 and got[0]["read_s"] >= 0
+    assert got[1] == {"method": "checkpoint-threads", "error": "OSError: No such file"}
+
 
 def test_each_run_sleeps_prepares_the_cache_wakes_reloads_and_compares_tokens() -> None:
     engine = Engine(broken="kernel-format")
@@ -107,6 +125,7 @@ def test_without_root_the_dropped_runs_are_left_out(monkeypatch: pytest.MonkeyPa
         == 0
     )
     doc = json.loads((tmp_path / "o" / "reload-probe.json").read_text())
+    assert [r["method"] for r in doc["reads"]] == ["checkpoint", "checkpoint-threads"]
     assert [(r["method"], r["page_cache"]) for r in doc["runs"]] == [
         ("checkpoint", "warm"),
         ("checkpoint-threads", "warm"),
