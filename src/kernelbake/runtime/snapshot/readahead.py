@@ -125,26 +125,27 @@ def read(
     ``ranges`` in order; the bytes read (also added to ``progress`` as they come)."""
     todo = iter(ranges(files, budget))
     lock = threading.Lock()
-    total = [0]
+    # Each thread's own count, added up once all have ended.
+    counts: list[int] = []
 
     def work() -> None:
         # One buffer per thread: the bytes are wanted in the page cache, not here.
         buf = memoryview(bytearray(_CHUNK))
+        got = 0
         while True:
             with lock:
                 piece = next(todo, None)
             if piece is None:
-                return
-            got = _read_range(*piece, buf, progress)
-            with lock:
-                total[0] += got
+                break
+            got += _read_range(*piece, buf, progress)
+        counts.append(got)
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, workers))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return total[0]
+    return sum(counts)
 
 
 def _read_range(path: Path, offset: int, length: int, buf: memoryview, progress: ReadAhead | None) -> int:
