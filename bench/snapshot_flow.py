@@ -147,10 +147,9 @@ TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
 _PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
-# serve's line since the snapshot's images are read first, and before (weights only).
+# Only this tree's serve is parsed (vllm_image_flow refuses a context with another wheel).
 _READ_AHEAD = re.compile(
-    r"; (\d+) B (?:of the weights )?read ahead beside it "
-    r"\((?:the snapshot's \d+ image files?, then )?\d+ (?:weight )?files?(, still reading)?\)"
+    r"; (\d+) B read ahead beside it \(the snapshot's \d+ image files?, then \d+ weight files?(, still reading)?\)"
 )
 # How the model's weight files are made for a snapshot with the weights outside (--weights-from):
 # saved from the baked server and converted, generated from the config (bench/fake_checkpoint.py),
@@ -184,15 +183,15 @@ def image_digest(target_json: Path) -> str:
 
 def parse_restored(line: str) -> dict[str, Any]:
     """serve's ``restored snapshot …`` line as numbers: seconds from the restore's start to
-    serving, each phase, how the files were checked, and how much of the weights were read
-    ahead."""
+    serving, each phase, how the files were checked, and how much was read ahead."""
     out: dict[str, Any] = {"phases_s": {k: float(v) for k, v in _PHASE.findall(line)}}
     if m := _SERVING.search(line):
         out["serving_after_restore_start_s"] = float(m.group(1))
     if m := _CHECKED.search(line):
         out["files_checked"], out["files_checked_s"] = m.group(1), float(m.group(2))
     if m := _READ_AHEAD.search(line):
-        # serve's reader of the weight files: how far it got by serving, and whether it was done.
+        # serve's reader of the images and weight files: how far it got by serving, and whether
+        # it was done.
         out["read_ahead_bytes"], out["read_ahead_done"] = int(m.group(1)), not m.group(2)
     return out
 
