@@ -34,10 +34,11 @@ of runs, how a run is measured and judged) is tested in tests/test_bench_reload_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -128,29 +129,37 @@ def _loader_extra(method: str, threads: int) -> dict[str, Any]:
     return {"enable_multithread_load": True, "num_threads": threads} if method == "checkpoint-threads" else {}
 
 
-def _read_only(worker: Any, extra: dict[str, Any]) -> int:
-    # Runs on the worker: the weights iterator a reload would consume, each tensor dropped as it
-    # comes (the bytes it yielded).
-    from vllm.model_executor.model_loader import get_model_loader
-
+@contextlib.contextmanager
+def _loader_config(worker: Any, extra: dict[str, Any]) -> Iterator[Any]:
+    """On the worker: the load config a loader is built from set to ``extra`` for the block,
+    then put back as it was; the model runner."""
     runner = worker.model_runner
     load_config = runner.vllm_config.load_config
     before = load_config.model_loader_extra_config
     load_config.model_loader_extra_config = dict(extra)
     try:
-        loader = get_model_loader(load_config)
-        got = 0
-        for _name, tensor in loader.get_all_weights(runner.vllm_config.model_config, runner.get_model()):
-            got += tensor.numel() * tensor.element_size()
-        return got
+        yield runner
     finally:
         load_config.model_loader_extra_config = before
 
 
-def _set_loader_config(worker: Any, extra: dict[str, Any]) -> None:
-    # Runs on the worker (collective_rpc with a callable): the load config the next reload's
-    # loader is built from.
-    worker.model_runner.vllm_config.load_config.model_loader_extra_config = dict(extra)
+def _read_only(worker: Any, extra: dict[str, Any]) -> int:
+    # Runs on the worker (collective_rpc with a callable): the weights iterator a reload would
+    # consume, each tensor dropped as it comes (the bytes it yielded).
+    from vllm.model_executor.model_loader import get_model_loader
+
+    with _loader_config(worker, extra) as runner:
+        loader = get_model_loader(runner.vllm_config.load_config)
+        got = 0
+        for _name, tensor in loader.get_all_weights(runner.vllm_config.model_config, runner.get_model()):
+            got += tensor.numel() * tensor.element_size()
+        return got
+
+
+def _reload(worker: Any, extra: dict[str, Any]) -> None:
+    # Runs on the worker: serve's reload (``reload_weights``), its loader built from ``extra``.
+    with _loader_config(worker, extra):
+        worker.reload_weights()
 
 
 class VllmEngine:
@@ -192,11 +201,7 @@ class VllmEngine:
             kwargs = {"weights_path": str(self.kernel_dir), "is_checkpoint_format": False}
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
             return
-        self.llm.collective_rpc(_set_loader_config, args=(_loader_extra(method, self.threads),))
-        try:
-            self.llm.collective_rpc("reload_weights")
-        finally:
-            self.llm.collective_rpc(_set_loader_config, args=({},))
+        self.llm.collective_rpc(_reload, args=(_loader_extra(method, self.threads),))
 
     def read_only(self, method: str) -> int:
         return int(self.llm.collective_rpc(_read_only, args=(_loader_extra(method, self.threads),))[0])
