@@ -151,9 +151,21 @@ def _read_only(worker: Any, extra: dict[str, Any]) -> int:
     with _loader_config(worker, extra) as runner:
         loader = get_model_loader(runner.vllm_config.load_config)
         got = 0
+        # A safetensors tensor is a view of a mapped file until something reads it: each one
+        # goes to the GPU, as the reload's copy would take it, so the bytes are really read.
         for _name, tensor in loader.get_all_weights(runner.vllm_config.model_config, runner.get_model()):
+            tensor.to(runner.device)
             got += tensor.numel() * tensor.element_size()
         return got
+
+
+def _reload_kernel_format(worker: Any, path: str) -> None:
+    # Runs on the worker: the kernel-format reload copies into the model's parameters in place,
+    # which autograd refuses outside no-grad mode (the first H100 try, 2026-12-06).
+    import torch
+
+    with torch.inference_mode():
+        worker.reload_weights(weights_path=path, is_checkpoint_format=False)
 
 
 def _reload(worker: Any, extra: dict[str, Any]) -> None:
@@ -198,8 +210,7 @@ class VllmEngine:
 
     def reload(self, method: str) -> None:
         if method == "kernel-format":
-            kwargs = {"weights_path": str(self.kernel_dir), "is_checkpoint_format": False}
-            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+            self.llm.collective_rpc(_reload_kernel_format, args=(str(self.kernel_dir),))
             return
         self.llm.collective_rpc(_reload, args=(_loader_extra(method, self.threads),))
 
