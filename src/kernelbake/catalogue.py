@@ -26,6 +26,10 @@ class Validation(enum.Enum):
 
     # Built, compiled and served from the bundle on an H200 (bench/results/vllm-*-h200*).
     H200 = "h200"
+    # The same on an H100, the card the device tool lends for work that fits 78 GiB: a dense
+    # model's image flow, the key matrix with none wrong and the FP8 MoE
+    # (bench/results/vllm-*-h100*; tests/vllm/test_releases.py reads them).
+    H100 = "h100"
     # Built, pushed, pulled and served by CI on the CPU (tests/integration).
     CPU = "cpu"
     # Data only: nobody has run it; the compile stage still refuses a base image whose
@@ -84,7 +88,7 @@ class Catalogue:
         return next((g for g in self.gpus.values() if product in g.gfd_product), None)
 
     def supported(self, engine: Engine) -> str:
-        """``0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none)``: every listed release of
+        """``0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: h100)``: every listed release of
         ``engine`` with the level at which each build was validated."""
         by_version: dict[str, list[str]] = {}
         for (e, v, b), r in sorted(

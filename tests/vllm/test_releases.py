@@ -4,6 +4,7 @@ tests/integration/test_vllm_cpu_image.py runs the hook check against the real re
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -36,12 +37,53 @@ def test_every_release_names_its_adapter_and_validation_per_build() -> None:
     cpu = cat.engine(Engine.VLLM, "0.32.0", Build.CPU, where="t")
     assert cpu.validated is Validation.CPU and cpu.software.cuda == "none" and cpu.software.torch == "2.13.0"
     gpu = cat.engine(Engine.VLLM, "0.32.0", Build.CUDA, where="t")
-    assert gpu.validated is Validation.NONE and gpu.base_image == "docker.io/vllm/vllm-openai:v0.32.0"
+    assert gpu.validated is Validation.H100 and gpu.base_image == "docker.io/vllm/vllm-openai:v0.32.0"
     assert VLLM.adapter("0.32.0", Build.CPU) == VLLM.adapter("0.32.0", Build.CUDA)
     assert VLLM.adapter("0.32.0", Build.CPU) == "kernelbake.runtime.engines.vllm._v0_32"
     assert cat.supported(Engine.VLLM) == (
-        "0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: none), 0.34.0 (cuda: none)"
+        "0.26.0 (cuda: h200), 0.32.0 (cpu: cpu; cuda: h100), 0.34.0 (cuda: none)"
     )
+
+
+def _passed_flows(results: list[Path]) -> set[str]:
+    """The models of these image-flow documents that passed: tokens identical, baked against
+    cold (or restored against baked), and no file written after /health."""
+    passed = set()
+    for doc in results:
+        for model, got in json.loads(doc.read_text()).get("summary", {}).items():
+            if got.get("tokens_identical") is True and got.get("files_added_after_ready") == 0:
+                passed.add(model)
+    return passed
+
+
+def _keymatrices_with_none_wrong(results: list[Path]) -> list[Path]:
+    right = []
+    for doc in results:
+        summary = json.loads(doc.read_text()).get("summary", {})
+        if summary.get("cases", 0) >= 40 and summary.get("right") == summary["cases"]:
+            right.append(doc)
+    return right
+
+
+def test_a_gpu_validation_is_the_committed_results_of_that_card() -> None:
+    # engines.yaml's `validated: h200|h100` is a claim about bench/results: for that release
+    # and card, a dense model's image flow and the FP8 MoE's passed, and a key matrix of at
+    # least 40 cases had none wrong. Read them rather than trust the word.
+    claims = []
+    for engine, release, build in load_catalogue().engines:
+        got = load_catalogue().engine(engine, release, build, where="t")
+        if got.validated not in (Validation.H200, Validation.H100):
+            continue
+        card = got.validated.value
+        claims.append((release, card))
+        runs = list((REPO / "bench/results").glob(f"vllm-{release}-{card}*"))
+        docs = [d for p in runs for d in ([p] if p.is_file() else p.rglob("*.json"))]
+        flows = _passed_flows([d for d in docs if d.name == "vllm-image-flow.json"])
+        assert any("30b-a3b" in m for m in flows), (release, card, flows)
+        assert any("30b-a3b" not in m for m in flows), (release, card, flows)
+        matrices = [d for d in docs if "keymatrix" in d.name and d.suffix == ".json"]
+        assert _keymatrices_with_none_wrong(matrices), (release, card, matrices)
+    assert ("0.26.0", "h200") in claims and ("0.32.0", "h100") in claims
 
 
 def test_every_release_of_engines_yaml_has_the_declarations_adapter_and_no_other() -> None:
