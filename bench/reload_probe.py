@@ -15,10 +15,15 @@ reloads and generates again, with the page cache warm and dropped:
   (``model_loader_extra_config`` ``enable_multithread_load``, ``num_threads``), set on the
   worker's load config for that reload only (vLLM leaves the load config out of its compile
   hash, so a serve argument that sets it does not change the kernels);
-- ``kernel-format``: the weights as the engine holds them after processing, written once by
-  vLLM's ``save_sharded_state`` and reloaded with ``is_checkpoint_format=False`` (each tensor
-  copied into its parameter, no processing). Last, since that reload points the model's path at
-  the saved directory.
+- ``state-copy``: the weights as the engine holds them after processing, written once by
+  vLLM's ``save_sharded_state``, each tensor copied into the model's parameter or buffer of its
+  name (no processing): what a restore could reach if the node held its weights in the kernel's
+  format. Whether that is all the engine's weights memory (sleep level 2 discards every
+  allocation made while loading, not only the state dict) is what the tokens say;
+- ``kernel-format``: the same files through vLLM's own ``reload_weights(...,
+  is_checkpoint_format=False)``. Last, since that reload points the model's path at the saved
+  directory. On vLLM 0.32 it resolves every name as a parameter, so a model with buffers in its
+  state (the attention scales) fails there (H100, 2026-12-06).
 
 Each run's greedy tokens (16, from fixed prompt ids) are compared with the first start's. First,
 awake, the checkpoint ways' weights iterator alone (``reads``): the reading's share of a reload.
@@ -48,7 +53,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 from disk_read_probe import drop_caches, emit
 from kernelbake.runtime.snapshot import readahead
 
-METHODS = ("checkpoint", "checkpoint-threads", "kernel-format")
+METHODS = ("checkpoint", "checkpoint-threads", "state-copy", "kernel-format")
+# The ways that read save_sharded_state's files rather than the checkpoint.
+KERNEL_FORMAT = ("state-copy", "kernel-format")
 # A prompt of fixed token ids: the probe needs no tokenizer (the checkpoint has none).
 PROMPT = [9707, 11, 1879, 0, 576, 374, 264, 1273, 315, 279, 6573, 17189, 13]
 
@@ -57,15 +64,16 @@ class Engine(Protocol):
     def generate(self) -> list[int]: ...
     def sleep(self) -> None: ...
     def wake(self) -> None: ...
-    def reload(self, method: str) -> None: ...
+    def reload(self, method: str) -> dict[str, Any] | None: ...
     def save_kernel_format(self) -> int: ...
     def read_only(self, method: str) -> int: ...
 
 
 def plan(methods: tuple[str, ...] | list[str], drop: bool) -> list[tuple[str, str]]:
-    """(method, page cache) in the order they run: ``kernel-format`` last (its reload points the
-    model at the saved directory), each warm before dropped."""
-    ordered = sorted(methods, key=lambda m: m == "kernel-format")
+    """(method, page cache) in the order they run: the checkpoint ways, then ``state-copy``, then
+    ``kernel-format`` (its reload points the model at the saved directory), each warm before
+    dropped."""
+    ordered = sorted(methods, key=lambda m: (m in KERNEL_FORMAT, m == "kernel-format"))
     return [(m, cache) for m in ordered for cache in (("warm", "dropped") if drop else ("warm",))]
 
 
@@ -84,7 +92,7 @@ def measure(
     for method, cache in runs:
         run: dict[str, Any] = {"method": method, "page_cache": cache}
         try:
-            if method == "kernel-format" and not saved:
+            if method in KERNEL_FORMAT and not saved:
                 t = time.monotonic()
                 run["kernel_format_bytes"] = engine.save_kernel_format()
                 run["kernel_format_saved_s"] = round(time.monotonic() - t, 3)
@@ -97,9 +105,9 @@ def measure(
             t0 = time.monotonic()
             engine.wake()
             t1 = time.monotonic()
-            engine.reload(method)
+            said = engine.reload(method)
             t2 = time.monotonic()
-            run.update(wake_s=round(t1 - t0, 3), reload_s=round(t2 - t1, 3))
+            run.update(wake_s=round(t1 - t0, 3), reload_s=round(t2 - t1, 3), **(said or {}))
             run["tokens_identical"] = engine.generate() == reference
         except Exception as exc:  # a probe records what failed and goes on
             run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -112,7 +120,7 @@ def reads(engine: Engine, methods: list[str], warm: Callable[[str], None]) -> li
     awake, nothing loaded into the model: how much of a reload is reading and how much is
     loading and processing."""
     out: list[dict[str, Any]] = []
-    for method in (m for m in methods if m != "kernel-format"):
+    for method in (m for m in methods if m not in KERNEL_FORMAT):
         run: dict[str, Any] = {"method": method}
         try:
             warm(method)
@@ -168,6 +176,26 @@ def _reload_kernel_format(worker: Any, path: str) -> None:
         worker.reload_weights(weights_path=path, is_checkpoint_format=False)
 
 
+def _state_copy(worker: Any, path: str) -> dict[str, int]:
+    # Runs on the worker: each saved tensor copied into the model's parameter or buffer of that
+    # name, in inference mode (an in-place copy into a parameter otherwise trips autograd).
+    import torch
+    from safetensors import safe_open
+
+    model = worker.model_runner.get_model()
+    targets = dict(model.named_parameters())
+    targets.update(model.named_buffers())
+    copied: set[str] = set()
+    with torch.inference_mode():
+        for file in sorted(Path(path).glob("*.safetensors")):
+            with safe_open(str(file), framework="pt", device="cpu") as saved:
+                for name in saved.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                    targets[name].copy_(saved.get_tensor(name))
+                    copied.add(name)
+    # What the state dict did not cover: left as the wake-up found it (its memory discarded).
+    return {"copied": len(copied), "not_in_files": len(set(targets) - copied)}
+
+
 def _reload(worker: Any, extra: dict[str, Any]) -> None:
     # Runs on the worker: serve's reload (``reload_weights``), its loader built from ``extra``.
     with _loader_config(worker, extra):
@@ -208,11 +236,14 @@ class VllmEngine:
     def wake(self) -> None:
         self.llm.wake_up()
 
-    def reload(self, method: str) -> None:
+    def reload(self, method: str) -> dict[str, Any] | None:
+        if method == "state-copy":
+            return dict(self.llm.collective_rpc(_state_copy, args=(str(self.kernel_dir),))[0])
         if method == "kernel-format":
             self.llm.collective_rpc(_reload_kernel_format, args=(str(self.kernel_dir),))
-            return
+            return None
         self.llm.collective_rpc(_reload, args=(_loader_extra(method, self.threads),))
+        return None
 
     def read_only(self, method: str) -> int:
         return int(self.llm.collective_rpc(_read_only, args=(_loader_extra(method, self.threads),))[0])
@@ -229,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         "--model", type=Path, required=True, help="a checkpoint directory (config.json, *.safetensors)"
     )
     ap.add_argument(
-        "--kernel-dir", type=Path, required=True, help="where save_sharded_state writes (emptied first)"
+        "--kernel-dir",
+        type=Path,
+        required=True,
+        help="where save_sharded_state writes (emptied first; as large as the checkpoint)",
     )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -253,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def warm(method: str) -> None:
         # Every byte the reload reads, in the page cache before it starts.
-        files = readahead.weight_files(a.kernel_dir if method == "kernel-format" else a.model)
+        files = readahead.weight_files(a.kernel_dir if method in KERNEL_FORMAT else a.model)
         readahead.read(files, sum(p.stat().st_size for p in files))
 
     import torch
@@ -266,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0),
         "model": str(a.model),
+        # On a tmpfs (/dev/shm) the kernel format's "dropped" runs read memory all the same.
+        "kernel_dir": str(a.kernel_dir),
         "checkpoint_bytes": sum(p.stat().st_size for p in readahead.weight_files(a.model)),
         "started_s": round(started, 2),
         "reference_tokens": reference,

@@ -61,6 +61,14 @@ left in the model's directory (~3 minutes, another 16.4 GB of disk for the kerne
     bash bench/device.sh start reload --after snap8b -- bash -c "python3 bench/reload_probe.py
       --model /models/qwen3-8b-dummy --kernel-dir /root/kfmt --out \$RUN_OUT"
 
+On the MoE (after its flow, which leaves its generated checkpoint in ``/models/qwen3-30b-a3b-fp8``),
+the kernel format (31 GB more) goes to ``/dev/shm``, the disk holding the bundle, that
+checkpoint and the snapshot; ``state-copy`` then reads memory warm or "dropped" alike:
+
+    bash bench/device.sh start reload --after snapmoe -- bash -c "python3 bench/reload_probe.py
+      --model /models/qwen3-30b-a3b-fp8 --kernel-dir /dev/shm/kfmt --methods checkpoint,state-copy
+      --gpu-memory-utilization 0.6 --out \$RUN_OUT"
+
 (Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
 tree.) The GPU idles while the chunks go over: the call after the CRIU one can start
 ``bench/nvml_release_probe.py`` (the machine's torch and that CRIU; its four modes, ~1 minute)

@@ -15,11 +15,13 @@ probe = bench.load("reload_probe")
 
 
 def test_kernel_format_runs_last_since_its_reload_repoints_the_model() -> None:
-    assert probe.plan(["kernel-format", "checkpoint", "checkpoint-threads"], drop=True) == [
+    assert probe.plan(["kernel-format", "state-copy", "checkpoint", "checkpoint-threads"], drop=True) == [
         ("checkpoint", "warm"),
         ("checkpoint", "dropped"),
         ("checkpoint-threads", "warm"),
         ("checkpoint-threads", "dropped"),
+        ("state-copy", "warm"),
+        ("state-copy", "dropped"),
         ("kernel-format", "warm"),
         ("kernel-format", "dropped"),
     ]
@@ -41,13 +43,18 @@ class Engine:
     def wake(self) -> None:
         self.calls.append("wake")
 
-    def reload(self, method: str) -> None:
+    def reload(self, method: str) -> dict[str, int] | None:
         self.calls.append(f"reload {method}")
         if method == self.broken:
             raise AttributeError("`ModelRunner` has no parameter `lm_head.bias`")
         if method == "checkpoint-threads":
             # A reload that loads other values: the tokens differ.
             self.tokens = [9]
+        if method == "state-copy":
+            # The copy puts the first values back, and says what it covered.
+            self.tokens = [1, 2, 3]
+            return {"copied": 7, "not_in_files": 1}
+        return None
 
     def save_kernel_format(self) -> int:
         self.calls.append("save")
@@ -83,22 +90,27 @@ def test_each_run_sleeps_prepares_the_cache_wakes_reloads_and_compares_tokens() 
         drop=lambda: prepared.append("drop"),
     )
     assert engine.calls[:3] == ["sleep", "wake", "reload checkpoint"]
-    # The kernel format is saved once, awake, before its first run.
+    # The kernel format is saved once, awake, before the first run that reads it.
     assert engine.calls.count("save") == 1 and engine.calls.index("save") == 12
     assert prepared == [
         "warm checkpoint",
         "drop",
         "warm checkpoint-threads",
         "drop",
+        "warm state-copy",
+        "drop",
         "warm kernel-format",
         "drop",
     ]
-    assert [r.get("tokens_identical") for r in runs] == [True, True, False, False, None, None]
+    assert [r.get("tokens_identical") for r in runs] == [True, True, False, False, True, True, None, None]
     assert runs[4]["kernel_format_bytes"] == 1234 and "kernel_format_saved_s" in runs[4]
+    assert "kernel_format_bytes" not in runs[6]
+    # What a reload says of itself goes into its run.
+    assert runs[4]["copied"] == 7 and runs[5]["not_in_files"] == 1
     # A reload that fails is recorded with its error, and the runs after it still run.
-    assert runs[4]["error"].startswith("AttributeError: `ModelRunner` has no parameter")
-    assert "error" in runs[5] and "reload_s" not in runs[5]
-    assert all(r["wake_s"] >= 0 and r["reload_s"] >= 0 for r in runs[:4])
+    assert runs[6]["error"].startswith("AttributeError: `ModelRunner` has no parameter")
+    assert "error" in runs[7] and "reload_s" not in runs[7]
+    assert all(r["wake_s"] >= 0 and r["reload_s"] >= 0 for r in runs[:6])
 
 
 def test_without_root_the_dropped_runs_are_left_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -129,6 +141,7 @@ def test_without_root_the_dropped_runs_are_left_out(monkeypatch: pytest.MonkeyPa
     assert [(r["method"], r["page_cache"]) for r in doc["runs"]] == [
         ("checkpoint", "warm"),
         ("checkpoint-threads", "warm"),
+        ("state-copy", "warm"),
         ("kernel-format", "warm"),
     ]
     assert doc["checkpoint_bytes"] == 10 and len(made) == 1
