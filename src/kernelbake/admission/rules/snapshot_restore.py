@@ -120,25 +120,13 @@ def decide(
                 # Otherwise it has nothing to say.
                 denials += _without_restore(c, pins, mounts, notes)
             continue
-        if c.field == "ephemeralContainers":
-            denials.append(
-                Denial(
-                    c.where, "asks for the restore capabilities; serve restores only in a pod's containers"
-                )
-            )
-            continue
-        found, snapshot = _restore(c, pod, added, whole, mounts, snapshots, images.get(c.image))
+        found, note = _restoring(
+            c, pod, added, whole, mounts, pins, snapshots, images.get(c.image), patch if mutate else None
+        )
         denials += found
-        if snapshot is None or found:
-            continue
-        want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
-        pinned = _pin(c, pins, want, patch if mutate else None)
-        denials += pinned
-        if not pinned:
+        if note:
             restores += 1
-            notes.append(
-                f"{c.where}: restore of snapshot {snapshot.manifest_digest} admitted with {', '.join(sorted(added))}"
-            )
+            notes.append(note)
     if restores and privileged:
         # Whatever its image: it could enter the restoring container (or the node) and change
         # what is restored, which serve trusts unhashed on a pulled image volume.
@@ -149,6 +137,36 @@ def decide(
             )
         )
     return verdict(denials, notes, patch)
+
+
+def _restoring(
+    c: Container,
+    pod: Pod,
+    added: set[str],
+    whole: bool,
+    mounts: list[Mount],
+    pins: list[Mapping[str, Any]],
+    snapshots: Mapping[str, SnapshotLike],
+    image: Keyed | None,
+    patch: list[dict[str, Any]] | None,
+) -> tuple[list[Denial], str]:
+    """A container that asks for the restore set: its denials, or none and the note that its
+    restore is admitted (its pins patched in where ``patch`` is given)."""
+    if c.field == "ephemeralContainers":
+        return [
+            Denial(c.where, "asks for the restore capabilities; serve restores only in a pod's containers")
+        ], ""
+    found, snapshot = _restore(c, pod, added, whole, mounts, snapshots, image)
+    if snapshot is None or found:
+        return found, ""
+    want = {SNAPSHOT_DIGEST_ENV: snapshot.manifest_digest, IMAGE_DIGEST_ENV: snapshot.base_digest}
+    pinned = _pin(c, pins, want, patch)
+    if pinned:
+        return pinned, ""
+    return (
+        [],
+        f"{c.where}: restore of snapshot {snapshot.manifest_digest} admitted with {', '.join(sorted(added))}",
+    )
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
