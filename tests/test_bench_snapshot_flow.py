@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from kernelbake.contract.snapshot import Weights
+from kernelbake.contract.snapshot import SnapshotFile, Weights
 from kernelbake.runtime.snapshot import restore as restore_mod
 from kernelbake.runtime.snapshot.restore import start_from_snapshot
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -415,3 +415,14 @@ def test_a_read_ahead_still_going_at_serving_is_read_as_not_done() -> None:
     parsed = _flow().parse_restored(line)
     assert (parsed["read_ahead_bytes"], parsed["read_ahead_done"]) == (8_000_000_000, False)
     assert parsed["phases_s"] == {"criu restore": 3.53} and parsed["serving_after_restore_start_s"] == 9.1
+
+
+def test_a_takes_bytes_are_told_by_kind_pages_dev_shm_and_the_rest() -> None:
+    files = [
+        SnapshotFile(path="images/pages-1.img", size=300, sha256="a" * 64),
+        SnapshotFile(path="images/pages-12.img", size=20, sha256="b" * 64),
+        SnapshotFile(path="images/dev-shm/psm_1", size=7, sha256="c" * 64, mode=0o600),
+        SnapshotFile(path="images/mm-1.img", size=5, sha256="d" * 64),
+        SnapshotFile(path="images/engine.log", size=1, sha256="e" * 64),
+    ]
+    assert _flow().bytes_by_kind(files) == {"pages": 320, "dev_shm": 7, "other": 6}
