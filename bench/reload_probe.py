@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -83,10 +84,11 @@ def measure(
     reference: list[int],
     warm: Callable[[str], None],
     drop: Callable[[], None],
+    done: Callable[[list[dict[str, Any]]], None] = lambda runs: None,
 ) -> list[dict[str, Any]]:
     """Each run: asleep, the page cache made warm or dropped, woken, reloaded, tokens compared.
     A run that raises is recorded with its error, and the rest go on (the engine is woken
-    again where it can be)."""
+    again where it can be). ``done`` is told the runs so far after each."""
     out: list[dict[str, Any]] = []
     saved = False
     for method, cache in runs:
@@ -112,6 +114,7 @@ def measure(
         except Exception as exc:  # a probe records what failed and goes on
             run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         out.append(run)
+        done(out)
     return out
 
 
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import vllm
 
-    doc = {
+    doc: dict[str, Any] = {
         "bench": "reload_probe",
         "vllm": vllm.__version__,
         "torch": torch.__version__,
@@ -305,10 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_bytes": sum(p.stat().st_size for p in readahead.weight_files(a.model)),
         "started_s": round(started, 2),
         "reference_tokens": reference,
-        "reads": reads(engine, a.methods.split(","), warm),
-        "runs": measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches),
     }
-    return emit(doc, a.out / "reload-probe.json")
+    path = a.out / "reload-probe.json"
+
+    def so_far(runs: list[dict[str, Any]]) -> None:
+        # A device lease can end mid-run: what is measured is on disk after each run.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**doc, "runs": runs, "partial": True}, indent=1) + "\n")
+
+    doc["reads"] = reads(engine, a.methods.split(","), warm)
+    so_far([])
+    doc["runs"] = measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches, so_far)
+    return emit(doc, path)
 
 
 if __name__ == "__main__":

@@ -145,3 +145,17 @@ def test_without_root_the_dropped_runs_are_left_out(monkeypatch: pytest.MonkeyPa
         ("kernel-format", "warm"),
     ]
     assert doc["checkpoint_bytes"] == 10 and len(made) == 1
+
+
+def test_the_runs_so_far_are_told_after_each_run() -> None:
+    # A lease can end mid-probe: main writes what it has each time it is told.
+    told: list[list[str]] = []
+    probe.measure(
+        Engine(),
+        probe.plan(["checkpoint", "state-copy"], drop=False),
+        [1, 2, 3],
+        warm=lambda m: None,
+        drop=lambda: None,
+        done=lambda runs: told.append([r["method"] for r in runs]),
+    )
+    assert told == [["checkpoint"], ["checkpoint", "state-copy"]]
