@@ -69,6 +69,14 @@ checkpoint and the snapshot; ``state-copy`` then reads memory warm or "dropped" 
       --model /models/qwen3-30b-a3b-fp8 --kernel-dir /dev/shm/kfmt --methods checkpoint,state-copy
       --gpu-memory-utilization 0.6 --out \$RUN_OUT"
 
+or alone, on a checkpoint generated there (about 2 minutes after the install):
+
+    bash bench/device.sh start reload -- bash -c "mkdir -p /models/moe &&
+      cp bench/models/qwen3-30b-a3b-fp8/config.json /models/moe/ &&
+      python3 bench/fake_checkpoint.py /models/moe > \$RUN_OUT/checkpoint.json &&
+      python3 bench/reload_probe.py --model /models/moe --kernel-dir /dev/shm/kfmt
+        --methods checkpoint,state-copy --gpu-memory-utilization 0.6 --out \$RUN_OUT"
+
 (Never pipe ``install`` into ``tail``: the pipe hides its failure and the runs start without the
 tree.) The GPU idles while the chunks go over: the call after the CRIU one can start
 ``bench/nvml_release_probe.py`` (the machine's torch and that CRIU; its four modes, ~1 minute)
