@@ -32,3 +32,18 @@ def test_without_root_it_stops_rather_than_measure_memory(
     monkeypatch.setattr(disk_read_probe, "drop_caches", refuse)
     assert disk_read_probe.main(["--dir", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "w").exists()
+
+
+def test_with_will_need_the_kernel_is_asked_for_every_file_after_the_drop(tmp_path: Path) -> None:
+    files = disk_read_probe.write_files(tmp_path / "w", 2500, shard=1000)
+    order: list[str] = []
+    reads = disk_read_probe.measure(
+        files,
+        [2],
+        drop=lambda: order.append("drop"),
+        advise=lambda fs: order.append(f"advise {len(fs)}"),
+    )
+    assert order == ["drop", "advise 3"]
+    assert reads[0]["will_need"] is True and reads[0]["bytes"] == 2500
+    # The real call takes every file (no error on a file the page cache already holds).
+    disk_read_probe.will_need(files)
