@@ -70,8 +70,9 @@ def test_a_gpu_validation_is_the_committed_results_of_that_card() -> None:
     # and card, a dense model's image flow and the FP8 MoE's passed, and a key matrix of at
     # least 40 cases had none wrong. Read them rather than trust the word.
     claims = []
-    for engine, release, build in load_catalogue().engines:
-        got = load_catalogue().engine(engine, release, build, where="t")
+    cat = load_catalogue()
+    for engine, release, build in cat.engines:
+        got = cat.engine(engine, release, build, where="t")
         if got.validated not in (Validation.H200, Validation.H100):
             continue
         card = got.validated.value
