@@ -186,8 +186,10 @@ def _state_copy(worker: Any, path: str) -> dict[str, int]:
     from safetensors import safe_open
 
     model = worker.model_runner.get_model()
-    targets = dict(model.named_parameters())
-    targets.update(model.named_buffers())
+    # Every name, a tied tensor's too (lm_head and the embeddings): the saved files may hold
+    # either name.
+    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(model.named_buffers(remove_duplicate=False))
     copied: set[str] = set()
     with torch.inference_mode():
         for file in sorted(Path(path).glob("*.safetensors")):
