@@ -197,8 +197,10 @@ def _state_copy(worker: Any, path: str) -> dict[str, int]:
                 for name in saved.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                     targets[name].copy_(saved.get_tensor(name))
                     copied.add(name)
-    # What the state dict did not cover: left as the wake-up found it (its memory discarded).
-    return {"copied": len(copied), "not_in_files": len(set(targets) - copied)}
+    # The tensors (not names: a tied one has two) no saved file covered: left as the wake-up
+    # found them, their memory discarded.
+    covered = {id(targets[name]) for name in copied}
+    return {"copied": len(copied), "not_in_files": len({id(t) for t in targets.values()} - covered)}
 
 
 def _reload(worker: Any, extra: dict[str, Any]) -> None:
