@@ -6,6 +6,9 @@ runs ``--check``, which fails when the committed SVG is not what the JSON draws.
     python3 bench/plot_startup.py --check   # exit 1 when that file is stale
 
 One panel per machine, each bar labelled with what was measured and where:
+- the H100, vLLM 0.32: bench/vllm_image_flow.py --snapshot's baked start (its segments, in the
+  startup-floor's phases) and the restores through ``kernelbake serve`` (gate, CRIU, driver,
+  wake-up, the weights' reload), launch → serving, with the page cache dropped and warm;
 - the H200: the cold and baked starts of bench/vllm_startup_floor.py (``phases: {model: {start:
   {phase: seconds}}}``; every start named ``restored…`` in that shape is drawn too), and the CRIU
   restores of bench/vllm_snapshot_restore.py (the restore, the driver's restore, then ``/health``,
@@ -31,6 +34,8 @@ RESULTS = REPO / "bench/results"
 FLOOR = RESULTS / "vllm-0.26.0-h200-startup-floor-2026-12-03/startup-floor.json"
 SNAPSHOT_H200 = RESULTS / "vllm-0.26.0-h200-snapshot-2026-12-04"
 SNAPSHOT_CPU = RESULTS / "snapshot_cpu.json"
+FLOW_8B_H100 = RESULTS / "vllm-0.32.0-h100-snapshot-2026-12-06-seventh/vllm-image-flow.json"
+FLOW_MOE_H100 = RESULTS / "vllm-0.32.0-h100-moe-snapshot-2026-12-06/vllm-image-flow.json"
 OUT = REPO / "docs/performance/startup-phases.svg"
 TOTAL = "launch → /health"
 DRAWN = ("cold", "baked")
@@ -39,10 +44,33 @@ CRIU_RESTORE = "criu restore -d (the process tree's memory)"
 DRIVER_RESTORE = "driver restore + unlock (GPU memory)"
 RESTORED_HEALTH = "restored → /health"
 UNSPLIT = "docker run → /health (not split)"
+# The image flow's segments of a start (bench/vllm_image_flow.py ``breakdown_*_s``), drawn as the
+# startup floor's phases so that one phase has one colour in every panel.
+SEGMENTS = {
+    "kernelbake_start": "imports (kernelbake serve, vllm serve up to its banner)",
+    "vllm_api_server_imports": "imports (kernelbake serve, vllm serve up to its banner)",
+    "engine_core_start": "engine core start",
+    "engine_core_to_model_loaded": "model load (device init, dummy weights)",
+    "torch_compile": "compile load (Dynamo, AOT artifact, Inductor graphs)",
+    "cuda_graphs": "graphs and warm-up (KV cache, CUDA graphs, engine ready)",
+    "engine_ready": "graphs and warm-up (KV cache, CUDA graphs, engine ready)",
+    "api_server_ready": "ready (API server up, /health)",
+    "health": "ready (API server up, /health)",
+}
+# serve's own restore line (bench/snapshot_flow.py ``phases_s``), in the order they run.
+RESTORE_START = "launch → restore start (python, gate, files)"
+RESTORE_PHASES = {
+    "criu restore": CRIU_RESTORE,
+    "driver restore": DRIVER_RESTORE,
+    "/is_sleeping": "wake-up (/is_sleeping, woken)",
+    "woken": "wake-up (/is_sleeping, woken)",
+    "weights reloaded": "weights reloaded (vLLM's reload_weights)",
+}
 # A fixed palette, one colour per phase in order: the picture changes only with the data.
 COLOURS = (
     "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3",
     "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
+    "#1b1b5e", "#b2df8a", "#f0e442", "#6b0f1a", "#00a087",
 )  # fmt: skip
 
 Row = tuple[str, dict[str, float]]  # label, phases (TOTAL among them)
@@ -94,6 +122,31 @@ def criu_restores(what: str) -> Callable[[dict[str, Any]], list[Row]]:
     return read
 
 
+def flow_restores(name: str, *, dropped_mark: str = "") -> Callable[[dict[str, Any]], list[Row]]:
+    """An image flow's baked start and its restores through serve (page cache dropped, then
+    warm) for its one model, called ``name`` on the bars; ``dropped_mark`` after the dropped
+    restore's label points at the title's note on it."""
+
+    def read(doc: dict[str, Any]) -> list[Row]:
+        (got,) = doc["models"].values()
+        baked: dict[str, float] = {}
+        for seg in got["summary"]["breakdown_warm_s"]:
+            phase = SEGMENTS[seg["segment"]]
+            baked[phase] = round(baked.get(phase, 0.0) + seg["s"], 2)
+        baked[TOTAL] = got["summary"]["ready_warm_s"]
+        out: list[Row] = [(f"{name}, baked", baked)]
+        for run in got["snapshot"]["restores"].values():
+            phases = {RESTORE_START: run["restore_start_s"]}
+            for key, s in run["phases_s"].items():
+                phases[RESTORE_PHASES[key]] = round(phases.get(RESTORE_PHASES[key], 0.0) + s, 2)
+            phases[TOTAL] = run["ready_s"]
+            cache = f"dropped{dropped_mark}" if run["page_cache_dropped"] else "warm"
+            out.append((f"{name}, restored, page cache {cache}", phases))
+        return out
+
+    return read
+
+
 def cpu_snapshot(doc: dict[str, Any]) -> list[Row]:
     """bench/snapshot_cpu.py's baked and restored starts, each one span."""
     return [
@@ -103,6 +156,15 @@ def cpu_snapshot(doc: dict[str, Any]) -> list[Row]:
 
 
 PANELS = (
+    Panel(
+        title="Qwen3-8B and Qwen3-30B-A3B FP8 architectures, fake weights, on one H100, vLLM 0.32, through\n"
+        "kernelbake serve, launch → serving (bench/vllm_image_flow.py --snapshot, 2026-12-06; cold, not drawn:\n"
+        "8B 156.4 s, MoE 475.3 s). *The MoE's cold-cache restore ran before serve read the snapshot first",
+        sources=(
+            (FLOW_8B_H100, flow_restores("Qwen3-8B")),
+            (FLOW_MOE_H100, flow_restores("MoE", dropped_mark="*")),
+        ),
+    ),
     Panel(
         title="Qwen3-8B architecture, dummy weights, on one H200, vLLM 0.26.\n"
         "Cold, baked: the image flow, launch → /health (2026-12-03). Restored: CRIU 4.2.1, from the\n"

@@ -62,3 +62,31 @@ def test_a_changed_cpu_snapshot_result_redraws_the_picture(tmp_path: Path, start
     changed = tmp_path / "snapshot_cpu.json"
     changed.write_text(json.dumps(doc))
     assert b"1234.5 s" in plot_startup.render((_panel(changed, plot_startup.cpu_snapshot),))
+
+
+def test_the_h100_restores_through_serve_are_drawn_phase_by_phase() -> None:
+    doc = json.loads(plot_startup.FLOW_8B_H100.read_text())
+    got = doc["models"]["qwen3-8b-sleep"]
+    rows = dict(plot_startup.flow_restores("Qwen3-8B")(doc))
+    assert list(rows) == [
+        "Qwen3-8B, baked",
+        "Qwen3-8B, restored, page cache dropped",
+        "Qwen3-8B, restored, page cache warm",
+    ]
+    assert rows["Qwen3-8B, baked"][plot_startup.TOTAL] == got["summary"]["ready_warm_s"]
+    for label, run in zip(list(rows)[1:], got["snapshot"]["restores"].values(), strict=True):
+        phases = rows[label]
+        assert phases[plot_startup.TOTAL] == run["ready_s"]
+        assert phases[plot_startup.CRIU_RESTORE] == run["phases_s"]["criu restore"]
+        # The phases add up to the whole, to serve's rounding.
+        assert sum(v for k, v in phases.items() if k != plot_startup.TOTAL) == pytest.approx(
+            run["ready_s"], abs=0.1
+        )
+    committed = COMMITTED.read_text()
+    for shown in (
+        "Qwen3-8B, restored, page cache warm",
+        "MoE, restored, page cache dropped*",
+        "4.2 s",
+        "16.7 s",
+    ):
+        assert shown in committed, shown
