@@ -24,7 +24,7 @@ import argparse
 import io
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,14 @@ def criu_restores(what: str) -> Callable[[dict[str, Any]], list[Row]]:
     return read
 
 
+def _grouped(timed: Iterable[tuple[str, float]], names: Mapping[str, str]) -> dict[str, float]:
+    """Seconds by drawn phase: each ``(key, s)`` added to the phase ``names`` maps its key to."""
+    out: dict[str, float] = {}
+    for key, s in timed:
+        out[names[key]] = round(out.get(names[key], 0.0) + s, 2)
+    return out
+
+
 def flow_restores(name: str, *, dropped_mark: str = "") -> Callable[[dict[str, Any]], list[Row]]:
     """An image flow's baked start and its restores through serve (page cache dropped, then
     warm) for its one model, called ``name`` on the bars; ``dropped_mark`` after the dropped
@@ -129,17 +137,15 @@ def flow_restores(name: str, *, dropped_mark: str = "") -> Callable[[dict[str, A
 
     def read(doc: dict[str, Any]) -> list[Row]:
         (got,) = doc["models"].values()
-        baked: dict[str, float] = {}
-        for seg in got["summary"]["breakdown_warm_s"]:
-            phase = SEGMENTS[seg["segment"]]
-            baked[phase] = round(baked.get(phase, 0.0) + seg["s"], 2)
-        baked[TOTAL] = got["summary"]["ready_warm_s"]
+        segments = ((seg["segment"], seg["s"]) for seg in got["summary"]["breakdown_warm_s"])
+        baked = {**_grouped(segments, SEGMENTS), TOTAL: got["summary"]["ready_warm_s"]}
         out: list[Row] = [(f"{name}, baked", baked)]
         for run in got["snapshot"]["restores"].values():
-            phases = {RESTORE_START: run["restore_start_s"]}
-            for key, s in run["phases_s"].items():
-                phases[RESTORE_PHASES[key]] = round(phases.get(RESTORE_PHASES[key], 0.0) + s, 2)
-            phases[TOTAL] = run["ready_s"]
+            phases = {
+                RESTORE_START: run["restore_start_s"],
+                **_grouped(run["phases_s"].items(), RESTORE_PHASES),
+                TOTAL: run["ready_s"],
+            }
             cache = f"dropped{dropped_mark}" if run["page_cache_dropped"] else "warm"
             out.append((f"{name}, restored, page cache {cache}", phases))
         return out
