@@ -141,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     return emit(doc, a.out / "disk-read-probe.json")
 
 
-def emit(doc: dict[str, Any], path: Path) -> int:
-    """A probe's result: written to ``path`` and printed as one line of JSON; exit status 0."""
+def write(doc: dict[str, Any], path: Path) -> None:
+    """A probe's result written to ``path`` (its folder made)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def emit(doc: dict[str, Any], path: Path) -> int:
+    """A probe's result: written to ``path`` and printed as one line of JSON; exit status 0."""
+    write(doc, path)
     print(json.dumps(doc))
     return 0
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -51,7 +50,7 @@ from typing import Any, Protocol
 # The sibling scripts and the tree's src, as bench/vllm_image_flow.py finds them.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
-from disk_read_probe import drop_caches, emit
+from disk_read_probe import drop_caches, emit, write
 from kernelbake.runtime.snapshot import readahead
 
 METHODS = ("checkpoint", "checkpoint-threads", "state-copy", "kernel-format")
@@ -324,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def so_far(runs: list[dict[str, Any]]) -> None:
         # A device lease can end mid-run: what is measured is on disk after each run.
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**doc, "runs": runs, "partial": True}, indent=1) + "\n")
+        write({**doc, "runs": runs, "partial": True}, path)
 
     doc["reads"] = reads(engine, a.methods.split(","), warm)
     so_far([])
