@@ -621,15 +621,12 @@ def bytes_by_kind(files: Sequence[SnapshotFile]) -> dict[str, int]:
     0.63 s over 10 s at this disk's 2 GB/s, bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-seventh)."""
     out = {"pages": 0, "dev_shm": 0, "other": 0}
     for f in files:
-        name = f.path.rsplit("/", 1)[-1]
-        kind = (
-            "dev_shm"
-            if f.path.startswith(SHM_COPY + "/")
-            else "pages"
-            if name.startswith("pages-")
-            else "other"
-        )
-        out[kind] += f.size
+        if f.path.startswith(SHM_COPY + "/"):
+            out["dev_shm"] += f.size
+        elif f.path.rsplit("/", 1)[-1].startswith("pages-"):
+            out["pages"] += f.size
+        else:
+            out["other"] += f.size
     return out
 
 
