@@ -65,6 +65,7 @@ RESTORE_PHASES = {
     "/is_sleeping": "wake-up (/is_sleeping, woken)",
     "woken": "wake-up (/is_sleeping, woken)",
     "weights reloaded": "weights reloaded (vLLM's reload_weights)",
+    "weights copied": "weights copied back (the snapshot's own files)",
 }
 # A fixed palette, one colour per phase in order: the picture changes only with the data.
 COLOURS = (

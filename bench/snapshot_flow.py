@@ -146,8 +146,11 @@ from kernelbake.contract.snapshot import (
     IMAGES_DIR,
     SHM_COPY,
     SNAPSHOT_MANIFEST,
+    WEIGHTS_COPY,
+    WEIGHTS_EXTENSION,
     SnapshotFile,
     SnapshotManifest,
+    under,
 )
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import tree
@@ -162,7 +165,9 @@ SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
 REFUSED = SAY + "snapshot not used: "
 TARGET_S = {"qwen3-8b": 10.0, "qwen3-30b-a3b-fp8": 15.0}
-_PHASE = re.compile(r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded) ([0-9.]+) s")
+_PHASE = re.compile(
+    r"(criu restore|driver restore|/health|/is_sleeping|woken|weights reloaded|weights copied) ([0-9.]+) s"
+)
 _SERVING = re.compile(r"serving ([0-9.]+) s after the start of the restore")
 _CHECKED = re.compile(r"; (\d+ files checked by [^;]*?) in ([0-9.]+) s before it\)")
 # Only this tree's serve is parsed (vllm_image_flow refuses a context with another wheel).
@@ -173,6 +178,10 @@ _READ_AHEAD = re.compile(
 # saved from the baked server and converted, generated from the config (bench/fake_checkpoint.py),
 # or saved where the converter knows the layout and generated where it does not.
 WEIGHTS_FROM = ("auto", "saved", "generated")
+# How a snapshot taken asleep gets its weights back (--snapshot-weights): ``outside``, vLLM's
+# reload from the model's files; ``beside``, the engine's weight memory saved in the snapshot and
+# copied back (kernelbake.runtime.engines.vllm.snapshot_weights). Without weight files: inside.
+ASLEEP = ("outside", "beside")
 SEED = 0
 # The tokens a restore is compared with: the baked start's when the restored engine holds its
 # weights (inside the snapshot, or saved from it); a start loaded from the checkpoint when the
@@ -181,17 +190,21 @@ REF_BAKED = "baked start (its weights: inside the snapshot or saved from it)"
 REF_CHECKPOINT = "key-mismatch fallback: a fresh start loaded from the generated checkpoint"
 
 
-def snapshot_args(user_args: Sequence[str], port: int, *, weights_files: bool) -> list[str]:
+def snapshot_args(
+    user_args: Sequence[str], port: int, *, weights_files: bool, beside: bool = False
+) -> list[str]:
     """The user arguments of every snapshot start: the flow's, with the weights loaded from the
-    files the baked server wrote (when it did), the development endpoints' guard, and the port
-    (the flow's servers append ``--port``; take's start must have the same arguments)."""
+    files the baked server wrote (when it did), the development endpoints' guard, the worker
+    extension that keeps the weights beside the snapshot (``beside``), and the port (the flow's
+    servers append ``--port``; take's start must have the same arguments)."""
     args = list(user_args)
     if weights_files and "--load-format" in args:
         # The checkpoint make_weights wrote (saved or generated), through vLLM's default loader:
         # the path a user's weights take, and the one whose reload_weights works on 0.32
         # (sharded_state has none).
         args[args.index("--load-format") + 1] = "safetensors"
-    return [*args, "--middleware", MIDDLEWARE, "--port", str(port)]
+    extension = ["--worker-extension-cls", WEIGHTS_EXTENSION] if beside else []
+    return [*args, "--middleware", MIDDLEWARE, *extension, "--port", str(port)]
 
 
 def image_digest(target_json: Path) -> str:
@@ -456,7 +469,7 @@ def tokens_reference(doc: Mapping[str, Any]) -> tuple[str, list[int] | None]:
     """What the restored tokens are compared with, and those tokens."""
     snap = doc.get("snapshot") or {}
     made = (doc.get("snapshot_weights") or {}).get("made")
-    if (snap.get("take") or {}).get("weights") == "outside" and made == "generated":
+    if (snap.get("take") or {}).get("weights") in ASLEEP and made == "generated":
         return REF_CHECKPOINT, (snap.get("mismatch") or {}).get("tokens")
     return REF_BAKED, (doc.get("warm_generate") or {}).get("tokens")
 
@@ -619,10 +632,12 @@ def bytes_by_kind(files: Sequence[SnapshotFile]) -> dict[str, int]:
     copy of /dev/shm, everything else CRIU wrote. A cold-cache restore reads all of them beside
     the weights, so they are what a smaller snapshot would have to lose (the 8B's 3.78 GB are
     0.63 s over 10 s at this disk's 2 GB/s, bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-seventh)."""
-    out = {"pages": 0, "dev_shm": 0, "other": 0}
+    out = {"pages": 0, "dev_shm": 0, "weights": 0, "other": 0}
     for f in files:
-        if f.path.startswith(SHM_COPY + "/"):
+        if under(f.path, SHM_COPY):
             out["dev_shm"] += f.size
+        elif under(f.path, WEIGHTS_COPY):
+            out["weights"] += f.size
         elif f.path.rsplit("/", 1)[-1].startswith("pages-"):
             out["pages"] += f.size
         else:
@@ -816,7 +831,7 @@ def take_failed(taken: Mapping[str, Any]) -> str | None:
     return f"take exited {taken['rc']}: {lines[-1] if lines else 'no output'}"[:600]
 
 
-def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> None:
+def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str, asleep: str = "outside") -> None:
     """Every snapshot phase for the model of ``run_`` (its baked start already ran and, with
     weights written, left them in the model's directory); into ``doc["snapshot"]``."""
     snap: dict[str, Any] = {}
@@ -825,8 +840,9 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
     work = flow.WORK / "snapshot"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    # Weights outside need vLLM's sleep mode baked in (it is in the compile hash) and the files
-    # the baked server wrote; otherwise the snapshot holds them (the slower path, still measured).
+    # Weights outside or beside need vLLM's sleep mode baked in (it is in the compile hash) and
+    # the files the baked server wrote (the start a snapshot beside is taken from loads them);
+    # otherwise the snapshot holds them (the slower path, still measured).
     baked_asleep = "--enable-sleep-mode" in json.loads(target.read_text())["serve"]["extra_args"]
     made = doc.get("snapshot_weights") or {}
     weights_files = baked_asleep and bool(made.get("ok"))
@@ -844,7 +860,12 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
         work / "taken",
         target.parent / "snapshot",
         work,
-        snapshot_args(run_.argv[run_.argv.index("serve") + 1 :], port, weights_files=weights_files),
+        snapshot_args(
+            run_.argv[run_.argv.index("serve") + 1 :],
+            port,
+            weights_files=weights_files,
+            beside=weights_files and asleep == "beside",
+        ),
         env,
         port,
     )
@@ -853,7 +874,7 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str) -> Non
         # Left by the cold and baked starts: take would carry them into the snapshot.
         snap["shm_cleared_before_take"] = clear_shm(sorted(p.name for p in Path("/dev/shm").glob("psm_*")))
         snap["cache_root_put_back_before_take"] = flow.as_the_image(run_)
-        snap["take"] = take(s, "outside" if weights_files else "inside")
+        snap["take"] = take(s, asleep if weights_files else "inside")
         if (why := take_failed(snap["take"])) is not None:
             snap["failed"] = why
             return

@@ -736,7 +736,7 @@ def flow(
         _baked_start(run, waves, doc, snapshot=snap)
         _so_far(out, doc)
         if snap:
-            snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu)
+            snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu, a.snapshot_weights)
             _so_far(out, doc)
             if cold and not cold_first:
                 # After the snapshot's phases, so that a take that fails shows itself some four
@@ -1442,6 +1442,14 @@ def main() -> int:
         "or auto: saved where the converter knows the layout, generated where not",
     )
     ap.add_argument(
+        "--snapshot-weights",
+        choices=snapshot_flow.ASLEEP,
+        default="outside",
+        help="for --snapshot with weight files: how the restored engine gets its weights back: "
+        "outside, vLLM's reload from the model's files; beside, the engine's weight memory saved "
+        "in the snapshot and copied back (kernelbake snapshot take --weights beside)",
+    )
+    ap.add_argument(
         "--criu",
         default="/opt/kernelbake-criu/bin/criu",
         help="the CRIU wrapper images/base/criu/install.sh wrote (for --snapshot)",
@@ -1478,7 +1486,11 @@ def main() -> int:
         + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
         + "".join(f" --snapshot {m}" for m in a.snapshot)
-        + (f" --weights-from {a.weights_from} --criu {a.criu}" if a.snapshot else "")
+        + (
+            f" --weights-from {a.weights_from} --snapshot-weights {a.snapshot_weights} --criu {a.criu}"
+            if a.snapshot
+            else ""
+        )
         + f" --deadline {a.deadline:g} --out $OUT",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": "each model in turn: the rendered stages (compile alone), then a cold start "

@@ -78,13 +78,15 @@ def test_every_bad_input_is_refused_before_any_restore_and_the_good_one_is_not(
     assert not verdict["refused_before_restore"] and verdict["restored"]
 
 
+@pytest.mark.parametrize(("weights", "last"), [("outside", "weights reloaded"), ("beside", "weights copied")])
 def test_the_restore_line_reads_back_into_phases(
-    snap: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+    snap: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, weights: str, last: str
 ) -> None:
     flow = _flow()
     tmp_path, port = snap
     criu = FakeCriu(port)
-    digest = _snapshot(tmp_path, port, driver=FakeDriver(), criu=criu, weights=Weights.OUTSIDE)
+    more = {"images/weights/part-0000.bin": b"p" * 10} if weights == "beside" else None
+    digest = _snapshot(tmp_path, port, driver=FakeDriver(), criu=criu, weights=Weights(weights), more=more)
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"w" * 1000)
 
@@ -102,12 +104,12 @@ def test_the_restore_line_reads_back_into_phases(
     assert list(parsed["phases_s"]) == [
         "criu restore",
         "driver restore",
-        "/is_sleeping",  # weights outside: /health is 503 until the weights are back
+        "/is_sleeping",  # taken asleep: /health is 503 until the weights are back
         "woken",
-        "weights reloaded",
+        last,
     ]
     assert parsed["serving_after_restore_start_s"] >= parsed["phases_s"]["criu restore"]
-    assert parsed["files_checked"] == "2 files checked by sizes and sha256"
+    assert parsed["files_checked"] == f"{2 + len(more or {})} files checked by sizes and sha256"
     # Serve read the snapshot's images first (the stand-in's few bytes), then the weights.
     assert parsed["read_ahead_done"] is True and parsed["read_ahead_bytes"] > 1000
 
@@ -126,6 +128,13 @@ def test_the_snapshot_starts_load_the_written_weights_behind_the_guard() -> None
         "8000",
     ]
     assert flow.snapshot_args(args, 8000, weights_files=False)[:2] == ["--load-format", "dummy"]
+    beside = flow.snapshot_args(args, 8000, weights_files=True, beside=True)
+    assert beside[-4:] == [
+        "--worker-extension-cls",
+        "kernelbake.runtime.engines.vllm.snapshot_weights.SnapshotWeights",
+        "--port",
+        "8000",
+    ]
 
 
 def test_a_failed_take_is_the_summary_s_failure_in_take_s_own_words() -> None:
@@ -417,12 +426,14 @@ def test_a_read_ahead_still_going_at_serving_is_read_as_not_done() -> None:
     assert parsed["phases_s"] == {"criu restore": 3.53} and parsed["serving_after_restore_start_s"] == 9.1
 
 
-def test_a_takes_bytes_are_told_by_kind_pages_dev_shm_and_the_rest() -> None:
+def test_a_takes_bytes_are_told_by_kind_pages_dev_shm_weights_and_the_rest() -> None:
     files = [
         SnapshotFile(path="images/pages-1.img", size=300, sha256="a" * 64),
         SnapshotFile(path="images/pages-12.img", size=20, sha256="b" * 64),
         SnapshotFile(path="images/dev-shm/psm_1", size=7, sha256="c" * 64, mode=0o600),
         SnapshotFile(path="images/mm-1.img", size=5, sha256="d" * 64),
         SnapshotFile(path="images/engine.log", size=1, sha256="e" * 64),
+        SnapshotFile(path="images/weights/part-0000.bin", size=1000, sha256="f" * 64),
+        SnapshotFile(path="images/weights/index.json", size=2, sha256="0" * 64),
     ]
-    assert _flow().bytes_by_kind(files) == {"pages": 320, "dev_shm": 7, "other": 6}
+    assert _flow().bytes_by_kind(files) == {"pages": 320, "dev_shm": 7, "weights": 1002, "other": 6}

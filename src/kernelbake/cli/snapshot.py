@@ -101,11 +101,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     c.add_argument(
         "--weights",
-        choices=("inside", "outside"),
+        choices=("inside", "outside", "beside"),
         default="inside",
         help="outside: vLLM's sleep mode level 2 before the dump, so the snapshot holds no weights and "
         "serve reloads them from the model's files after the restore (needs --enable-sleep-mode, "
-        "VLLM_SERVER_DEV_MODE=1 and --middleware kernelbake.runtime.snapshot.devguard.loopback_only)",
+        "VLLM_SERVER_DEV_MODE=1 and --middleware kernelbake.runtime.snapshot.devguard.loopback_only); "
+        "beside: asleep too, with the engine's weight memory saved as files in the snapshot, which "
+        "serve copies back after the wake-up, no loader run (also needs --worker-extension-cls "
+        "kernelbake.runtime.engines.vllm.snapshot_weights.SnapshotWeights)",
     )
     c.set_defaults(func=cmd_take, passthrough=True)
 

@@ -58,6 +58,22 @@ RELOADING_MARK = "/tmp/kernelbake-snapshot/reloading"
 # workers): take copies them, as they were at the dump, and the restore puts them back first.
 SHM_DIR = "/dev/shm"
 SHM_COPY = f"{IMAGES_DIR}/dev-shm"
+# A snapshot taken with its weights beside (``Weights.BESIDE``): the engine's weight memory as
+# files, written by the worker extension below at take and read by it after the restore's
+# wake-up. Under ``images/`` so that every check of the snapshot's files covers them (CRIU
+# reads only the image files it wrote). The extension is vLLM's ``--worker-extension-cls``
+# (left out of vLLM's compile hash), and its two methods are what ``/collective_rpc`` calls.
+WEIGHTS_COPY = f"{IMAGES_DIR}/weights"
+WEIGHTS_EXTENSION = "kernelbake.runtime.engines.vllm.snapshot_weights.SnapshotWeights"
+SAVE_WEIGHTS = "kernelbake_save_weights"
+LOAD_WEIGHTS = "kernelbake_load_weights"
+
+
+def under(path: str, folder: str) -> bool:
+    """Whether the snapshot-relative ``path`` lies in ``folder`` (``SHM_COPY``, ``WEIGHTS_COPY``)."""
+    return path.startswith(folder + "/")
+
+
 # The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
 # measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
 # (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes
@@ -101,6 +117,15 @@ class Weights(enum.Enum):
     INSIDE = "inside"
     # Dumped after vLLM's sleep mode level 2: the restore reloads them after wake-up.
     OUTSIDE = "outside"
+    # Dumped after vLLM's sleep mode level 2 too, with the engine's weight memory as it held
+    # it (after loading and processing) saved beside the process image (``WEIGHTS_COPY``): the
+    # restore copies it back after wake-up, byte for byte, with no loader and no processing.
+    BESIDE = "beside"
+
+    @property
+    def asleep(self) -> bool:
+        """Dumped asleep: the restored engine is woken and its weights put back before it serves."""
+        return self is not Weights.INSIDE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

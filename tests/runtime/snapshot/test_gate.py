@@ -19,7 +19,9 @@ import pytest
 
 from kernelbake.contract.snapshot import (
     ENGINE_LOG_COPY,
+    LOAD_WEIGHTS,
     SNAPSHOT_MANIFEST,
+    WEIGHTS_COPY,
     SnapshotFile,
     SnapshotManifest,
     Weights,
@@ -62,8 +64,10 @@ def _snapshot(
     args: tuple[str, ...] = (),
     weights: Weights = Weights.INSIDE,
     gpu_pids: tuple[int, ...] = (),
+    more: dict[str, bytes] | None = None,
 ) -> str:
-    """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot; its digest."""
+    """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot, with
+    ``more`` files (path: bytes) beside CRIU's; its digest."""
     env = runtime_env(tmp_path)
     key = here_key(
         image=IMAGE,
@@ -78,10 +82,11 @@ def _snapshot(
     (root / "images").mkdir(parents=True)
     (root / "images/pages-1.img").write_bytes(PAGES)
     (root / ENGINE_LOG_COPY).write_bytes(b"engine log\n")
-    files = tuple(
-        SnapshotFile(path=p, size=len(d), sha256=_sha(d))
-        for p, d in (("images/pages-1.img", PAGES), (ENGINE_LOG_COPY, b"engine log\n"))
-    )
+    contents = {"images/pages-1.img": PAGES, ENGINE_LOG_COPY: b"engine log\n", **(more or {})}
+    for path, data in (more or {}).items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    files = tuple(SnapshotFile(path=p, size=len(d), sha256=_sha(d)) for p, d in contents.items())
     manifest = SnapshotManifest(
         key=key,
         files=files,
@@ -434,9 +439,9 @@ def test_health_is_held_until_the_weights_are_back_and_released_either_way(
     seen: list[bool] = []
     real = restore_mod._awake
 
-    def awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
+    def awake(*args: object) -> str | None:
         seen.append(mark.exists())
-        return real(base, deadline, phases)
+        return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(restore_mod, "_awake", awake)
     driver, criu = FakeDriver(), FakeCriu(port)
@@ -470,6 +475,67 @@ def test_a_reload_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> Non
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
     rc, said = _start(_env(tmp_path, digest), criu, driver)
     assert rc == 0 and not criu.calls.exists() and "weights inside" in said[0]
+
+
+# Weights beside: the restored engine is woken and the snapshot's copy of its weight memory put
+# back by the worker extension, with no reload.
+BESIDE = {
+    "images/weights/index.json": b'{"schema": 1, "blocks": []}',
+    "images/weights/part-0000.bin": b"\x01" * 300,
+}
+
+
+def test_a_snapshot_with_its_weights_beside_is_woken_and_its_copy_put_back(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    criu.calls = tmp_path / "calls.txt"
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.BESIDE, more=BESIDE)
+    snapshot_root = _env(tmp_path, digest).snapshot_root
+    started: list[tuple[Path | None, list[str]]] = []
+
+    def start(model: Path | None, images: Sequence[Path] = ()) -> restore_mod.readahead.ReadAhead:
+        started.append((model, [str(p.relative_to(snapshot_root)) for p in images]))
+        return restore_mod.readahead.ReadAhead(list(images), 10, images=len(images))
+
+    monkeypatch.setattr(restore_mod.readahead, "start", start)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    # No model files: the weights are the snapshot's own, read after CRIU's images.
+    assert started == [
+        (None, ["images/engine.log", "images/pages-1.img", *sorted(BESIDE)]),
+    ]
+    wake, copied = criu.calls.read_text().splitlines()
+    assert wake == "/wake_up {}"
+    path, _, body = copied.partition(" ")
+    asked = json.loads(body)
+    assert path == "/collective_rpc" and asked["method"] == LOAD_WEIGHTS
+    assert asked["kwargs"] == {"path": str(snapshot_root / WEIGHTS_COPY)} and asked["timeout"] > 0
+    assert "weights beside" in said[0] and "woken " in said[0] and "weights copied " in said[0]
+    assert "weights reloaded" not in said[0]
+
+
+def test_a_copy_that_fails_is_a_failed_restore(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port, reload_ok=False, serve_s=30.0)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.BESIDE, more=BESIDE)
+    env = _env(tmp_path, digest)
+    rc, said = _start(env, criu, driver)
+    assert rc is None and criu.child is not None and criu.ended()
+    assert marker(env, digest).exists() and not Path(restore_mod.RELOADING_MARK).exists()
+    assert f"/collective_rpc {LOAD_WEIGHTS} answered 500" in said[0] and "this node is marked" in said[0]
+
+
+def test_a_tampered_weights_file_beside_is_refused_before_any_restore(setup: tuple[Path, int]) -> None:
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, weights=Weights.BESIDE, more=BESIDE)
+    part = tmp_path / "snapshot/images/weights/part-0000.bin"
+    part.write_bytes(b"\x02" * 300)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc is None and criu.restores == []
+    assert "images/weights/part-0000.bin: sha256" in said[0] and "changed" in said[0]
 
 
 def test_a_tree_pid_in_use_here_is_refused_before_criu_runs(

@@ -552,3 +552,48 @@ def test_a_failed_dump_leaves_no_link_remap_file_in_shm_and_no_tree(
         )  # fmt: skip
     assert sorted(p.name for p in shm.iterdir()) == ["psm_queue"]
     assert started[0].poll() is not None
+
+
+def test_weights_beside_also_need_the_worker_extension(tmp_path: Path) -> None:
+    from kernelbake.contract.snapshot import WEIGHTS_EXTENSION, Weights
+    from kernelbake.contract.target import TargetConfig
+    from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    target = TargetConfig.load(tmp_path / "target.json")
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    asleep = ("--enable-sleep-mode", "--middleware", MIDDLEWARE)
+    assert take.weights_out_problems(target, env, asleep, Weights.OUTSIDE) == []
+    (missing,) = take.weights_out_problems(target, env, asleep, Weights.BESIDE)
+    assert missing.startswith(f"--worker-extension-cls {WEIGHTS_EXTENSION} is missing")
+    extended = (*asleep, f"--worker-extension-cls={WEIGHTS_EXTENSION}")
+    assert take.weights_out_problems(target, env, extended, Weights.BESIDE) == []
+    # Another extension in its place is not this one.
+    other = (*asleep, "--worker-extension-cls", "my.Extension")
+    assert len(take.weights_out_problems(target, env, other, Weights.BESIDE)) == 1
+
+
+@pytest.mark.parametrize("answer", [200, 500])
+def test_weights_beside_are_saved_and_copied_back_once_before_the_snapshot(
+    tmp_path: Path, answer: int
+) -> None:
+    """The copy every restore makes is made once at take, awake: an engine that cannot is
+    not snapshotted."""
+    from kernelbake.contract.snapshot import LOAD_WEIGHTS, SAVE_WEIGHTS
+    from kernelbake.errors import EnvironmentProblem
+
+    engine = _Engine(reload=answer)
+    folder = tmp_path / "out/images/weights"
+    try:
+        if answer == 200:
+            done = take._save_weights(engine.base, folder)
+            assert set(done) == {"save_weights_s", "copy_weights_s"}
+        else:
+            with pytest.raises(EnvironmentProblem, match=f"{SAVE_WEIGHTS} answered 500"):
+                take._save_weights(engine.base, folder)
+    finally:
+        engine.stop()
+    asked = [json.loads(b) for b in engine.bodies]
+    methods = [SAVE_WEIGHTS, LOAD_WEIGHTS] if answer == 200 else [SAVE_WEIGHTS]
+    assert [a["method"] for a in asked] == methods
+    assert all(a["kwargs"] == {"path": str(folder)} for a in asked)

@@ -52,3 +52,18 @@ def _status(request: str | urllib.request.Request, timeout: float) -> int | None
 # What ``serve`` asks a restored engine that sleeps without its weights, and ``take`` asks once
 # before the dump: vLLM's reload from the files its load format reads.
 RELOAD_WEIGHTS = {"method": "reload_weights"}
+
+
+def rpc(base: str, method: str, *, timeout: float, **kwargs: str) -> tuple[int | None, Any]:
+    """``method`` of each worker through vLLM's ``/collective_rpc`` (its arguments are strings,
+    as vLLM's endpoint passes only those): the status and the first worker's answer (None
+    without one); an error's body as text, for the message."""
+    request = _post(f"{base}/collective_rpc", {"method": method, "kwargs": kwargs, "timeout": timeout})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout + 5) as r:
+            results = json.loads(r.read() or b"{}").get("results") or [None]
+            return int(r.status), results[0]
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()[-400:].decode(errors="replace")
+    except (OSError, ValueError):
+        return None, None

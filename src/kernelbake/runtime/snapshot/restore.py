@@ -41,16 +41,19 @@ from kernelbake.contract.snapshot import (
     ENGINE_LOG_COPY,
     IMAGE_DIGEST_ENV,
     IMAGES_DIR,
+    LOAD_WEIGHTS,
     MAX_MANIFEST_BYTES,
     RELOADING_MARK,
     SHM_COPY,
     SHM_DIR,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_MANIFEST,
+    WEIGHTS_COPY,
     InvalidSnapshot,
     SnapshotManifest,
     Weights,
     differences,
+    under,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
@@ -196,7 +199,7 @@ def _put_shm(root: Path, manifest: SnapshotManifest, shm: Path) -> None:
     """The dumped tree's /dev/shm files back in place (this container's own tmpfs), with the
     permission bits they had (CRIU checks them)."""
     for f in manifest.files:
-        if not f.path.startswith(SHM_COPY + "/"):
+        if not under(f.path, SHM_COPY):
             continue
         dest = shm / f.path.rpartition("/")[2]
         if dest.exists():
@@ -296,29 +299,41 @@ def _bring_back(
     return root, pids, None
 
 
-def _awake(base: str, deadline: float, phases: dict[str, float]) -> str | None:
-    """A snapshot taken asleep (weights outside): vLLM woken and its weights reloaded from the
-    model's files, by the deadline; why not, or None."""
-    for what, path, body in (
-        ("woken", "/wake_up", {}),
-        ("weights reloaded", "/collective_rpc", http.RELOAD_WEIGHTS),
-    ):
-        t = time.monotonic()
-        code = http.post(base + path, body, timeout=max(1.0, deadline - t))
+def _awake(
+    base: str, deadline: float, phases: dict[str, float], weights: Weights, beside: Path
+) -> str | None:
+    """A snapshot taken asleep: vLLM woken, and its weights reloaded from the model's files
+    (outside) or copied back from the snapshot's (beside, in ``beside``), by the deadline; why
+    not, or None."""
+    t = time.monotonic()
+    if (code := http.post(base + "/wake_up", {}, timeout=max(1.0, deadline - t))) != 200:
+        return f"{base}/wake_up answered {code}"
+    phases["woken"] = time.monotonic() - t
+    t = time.monotonic()
+    if weights is Weights.BESIDE:
+        code, answer = http.rpc(base, LOAD_WEIGHTS, timeout=max(1.0, deadline - t), path=str(beside))
         if code != 200:
-            return f"{base}{path} answered {code}"
-        phases[what] = time.monotonic() - t
+            return f"{base}/collective_rpc {LOAD_WEIGHTS} answered {code}: {answer}"
+        phases["weights copied"] = time.monotonic() - t
+        return None
+    if (
+        code := http.post(base + "/collective_rpc", http.RELOAD_WEIGHTS, timeout=max(1.0, deadline - t))
+    ) != 200:
+        return f"{base}/collective_rpc answered {code}"
+    phases["weights reloaded"] = time.monotonic() - t
     return None
 
 
-def _serving(manifest: SnapshotManifest, root: int, deadline: float, phases: dict[str, float]) -> str | None:
-    """The restored tree answering, and, with its weights outside, woken and reloaded, by the
+def _serving(
+    manifest: SnapshotManifest, root: int, deadline: float, phases: dict[str, float], beside: Path
+) -> str | None:
+    """The restored tree answering, and, taken asleep, woken and its weights back, by the
     deadline: why not, or None. Such a tree's /health stays 503 while RELOADING_MARK exists, so
     its return is asked of /is_sleeping, which the API server answers once the engine core is
     back."""
     base = f"http://127.0.0.1:{manifest.health_port}"
-    outside = manifest.key.weights is Weights.OUTSIDE
-    path = "/is_sleeping" if outside else manifest.health_path
+    asleep = manifest.key.weights.asleep
+    path = "/is_sleeping" if asleep else manifest.health_path
     t = time.monotonic()
     restored = _Root(root)
     if not _healthy(base + path, deadline, restored.alive):
@@ -330,7 +345,7 @@ def _serving(manifest: SnapshotManifest, root: int, deadline: float, phases: dic
             )
         return f"{base}{path} did not answer 200 within {manifest.deadline_s:.0f} s of the restore"
     phases[path] = time.monotonic() - t
-    return _awake(base, deadline, phases) if outside else None
+    return _awake(base, deadline, phases, manifest.key.weights, beside) if asleep else None
 
 
 def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: Say) -> int | None:
@@ -354,16 +369,21 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     phases: dict[str, float] = {}
     mark = Path(RELOADING_MARK)
     ahead: readahead.ReadAhead | None = None
-    if manifest.key.weights is Weights.OUTSIDE:
+    if manifest.key.weights.asleep:
         with contextlib.suppress(OSError):
             mark.write_text("")
-        # CRIU reads the images now and the reload after the wake-up reads the weights: both
-        # read beside CRIU's work, in that order, not after it.
-        images = [env.snapshot_root / f.path for f in manifest.files if f.path.startswith(f"{IMAGES_DIR}/")]
-        ahead = readahead.start(Path(manifest.key.cache_key.model_path), images=images)
+        # CRIU reads the images now and, after the wake-up, the reload reads the model's weight
+        # files (outside) or the copy the snapshot's (beside): all read beside CRIU's work, in
+        # that order, not after it.
+        ahead = readahead.start(
+            Path(manifest.key.cache_key.model_path) if manifest.key.weights is Weights.OUTSIDE else None,
+            images=[env.snapshot_root / path for path in _in_reading_order(manifest)],
+        )
     root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
     if why is None and root is not None:
-        why = _serving(manifest, root, started + manifest.deadline_s, phases)
+        why = _serving(
+            manifest, root, started + manifest.deadline_s, phases, env.snapshot_root / WEIGHTS_COPY
+        )
     # /health answers 200 from here on: the weights are back, or the tree is about to be killed.
     with contextlib.suppress(OSError):
         mark.unlink(missing_ok=True)
@@ -386,6 +406,13 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     )
     assert root is not None
     return _supervise(root, [pid for pid, _ in manifest.tree])
+
+
+def _in_reading_order(manifest: SnapshotManifest) -> list[str]:
+    """The snapshot's files as the restore reads them: CRIU's images, then the weights kept
+    beside them (read after the wake-up)."""
+    files = [f.path for f in manifest.files if under(f.path, IMAGES_DIR)]
+    return sorted(files, key=lambda path: under(path, WEIGHTS_COPY))
 
 
 def _root(pidfile: Path) -> int | None:

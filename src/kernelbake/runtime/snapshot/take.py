@@ -27,13 +27,18 @@ from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     ENGINE_LOG_COPY,
     IMAGES_DIR,
+    LOAD_WEIGHTS,
     RELOADING_MARK,
+    SAVE_WEIGHTS,
     SHM_COPY,
     SHM_DIR,
     SNAPSHOT_MANIFEST,
+    WEIGHTS_COPY,
+    WEIGHTS_EXTENSION,
     SnapshotFile,
     SnapshotManifest,
     Weights,
+    under,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
@@ -75,6 +80,8 @@ class Options:
     command: tuple[str, ...] = ()
     # OUTSIDE: vLLM's sleep mode level 2 before the dump (weights and KV cache freed), so the
     # snapshot holds no weights and ``serve`` wakes the engine and reloads them after restore.
+    # BESIDE: asleep too, the engine's weight memory saved first as files in the snapshot, which
+    # ``serve`` copies back after the wake-up.
     weights: Weights = Weights.INSIDE
 
 
@@ -131,12 +138,15 @@ def _flag_values(args: Sequence[str], flag: str) -> list[str]:
 
 
 def weights_out_problems(
-    target: TargetConfig, environ: Mapping[str, str], user_args: Sequence[str]
+    target: TargetConfig,
+    environ: Mapping[str, str],
+    user_args: Sequence[str],
+    weights: Weights = Weights.OUTSIDE,
 ) -> list[str]:
-    """What a snapshot with its weights left out needs and this start lacks: vLLM, its sleep
-    mode (which changes vLLM's compile hash, so the image is best baked with it), the
-    development endpoints that sleep, wake and reload, and the guard that keeps those on
-    loopback in every replica (``devguard``)."""
+    """What a snapshot taken asleep needs and this start lacks: vLLM, its sleep mode (which
+    changes vLLM's compile hash, so the image is best baked with it), the development endpoints
+    that sleep, wake and reload, and the guard that keeps those on loopback in every replica
+    (``devguard``); with the weights beside, the worker extension that saves and copies them."""
     args = [*target.serve.extra_args, *user_args]
     problems = []
     if target.key.engine is not Engine.VLLM:
@@ -151,6 +161,11 @@ def weights_out_problems(
         )
     if MIDDLEWARE not in _flag_values(args, "--middleware"):
         problems.append(f"--middleware {MIDDLEWARE} is missing (it keeps those endpoints on loopback)")
+    if weights is Weights.BESIDE and _flag_values(args, "--worker-extension-cls") != [WEIGHTS_EXTENSION]:
+        problems.append(
+            f"--worker-extension-cls {WEIGHTS_EXTENSION} is missing (it saves the weights and copies "
+            "them back; vLLM leaves it out of its compile hash)"
+        )
     return problems
 
 
@@ -168,6 +183,26 @@ def _reload_once(base: str) -> None:
         )
 
 
+def _save_weights(base: str, folder: Path) -> dict[str, float]:
+    """The engine's weight memory saved into ``folder`` by its worker extension, then copied
+    back once, awake: the copy every restore of this snapshot makes, asked of this engine now
+    (a snapshot whose every restore would fail is not taken). How long each took."""
+    out: dict[str, float] = {}
+    for what, method in (("save_weights_s", SAVE_WEIGHTS), ("copy_weights_s", LOAD_WEIGHTS)):
+        t = time.monotonic()
+        code, answer = http.rpc(base, method, timeout=900, path=str(folder))
+        if code != 200:
+            raise EnvironmentProblem(
+                f"{base}/collective_rpc {method} answered {code}: {answer}; the engine's weights "
+                f"cannot be kept beside this snapshot. Take it with --weights outside or inside. "
+                f"The engine's log: {ENGINE_LOG}"
+            )
+        out[what] = time.monotonic() - t
+        if isinstance(answer, dict) and isinstance(answer.get("bytes"), int):
+            out["weights_bytes"] = float(answer["bytes"])
+    return out
+
+
 def _sleep(base: str) -> None:
     """vLLM's sleep mode level 2: the weights and the KV cache are freed on the GPU."""
     if (code := http.post(f"{base}/sleep?level=2", {}, timeout=300)) != 200:
@@ -183,7 +218,7 @@ def _files(out: Path) -> list[SnapshotFile]:
             p = Path(dirpath) / name
             rel = p.relative_to(out).as_posix()
             st = p.stat()
-            mode = st.st_mode & 0o777 if rel.startswith(SHM_COPY + "/") else None
+            mode = st.st_mode & 0o777 if under(rel, SHM_COPY) else None
             found.append(SnapshotFile(path=rel, size=st.st_size, sha256=file_sha256(p), mode=mode))
     return found
 
@@ -316,15 +351,18 @@ def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
         raise BadInput(f"{out}: not an empty directory; a snapshot is written only into a new or empty one")
     refuse_secrets(env.environ, options.user_args, "kernelbake snapshot take")
     target = TargetConfig.load(env.target_file)
-    if options.weights is Weights.OUTSIDE and (
-        found := weights_out_problems(target, env.environ, options.user_args)
+    if options.weights.asleep and (
+        found := weights_out_problems(target, env.environ, options.user_args, options.weights)
     ):
-        raise BadInput(f"kernelbake snapshot take --weights outside: {'; '.join(found)}")
+        raise BadInput(f"kernelbake snapshot take --weights {options.weights.value}: {'; '.join(found)}")
     return target
 
 
-def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, started: float) -> dict[str, float]:
-    """Ready, warmed up (and asleep, with the weights outside): how long each took."""
+def _warmed(
+    proc: Any, target: TargetConfig, options: Options, port: int, started: float, out: Path
+) -> dict[str, float]:
+    """Ready, warmed up (and asleep, with the weights outside or beside; beside, saved into
+    ``out`` first): how long each took."""
     base = f"http://127.0.0.1:{port}"
     _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
     taken = {"ready_s": time.monotonic() - started}
@@ -336,6 +374,9 @@ def _warmed(proc: Any, target: TargetConfig, options: Options, port: int, starte
         t = time.monotonic()
         _reload_once(base)
         taken["reload_s"] = time.monotonic() - t
+    elif options.weights is Weights.BESIDE:
+        taken |= _save_weights(base, out.resolve() / WEIGHTS_COPY)
+    if options.weights.asleep:
         t = time.monotonic()
         _sleep(base)
         taken["sleep_s"] = time.monotonic() - t
@@ -446,7 +487,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     environ = {**env.environ, SNAPSHOT_TAKE_ENV: "1"}
     proc = spawn(argv, env=environ, output=log, preexec=io_uring.deny)
     try:
-        taken = _warmed(proc, target, options, port, started)
+        taken = _warmed(proc, target, options, port, started, out)
         pids = tree.descendants(proc.pid)
         _wait_quiet(pids, port, options.quiet_timeout_s)
         _check_tree(pids)

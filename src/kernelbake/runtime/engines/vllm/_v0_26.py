@@ -80,6 +80,9 @@ IDENTITY_HOOKS: tuple[Hook, ...] = (
     # batch's requests still held) and hooks the compilers at the first batch.
     Hook(f"{SCHEDULER}.schedule", ("self", "throttle_prefills")),
     Hook(f"{SCHEDULER}.update_from_output", ("self", "scheduler_output", "model_runner_output")),
+    # snapshot_weights: the sleep-mode allocator's weight allocations and its cudaMemcpy.
+    Hook("vllm.device_allocator.cumem:CuMemAllocator.get_instance", ()),
+    Hook("vllm.device_allocator.cumem:libcudart"),
 )
 
 # Every vLLM object this module (and compile_only through it) calls or patches, with its
@@ -597,6 +600,29 @@ def _jit_monitor() -> Any:
     return jit_monitor
 
 
+# The tag vLLM's sleep-mode allocator gives what the model's loading allocates.
+WEIGHTS_TAG = "weights"
+
+
+def _weight_allocations() -> list[tuple[int, int, bool]]:
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    allocator = CuMemAllocator.get_instance()
+    return sorted(
+        # handle: (device, size as mapped, address, memory handle); ``is_asleep`` since 0.26.
+        (int(ptr), int(data.handle[1]), bool(getattr(data, "is_asleep", False)))
+        for ptr, data in allocator.pointer_to_data.items()
+        if data.tag == WEIGHTS_TAG
+    )
+
+
+def _device_copy(dst: int, src: int, n: int) -> None:
+    # The allocator's own binding of cudaMemcpy (cudaMemcpyDefault: either way, by address).
+    from vllm.device_allocator.cumem import libcudart
+
+    libcudart.cudaMemcpy(dst, src, n)
+
+
 LOOKUPS = VllmLookups(
     version=_version,
     config_utils=_config_utils,
@@ -624,6 +650,8 @@ LOOKUPS = VllmLookups(
     sampling_params_class=_sampling_params_class,
     jit_monitor=_jit_monitor,
     scheduler=SCHEDULER,
+    weight_allocations=_weight_allocations,
+    device_copy=_device_copy,
 )
 
 

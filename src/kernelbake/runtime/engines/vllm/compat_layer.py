@@ -106,6 +106,11 @@ class VllmLookups:
     # serving engine wraps to note the batches during which it compiled (``misses``); a path,
     # not an import: the module is patched when vLLM imports it.
     scheduler: str
+    # The sleep-mode allocator's ``weights`` allocations, ``(address, size, asleep)`` in address
+    # order, and the runtime's copy between host and device memory (``snapshot_weights``: a
+    # snapshot's weight memory saved at take and copied back after the restore's wake-up).
+    weight_allocations: Callable[[], list[tuple[int, int, bool]]]
+    device_copy: Callable[[int, int, int], None]
 
 
 class ReleaseAdapter(Protocol):
