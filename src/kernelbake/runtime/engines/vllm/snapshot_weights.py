@@ -260,7 +260,10 @@ class SnapshotWeights:
 
         lookups = _lookups()
         torch.cuda.synchronize()
-        return save(Path(path), _allocations(lookups), lookups.device_copy, _pinned())
+        try:
+            return save(Path(path), _allocations(lookups), lookups.device_copy, _pinned())
+        finally:
+            _release_pinned()
 
     def kernelbake_load_weights(self, path: str) -> dict[str, Any]:
         import torch
@@ -273,8 +276,11 @@ class SnapshotWeights:
             torch.cuda.set_device(device)
             lookups.device_copy(dst, src, n)
 
-        done = load(Path(path), _allocations(lookups), copy, _pinned)
-        torch.cuda.synchronize()
+        try:
+            done = load(Path(path), _allocations(lookups), copy, _pinned)
+            torch.cuda.synchronize()
+        finally:
+            _release_pinned()
         return done
 
 
@@ -293,3 +299,12 @@ def _pinned() -> Staging:
 
     t = torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True)
     return Staging(address=t.data_ptr(), view=memoryview(t.numpy()), owner=t)
+
+
+def _release_pinned() -> None:
+    """The staging buffers' pinned memory given back: torch keeps freed pinned blocks cached in
+    the process, and at take the process is dumped next (its pages would carry them)."""
+    import torch
+
+    if empty := getattr(torch._C, "_host_emptyCache", None):
+        empty()
