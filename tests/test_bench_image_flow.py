@@ -465,7 +465,10 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     monkeypatch.setattr(
         flow.snapshot_flow,
         "run",
-        lambda _m, _r, doc, *a: (order.append("snapshot"), doc.update(snapshot={"restores": 3})),
+        lambda _m, _r, doc, _w, _c, asleep: (
+            order.append(f"snapshot {asleep}"),
+            doc.update(snapshot={"restores": 3}),
+        ),
     )
     monkeypatch.setattr(flow, "_checks", lambda *a: order.append("checks"))
     monkeypatch.setattr(flow, "summary", lambda doc: {})
@@ -481,6 +484,7 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
             importtime=False,
             mix_total=0,
             criu="criu",
+            snapshot_weights="beside",
         )
         doc = flow.flow(context, tmp_path / "out", 0.0, a, False, "m")
         assert "failed" not in doc, doc
@@ -490,23 +494,23 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     so_far.unlink()
     assert ran(snapshot=True, baked_only=False) == [
         "baked snapshot=True",
-        "snapshot",
+        "snapshot beside",
         "cold kept={'restores': 3}",
         "checks",
     ]
-    assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot", "checks"]
+    assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot beside", "checks"]
     so_far.unlink()
     # --cold-first: a session whose first aim is the cold and baked starts has them before the
     # snapshot's phases.
     assert ran(snapshot=True, baked_only=False, cold_first=True) == [
         "cold kept=None",
         "baked snapshot=True",
-        "snapshot",
+        "snapshot beside",
         "checks",
     ]
     assert ran(snapshot=True, baked_only=True, cold_first=True) == [
         "baked snapshot=True",
-        "snapshot",
+        "snapshot beside",
         "checks",
     ]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
