@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelbake.runtime.engines.vllm.compat_layer import Hook, VllmLookups
+from kernelbake.runtime.engines.vllm.compat_layer import Hook, VllmLookups, resolve
 from kernelbake.runtime.engines.vllm.plugin import WEIGHTS_ENV, WeightsMode
 from kernelbake.runtime.prediction import Store
 
@@ -437,12 +437,6 @@ def _version() -> str:
     return str(__version__)
 
 
-def _config_utils() -> Any:
-    import vllm.config.utils as cu
-
-    return cu
-
-
 def _config_modules() -> list[Any]:
     # Each config module of vLLM's config package imports its hash helpers at module load.
     return [m for name, m in list(sys.modules.items()) if name.startswith("vllm.config") and m is not None]
@@ -558,46 +552,10 @@ def _model_module(arch: str) -> str | None:
     return str(module) if module else None
 
 
-def _compilation_config_class() -> Any:
-    from vllm.config import CompilationConfig
-
-    return CompilationConfig
-
-
-def _engine_args_class() -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs
-
-
-def _backend_class() -> Any:
-    from vllm.compilation.backends import VllmBackend
-
-    return VllmBackend
-
-
-def _api_server_usage() -> Any:
-    from vllm.usage.usage_lib import UsageContext
-
-    return UsageContext.OPENAI_API_SERVER
-
-
-def _engine_class() -> Any:
-    from vllm.v1.engine.llm_engine import LLMEngine
-
-    return LLMEngine
-
-
-def _sampling_params_class() -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams
-
-
-def _jit_monitor() -> Any:
-    from vllm.utils import jit_monitor
-
-    return jit_monitor
+def _imported(path: str) -> Callable[[], Any]:
+    """A lookup of the object at ``path`` (``module:attr.attr``, as ``HOOKS`` writes it; a bare
+    module path is the module), imported when called, not when this module loads."""
+    return functools.partial(resolve, path)
 
 
 # The tag vLLM's sleep-mode allocator gives what the model's loading allocates.
@@ -625,7 +583,7 @@ def _device_copy(dst: int, src: int, n: int) -> None:
 
 LOOKUPS = VllmLookups(
     version=_version,
-    config_utils=_config_utils,
+    config_utils=_imported("vllm.config.utils"),
     config_modules=_config_modules,
     normalize_value=_normalize_value,
     hash_factors=_hash_factors,
@@ -642,13 +600,13 @@ LOOKUPS = VllmLookups(
     aot_artifact=_aot_artifact,
     cache_root=_cache_root,
     model_module=_model_module,
-    compilation_config_class=_compilation_config_class,
-    engine_args_class=_engine_args_class,
-    backend_class=_backend_class,
-    api_server_usage=_api_server_usage,
-    engine_class=_engine_class,
-    sampling_params_class=_sampling_params_class,
-    jit_monitor=_jit_monitor,
+    compilation_config_class=_imported("vllm.config:CompilationConfig"),
+    engine_args_class=_imported("vllm.engine.arg_utils:EngineArgs"),
+    backend_class=_imported("vllm.compilation.backends:VllmBackend"),
+    api_server_usage=_imported("vllm.usage.usage_lib:UsageContext.OPENAI_API_SERVER"),
+    engine_class=_imported("vllm.v1.engine.llm_engine:LLMEngine"),
+    sampling_params_class=_imported("vllm:SamplingParams"),
+    jit_monitor=_imported("vllm.utils.jit_monitor"),
     scheduler=SCHEDULER,
     weight_allocations=_weight_allocations,
     device_copy=_device_copy,
