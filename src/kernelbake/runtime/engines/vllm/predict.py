@@ -124,11 +124,17 @@ def finish_at_build(report: MutableMapping[str, Any]) -> None:
 # -- serve and check -------------------------------------------------------------------
 
 
-def _judge(config: Any, manifest: Path) -> Prediction:
+def _baked(manifest: Path) -> tuple[dict[str, Any], set[str]]:
+    """``baked_identity`` with vLLM's own factors beside it, for a prediction (serve's and
+    ``check``'s); LookupError where the build recorded none."""
     baked, kinds = baked_identity(manifest)
     if baked is None:
         raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
-    baked = with_engine_factors(baked)
+    return with_engine_factors(baked), kinds
+
+
+def _judge(config: Any, manifest: Path) -> Prediction:
+    baked, kinds = _baked(manifest)
     return predict(baked, now_identity(config, baked), kinds)
 
 
@@ -202,10 +208,7 @@ def check(serve_argv: Sequence[str], manifest: Path, *, trace: bool = True) -> P
 
     engine_args = parse_serve_argv(serve_argv)
     config = engine_args.create_engine_config(usage_context=lookups().api_server_usage())
-    baked, kinds = baked_identity(manifest)
-    if baked is None:
-        raise LookupError(f"{manifest} records no engine identity (built by an older kernelbake)")
-    baked = with_engine_factors(baked)
+    baked, kinds = _baked(manifest)
     now = now_identity(config, baked)
     if trace and now.get("graphs") == "inductor" and "inductor" in kinds and not compile_off(baked, now)[0]:
         from kernelbake.runtime.engines.vllm.trace import ask_inductor
