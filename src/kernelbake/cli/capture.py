@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,18 @@ from kernelbake.cli._registry import client as registry_client
 from kernelbake.cli._registry import push_parser, report, signer, verify_parser
 
 
+def _say(lines: Iterable[str]) -> None:
+    """A step's summary on stdout, each line prefixed as every capture step's is."""
+    for line in lines:
+        print(f"kernelbake capture: {line}")
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from kernelbake.runtime.capture.collect import collect
     from kernelbake.runtime.env import RuntimeEnv
 
     done = collect(RuntimeEnv.from_env(), args.out, root=args.root, replica=args.replica)
-    for line in done.lines():
-        print(f"kernelbake capture: {line}")
+    _say(done.lines())
     if args.json:
         print(done.delta.to_json(), end="")
     return 0
@@ -52,8 +58,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         replica=args.replica,
         notes=args.notes,
     )
-    for line in done.lines():
-        print(f"kernelbake capture: {line}")
+    _say(done.lines())
     return 0
 
 
@@ -62,8 +67,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from kernelbake.runtime.env import RuntimeEnv
 
     done = replay.replay(replay.load(RuntimeEnv.from_env(), args.record), port=args.port)
-    for line in done.lines():
-        print(f"kernelbake capture: {line}")
+    _say(done.lines())
     return 0
 
 
@@ -73,8 +77,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     done = rebuild(
         args.record, image=args.image, out=args.out, builder=args.builder, docker_args=list(args.docker_arg)
     )
-    for line in done.lines():
-        print(f"kernelbake capture: {line}")
+    _say(done.lines())
     if args.json:
         print(json.dumps(done.to_json(), indent=1, sort_keys=True))
     return 0
