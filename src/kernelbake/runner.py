@@ -59,6 +59,11 @@ def format_cmd(argv: Sequence[str]) -> str:
     return "+ " + " ".join(shlex.quote(a) for a in argv)
 
 
+def _not_found(argv: Sequence[str]) -> EnvironmentProblem:
+    """What ``run`` and ``spawn`` raise when ``argv[0]`` is not there to start."""
+    return EnvironmentProblem(f"{argv[0]}: command not found", hint="install it or put it on PATH")
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -129,9 +134,7 @@ def run(
             rc = proc.wait(timeout=timeout)
         return Result(tuple(argv), rc)
     except FileNotFoundError:
-        raise EnvironmentProblem(
-            f"{argv[0]}: command not found", hint="install it or put it on PATH"
-        ) from None
+        raise _not_found(argv) from None
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"{format_cmd(argv)[2:]}: timed out after {timeout:.0f}s") from None
 
@@ -161,6 +164,4 @@ def spawn(
                 preexec_fn=preexec,
             )
     except FileNotFoundError:
-        raise EnvironmentProblem(
-            f"{argv[0]}: command not found", hint="install it or put it on PATH"
-        ) from None
+        raise _not_found(argv) from None
