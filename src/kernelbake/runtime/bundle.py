@@ -83,14 +83,11 @@ def readable_by_all(root: Path) -> None:
     ``--user`` would then find its own caches unreadable and start cold. Only read bits are
     added; nothing becomes writable or executable that was not."""
     for dirpath, dirs, files in os.walk(root):
-        for name in files:
-            p = Path(dirpath) / name
-            if not p.is_symlink():
-                p.chmod(p.stat().st_mode | 0o444)
-        for name in dirs:
-            p = Path(dirpath) / name
-            if not p.is_symlink():
-                p.chmod(p.stat().st_mode | 0o555)
+        for names, bits in ((files, 0o444), (dirs, 0o555)):
+            for name in names:
+                p = Path(dirpath) / name
+                if not p.is_symlink():
+                    p.chmod(p.stat().st_mode | bits)
     root.chmod(root.stat().st_mode | 0o555)
 
 
