@@ -700,6 +700,13 @@ def flow(
     empty(WORK)
     for p in (cache_root, Path(model_path), Path("/opt/kernelbake/target.json")):
         remove(p)
+    if a.model_dir is not None:
+        # The model's files elsewhere (a tmpfs): the device's 60 GB of disk do not hold the
+        # MoE's generated checkpoint (31 GB) beside a snapshot with its weights beside (35 GB).
+        remove(a.model_dir)
+        a.model_dir.mkdir(parents=True)
+        Path(model_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(model_path).symlink_to(a.model_dir)
     record: list[dict[str, Any]] = []
     user_args = serve_args(a, name)
     doc: dict[str, Any] = {
@@ -1442,6 +1449,13 @@ def main() -> int:
         "or auto: saved where the converter knows the layout, generated where not",
     )
     ap.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="keep the model's files here (the model path a link to it), e.g. on /dev/shm where the "
+        "disk cannot hold a generated checkpoint beside the snapshot",
+    )
+    ap.add_argument(
         "--snapshot-weights",
         choices=snapshot_flow.ASLEEP,
         default="outside",
@@ -1486,6 +1500,7 @@ def main() -> int:
         + f" --mix-total {a.mix_total}"
         + (" --importtime" if a.importtime else "")
         + "".join(f" --snapshot {m}" for m in a.snapshot)
+        + (f" --model-dir {a.model_dir}" if a.model_dir else "")
         + (
             f" --weights-from {a.weights_from} --snapshot-weights {a.snapshot_weights} --criu {a.criu}"
             if a.snapshot

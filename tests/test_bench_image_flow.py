@@ -485,6 +485,7 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
             mix_total=0,
             criu="criu",
             snapshot_weights="beside",
+            model_dir=None,
         )
         doc = flow.flow(context, tmp_path / "out", 0.0, a, False, "m")
         assert "failed" not in doc, doc
