@@ -160,3 +160,11 @@ def test_the_extension_take_and_serve_name_is_this_class_with_both_methods() -> 
     # vLLM mixes the class into its worker and refuses a name the worker has: every one here
     # carries kernelbake's prefix.
     assert [n for n in vars(cls) if not n.startswith("__")] == [SAVE_WEIGHTS, LOAD_WEIGHTS]
+
+
+def test_each_rank_saves_into_and_copies_from_its_own_folder() -> None:
+    class Worker:
+        rank = 3
+
+    assert sw.rank_folder("/snap/images/weights", Worker()) == Path("/snap/images/weights/rank-3")
+    assert sw.rank_folder("/w", object()) == Path("/w/rank-0")

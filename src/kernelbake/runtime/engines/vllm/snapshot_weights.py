@@ -261,7 +261,7 @@ class SnapshotWeights:
         lookups = _lookups()
         torch.cuda.synchronize()
         try:
-            return save(Path(path), _allocations(lookups), lookups.device_copy, _pinned())
+            return save(rank_folder(path, self), _allocations(lookups), lookups.device_copy, _pinned())
         finally:
             _release_pinned()
 
@@ -277,11 +277,18 @@ class SnapshotWeights:
             lookups.device_copy(dst, src, n)
 
         try:
-            done = load(Path(path), _allocations(lookups), copy, _pinned)
+            done = load(rank_folder(path, self), _allocations(lookups), copy, _pinned)
             torch.cuda.synchronize()
         finally:
             _release_pinned()
         return done
+
+
+def rank_folder(path: str, worker: Any) -> Path:
+    """Each worker's own folder under ``path`` (``rank-N``, its global rank): with tensor
+    parallelism every rank holds other weights at other addresses, and each saves and copies
+    back its own."""
+    return Path(path) / f"rank-{int(getattr(worker, 'rank', 0))}"
 
 
 def _lookups() -> Any:
