@@ -597,3 +597,25 @@ def test_weights_beside_are_saved_and_copied_back_once_before_the_snapshot(
     methods = [SAVE_WEIGHTS, LOAD_WEIGHTS] if answer == 200 else [SAVE_WEIGHTS]
     assert [a["method"] for a in asked] == methods
     assert all(a["kwargs"] == {"path": str(folder)} for a in asked)
+
+
+def test_takes_lines_say_how_the_weights_beside_were_saved_and_copied_back(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kernelbake.contract.snapshot import SNAPSHOT_MANIFEST, SnapshotManifest, Weights
+    from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
+    from tests.runtime.snapshot.test_gate import _snapshot
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    _snapshot(tmp_path, 8000, driver=FakeDriver(), criu=FakeCriu(8000), weights=Weights.BESIDE)
+    manifest = SnapshotManifest.from_json(
+        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="t"
+    )
+    lines = take.Taken(out=tmp_path, manifest=manifest).lines()
+    assert len(lines) == 2 and "weights beside" not in "\n".join(lines)
+    taken = {"save_weights_s": 11.1234, "copy_weights_s": 2.4, "weights_bytes": 31310479360.0}
+    beside = take.Taken(out=tmp_path, manifest=dataclasses.replace(manifest, taken=taken)).lines()
+    assert beside[2] == (
+        "weights beside: 31310479360 B saved in 11.12 s, copied back once in 2.40 s "
+        "(every restore copies them so)"
+    )

@@ -99,6 +99,14 @@ class Taken:
             f"ready {t.get('ready_s', 0):.1f} s, warm-up {t.get('warmup_s', 0):.1f} s, "
             f"driver checkpoint {t.get('checkpoint_s', 0):.2f} s, criu dump {t.get('dump_s', 0):.2f} s, "
             f"hashed in {t.get('hash_s', 0):.2f} s; snapshot.json {m.digest}",
+            *(
+                [
+                    f"weights beside: {int(t.get('weights_bytes', 0))} B saved in {t['save_weights_s']:.2f} s, "
+                    f"copied back once in {t.get('copy_weights_s', 0):.2f} s (every restore copies them so)"
+                ]
+                if "save_weights_s" in t
+                else []
+            ),
         ]
 
 
