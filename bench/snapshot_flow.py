@@ -117,6 +117,18 @@ with the last chunk as above):
 Its restores' tokens are compared with the key mismatch's fallback (a start loaded from the
 generated checkpoint), which is waited for while 60 s of the deadline are left.
 
+With its weights beside (``--snapshot-weights beside``: the engine's weight memory saved in the
+snapshot and copied back after the wake-up, no reload) the snapshot holds the MoE's 31.3 GB
+besides CRIU's 3.5 GB, and the device's 60 GB of disk do not also hold the generated
+checkpoint (the run of 2026-12-06 stopped on ENOSPC during take): ``--model-dir`` keeps the
+model's files on tmpfs, the model's path a link to them:
+
+      bash bench/device.sh start snapmoe -- bash -c "python3 bench/vllm_image_flow.py
+        --context .gpu/ctx32/qwen3-30b-a3b-fp8-sleep-h100/context --skip-checks --mix-total 100
+        --baked-only qwen3-30b-a3b-fp8-sleep --snapshot qwen3-30b-a3b-fp8-sleep
+        --weights-from generated --snapshot-weights beside --model-dir /dev/shm/moe
+        --criu /opt/kernelbake-criu/bin/criu --deadline 1150 --out \$RUN_OUT"
+
 Each writes ``$RUN_OUT/vllm-image-flow.json``: ``summary[MODEL]`` has ``ready_cold_s``,
 ``ready_baked_s``, ``ready_restored_s``, ``snapshot_bytes`` and the rest of ``summary()`` below;
 ``snapshot_phases`` is the phase table.
