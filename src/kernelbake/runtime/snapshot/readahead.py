@@ -171,8 +171,9 @@ def _read_range(path: Path, offset: int, length: int, buf: memoryview, progress:
 
 def start(model: Path | None, limit: int | None = None, images: Sequence[Path] = ()) -> ReadAhead | None:
     """The reading of the snapshot's ``images`` and then ``model``'s weight files (none without
-    a model: a snapshot whose weights are among its own files), started, up to ``limit`` bytes (half of what is available by default: pages read beyond memory would
-    push out the first ones before they are used); None where there is nothing to read.
+    a model: a snapshot whose weights are among its own files), started, up to ``limit`` bytes
+    (half of what is available by default: pages read beyond memory would push out the first
+    ones before they are used); None where there is nothing to read.
 
     The images come first: ``criu restore`` reads them at once, and behind 31 GB of weights it
     waited for the disk (the FP8 MoE on the H100, 2026-12-06: 20.86 s with the page cache

@@ -372,9 +372,9 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     if manifest.key.weights.asleep:
         with contextlib.suppress(OSError):
             mark.write_text("")
-        # CRIU reads the images now and, after the wake-up, the reload reads the model's weight
-        # files (outside) or the copy the snapshot's (beside): all read beside CRIU's work, in
-        # that order, not after it.
+        # CRIU reads the images now and, after the wake-up, the weights are read: the model's
+        # files by the reload (outside) or the snapshot's own copy (beside). All of it is read
+        # beside CRIU's work, in that order, not after it.
         ahead = readahead.start(
             Path(manifest.key.cache_key.model_path) if manifest.key.weights is Weights.OUTSIDE else None,
             images=[env.snapshot_root / path for path in _in_reading_order(manifest)],

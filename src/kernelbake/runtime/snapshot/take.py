@@ -93,21 +93,19 @@ class Taken:
     def lines(self) -> list[str]:
         m = self.manifest
         t = m.taken
-        return [
+        lines = [
             f"snapshot of {len(m.tree)} processes ({', '.join(c.split()[0] for _, c in m.tree)}) in {self.out}: "
             f"{len(m.files)} files, {m.total_bytes} B; key {m.key.digest}",
             f"ready {t.get('ready_s', 0):.1f} s, warm-up {t.get('warmup_s', 0):.1f} s, "
             f"driver checkpoint {t.get('checkpoint_s', 0):.2f} s, criu dump {t.get('dump_s', 0):.2f} s, "
             f"hashed in {t.get('hash_s', 0):.2f} s; snapshot.json {m.digest}",
-            *(
-                [
-                    f"weights beside: {int(t.get('weights_bytes', 0))} B saved in {t['save_weights_s']:.2f} s, "
-                    f"copied back once in {t.get('copy_weights_s', 0):.2f} s (every restore copies them so)"
-                ]
-                if "save_weights_s" in t
-                else []
-            ),
         ]
+        if "save_weights_s" in t:
+            lines.append(
+                f"weights beside: {int(t.get('weights_bytes', 0))} B saved in {t['save_weights_s']:.2f} s, "
+                f"copied back once in {t.get('copy_weights_s', 0):.2f} s (every restore copies them so)"
+            )
+        return lines
 
 
 # One request each engine's server answers, as its own clients send it.
