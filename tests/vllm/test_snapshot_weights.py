@@ -168,3 +168,16 @@ def test_each_rank_saves_into_and_copies_from_its_own_folder() -> None:
 
     assert sw.rank_folder("/snap/images/weights", Worker()) == Path("/snap/images/weights/rank-3")
     assert sw.rank_folder("/w", object()) == Path("/w/rank-0")
+
+
+def test_a_disk_without_room_for_the_weights_is_said_before_a_byte_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = Memory(SIZES)
+    need = sum(SIZES) + sw.SPARE_BYTES
+    monkeypatch.setattr(sw, "disk_free", lambda folder: need - 1)
+    with pytest.raises(sw.WeightsMismatch, match=f"is {sum(SIZES)} B and {need - 1} B are free"):
+        sw.save(tmp_path / "w", memory.allocations(), copy, staging())
+    assert list((tmp_path / "w").iterdir()) == []
+    monkeypatch.setattr(sw, "disk_free", lambda folder: need)
+    assert sw.save(tmp_path / "w", memory.allocations(), copy, staging())["bytes"] == sum(SIZES)

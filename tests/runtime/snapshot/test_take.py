@@ -619,3 +619,36 @@ def test_takes_lines_say_how_the_weights_beside_were_saved_and_copied_back(tmp_p
         "weights beside: 31310479360 B saved in 11.12 s, copied back once in 2.40 s "
         "(every restore copies them so)"
     )
+
+
+def test_a_failed_take_leaves_no_copy_of_the_weights_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelbake.contract.snapshot import WEIGHTS_COPY
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    monkeypatch.setattr(take, "SHM_DIR", str(tmp_path / "shm"))
+    monkeypatch.setattr(tree, "raise_pids", lambda floor, proc=tree.PROC: None)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen(["sleep", "30"]))
+        return started[0]
+
+    monkeypatch.setattr(take, "spawn", spawn)
+    out = tmp_path / "out"
+
+    def warmed(*args: object) -> dict[str, float]:
+        # What the worker extension wrote before the failure.
+        (out / WEIGHTS_COPY / "rank-0").mkdir(parents=True)
+        (out / WEIGHTS_COPY / "rank-0" / "part-0000.bin").write_bytes(b"w" * 100)
+        raise EnvironmentProblem("the engine's weights cannot be kept beside this snapshot")
+
+    monkeypatch.setattr(take, "_warmed", warmed)
+    with pytest.raises(EnvironmentProblem, match="cannot be kept beside"):
+        take.take(
+            runtime_env(tmp_path), out, Options(image="sha256:" + "1" * 64),
+            driver=FakeDriver(), criu=FakeCriu(1),  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert not (out / WEIGHTS_COPY).exists() and (out / "images").is_dir()
+    assert started[0].poll() is not None

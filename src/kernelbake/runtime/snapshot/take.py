@@ -529,6 +529,11 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
+    except BaseException:
+        # A failed take leaves no copy of the weights behind (tens of GB, and no snapshot.json
+        # makes them a snapshot): only what it wrote there itself.
+        shutil.rmtree(out / WEIGHTS_COPY, ignore_errors=True)
+        raise
     finally:
         # After a dump the tree is gone; after any failure it must not outlive the command
         # (the engine core and workers included, which the root may not have stopped).

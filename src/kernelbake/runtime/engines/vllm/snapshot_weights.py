@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,13 @@ CHUNK = 64 << 20
 # the page cache while another's chunk goes to the device.
 WORKERS = 4
 MAX_INDEX_BYTES = 64 << 20
+# Left free beside the weights for what take writes after them (CRIU's images of an asleep
+# engine were 3.5-4.4 GB on the GPU).
+SPARE_BYTES = 8 << 30
+
+
+def disk_free(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
 
 # (destination address, source address, bytes): the device's copy, or memmove in the tests.
 Copy = Callable[[int, int, int], None]
@@ -125,6 +133,14 @@ def save(
     if any(folder.iterdir()):
         raise FileExistsError(f"{folder}: not empty; the weights are saved only into an empty folder")
     blocks = layout(allocations, part_bytes)
+    need = sum(b.size for b in blocks) + SPARE_BYTES
+    if (free := disk_free(folder)) < need:
+        # Said before a byte is written: the device's disk filled halfway through a take of
+        # the MoE's 31 GB (H100, 2026-12-06), and the engine's log said only ENOSPC.
+        raise WeightsMismatch(
+            f"{folder}: the engine's weight memory is {need - SPARE_BYTES} B and {free} B are free "
+            f"there ({SPARE_BYTES} B kept spare for the dump); take the snapshot onto a larger disk"
+        )
     chunk = len(staging.view)
     for name in dict.fromkeys(b.file for b in blocks):
         with (folder / name).open("wb") as f:
