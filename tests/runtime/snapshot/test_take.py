@@ -652,3 +652,37 @@ def test_a_failed_take_leaves_no_copy_of_the_weights_behind(
         )  # fmt: skip
     assert not (out / WEIGHTS_COPY).exists() and (out / "images").is_dir()
     assert started[0].poll() is not None
+
+
+def test_takes_weights_choices_are_the_contracts_weights() -> None:
+    from kernelbake.cli import build_parser
+    from kernelbake.contract.snapshot import Weights
+
+    parser = build_parser()
+    for weights in Weights:
+        args = parser.parse_args(
+            [
+                "snapshot",
+                "take",
+                "--out",
+                "/x",
+                "--image-digest",
+                "sha256:" + "1" * 64,
+                "--weights",
+                weights.value,
+            ]
+        )
+        assert Weights(args.weights) is weights
+    with pytest.raises(SystemExit):
+        parser.parse_args(
+            [
+                "snapshot",
+                "take",
+                "--out",
+                "/x",
+                "--image-digest",
+                "sha256:" + "1" * 64,
+                "--weights",
+                "elsewhere",
+            ]
+        )
