@@ -107,3 +107,41 @@ def _restored_from_overlay(tmp_path: Path, criu: Path, env: dict[str, str]) -> l
     said = restored["said"]
     assert isinstance(said, list)
     return said
+
+
+def test_weights_kept_beside_the_snapshot_come_back_to_the_same_addresses_in_a_fresh_container(
+    tmp_path: Path, criu_prefix: Path
+) -> None:
+    """``take --weights beside`` on a stand-in engine whose weights are its own memory: saved as
+    files of the snapshot, unmapped before the dump (the engine asleep), and after the restore
+    in a fresh container mapped back and copied in by serve, byte for byte."""
+    import hashlib
+    import random
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
+    base = {
+        "KERNELBAKE_UNSAFE_TARGET": "/work/target.json",
+        "TMPDIR": "/work/scratch",
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    taken = _docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, "beside", env=base)
+    assert {"save_weights_s", "copy_weights_s"} <= set(taken["taken"])  # type: ignore[arg-type]
+    manifest = json.loads((tmp_path / "snapshot/snapshot.json").read_text())
+    kept = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("images/weights/"))
+    assert kept == ["images/weights/rank-0/index.json", "images/weights/rank-0/part-0000.bin"]
+    restore_env = {
+        **base,
+        "KERNELBAKE_SNAPSHOT_DIGEST": str(taken["digest"]),
+        "KERNELBAKE_IMAGE_DIGEST": IMAGE,
+        "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
+    }
+    restored = _docker(tmp_path, criu_prefix, "restore", "beside", env=restore_env)
+    said = restored["said"]
+    assert isinstance(said, list) and said[0].startswith("restored snapshot"), restored
+    assert "weights beside" in said[0] and " woken " in said[0] and " weights copied " in said[0]
+    rng = random.Random(7)
+    expected = hashlib.sha256(b"".join(rng.randbytes(n) for n in (3 << 20, 1 << 20, 5 << 20))).hexdigest()
+    seen = restored["seen"]
+    assert isinstance(seen, dict) and seen["weights"] == {"sha256": expected, "asleep": False}, restored
+    assert seen["count"] == 3 and restored["rc"] == 0 and not (tmp_path / "marks").exists()
