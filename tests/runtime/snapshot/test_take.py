@@ -659,30 +659,8 @@ def test_takes_weights_choices_are_the_contracts_weights() -> None:
     from kernelbake.contract.snapshot import Weights
 
     parser = build_parser()
+    take_args = ["snapshot", "take", "--out", "/x", "--image-digest", "sha256:" + "1" * 64, "--weights"]
     for weights in Weights:
-        args = parser.parse_args(
-            [
-                "snapshot",
-                "take",
-                "--out",
-                "/x",
-                "--image-digest",
-                "sha256:" + "1" * 64,
-                "--weights",
-                weights.value,
-            ]
-        )
-        assert Weights(args.weights) is weights
+        assert Weights(parser.parse_args([*take_args, weights.value]).weights) is weights
     with pytest.raises(SystemExit):
-        parser.parse_args(
-            [
-                "snapshot",
-                "take",
-                "--out",
-                "/x",
-                "--image-digest",
-                "sha256:" + "1" * 64,
-                "--weights",
-                "elsewhere",
-            ]
-        )
+        parser.parse_args([*take_args, "elsewhere"])

@@ -53,6 +53,7 @@ SPARE_BYTES = 8 << 30
 def disk_free(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
+
 # (destination address, source address, bytes): the device's copy, or memmove in the tests.
 Copy = Callable[[int, int, int], None]
 
