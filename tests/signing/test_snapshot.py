@@ -6,6 +6,7 @@ are not what snapshot.json says, nor for an image the snapshot was not taken fro
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,66 @@ def test_nothing_is_pushed_for_a_foreign_or_tampered_snapshot(
     with pytest.raises(BadInput, match=r"not listed in snapshot\.json"):
         push_snapshot(snap, base=base.pinned, signer=keys.signer, client=client)
     assert client.referrers(parse_reference(base.pinned)) == []
+
+
+PARTS = {
+    "images/weights/rank-0/index.json": b'{"schema": 1}',
+    "images/weights/rank-0/part-0000.bin": b"\x01" * 3000,
+    "images/weights/rank-0/part-0001.bin": b"\x02" * 2000,
+}
+
+
+def test_weights_beside_push_a_layer_a_part_and_verify(
+    client: RegistryClient,
+    make_image: ImageFactory,
+    keys: KeyPair,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import tarfile
+
+    from kernelbake.signing import snapshot as snapshot_mod
+
+    base = make_image()
+    criu_files = sorted(FILES)
+    monkeypatch.setattr(sys.modules[__name__], "FILES", {**FILES, **PARTS})
+    pushed = push_snapshot(_dir(tmp_path, base), base=base.pinned, signer=keys.signer, client=client)
+    ref = parse_reference(pushed.reference)
+    layers = client.get_manifest(ref).layers
+    held = []
+    for d in layers:
+        with tarfile.open(fileobj=io.BytesIO(client.get_blob(ref, d.digest)), mode="r:") as tar:
+            held.append(sorted(m.name for m in tar.getmembers() if m.isfile()))
+    assert held == [
+        [*criu_files, "images/weights/rank-0/index.json"],
+        ["images/weights/rank-0/part-0000.bin"],
+        ["images/weights/rank-0/part-0001.bin"],
+        [SNAPSHOT_MANIFEST],
+    ]
+    verified = verify_snapshot(pushed.reference, base=base.pinned, policy=keys.policy(), client=client)
+    assert verified.files == 6
+    # More part files than layers a snapshot may have: refused before anything is pushed.
+    monkeypatch.setattr(snapshot_mod, "MAX_WEIGHT_LAYERS", 1)
+    with pytest.raises(BadInput, match="2 part files; a snapshot pushes at most 1"):
+        push_snapshot(_dir(tmp_path / "again", base), base=base.pinned, signer=keys.signer, client=client)
+
+
+def test_a_snapshot_artifact_with_more_layers_than_it_may_have_is_refused() -> None:
+    from kernelbake.oci import Descriptor
+    from kernelbake.oci import types as mt
+    from kernelbake.signing import referrer
+    from kernelbake.signing.snapshot import KIND
+
+    def layers(n: int) -> list[Descriptor]:
+        return [
+            Descriptor(media_type=mt.OCI_LAYER_TAR, digest="sha256:" + f"{i:064x}", size=1) for i in range(n)
+        ]
+
+    assert referrer.manifest_descriptor("x", layers(2), KIND) == layers(2)[-1]
+    assert referrer.manifest_descriptor("x", layers(KIND.max_layers), KIND).digest.endswith(
+        f"{KIND.max_layers - 1:x}"
+    )
+    for n in (1, KIND.max_layers + 1):
+        with pytest.raises(SnapshotRefused, match=f"has 2 to {KIND.max_layers} tar layers .*, not {n}"):
+            referrer.manifest_descriptor("x", layers(n), KIND)

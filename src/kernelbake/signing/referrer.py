@@ -47,6 +47,9 @@ class Kind:
     what: str  # how messages name one ("cache delta")
     layers: str  # how messages name its layers ("files, then delta.json alone")
     refused: type[VerificationFailed]
+    # Tar layers one may have: two (its files, then the manifest file alone), or up to this
+    # many where its files may be split over several (a snapshot's weights, a layer a file).
+    max_layers: int = 2
 
 
 def add_file(
@@ -244,8 +247,11 @@ def read(client: RegistryClient, reference: str, policy: VerifyPolicy, kind: Kin
 
 
 def manifest_descriptor(where: str, layers: list[Descriptor], kind: Kind) -> Descriptor:
-    if len(layers) != 2 or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
-        raise kind.refused(f"{where}: a {kind.what} has two tar layers ({kind.layers})")
+    if not 2 <= len(layers) <= kind.max_layers or any(d.media_type != mt.OCI_LAYER_TAR for d in layers):
+        count = "two" if kind.max_layers == 2 else f"2 to {kind.max_layers}"
+        raise kind.refused(
+            f"{where}: a {kind.what} has {count} tar layers ({kind.layers}), not {len(layers)}"
+        )
     return layers[-1]
 
 

@@ -10,8 +10,10 @@ stays serve), so serve's gate runs first, and a refusal is a baked start in the 
 container. The rootfs is not copied: the subject is the image by digest, and the key holds it.
 
 The artifact is a minimal image (so that an image volume can mount it at ``SNAPSHOT_ROOT``):
-one tar layer with ``images/`` (CRIU's files, the engine log), then a layer holding
-``snapshot.json`` alone; config labels carry the image's cache key labels and the snapshot
+one tar layer with ``images/`` (CRIU's files, the engine log), then, for a snapshot with its
+weights beside, each weights part file (about 1 GiB) in a layer of its own, then a layer holding
+``snapshot.json`` alone. A layer a part: tens of GB pull as many blobs side by side rather than
+as one stream, and a part whose bytes another snapshot already pushed is not stored twice; config labels carry the image's cache key labels and the snapshot
 key's digest; ``artifactType`` ``ARTIFACT_TYPE``, ``subject`` the image. Signed like images
 (``sign_image``, signature only), attested with a ``SNAPSHOT_PREDICATE_TYPE`` statement.
 """
@@ -22,7 +24,7 @@ import dataclasses
 import stat
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,12 @@ from kernelbake.contract.snapshot import (
     IMAGES_DIR,
     MAX_MANIFEST_BYTES,
     SNAPSHOT_MANIFEST,
+    WEIGHTS_COPY,
     InvalidSnapshot,
+    SnapshotFile,
     SnapshotKey,
     SnapshotManifest,
+    under,
 )
 from kernelbake.errors import BadInput
 from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
@@ -52,14 +57,17 @@ SNAPSHOT_ARTIFACT = "snapshot/v1"
 LABEL_SNAPSHOT_KEY = f"{LABEL_NS}.snapshot.key-digest"
 LABEL_SNAPSHOT_MANIFEST = f"{LABEL_NS}.snapshot.manifest-digest"
 TAG_SUFFIX = "-snapshot"
+# Weights part files a snapshot may push, a layer each (1 GiB a part: 512 GiB of weights).
+MAX_WEIGHT_LAYERS = 512
 KIND = referrer.Kind(
     artifact_type=ARTIFACT_TYPE,
     manifest=SNAPSHOT_MANIFEST,
     max_manifest_bytes=MAX_MANIFEST_BYTES,
     predicate_type=SNAPSHOT_PREDICATE_TYPE,
     what="snapshot",
-    layers=f"images, then {SNAPSHOT_MANIFEST} alone",
+    layers=f"images, each weights part file alone, then {SNAPSHOT_MANIFEST} alone",
     refused=SnapshotRefused,
+    max_layers=MAX_WEIGHT_LAYERS + 2,
 )
 
 
@@ -82,14 +90,31 @@ def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
     return manifest, data
 
 
-def _tar_to(dest: Path, root: Path, manifest: SnapshotManifest) -> str:
-    """The images layer, written to ``dest`` (a snapshot is as large as the model); its sha256."""
+def _tar_to(dest: Path, root: Path, files: Sequence[SnapshotFile]) -> referrer.Layer:
+    """One layer of ``files``, written to ``dest`` (a snapshot is as large as the model)."""
     with dest.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         seen: set[str] = set()
-        for f in manifest.files:
+        for f in files:
             with (root / f.path).open("rb") as fh:
                 referrer.add_file(tar, f.path, f.size, 0o444, 0, fh, seen)
-    return "sha256:" + referrer.file_sha256(dest)
+    digest = "sha256:" + referrer.file_sha256(dest)
+    return referrer.Layer(
+        descriptor=Descriptor(media_type=mt.OCI_LAYER_TAR, digest=digest, size=dest.stat().st_size), path=dest
+    )
+
+
+def layer_files(manifest: SnapshotManifest) -> list[tuple[SnapshotFile, ...]]:
+    """The snapshot's files as its layers hold them: CRIU's files and the rest first, then each
+    weights part file alone (``WEIGHTS_COPY``'s ``part-*.bin``), in path order."""
+    parts = [f for f in manifest.files if under(f.path, WEIGHTS_COPY) and f.path.endswith(".bin")]
+    alone = {f.path for f in parts}
+    rest = tuple(f for f in manifest.files if f.path not in alone)
+    if len(parts) > MAX_WEIGHT_LAYERS:
+        raise BadInput(
+            f"the snapshot's weights are {len(parts)} part files; a snapshot pushes at most "
+            f"{MAX_WEIGHT_LAYERS}, a layer each"
+        )
+    return [rest, *((f,) for f in parts)]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,14 +164,10 @@ def push_snapshot(
     dest = parse_reference(to) if to else base_ref.with_tag(f"{base_ref.tag or 'image'}{TAG_SUFFIX}")
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the snapshot to")
+    grouped = layer_files(manifest)
     with tempfile.TemporaryDirectory(prefix="kernelbake-snapshot-push-") as tmp:
-        layer = Path(tmp) / "images.tar"
-        digest = _tar_to(layer, path, manifest)
-        images = referrer.Layer(
-            descriptor=Descriptor(media_type=mt.OCI_LAYER_TAR, digest=digest, size=layer.stat().st_size),
-            path=layer,
-        )
-        artifact = _artifact(manifest, data, images, base_ref, signer)
+        layers = [_tar_to(Path(tmp) / f"layer-{i}.tar", path, files) for i, files in enumerate(grouped)]
+        artifact = _artifact(manifest, data, layers, base_ref, signer)
         pinned = referrer.publish(client, artifact, base=base_ref, facts=facts, dest=dest, signer=signer)
     return PushedSnapshot(
         reference=pinned.pinned(),
@@ -160,12 +181,12 @@ def push_snapshot(
 
 
 def _artifact(
-    manifest: SnapshotManifest, data: bytes, images: referrer.Layer, base: Reference, signer: Signer
+    manifest: SnapshotManifest, data: bytes, files: Sequence[referrer.Layer], base: Reference, signer: Signer
 ) -> referrer.Artifact:
-    """The snapshot as the artifact pushed: CRIU's images, then snapshot.json alone."""
+    """The snapshot as the artifact pushed: its files' layers, then snapshot.json alone."""
     return referrer.Artifact(
         kind=KIND,
-        layers=(images, referrer.Layer.of(referrer.manifest_tar(SNAPSHOT_MANIFEST, data))),
+        layers=(*files, referrer.Layer.of(referrer.manifest_tar(SNAPSHOT_MANIFEST, data))),
         labels={
             **manifest.key.cache_key.labels(),
             LABEL_ARTIFACT: SNAPSHOT_ARTIFACT,
@@ -204,9 +225,9 @@ class VerifiedSnapshot(referrer.Verified[SnapshotKey]):
 
 
 def read_snapshot(client: RegistryClient, reference: str, policy: VerifyPolicy) -> VerifiedSnapshot:
-    """A trusted signature on the artifact's digest, its ``artifactType`` and its two layers
-    (``referrer.read``), and a snapshot.json whose key names the manifest's subject as its
-    image. Raises a ``VerificationFailed`` subclass."""
+    """A trusted signature on the artifact's digest, its ``artifactType`` and its layers (its
+    files, each weights part, snapshot.json: ``referrer.read``), and a snapshot.json whose key
+    names the manifest's subject as its image. Raises a ``VerificationFailed`` subclass."""
     found = referrer.read(client, reference, policy, KIND)
     where = found.where
     data = referrer.manifest_file(client, found, KIND)
