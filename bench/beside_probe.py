@@ -32,8 +32,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import fake_checkpoint
 from disk_read_probe import emit, write
 from kernelbake.contract.snapshot import LOAD_WEIGHTS, SAVE_WEIGHTS, WEIGHTS_EXTENSION
-
-PROMPT = [9707, 11, 1879, 0, 576, 374, 264, 1273, 315, 279, 6573, 17189, 13]
+from reload_probe import VllmEngine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True, help="where the checkpoint is written")
     ap.add_argument("--weights-dir", type=Path, default=Path("/dev/shm/kernelbake-beside"))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -51,33 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copyfile(a.config, a.model / "config.json")
     doc["checkpoint"] = fake_checkpoint.write(a.model, 0)
     write(doc, out)
-    # The start's DeepGEMM warm-up and CUDA graphs are not what this measures (minutes on a
-    # bare machine for the MoE); in-process, so that the extension's methods reach the worker.
+    # The start's DeepGEMM warm-up and CUDA graphs are not what this measures (minutes on a bare
+    # machine for the MoE); in-process, so that the extension's methods reach the worker. The
+    # engine is reload_probe's, with kernelbake's worker extension.
     os.environ.update(VLLM_DEEP_GEMM_WARMUP="skip", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    from vllm.inputs import TokensPrompt
-
-    from vllm import LLM, SamplingParams
-
     t = time.monotonic()
-    llm = LLM(
-        model=str(a.model),
-        enable_sleep_mode=True,
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        load_format="safetensors",
-        seed=0,
-        max_model_len=2048,
-        max_num_batched_tokens=2048,
-        max_num_seqs=8,
-        gpu_memory_utilization=a.gpu_memory_utilization,
-        worker_extension_cls=WEIGHTS_EXTENSION,
-    )
+    engine = VllmEngine(a.model, a.weights_dir, 0, a, worker_extension_cls=WEIGHTS_EXTENSION)
+    llm, generate = engine.llm, engine.generate
     doc["start_s"] = round(time.monotonic() - t, 2)
-
-    def generate() -> list[int]:
-        params = SamplingParams(temperature=0.0, max_tokens=16, detokenize=False)
-        got = llm.generate([TokensPrompt(prompt_token_ids=PROMPT)], params, use_tqdm=False)
-        return list(got[0].outputs[0].token_ids)
 
     def timed(what: str, run: dict[str, Any], call: Any) -> Any:
         t = time.monotonic()

@@ -212,7 +212,10 @@ class VllmEngine:
     """vLLM in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that a callable reaches
     the worker."""
 
-    def __init__(self, model: Path, kernel_dir: Path, threads: int, a: argparse.Namespace) -> None:
+    def __init__(
+        self, model: Path, kernel_dir: Path, threads: int, a: argparse.Namespace, **engine_args: Any
+    ) -> None:
+        # ``engine_args``: more of LLM's arguments (bench/beside_probe.py's worker extension).
         from vllm import LLM
 
         self.model, self.kernel_dir, self.threads = model, kernel_dir, threads
@@ -228,6 +231,7 @@ class VllmEngine:
             max_num_batched_tokens=a.max_model_len,
             max_num_seqs=8,
             gpu_memory_utilization=a.gpu_memory_utilization,
+            **engine_args,
         )
 
     def generate(self) -> list[int]:
