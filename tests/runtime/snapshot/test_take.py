@@ -423,7 +423,8 @@ def test_the_reload_every_restore_needs_is_asked_once_before_the_snapshot(answer
     finally:
         engine.stop()
     assert engine.asked == ["/collective_rpc"]
-    assert json.loads(engine.bodies[0]) == http.RELOAD_WEIGHTS == {"method": "reload_weights"}
+    assert json.loads(engine.bodies[0]) == {"method": "reload_weights", "kwargs": {}, "timeout": 600}
+    assert http.RELOAD_WEIGHTS == "reload_weights"
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,8 @@ def _status(request: str | urllib.request.Request, timeout: float) -> int | None
 
 
 # What ``serve`` asks a restored engine that sleeps without its weights, and ``take`` asks once
-# before the dump: vLLM's reload from the files its load format reads.
-RELOAD_WEIGHTS = {"method": "reload_weights"}
+# before the dump: vLLM's worker method that reloads from the files its load format reads.
+RELOAD_WEIGHTS = "reload_weights"
 
 
 def rpc(base: str, method: str, *, timeout: float, **kwargs: str) -> tuple[int | None, Any]:

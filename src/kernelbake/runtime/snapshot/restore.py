@@ -316,10 +316,9 @@ def _awake(
             return f"{base}/collective_rpc {LOAD_WEIGHTS} answered {code}: {answer}"
         phases["weights copied"] = time.monotonic() - t
         return None
-    if (
-        code := http.post(base + "/collective_rpc", http.RELOAD_WEIGHTS, timeout=max(1.0, deadline - t))
-    ) != 200:
-        return f"{base}/collective_rpc answered {code}"
+    code, answer = http.rpc(base, http.RELOAD_WEIGHTS, timeout=max(1.0, deadline - t))
+    if code != 200:
+        return f"{base}/collective_rpc {http.RELOAD_WEIGHTS} answered {code}: {answer}"
     phases["weights reloaded"] = time.monotonic() - t
     return None
 

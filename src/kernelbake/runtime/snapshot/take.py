@@ -180,10 +180,12 @@ def _reload_once(base: str) -> None:
     the engine can reload its weights with these arguments is the engine's to say (vLLM 0.32
     cannot from ``--load-format dummy`` or ``sharded_state``: HTTP 500). A snapshot whose every
     restore would fail is not taken."""
-    if (code := http.post(f"{base}/collective_rpc", http.RELOAD_WEIGHTS, timeout=600)) != 200:
+    code, answer = http.rpc(base, http.RELOAD_WEIGHTS, timeout=600)
+    if code != 200:
         raise EnvironmentProblem(
-            f"{base}/collective_rpc reload_weights answered {code}: this engine cannot reload its "
-            "weights with these arguments, so every restore of a snapshot without them would fail; "
+            f"{base}/collective_rpc {http.RELOAD_WEIGHTS} answered {code}: this engine cannot reload "
+            f"its weights with these arguments ({answer}), so every restore of a snapshot without "
+            "them would fail; "
             f"serve weight files through a load format that reloads (vLLM's default does), or take "
             f"it with --weights inside. The engine's log: {ENGINE_LOG}"
         )
