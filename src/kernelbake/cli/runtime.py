@@ -72,52 +72,20 @@ _LOG_GOES = "in the scratch directory, gone with a --rm container: -v prints it 
 def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
     """The verdict first (the word, this machine, what differs, what was asked), then the
     details: the key and the files, the warnings, the prediction per cache kind."""
-    from kernelbake.runtime.serve.check import Outcome
-
     v = result.verdict
-    outcome = result.outcome
-    if not v.warm:
-        what = "starting COLD; the baked caches are not used"
-    elif outcome is Outcome.HIT:
-        what = "nothing compiles at start" + {
-            "retrace": "; the model is traced again",
-            "writes": "; a knob outside the cache keys writes files into the caches",
-        }.get(v.predicted, "")
-    elif outcome is Outcome.NO_COMPILE:
-        what = "compilation is off for this start: nothing compiles, and the compile caches are not read"
-    elif outcome is Outcome.MISS:
-        what = "kernels compile at start" + (
-            " (a cache is switched off)" if v.predicted == "bypassed" else ""
-        )
-    elif outcome is Outcome.FAILS:
-        what = "the engine refuses these settings and will not start (see differs)"
-    else:
-        note = v.prediction.note if v.prediction is not None else ""
-        what = f"no verdict from the engine{f' ({note})' if note else ''}; not a hit"
     found = v.platform.fields()
     engine = v.target.key.engine.value
     software = [f"{engine} {found['engine_version']}"] if engine != "torch" else []
     software += [f"{name} {found[name]}" for name in ("torch", "triton", "flashinfer", "python")]
     lines = [
-        f"{outcome.value}: {what} (exit {result.exit_code})",
+        f"{result.outcome.value}: {_outcome_said(result)} (exit {result.exit_code})",
         f"this machine: {found['device']} ({found['arch']}), driver {found['driver']}, CUDA {found['cuda']}; "
         + ", ".join(software),
     ]
     if differs := result.differs:
         lines.append("differs (baked → this start):" if v.warm else "why:")
         lines += [f"  - {d}" for d in differs]
-    if result.asked is None:
-        lines.append("the engine was not asked (the start is cold)")
-    else:
-        a = result.asked
-        said = "its output is above" if a.log is None else f"its output: {a.log}"
-        if a.log is not None and not chosen_log:
-            said += f" ({_LOG_GOES})"
-        answer = "" if a.answered else "; it gave no verdict of its own, so the image key decides"
-        lines.append(f"asked {a.engine} in this process ({a.seconds:.1f} s){answer}; {said}")
-    if result.log is not None and result.asked is None:
-        gone = "" if chosen_log else f" ({_LOG_GOES})"
-        lines.append(f"the engine's output while probing this machine: {result.log}{gone}")
+    lines += _asked_lines(result, chosen_log)
     lines.append("details:")
     if v.warm:
         lines.append(
@@ -129,6 +97,45 @@ def _check_lines(result: CheckResult, *, chosen_log: bool = False) -> list[str]:
     lines += [f"  WARNING: {n}" for n in v.notes]
     lines += [f"  {line}" for line in (v.prediction.lines() if v.prediction else [])]
     return lines
+
+
+def _outcome_said(result: CheckResult) -> str:
+    """What the outcome means for this start, in words."""
+    from kernelbake.runtime.serve.check import Outcome
+
+    v, outcome = result.verdict, result.outcome
+    if not v.warm:
+        return "starting COLD; the baked caches are not used"
+    if outcome is Outcome.HIT:
+        return "nothing compiles at start" + {
+            "retrace": "; the model is traced again",
+            "writes": "; a knob outside the cache keys writes files into the caches",
+        }.get(v.predicted, "")
+    if outcome is Outcome.NO_COMPILE:
+        return "compilation is off for this start: nothing compiles, and the compile caches are not read"
+    if outcome is Outcome.MISS:
+        return "kernels compile at start" + (
+            " (a cache is switched off)" if v.predicted == "bypassed" else ""
+        )
+    if outcome is Outcome.FAILS:
+        return "the engine refuses these settings and will not start (see differs)"
+    note = v.prediction.note if v.prediction is not None else ""
+    return f"no verdict from the engine{f' ({note})' if note else ''}; not a hit"
+
+
+def _asked_lines(result: CheckResult, chosen_log: bool) -> list[str]:
+    """Whether the engine was asked, how long it took and where its output is."""
+    if (a := result.asked) is None:
+        lines = ["the engine was not asked (the start is cold)"]
+        if result.log is not None:
+            gone = "" if chosen_log else f" ({_LOG_GOES})"
+            lines.append(f"the engine's output while probing this machine: {result.log}{gone}")
+        return lines
+    said = "its output is above" if a.log is None else f"its output: {a.log}"
+    if a.log is not None and not chosen_log:
+        said += f" ({_LOG_GOES})"
+    answer = "" if a.answered else "; it gave no verdict of its own, so the image key decides"
+    return [f"asked {a.engine} in this process ({a.seconds:.1f} s){answer}; {said}"]
 
 
 def cmd_engine_command(args: argparse.Namespace) -> int:

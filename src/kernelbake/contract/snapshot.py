@@ -353,6 +353,11 @@ class SnapshotManifest:
 
 
 def _check(m: SnapshotManifest) -> None:
+    _check_files(m)
+    _check_tree(m)
+
+
+def _check_files(m: SnapshotManifest) -> None:
     if not m.files or len(m.files) > MAX_FILES:
         raise InvalidSnapshot(f"snapshot manifest: {len(m.files)} files; a snapshot has 1 to {MAX_FILES}")
     seen: set[str] = set()
@@ -366,6 +371,9 @@ def _check(m: SnapshotManifest) -> None:
             raise InvalidSnapshot(f"snapshot file {f.path!r}: mode {f.mode:o} is not permission bits")
         if f.size < 0 or not SHA256_HEX.fullmatch(f.sha256):
             raise InvalidSnapshot(f"snapshot file {f.path!r}: size {f.size}, sha256 {f.sha256!r}")
+
+
+def _check_tree(m: SnapshotManifest) -> None:
     if not m.tree or any(pid <= 0 for pid, _ in m.tree):
         raise InvalidSnapshot("snapshot manifest: the tree must name its processes, root first")
     tree_pids = [pid for pid, _ in m.tree]
