@@ -21,7 +21,7 @@ snapshot: criu ## snapshot of IMAGE (default: the last built): take in a contain
 	rm -rf $(SNAPSHOT_DIR) && mkdir -p $(SNAPSHOT_DIR)
 	docker run --rm $(SNAPSHOT_DOCKER_ARGS) -v $(abspath $(CRIU_PREFIX)):/opt/kernelbake/criu:ro \
 	  -v $(abspath $(SNAPSHOT_DIR)):/work --entrypoint python3 "$(IMAGE)" \
-	  -m kernelbake snapshot take --out /work/snap --image-digest "$${IMAGE##*@}"
+	  -m kernelbake snapshot take --out /work/snap --image-digest "$(lastword $(subst @, ,$(IMAGE)))"
 	$(KERNELBAKE) snapshot push $(SNAPSHOT_DIR)/snap --base "$(IMAGE)" --key $(SIGNING_KEY)
 
 bench-snapshot: criu ## baked vs restored start on the last image built (bench/snapshot_cpu.py)

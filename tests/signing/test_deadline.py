@@ -3,6 +3,8 @@ watchdog ends a blocked read at the deadline and leaves sockets of finished call
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import socket
 import threading
 import time
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.oci import DeadlineExceeded, RegistryClient, RegistryUnreachable
+from kernelbake.oci import DeadlineExceeded, RegistryClient, RegistryUnreachable, parse_reference
 from kernelbake.oci.deadline import Bound, current_operation, operation
 from kernelbake.settings import Settings
 
@@ -90,3 +92,55 @@ def test_client_deadline_nests_to_the_earliest_and_is_per_thread() -> None:
         t.start()
         t.join()
     assert seen == [10]
+
+
+class _SlowCommit(http.server.BaseHTTPRequestHandler):
+    """A registry that lacks every blob and takes ``delay`` seconds to commit an upload."""
+
+    delay = 0.0
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        self.send_response(202)
+        self.send_header("Location", "/v2/kb/x/blobs/uploads/1")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self) -> None:
+        left = int(self.headers["Content-Length"])
+        while left:
+            left -= len(self.rfile.read(min(left, 1 << 20)))
+        time.sleep(self.delay)
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("size", "delay", "ok"), [(16 << 20, 1.2, True), (1 << 20, 1.2, False)])
+def test_a_blob_upload_is_bounded_by_its_size(tmp_path: Path, size: int, delay: float, ok: bool) -> None:
+    """A flat 0.5 s would end a 16 MiB upload whose commit takes 1.2 s; 0.5 s + 1 s per 8 MiB
+    (2.5 s) lets it finish, and a 1 MiB one still ends at its own bound (0.625 s)."""
+    handler = type("H", (_SlowCommit,), {"delay": delay})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    blob = tmp_path / "pages.img"
+    blob.write_bytes(b"\0" * size)
+    digest = "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
+    client = RegistryClient(Settings(docker_config=tmp_path / "docker"), timeout=0.5)
+    ref = parse_reference(f"127.0.0.1:{server.server_address[1]}/kb/x:v1")
+    try:
+        if ok:
+            assert client.put_blob_file(ref, blob, digest) == digest
+        else:
+            with pytest.raises(DeadlineExceeded, match=r"upload blob .* did not finish within 0\.625s"):
+                client.put_blob_file(ref, blob, digest)
+    finally:
+        server.shutdown()
+        server.server_close()

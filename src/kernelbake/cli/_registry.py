@@ -23,7 +23,7 @@ def add_registry_args(p: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=10.0,
-        help="seconds per registry call, connect to last byte (default 10)",
+        help="seconds per registry call, connect to last byte (default 10; a blob upload gets 1 s more per 8 MiB)",
     )
     p.add_argument(
         "--insecure-registry",
