@@ -73,6 +73,30 @@ def test_a_pushed_snapshot_is_a_signed_referrer_of_its_image_and_verifies(
     assert verified.files == 3 and verified.key.image == base.digest
 
 
+def test_without_to_a_snapshot_is_tagged_beside_its_base(
+    client: RegistryClient, make_image: ImageFactory, keys: KeyPair, tmp_path: Path
+) -> None:
+    """``<tag>-snapshot`` beside a tagged base; ``snapshot-sha256-<hex>`` for one named by digest
+    alone (build/image.ref), one tag per base digest, so two images of one repository keep a
+    snapshot each."""
+    base, other = make_image(), make_image()
+    tagged = push_snapshot(
+        _dir(tmp_path / "a", base), base=f"{base.tagged}@{base.digest}", signer=keys.signer, client=client
+    )
+    by_digest = [
+        push_snapshot(_dir(tmp_path / n, b), base=b.pinned, signer=keys.signer, client=client)
+        for n, b in (("b", base), ("c", other))
+    ]
+    assert base.ref.tag is not None
+    for image, tag, pushed in (
+        (base, f"{base.ref.tag}-snapshot", tagged),
+        (base, "snapshot-" + base.digest.replace(":", "-"), by_digest[0]),
+        (other, "snapshot-" + other.digest.replace(":", "-"), by_digest[1]),
+    ):
+        got = client.get_manifest(image.ref.with_tag(tag))
+        assert f"{image.ref.name}@{got.digest}" == pushed.reference, tag
+
+
 def test_another_key_or_another_image_is_refused(
     client: RegistryClient, make_image: ImageFactory, keys: KeyPair, other_keys: KeyPair, tmp_path: Path
 ) -> None:

@@ -117,7 +117,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="push DIR as a snapshot artifact referring to BASE, signed and attested",
         dir_help="what 'snapshot take' wrote",
         base_help="the image the snapshot was taken from",
-        to_help="where to push (default: BASE's repository, tag <tag>-snapshot)",
+        to_help="where to push (default: BASE's repository, tag <tag>-snapshot; snapshot-sha256-<hex> for a BASE named by digest alone)",
         func=cmd_push,
     )
     verify_parser(

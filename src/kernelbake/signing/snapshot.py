@@ -57,6 +57,9 @@ SNAPSHOT_ARTIFACT = "snapshot/v1"
 LABEL_SNAPSHOT_KEY = f"{LABEL_NS}.snapshot.key-digest"
 LABEL_SNAPSHOT_MANIFEST = f"{LABEL_NS}.snapshot.manifest-digest"
 TAG_SUFFIX = "-snapshot"
+# A base named by digest alone (what `make image` writes to build/image.ref): one tag per base
+# digest, as a delta's, so snapshots of two images of one repository do not take each other's tag.
+TAG_PREFIX = "snapshot-"
 # Weights part files a snapshot may push, a layer each (1 GiB a part: 512 GiB of weights).
 MAX_WEIGHT_LAYERS = 512
 KIND = referrer.Kind(
@@ -151,6 +154,12 @@ def _check_base(where: str, key: SnapshotKey, facts: ImageFacts, base_digest: st
         )
 
 
+def default_tag(base_tag: str | None, base_digest: str) -> str:
+    """Where ``push`` puts a snapshot without ``--to``: ``<tag>-snapshot`` beside a tagged base,
+    ``snapshot-sha256-<hex>`` for a base named by digest alone."""
+    return f"{base_tag}{TAG_SUFFIX}" if base_tag else TAG_PREFIX + base_digest.replace(":", "-")
+
+
 def push_snapshot(
     path: Path, *, base: str, signer: Signer, to: str | None = None, client: RegistryClient | None = None
 ) -> PushedSnapshot:
@@ -161,7 +170,7 @@ def push_snapshot(
     base_ref, facts = _base(client, base)
     assert base_ref.digest is not None
     _check_base(str(path), manifest.key, facts, base_ref.digest)
-    dest = parse_reference(to) if to else base_ref.with_tag(f"{base_ref.tag or 'image'}{TAG_SUFFIX}")
+    dest = parse_reference(to) if to else base_ref.with_tag(default_tag(base_ref.tag, base_ref.digest))
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the snapshot to")
     grouped = layer_files(manifest)
