@@ -11,6 +11,7 @@ from kernelbake.contract.snapshot import (
     SnapshotManifest,
     Weights,
     differences,
+    env_changes,
     env_digest,
     parse_snapshot_key,
 )
@@ -68,6 +69,19 @@ def test_differences_come_in_field_order_and_name_cpu_flags() -> None:
     assert found[0].startswith("image sha256:aaa")
     assert found[1] == "GPU none recorded, NVIDIA H200 here"
     assert found[2] == "CPU flags differ (missing here: avx512f; new here: amx_tile)"
+
+
+def test_an_environment_differs_by_its_variables_names_never_their_values() -> None:
+    was = {"A": "1", "B": "2", "C": "3"}
+    now = {"A": "1", "B": "token-x", "D": "4"}
+    recorded, here = cpu_key(serve_env=env_digest(was)), cpu_key(serve_env=env_digest(now))
+    (line,) = differences(recorded, here, (was, now))
+    assert line == "serve env differs (B another value here; C unset here; D set here, not recorded)"
+    # Without the recorded environment (an older snapshot.json), the digests.
+    (line,) = differences(recorded, here)
+    assert line == f"serve env {env_digest(was)} recorded, {env_digest(now)} here"
+    many = {f"V{i:02}": "x" for i in range(12)}
+    assert env_changes({}, many).endswith("V07 set here, not recorded; 4 more")
 
 
 def test_a_foreign_cache_key_names_its_fields() -> None:

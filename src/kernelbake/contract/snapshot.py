@@ -219,9 +219,27 @@ _LABEL = {
 }
 
 
-def differences(recorded: SnapshotKey, here: SnapshotKey) -> Iterator[str]:
+def env_changes(recorded: Mapping[str, str], here: Mapping[str, str], most: int = 8) -> str:
+    """The variables two environments differ in, by name only (a value here may be a secret:
+    take refuses those, serve's environment is not checked for them): ``FOO set here, not
+    recorded; BAR unset here; BAZ another value here``."""
+    said = [
+        f"{name} {'set here, not recorded' if name not in recorded else 'unset here' if name not in here else 'another value here'}"
+        for name in sorted(set(recorded) | set(here))
+        if recorded.get(name) != here.get(name)
+    ]
+    more = f"; {len(said) - most} more" if len(said) > most else ""
+    return "; ".join(said[:most]) + more
+
+
+def differences(
+    recorded: SnapshotKey,
+    here: SnapshotKey,
+    environments: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+) -> Iterator[str]:
     """Every field that differs, in field order, as ``driver 580.159.04 recorded, 580.95.05
-    here``; nothing for an exact match. The CacheKey names its own fields, CPU flags the flags."""
+    here``; nothing for an exact match. The CacheKey names its own fields, CPU flags the flags,
+    and, given the recorded environment and this one, the serve env its variables' names."""
     for name in SnapshotKey.field_order():
         a, b = getattr(recorded, name), getattr(here, name)
         if a == b:
@@ -238,6 +256,8 @@ def differences(recorded: SnapshotKey, here: SnapshotKey) -> Iterator[str]:
             if new := sorted(now - was):
                 parts.append(f"new here: {' '.join(new[:8])}")
             yield f"CPU flags differ ({'; '.join(parts)})"
+        elif name == "serve_env" and environments is not None:
+            yield f"serve env differs ({env_changes(*environments)})"
         else:
             yield f"{_LABEL[name]} {recorded.as_dict()[name]} recorded, {here.as_dict()[name]} here"
 

@@ -31,7 +31,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import restore as restore_mod
 from kernelbake.runtime.snapshot import volume
 from kernelbake.runtime.snapshot.criu import Criu
-from kernelbake.runtime.snapshot.machine import here_key
+from kernelbake.runtime.snapshot.machine import here_key, serve_env
 from kernelbake.runtime.snapshot.restore import gate, marker, start_from_snapshot
 from tests.runtime.snapshot.fakes import RESTORE_ERROR, FakeCriu, FakeDriver
 from tests.support.runtime_target import runtime_env, write_target
@@ -95,6 +95,7 @@ def _snapshot(
         health_port=port,
         health_path="/health",
         deadline_s=5.0,
+        environment=serve_env(env.environ),
     )
     (root / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
     return manifest.digest
@@ -246,7 +247,9 @@ def test_other_serve_args_or_env_are_refused(setup: tuple[Path, int]) -> None:
     assert "serve args [] recorded" in _refused(
         tmp_path, _env(tmp_path, digest), criu, driver, ("--max-num-seqs", "4")
     )
-    assert "serve env" in _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="1"), criu, driver)
+    # By name, never by value (a variable here may hold a secret).
+    line = _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="s3cr3t"), criu, driver)
+    assert "serve env differs (VLLM_FOO set here, not recorded)" in line and "s3cr3t" not in line
     # What the kubelet and the device plugin set per pod is no difference.
     volatile = _env(tmp_path, digest, KUBERNETES_SERVICE_HOST="10.0.0.1", NVIDIA_VISIBLE_DEVICES="GPU-9")
     gated = gate(volatile, (), driver=driver, criu=criu)  # type: ignore[arg-type]

@@ -62,7 +62,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import here_key
+from kernelbake.runtime.snapshot.machine import here_key, serve_env
 
 _PR_SET_CHILD_SUBREAPER = 36
 Say = Callable[[str], None]
@@ -171,7 +171,9 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         )
     except (InvalidSnapshot, KernelbakeError) as exc:
         return Gated(manifest=None, digest=digest, reasons=(str(exc),))
-    if found := list(differences(manifest.key, here)):
+    recorded_env = manifest.environment
+    environments = None if recorded_env is None else (recorded_env, serve_env(env.environ))
+    if found := list(differences(manifest.key, here, environments)):
         return Gated(manifest=None, digest=digest, reasons=tuple(found))
     started = time.monotonic()
     pulled = volume.pulled_by_runtime(env.snapshot_root)
