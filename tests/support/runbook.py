@@ -74,6 +74,7 @@ PAGES = (
     "docs/serving.md",
     "docs/capture.md",
     "docs/cluster.md",
+    "docs/snapshot.md",
 )
 
 
