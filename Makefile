@@ -33,6 +33,8 @@ WHEELS ?= .cache/wheels
 CPU_BASE_WORK ?= .cache/cpu-base
 # The spec's engine (`engine: name:`) picks the CPU base image that `make image` builds.
 SPEC_ENGINE = $(shell awk '/^engine:/ {e = 1; next} e && $$1 == "name:" {print $$2; exit}' images/$(MODEL).yaml)
+# `snapshot: true` in the spec: the image carries CRIU, which `make criu` installs first.
+SPEC_CRIU = $(shell grep -qx 'snapshot: true' images/$(MODEL).yaml && echo criu)
 
 # A MODEL without a spec stops here, naming the specs there are, before any target reads the
 # file (SPEC_ENGINE's awk would fail first, and the prerequisite would read '-cpu-base').
@@ -55,7 +57,7 @@ help: ## this list
 	@awk -F':[^=]*## ' '/^[a-zA-Z0-9_.-]+:[^=]*## / { n[++k] = $$1; d[k] = $$2; if (length($$1) > w) w = length($$1) } \
 	  END { for (i = 1; i <= k; i++) printf "  %-*s  %s\n", w, n[i], d[i] }' $(MAKEFILE_LIST)
 
-image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
+image: deps $(if $(filter cpu,$(GPU)),$(SPEC_ENGINE)-cpu-base) $(SPEC_CRIU) $(if $(REGISTRY),,registry) ## build MODEL for GPU, push to the local registry (or REGISTRY=), sign it; prints the digest (the default)
 	@$(MAKE) --no-print-directory build-image
 	@$(MAKE) --no-print-directory sign-built
 	@$(if $(SNAPSHOT),$(MAKE) --no-print-directory snapshot IMAGE="$$(cat $(BUILD)/image.ref)",true)
@@ -118,7 +120,7 @@ lint: deps ## ruff, ruff format --check, mypy and import-linter
 	$(VENV)/bin/mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports
 
-test: deps test-deps signing-deps cpu-base lint ## every test, integration included (real Docker builds; root)
+test: deps test-deps signing-deps cpu-base criu lint ## every test, integration included (real Docker builds; root)
 	$(VENV)/bin/pytest
 
 # What only the tests use (podman and catatonit: the kubelet of the image-volume, init-container

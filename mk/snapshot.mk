@@ -3,6 +3,7 @@
 #
 #   make criu                      build/criu: CRIU from images/base/criu/criu.lock (version + sha256)
 #   make snapshot IMAGE=ref        take a snapshot of IMAGE (default: the last image built), push and sign it
+#                                  (with the image's own CRIU; build/criu mounted into one without)
 #   make bench-snapshot            bench/snapshot_cpu.py -> bench/results/snapshot_cpu.json
 
 CRIU_PREFIX ?= $(BUILD)/criu
@@ -19,7 +20,10 @@ criu: ## CRIU into build/criu from the pinned Debian packages (images/base/criu/
 snapshot: criu ## snapshot of IMAGE (default: the last built): take in a container, push as a referrer, sign
 	@test -n "$(IMAGE)" || { echo "snapshot: no IMAGE (make image first, or IMAGE=ref@sha256:...)"; exit 2; }
 	rm -rf $(SNAPSHOT_DIR) && mkdir -p $(SNAPSHOT_DIR)
-	docker run --rm $(SNAPSHOT_DOCKER_ARGS) -v $(abspath $(CRIU_PREFIX)):/opt/kernelbake/criu:ro \
+	@# An image whose spec says `snapshot: true` carries CRIU; another gets build/criu mounted.
+	criu=$$(docker run --rm --entrypoint test "$(IMAGE)" -x /opt/kernelbake/criu/bin/criu \
+	  || echo "-v $(abspath $(CRIU_PREFIX)):/opt/kernelbake/criu:ro"); \
+	docker run --rm $(SNAPSHOT_DOCKER_ARGS) $$criu \
 	  -v $(abspath $(SNAPSHOT_DIR)):/work --entrypoint python3 "$(IMAGE)" \
 	  -m kernelbake snapshot take --out /work/snap --image-digest "$(lastword $(subst @, ,$(IMAGE)))"
 	$(KERNELBAKE) snapshot push $(SNAPSHOT_DIR)/snap --base "$(IMAGE)" --key $(SIGNING_KEY)

@@ -30,6 +30,7 @@ CASES = [
     ("missing-field.yaml", "missing required key engine", "missing-field.yaml"),
     ("unknown-key.yaml", "serve.max_model_length: unknown key", "did you mean 'max_model_len'"),
     ("wrong-target.yaml", "torch 2.13.0 has no cuda build", "wrong-target.yaml"),
+    ("bad-snapshot.yaml", "bad-snapshot.yaml:5: snapshot: expected true or false, got 'yes'", ""),
 ]
 
 

@@ -190,3 +190,52 @@ def test_bake_two_phase_takes_caches_as_a_named_context(tmp_path: Path) -> None:
     assert targets[n]["contexts"] == {"caches": str(layout.caches)}
     assert targets[n]["output"] == ["type=image,push=true"]
     assert targets[n]["secret"] == ["id=hf_token,env=HF_TOKEN"]
+
+
+def _criu_prefix(where: Path) -> Path:
+    """The shape install.sh leaves: bin/criu, criu.lock, a library linked to its soname."""
+    (where / "bin").mkdir(parents=True)
+    (where / "bin" / "criu").write_text("#!/bin/sh\n")
+    (where / "criu.lock").write_text("criu 4.2.1-1\n")
+    (where / "lib").mkdir()
+    (where / "lib" / "libx.so.1.0").write_bytes(b"elf")
+    (where / "lib" / "libx.so.1").symlink_to("libx.so.1.0")
+    return where
+
+
+def test_a_snapshot_spec_puts_criu_in_the_final_image_before_the_caches(tmp_path: Path) -> None:
+    """tiny-llama says ``snapshot: true``: CRIU's prefix is the final stage's first layer (the
+    caches and the manifest stay last); a spec without it gets no CRIU."""
+    final = _stages(_render("tiny-llama", "cpu").dockerfile)["final"]
+    assert final[1] == "COPY criu/ /opt/kernelbake/criu/"
+    assert not any("criu" in s for s in _stages(_render("qwen3-8b", "h100").dockerfile)["final"])
+    wheel = tmp_path / "kb.whl"
+    wheel.write_bytes(b"wheel")
+    ctx = write_context(
+        _render("tiny-llama", "cpu"), tmp_path / "ctx", wheel, _criu_prefix(tmp_path / "criu")
+    )
+    assert (ctx / "criu" / "bin" / "criu").is_file() and (ctx / "criu" / "criu.lock").is_file()
+    assert (ctx / "criu" / "lib" / "libx.so.1").readlink() == Path("libx.so.1.0")
+
+
+def test_a_snapshot_spec_without_criu_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from kernelbake.errors import EnvironmentProblem
+    from kernelbake.pipeline import BuildOptions, Driver
+    from kernelbake.settings import Settings
+
+    wheel = tmp_path / "kb.whl"
+    wheel.write_bytes(b"wheel")
+    target = _target("tiny-llama", "cpu")
+    with pytest.raises(
+        EnvironmentProblem, match=r"tiny-llama\.yaml:\d+: snapshot: the image is to carry CRIU"
+    ) as e:
+        write_context(_render("tiny-llama", "cpu"), tmp_path / "ctx", wheel, tmp_path / "none")
+    assert "make criu" in (e.value.hint or "") and not (tmp_path / "ctx").exists()
+    # A build says so before it asks Docker anything or writes its out folder.
+    settings = Settings(build_dir=tmp_path / "build", docker="/nonexistent/docker")
+    with pytest.raises(EnvironmentProblem, match=f"{tmp_path / 'build' / 'criu'} holds no CRIU prefix"):
+        Driver(settings).build([target], BuildOptions(out=tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    # Without ``snapshot: true`` nothing is asked of CRIU.
+    ctx = write_context(_render("tiny-llama-torch", "cpu"), tmp_path / "ctx2", wheel)
+    assert not (ctx / "criu").exists()

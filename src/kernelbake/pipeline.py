@@ -30,7 +30,7 @@ from kernelbake.plan import BuildTarget
 from kernelbake.progress import Progress
 from kernelbake.publish.artifact import CacheBuilt, publish_artifact
 from kernelbake.publish.push import ping_registries, publish_image
-from kernelbake.render import BuildMode, Rendered, render
+from kernelbake.render import BuildMode, Rendered, criu_problem, render
 from kernelbake.runner import Runner, run
 from kernelbake.settings import Settings
 
@@ -118,6 +118,7 @@ class Driver:
             push=options.push and options.publish.image,
             cache_artifact=options.publish.cache,
             stream=self.stream,
+            criu=self.settings.criu,
         )
         outcomes = self._run_lanes(rendered, _Plan(options, lanes, layouts, bake_file, has_buildx))
         _raise_failures(len(rendered), outcomes)
@@ -129,6 +130,9 @@ class Driver:
             raise BadInput("nothing to build")
         if options.max_parallel is not None and options.max_parallel < 1:
             raise BadInput(f"--max-parallel {options.max_parallel}: must be at least 1")
+        for t in targets:
+            if problem := criu_problem(t, self.settings.criu):
+                raise problem
         has_buildx = self.docker.check()
         if options.mode is BuildMode.TWO_PHASE and not has_buildx:
             raise EnvironmentProblem(

@@ -20,8 +20,9 @@ from kernelbake._wheel import templates_dir
 from kernelbake.contract.artifact import LABEL_ARTIFACT, ArtifactKind
 from kernelbake.contract.engines import DECLARATIONS
 from kernelbake.contract.layout import PINNED_MANIFEST, TARGET_FILE, CacheKind
+from kernelbake.contract.snapshot import CRIU_PREFIX
 from kernelbake.contract.target import TargetConfig
-from kernelbake.errors import BadInput
+from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.plan import BuildTarget
 
 NO_DEVICE = "none"
@@ -124,6 +125,8 @@ def render(
             pinned_manifest=PINNED_MANIFEST,
             cache_root=config.cache_root,
             local_model=target.spec.model.local_dir is not None,
+            criu=target.spec.snapshot,
+            criu_prefix=CRIU_PREFIX,
             model_path=target.key.model_path,
             env=env,
             kinds=[k.value for k in engine.cache_kinds],
@@ -142,8 +145,26 @@ def render(
     )
 
 
-def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path:
-    """Write ``Dockerfile``, ``target.json``, ``wheels/`` and (local models) ``model/``."""
+def criu_problem(target: BuildTarget, prefix: Path) -> EnvironmentProblem | None:
+    """Why ``prefix`` cannot be the CRIU a ``snapshot: true`` target copies in; None if it can
+    (or the target takes none). Asked before anything is written or built."""
+    has = (prefix / "bin" / "criu").is_file() and (prefix / "criu.lock").is_file()
+    if not target.spec.snapshot or has:
+        return None
+    return EnvironmentProblem(
+        f"{target.spec.where('snapshot')}: the image is to carry CRIU, and {prefix} holds no "
+        "CRIU prefix (bin/criu, criu.lock)",
+        hint="run `make criu` (images/base/criu/install.sh build/criu), or set KERNELBAKE_CRIU_PREFIX",
+    )
+
+
+def write_context(rendered: Rendered, directory: Path, wheel_path: Path, criu: Path | None = None) -> Path:
+    """Write ``Dockerfile``, ``target.json``, ``wheels/``, (local models) ``model/`` and (spec
+    ``snapshot: true``) ``criu/``, a copy of the prefix ``criu``."""
+    if rendered.target.spec.snapshot and (
+        problem := criu_problem(rendered.target, criu or Path("/nonexistent"))
+    ):
+        raise problem
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -157,12 +178,16 @@ def write_context(rendered: Rendered, directory: Path, wheel_path: Path) -> Path
     local = rendered.target.spec.model.local_dir
     if local is not None:
         shutil.copytree(local, directory / "model")
+    if rendered.target.spec.snapshot and criu is not None:
+        # Links kept as links: the prefix's libraries are symlinked to their sonames.
+        shutil.copytree(criu, directory / "criu", symlinks=True)
     return directory
 
 
 __all__ = [
     "BuildMode",
     "Rendered",
+    "criu_problem",
     "device_for",
     "engine_env",
     "render",

@@ -20,6 +20,11 @@ VARIABLES = (
     ),
     Variable("KERNELBAKE_DOCKER", "the docker command kernelbake runs", "docker"),
     Variable(
+        "KERNELBAKE_CRIU_PREFIX",
+        "CRIU's private prefix (`make criu`: images/base/criu/install.sh) that a spec's `snapshot: true` copies into the image",
+        "$KERNELBAKE_BUILD_DIR/criu",
+    ),
+    Variable(
         "KERNELBAKE_BUILD_DIR", "where `render` and `build` write contexts, bake files and logs", "build"
     ),
     Variable(
@@ -62,6 +67,8 @@ class Settings:
     registry: str = "127.0.0.1:5000/kernelbake"
     docker: str = "docker"
     build_dir: Path = Path("build")
+    # CRIU's prefix for images whose spec says ``snapshot: true``; None: ``build_dir``/criu.
+    criu_prefix: Path | None = None
     # Registry auth: the folder holding config.json, as docker reads it ($DOCKER_CONFIG).
     docker_config: Path = Path.home() / ".docker"
     # Registries spoken to over plain HTTP besides loopback (docker's --insecure-registry).
@@ -78,6 +85,11 @@ class Settings:
     # DOCKER_HOST, DOCKER_CONFIG, proxies …), never read field by field elsewhere.
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
+    @property
+    def criu(self) -> Path:
+        """Where a ``snapshot: true`` image's CRIU is copied from."""
+        return self.criu_prefix or self.build_dir / "criu"
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = DeclaredEnv(os.environ if environ is None else environ, VARIABLES)
@@ -88,6 +100,7 @@ class Settings:
             registry=env.get("KERNELBAKE_REGISTRY", cls.registry),
             docker=env.get("KERNELBAKE_DOCKER", cls.docker),
             build_dir=Path(env.get("KERNELBAKE_BUILD_DIR", str(cls.build_dir))),
+            criu_prefix=Path(prefix) if (prefix := env.get("KERNELBAKE_CRIU_PREFIX")) else None,
             docker_config=Path(env.get("DOCKER_CONFIG") or home / ".docker"),
             insecure_registries=_split(env.get("KERNELBAKE_INSECURE_REGISTRIES", "")),
             signing_key=Path(key) if key else None,

@@ -60,6 +60,9 @@ class ImageSpec:
     targets: tuple[str, ...]
     # GPU family (or "default") → base image reference; empty means the engine's default.
     base: tuple[tuple[str, str], ...] = ()
+    # ``snapshot: true``: the image carries CRIU (images/base/criu/criu.lock, pinned by version
+    # and sha256) at /opt/kernelbake/criu, so `snapshot take` and a restore mount nothing.
+    snapshot: bool = False
     # Where the spec was read, so errors found after loading (plan) name file:line: field too.
     located: Source | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -73,7 +76,7 @@ class ImageSpec:
 
 # -- loading -------------------------------------------------------------------------------
 
-_TOP = {"name", "model", "engine", "serve", "compile", "targets", "base"}
+_TOP = {"name", "model", "engine", "serve", "compile", "targets", "base", "snapshot"}
 _MODEL = {"id", "revision", "local", "path"}
 _ENGINE = {"name", "version"}
 # Every ServeArgs field is a serve: key, spelled the same.
@@ -210,6 +213,9 @@ def load_spec(path: str | Path) -> ImageSpec:
     base = top.get("base") or {}
     if not isinstance(base, dict) or not all(isinstance(v, str) for v in base.values()):
         raise doc.error("base", "expected a mapping of GPU family (or 'default') to image reference")
+    snapshot = top.get("snapshot", False)
+    if not isinstance(snapshot, bool):
+        raise doc.error("snapshot", f"expected true or false, got {quoted(snapshot)}")
     return ImageSpec(
         name=name,
         source=source,
@@ -220,5 +226,6 @@ def load_spec(path: str | Path) -> ImageSpec:
         compile=_compile(doc, top.get("compile")),
         targets=tuple(t.lower() for t in targets),
         base=tuple(sorted((str(k), v) for k, v in base.items())),
+        snapshot=snapshot,
         located=doc,
     )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from kernelbake.settings import Settings
 from kernelbake.spec import load_spec
 from tests.conftest import REPO
 from tests.integration import _serving
+from tests.support import criu
 from tests.support.docker import CPU_BASE, VLLM_CPU_BASE, docker, require_cpu_base
 from tests.support.registry import free_port
 from tests.support.runbook import commands
@@ -29,8 +31,13 @@ TEST_DEVICE = "kernelbake.dev/test=builder"
 
 def build_tiny(out: Path, registry: str, spec: str = "tiny-llama-torch", **options: object) -> Built:
     require_cpu_base(VLLM_CPU_BASE if spec == "tiny-llama" else CPU_BASE)
-    targets = plan(load_spec(REPO / "images" / f"{spec}.yaml"), ["cpu"], registry=registry)
-    (built,) = Driver(Settings.from_env()).build(targets, BuildOptions(out=out, push=True, **options))  # type: ignore[arg-type]
+    loaded = load_spec(REPO / "images" / f"{spec}.yaml")
+    targets = plan(loaded, ["cpu"], registry=registry)
+    environ = dict(os.environ)
+    if loaded.snapshot:
+        environ["KERNELBAKE_CRIU_PREFIX"] = str(criu.install(out / "criu"))
+    driver = Driver(Settings.from_env(environ))
+    (built,) = driver.build(targets, BuildOptions(out=out, push=True, **options))  # type: ignore[arg-type]
     return built
 
 

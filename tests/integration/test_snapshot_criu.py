@@ -15,6 +15,7 @@ import pytest
 
 from kernelbake.contract.snapshot import RESTORE_CAPABILITIES
 from tests.conftest import REPO
+from tests.support import criu
 from tests.support.runtime_target import write_target
 
 pytestmark = pytest.mark.docker
@@ -25,11 +26,7 @@ IMAGE = "sha256:" + "5" * 64
 
 @pytest.fixture(scope="module")
 def criu_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    prefix = tmp_path_factory.mktemp("criu")
-    debs = REPO / ".cache" / "criu-debs"
-    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "KEEP": str(debs)}
-    subprocess.run([str(REPO / "images/base/criu/install.sh"), str(prefix)], env=env, check=True)
-    return prefix
+    return criu.install(tmp_path_factory.mktemp("criu") / "prefix")
 
 
 def _docker(

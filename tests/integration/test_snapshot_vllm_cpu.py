@@ -16,18 +16,18 @@ import pytest
 
 from kernelbake.pipeline import Built
 from tests.conftest import REPO
+from tests.support import criu
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 
 def test_the_default_image_restores_from_its_snapshot_and_serves(vllm_image: Built, tmp_path: Path) -> None:
     assert vllm_image.pushed is not None
-    criu = tmp_path / "criu"
-    subprocess.run([str(REPO / "images/base/criu/install.sh"), str(criu)], check=True, timeout=600)
+    prefix = criu.install(tmp_path / "criu")
     subprocess.run(["docker", "pull", "-q", vllm_image.pushed], check=True, capture_output=True, timeout=600)
     out = tmp_path / "snapshot.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench/snapshot_cpu.py"), "--image", vllm_image.pushed, "--criu", str(criu), "--out", str(out)],
+        [sys.executable, str(REPO / "bench/snapshot_cpu.py"), "--image", vllm_image.pushed, "--criu", str(prefix), "--out", str(out)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=3000,
     )  # fmt: skip
     assert out.is_file(), done.stderr[-4000:]

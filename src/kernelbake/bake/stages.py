@@ -50,13 +50,14 @@ def write_bake(
     push: bool,
     cache_artifact: bool,
     stream: TextIO,
+    criu: Path | None = None,
 ) -> Path:
     """Each target's build context, and the one bake file that builds them all. ``push``: the
     image is to be pushed, which a container builder does itself at the end of its build."""
     groups = {}
     for r in rendered:
         layout = layouts[r.target.name]
-        write_context(r, layout.context, wheel)
+        write_context(r, layout.context, wheel, criu)
         hub = r.target.spec.model.local_dir is None
         secrets = [bakefile.HF_TOKEN_SECRET] if hub and "HF_TOKEN" in env else []
         push_from_builder = push and lanes[r.target.gpu.family].builder is not None

@@ -57,7 +57,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     for t in targets:
         rendered = render(t, wheel=wheel.name, mode=args.mode, device=args.cdi_device)
         layout = bakefile.Layout(out / t.name)
-        write_context(rendered, layout.context, wheel)
+        write_context(rendered, layout.context, wheel, settings.criu)
         groups[t.name] = bakefile.bake_targets(rendered, layout, push=False)
         print(f"{t.name}\t{layout.context / 'Dockerfile'}")
     bake_file = out / "docker-bake.json"

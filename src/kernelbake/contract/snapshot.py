@@ -38,6 +38,10 @@ IMAGES_DIR = "images"
 # Where a pod mounts the snapshot (an image volume of the snapshot artifact), beside the
 # delta and outside the cache root.
 SNAPSHOT_ROOT = "/opt/kernelbake/snapshot"
+# Where CRIU's private prefix is in an image (a spec's ``snapshot: true`` copies it there; a
+# recipe may mount one): ``bin/criu`` runs it through the prefix's own loader.
+CRIU_PREFIX = "/opt/kernelbake/criu"
+CRIU_COMMAND = f"{CRIU_PREFIX}/bin/criu"
 # The sha256 of snapshot.json as admission verified it (signature, subject = the pod's image):
 # without it a mounted snapshot is never restored.
 SNAPSHOT_DIGEST_ENV = "KERNELBAKE_SNAPSHOT_DIGEST"

@@ -22,7 +22,7 @@ from kernelbake.contract.layout import (
     UNSAFE_TARGET_ENV,
 )
 from kernelbake.contract.manifest import DIGEST
-from kernelbake.contract.snapshot import IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
+from kernelbake.contract.snapshot import CRIU_COMMAND, IMAGE_DIGEST_ENV, SNAPSHOT_DIGEST_ENV, SNAPSHOT_ROOT
 from kernelbake.errors import BadInput
 
 # Where BuildKit mounts ``--mount=type=secret,id=hf_token`` in the model-fetch step.
@@ -115,7 +115,7 @@ VARIABLES = (
     Variable(
         "KERNELBAKE_CRIU",
         "the CRIU command that takes and restores snapshots (the image's private prefix)",
-        "/opt/kernelbake/criu/bin/criu",
+        CRIU_COMMAND,
     ),
     Variable(
         "KERNELBAKE_STATUS",
@@ -281,7 +281,7 @@ class RuntimeEnv:
     snapshot_digest: str | None = None
     image_digest: str | None = None
     snapshot_marks: Path = Path("/tmp")
-    criu: Path = Path("/opt/kernelbake/criu/bin/criu")
+    criu: Path = Path(CRIU_COMMAND)
     # This serve was started by ``snapshot take``: its engine's process tree is to be dumped.
     for_snapshot: bool = False
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -339,7 +339,7 @@ class RuntimeEnv:
                 or env.get("TMPDIR")
                 or "/tmp"
             ),
-            criu=Path(env.get("KERNELBAKE_CRIU") or "/opt/kernelbake/criu/bin/criu"),
+            criu=Path(env.get("KERNELBAKE_CRIU") or CRIU_COMMAND),
             for_snapshot=env.get(SNAPSHOT_TAKE_ENV) == "1",
             environ=dict(env),
         )

@@ -11,10 +11,11 @@ import re
 from pathlib import Path
 
 from kernelbake.contract.key import NONE
+from kernelbake.contract.snapshot import CRIU_COMMAND
 from kernelbake.errors import EnvironmentProblem
 from kernelbake.runner import Runner, run
 
-DEFAULT_CRIU = Path("/opt/kernelbake/criu/bin/criu")
+DEFAULT_CRIU = Path(CRIU_COMMAND)
 _VERSION = re.compile(r"Version:\s*(\S+)")
 # "Warn  (criu/cr-check.c:824): Dirty tracking is OFF. ..." → the message alone. Only the
 # feature checks' own lines (cr-check.c) describe the machine: the first CRIU run in a fresh
