@@ -94,6 +94,10 @@ def test_typed_getters(tmp_path: Path) -> None:
     for bad in (-1, False, "soon"):
         with pytest.raises(SpecError, match="expected a non-negative number of seconds"):
             src.seconds(bad, "s")
+    assert src.boolean(True, "b") is True and src.boolean(False, "b") is False
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(SpecError, match="b: expected true or false"):
+            src.boolean(bad, "b")
     assert src.optional_list(None, "l") == [] and src.optional_list([1], "l") == [1]
     with pytest.raises(SpecError, match="l: expected a list, got str"):
         src.optional_list("x", "l")

@@ -213,9 +213,6 @@ def load_spec(path: str | Path) -> ImageSpec:
     base = top.get("base") or {}
     if not isinstance(base, dict) or not all(isinstance(v, str) for v in base.values()):
         raise doc.error("base", "expected a mapping of GPU family (or 'default') to image reference")
-    snapshot = top.get("snapshot", False)
-    if not isinstance(snapshot, bool):
-        raise doc.error("snapshot", f"expected true or false, got {quoted(snapshot)}")
     return ImageSpec(
         name=name,
         source=source,
@@ -226,6 +223,6 @@ def load_spec(path: str | Path) -> ImageSpec:
         compile=_compile(doc, top.get("compile")),
         targets=tuple(t.lower() for t in targets),
         base=tuple(sorted((str(k), v) for k, v in base.items())),
-        snapshot=snapshot,
+        snapshot=doc.boolean(top.get("snapshot", False), "snapshot"),
         located=doc,
     )

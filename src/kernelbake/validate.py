@@ -145,6 +145,11 @@ class Source:
             raise self.error(field, f"expected an integer >= 0, got {quoted(value)}")
         return value
 
+    def boolean(self, value: Any, field: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(field, f"expected true or false, got {quoted(value)}")
+        return value
+
     def seconds(self, value: Any, field: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise self.error(field, f"expected a non-negative number of seconds, got {quoted(value)}")

@@ -169,12 +169,8 @@ class VerifyPolicy:
         trusted_root = data.get("trusted_root")
         if trusted_root is not None:
             trusted_root = _trusted_root(src, trusted_root, base)
-        require = data.get("require_attestation", True)
-        if not isinstance(require, bool):
-            raise src.error("require_attestation", f"expected true or false, got {quoted(require)}")
-        unsafe = data.get("unsafe_replica_deltas", False)
-        if not isinstance(unsafe, bool):
-            raise src.error("unsafe_replica_deltas", f"expected true or false, got {quoted(unsafe)}")
+        require = src.boolean(data.get("require_attestation", True), "require_attestation")
+        unsafe = src.boolean(data.get("unsafe_replica_deltas", False), "unsafe_replica_deltas")
         return cls(
             identities=identities,
             keys=keys,
