@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 
 from kernelbake.contract.key import CacheKey
 from kernelbake.contract.snapshot import (
+    UNLIMITED,
     InvalidSnapshot,
     SnapshotFile,
     SnapshotKey,
@@ -13,6 +16,7 @@ from kernelbake.contract.snapshot import (
     differences,
     env_changes,
     env_digest,
+    lower_limits,
     parse_snapshot_key,
 )
 from kernelbake.plan import plan
@@ -82,6 +86,31 @@ def test_an_environment_differs_by_its_variables_names_never_their_values() -> N
     assert line == f"serve env {env_digest(was)} recorded, {env_digest(now)} here"
     many = {f"V{i:02}": "x" for i in range(12)}
     assert env_changes({}, many).endswith("V07 set here, not recorded; 4 more")
+
+
+def test_limits_lower_here_are_named_and_unlimited_is_above_any() -> None:
+    recorded = {"NOFILE": 1048576, "NPROC": UNLIMITED, "STACK": UNLIMITED, "CORE": 0}
+    here = {"NOFILE": 16384, "NPROC": 32768, "STACK": UNLIMITED, "CORE": 0}
+    assert lower_limits(recorded, here) == [
+        "NOFILE 16384 here, 1048576 recorded",
+        "NPROC 32768 here, unlimited recorded",
+    ]
+    assert lower_limits(recorded, {**here, "NOFILE": UNLIMITED, "NPROC": UNLIMITED}) == []
+    assert lower_limits({"RTTIME": 5}, {}) == ["RTTIME unknown here, 5 recorded"]
+
+
+def test_a_manifests_limits_round_trip_and_junk_is_refused() -> None:
+    manifest = _manifest(rlimits={"NOFILE": 1048576, "NPROC": UNLIMITED}, root_mode=0o755)
+    back = SnapshotManifest.from_json(manifest.to_json(), source="t")
+    assert back.rlimits == {"NOFILE": 1048576, "NPROC": -1} and back.digest == manifest.digest
+    assert back.root_mode == 0o755
+    doc = json.loads(manifest.to_json())
+    for junk in ({"NOFILE": "many"}, {"nofile": 1}, {"NOFILE": -2}, {"NOFILE": True}, ["NOFILE"]):
+        with pytest.raises(InvalidSnapshot, match="rlimits must map"):
+            SnapshotManifest.from_json(json.dumps({**doc, "rlimits": junk}), source="t")
+    for mode in (-1, 0o10000, "755", 7.5):
+        with pytest.raises(InvalidSnapshot, match="is not permission bits"):
+            SnapshotManifest.from_json(json.dumps({**doc, "root_mode": mode}), source="t")
 
 
 def test_a_foreign_cache_key_names_its_fields() -> None:

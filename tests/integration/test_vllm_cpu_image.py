@@ -84,6 +84,31 @@ def test_every_hook_of_the_adapter_is_in_the_release_the_image_ships(vllm_image:
     assert doc["hooks"] >= 15
 
 
+# vLLM's compile hash over its variables, without and with the snapshot's, and with one that
+# must change it (a control: the comparison can fail).
+_FACTORS = """
+import json, os, sys
+import vllm.envs as e
+from kernelbake.runtime.engines.vllm import VllmEngine
+before = e.compile_factors()
+os.environ.update(VllmEngine().snapshot_env())
+after = e.compile_factors()
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+control = e.compile_factors()
+print(json.dumps({"same": before == after, "control": before == control, "set": sorted(VllmEngine().snapshot_env())}))
+"""
+
+
+def test_the_variables_a_snapshot_take_sets_stay_out_of_vllms_compile_hash(vllm_image: Built) -> None:
+    """Asked of the vLLM the image ships: a snapshot taken with SNAPSHOT_ENV restores an engine
+    whose compiled caches are the baked ones."""
+    assert vllm_image.pushed is not None
+    res = python_in(vllm_image.pushed, "-c", _FACTORS)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc == {"same": True, "control": False, "set": ["VLLM_HOST_IP", "VLLM_WORKER_MULTIPROC_METHOD"]}
+
+
 def test_the_pulled_image_serves_a_completion_from_the_baked_caches(readme_served: QuickStart) -> None:
     # The README's quick start, on the image as the registry serves it (the fixture pulled it).
     out = readme_served.answer

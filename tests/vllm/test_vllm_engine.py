@@ -131,7 +131,10 @@ def test_serve_forks_the_engine_core_and_that_is_no_hashed_variable() -> None:
 def test_a_tree_to_be_snapshotted_spawns_its_engine_core() -> None:
     """Forked, the engine core inherits the API server's NVML files, which the driver's
     checkpoint leaves open and CRIU cannot dump (H100, vLLM 0.32): spawned, it has none."""
-    assert VllmEngine().snapshot_env() == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    assert VllmEngine().snapshot_env() == {
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
 
 
 def test_flashinfers_jit_log_is_declared_a_log_by_the_compile(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -91,9 +92,13 @@ RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
 # reaches the engine's work). The snapshot's own settings, which only the gate reads; the
 # variables the kubelet adds for the API server's Service (``enableServiceLinks: false`` drops
 # the others, never these); and the GPUs the device plugin handed this container (the key
-# holds the GPU model and count; which physical GPU it is differs per replica).
+# holds the GPU model and count; which physical GPU it is differs per replica). And what a
+# container runtime sets in every container of its own accord: podman ``container=podman`` and
+# ``TERM=xterm``, Docker neither (TERM only with -t), so that a snapshot taken with ``docker run``
+# restores under podman (the first restore under podman was refused on TERM, 2026-12-06).
 VOLATILE_ENV = frozenset(
-    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
+    {"HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "container", "TERM"}
+    | {SNAPSHOT_DIGEST_ENV, IMAGE_DIGEST_ENV}
     | {"KERNELBAKE_SNAPSHOT_MARKS", "KERNELBAKE_CRIU", "NVIDIA_VISIBLE_DEVICES"}
 )
 VOLATILE_PREFIXES = ("KUBERNETES_SERVICE_", "KUBERNETES_PORT")
@@ -105,6 +110,10 @@ def is_volatile(name: str) -> bool:
 
 
 MAX_FILES = 100_000
+# A hard resource limit of none (RLIM_INFINITY), as recorded; Linux has 16 limits.
+UNLIMITED = -1
+MAX_RLIMITS = 32
+RLIMIT_NAME = re.compile(r"[A-Z_]{1,16}")
 MAX_MANIFEST_BYTES = 32 << 20
 _SAFE = "-._~/:+@ ,"
 
@@ -266,6 +275,21 @@ def differences(
             yield f"{_LABEL[name]} {recorded.as_dict()[name]} recorded, {here.as_dict()[name]} here"
 
 
+def lower_limits(recorded: Mapping[str, int], here: Mapping[str, int]) -> list[str]:
+    """Each hard limit that is lower here than the snapshot's tree had (CRIU would have to raise
+    it), as ``NOFILE 16384 here, 1048576 recorded``; a limit this machine does not know is one."""
+
+    def said(v: int | None) -> str:
+        return "unknown" if v is None else "unlimited" if v == UNLIMITED else str(v)
+
+    lower = []
+    for name, want in sorted(recorded.items()):
+        have = here.get(name)
+        if have is None or (have != UNLIMITED and (want == UNLIMITED or have < want)):
+            lower.append(f"{name} {said(have)} here, {said(want)} recorded")
+    return lower
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SnapshotFile:
     path: str  # relative to the snapshot root, under images/
@@ -302,9 +326,20 @@ class SnapshotManifest:
     # which variable differs). None in a snapshot.json from before it was recorded. No secret
     # is here: take refuses them, and the dumped pages hold these values anyway.
     environment: Mapping[str, str] | None = None
+    # The tree root's hard resource limits (``NOFILE``: 1048576; ``UNLIMITED`` for none): CRIU
+    # gives every process its limits back, and cannot raise a hard limit above the restoring
+    # container's without CAP_SYS_RESOURCE (podman's NOFILE 16384 against Docker's 1048576
+    # failed a restore, 2026-12-06). None in a snapshot.json from before they were recorded.
+    rlimits: Mapping[str, int] | None = None
+    # The permission bits of the container's root directory the tree ran under: CRIU refuses to
+    # restore a process whose root has others ("File . has bad mode 040555 (expect 040755)":
+    # podman's rootfs is 0555, Docker's 0755). None in a snapshot.json from before.
+    root_mode: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
+        if self.rlimits is not None:
+            object.__setattr__(self, "rlimits", dict(sorted(self.rlimits.items())))
         object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
         if self.environment is not None:
             object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
@@ -332,6 +367,10 @@ class SnapshotManifest:
         }
         if self.environment is not None:
             doc["environment"] = self.environment
+        if self.rlimits is not None:
+            doc["rlimits"] = self.rlimits
+        if self.root_mode is not None:
+            doc["root_mode"] = self.root_mode
         return jsondoc.dumps(doc)
 
     @property
@@ -363,6 +402,21 @@ class SnapshotManifest:
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items())
         ):
             raise InvalidSnapshot("environment must map names to string values")
+        rlimits = doc.get("rlimits")
+        if rlimits is not None and (
+            not isinstance(rlimits, dict)
+            or len(rlimits) > MAX_RLIMITS
+            or not all(
+                isinstance(k, str) and RLIMIT_NAME.fullmatch(k) and type(v) is int and v >= UNLIMITED
+                for k, v in rlimits.items()
+            )
+        ):
+            raise InvalidSnapshot(
+                f"rlimits must map at most {MAX_RLIMITS} names (NOFILE) to hard limits >= -1"
+            )
+        root_mode = doc.get("root_mode")
+        if root_mode is not None and (type(root_mode) is not int or not 0 <= root_mode <= 0o7777):
+            raise InvalidSnapshot(f"root_mode {root_mode!r} is not permission bits")
         return cls(
             key=key,
             files=files,
@@ -373,6 +427,8 @@ class SnapshotManifest:
             deadline_s=float(health["deadline_s"]),
             taken={str(k): float(v) for k, v in doc.get("taken", {}).items()},
             environment=environment,
+            rlimits=rlimits,
+            root_mode=root_mode,
         )
 
 

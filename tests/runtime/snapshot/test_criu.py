@@ -73,3 +73,31 @@ def test_the_features_in_the_key_are_the_feature_checks_alone(tmp_path: Path) ->
     )
     nothing = Criu(tmp_path / "criu", runner=lambda argv, **_: Result(tuple(argv), 0, "Looks good.\n", ""))
     assert nothing.features() == "none"
+
+
+def test_hard_limits_are_read_by_name_for_this_process_or_another() -> None:
+    import os
+    import resource
+
+    from kernelbake.contract.snapshot import UNLIMITED
+    from kernelbake.runtime.snapshot.machine import hard_rlimits
+
+    mine = hard_rlimits()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert mine["NOFILE"] == (UNLIMITED if hard == resource.RLIM_INFINITY else hard)
+    assert "OFILE" not in mine and {"NPROC", "STACK", "MEMLOCK"} <= set(mine)
+    assert hard_rlimits(os.getpid()) == mine
+
+
+def test_cap_sys_resource_is_read_from_capeff(tmp_path: Path) -> None:
+    from kernelbake.runtime.snapshot.machine import may_raise_rlimits
+
+    status = tmp_path / "status"
+    for capeff, holds in (
+        ("00000000a80425fb", False),
+        ("000001ffffffffff", True),
+        ("0000000001000000", True),
+    ):
+        status.write_text(f"Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t{capeff}\n")
+        assert may_raise_rlimits(status) is holds, capeff
+    assert may_raise_rlimits(tmp_path / "missing") is False

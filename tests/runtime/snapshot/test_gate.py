@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -65,6 +66,8 @@ def _snapshot(
     weights: Weights = Weights.INSIDE,
     gpu_pids: tuple[int, ...] = (),
     more: dict[str, bytes] | None = None,
+    rlimits: dict[str, int] | None = None,
+    root_mode: int | None = None,
 ) -> str:
     """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot, with
     ``more`` files (path: bytes) beside CRIU's; its digest."""
@@ -96,6 +99,8 @@ def _snapshot(
         health_path="/health",
         deadline_s=5.0,
         environment=serve_env(env.environ),
+        rlimits=rlimits,
+        root_mode=root_mode,
     )
     (root / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
     return manifest.digest
@@ -147,6 +152,33 @@ def test_an_exact_match_restores_once_and_serve_waits_for_the_restored_root(
     assert driver.restored == [TREE_PID]
     assert said[0].startswith(f"restored snapshot {digest[:19]}")
     assert (tmp_path / "engine-log/engine.log").read_bytes() == b"engine log\n"
+
+
+def test_the_containers_root_gets_the_mode_the_tree_saw_before_criu_restores(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken under Docker (/ is 0755), restored under podman (0555): CRIU refused "File . has
+    bad mode 040555 (expect 040755)" (the pod test, 2026-12-06)."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, root_mode=0o755)
+    root = tmp_path / "rootfs"
+    root.mkdir(mode=0o555)
+    root.chmod(0o555)
+    monkeypatch.setattr(restore_mod, "ROOT", root)
+    seen: list[int] = []
+    real = criu.restore
+
+    def restore(*args: object, **kwargs: object) -> object:
+        seen.append(stat.S_IMODE(root.stat().st_mode))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(criu, "restore", restore)
+    real_tree = restore_mod.tree.descendants
+    monkeypatch.setattr(restore_mod.tree, "descendants", lambda r, proc=None: [*real_tree(r), TREE_PID])
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0, said
+    assert seen == [0o755]
 
 
 def test_no_snapshot_mounted_is_the_baked_start_without_a_word(setup: tuple[Path, int]) -> None:
@@ -250,10 +282,39 @@ def test_other_serve_args_or_env_are_refused(setup: tuple[Path, int]) -> None:
     # By name, never by value (a variable here may hold a secret).
     line = _refused(tmp_path, _env(tmp_path, digest, VLLM_FOO="s3cr3t"), criu, driver)
     assert "serve env differs (VLLM_FOO set here, not recorded)" in line and "s3cr3t" not in line
-    # What the kubelet and the device plugin set per pod is no difference.
-    volatile = _env(tmp_path, digest, KUBERNETES_SERVICE_HOST="10.0.0.1", NVIDIA_VISIBLE_DEVICES="GPU-9")
+    # What the kubelet, the device plugin and the container runtime (podman: container, TERM)
+    # set per pod is no difference.
+    volatile = _env(
+        tmp_path,
+        digest,
+        KUBERNETES_SERVICE_HOST="10.0.0.1",
+        NVIDIA_VISIBLE_DEVICES="GPU-9",
+        container="podman",
+        TERM="xterm",
+    )
     gated = gate(volatile, (), driver=driver, criu=criu)  # type: ignore[arg-type]
     assert gated is not None and gated.reasons == ()
+
+
+def test_hard_limits_lower_here_are_refused_unless_criu_may_raise_them(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken under Docker's NOFILE 1048576, restored under podman's 16384: CRIU would fail on
+    setrlimit halfway (the pod test, 2026-12-06); the gate says so first, naming the limit."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    taken = {"NOFILE": 1048576, "NPROC": -1}
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, rlimits=taken)
+    monkeypatch.setattr(restore_mod, "hard_rlimits", lambda: {"NOFILE": 16384, "NPROC": -1})
+    monkeypatch.setattr(restore_mod, "may_raise_rlimits", lambda: False)
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert "hard limits lower here than the snapshot's tree had (NOFILE 16384 here, 1048576 recorded)" in line
+    assert "--ulimit" in line
+    for limits, may_raise in ((taken, False), ({"NOFILE": 16384, "NPROC": -1}, True)):
+        monkeypatch.setattr(restore_mod, "hard_rlimits", lambda limits=limits: limits)
+        monkeypatch.setattr(restore_mod, "may_raise_rlimits", lambda may_raise=may_raise: may_raise)
+        gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
+        assert gated is not None and gated.reasons == (), gated
 
 
 def test_an_unpinned_or_other_snapshot_json_is_refused(setup: tuple[Path, int]) -> None:

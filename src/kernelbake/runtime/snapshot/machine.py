@@ -5,15 +5,42 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.contract.key import CacheKey
-from kernelbake.contract.snapshot import SnapshotKey, Weights, env_digest, is_volatile
+from kernelbake.contract.snapshot import UNLIMITED, SnapshotKey, Weights, env_digest, is_volatile
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 
 _CPUINFO = Path("/proc/cpuinfo")
+
+
+# CAP_SYS_RESOURCE's bit in /proc/PID/status's CapEff: with it CRIU may raise a hard limit.
+_CAP_SYS_RESOURCE = 24
+
+
+def hard_rlimits(pid: int | None = None) -> dict[str, int]:
+    """Every hard resource limit of ``pid`` (this process without one), by name without
+    ``RLIMIT_`` (``NOFILE``), ``UNLIMITED`` for none."""
+    found: dict[str, int] = {}
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_") and n != "RLIMIT_OFILE"):
+        which = getattr(resource, name)
+        hard = (resource.getrlimit(which) if pid is None else resource.prlimit(pid, which))[1]
+        found[name.removeprefix("RLIMIT_")] = UNLIMITED if hard == resource.RLIM_INFINITY else hard
+    return found
+
+
+def may_raise_rlimits(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process holds CAP_SYS_RESOURCE (CRIU, its child, may then raise limits)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def kernel_release() -> str:

@@ -50,9 +50,11 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_MANIFEST,
     WEIGHTS_COPY,
     InvalidSnapshot,
+    SnapshotKey,
     SnapshotManifest,
     Weights,
     differences,
+    lower_limits,
     under,
 )
 from kernelbake.contract.target import TargetConfig
@@ -62,7 +64,7 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import here_key, serve_env
+from kernelbake.runtime.snapshot.machine import hard_rlimits, here_key, may_raise_rlimits, serve_env
 
 _PR_SET_CHILD_SUBREAPER = 36
 Say = Callable[[str], None]
@@ -125,6 +127,10 @@ def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> I
                 yield f"{rel}: not listed in {SNAPSHOT_MANIFEST}; a restore reads only what is signed"
 
 
+# The container's root directory, whose mode a restore gives the one recorded (tests: a folder).
+ROOT = Path("/")
+
+
 def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Criu) -> Gated | None:
     """None where no snapshot is mounted; otherwise what to restore, or why not."""
     data, problem = _read_manifest(env)
@@ -171,30 +177,50 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         )
     except (InvalidSnapshot, KernelbakeError) as exc:
         return Gated(manifest=None, digest=digest, reasons=(str(exc),))
-    recorded_env = manifest.environment
-    environments = None if recorded_env is None else (recorded_env, serve_env(env.environ))
-    if found := list(differences(manifest.key, here, environments)):
-        return Gated(manifest=None, digest=digest, reasons=tuple(found))
+    if found := _misfits(env, manifest, here):
+        return Gated(manifest=None, digest=digest, reasons=found)
     started = time.monotonic()
     pulled = volume.pulled_by_runtime(env.snapshot_root)
-    if found := list(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
-        return Gated(manifest=None, digest=digest, reasons=tuple(found[:5]))
-    if held := tree.in_use(pid for pid, _ in manifest.tree):
-        # CRIU gives each process back the pid it had, and fails halfway ("Can't fork for 3421:
-        # File exists", a host's second restore on the H100, 2026-12-06) where one is taken.
-        cmd = " ".join(tree.cmdline(held[0]))[:80] or "a thread"
-        return Gated(
-            manifest=None,
-            digest=digest,
-            reasons=(
-                f"pid {held[0]} ({cmd}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
-                "snapshot's tree is in use here, and CRIU restores each process with the pid it had: "
-                "restore in a pid namespace of its own (a container's)",
-            ),
-        )
+    if found := tuple(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
+        return Gated(manifest=None, digest=digest, reasons=found[:5])
+    if (held := _pids_held(manifest)) is not None:
+        return Gated(manifest=None, digest=digest, reasons=(held,))
     how = f"sizes ({pulled})" if pulled else "sizes and sha256"
     checked = f"{len(manifest.files)} files checked by {how} in {time.monotonic() - started:.2f} s"
     return Gated(manifest=manifest, digest=digest, reasons=(), checked=checked)
+
+
+def _misfits(env: RuntimeEnv, manifest: SnapshotManifest, here: SnapshotKey) -> tuple[str, ...]:
+    """Where this machine does not fit the snapshot: each key field that differs (a different
+    serve env by its variables' names), else the hard limits CRIU would have to raise."""
+    recorded_env = manifest.environment
+    environments = None if recorded_env is None else (recorded_env, serve_env(env.environ))
+    if found := tuple(differences(manifest.key, here, environments)):
+        return found
+    if manifest.rlimits is None or may_raise_rlimits():
+        return ()
+    if lower := lower_limits(manifest.rlimits, hard_rlimits()):
+        # CRIU gives each process its limits back and fails halfway on one it may not raise.
+        return (
+            f"hard limits lower here than the snapshot's tree had ({'; '.join(lower[:4])}), "
+            "and CRIU cannot raise them without CAP_SYS_RESOURCE: run the container with the "
+            "limits it was taken with (docker/podman --ulimit)",
+        )
+    return ()
+
+
+def _pids_held(manifest: SnapshotManifest) -> str | None:
+    """Why a pid of the snapshot's tree is not free here, or None."""
+    if not (held := tree.in_use(pid for pid, _ in manifest.tree)):
+        return None
+    # CRIU gives each process back the pid it had, and fails halfway ("Can't fork for 3421:
+    # File exists", a host's second restore on the H100, 2026-12-06) where one is taken.
+    cmd = " ".join(tree.cmdline(held[0]))[:80] or "a thread"
+    return (
+        f"pid {held[0]} ({cmd}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
+        "snapshot's tree is in use here, and CRIU restores each process with the pid it had: "
+        "restore in a pid namespace of its own (a container's)"
+    )
 
 
 def _put_shm(root: Path, manifest: SnapshotManifest, shm: Path) -> None:
@@ -363,6 +389,9 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
         _put_shm(env.snapshot_root, manifest, Path(SHM_DIR))
+        if manifest.root_mode is not None and stat.S_IMODE(ROOT.stat().st_mode) != manifest.root_mode:
+            # This container's own root: CRIU restores only onto the mode the tree saw.
+            ROOT.chmod(manifest.root_mode)
     except OSError as exc:
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
         say(f"snapshot not used: cannot prepare the restore ({exc}); starting the baked way")

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -51,7 +52,7 @@ from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import here_key, serve_env
+from kernelbake.runtime.snapshot.machine import hard_rlimits, here_key, serve_env
 
 # CRIU restores every process with the pid it had. The restoring container's own processes
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
@@ -509,6 +510,9 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             weights=options.weights,
         )
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
+        # Read while the root lives (the dump ends it): every process below has these or lower.
+        rlimits = hard_rlimits(proc.pid)
+        root_mode = stat.S_IMODE(Path("/").stat().st_mode)  # the container the tree runs in
         shm_before = _shm_names(Path(SHM_DIR))
         dumped, gpu_pids = _dump(env, proc, pids, out, driver=driver, criu=criu)
         taken |= dumped
@@ -528,6 +532,8 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             deadline_s=options.deadline_s,
             taken={k: round(v, 3) for k, v in taken.items()},
             environment=serve_env(env.environ),
+            rlimits=rlimits,
+            root_mode=root_mode,
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
