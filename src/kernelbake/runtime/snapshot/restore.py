@@ -389,8 +389,11 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
         log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(env.snapshot_root / ENGINE_LOG_COPY, log)
         _put_shm(env.snapshot_root, manifest, Path(SHM_DIR))
-        if manifest.root_mode is not None and stat.S_IMODE(ROOT.stat().st_mode) != manifest.root_mode:
-            # This container's own root: CRIU restores only onto the mode the tree saw.
+        here = stat.S_IMODE(ROOT.stat().st_mode)
+        if manifest.root_mode is not None and here != manifest.root_mode == here | 0o200:
+            # CRIU restores only onto the root mode the tree saw. Podman's rootfs lacks the
+            # owner's write bit that Docker's has, and that bit alone is given (root, the owner,
+            # writes there anyway); any other difference is left for CRIU to refuse.
             ROOT.chmod(manifest.root_mode)
     except OSError as exc:
         # Nothing was restored yet: a refusal like the gate's, not a failed attempt.
