@@ -106,7 +106,11 @@ def test_the_variables_a_snapshot_take_sets_stay_out_of_vllms_compile_hash(vllm_
     res = python_in(vllm_image.pushed, "-c", _FACTORS)
     assert res.returncode == 0, res.stderr[-2000:]
     doc = json.loads(res.stdout.strip().splitlines()[-1])
-    assert doc == {"same": True, "control": False, "set": ["VLLM_HOST_IP", "VLLM_WORKER_MULTIPROC_METHOD"]}
+    assert doc == {
+        "same": True,
+        "control": False,
+        "set": ["GLOO_SOCKET_IFNAME", "VLLM_HOST_IP", "VLLM_WORKER_MULTIPROC_METHOD"],
+    }
 
 
 def test_the_pulled_image_serves_a_completion_from_the_baked_caches(readme_served: QuickStart) -> None:

@@ -134,6 +134,7 @@ def test_a_tree_to_be_snapshotted_spawns_its_engine_core() -> None:
     assert VllmEngine().snapshot_env() == {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_HOST_IP": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": "lo",
     }
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kernelbake.contract.key import NONE
+from kernelbake.runtime.snapshot.criu import RestoreTimedOut
 from kernelbake.runtime.snapshot.driver import DeviceFacts
 
 # Serves /health and /is_sleeping (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 they
@@ -67,9 +68,13 @@ class FakeCriu:
         healthy: bool = True,
         serve_s: float = 1.0,
         reload_ok: bool = True,
+        hangs: bool = False,
     ) -> None:
         self.port = port
         self.restore_ok = restore_ok
+        # A CRIU that never finishes: the restore's own timeout ends it (RestoreTimedOut).
+        self.hangs = hangs
+        self.timeouts: list[float | None] = []
         self.healthy = healthy
         self.serve_s = serve_s
         self.reload_ok = reload_ok
@@ -98,8 +103,13 @@ class FakeCriu:
     def dump(self, pid: int, images: Path, work: Path) -> tuple[bool, str]:
         raise AssertionError("the gate never dumps")
 
-    def restore(self, images: Path, work: Path, pidfile: Path) -> tuple[bool, str]:
+    def restore(
+        self, images: Path, work: Path, pidfile: Path, timeout: float | None = None
+    ) -> tuple[bool, str]:
         self.restores.append(images)
+        self.timeouts.append(timeout)
+        if self.hangs:
+            raise RestoreTimedOut(f"criu restore did not finish within {timeout:.0f} s: {RESTORE_ERROR}")
         if not self.restore_ok:
             # As CRIU leaves it: warnings, the cause, then errors of its unwinding.
             log = work / "restore.log"

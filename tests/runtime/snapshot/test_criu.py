@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kernelbake.runner import Result
 from kernelbake.runtime.snapshot.criu import Criu, failure
@@ -101,3 +104,17 @@ def test_cap_sys_resource_is_read_from_capeff(tmp_path: Path) -> None:
         status.write_text(f"Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t{capeff}\n")
         assert may_raise_rlimits(status) is holds, capeff
     assert may_raise_rlimits(tmp_path / "missing") is False
+
+
+def test_a_restore_that_runs_past_its_timeout_is_ended_and_says_so(tmp_path: Path) -> None:
+    from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut
+
+    binary = tmp_path / "criu"
+    binary.write_text(
+        "#!/bin/sh\necho '(00.7) pie: 9: Error (criu/pie/restorer.c:820): BUG' > \"$8\"\nexec sleep 30\n"
+    )
+    binary.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(RestoreTimedOut, match=r"did not finish within 1 s: .*BUG.*the whole log"):
+        Criu(binary).restore(tmp_path / "images", tmp_path, tmp_path / "root.pid", timeout=1.0)
+    assert time.monotonic() - started < 10

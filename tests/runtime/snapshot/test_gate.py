@@ -183,6 +183,23 @@ def test_the_containers_root_gets_the_owners_write_bit_the_tree_saw_before_criu_
     assert seen == [seen_by_criu]
 
 
+def test_criu_restore_is_bounded_by_the_deadline_and_a_hang_is_a_failed_restore(
+    setup: tuple[Path, int],
+) -> None:
+    """A CRIU restorer that hit a BUG never returned (podman, 2026-12-06) and serve waited with
+    it: the restore now runs under what is left of the snapshot's deadline, and one that runs
+    past it is a failed restore (marked, the baked start)."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    rc, said = _start(_env(tmp_path, digest), criu, driver)
+    assert rc == 0 and len(criu.timeouts) == 1 and 0 < (criu.timeouts[0] or 0) <= 5.0, said
+    hung = FakeCriu(port, hangs=True)
+    rc, said = _start(_env(tmp_path, digest), hung, driver)
+    assert rc is None and "criu restore did not finish within 5 s" in said[0]
+    assert "this node is marked" in said[0] and marker(_env(tmp_path, digest), digest).exists()
+
+
 def test_no_snapshot_mounted_is_the_baked_start_without_a_word(setup: tuple[Path, int]) -> None:
     tmp_path, port = setup
     rc, said = _start(_env(tmp_path, None), FakeCriu(port), FakeDriver())

@@ -48,6 +48,10 @@ def failure(log: Path) -> str:
     return f"{said} (the whole log: {log})"
 
 
+class RestoreTimedOut(EnvironmentProblem):
+    """``criu restore`` ran past the restore's deadline and was killed."""
+
+
 class Criu:
     def __init__(self, binary: Path = DEFAULT_CRIU, runner: Runner = run) -> None:
         self.binary = binary
@@ -79,12 +83,20 @@ class Criu:
         argv = self._argv("dump", "-t", str(pid), "-D", str(images), "-W", str(work), "-o", str(log), "-v4")
         return self._run([*argv, *_COMMON]).returncode == 0, str(log)
 
-    def restore(self, images: Path, work: Path, pidfile: Path) -> tuple[bool, str]:
-        """``criu restore -d`` from ``images`` (read only); the restored root's pid is written
-        to ``pidfile``; (ok, log path)."""
+    def restore(
+        self, images: Path, work: Path, pidfile: Path, timeout: float | None = None
+    ) -> tuple[bool, str]:
+        """``criu restore -d`` from ``images`` (read only), ended after ``timeout`` seconds (a
+        restorer that hit a BUG waited for ever: capabilities it could not give back, under
+        podman, 2026-12-06); the restored root's pid is written to ``pidfile``; (ok, log path)."""
         log = work / "restore.log"
         argv = self._argv(
             "restore", "-d", "-D", str(images), "-W", str(work), "-o", str(log), "-v4",
             "--pidfile", str(pidfile),
         )  # fmt: skip
-        return self._run([*argv, *_COMMON]).returncode == 0, str(log)
+        try:
+            return self._run([*argv, *_COMMON], timeout=timeout).returncode == 0, str(log)
+        except EnvironmentProblem:
+            raise RestoreTimedOut(
+                f"criu restore did not finish within {timeout:.0f} s: {failure(log)}"
+            ) from None

@@ -62,7 +62,7 @@ from kernelbake.errors import KernelbakeError
 from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, readahead, tree, volume
-from kernelbake.runtime.snapshot.criu import Criu, failure
+from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut, failure
 from kernelbake.runtime.snapshot.driver import Driver
 from kernelbake.runtime.snapshot.machine import hard_rlimits, here_key, may_raise_rlimits, serve_env
 
@@ -244,6 +244,14 @@ def _subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _left_behind(manifest: SnapshotManifest) -> list[int]:
+    """What a CRIU that failed or was killed halfway left below serve: processes with the
+    snapshot's pids (CRIU gives each its own back), and what is below them."""
+    ours = set(tree.descendants(os.getpid()))
+    found = [pid for pid, _ in manifest.tree if pid in ours]
+    return sorted({p for pid in found for p in (pid, *tree.descendants(pid))})
+
+
 def _kill(pids: Sequence[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -296,12 +304,16 @@ def _bring_back(
     driver: Driver,
     criu: Criu,
     phases: dict[str, float],
+    deadline: float,
 ) -> tuple[int | None, list[int], str | None]:
-    """``criu restore`` and the driver's restore of each process it checkpointed: (root, pids,
-    why it failed)."""
+    """``criu restore`` (by ``deadline``) and the driver's restore of each process it
+    checkpointed: (root, pids, why it failed)."""
     pidfile = work / "root.pid"
     t = time.monotonic()
-    ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile)
+    try:
+        ok, criu_log = criu.restore(env.snapshot_root / IMAGES_DIR, work, pidfile, max(1.0, deadline - t))
+    except RestoreTimedOut as exc:
+        return None, [], str(exc)
     phases["criu restore"] = time.monotonic() - t
     # CRIU kills what it restored when it fails; after success the tree is the live one below
     # the root it names (the same pids it was dumped with).
@@ -412,7 +424,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
             Path(manifest.key.cache_key.model_path) if manifest.key.weights is Weights.OUTSIDE else None,
             images=[env.snapshot_root / path for path in _in_reading_order(manifest)],
         )
-    root, pids, why = _bring_back(env, manifest, work, driver, criu, phases)
+    root, pids, why = _bring_back(env, manifest, work, driver, criu, phases, started + manifest.deadline_s)
     if why is None and root is not None:
         why = _serving(
             manifest, root, started + manifest.deadline_s, phases, env.snapshot_root / WEIGHTS_COPY
@@ -421,7 +433,7 @@ def restore(env: RuntimeEnv, gated: Gated, *, driver: Driver, criu: Criu, say: S
     with contextlib.suppress(OSError):
         mark.unlink(missing_ok=True)
     if why is not None:
-        _kill(tree.descendants(root) if root is not None else [])
+        _kill(tree.descendants(root) if root is not None else _left_behind(manifest))
         path = marker(env, gated.digest)
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)

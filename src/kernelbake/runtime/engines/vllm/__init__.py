@@ -76,13 +76,19 @@ LAUNCH_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 # starts with none. vLLM 0.26 and 0.32 both leave the variable out of their compile hash
 # (envs.compile_factors' ignored_factors); the seconds a spawned engine core takes to import
 # again are the take's, never the restore's.
-# And the address vLLM binds its own sockets to (torch.distributed's store between the engine
-# core and its workers): by default the container's IP, which CRIU gives back to the restored
-# socket, and a pod or container with another IP cannot bind it ("Can't bind inet socket:
-# Cannot assign requested address", the default image under podman, 2026-12-06). Loopback is
-# the same in every container. Both stay out of vLLM's compile hash, asked of vLLM itself in
-# tests/integration/test_vllm_cpu_image.py (envs.compile_factors with and without them).
-SNAPSHOT_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_HOST_IP": "127.0.0.1"}
+# And the addresses the tree's sockets listen on: vLLM's own (VLLM_HOST_IP) and gloo's (torch
+# .distributed's CPU group: 13 listening sockets in the default image) are by default the
+# container's IP, which CRIU gives back to the restored sockets, and a pod or container with
+# another IP cannot bind them ("Can't bind inet socket: Cannot assign requested address", the
+# default image under podman, 2026-12-06). Loopback is the same in every container. None of
+# them is in vLLM's compile hash, asked of vLLM itself in tests/integration/
+# test_vllm_cpu_image.py (envs.compile_factors with and without them). NCCL's bootstrap
+# (NCCL_SOCKET_IFNAME, tensor parallelism) is not set: not measured on a GPU yet.
+SNAPSHOT_ENV = {
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "GLOO_SOCKET_IFNAME": "lo",
+}
 
 # vLLM 0.26's start-up plan (vllm/v1/worker/startup_plan.py): with this set to 1, a worker
 # that profiled memory saves the KV-cache size it found under VLLM_CACHE_ROOT/startup_plan/,
