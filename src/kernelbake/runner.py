@@ -55,6 +55,10 @@ def _forwarding(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> Iterat
             signal.signal(sig, handler)
 
 
+class TimedOut(EnvironmentProblem):
+    """``run`` ended a command that ran past its ``timeout`` (it was killed)."""
+
+
 def format_cmd(argv: Sequence[str]) -> str:
     return "+ " + " ".join(shlex.quote(a) for a in argv)
 
@@ -136,7 +140,7 @@ def run(
     except FileNotFoundError:
         raise _not_found(argv) from None
     except subprocess.TimeoutExpired:
-        raise EnvironmentProblem(f"{format_cmd(argv)[2:]}: timed out after {timeout:.0f}s") from None
+        raise TimedOut(f"{format_cmd(argv)[2:]}: timed out after {timeout:.0f}s") from None
 
 
 def spawn(

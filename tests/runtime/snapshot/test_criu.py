@@ -118,3 +118,12 @@ def test_a_restore_that_runs_past_its_timeout_is_ended_and_says_so(tmp_path: Pat
     with pytest.raises(RestoreTimedOut, match=r"did not finish within 1 s: .*BUG.*the whole log"):
         Criu(binary).restore(tmp_path / "images", tmp_path, tmp_path / "root.pid", timeout=1.0)
     assert time.monotonic() - started < 10
+
+
+def test_a_missing_criu_is_not_reported_as_a_timeout(tmp_path: Path) -> None:
+    from kernelbake.errors import EnvironmentProblem
+    from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut
+
+    with pytest.raises(EnvironmentProblem, match="command not found") as caught:
+        Criu(tmp_path / "no-criu").restore(tmp_path / "images", tmp_path, tmp_path / "root.pid", timeout=5.0)
+    assert not isinstance(caught.value, RestoreTimedOut)

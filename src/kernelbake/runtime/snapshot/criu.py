@@ -13,7 +13,7 @@ from pathlib import Path
 from kernelbake.contract.key import NONE
 from kernelbake.contract.snapshot import CRIU_COMMAND
 from kernelbake.errors import EnvironmentProblem
-from kernelbake.runner import Runner, run
+from kernelbake.runner import Runner, TimedOut, run
 
 DEFAULT_CRIU = Path(CRIU_COMMAND)
 _VERSION = re.compile(r"Version:\s*(\S+)")
@@ -96,7 +96,7 @@ class Criu:
         )  # fmt: skip
         try:
             return self._run([*argv, *_COMMON], timeout=timeout).returncode == 0, str(log)
-        except EnvironmentProblem:
+        except TimedOut:
             raise RestoreTimedOut(
                 f"criu restore did not finish within {timeout:.0f} s: {failure(log)}"
             ) from None
