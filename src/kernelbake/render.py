@@ -145,10 +145,10 @@ def render(
     )
 
 
-def criu_problem(target: BuildTarget, prefix: Path) -> EnvironmentProblem | None:
+def criu_problem(target: BuildTarget, prefix: Path | None) -> EnvironmentProblem | None:
     """Why ``prefix`` cannot be the CRIU a ``snapshot: true`` target copies in; None if it can
     (or the target takes none). Asked before anything is written or built."""
-    has = (prefix / "bin" / "criu").is_file() and (prefix / "criu.lock").is_file()
+    has = prefix is not None and (prefix / "bin" / "criu").is_file() and (prefix / "criu.lock").is_file()
     if not target.spec.snapshot or has:
         return None
     return EnvironmentProblem(
@@ -161,9 +161,7 @@ def criu_problem(target: BuildTarget, prefix: Path) -> EnvironmentProblem | None
 def write_context(rendered: Rendered, directory: Path, wheel_path: Path, criu: Path | None = None) -> Path:
     """Write ``Dockerfile``, ``target.json``, ``wheels/``, (local models) ``model/`` and (spec
     ``snapshot: true``) ``criu/``, a copy of the prefix ``criu``."""
-    if rendered.target.spec.snapshot and (
-        problem := criu_problem(rendered.target, criu or Path("/nonexistent"))
-    ):
+    if problem := criu_problem(rendered.target, criu):
         raise problem
     if directory.exists():
         shutil.rmtree(directory)
@@ -178,7 +176,7 @@ def write_context(rendered: Rendered, directory: Path, wheel_path: Path, criu: P
     local = rendered.target.spec.model.local_dir
     if local is not None:
         shutil.copytree(local, directory / "model")
-    if rendered.target.spec.snapshot and criu is not None:
+    if rendered.target.spec.snapshot and criu is not None:  # a prefix: criu_problem checked it
         # Links kept as links: the prefix's libraries are symlinked to their sonames.
         shutil.copytree(criu, directory / "criu", symlinks=True)
     return directory

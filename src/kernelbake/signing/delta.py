@@ -41,7 +41,7 @@ from kernelbake.contract.delta import (
 from kernelbake.contract.key import LABEL_NS, CacheKey, key_from_labels
 from kernelbake.contract.manifest import Manifest as CacheManifest
 from kernelbake.errors import BadInput
-from kernelbake.oci import Reference, RegistryClient, parse_reference
+from kernelbake.oci import Reference, RegistryClient, fallback_tag, parse_reference
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts, read_cache_manifest
 from kernelbake.signing import referrer
@@ -256,7 +256,7 @@ def _artifact(
 
 def default_tag(base_digest: str) -> str:
     """``delta-sha256-<hex>``: a tag per base, so that a delta for one base never replaces another's."""
-    return TAG_PREFIX + base_digest.replace(":", "-")
+    return TAG_PREFIX + fallback_tag(base_digest)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -43,7 +43,7 @@ from kernelbake.contract.snapshot import (
     under,
 )
 from kernelbake.errors import BadInput
-from kernelbake.oci import Descriptor, Reference, RegistryClient, parse_reference
+from kernelbake.oci import Descriptor, Reference, RegistryClient, fallback_tag, parse_reference
 from kernelbake.oci import types as mt
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts
@@ -157,7 +157,7 @@ def _check_base(where: str, key: SnapshotKey, facts: ImageFacts, base_digest: st
 def default_tag(base_tag: str | None, base_digest: str) -> str:
     """Where ``push`` puts a snapshot without ``--to``: ``<tag>-snapshot`` beside a tagged base,
     ``snapshot-sha256-<hex>`` for a base named by digest alone."""
-    return f"{base_tag}{TAG_SUFFIX}" if base_tag else TAG_PREFIX + base_digest.replace(":", "-")
+    return f"{base_tag}{TAG_SUFFIX}" if base_tag else TAG_PREFIX + fallback_tag(base_digest)
 
 
 def push_snapshot(
