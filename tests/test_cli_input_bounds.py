@@ -259,3 +259,12 @@ def test_verify_json_into_a_reader_that_went_away_ends_quietly(registry: str, tm
     assert json.loads(_run(*argv).stdout)["verified"] is True
     rc, err = _closed_reader(*argv)
     assert (rc, err) == (EXIT_BROKEN_PIPE, "")
+
+
+def test_what_the_machine_refuses_is_one_line_never_a_traceback() -> None:
+    """An operating system error no module put in its own words (here a folder that cannot be
+    made; on a CI machine, a disk that filled during ``snapshot push``) ends the command with
+    what failed and where, exit 3."""
+    done = _run("render", str(REPO / "images/tiny-llama.yaml"), "--gpu", "cpu", "--out", "/dev/null/out")
+    assert done.returncode == 3
+    assert done.stderr == "kernelbake render: error: [Errno 20] Not a directory: '/dev/null/out/wheels'\n"

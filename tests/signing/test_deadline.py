@@ -137,10 +137,14 @@ def test_a_blob_upload_is_bounded_by_its_size(tmp_path: Path, size: int, delay: 
     ref = parse_reference(f"127.0.0.1:{server.server_address[1]}/kb/x:v1")
     try:
         if ok:
-            assert client.put_blob_file(ref, blob, digest) == digest
+            with blob.open("rb") as fh:
+                assert client.put_blob_stream(ref, digest, size, lambda: fh) == digest
         else:
-            with pytest.raises(DeadlineExceeded, match=r"upload blob .* did not finish within 0\.625s"):
-                client.put_blob_file(ref, blob, digest)
+            with (
+                blob.open("rb") as fh,
+                pytest.raises(DeadlineExceeded, match=r"upload blob .* did not finish within 0\.625s"),
+            ):
+                client.put_blob_stream(ref, digest, size, lambda: fh)
     finally:
         server.shutdown()
         server.server_close()

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from kernelbake import __version__
-from kernelbake.errors import KernelbakeError
+from kernelbake.errors import EnvironmentProblem, KernelbakeError
 
 # Modules with ``register(subparsers)``; each sets ``func(args) -> int`` on its parsers.
 _AREAS = (
@@ -105,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+    except OSError as exc:
+        # What the machine refused where no module said it in its own words (a disk that filled
+        # while a snapshot was pushed, 2026-12-06): said, never a traceback.
+        print(f"kernelbake {args.command}: error: {exc}", file=sys.stderr)
+        return EnvironmentProblem.return_code
 
 
 # What a shell reports for a tool that SIGPIPE ended (``yes | head -1``: 128 + 13).

@@ -17,7 +17,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
@@ -466,11 +465,11 @@ class RegistryClient:
         digest = sha256_digest(data)
         return self._upload(ref, digest, lambda: data, len(data))
 
-    def put_blob_file(self, ref: Reference, path: Path, digest: str) -> str:
-        """``put_blob`` of a file too large to hold in memory (a snapshot's pages), streamed
-        from disk; ``digest`` is the file's sha256, which the registry checks on commit."""
-        with path.open("rb") as fh:
-            return self._upload(ref, digest, lambda: fh, path.stat().st_size)
+    def put_blob_stream(self, ref: Reference, digest: str, size: int, body: Callable[[], Any]) -> str:
+        """``put_blob`` of a blob too large to hold in memory (a snapshot's layer, made as it is
+        read): ``body()`` gives something to read ``size`` bytes from, asked for only when the
+        registry lacks the blob, which checks ``digest`` on commit."""
+        return self._upload(ref, digest, body, size)
 
     def _upload(self, ref: Reference, digest: str, body: Callable[[], Any], size: int) -> str:
         """The monolithic POST+PUT both uploads share; ``body`` is asked for only when the

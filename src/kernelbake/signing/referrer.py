@@ -30,6 +30,7 @@ from kernelbake.signing.errors import VerificationFailed, registry_errors
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.sign import push_bundle, sign_image
 from kernelbake.signing.signer import Signer
+from kernelbake.signing.tarstream import FileTar
 from kernelbake.signing.verify import VerifiedSignature, verify_signature
 
 # A tar of one small file is this much larger than the file.
@@ -96,11 +97,12 @@ def pinned_base(client: RegistryClient, base: str, *, pinned_as: str) -> tuple[R
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Layer:
-    """A layer to push: in memory, or (``path``) a file as large as a model."""
+    """A layer to push: in memory, or (``tar``) made from files as large as a model while it
+    is uploaded."""
 
     descriptor: Descriptor
     data: bytes = b""
-    path: Path | None = None
+    tar: FileTar | None = None
 
     @classmethod
     def of(cls, data: bytes) -> Layer:
@@ -155,8 +157,8 @@ def publish(
     )
     body = _body(artifact, config, facts.top.descriptor())
     for layer in artifact.layers:
-        if layer.path is not None:
-            client.put_blob_file(dest, layer.path, layer.descriptor.digest)
+        if (tar := layer.tar) is not None:
+            client.put_blob_stream(dest, layer.descriptor.digest, layer.descriptor.size, tar.reader)
         else:
             client.put_blob(dest, layer.data)
     client.put_blob(dest, config)

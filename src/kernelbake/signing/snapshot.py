@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import stat
-import tarfile
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,14 +41,14 @@ from kernelbake.contract.snapshot import (
     under,
 )
 from kernelbake.errors import BadInput
-from kernelbake.oci import Descriptor, Reference, RegistryClient, fallback_tag, parse_reference
-from kernelbake.oci import types as mt
+from kernelbake.oci import Reference, RegistryClient, fallback_tag, parse_reference
 from kernelbake.oci.types import sha256_digest
 from kernelbake.remote import ImageFacts
 from kernelbake.signing import referrer
 from kernelbake.signing.errors import SnapshotRefused
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.signer import Signer
+from kernelbake.signing.tarstream import FileTar, Member
 
 SNAPSHOT_PREDICATE_TYPE = "https://kernelbake.dev/attestation/snapshot/v1"
 SNAPSHOT_ARTIFACT = "snapshot/v1"
@@ -75,8 +73,9 @@ KIND = referrer.Kind(
 
 
 def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
-    """What ``snapshot take`` wrote, every file checked against snapshot.json (sizes and
-    sha256), nothing unlisted: a snapshot that changed on its way here is not pushed."""
+    """What ``snapshot take`` wrote: every file snapshot.json lists a plain file of its size,
+    nothing unlisted (each file's sha256 is checked as its layer's digest is taken, before the
+    first byte is pushed: ``tarstream``)."""
     data = referrer.read_written(path, KIND, by="kernelbake snapshot take")
     manifest = SnapshotManifest.from_json(data, source=str(path / SNAPSHOT_MANIFEST))
     if rel := referrer.unlisted(path, path / IMAGES_DIR, (f.path for f in manifest.files)):
@@ -88,22 +87,19 @@ def load_dir(path: Path) -> tuple[SnapshotManifest, bytes]:
         st = p.lstat() if p.exists() or p.is_symlink() else None
         if st is None or not stat.S_ISREG(st.st_mode):
             raise BadInput(f"{p}: missing or not a plain file, but {SNAPSHOT_MANIFEST} lists it")
-        if (st.st_size, sha := referrer.file_sha256(p)) != (f.size, f.sha256):
-            raise BadInput(f"{p}: sha256 {sha} ({st.st_size} B), {SNAPSHOT_MANIFEST} records {f.sha256}")
+        if st.st_size != f.size:
+            raise BadInput(f"{p}: {st.st_size} B, {SNAPSHOT_MANIFEST} records {f.size} B")
     return manifest, data
 
 
-def _tar_to(dest: Path, root: Path, files: Sequence[SnapshotFile]) -> referrer.Layer:
-    """One layer of ``files``, written to ``dest`` (a snapshot is as large as the model)."""
-    with dest.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        seen: set[str] = set()
-        for f in files:
-            with (root / f.path).open("rb") as fh:
-                referrer.add_file(tar, f.path, f.size, 0o444, 0, fh, seen)
-    digest = "sha256:" + referrer.file_sha256(dest)
-    return referrer.Layer(
-        descriptor=Descriptor(media_type=mt.OCI_LAYER_TAR, digest=digest, size=dest.stat().st_size), path=dest
-    )
+def _layer(root: Path, files: Sequence[SnapshotFile]) -> referrer.Layer:
+    """One layer of ``files``, its digest taken by reading them (each checked against its
+    sha256), its bytes made again as it is uploaded."""
+    tar = FileTar(root, tuple(Member(path=f.path, size=f.size, sha256=f.sha256) for f in files))
+    try:
+        return referrer.Layer(descriptor=tar.descriptor(), tar=tar)
+    except OSError as exc:
+        raise BadInput(f"{root}: a file of the snapshot could not be read: {exc}") from None
 
 
 def layer_files(manifest: SnapshotManifest) -> list[tuple[SnapshotFile, ...]]:
@@ -173,11 +169,9 @@ def push_snapshot(
     dest = parse_reference(to) if to else base_ref.with_tag(default_tag(base_ref.tag, base_ref.digest))
     if dest.tag is None:
         raise BadInput(f"{to}: expected REPO:TAG to push the snapshot to")
-    grouped = layer_files(manifest)
-    with tempfile.TemporaryDirectory(prefix="kernelbake-snapshot-push-") as tmp:
-        layers = [_tar_to(Path(tmp) / f"layer-{i}.tar", path, files) for i, files in enumerate(grouped)]
-        artifact = _artifact(manifest, data, layers, base_ref, signer)
-        pinned = referrer.publish(client, artifact, base=base_ref, facts=facts, dest=dest, signer=signer)
+    layers = [_layer(path, files) for files in layer_files(manifest)]
+    artifact = _artifact(manifest, data, layers, base_ref, signer)
+    pinned = referrer.publish(client, artifact, base=base_ref, facts=facts, dest=dest, signer=signer)
     return PushedSnapshot(
         reference=pinned.pinned(),
         base=base_ref.pinned(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -665,3 +666,62 @@ def test_takes_weights_choices_are_the_contracts_weights() -> None:
         assert Weights(parser.parse_args([*take_args, weights.value]).weights) is weights
     with pytest.raises(SystemExit):
         parser.parse_args([*take_args, "elsewhere"])
+
+
+def _rollup(proc: Path, pid: int, anonymous_kb: int, swap_kb: int, shmem_kb: int) -> None:
+    (proc / str(pid) / "smaps_rollup").write_text(
+        "55d0c0000000-7ffd00031000 ---p 00000000 00:00 0    [rollup]\n"
+        f"Rss:            {anonymous_kb + 999} kB\nPss_Anon:       {anonymous_kb} kB\n"
+        f"Pss_File:          999 kB\nPss_Shmem:      {shmem_kb} kB\nShared_Clean:      999 kB\n"
+        f"Anonymous:      {anonymous_kb} kB\nSwap:           {swap_kb} kB\nSwapPss:        {swap_kb} kB\n"
+    )
+
+
+def test_what_a_dump_writes_is_read_from_each_processes_memory(tmp_path: Path) -> None:
+    proc = _proc(tmp_path)
+    _rollup(proc, 11, anonymous_kb=1000, swap_kb=20, shmem_kb=3)
+    # Anonymous, swapped and shared-memory pages are written; file pages (Pss_File) are not.
+    assert tree.dumped_bytes(11, proc) == 1023 * 1024
+    assert tree.dumped_bytes(12, proc) == 0  # no rollup: a process gone meanwhile
+    assert tree.dumped_bytes(99, proc) == 0
+
+
+@pytest.mark.parametrize("free_mb", [100, 2000])
+def test_a_dump_that_would_not_fit_is_refused_before_criu_runs_and_the_device_state_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free_mb: int
+) -> None:
+    """The room a dump needs is asked of the tree after the driver's checkpoint (its processes'
+    memory then holds their device state) plus /dev/shm's files: 1.5 GB here, so 100 MB free
+    refuses it, saying both numbers, and 2 GB lets CRIU run."""
+    proc = _proc(tmp_path)
+    for pid in (10, 11, 12):
+        _rollup(proc, pid, anonymous_kb=500_000, swap_kb=0, shmem_kb=0)
+    monkeypatch.setattr(tree, "dumped_bytes", functools.partial(tree.dumped_bytes, proc=proc))
+    driver = FakeDriver()
+    # The engine core holds the GPU until the driver checkpoints it.
+    monkeypatch.setattr(
+        tree,
+        "gpu_files",
+        lambda pid, proc=tree.PROC: ["/dev/nvidia0"] if pid == 11 and pid not in driver.checkpointed else [],
+    )
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "psm_1").write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(take, "SHM_DIR", str(shm))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(take.shutil, "disk_usage", lambda p: usage._replace(free=free_mb * 10**6))
+    criu = _DumpingCriu()
+    args = (runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out")
+    if free_mb == 2000:
+        take._dump(*args, driver=driver, criu=criu)
+        assert criu.dumped == [10] and driver.restored == []
+        return
+    with pytest.raises(EnvironmentProblem) as err:
+        take._dump(*args, driver=driver, criu=criu)
+    need = 3 * 500_000 * 1024 + 4096 + take.DUMP_SLACK
+    assert str(err.value) == (
+        f"{tmp_path / 'out' / 'images'}: the dump of 3 processes needs about {need} B (their memory, "
+        f"{shm}'s files and {take.DUMP_SLACK} B for CRIU's own), and 100000000 B are free there; "
+        "take the snapshot onto a larger disk"
+    )
+    assert criu.dumped == [] and driver.checkpointed == [11] and driver.restored == [11]

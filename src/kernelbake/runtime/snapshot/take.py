@@ -296,6 +296,8 @@ def _shm_names(shm: Path) -> frozenset[str]:
 # had unlinked but still held (``--link-remap``; the restore opens it by that name and removes
 # it). multiprocessing's semaphores are such files in /dev/shm.
 _LINK_REMAP = "link_remap."
+# CRIU's own files beside the memory it writes (descriptors, the tree, its log).
+DUMP_SLACK = 64 << 20
 
 
 def _tidy_shm(shm: Path, before: frozenset[str]) -> list[str]:
@@ -436,6 +438,28 @@ def _release_nvml(pids: list[int], kill: Callable[[int, int], None] = os.kill) -
     return asked
 
 
+def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | None:
+    """Why the dump would not fit where it goes, or None. Asked of the tree once the driver
+    holds its device state in host memory (what the dump writes is then the processes'
+    memory), and with /dev/shm's files, which are copied after it."""
+    shm = Path(SHM_DIR) if shm is None else shm
+    need = sum(tree.dumped_bytes(pid) for pid in pids) + _shm_bytes(shm) + DUMP_SLACK
+    if (free := shutil.disk_usage(images).free) >= need:
+        return None
+    return (
+        f"{images}: the dump of {len(pids)} processes needs about {need} B (their memory, "
+        f"{shm}'s files and {DUMP_SLACK} B for CRIU's own), and {free} B are free there; "
+        "take the snapshot onto a larger disk"
+    )
+
+
+def _shm_bytes(shm: Path) -> int:
+    try:
+        return sum(e.stat().st_size for e in shm.iterdir() if e.is_file() and not e.is_symlink())
+    except OSError:
+        return 0
+
+
 def _dump(
     env: RuntimeEnv, proc: Any, pids: list[int], out: Path, *, driver: Driver, criu: Criu
 ) -> tuple[dict[str, float], list[int]]:
@@ -469,6 +493,9 @@ def _dump(
             "held them"
         )
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    if problem := _no_room(pids, out / IMAGES_DIR):
+        _give_back(driver, gpu_pids)
+        raise EnvironmentProblem(problem)
     env.scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kernelbake-snapshot-", dir=env.scratch))
     t = time.monotonic()

@@ -113,6 +113,25 @@ def gpu_files(pid: int, proc: Path = PROC) -> list[str]:
     return sorted(found)
 
 
+# What of a process's memory CRIU writes out (``smaps_rollup``, kB): its private anonymous pages
+# (where the driver's checkpoint also put the process's device memory), those swapped out, and
+# its share of shared memory; file pages stay in their files.
+_DUMPED = ("Anonymous:", "Swap:", "Pss_Shmem:")
+
+
+def dumped_bytes(pid: int, proc: Path = PROC) -> int:
+    """About how many bytes a dump of ``pid`` writes for its memory (0 for one gone)."""
+    try:
+        rollup = (proc / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return 0
+    total = 0
+    for line in rollup.splitlines():
+        if line.startswith(_DUMPED):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
 def catches(pid: int, signum: int, proc: Path = PROC) -> bool:
     """Whether ``pid`` has a handler of ``signum`` (``SigCgt`` in its status, a hex mask with
     bit ``signum - 1``): a signal it does not catch may end it."""
