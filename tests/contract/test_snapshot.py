@@ -13,6 +13,7 @@ from kernelbake.contract.snapshot import (
     SnapshotKey,
     SnapshotManifest,
     Weights,
+    capability_names,
     differences,
     env_changes,
     env_digest,
@@ -111,6 +112,34 @@ def test_a_manifests_limits_round_trip_and_junk_is_refused() -> None:
     for mode in (-1, 0o10000, "755", 7.5):
         with pytest.raises(InvalidSnapshot, match="is not permission bits"):
             SnapshotManifest.from_json(json.dumps({**doc, "root_mode": mode}), source="t")
+
+
+def test_a_manifests_capabilities_round_trip_sorted_and_junk_is_refused() -> None:
+    manifest = _manifest(capabilities=("NET_RAW", "CHOWN", "BIT_41", "CHOWN"))
+    back = SnapshotManifest.from_json(manifest.to_json(), source="t")
+    assert back.capabilities == ("BIT_41", "CHOWN", "NET_RAW") and back.digest == manifest.digest
+    assert json.loads(manifest.to_json())["capabilities"] == ["BIT_41", "CHOWN", "NET_RAW"]
+    assert "capabilities" not in json.loads(_manifest().to_json())
+    doc = json.loads(manifest.to_json())
+    for junk in ("CHOWN", [1], ["cap_chown"], ["CHOWN; rm"], ["X"] * 65, {"CHOWN": 1}):
+        with pytest.raises(InvalidSnapshot, match="capabilities must list"):
+            SnapshotManifest.from_json(json.dumps({**doc, "capabilities": junk}), source="t")
+
+
+def test_capabilities_are_named_from_their_bits_as_docker_names_them() -> None:
+    assert capability_names(0) == ()
+    assert capability_names(1 | 1 << 21 | 1 << 40 | 1 << 63) == (
+        "BIT_63",
+        "CHECKPOINT_RESTORE",
+        "CHOWN",
+        "SYS_ADMIN",
+    )
+    # Docker's default set (CapBnd 0xa80425fb) less podman's (0x800405fb).
+    assert set(capability_names(0xA80425FB)) - set(capability_names(0x800405FB)) == {
+        "AUDIT_WRITE",
+        "MKNOD",
+        "NET_RAW",
+    }
 
 
 def test_a_foreign_cache_key_names_its_fields() -> None:

@@ -87,6 +87,61 @@ def under(path: str, folder: str) -> bool:
 # and SYS_PTRACE alone do not get past CRIU's kernel probes; with SYS_ADMIN neither is needed.
 # Seccomp must be unconfined (Docker's profile refuses PTRACE_O_SUSPEND_SECCOMP).
 RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
+# The kernel's capabilities by bit (linux/capability.h, through CHECKPOINT_RESTORE, 40), named
+# as ``docker run --cap-add`` and ``RESTORE_CAPABILITIES`` name them; a later bit is ``BIT_<n>``.
+CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+)
+CAPABILITY_NAME = re.compile(r"[A-Z_]{1,24}|BIT_[0-9]{1,2}")
+MAX_CAPABILITY_BIT = 63
+
+
+def capability_names(mask: int) -> tuple[str, ...]:
+    """The capabilities of a ``/proc/PID/status`` mask (``CapPrm``), sorted by name."""
+    bits = (b for b in range(MAX_CAPABILITY_BIT + 1) if mask >> b & 1)
+    return tuple(sorted(CAPABILITIES[b] if b < len(CAPABILITIES) else f"BIT_{b}" for b in bits))
+
+
 # Set per container, pod or node, never by the user's configuration of the engine: left out of
 # ``serve_env`` (a restored process keeps the values it was dumped with, and none of these
 # reaches the engine's work). The snapshot's own settings, which only the gate reads; the
@@ -335,11 +390,18 @@ class SnapshotManifest:
     # restore a process whose root has others ("File . has bad mode 040555 (expect 040755)":
     # podman's rootfs is 0555, Docker's 0755). None in a snapshot.json from before.
     root_mode: int | None = None
+    # Every capability a process of the tree held (permitted, effective or inheritable), by
+    # name: CRIU gives each its own back (capset) and fails ("Unable to restore capabilities")
+    # on one outside the restoring container's set, as under podman, whose default set lacks
+    # Docker's AUDIT_WRITE, MKNOD and NET_RAW (2026-12-06). None in a snapshot.json from before.
+    capabilities: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
         if self.rlimits is not None:
             object.__setattr__(self, "rlimits", dict(sorted(self.rlimits.items())))
+        if self.capabilities is not None:
+            object.__setattr__(self, "capabilities", tuple(sorted(set(self.capabilities))))
         object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
         if self.environment is not None:
             object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
@@ -371,6 +433,8 @@ class SnapshotManifest:
             doc["rlimits"] = self.rlimits
         if self.root_mode is not None:
             doc["root_mode"] = self.root_mode
+        if self.capabilities is not None:
+            doc["capabilities"] = list(self.capabilities)
         return jsondoc.dumps(doc)
 
     @property
@@ -417,6 +481,15 @@ class SnapshotManifest:
         root_mode = doc.get("root_mode")
         if root_mode is not None and (type(root_mode) is not int or not 0 <= root_mode <= 0o7777):
             raise InvalidSnapshot(f"root_mode {root_mode!r} is not permission bits")
+        capabilities = doc.get("capabilities")
+        if capabilities is not None and (
+            not isinstance(capabilities, list)
+            or len(capabilities) > MAX_CAPABILITY_BIT + 1
+            or not all(isinstance(c, str) and CAPABILITY_NAME.fullmatch(c) for c in capabilities)
+        ):
+            raise InvalidSnapshot(
+                f"capabilities must list at most {MAX_CAPABILITY_BIT + 1} names (SYS_ADMIN, BIT_41)"
+            )
         return cls(
             key=key,
             files=files,
@@ -429,6 +502,7 @@ class SnapshotManifest:
             environment=environment,
             rlimits=rlimits,
             root_mode=root_mode,
+            capabilities=None if capabilities is None else tuple(capabilities),
         )
 
 

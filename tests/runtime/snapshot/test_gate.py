@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +28,12 @@ from kernelbake.contract.snapshot import (
     SnapshotFile,
     SnapshotManifest,
     Weights,
+    capability_names,
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.runtime.env import RuntimeEnv
+from kernelbake.runtime.snapshot import machine, volume
 from kernelbake.runtime.snapshot import restore as restore_mod
-from kernelbake.runtime.snapshot import volume
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.machine import here_key, serve_env
 from kernelbake.runtime.snapshot.restore import gate, marker, start_from_snapshot
@@ -68,6 +71,7 @@ def _snapshot(
     more: dict[str, bytes] | None = None,
     rlimits: dict[str, int] | None = None,
     root_mode: int | None = None,
+    capabilities: tuple[str, ...] | None = None,
 ) -> str:
     """A snapshot of this machine's key (as recorded by take) under tmp_path/snapshot, with
     ``more`` files (path: bytes) beside CRIU's; its digest."""
@@ -101,6 +105,7 @@ def _snapshot(
         environment=serve_env(env.environ),
         rlimits=rlimits,
         root_mode=root_mode,
+        capabilities=capabilities,
     )
     (root / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
     return manifest.digest
@@ -334,6 +339,64 @@ def test_hard_limits_lower_here_are_refused_unless_criu_may_raise_them(
         monkeypatch.setattr(restore_mod, "may_raise_rlimits", lambda may_raise=may_raise: may_raise)
         gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
         assert gated is not None and gated.reasons == (), gated
+
+
+# Docker's default capabilities and podman's (CapBnd 0xa80425fb and 0x800405fb, both measured
+# on this host, 2026-12-06).
+DOCKER_CAPS = capability_names(0xA80425FB)
+PODMAN_CAPS = capability_names(0x800405FB)
+
+
+def test_capabilities_this_container_cannot_give_are_refused_by_name(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken under Docker's default set, restored under podman's: CRIU's capset would fail
+    ("Unable to restore capabilities"); the gate names the three podman lacks, and lets a
+    snapshot restore where the set is the same or larger, or was never recorded."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, capabilities=DOCKER_CAPS)
+    monkeypatch.setattr(restore_mod, "grantable_capabilities", lambda: PODMAN_CAPS)
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert (
+        "capabilities this container cannot give them (AUDIT_WRITE, MKNOD, NET_RAW): run it with --cap-add"
+        in line
+    )
+    monkeypatch.setattr(restore_mod, "grantable_capabilities", lambda: None)
+    assert "(AUDIT_WRITE, CHOWN, " in _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    for here in (DOCKER_CAPS, (*DOCKER_CAPS, "SYS_ADMIN", "SYS_TIME")):
+        monkeypatch.setattr(restore_mod, "grantable_capabilities", lambda here=here: here)
+        gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
+        assert gated is not None and gated.reasons == (), gated
+    monkeypatch.setattr(restore_mod, "grantable_capabilities", lambda: PODMAN_CAPS)
+    digest = _snapshot_again(tmp_path, port, driver, criu, capabilities=PODMAN_CAPS)
+    gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
+    assert gated is not None and gated.reasons == (), gated
+
+
+def _snapshot_again(tmp_path: Path, port: int, driver: FakeDriver, criu: FakeCriu, **kw: Any) -> str:
+    shutil.rmtree(tmp_path / "snapshot")
+    return _snapshot(tmp_path, port, driver=driver, criu=criu, **kw)
+
+
+def test_the_capabilities_a_process_holds_and_those_this_container_grants_are_read_from_proc(
+    tmp_path: Path,
+) -> None:
+    for pid, (prm, eff, inh) in {
+        1: (0x1, 0x1, 0x0),
+        2: (0x2000, 0x0, 0x20000000),
+        3: (0, 0, 1 << 41),
+    }.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Name:\tpython3\nCapInh:\t{inh:016x}\nCapPrm:\t{prm:016x}\nCapEff:\t{eff:016x}\n"
+            "CapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n"
+        )
+    assert machine.held_capabilities([1, 2], tmp_path) == ("AUDIT_WRITE", "CHOWN", "NET_RAW")
+    assert machine.held_capabilities([3, 99], tmp_path) == ("BIT_41",)  # 99: gone meanwhile
+    assert machine.grantable_capabilities(tmp_path / "1/status") == capability_names((1 << 41) - 1)
+    assert machine.grantable_capabilities(tmp_path / "99/status") is None
+    assert machine.may_raise_rlimits(tmp_path / "1/status") is False
 
 
 def test_an_unpinned_or_other_snapshot_json_is_refused(setup: tuple[Path, int]) -> None:

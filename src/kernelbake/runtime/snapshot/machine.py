@@ -10,7 +10,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kernelbake.contract.key import CacheKey
-from kernelbake.contract.snapshot import UNLIMITED, SnapshotKey, Weights, env_digest, is_volatile
+from kernelbake.contract.snapshot import (
+    UNLIMITED,
+    SnapshotKey,
+    Weights,
+    capability_names,
+    env_digest,
+    is_volatile,
+)
 from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 
@@ -32,15 +39,37 @@ def hard_rlimits(pid: int | None = None) -> dict[str, int]:
     return found
 
 
+def _status_masks(status: Path, fields: Sequence[str]) -> int | None:
+    """The union of ``fields`` (``CapEff``) of a ``/proc/PID/status``; None where it cannot be read."""
+    try:
+        lines = status.read_text().splitlines()
+        found = [int(line.split()[1], 16) for line in lines if line.split(":")[0] in fields]
+    except (OSError, ValueError, IndexError):
+        return None
+    mask = 0
+    for m in found:
+        mask |= m
+    return mask if found else None
+
+
 def may_raise_rlimits(status: Path = Path("/proc/self/status")) -> bool:
     """Whether this process holds CAP_SYS_RESOURCE (CRIU, its child, may then raise limits)."""
-    try:
-        for line in status.read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+    return bool((_status_masks(status, ("CapEff",)) or 0) >> _CAP_SYS_RESOURCE & 1)
+
+
+def held_capabilities(pids: Sequence[int], proc: Path = Path("/proc")) -> tuple[str, ...]:
+    """Every capability a process of ``pids`` holds (permitted, effective or inheritable)."""
+    mask = 0
+    for pid in pids:
+        mask |= _status_masks(proc / str(pid) / "status", ("CapPrm", "CapEff", "CapInh")) or 0
+    return capability_names(mask)
+
+
+def grantable_capabilities(status: Path = Path("/proc/self/status")) -> tuple[str, ...] | None:
+    """What a process CRIU restores here may be given: this container's bounding set (CRIU runs
+    as root, whose permitted set after exec is the bounding set). None where it cannot be read."""
+    mask = _status_masks(status, ("CapBnd",))
+    return None if mask is None else capability_names(mask)
 
 
 def kernel_release() -> str:

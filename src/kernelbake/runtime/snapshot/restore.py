@@ -64,7 +64,13 @@ from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut, failure
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import hard_rlimits, here_key, may_raise_rlimits, serve_env
+from kernelbake.runtime.snapshot.machine import (
+    grantable_capabilities,
+    hard_rlimits,
+    here_key,
+    may_raise_rlimits,
+    serve_env,
+)
 
 _PR_SET_CHILD_SUBREAPER = 36
 Say = Callable[[str], None]
@@ -197,16 +203,36 @@ def _misfits(env: RuntimeEnv, manifest: SnapshotManifest, here: SnapshotKey) -> 
     environments = None if recorded_env is None else (recorded_env, serve_env(env.environ))
     if found := tuple(differences(manifest.key, here, environments)):
         return found
+    return tuple(p for p in (_missing_capabilities(manifest), _lower_limits(manifest)) if p)
+
+
+def _missing_capabilities(manifest: SnapshotManifest) -> str | None:
+    if manifest.capabilities is None:
+        return None
+    grantable = grantable_capabilities()
+    if not (missing := sorted(set(manifest.capabilities) - set(grantable or ()))):
+        return None
+    # CRIU gives each process its capabilities back (capset) and fails on the first it cannot.
+    unread = "" if grantable is not None else "; its bounding set could not be read"
+    return (
+        f"the snapshot's processes held capabilities this container cannot give them "
+        f"({', '.join(missing)}{unread}): run it with --cap-add for each "
+        "(podman's default set lacks Docker's AUDIT_WRITE, MKNOD and NET_RAW), or take the "
+        "snapshot in a container with the set it is restored with"
+    )
+
+
+def _lower_limits(manifest: SnapshotManifest) -> str | None:
     if manifest.rlimits is None or may_raise_rlimits():
-        return ()
+        return None
     if lower := lower_limits(manifest.rlimits, hard_rlimits()):
         # CRIU gives each process its limits back and fails halfway on one it may not raise.
         return (
             f"hard limits lower here than the snapshot's tree had ({'; '.join(lower[:4])}), "
             "and CRIU cannot raise them without CAP_SYS_RESOURCE: run the container with the "
-            "limits it was taken with (docker/podman --ulimit)",
+            "limits it was taken with (docker/podman --ulimit)"
         )
-    return ()
+    return None
 
 
 def _pids_held(manifest: SnapshotManifest) -> str | None:

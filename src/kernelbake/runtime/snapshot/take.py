@@ -52,7 +52,7 @@ from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 from kernelbake.runtime.snapshot.driver import Driver
-from kernelbake.runtime.snapshot.machine import hard_rlimits, here_key, serve_env
+from kernelbake.runtime.snapshot.machine import hard_rlimits, held_capabilities, here_key, serve_env
 
 # CRIU restores every process with the pid it had. The restoring container's own processes
 # (serve, criu and the helpers it forks) take the lowest pids of a fresh pid namespace, so the
@@ -539,6 +539,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
         commands = tuple((pid, " ".join(tree.cmdline(pid))[:200] or "?") for pid in pids)
         # Read while the root lives (the dump ends it): every process below has these or lower.
         rlimits = hard_rlimits(proc.pid)
+        capabilities = held_capabilities(pids)
         root_mode = stat.S_IMODE(Path("/").stat().st_mode)  # the container the tree runs in
         shm_before = _shm_names(Path(SHM_DIR))
         dumped, gpu_pids = _dump(env, proc, pids, out, driver=driver, criu=criu)
@@ -561,6 +562,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             environment=serve_env(env.environ),
             rlimits=rlimits,
             root_mode=root_mode,
+            capabilities=capabilities,
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
