@@ -25,7 +25,7 @@ from kernelbake.pipeline import Built
 from tests.conftest import REPO
 from tests.integration.conftest import QuickStart
 from tests.support import runbook
-from tests.support.podman import pull, require_podman
+from tests.support.podman import pulled
 from tests.test_docs import README, blocks
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -109,10 +109,7 @@ def played(image: str, workdir: Path) -> Iterator[tuple[dict[str, Any], dict[str
 def test_the_serve_manifest_plays_with_podman_read_only_warm_and_serving(
     vllm_image: Built, tmp_path: Path
 ) -> None:
-    require_podman()
-    assert vllm_image.pushed is not None
-    image = vllm_image.pushed
-    pull(image)
+    image = pulled(vllm_image)
     with played(image, tmp_path) as (obj, env):
         # What the page's substitutions made of deploy/examples/serve.yaml.
         spec = obj["spec"]["template"]["spec"]

@@ -34,7 +34,7 @@ from kernelbake.signing.snapshot import push_snapshot, verify_snapshot
 from tests.conftest import REPO
 from tests.integration import _serving
 from tests.integration._serving import complete, wait_healthy
-from tests.support.podman import ULIMITS, PodRun, podman, pull, require_podman
+from tests.support.podman import ULIMITS, PodRun, podman, pull, pulled
 from tests.support.registry import free_port, running_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -45,7 +45,7 @@ RECIPE = REPO / "deploy" / "examples" / "serve-snapshot.yaml"
 def _podman_capabilities(image: str) -> frozenset[str]:
     """The capabilities podman gives a container by default (containers.conf's
     default_capabilities), asked of podman: its bounding set, read inside one."""
-    status = podman("run", "--rm", "--entrypoint", "cat", image, "/proc/self/status").stdout
+    status = podman("run", "--rm", *ULIMITS, "--entrypoint", "cat", image, "/proc/self/status").stdout
     (line,) = (line for line in status.splitlines() if line.startswith("CapBnd:"))
     return frozenset(capability_names(int(line.split()[1], 16)))
 
@@ -80,10 +80,7 @@ def _pod(image: str, snapshot: str, pins: dict[str, str]) -> dict[str, Any]:
 def test_the_snapshot_recipe_restores_in_a_pod_from_the_pushed_artifact(
     vllm_image: Built, tmp_path: Path
 ) -> None:
-    require_podman()
-    assert vllm_image.pushed is not None
-    image = vllm_image.pushed
-    pull(image)
+    image = pulled(vllm_image)
     # The pod's set (podman's default and the recipe's), not Docker's larger default: CRIU
     # cannot give a restored process a capability the restoring container lacks, and the gate
     # refuses such a snapshot (tests/runtime/snapshot/test_gate.py).

@@ -89,5 +89,7 @@ def test_a_file_that_changed_after_it_was_recorded_stops_the_layer(tmp_path: Pat
     p = tmp_path / "images/pages-1.img"
     data = p.read_bytes()
     p.write_bytes({"bytes": b"x" + data[1:], "grew": data + b"x", "shrank": data[:-1]}[change])
-    with pytest.raises(BadInput, match=r"pages-1\.img: sha256 .* recorded [0-9a-f]{64} \(4096 B\); it changed after"):
+    with pytest.raises(
+        BadInput, match=r"pages-1\.img: sha256 .* recorded [0-9a-f]{64} \(4096 B\); it changed after"
+    ):
         FileTar(tmp_path, members).descriptor()

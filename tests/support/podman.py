@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernelbake.pipeline import Built
+
 PODMAN = "podman"
 # Podman 4.3 as root raises RLIMIT_NOFILE and RLIMIT_NPROC to 1048576/4194304 in every
 # container; CI's machines (and these VMs) refuse that to runc ("error setting rlimits …
@@ -37,6 +39,14 @@ def require_podman() -> None:
 def pull(ref: str) -> None:
     """From the tests' plain-http registry."""
     podman("pull", "--quiet", "--tls-verify=false", ref)
+
+
+def pulled(built: Built) -> str:
+    """A built image's pushed reference, pulled into podman (which must be here)."""
+    require_podman()
+    assert built.pushed is not None
+    pull(built.pushed)
+    return built.pushed
 
 
 class PodRun:
