@@ -4,6 +4,7 @@ run is named, and a shell block nobody marked is refused."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,20 @@ def test_shown_output_with_nothing_before_it_is_refused(tmp_path: Path) -> None:
         _run(text, tmp_path)
 
 
+def test_shown_output_of_a_block_not_run_here_is_left_to_the_test_that_runs_it(tmp_path: Path) -> None:
+    text = (
+        "<!-- runbook: elsewhere=test_docs_run -->\n```sh\ncurl localhost:8000/health\n```\n\n"
+        "<!-- runbook: output -->\n```\nnever printed here\n```\n\n"
+        "<!-- runbook -->\n```sh\necho hello\n```\n\n<!-- runbook: output -->\n```\nhello\n```\n"
+    )
+    report = _run(text, tmp_path)
+    assert [b.line for b in report.checked] == [17]
+    assert report.lines()[1:] == [
+        "skipped guide.md:2: run by tests/integration/test_docs_run.py",
+        "skipped guide.md:7: what the block before it prints, which is not run here",
+    ]
+
+
 def test_shown_lines_match_with_ellipses_and_any_number() -> None:
     printed = "a\nverified x@sha256:abc: signed by key sha256:def; 12 files\nz\n"
     assert runbook.missing_lines("verified x@sha256:…: signed by key sha256:…; 3 files\n", printed) == []
@@ -132,6 +147,15 @@ def test_shown_lines_match_with_ellipses_and_any_number() -> None:
 
 
 PAGE_TEXTS = {page: (REPO / page).read_text() for page in runbook.PAGES}
+
+
+def test_every_page_with_shell_commands_is_a_runbook() -> None:
+    """A page's shell blocks are run, or say why not, wherever the page is: docs/admission.md's
+    `make admission-try` ran nowhere until it became one (2026-12-06)."""
+    fence = re.compile(rf"^```(?:{'|'.join(sorted(runbook._SHELL))})\s*$", re.M)
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    with_commands = {str(p.relative_to(REPO)) for p in pages if fence.search(p.read_text())}
+    assert with_commands and with_commands <= set(runbook.PAGES), with_commands - set(runbook.PAGES)
 
 
 @pytest.mark.parametrize("page", runbook.PAGES)

@@ -85,7 +85,7 @@ def test_the_readmes_local_example_policy_and_review_load_as_shipped(
     generate_key_pair(tmp_path / "build" / "signing", name="kernelbake")
     policy = examples / "local-policy.yaml"
     rc, out, _ = run(capsys, "check-policy", str(policy))
-    assert rc == 0 and "governs 127.0.0.1:5000/kernelbake/**" in out
+    assert rc == 0 and "governs 127.0.0.1:*/**" in out
     review = json.loads((examples / "local-pod.json").read_text())
     assert review["request"]["object"]["spec"]["containers"][0]["image"] == "IMAGE"
     # Outside the governed repositories it is admitted untouched: the request itself is sound.

@@ -12,10 +12,13 @@ key is made and the image signed as ``make image`` does (``kernelbake sign --leg
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,12 +43,24 @@ LINKED = {"bench", "node_modules"}
 CACHES = shutil.ignore_patterns("__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 
 
+def _ignored(names: list[str]) -> set[str]:
+    """Those of the repository's top-level ``names`` its .gitignore ignores (a developer's
+    .gpu/ bundle of wheels is GBs; a clone has none of them)."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--stdin"],
+        input="\n".join(names) + "\n", capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr  # 1: none ignored
+    return set(done.stdout.splitlines())
+
+
 def _checkout(where: Path) -> Path:
     # Copied, not linked: a relative path through a link (local-policy.yaml's
     # ../../build/signing) would resolve into this repository's build/, not the page's.
     where.mkdir()
+    ignored = _ignored([e.name for e in REPO.iterdir()]) - LINKED
     for entry in REPO.iterdir():
-        if entry.name in LEFT_OUT or entry.name.endswith("_cache"):
+        if entry.name in LEFT_OUT or entry.name in ignored or entry.name.endswith("_cache"):
             continue
         if entry.name in LINKED:
             (where / entry.name).symlink_to(entry)
@@ -111,3 +126,52 @@ def test_the_guide_runs_as_written(page: str, after_make_image: tuple[Path, dict
     assert report.ran, page
     # What a page writes goes where git ignores it (build/): its keys and certificates included.
     assert _committable(_files(checkout) - before) == [], page
+
+
+ADMISSION = "docs/admission.md"
+ADMISSION_PORT = 8443  # the page's: make admission-serve listens there
+CERTS = Path("build/admission/certs")
+
+
+def _admission_healthy(checkout: Path, server: subprocess.Popen[bytes], log: Path) -> None:
+    """The page's server answers /healthz to the client certificate it made (within 120 s)."""
+    probe = [
+        "curl", "-sf", "--cacert", str(CERTS / "ca.crt"), "--cert", str(CERTS / "client.crt"),
+        "--key", str(CERTS / "client.key"), f"https://127.0.0.1:{ADMISSION_PORT}/healthz",
+    ]  # fmt: skip
+    deadline = time.monotonic() + 120
+    while subprocess.run(probe, cwd=checkout, capture_output=True, check=False).returncode != 0:
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"make admission-serve did not answer /healthz:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+def test_the_admission_page_runs_with_its_server(after_make_image: tuple[Path, dict[str, str]]) -> None:
+    """docs/admission.md with the server it starts held as another terminal would hold it (its
+    own session, stopped after), and the request the page sends it run too, its answer checked
+    against the page: the blocks test_the_guide_runs_as_written leaves out."""
+    checkout, env = after_make_image
+    blocks = runbook.parse((REPO / ADMISSION).read_text(), ADMISSION)
+    (server,) = [b for b in blocks if b.kind is runbook.Kind.SERVER]
+    (client,) = [b for b in blocks if b.kind is runbook.Kind.ELSEWHERE and b.needs == "test_runbooks"]
+    at = blocks.index(server)
+    before, after = (
+        blocks[:at],
+        [dataclasses.replace(b, kind=runbook.Kind.RUN) if b is client else b for b in blocks[at + 1 :]],
+    )
+    assert runbook.run(before, env=env, cwd=checkout, timeout=600).ran
+    log = checkout / "build" / "admission-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", server.body], cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        _admission_healthy(checkout, proc, log)
+        report = runbook.run(after, env=env, cwd=checkout, timeout=120)
+        assert client.line in [b.line for b in report.ran] and report.checked, report.lines()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    said = log.read_text()
+    assert "kernelbake admission: listening on https://127.0.0.1:8443" in said, said
