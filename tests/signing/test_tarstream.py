@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from kernelbake.errors import BadInput
+from kernelbake.oci import RegistryClient, parse_reference
+from kernelbake.settings import Settings
 from kernelbake.signing import referrer
 from kernelbake.signing.tarstream import FileTar, Member, Reader
 
@@ -93,3 +95,27 @@ def test_a_file_that_changed_after_it_was_recorded_stops_the_layer(tmp_path: Pat
         BadInput, match=r"pages-1\.img: sha256 .* recorded [0-9a-f]{64} \(4096 B\); it changed after"
     ):
         FileTar(tmp_path, members).descriptor()
+
+
+@pytest.mark.registry
+def test_a_file_changed_during_the_upload_stops_it_and_the_registry_keeps_nothing(
+    registry: str, tmp_path: Path
+) -> None:
+    """The digest was taken, then a file changed (same size): the upload stops on the file, says
+    which, and no blob is committed under the digest."""
+    members = _tree(tmp_path, {"images/pages-1.img": 3 << 20, "images/core.img": 100})
+    tar = FileTar(tmp_path, members)
+    d = tar.descriptor()
+    p = tmp_path / "images/core.img"
+    p.write_bytes(b"y" + p.read_bytes()[1:])
+    client = RegistryClient(Settings(docker_config=tmp_path / "docker"), timeout=30)
+    ref = parse_reference(f"{registry}/kb/tarstream:v1")
+    with pytest.raises(BadInput, match=r"core\.img: sha256 .* it changed after it was recorded"):
+        client.put_blob_stream(ref, d.digest, d.size, tar.reader)
+    assert not client.has_blob(ref, d.digest)
+    # Recorded afresh and left alone, the layer goes up whole under its digest.
+    members = _tree(tmp_path, {"images/pages-1.img": 3 << 20, "images/core.img": 100})
+    tar = FileTar(tmp_path, members)
+    d = tar.descriptor()
+    assert client.put_blob_stream(ref, d.digest, d.size, tar.reader) == d.digest
+    assert client.has_blob(ref, d.digest)
