@@ -4,8 +4,9 @@
 
 1. baked: ``docker run IMAGE`` (kernelbake serve), seconds from ``docker run`` to ``/health`` 200,
    then one completion (temperature 0);
-2. take: ``kernelbake snapshot take`` in a container with the restore capabilities (Docker's
-   defaults + SYS_ADMIN, NET_ADMIN, SYS_TIME, seccomp unconfined), its timings and size;
+2. take: ``kernelbake snapshot take`` in a container with the snapshot's capabilities and no
+   other (``--cap-drop ALL``, SYS_ADMIN, NET_ADMIN, SYS_TIME, SYS_CHROOT; seccomp unconfined),
+   its timings and size;
 3. restored: the same image started with the snapshot mounted at /opt/kernelbake/snapshot and
    the pins admission would set; seconds to ``/health``, the same completion, compared;
 4. mismatch: the same, with one more engine variable (the key's serve env differs): the seconds
@@ -34,7 +35,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-CAPS = ("SYS_ADMIN", "NET_ADMIN", "SYS_TIME")
+# contract.snapshot.SNAPSHOT_CAPABILITIES, after --cap-drop ALL (tests check they agree).
+CAPS = ("SYS_ADMIN", "NET_ADMIN", "SYS_TIME", "SYS_CHROOT")
 PROMPT = "Hello, my name is"
 
 
@@ -89,7 +91,7 @@ def _common(args: argparse.Namespace, work: Path) -> list[str]:
 
 
 def _caps() -> list[str]:
-    return [f"--cap-add={c}" for c in CAPS] + ["--security-opt", "seccomp=unconfined"]
+    return ["--cap-drop=ALL", *(f"--cap-add={c}" for c in CAPS), "--security-opt", "seccomp=unconfined"]
 
 
 def _until_health(name: str, port: int, timeout: float, started: float) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbake.contract.snapshot import RESTORE_CAPABILITIES
+from kernelbake.contract.snapshot import SNAPSHOT_CAPABILITIES
 from tests.conftest import REPO
 from tests.support import criu
 from tests.support.runtime_target import write_target
@@ -35,10 +35,10 @@ def _docker(
     if subprocess.run(["docker", "image", "inspect", ROOTFS], capture_output=True).returncode != 0:
         pytest.fail(f"{ROOTFS} is missing: make cpu-base builds it")
     name = f"kb-snapshot-test-{uuid.uuid4().hex[:8]}"
-    caps = [f"--cap-add={c}" for c in sorted(RESTORE_CAPABILITIES)]
+    caps = ["--cap-drop=ALL", *(f"--cap-add={c}" for c in sorted(SNAPSHOT_CAPABILITIES))]
     environ = [f"-e{k}={v}" for k, v in {"PYTHONPATH": "/src", **env}.items()]
     argv = [
-        # The runtime's default capabilities, and the measured set on top: nothing else.
+        # No capability but the snapshot's set (none of the runtime's defaults), as the recipe.
         "docker", "run", "--rm", "--name", name,
         *caps, "--security-opt=seccomp=unconfined",
         "-v", f"{REPO / 'src'}:/src:ro", "-v", f"{criu}:/opt/kernelbake/criu:ro", "-v", f"{work}:/work",

@@ -18,11 +18,10 @@ import yaml
 
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
-    RESTORE_CAPABILITIES,
+    SNAPSHOT_CAPABILITIES,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_MANIFEST,
     SnapshotManifest,
-    capability_names,
 )
 from kernelbake.oci import RegistryClient
 from kernelbake.pipeline import Built
@@ -40,14 +39,6 @@ from tests.support.registry import free_port, running_registry
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
 RECIPE = REPO / "deploy" / "examples" / "serve-snapshot.yaml"
-
-
-def _podman_capabilities(image: str) -> frozenset[str]:
-    """The capabilities podman gives a container by default (containers.conf's
-    default_capabilities), asked of podman: its bounding set, read inside one."""
-    status = podman("run", "--rm", *ULIMITS, "--entrypoint", "cat", image, "/proc/self/status").stdout
-    (line,) = (line for line in status.splitlines() if line.startswith("CapBnd:"))
-    return frozenset(capability_names(int(line.split()[1], 16)))
 
 
 def _take(image: str, out: Path, caps: frozenset[str]) -> Path:
@@ -81,15 +72,14 @@ def test_the_snapshot_recipe_restores_in_a_pod_from_the_pushed_artifact(
     vllm_image: Built, tmp_path: Path
 ) -> None:
     image = pulled(vllm_image)
-    # The pod's set (podman's default and the recipe's), not Docker's larger default: CRIU
-    # cannot give a restored process a capability the restoring container lacks, and the gate
-    # refuses such a snapshot (tests/runtime/snapshot/test_gate.py).
-    caps = _podman_capabilities(image) | RESTORE_CAPABILITIES
+    # The recipe's set after drop: [ALL], whatever podman's defaults are (smaller than Docker's):
+    # the snapshot is taken with exactly the set it is restored with.
+    caps = SNAPSHOT_CAPABILITIES
     taken = _take(image, tmp_path / "take", caps)
     recorded = SnapshotManifest.from_json((taken / SNAPSHOT_MANIFEST).read_bytes(), source="take")
     assert recorded.rlimits is not None and recorded.rlimits["NOFILE"] == 16384
     # What the tree held, read from each process at take: every capability its container gave.
-    assert recorded.capabilities is not None and set(recorded.capabilities) == caps
+    assert recorded.capabilities is not None and set(recorded.capabilities) == SNAPSHOT_CAPABILITIES
     # A registry of this test's own, removed with it: the snapshot is 2.2 GB.
     with running_registry(tmp_path / "registry") as addr:
         client = RegistryClient(Settings(docker_config=tmp_path / "docker"), timeout=30)

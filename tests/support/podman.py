@@ -1,7 +1,7 @@
 """A pod spec, run with podman: what a kubelet would do with it, for the parts the cache recipes
 use. Image volumes become ``--mount type=image`` (podman mounts an image's rootfs read-only,
 as Kubernetes does), emptyDirs a host directory shared by the pod's containers, other volumes
-the host directories the caller names; a container's added capabilities and an unconfined
+the host directories the caller names; a container's dropped and added capabilities and an unconfined
 seccomp profile become podman's flags; init containers run to completion first, in order."""
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ class PodRun:
         for e in container.get("env") or []:
             flags += ["-e", f"{e['name']}={e['value']}"]
         security = container.get("securityContext") or {}
-        flags += [f"--cap-add={c}" for c in (security.get("capabilities") or {}).get("add") or []]
+        caps = security.get("capabilities") or {}
+        flags += [f"--cap-drop={c}" for c in caps.get("drop") or []]
+        flags += [f"--cap-add={c}" for c in caps.get("add") or []]
         if (security.get("seccompProfile") or {}).get("type") == "Unconfined":
             flags += ["--security-opt", "seccomp=unconfined"]
         if container.get("command"):

@@ -80,13 +80,22 @@ def under(path: str, folder: str) -> bool:
 
 
 # The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
-# measured one by one on Docker 26 (seccomp profile: builtin) and kernel 6.18
-# (bench/snapshot_caps.py, bench/results/snapshot_caps.json): SYS_ADMIN (kernel feature probes
-# unshare a network namespace; PTRACE_O_SUSPEND_SECCOMP), NET_ADMIN (the network lock's
-# nftables rules), SYS_TIME (the restored time namespace's clock offsets). CHECKPOINT_RESTORE
-# and SYS_PTRACE alone do not get past CRIU's kernel probes; with SYS_ADMIN neither is needed.
-# Seccomp must be unconfined (Docker's profile refuses PTRACE_O_SUSPEND_SECCOMP).
+# measured one by one from none (``--cap-drop ALL``) on Docker 26 and kernel 6.18 with the CPU
+# default image (bench/snapshot_caps.py, bench/results/snapshot_caps.json): the restore fails
+# without any of SYS_ADMIN (kernel feature probes unshare a network namespace;
+# PTRACE_O_SUSPEND_SECCOMP), NET_ADMIN (the network lock's nftables rules, a veth pair), SYS_TIME
+# (the restored time namespace's clock offsets) and SYS_CHROOT (the restorer changes root);
+# take needs the first. CHECKPOINT_RESTORE and SYS_PTRACE alone do not get past CRIU's kernel
+# probes; with SYS_ADMIN neither is needed. Seccomp must be unconfined (Docker's profile refuses
+# PTRACE_O_SUSPEND_SECCOMP). The three that admission grants only for a restore:
 RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
+# ... and what every container runtime's default set holds already (Docker's, containerd's,
+# CRI-O's, podman's), which a container that drops ALL adds back.
+RESTORE_DEFAULT_CAPABILITIES = frozenset({"SYS_CHROOT"})
+# The whole set a snapshot is taken and restored with, after ``drop: [ALL]``: the same set on
+# both sides whatever the runtime's defaults, so that the processes' capabilities CRIU gives
+# back are always ones the restoring container has (the gate checks it).
+SNAPSHOT_CAPABILITIES = RESTORE_CAPABILITIES | RESTORE_DEFAULT_CAPABILITIES
 # The kernel's capabilities by bit (linux/capability.h, through CHECKPOINT_RESTORE, 40), named
 # as ``docker run --cap-add`` and ``RESTORE_CAPABILITIES`` name them; a later bit is ``BIT_<n>``.
 CAPABILITIES = (

@@ -47,8 +47,12 @@ def test_an_error_line_is_cut_and_a_log_without_errors_gives_its_last_line(tmp_p
 
 
 def test_a_log_that_cannot_be_read_is_said_so(tmp_path: Path) -> None:
-    said = failure(tmp_path / "gone" / "dump.log")
-    assert said.startswith(f"its log {tmp_path / 'gone' / 'dump.log'} could not be read (")
+    # None written: CRIU stopped on its first check (without SYS_ADMIN), saying why on stderr.
+    assert failure(tmp_path / "gone" / "dump.log") == (
+        f"CRIU stopped before it wrote its log {tmp_path / 'gone' / 'dump.log'}; what it printed is above"
+    )
+    (tmp_path / "dir.log").mkdir()
+    assert failure(tmp_path / "dir.log").startswith(f"its log {tmp_path / 'dir.log'} could not be read (")
 
 
 # `criu check --all` in a fresh container of the CPU image, first and second run (2026-12-05).

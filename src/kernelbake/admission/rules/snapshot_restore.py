@@ -12,7 +12,8 @@ unconfined seccomp profile is admitted only when it
   them (``_key_problems``): the image's entrypoint (no ``command``), the recorded arguments
   exactly, every variable it sets literally and as recorded; a ``valueFrom``, an ``envFrom`` or
   a ``$(VAR)`` in the arguments cannot be known here, so it is refused (fail closed);
-- adds no capability beyond the restore set, is not privileged (which is every capability, so a
+- adds no capability beyond the restore set and SYS_CHROOT (``SNAPSHOT_CAPABILITIES``: the recipe
+  drops ALL and adds those four back, the set its snapshot was taken with), is not privileged (which is every capability, so a
   privileged container asks for the set too), and is no ephemeral container; its pod shares no
   namespace with the node or across its containers (``hostPID``, ``hostNetwork``, ``hostIPC``,
   ``shareProcessNamespace``: ``_HOST_NAMESPACES`` says what each would open); its pod mounts
@@ -49,6 +50,7 @@ from kernelbake.admission.subject import Keyed, SnapshotLike
 from kernelbake.contract.snapshot import (
     IMAGE_DIGEST_ENV,
     RESTORE_CAPABILITIES,
+    SNAPSHOT_CAPABILITIES,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_ROOT,
     is_volatile,
@@ -67,6 +69,7 @@ _HOST_NAMESPACES = {
 }
 _SHOWN = 160
 _RESTORE_SET = ", ".join(sorted(RESTORE_CAPABILITIES))
+_SNAPSHOT_SET = ", ".join(sorted(SNAPSHOT_CAPABILITIES))
 
 
 def check(facts: Facts) -> Verdict:
@@ -242,8 +245,10 @@ def _restore(
                 f"privileged grants every capability; a restore needs only {_RESTORE_SET} and seccomp Unconfined",
             )
         )
-    if extra := sorted(added - RESTORE_CAPABILITIES):
-        wrong.append(Denial(c.where, f"adds {', '.join(extra)} beyond the restore set ({_RESTORE_SET})"))
+    # What every runtime grants by default is no more than it had, and a container that drops
+    # ALL adds it back (the recipe: SYS_CHROOT, which the restore needs).
+    if extra := sorted(added - SNAPSHOT_CAPABILITIES):
+        wrong.append(Denial(c.where, f"adds {', '.join(extra)} beyond the restore set ({_SNAPSHOT_SET})"))
     if pod.host_paths:
         wrong.append(
             Denial(

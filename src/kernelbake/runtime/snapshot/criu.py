@@ -41,6 +41,10 @@ def failure(log: Path) -> str:
     try:
         with log.open(errors="replace") as fh:
             lines = [ln.rstrip() for ln in fh if ln.strip()]
+    except FileNotFoundError:
+        # CRIU stops before it opens its log when it lacks what it checks first (SYS_ADMIN
+        # or CHECKPOINT_RESTORE: bench/results/snapshot_caps.json); it says why on stderr.
+        return f"CRIU stopped before it wrote its log {log}; what it printed is above"
     except OSError as exc:
         return f"its log {log} could not be read ({exc.strerror or exc})"
     found = [m.group(1)[:_MOST_CHARS] for ln in lines if (m := _ERROR.search(ln))][:_MOST_ERRORS]

@@ -1,0 +1,170 @@
+"""The capabilities a snapshot needs, measured one by one from none (``--cap-drop ALL``) on the
+CPU default image: the set ``contract.snapshot.SNAPSHOT_CAPABILITIES`` names, which the pod
+recipe adds after ``drop: [ALL]`` and ``make snapshot`` takes with.
+
+    python3 bench/snapshot_caps.py --image IMAGE --criu PREFIX --out bench/results/snapshot_caps.json
+
+1. take: ``kernelbake snapshot take`` with the whole set, then without each capability in turn;
+2. restore, after each take: the whole set's snapshot started by serve with the whole set (and
+   a completion asked of the restored engine), then without each capability in turn, each time
+   the snapshot taken without it where that take worked (its tree holds no capability the container lacks,
+   so serve's gate lets CRIU try): serve's line says ``restored snapshot`` or ``snapshot not
+   used: …`` (a refused or failed restore then starts the baked way, not waited for).
+
+A capability is needed by a step when the step fails without it. Exits 1 unless the whole set
+takes and restores and each capability of it is needed by one of the two (a set with one to
+spare is not the minimum). Docker's seccomp profile is unconfined throughout (CRIU needs
+PTRACE_O_SUSPEND_SECCOMP, which the profile refuses). Stdlib only, and snapshot_cpu's helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from snapshot_cpu import CAPS, _common, _completion, _docker, _until_health
+
+SAID = ("kernelbake serve: restored snapshot", "kernelbake serve: snapshot not used")
+
+
+def _flags(caps: Sequence[str]) -> list[str]:
+    return ["--cap-drop=ALL", *(f"--cap-add={c}" for c in caps), "--security-opt", "seccomp=unconfined"]
+
+
+def _take(
+    args: argparse.Namespace, work: Path, caps: Sequence[str], out: str, digest: str
+) -> dict[str, object]:
+    cmd = [
+        "docker", "run", "--rm", *_flags(caps), *_common(args, work), "--entrypoint", "python3", args.image,
+        "-m", "kernelbake", "snapshot", "take", "--out", f"/work/{out}", "--image-digest", digest,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    said = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith("kernelbake snapshot")]
+    return {"ok": done.returncode == 0, "said": said[-1][:400] if said else (done.stderr[-400:] or "")}
+
+
+def _restore(
+    args: argparse.Namespace, work: Path, caps: Sequence[str], pins: list[str], serve: bool
+) -> dict[str, object]:
+    """serve with the snapshot and ``caps``: its line on the restore (and, restored and ``serve``,
+    the completion of the restored engine)."""
+    name = f"kb-snapshot-caps-{uuid.uuid4().hex[:6]}"
+    port = 18900 + os.getpid() % 90
+    started = time.monotonic()
+    _docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        *_common(args, work),
+        *_flags(caps),
+        *pins,
+        args.image,
+    )
+    try:
+        line = ""
+        while not line and time.monotonic() - started < args.timeout:
+            got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+            line = next((ln for ln in (got.stdout + got.stderr).splitlines() if ln.startswith(SAID)), "")
+            time.sleep(0.1)
+        out: dict[str, object] = {"ok": line.startswith(SAID[0]), "said": line[:400]}
+        if out["ok"] and serve:
+            out["ready_s"] = round(_until_health(name, port, args.timeout, started), 2)
+            out["completion"] = _completion(port)
+        return out
+    finally:
+        _docker("rm", "-f", name, check=False)
+
+
+def _pins(snap: Path, digest: str) -> list[str]:
+    """The snapshot mounted where serve restores from, and the two pins admission would set."""
+    data = (snap / "snapshot.json").read_bytes()
+    return [
+        "-v", f"{snap}:/opt/kernelbake/snapshot:ro",
+        "-e", "KERNELBAKE_SNAPSHOT_DIGEST=sha256:" + hashlib.sha256(data).hexdigest(),
+        "-e", f"KERNELBAKE_IMAGE_DIGEST={digest}",
+    ]  # fmt: skip
+
+
+def needed(steps: Mapping[str, Mapping[str, Mapping[str, object]]], whole: str) -> dict[str, list[str]]:
+    """Per step, the capabilities without which it failed: ``steps[step][run]`` is a run's
+    outcome, ``run`` the whole set's name or ``without <CAP>``."""
+    return {
+        step: sorted(
+            run.removeprefix("without ") for run, got in runs.items() if run != whole and not got["ok"]
+        )
+        for step, runs in steps.items()
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", required=True)
+    p.add_argument("--criu", required=True, type=Path, help="a CRIU prefix (images/base/criu/install.sh)")
+    p.add_argument("--src", help="a checkout's src, ahead of the image's kernelbake")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+    repo_digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", args.image))
+    digest = (
+        repo_digests[0].partition("@")[2]
+        if repo_digests
+        else _docker("image", "inspect", "--format", "{{.Id}}", args.image).strip()
+    )
+    whole = "all of " + ", ".join(CAPS)
+    runs = {whole: list(CAPS), **{f"without {c}": [x for x in CAPS if x != c] for c in CAPS}}
+    steps: dict[str, dict[str, dict[str, object]]] = {"take": {}, "restore": {}}
+    with tempfile.TemporaryDirectory(prefix="kb-snapshot-caps-") as tmp:
+        work = Path(tmp)
+        for i, (run, caps) in enumerate(runs.items()):
+            steps["take"][run] = _take(args, work, caps, f"snap-{i}", digest)
+            print(f"take, {run}: {steps['take'][run]}", file=sys.stderr, flush=True)
+            if not steps["take"][whole]["ok"]:
+                raise SystemExit(f"take with {whole} failed: {steps['take'][whole]['said']}")
+            # The snapshot taken without the same capability where that take worked: its tree
+            # holds none the container lacks, so the gate lets CRIU try and CRIU's own need shows.
+            snap = work / f"snap-{i if steps['take'][run]['ok'] else 0}"
+            steps["restore"][run] = _restore(args, work, caps, _pins(snap, digest), serve=run == whole)
+            print(f"restore, {run}: {steps['restore'][run]}", file=sys.stderr, flush=True)
+            if i:  # 2.2 GB each: only the whole set's is kept
+                shutil.rmtree(work / f"snap-{i}", ignore_errors=True)
+        recorded = json.loads((work / "snap-0/snapshot.json").read_bytes()).get("capabilities")
+    need = needed(steps, whole)
+    minimal = sorted(set(need["take"]) | set(need["restore"]))
+    result = {
+        "image": args.image,
+        "image_digest": digest,
+        "host": {"cpus": os.cpu_count(), "kernel": os.uname().release},
+        "docker": _docker("version", "--format", "{{.Server.Version}}").strip(),
+        "set": list(CAPS),
+        "recorded_by_take": recorded,
+        "steps": steps,
+        "summary": {
+            "needed_by_take": need["take"],
+            "needed_by_restore": need["restore"],
+            "minimal": minimal,
+            "the_set_is_minimal": minimal == sorted(CAPS),
+            "restored_with_the_set": bool(steps["restore"][whole]["ok"]),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    return 0 if result["summary"]["the_set_is_minimal"] and result["summary"]["restored_with_the_set"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
