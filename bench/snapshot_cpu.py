@@ -5,7 +5,8 @@
 1. baked: ``docker run IMAGE`` (kernelbake serve), seconds from ``docker run`` to ``/health`` 200,
    then one completion (temperature 0);
 2. take: ``kernelbake snapshot take`` in a container with the snapshot's capabilities and no
-   other (``--cap-drop ALL``, SYS_ADMIN, NET_ADMIN, SYS_TIME, SYS_CHROOT; seccomp unconfined),
+   other (``--cap-drop ALL``, SYS_ADMIN, NET_ADMIN, SYS_TIME, SYS_CHROOT, SETGID; seccomp
+   unconfined),
    its timings and size;
 3. restored: the same image started with the snapshot mounted at /opt/kernelbake/snapshot and
    the pins admission would set; seconds to ``/health``, the same completion, compared;
@@ -36,7 +37,7 @@ import uuid
 from pathlib import Path
 
 # contract.snapshot.SNAPSHOT_CAPABILITIES, after --cap-drop ALL (tests check they agree).
-CAPS = ("SYS_ADMIN", "NET_ADMIN", "SYS_TIME", "SYS_CHROOT")
+CAPS = ("SYS_ADMIN", "NET_ADMIN", "SYS_TIME", "SYS_CHROOT", "SETGID")
 PROMPT = "Hello, my name is"
 
 

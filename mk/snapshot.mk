@@ -11,7 +11,7 @@ SNAPSHOT_DIR ?= $(BUILD)/snapshot
 # Only the capabilities CRIU measured to need in a container, none of Docker's defaults
 # (contract.snapshot.SNAPSHOT_CAPABILITIES): the pod recipe restores with the same set.
 SNAPSHOT_DOCKER_ARGS ?= --cap-drop ALL --cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_TIME \
-  --cap-add SYS_CHROOT --security-opt seccomp=unconfined --shm-size 1g
+  --cap-add SYS_CHROOT --cap-add SETGID --security-opt seccomp=unconfined --shm-size 1g
 
 .PHONY: criu snapshot bench-snapshot
 

@@ -3,6 +3,7 @@ one the product asks for (the recipe, make snapshot, bench/snapshot_cpu.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import yaml
@@ -36,3 +37,15 @@ def test_the_measured_set_is_the_one_the_recipe_make_snapshot_and_the_benches_us
     assert args is not None
     assert "--cap-drop ALL" in args.group(1)
     assert set(re.findall(r"--cap-add (\w+)", args.group(1))) == SNAPSHOT_CAPABILITIES
+
+
+def test_the_set_is_what_the_committed_measurements_needed_no_more_no_less() -> None:
+    """Every capability of the set was needed by take or a restore under one of the runtimes
+    measured (bench/results/snapshot_caps*.json), each with the whole set, and restored with it."""
+    results = [
+        json.loads(p.read_text()) for p in sorted((REPO / "bench/results").glob("snapshot_caps*.json"))
+    ]
+    assert {r["restore_with"] for r in results} == {"docker", "podman"}
+    for r in results:
+        assert set(r["set"]) == SNAPSHOT_CAPABILITIES and r["summary"]["restored_with_the_set"], r["summary"]
+    assert set().union(*(r["summary"]["needed"] for r in results)) == SNAPSHOT_CAPABILITIES

@@ -80,18 +80,19 @@ def under(path: str, folder: str) -> bool:
 
 
 # The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
-# measured one by one from none (``--cap-drop ALL``) on Docker 26 and kernel 6.18 with the CPU
-# default image (bench/snapshot_caps.py, bench/results/snapshot_caps.json): the restore fails
-# without any of SYS_ADMIN (kernel feature probes unshare a network namespace;
-# PTRACE_O_SUSPEND_SECCOMP), NET_ADMIN (the network lock's nftables rules, a veth pair), SYS_TIME
-# (the restored time namespace's clock offsets) and SYS_CHROOT (the restorer changes root);
-# take needs the first. CHECKPOINT_RESTORE and SYS_PTRACE alone do not get past CRIU's kernel
+# measured one by one from none (``--cap-drop ALL``) with Docker 26 and podman 4.3 on kernel 6.18
+# with the CPU default image (bench/snapshot_caps.py; bench/results/snapshot_caps.json and
+# snapshot_caps_podman.json): take needs SYS_ADMIN (without it CRIU stops at once); the restore
+# fails without any of SYS_ADMIN, NET_ADMIN (the network lock's nftables rules, a veth pair),
+# SYS_TIME (the restored time namespace's clock offsets), SYS_CHROOT (the restorer changes
+# root), and under podman SETGID (CRIU gives root back the supplementary group Docker gave it;
+# podman gives none). CHECKPOINT_RESTORE and SYS_PTRACE alone do not get past CRIU's kernel
 # probes; with SYS_ADMIN neither is needed. Seccomp must be unconfined (Docker's profile refuses
 # PTRACE_O_SUSPEND_SECCOMP). The three that admission grants only for a restore:
 RESTORE_CAPABILITIES = frozenset({"SYS_ADMIN", "NET_ADMIN", "SYS_TIME"})
 # ... and what every container runtime's default set holds already (Docker's, containerd's,
 # CRI-O's, podman's), which a container that drops ALL adds back.
-RESTORE_DEFAULT_CAPABILITIES = frozenset({"SYS_CHROOT"})
+RESTORE_DEFAULT_CAPABILITIES = frozenset({"SYS_CHROOT", "SETGID"})
 # The whole set a snapshot is taken and restored with, after ``drop: [ALL]``: the same set on
 # both sides whatever the runtime's defaults, so that the processes' capabilities CRIU gives
 # back are always ones the restoring container has (the gate checks it).

@@ -12,9 +12,10 @@ unconfined seccomp profile is admitted only when it
   them (``_key_problems``): the image's entrypoint (no ``command``), the recorded arguments
   exactly, every variable it sets literally and as recorded; a ``valueFrom``, an ``envFrom`` or
   a ``$(VAR)`` in the arguments cannot be known here, so it is refused (fail closed);
-- adds no capability beyond the restore set and SYS_CHROOT (``SNAPSHOT_CAPABILITIES``: the recipe
-  drops ALL and adds those four back, the set its snapshot was taken with), is not privileged (which is every capability, so a
-  privileged container asks for the set too), and is no ephemeral container; its pod shares no
+- adds no capability beyond the restore set, SYS_CHROOT and SETGID (``SNAPSHOT_CAPABILITIES``: the recipe
+  drops ALL and adds those five back, the set its snapshot was taken with), is not privileged
+  (which is every capability, so a privileged container asks for the set too), and is no
+  ephemeral container; its pod shares no
   namespace with the node or across its containers (``hostPID``, ``hostNetwork``, ``hostIPC``,
   ``shareProcessNamespace``: ``_HOST_NAMESPACES`` says what each would open); its pod mounts
   no hostPath (with SYS_ADMIN a container could write through one into the node's image store,
@@ -246,7 +247,7 @@ def _restore(
             )
         )
     # What every runtime grants by default is no more than it had, and a container that drops
-    # ALL adds it back (the recipe: SYS_CHROOT, which the restore needs).
+    # ALL adds it back (the recipe: SYS_CHROOT and SETGID, which the restore needs).
     if extra := sorted(added - SNAPSHOT_CAPABILITIES):
         wrong.append(Denial(c.where, f"adds {', '.join(extra)} beyond the restore set ({_SNAPSHOT_SET})"))
     if pod.host_paths:
