@@ -46,6 +46,7 @@ from kernelbake.contract.snapshot import (
     RELOADING_MARK,
     SHM_COPY,
     SHM_DIR,
+    SNAPSHOT_CAPABILITIES,
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_MANIFEST,
     WEIGHTS_COPY,
@@ -216,9 +217,9 @@ def _missing_capabilities(manifest: SnapshotManifest) -> str | None:
     unread = "" if grantable is not None else "; its bounding set could not be read"
     return (
         f"the snapshot's processes held capabilities this container cannot give them "
-        f"({', '.join(missing)}{unread}): run it with --cap-add for each "
-        "(podman's default set lacks Docker's AUDIT_WRITE, MKNOD and NET_RAW), or take the "
-        "snapshot in a container with the set it is restored with"
+        f"({', '.join(missing)}{unread}): take and restore with one set, none of the runtime's "
+        f"defaults (make snapshot: --cap-drop ALL and {', '.join(sorted(SNAPSHOT_CAPABILITIES))}; "
+        "the recipe: drop [ALL], add the same), or run this container with --cap-add for each"
     )
 
 
