@@ -30,7 +30,7 @@ from kernelbake.signing.errors import VerificationFailed, registry_errors
 from kernelbake.signing.policy import VerifyPolicy
 from kernelbake.signing.sign import push_bundle, sign_image
 from kernelbake.signing.signer import Signer
-from kernelbake.signing.tarstream import FileTar
+from kernelbake.signing.tarstream import FileTar, entries
 from kernelbake.signing.verify import VerifiedSignature, verify_signature
 
 # A tar of one small file is this much larger than the file.
@@ -57,17 +57,8 @@ def add_file(
     tar: tarfile.TarFile, path: str, size: int, mode: int, mtime: int, data: IO[bytes], seen: set[str]
 ) -> None:
     """``path`` into ``tar``, owned by root, after each directory above it not added yet."""
-    parts = path.split("/")
-    for i in range(1, len(parts)):
-        d = "/".join(parts[:i])
-        if d not in seen:
-            seen.add(d)
-            info = tarfile.TarInfo(d)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
-            tar.addfile(info)
-    info = tarfile.TarInfo(path)
-    info.size, info.mode, info.mtime = size, mode, mtime
-    tar.addfile(info, data)
+    for info in entries(path, size, mode, mtime, seen):
+        tar.addfile(info, data if info.isfile() else None)
 
 
 def manifest_tar(name: str, data: bytes) -> bytes:

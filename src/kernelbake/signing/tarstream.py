@@ -8,9 +8,9 @@ mtime 0, in the order given), so its digest is taken in one pass over the files 
 bytes are made again while they are uploaded; a file that changed in between is caught twice,
 here by its recorded sha256 and by the registry, which checks the digest on commit.
 
-The bytes are those ``tarfile`` writes for ``referrer.add_file`` (PAX format, each directory
-above a file once before it, the end-of-archive blocks padded to a record); the tests compare
-the two.
+The bytes are those ``tarfile`` writes for ``referrer.add_file`` (both take their entries from
+``entries``: PAX format, each directory above a file once before it; the end-of-archive blocks
+padded to a record); the tests compare the two.
 """
 
 from __future__ import annotations
@@ -40,14 +40,20 @@ class Member:
     sha256: str  # hex
 
 
-def _header(name: str, *, size: int = 0, directory: bool = False, mode: int = 0o444) -> bytes:
-    info = tarfile.TarInfo(name)
-    if directory:
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    else:
-        info.size, info.mode = size, mode
-    info.mtime = 0
-    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+def entries(path: str, size: int, mode: int, mtime: int, seen: set[str]) -> Iterator[tarfile.TarInfo]:
+    """The tar entries of ``path``, owned by root: each directory above it not in ``seen`` yet
+    (added to it), mode 0755 and mtime 0, then the file itself. The one layout every kernelbake
+    tar has, written by ``tarfile`` (``referrer.add_file``) or made here as it is read."""
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        if (d := "/".join(parts[:i])) not in seen:
+            seen.add(d)
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            yield info
+    info = tarfile.TarInfo(path)
+    info.size, info.mode, info.mtime = size, mode, mtime
+    yield info
 
 
 def _pad(n: int, unit: int) -> int:
@@ -65,12 +71,9 @@ class FileTar:
     def _headers(self) -> Iterator[tuple[bytes, Member | None]]:
         seen: set[str] = set()
         for m in self.members:
-            parts = m.path.split("/")
-            for i in range(1, len(parts)):
-                if (d := "/".join(parts[:i])) not in seen:
-                    seen.add(d)
-                    yield _header(d, directory=True), None
-            yield _header(m.path, size=m.size, mode=self.mode), m
+            for info in entries(m.path, m.size, self.mode, 0, seen):
+                header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+                yield header, (m if info.isfile() else None)
 
     def size(self) -> int:
         """The tar's length, from the names and sizes alone."""
