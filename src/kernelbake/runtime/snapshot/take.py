@@ -272,17 +272,20 @@ def _check_tree(pids: list[int]) -> None:
             )
 
 
+def _shm_files(shm: Path) -> list[Path]:
+    """The plain files in the container's /dev/shm (what take copies beside the dump)."""
+    try:
+        return [e for e in sorted(shm.iterdir()) if e.is_file() and not e.is_symlink()]
+    except OSError:
+        return []
+
+
 def _copy_shm(shm: Path, dest: Path) -> None:
     """The plain files in the container's /dev/shm, as the dump left them."""
-    try:
-        entries = sorted(shm.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_file() and not entry.is_symlink():
-            dest.mkdir(parents=True, exist_ok=True)
-            # copy2 keeps the permission bits, which CRIU checks when it reopens the file.
-            shutil.copy2(entry, dest / entry.name)
+    for entry in _shm_files(shm):
+        dest.mkdir(parents=True, exist_ok=True)
+        # copy2 keeps the permission bits, which CRIU checks when it reopens the file.
+        shutil.copy2(entry, dest / entry.name)
 
 
 def _shm_names(shm: Path) -> frozenset[str]:
@@ -443,7 +446,11 @@ def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | No
     holds its device state in host memory (what the dump writes is then the processes'
     memory), and with /dev/shm's files, which are copied after it."""
     shm = Path(SHM_DIR) if shm is None else shm
-    need = sum(tree.dumped_bytes(pid) for pid in pids) + _shm_bytes(shm) + DUMP_SLACK
+    shm_bytes = 0
+    for f in _shm_files(shm):
+        with contextlib.suppress(FileNotFoundError):  # the tree still runs: one may go meanwhile
+            shm_bytes += f.stat().st_size
+    need = sum(tree.dumped_bytes(pid) for pid in pids) + shm_bytes + DUMP_SLACK
     if (free := shutil.disk_usage(images).free) >= need:
         return None
     return (
@@ -451,13 +458,6 @@ def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | No
         f"{shm}'s files and {DUMP_SLACK} B for CRIU's own), and {free} B are free there; "
         "take the snapshot onto a larger disk"
     )
-
-
-def _shm_bytes(shm: Path) -> int:
-    try:
-        return sum(e.stat().st_size for e in shm.iterdir() if e.is_file() and not e.is_symlink())
-    except OSError:
-        return 0
 
 
 def _dump(
