@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from snapshot_cpu import CAPS, _common, _completion, _docker, _status
+from snapshot_cpu import CAPS, _common, _completion, _docker, _status, image_digest, image_options
 
 SAID = ("kernelbake serve: restored snapshot", "kernelbake serve: snapshot not used")
 
@@ -119,23 +119,13 @@ def needed(steps: Mapping[str, Mapping[str, Mapping[str, object]]], whole: str) 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--image", required=True)
-    p.add_argument("--criu", required=True, type=Path, help="a CRIU prefix (images/base/criu/install.sh)")
-    p.add_argument("--src", help="a checkout's src, ahead of the image's kernelbake")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--timeout", type=float, default=600.0)
+    p = image_options(__doc__, 600.0)
     p.add_argument("--restore-with", choices=("docker", "podman"), default="docker")
     p.add_argument(
         "--ulimit", action="append", default=[], help="docker/podman --ulimit, for take and restore"
     )
     args = p.parse_args()
-    repo_digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", args.image))
-    digest = (
-        repo_digests[0].partition("@")[2]
-        if repo_digests
-        else _docker("image", "inspect", "--format", "{{.Id}}", args.image).strip()
-    )
+    digest = image_digest(args.image)
     whole = "all of " + ", ".join(CAPS)
     runs = {whole: list(CAPS), **{f"without {c}": [x for x in CAPS if x != c] for c in CAPS}}
     steps: dict[str, dict[str, dict[str, object]]] = {"take": {}, "restore": {}}

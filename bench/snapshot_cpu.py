@@ -116,17 +116,28 @@ def _serve(args: argparse.Namespace, work: Path, extra: list[str], tag: str) -> 
     return name, port, _until_health(name, port, args.timeout, started)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def image_options(doc: str | None, timeout: float) -> argparse.ArgumentParser:
+    """The options both snapshot benches take (this one's and snapshot_caps.py's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", required=True)
     p.add_argument("--criu", required=True, type=Path, help="a CRIU prefix (images/base/criu/install.sh)")
     p.add_argument("--src", help="a checkout's src, ahead of the image's kernelbake")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--timeout", type=float, default=900.0)
-    args = p.parse_args()
-    image_id = _docker("image", "inspect", "--format", "{{.Id}}", args.image).strip()
-    repo_digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", args.image))
-    digest = repo_digests[0].partition("@")[2] if repo_digests else image_id
+    p.add_argument("--timeout", type=float, default=timeout)
+    return p
+
+
+def image_digest(image: str) -> str:
+    """The image's registry digest, or its local id when it was not pulled by digest."""
+    repo_digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", image))
+    if repo_digests:
+        return str(repo_digests[0].partition("@")[2])
+    return _docker("image", "inspect", "--format", "{{.Id}}", image).strip()
+
+
+def main() -> int:
+    args = image_options(__doc__, 900.0).parse_args()
+    digest = image_digest(args.image)
     result: dict[str, object] = {
         "image": args.image,
         "image_digest": digest,
