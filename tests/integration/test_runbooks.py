@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,12 +43,13 @@ LINKED = {"bench", "node_modules"}
 CACHES = shutil.ignore_patterns("__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 
 
-def _ignored(names: list[str]) -> set[str]:
-    """Those of the repository's top-level ``names`` its .gitignore ignores (a developer's
-    .gpu/ bundle of wheels is GBs; a clone has none of them)."""
+def _ignored(paths: Iterable[str], *, tracked_too: bool = False) -> set[str]:
+    """Those of ``paths`` (relative to the repository) its .gitignore ignores; with
+    ``tracked_too``, also those it would ignore were they not tracked (``--no-index``)."""
+    flags = ["--no-index"] if tracked_too else []
     done = subprocess.run(
-        ["git", "-C", str(REPO), "check-ignore", "--stdin"],
-        input="\n".join(names) + "\n", capture_output=True, text=True, check=False,
+        ["git", "-C", str(REPO), "check-ignore", *flags, "--stdin"],
+        input="\n".join(sorted(paths)) + "\n", capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr  # 1: none ignored
     return set(done.stdout.splitlines())
@@ -58,7 +59,8 @@ def _checkout(where: Path) -> Path:
     # Copied, not linked: a relative path through a link (local-policy.yaml's
     # ../../build/signing) would resolve into this repository's build/, not the page's.
     where.mkdir()
-    ignored = _ignored([e.name for e in REPO.iterdir()]) - LINKED
+    # A developer's .gpu/ bundle of wheels is GBs; a clone has none of what git ignores.
+    ignored = _ignored(e.name for e in REPO.iterdir()) - LINKED
     for entry in REPO.iterdir():
         if entry.name in LEFT_OUT or entry.name in ignored or entry.name.endswith("_cache"):
             continue
@@ -104,14 +106,7 @@ def _files(root: Path) -> set[str]:
 
 def _committable(paths: set[str]) -> list[str]:
     """The paths this repository's .gitignore does not ignore: a ``git add -A`` would take them."""
-    if not paths:
-        return []
-    done = subprocess.run(
-        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
-        input="\n".join(sorted(paths)) + "\n", capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert done.returncode in (0, 1), done.stderr  # 1: none ignored
-    return sorted(paths - set(done.stdout.splitlines()))
+    return sorted(paths - _ignored(paths, tracked_too=True)) if paths else []
 
 
 @pytest.mark.parametrize("page", runbook.PAGES)

@@ -41,12 +41,12 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 RECIPE = REPO / "deploy" / "examples" / "serve-snapshot.yaml"
 
 
-def _take(image: str, out: Path, caps: frozenset[str]) -> Path:
+def _take(image: str, out: Path) -> Path:
     """``make snapshot``'s take, in Docker, with the image's own CRIU, and the resource limits
     the pod will have (podman's here: ULIMITS): CRIU gives each process its limits back and
     cannot raise a hard one, so the gate refuses a restore under lower limits."""
     argv = [
-        "docker", "run", "--rm", "--cap-drop=ALL", *(f"--cap-add={c}" for c in sorted(caps)), "--security-opt", "seccomp=unconfined", "--shm-size", "1g", *ULIMITS,
+        "docker", "run", "--rm", "--cap-drop=ALL", *(f"--cap-add={c}" for c in sorted(SNAPSHOT_CAPABILITIES)), "--security-opt", "seccomp=unconfined", "--shm-size", "1g", *ULIMITS,
         "-v", f"{out}:/work", "--entrypoint", "python3", image,
         "-m", "kernelbake", "snapshot", "take", "--out", "/work/snap", "--image-digest", image.split("@")[1],
     ]  # fmt: skip
@@ -74,8 +74,7 @@ def test_the_snapshot_recipe_restores_in_a_pod_from_the_pushed_artifact(
     image = pulled(vllm_image)
     # The recipe's set after drop: [ALL], whatever podman's defaults are (smaller than Docker's):
     # the snapshot is taken with exactly the set it is restored with.
-    caps = SNAPSHOT_CAPABILITIES
-    taken = _take(image, tmp_path / "take", caps)
+    taken = _take(image, tmp_path / "take")
     recorded = SnapshotManifest.from_json((taken / SNAPSHOT_MANIFEST).read_bytes(), source="take")
     assert recorded.rlimits is not None and recorded.rlimits["NOFILE"] == 16384
     # What the tree held, read from each process at take: every capability its container gave.
