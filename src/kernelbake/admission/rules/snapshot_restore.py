@@ -69,7 +69,6 @@ _HOST_NAMESPACES = {
     "and SYS_ADMIN reaches them",
 }
 _SHOWN = 160
-_RESTORE_SET = ", ".join(sorted(RESTORE_CAPABILITIES))
 _SNAPSHOT_SET = ", ".join(sorted(SNAPSHOT_CAPABILITIES))
 
 
@@ -243,7 +242,8 @@ def _restore(
         wrong.append(
             Denial(
                 c.where,
-                f"privileged grants every capability; a restore needs only {_RESTORE_SET} and seccomp Unconfined",
+                f"privileged grants every capability; a restore needs only {_SNAPSHOT_SET} (drop ALL, add those) "
+                "and seccomp Unconfined",
             )
         )
     # What every runtime grants by default is no more than it had, and a container that drops
