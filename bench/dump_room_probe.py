@@ -1,0 +1,163 @@
+"""Does take's room check cover what CRIU then writes, on a GPU process (issue 40, docs/snapshot.md)?
+
+``kernelbake snapshot take`` refuses a dump that would not fit where it goes before CRIU runs
+(``take._no_room``): once the driver's checkpoint has moved a process's device state into its
+host memory, the dump is about that memory (``tree.dumped_bytes``: Anonymous, Swap and
+Pss_Shmem of smaps_rollup) plus CRIU's own slack (``take.DUMP_SLACK``). On the CPU that was
+checked in CI; whether the driver's copy of the device state shows up in those fields is a
+property of the driver, seen only on a GPU. This asks it of the product's own code:
+
+for each size, a child that holds N GiB on the GPU and a captured CUDA graph; the driver's
+checkpoint (``driver.machine_driver``); the estimate (``tree.dumped_bytes``) and the room
+check's verdict on the real images folder and, as root, on a tmpfs of half the estimate;
+then ``criu dump`` (``criu.Criu``) and the bytes it wrote. Where no GPU answers, the same on
+the CPU (the driver's calls are no-ops), as CI runs it.
+
+    PYTHONPATH=src python3 bench/dump_room_probe.py --gib 4 --gib 16 \
+        --criu /opt/kernelbake-criu/bin/criu --images /dev/shm/room --out DIR
+
+Prints JSON; writes DIR/dump-room-probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kernelbake.runtime.snapshot import take, tree
+from kernelbake.runtime.snapshot.criu import Criu, failure
+from kernelbake.runtime.snapshot.driver import NoDriver, machine_driver
+
+CHILD = r"""
+import sys, time
+gib, ready = float(sys.argv[1]), sys.argv[2]
+try:
+    import torch
+    cuda = torch.cuda.is_available()
+except ImportError:
+    cuda = False
+if cuda:
+    x = torch.rand(int(gib * (1 << 30) // 4), device="cuda")
+    w = torch.rand(1024, 1024, device="cuda")
+    a = torch.rand(64, 1024, device="cuda")
+    y = a @ w
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = a @ w
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+else:
+    x = bytearray(int(gib * (1 << 30)))
+    x[:: 1 << 12] = b"\1" * len(x[:: 1 << 12])  # touched, so resident and dumped
+open(ready, "w").write("ready")
+while True:
+    time.sleep(1)
+"""
+
+
+def _bytes_under(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def _small_tmpfs(size: int) -> Path | None:
+    """A tmpfs of ``size`` bytes (root only), so the refusal is asked of a real filesystem."""
+    if os.geteuid() != 0:
+        return None
+    where = Path(tempfile.mkdtemp(prefix="room-small-"))
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]).returncode == 0
+    return where if ok else None
+
+
+def probe(gib: float, criu: Criu, images_root: Path) -> dict[str, Any]:
+    driver = machine_driver()
+    work = Path(tempfile.mkdtemp(prefix="room-work-"))
+    images = images_root / f"{gib:g}gib"
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(parents=True)
+    ready = work / "ready"
+    with (work / "child.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(gib), str(ready)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # its own session: CRIU dumps it without --shell-job
+        )
+    r: dict[str, Any] = {"gib": gib, "gpu": not isinstance(driver, NoDriver)}
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                r["error"] = f"the child did not get ready: {(work / 'child.log').read_text()[-400:]}"
+                return r
+            time.sleep(0.2)
+        r["before_checkpoint_bytes"] = tree.dumped_bytes(proc.pid)
+        t = time.monotonic()
+        driver.checkpoint(proc.pid)
+        r["checkpoint_s"] = round(time.monotonic() - t, 2)
+        estimate = tree.dumped_bytes(proc.pid)
+        r["estimate_bytes"] = estimate
+        r["need_bytes"] = estimate + take.DUMP_SLACK
+        # The verdicts take would give: on the real folder, and on one that cannot hold it.
+        # An empty folder as /dev/shm: the child keeps nothing there.
+        shm = work / "shm"
+        shm.mkdir()
+        r["room_check_here"] = take._no_room([proc.pid], images, shm=shm)
+        if small := _small_tmpfs(max(estimate // 2, 1 << 20)):
+            r["room_check_half"] = take._no_room([proc.pid], small, shm=shm)
+            subprocess.run(["umount", str(small)])
+            small.rmdir()
+        t = time.monotonic()
+        ok, dump_log = criu.dump(proc.pid, images, work)
+        r["dump_s"] = round(time.monotonic() - t, 2)
+        if not ok:
+            r["error"] = f"criu dump failed: {failure(Path(dump_log))}"
+            driver.restore(proc.pid)
+            return r
+        r["written_bytes"] = _bytes_under(images)
+        r["covered"] = r["need_bytes"] >= r["written_bytes"]
+        r["estimate_over_written"] = round(estimate / r["written_bytes"], 4)
+        return r
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        shutil.rmtree(images, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, action="append", default=[])
+    ap.add_argument("--criu", type=Path, default=Path("/opt/kernelbake-criu/bin/criu"))
+    ap.add_argument("--images", type=Path, default=Path("/dev/shm/dump-room"))
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    criu = Criu(a.criu)
+    doc: dict[str, Any] = {
+        "bench": "dump_room_probe",
+        "command": "python3 bench/dump_room_probe.py " + " ".join(sys.argv[1:]),
+        "criu": criu.version(),
+        "slack_bytes": take.DUMP_SLACK,
+        "runs": [probe(g, criu, a.images) for g in a.gib or [1.0]],
+    }
+    doc["device"] = dataclasses.asdict(machine_driver().facts()) if doc["runs"][0].get("gpu") else "cpu"
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "dump-room-probe.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(json.dumps(doc, indent=1, default=str))
+    return 0 if all(r.get("covered") for r in doc["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
