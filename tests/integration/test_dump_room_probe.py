@@ -41,5 +41,6 @@ def test_the_room_check_covers_the_dump_and_refuses_a_disk_too_small(tmp_path: P
     assert run["need_bytes"] >= run["written_bytes"] > 0.25 * (1 << 30)
     assert 0.9 <= run["estimate_over_written"] <= 1.1
     assert run["room_check_here"] is None
+    assert "the dump of 1 process needs about" in run["room_check_half"]
     assert "take the snapshot onto a larger disk" in run["room_check_half"]
     assert not list((tmp_path / "images").iterdir())  # the probe's dump was removed after

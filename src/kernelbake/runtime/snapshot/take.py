@@ -454,7 +454,8 @@ def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | No
     if (free := shutil.disk_usage(images).free) >= need:
         return None
     return (
-        f"{images}: the dump of {len(pids)} processes needs about {need} B (their memory, "
+        f"{images}: the dump of {len(pids)} process{'es' if len(pids) != 1 else ''} needs about "
+        f"{need} B (their memory, "
         f"{shm}'s files and {DUMP_SLACK} B for CRIU's own), and {free} B are free there; "
         "take the snapshot onto a larger disk"
     )
