@@ -1,0 +1,200 @@
+"""What a restore does on a GPU whose memory another process holds (issue 40: safe on a machine
+it does not fit).
+
+The snapshot's key names the GPU model, so a restore on another card is refused before it
+starts; the same card with its memory taken (another replica, a stray process) matches every
+field. This measures what the product's code then meets: a child holding N GiB and a CUDA graph
+is checkpointed by the driver (``driver.CudaDriver``) and dumped by CRIU (``criu.Criu``); a hog
+then takes all but ``--leave`` GiB of the device; CRIU restores the process (host memory: no
+GPU needed) and the driver is asked to restore its device state. Recorded: each call's time,
+the driver's answer and the process's state after it, and whether a second driver restore,
+after the hog is gone, brings the process back with its data intact.
+
+    PYTHONPATH=src python3 bench/restore_room_probe.py --gib 16 --leave 4 \
+        --criu /opt/kernelbake-criu/bin/criu --images /dev/shm/rr --out DIR
+
+Prints JSON; writes DIR/restore-room-probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kernelbake.errors import EnvironmentProblem
+from kernelbake.runtime.snapshot.criu import Criu, failure
+from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
+
+# The child checks its own data on SIGUSR1 and writes the verdict to a file (its stdout is a
+# file CRIU restores at the size it had, so nothing is printed after the dump).
+CHILD = r"""
+import signal, sys, time, torch
+gib, ready, verdict = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+g = torch.Generator(device="cuda").manual_seed(7)
+x = torch.rand(int(gib * (1 << 30) // 4), device="cuda", generator=g)
+w = torch.rand(1024, 1024, device="cuda", generator=g)
+a = torch.rand(64, 1024, device="cuda", generator=g)
+y = a @ w
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    y = a @ w
+graph.replay()
+torch.cuda.synchronize()
+want = (float(x.double().sum()), float(y.double().sum()))
+torch.cuda.empty_cache()
+def check(*_):
+    graph.replay()
+    torch.cuda.synchronize()
+    got = (float(x.double().sum()), float(y.double().sum()))
+    open(verdict, "w").write("intact" if got == want else f"changed {want} -> {got}")
+signal.signal(signal.SIGUSR1, check)
+open(ready, "w").write("ready")
+while True:
+    time.sleep(0.2)
+"""
+
+HOG = r"""
+import sys, time, torch
+leave, ready = float(sys.argv[1]), sys.argv[2]
+free, total = torch.cuda.mem_get_info()
+take = max(free - int(leave * (1 << 30)), 0)
+blocks = []
+while take >= 1 << 28:
+    blocks.append(torch.empty(1 << 28, dtype=torch.uint8, device="cuda"))
+    take -= 1 << 28
+open(ready, "w").write(str(len(blocks) << 28))
+while True:
+    time.sleep(1)
+"""
+
+STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+
+
+def _state(lib: ctypes.CDLL, pid: int) -> str:
+    state = ctypes.c_int(-1)
+    rc = lib.cuCheckpointProcessGetState(pid, ctypes.byref(state))
+    return STATES.get(state.value, str(state.value)) if rc == 0 else f"CUresult {rc}"
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes] | None, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _timed(r: dict[str, Any], what: str, call: Any) -> bool:
+    t = time.monotonic()
+    try:
+        call()
+        ok, said = True, "ok"
+    except EnvironmentProblem as exc:
+        ok, said = False, str(exc)
+    r[what] = {"s": round(time.monotonic() - t, 2), "said": said}
+    return ok
+
+
+def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
+    driver = machine_driver()
+    if not isinstance(driver, CudaDriver):
+        return {"error": "no GPU answers here"}
+    lib = ctypes.CDLL("libcuda.so.1")
+    work = Path(tempfile.mkdtemp(prefix="rr-work-"))
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(parents=True)
+    ready, verdict, hog_ready = work / "ready", work / "verdict", work / "hog"
+    r: dict[str, Any] = {"gib": gib, "leave_gib": leave}
+    with (work / "child.log").open("w") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(gib), str(ready), str(verdict)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+    hog: subprocess.Popen[bytes] | None = None
+    restored = 0
+    try:
+        if not _wait_for(ready, child, 300):
+            r["error"] = "the child did not get ready: " + (work / "child.log").read_text()[-400:]
+            return r
+        _timed(r, "checkpoint", lambda: driver.checkpoint(child.pid))
+        t = time.monotonic()
+        ok, log_path = criu.dump(child.pid, images, work)
+        r["dump"] = {"s": round(time.monotonic() - t, 2), "ok": ok}
+        if not ok:
+            r["error"] = failure(Path(log_path))
+            return r
+        child.wait()
+        hog = subprocess.Popen(
+            [sys.executable, "-c", HOG, str(leave), str(hog_ready)], start_new_session=True
+        )
+        if not _wait_for(hog_ready, hog, 120):
+            r["error"] = "the hog did not get ready"
+            return r
+        r["hog_bytes"] = int(hog_ready.read_text())
+        pidfile = work / "pid"
+        t = time.monotonic()
+        ok, log_path = criu.restore(images, work, pidfile, timeout=300)
+        r["criu_restore"] = {"s": round(time.monotonic() - t, 2), "ok": ok}
+        if not ok:
+            r["error"] = failure(Path(log_path))
+            return r
+        restored = int(pidfile.read_text())
+        r["state_after_criu"] = _state(lib, restored)
+        r["first_restore_ok"] = _timed(r, "driver_restore", lambda: driver.restore(restored))
+        r["state_after_driver"] = _state(lib, restored)
+        hog.kill()
+        hog.wait()
+        time.sleep(1)
+        r["second_restore_ok"] = _timed(r, "driver_restore_again", lambda: driver.restore(restored))
+        r["state_after_second"] = _state(lib, restored)
+        if r["second_restore_ok"] or r["first_restore_ok"]:
+            subprocess.run(["kill", "-USR1", str(restored)])
+            r["data"] = verdict.read_text() if _wait_for(verdict, None, 60) else "no verdict in 60 s"
+        return r
+    finally:
+        for p in (child, hog):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        if restored:
+            subprocess.run(["kill", "-KILL", str(restored)])
+        shutil.rmtree(images, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=16.0)
+    ap.add_argument("--leave", type=float, default=4.0, help="GiB of the device the hog leaves free")
+    ap.add_argument("--criu", type=Path, default=Path("/opt/kernelbake-criu/bin/criu"))
+    ap.add_argument("--images", type=Path, default=Path("/dev/shm/restore-room"))
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    criu = Criu(a.criu)
+    doc: dict[str, Any] = {
+        "bench": "restore_room_probe",
+        "command": "python3 bench/restore_room_probe.py " + " ".join(sys.argv[1:]),
+        "criu": criu.version(),
+        "device": str(machine_driver().facts()),
+        "run": probe(a.gib, a.leave, criu, a.images),
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "restore-room-probe.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0 if "error" not in doc["run"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
