@@ -59,7 +59,18 @@ class CudaDriver:
     def _call(self, name: str, *args: object) -> None:
         rc = getattr(self._cuda, name)(*args)
         if rc != 0:
-            raise EnvironmentProblem(f"the driver's {name} failed with CUresult {rc}")
+            raise EnvironmentProblem(f"the driver's {name} failed with CUresult {rc}{self._said(rc)}")
+
+    def _said(self, rc: int) -> str:
+        """What the driver calls ``rc`` (``cuGetErrorName``/``cuGetErrorString``), asked of the
+        driver rather than a table of ours, so a code a later driver adds is named too; empty
+        where it does not know it."""
+        words = []
+        for ask in ("cuGetErrorName", "cuGetErrorString"):
+            text = ctypes.c_char_p()
+            if getattr(self._cuda, ask)(rc, ctypes.byref(text)) == 0 and text.value:
+                words.append(text.value.decode(errors="replace"))
+        return f" ({': '.join(words)})" if words else ""
 
     def facts(self) -> DeviceFacts:
         count, version = ctypes.c_int(), ctypes.c_int()
