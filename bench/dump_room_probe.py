@@ -37,32 +37,49 @@ from kernelbake.runtime.snapshot import take, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import NoDriver, machine_driver
 
+# The child both probes start (restore_room_probe.py too): N GiB and a captured CUDA graph on the
+# GPU, or N GiB of touched host memory without one. Given a verdict file, it checks its own data
+# on SIGUSR1 and writes what it found there (its stdout is a file CRIU restores at the size it
+# had, so nothing is printed after the dump); the check's float64 copy is made only then.
 CHILD = r"""
-import sys, time
+import signal, sys, time
 gib, ready = float(sys.argv[1]), sys.argv[2]
+verdict = sys.argv[3] if len(sys.argv) > 3 else None
 try:
     import torch
     cuda = torch.cuda.is_available()
 except ImportError:
     cuda = False
 if cuda:
-    x = torch.rand(int(gib * (1 << 30) // 4), device="cuda")
-    w = torch.rand(1024, 1024, device="cuda")
-    a = torch.rand(64, 1024, device="cuda")
-    y = a @ w
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.rand(int(gib * (1 << 30) // 4), device="cuda", generator=g)
+    w = torch.rand(1024, 1024, device="cuda", generator=g)
+    a = torch.rand(64, 1024, device="cuda", generator=g)
+    y = a @ w  # cuBLAS sets up its workspace on a first call, which a capture cannot hold
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = a @ w
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    def sums():
+        graph.replay()
+        torch.cuda.synchronize()
+        return (float(x.double().sum()), float(y.double().sum()))
 else:
     x = bytearray(int(gib * (1 << 30)))
     x[:: 1 << 12] = b"\1" * len(x[:: 1 << 12])  # touched, so resident and dumped
+    def sums():
+        return (x.count(1),)
+if verdict:
+    want = sums()
+    def check(*_):
+        got = sums()
+        open(verdict, "w").write("intact" if got == want else f"changed {want} -> {got}")
+    signal.signal(signal.SIGUSR1, check)
+if cuda:
+    torch.cuda.empty_cache()  # what the checks reserved given back: the device holds the data
 open(ready, "w").write("ready")
 while True:
-    time.sleep(1)
+    time.sleep(0.2)
 """
 
 

@@ -34,34 +34,8 @@ from kernelbake.errors import EnvironmentProblem
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
 
-# The child checks its own data on SIGUSR1 and writes the verdict to a file (its stdout is a
-# file CRIU restores at the size it had, so nothing is printed after the dump).
-CHILD = r"""
-import signal, sys, time, torch
-gib, ready, verdict = float(sys.argv[1]), sys.argv[2], sys.argv[3]
-g = torch.Generator(device="cuda").manual_seed(7)
-x = torch.rand(int(gib * (1 << 30) // 4), device="cuda", generator=g)
-w = torch.rand(1024, 1024, device="cuda", generator=g)
-a = torch.rand(64, 1024, device="cuda", generator=g)
-y = a @ w
-torch.cuda.synchronize()
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
-    y = a @ w
-graph.replay()
-torch.cuda.synchronize()
-want = (float(x.double().sum()), float(y.double().sum()))
-torch.cuda.empty_cache()
-def check(*_):
-    graph.replay()
-    torch.cuda.synchronize()
-    got = (float(x.double().sum()), float(y.double().sum()))
-    open(verdict, "w").write("intact" if got == want else f"changed {want} -> {got}")
-signal.signal(signal.SIGUSR1, check)
-open(ready, "w").write("ready")
-while True:
-    time.sleep(0.2)
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dump_room_probe import CHILD
 
 HOG = r"""
 import sys, time, torch
