@@ -83,6 +83,43 @@ while True:
 """
 
 
+def start_child(gib: float, work: Path, verdict: Path | None = None) -> subprocess.Popen[bytes]:
+    """CHILD holding ``gib`` GiB, in its own session (CRIU dumps it without --shell-job), its
+    output in ``work``/child.log; ``work``/ready appears once it holds them."""
+    with (work / "child.log").open("w") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(gib),
+                str(work / "ready"),
+                *([str(verdict)] if verdict else []),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+
+
+def wait_for(path: Path, proc: subprocess.Popen[bytes] | None, seconds: float) -> bool:
+    """Whether ``path`` appeared within ``seconds`` (False at once if ``proc`` ended first)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def child_not_ready(proc: subprocess.Popen[bytes], work: Path, seconds: float = 300) -> str | None:
+    """Why the child of ``start_child`` is not ready within ``seconds`` (its log's end), or None."""
+    if wait_for(work / "ready", proc, seconds):
+        return None
+    return "the child did not get ready: " + (work / "child.log").read_text()[-400:]
+
+
 def _bytes_under(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
@@ -102,23 +139,12 @@ def probe(gib: float, criu: Criu, images_root: Path) -> dict[str, Any]:
     images = images_root / f"{gib:g}gib"
     shutil.rmtree(images, ignore_errors=True)
     images.mkdir(parents=True)
-    ready = work / "ready"
-    with (work / "child.log").open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(gib), str(ready)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,  # its own session: CRIU dumps it without --shell-job
-        )
+    proc = start_child(gib, work)
     r: dict[str, Any] = {"gib": gib, "gpu": not isinstance(driver, NoDriver)}
     try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                r["error"] = f"the child did not get ready: {(work / 'child.log').read_text()[-400:]}"
-                return r
-            time.sleep(0.2)
+        if error := child_not_ready(proc, work):
+            r["error"] = error
+            return r
         r["before_checkpoint_bytes"] = tree.dumped_bytes(proc.pid)
         t = time.monotonic()
         driver.checkpoint(proc.pid)

@@ -35,7 +35,8 @@ from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dump_room_probe import CHILD
+from dump_room_probe import child_not_ready, start_child, wait_for
+from vllm_snapshot_probe import STATES
 
 HOG = r"""
 import sys, time, torch
@@ -51,22 +52,11 @@ while True:
     time.sleep(1)
 """
 
-STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
-
 
 def _state(lib: ctypes.CDLL, pid: int) -> str:
     state = ctypes.c_int(-1)
     rc = lib.cuCheckpointProcessGetState(pid, ctypes.byref(state))
     return STATES.get(state.value, str(state.value)) if rc == 0 else f"CUresult {rc}"
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes] | None, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def _timed(r: dict[str, Any], what: str, call: Any) -> bool:
@@ -88,18 +78,14 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="rr-work-"))
     shutil.rmtree(images, ignore_errors=True)
     images.mkdir(parents=True)
-    ready, verdict, hog_ready = work / "ready", work / "verdict", work / "hog"
+    verdict, hog_ready = work / "verdict", work / "hog"
     r: dict[str, Any] = {"gib": gib, "leave_gib": leave}
-    with (work / "child.log").open("w") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(gib), str(ready), str(verdict)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
+    child = start_child(gib, work, verdict)
     hog: subprocess.Popen[bytes] | None = None
     restored = 0
     try:
-        if not _wait_for(ready, child, 300):
-            r["error"] = "the child did not get ready: " + (work / "child.log").read_text()[-400:]
+        if error := child_not_ready(child, work):
+            r["error"] = error
             return r
         _timed(r, "checkpoint", lambda: driver.checkpoint(child.pid))
         t = time.monotonic()
@@ -112,7 +98,7 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
         hog = subprocess.Popen(
             [sys.executable, "-c", HOG, str(leave), str(hog_ready)], start_new_session=True
         )
-        if not _wait_for(hog_ready, hog, 120):
+        if not wait_for(hog_ready, hog, 120):
             r["error"] = "the hog did not get ready"
             return r
         r["hog_bytes"] = int(hog_ready.read_text())
@@ -134,7 +120,7 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
         r["state_after_second"] = _state(lib, restored)
         if r["second_restore_ok"] or r["first_restore_ok"]:
             subprocess.run(["kill", "-USR1", str(restored)])
-            r["data"] = verdict.read_text() if _wait_for(verdict, None, 60) else "no verdict in 60 s"
+            r["data"] = verdict.read_text() if wait_for(verdict, None, 60) else "no verdict in 60 s"
         return r
     finally:
         for p in (child, hog):
