@@ -1,7 +1,7 @@
 """Does take's room check cover what CRIU then writes, on a GPU process (issue 40, docs/snapshot.md)?
 
 ``kernelbake snapshot take`` refuses a dump that would not fit where it goes before CRIU runs
-(``take._no_room``): once the driver's checkpoint has moved a process's device state into its
+(``take._room``): once the driver's checkpoint has moved a process's device state into its
 host memory, the dump is about that memory (``tree.dumped_bytes``: Anonymous, Swap and
 Pss_Shmem of smaps_rollup) plus CRIU's own slack (``take.DUMP_SLACK``). On the CPU that was
 checked in CI; whether the driver's copy of the device state shows up in those fields is a
@@ -156,9 +156,9 @@ def probe(gib: float, criu: Criu, images_root: Path) -> dict[str, Any]:
         # An empty folder as /dev/shm: the child keeps nothing there.
         shm = work / "shm"
         shm.mkdir()
-        r["room_check_here"] = take._no_room([proc.pid], images, shm=shm)
+        r["room_check_here"] = take._room([proc.pid], images, shm=shm)[1]
         if small := _small_tmpfs(max(estimate // 2, 1 << 20)):
-            r["room_check_half"] = take._no_room([proc.pid], small, shm=shm)
+            r["room_check_half"] = take._room([proc.pid], small, shm=shm)[1]
             subprocess.run(["umount", str(small)])
             small.rmdir()
         t = time.monotonic()

@@ -636,7 +636,19 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         taken=dict(manifest.taken),
         digest=manifest.digest,
     )
+    if checked := room(manifest.taken, out["bytes_by_kind"]):
+        out["room"] = checked
     return out
+
+
+def room(taken: Mapping[str, float], by_kind: Mapping[str, int]) -> dict[str, Any] | None:
+    """Take's room check (its estimate, made before the dump) against what the dump and the copy
+    of /dev/shm then wrote; the weights beside are saved before it and are not in its count."""
+    need = taken.get("room_need_bytes")
+    written = sum(v for k, v in by_kind.items() if k != "weights")
+    if not need or not written:
+        return None
+    return {"need_bytes": int(need), "written_bytes": written, "need_over_written": round(need / written, 4)}
 
 
 def bytes_by_kind(files: Sequence[SnapshotFile]) -> dict[str, int]:

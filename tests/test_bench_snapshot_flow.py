@@ -437,3 +437,14 @@ def test_a_takes_bytes_are_told_by_kind_pages_dev_shm_weights_and_the_rest() -> 
         SnapshotFile(path="images/weights/index.json", size=2, sha256="0" * 64),
     ]
     assert _flow().bytes_by_kind(files) == {"pages": 320, "dev_shm": 7, "weights": 1002, "other": 6}
+
+
+def test_room_sets_takes_estimate_beside_what_was_written_without_the_weights() -> None:
+    by_kind = {"pages": 320, "dev_shm": 7, "weights": 1002, "other": 6}
+    assert _flow().room({"room_need_bytes": 400.0, "dump_s": 1.0}, by_kind) == {
+        "need_bytes": 400,
+        "written_bytes": 333,
+        "need_over_written": 1.2012,
+    }
+    # A snapshot taken before take kept its estimate says nothing rather than a ratio of zero.
+    assert _flow().room({"dump_s": 1.0}, by_kind) is None

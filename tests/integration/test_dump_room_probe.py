@@ -1,5 +1,5 @@
 """bench/dump_room_probe.py on this machine's CPU with the real CRIU 4.2.1: take's room check
-(``take._no_room``) asked of a live process covers what ``criu dump`` then writes, and refuses a
+(``take._room``) asked of a live process covers what ``criu dump`` then writes, and refuses a
 real filesystem that cannot hold it. The GPU half (the driver's copy of device state) is the
 same probe on the device machine: bench/results/dump-room-probe-*/."""
 

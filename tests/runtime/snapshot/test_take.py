@@ -712,13 +712,15 @@ def test_a_dump_that_would_not_fit_is_refused_before_criu_runs_and_the_device_st
     monkeypatch.setattr(take.shutil, "disk_usage", lambda p: usage._replace(free=free_mb * 10**6))
     criu = _DumpingCriu()
     args = (runtime_env(tmp_path), type("P", (), {"pid": 10})(), [10, 11, 12], tmp_path / "out")
+    need = 3 * 500_000 * 1024 + 4096 + take.DUMP_SLACK
     if free_mb == 2000:
-        take._dump(*args, driver=driver, criu=criu)
+        taken, _ = take._dump(*args, driver=driver, criu=criu)
         assert criu.dumped == [10] and driver.restored == []
+        # Kept for the manifest, so that a run can set the estimate beside what CRIU wrote.
+        assert taken["room_need_bytes"] == need
         return
     with pytest.raises(EnvironmentProblem) as err:
         take._dump(*args, driver=driver, criu=criu)
-    need = 3 * 500_000 * 1024 + 4096 + take.DUMP_SLACK
     assert str(err.value) == (
         f"{tmp_path / 'out' / 'images'}: the dump of 3 processes needs about {need} B (their memory, "
         f"{shm}'s files and {take.DUMP_SLACK} B for CRIU's own), and 100000000 B are free there; "

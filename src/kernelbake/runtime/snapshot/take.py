@@ -441,10 +441,11 @@ def _release_nvml(pids: list[int], kill: Callable[[int, int], None] = os.kill) -
     return asked
 
 
-def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | None:
-    """Why the dump would not fit where it goes, or None. Asked of the tree once the driver
-    holds its device state in host memory (what the dump writes is then the processes'
-    memory), and with /dev/shm's files, which are copied after it."""
+def _room(pids: list[int], images: Path, shm: Path | None = None) -> tuple[int, str | None]:
+    """What the dump needs where it goes, and why it would not fit there (None: it fits). Asked
+    of the tree once the driver holds its device state in host memory (what the dump writes is
+    then the processes' memory), and with /dev/shm's files, which are copied after it. The need
+    is kept in the manifest, so that a run can set it beside what CRIU wrote."""
     shm = Path(SHM_DIR) if shm is None else shm
     shm_bytes = 0
     for f in _shm_files(shm):
@@ -452,8 +453,8 @@ def _no_room(pids: list[int], images: Path, shm: Path | None = None) -> str | No
             shm_bytes += f.stat().st_size
     need = sum(tree.dumped_bytes(pid) for pid in pids) + shm_bytes + DUMP_SLACK
     if (free := shutil.disk_usage(images).free) >= need:
-        return None
-    return (
+        return need, None
+    return need, (
         f"{images}: the dump of {len(pids)} process{'es' if len(pids) != 1 else ''} needs about "
         f"{need} B (their memory, "
         f"{shm}'s files and {DUMP_SLACK} B for CRIU's own), and {free} B are free there; "
@@ -494,7 +495,9 @@ def _dump(
             "held them"
         )
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-    if problem := _no_room(pids, out / IMAGES_DIR):
+    need, problem = _room(pids, out / IMAGES_DIR)
+    taken["room_need_bytes"] = need
+    if problem:
         _give_back(driver, gpu_pids)
         raise EnvironmentProblem(problem)
     env.scratch.mkdir(parents=True, exist_ok=True)
