@@ -123,7 +123,9 @@ if [ "$(cat "$xzfile.packed" 2>/dev/null)" != "$recipe" ] || [ ! -f "$xzfile" ];
   printf '%s' "$recipe" > "$xzfile.packed"
 fi
 
-tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+# What travels is what the working tree holds: a tracked file deleted there (set aside to make
+# room for bigger chunks) does not, and du's complaint about it is not an error.
+tree_bytes=$( (git ls-files -z | xargs -0 du -cb 2>/dev/null || true) | tail -1 | cut -f1)
 # 64 MiB a call, less the tree and 4 MiB for what the tree gains before the lead runs it.
 mib=${CHUNK_MIB:-$(( (64 * 1048576 - tree_bytes) / 1048576 - 4 ))}
 rm -rf "$out"/chunk* && mkdir -p "$out"
