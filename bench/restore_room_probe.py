@@ -8,7 +8,9 @@ is checkpointed by the driver (``driver.CudaDriver``) and dumped by CRIU (``criu
 then takes all but ``--leave`` GiB of the device; CRIU restores the process (host memory: no
 GPU needed) and the driver is asked to restore its device state. Recorded: each call's time,
 the driver's answer and the process's state after it, and whether a second driver restore,
-after the hog is gone, brings the process back with its data intact.
+after the hog is gone, brings the process back with its data intact. Also what serve's gate
+(``restore.no_device_room``) says, given the child's rise in NVML's used memory (what take
+records as ``device_bytes``), with the hog and after it.
 
     PYTHONPATH=src python3 bench/restore_room_probe.py --gib 16 --leave 4 \
         --criu /opt/kernelbake-criu/bin/criu --images /dev/shm/rr --out DIR
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import shutil
 import signal
@@ -32,7 +35,8 @@ from typing import Any
 
 from kernelbake.errors import EnvironmentProblem
 from kernelbake.runtime.snapshot.criu import Criu, failure
-from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver
+from kernelbake.runtime.snapshot.driver import CudaDriver, machine_driver, rise
+from kernelbake.runtime.snapshot.restore import no_device_room
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dump_room_probe import child_not_ready, start_child, wait_for
@@ -80,6 +84,7 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
     images.mkdir(parents=True)
     verdict, hog_ready = work / "verdict", work / "hog"
     r: dict[str, Any] = {"gib": gib, "leave_gib": leave}
+    idle = driver.memory()
     child = start_child(gib, work, verdict)
     hog: subprocess.Popen[bytes] | None = None
     restored = 0
@@ -87,6 +92,8 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
         if error := child_not_ready(child, work):
             r["error"] = error
             return r
+        # What take records as device_bytes (NVML's rise), and what serve's gate says of it.
+        r["device_bytes"] = held = rise(idle, driver.memory())
         _timed(r, "checkpoint", lambda: driver.checkpoint(child.pid))
         t = time.monotonic()
         ok, log_path = criu.dump(child.pid, images, work)
@@ -102,6 +109,8 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
             r["error"] = "the hog did not get ready"
             return r
         r["hog_bytes"] = int(hog_ready.read_text())
+        r["memory_with_hog"] = [dataclasses.asdict(m) for m in driver.memory()]
+        r["gate_with_hog"] = no_device_room(held, driver.memory())
         pidfile = work / "pid"
         t = time.monotonic()
         ok, log_path = criu.restore(images, work, pidfile, timeout=300)
@@ -116,6 +125,7 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
         hog.kill()
         hog.wait()
         time.sleep(1)
+        r["gate_after_hog"] = no_device_room(held, driver.memory())
         r["second_restore_ok"] = _timed(r, "driver_restore_again", lambda: driver.restore(restored))
         r["state_after_second"] = _state(lib, restored)
         if r["second_restore_ok"] or r["first_restore_ok"]:

@@ -114,6 +114,18 @@ def test_a_manifests_limits_round_trip_and_junk_is_refused() -> None:
             SnapshotManifest.from_json(json.dumps({**doc, "root_mode": mode}), source="t")
 
 
+def test_a_manifests_device_bytes_round_trip_and_junk_is_refused() -> None:
+    manifest = _manifest(device_bytes=71_940_702_208)
+    back = SnapshotManifest.from_json(manifest.to_json(), source="t")
+    assert back.device_bytes == 71_940_702_208 and back.digest == manifest.digest
+    # A snapshot.json from before the field: nothing recorded, and none written.
+    assert "device_bytes" not in json.loads(_manifest().to_json())
+    doc = json.loads(manifest.to_json())
+    for junk in (-1, "70G", 7.5, True):
+        with pytest.raises(InvalidSnapshot, match="is not a count of bytes"):
+            SnapshotManifest.from_json(json.dumps({**doc, "device_bytes": junk}), source="t")
+
+
 def test_a_manifests_capabilities_round_trip_sorted_and_junk_is_refused() -> None:
     manifest = _manifest(capabilities=("NET_RAW", "CHOWN", "BIT_41", "CHOWN"))
     back = SnapshotManifest.from_json(manifest.to_json(), source="t")

@@ -405,6 +405,12 @@ class SnapshotManifest:
     # on one outside the restoring container's set, as under podman, whose default set lacks
     # Docker's AUDIT_WRITE, MKNOD and NET_RAW (2026-12-06). None in a snapshot.json from before.
     capabilities: tuple[str, ...] | None = None
+    # The GPU memory the tree held awake and warmed up, beyond what the device used before it
+    # started (NVML's used, the largest rise of any GPU): a restore needs that much free, since
+    # the driver's restore and vLLM's wake-up allocate it again, and a failed restore marks the
+    # node for the snapshot for good, while memory another process holds is often transient.
+    # None in a snapshot.json from before it was recorded, or taken without a GPU.
+    device_bytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.path)))
@@ -445,6 +451,8 @@ class SnapshotManifest:
             doc["root_mode"] = self.root_mode
         if self.capabilities is not None:
             doc["capabilities"] = list(self.capabilities)
+        if self.device_bytes is not None:
+            doc["device_bytes"] = self.device_bytes
         return jsondoc.dumps(doc)
 
     @property
@@ -513,7 +521,14 @@ class SnapshotManifest:
             rlimits=rlimits,
             root_mode=root_mode,
             capabilities=None if capabilities is None else tuple(capabilities),
+            device_bytes=_device_bytes(doc.get("device_bytes")),
         )
+
+
+def _device_bytes(value: object) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise InvalidSnapshot(f"device_bytes {value!r} is not a count of bytes")
+    return value
 
 
 def _check(m: SnapshotManifest) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kernelbake.contract.key import NONE
 from kernelbake.runtime.snapshot.criu import RestoreTimedOut
-from kernelbake.runtime.snapshot.driver import DeviceFacts
+from kernelbake.runtime.snapshot.driver import DeviceFacts, DeviceMemory
 
 # Serves /health and /is_sleeping (200) on PORT for SECONDS, then exits 0; with HEALTHY=0 they
 # answer 503. POSTs
@@ -43,9 +43,17 @@ class FakeDriver:
         self._facts = DeviceFacts(gpu=gpu, gpu_count=count, driver=driver, cuda_driver_api=api)
         self.checkpointed: list[int] = []
         self.restored: list[int] = []
+        # What ``memory`` answers, one call after another (the last again once they run out);
+        # none: a machine whose GPUs cannot be asked.
+        self.memories: list[tuple[DeviceMemory, ...]] = []
 
     def facts(self) -> DeviceFacts:
         return self._facts
+
+    def memory(self) -> tuple[DeviceMemory, ...]:
+        if not self.memories:
+            return ()
+        return self.memories.pop(0) if len(self.memories) > 1 else self.memories[0]
 
     def checkpoint(self, pid: int) -> None:
         self.checkpointed.append(pid)

@@ -17,6 +17,7 @@ from kernelbake.errors import BadInput, EnvironmentProblem
 from kernelbake.runtime import nvml
 from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV
 from kernelbake.runtime.snapshot import io_uring, take, tree
+from kernelbake.runtime.snapshot.driver import DeviceMemory, rise
 from kernelbake.runtime.snapshot.take import Options, refuse_secrets
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
 from tests.support.runtime_target import runtime_env, write_target
@@ -542,7 +543,7 @@ def test_a_failed_dump_leaves_no_link_remap_file_in_shm_and_no_tree(
         raise EnvironmentProblem("criu dump of pid 1 failed: stopped here")
 
     monkeypatch.setattr(take, "spawn", spawn)
-    monkeypatch.setattr(take, "_warmed", lambda *a: {})
+    monkeypatch.setattr(take, "_warmed", lambda *a: ({}, ()))
     monkeypatch.setattr(take, "_wait_quiet", lambda *a: None)
     monkeypatch.setattr(take, "_check_tree", lambda *a: None)
     monkeypatch.setattr(take, "here_key", lambda **kw: None)
@@ -640,7 +641,7 @@ def test_a_failed_take_leaves_no_copy_of_the_weights_behind(
     monkeypatch.setattr(take, "spawn", spawn)
     out = tmp_path / "out"
 
-    def warmed(*args: object) -> dict[str, float]:
+    def warmed(*args: object) -> tuple[dict[str, float], tuple[DeviceMemory, ...]]:
         # What the worker extension wrote before the failure.
         (out / WEIGHTS_COPY / "rank-0").mkdir(parents=True)
         (out / WEIGHTS_COPY / "rank-0" / "part-0000.bin").write_bytes(b"w" * 100)
@@ -654,6 +655,61 @@ def test_a_failed_take_leaves_no_copy_of_the_weights_behind(
         )  # fmt: skip
     assert not (out / WEIGHTS_COPY).exists() and (out / "images").is_dir()
     assert started[0].poll() is not None
+
+
+def _gpu(index: int, used: int, total: int = 80 << 30) -> DeviceMemory:
+    return DeviceMemory(index=index, total=total, free=total - used, used=used)
+
+
+def test_the_device_memory_the_engine_held_awake_is_recorded_for_the_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's used memory before the engine starts and once it is warmed up (before any sleep):
+    the largest rise of any GPU is what a restore needs free (``device_bytes``)."""
+    from kernelbake.contract.snapshot import SNAPSHOT_MANIFEST, SnapshotManifest
+
+    write_target(tmp_path, "tiny-llama.yaml")
+    monkeypatch.setattr(take, "SHM_DIR", str(tmp_path / "shm"))
+    monkeypatch.setattr(take, "ENGINE_LOG", str(tmp_path / "engine.log"))
+    monkeypatch.setattr(tree, "raise_pids", lambda floor, proc=tree.PROC: None)
+    out = tmp_path / "out"
+
+    def spawn(argv: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        (tmp_path / "engine.log").write_text("ready\n")
+        return subprocess.Popen(["sleep", "30"])
+
+    def dump(
+        env: object, proc: subprocess.Popen[bytes], *args: object, **kw: object
+    ) -> tuple[dict[str, float], list[int]]:
+        (out / "images").mkdir(parents=True)
+        (out / "images" / "pages-1.img").write_bytes(b"p" * 10)
+        proc.kill()
+        return {"dump_s": 0.1}, []
+
+    driver = FakeDriver()
+    # Before the engine: the driver's own reservation on each GPU.
+    driver.memories = [(_gpu(0, 500 << 20), _gpu(1, 600 << 20))]
+    awake = (_gpu(0, 70 << 30), _gpu(1, (600 << 20) + (1 << 30)))
+    monkeypatch.setattr(take, "spawn", spawn)
+    monkeypatch.setattr(take, "_warmed", lambda *a: ({"ready_s": 1.0}, awake))
+    monkeypatch.setattr(take, "_wait_quiet", lambda *a: None)
+    monkeypatch.setattr(take, "_check_tree", lambda *a: None)
+    monkeypatch.setattr(take, "_dump", dump)
+    done = take.take(
+        runtime_env(tmp_path), out, Options(image="sha256:" + "1" * 64),
+        driver=driver, criu=FakeCriu(1),  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert done.manifest.device_bytes == (70 << 30) - (500 << 20)
+    again = SnapshotManifest.from_json((out / SNAPSHOT_MANIFEST).read_bytes(), source="test")
+    assert again.device_bytes == done.manifest.device_bytes
+
+
+def test_the_rise_is_of_the_gpu_that_rose_most_and_none_where_memory_was_not_asked() -> None:
+    before = (_gpu(0, 100), _gpu(1, 100))
+    assert rise(before, (_gpu(0, 90), _gpu(1, 400))) == 300
+    # A GPU that freed memory meanwhile is no negative need.
+    assert rise(before, (_gpu(0, 50), _gpu(1, 100))) == 0
+    assert rise((), before) is None and rise(before, ()) is None
 
 
 def test_takes_weights_choices_are_the_contracts_weights() -> None:

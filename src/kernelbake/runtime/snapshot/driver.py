@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
 from kernelbake.contract.key import NONE
 from kernelbake.errors import EnvironmentProblem
@@ -25,8 +25,22 @@ class DeviceFacts:
     cuda_driver_api: str
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory as NVML counts it, in bytes."""
+
+    index: int
+    total: int
+    free: int
+    used: int
+
+
 class Driver(Protocol):
     def facts(self) -> DeviceFacts: ...
+
+    def memory(self) -> tuple[DeviceMemory, ...]:
+        """Each GPU's memory now; empty where it cannot be asked (then nothing is checked)."""
+        ...
 
     def checkpoint(self, pid: int) -> None:
         """Lock, then checkpoint ``pid``'s device state into its host memory."""
@@ -42,6 +56,9 @@ class NoDriver:
 
     def facts(self) -> DeviceFacts:
         return DeviceFacts(gpu=NONE, gpu_count=0, driver=NONE, cuda_driver_api=NONE)
+
+    def memory(self) -> tuple[DeviceMemory, ...]:
+        return ()
 
     def checkpoint(self, pid: int) -> None:
         return None
@@ -92,6 +109,12 @@ class CudaDriver:
             gpu=gpu, gpu_count=count.value, driver=probe.nvidia_driver(), cuda_driver_api=str(version.value)
         )
 
+    def memory(self) -> tuple[DeviceMemory, ...]:
+        """Asked of NVML, not of CUDA: a context would hold device memory of its own (and show
+        in the count) and keep the GPU's files open in this process. NVML is shut down again
+        before this returns. Empty where NVML does not load or answer."""
+        return nvml_memory()
+
     def _process(self, name: str, pid: int) -> None:
         args = (ctypes.c_uint32 * 16)()  # the *Args structs: zeroed, timeout 0 (none)
         self._call(f"cuCheckpointProcess{name}", pid, ctypes.byref(args))
@@ -115,3 +138,44 @@ def machine_driver() -> Driver:
     if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
         return NoDriver()
     return CudaDriver(lib)
+
+
+def rise(before: tuple[DeviceMemory, ...], after: tuple[DeviceMemory, ...]) -> int | None:
+    """The largest rise in used memory of any GPU from ``before`` to ``after`` (what a process
+    started between them holds there, the driver's own reservation left out); None where either
+    could not be asked."""
+    if not before or not after:
+        return None
+    was = {m.index: m.used for m in before}
+    return max(max(m.used - was.get(m.index, 0), 0) for m in after)
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def nvml_memory(nvml: Any = None) -> tuple[DeviceMemory, ...]:
+    """Each GPU's memory (``nvmlDeviceGetMemoryInfo``), or empty where NVML does not load or
+    answer (``nvml``: libnvidia-ml as ctypes shows it; loaded here when None)."""
+    if nvml is None:
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return ()
+    if nvml.nvmlInit_v2() != 0:
+        return ()
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return ()
+        found = []
+        for i in range(count.value):
+            handle, info = ctypes.c_void_p(), _NvmlMemory()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+                return ()
+            if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(info)) != 0:
+                return ()
+            found.append(DeviceMemory(index=i, total=info.total, free=info.free, used=info.used))
+        return tuple(found)
+    finally:
+        nvml.nvmlShutdown()

@@ -9,7 +9,9 @@ Before anything is restored, in this order (each refusal prints ``snapshot not u
 3. no marker: a restore of this very snapshot has not failed on this node before;
 4. the key is exact: ``$KERNELBAKE_IMAGE_DIGEST`` (the pod's image) and every other field
    measured here equal the recorded ones, each difference named;
-5. every file under ``images/`` is listed, a plain file, of its size and sha256 (a truncated
+5. every GPU here has as much memory free as the engine held when it was taken
+   (``device_bytes``, asked of NVML): a restore that ran out of it would mark the node;
+6. every file under ``images/`` is listed, a plain file, of its size and sha256 (a truncated
    or tampered page file is named), and nothing else is there. The sha256 is skipped only for
    an image volume the container runtime pulled by digest and mounted as a read-only overlay
    of those layers alone, with nothing mounted inside (``volume``): verified once per node,
@@ -64,7 +66,7 @@ from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut, failure
-from kernelbake.runtime.snapshot.driver import Driver
+from kernelbake.runtime.snapshot.driver import DeviceMemory, Driver
 from kernelbake.runtime.snapshot.machine import (
     grantable_capabilities,
     hard_rlimits,
@@ -186,6 +188,8 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         return Gated(manifest=None, digest=digest, reasons=(str(exc),))
     if found := _misfits(env, manifest, here):
         return Gated(manifest=None, digest=digest, reasons=found)
+    if (short := no_device_room(manifest.device_bytes, driver.memory())) is not None:
+        return Gated(manifest=None, digest=digest, reasons=(short,))
     started = time.monotonic()
     pulled = volume.pulled_by_runtime(env.snapshot_root)
     if found := tuple(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
@@ -205,6 +209,22 @@ def _misfits(env: RuntimeEnv, manifest: SnapshotManifest, here: SnapshotKey) -> 
     if found := tuple(differences(manifest.key, here, environments)):
         return found
     return tuple(p for p in (_missing_capabilities(manifest), _lower_limits(manifest)) if p)
+
+
+def no_device_room(held: int | None, memory: Sequence[DeviceMemory]) -> str | None:
+    """Why a GPU here lacks the memory the snapshot's engine held (``device_bytes``), or None.
+    Said before the restore rather than learnt from it: a failed restore marks this node for
+    the snapshot for good, and another process's hold on the GPU is often gone by the next start.
+    Nothing is checked where the snapshot recorded nothing or the GPUs cannot be asked."""
+    if not held or not memory:
+        return None
+    short = min(memory, key=lambda m: m.free)
+    if short.free >= held:
+        return None
+    return (
+        f"GPU {short.index} has {short.free} B free ({short.used} of its {short.total} B in use), "
+        f"and the snapshot's engine held {held} B"
+    )
 
 
 def _missing_capabilities(manifest: SnapshotManifest) -> str | None:

@@ -51,7 +51,7 @@ from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
 from kernelbake.runtime.snapshot import http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
-from kernelbake.runtime.snapshot.driver import Driver
+from kernelbake.runtime.snapshot.driver import DeviceMemory, Driver, rise
 from kernelbake.runtime.snapshot.machine import hard_rlimits, held_capabilities, here_key, serve_env
 
 # CRIU restores every process with the pid it had. The restoring container's own processes
@@ -373,10 +373,11 @@ def _target(env: RuntimeEnv, out: Path, options: Options) -> TargetConfig:
 
 
 def _warmed(
-    proc: Any, target: TargetConfig, options: Options, port: int, started: float, out: Path
-) -> dict[str, float]:
+    proc: Any, target: TargetConfig, options: Options, port: int, started: float, out: Path, driver: Driver
+) -> tuple[dict[str, float], tuple[DeviceMemory, ...]]:
     """Ready, warmed up (and asleep, with the weights outside or beside; beside, saved into
-    ``out`` first): how long each took."""
+    ``out`` first): how long each took, and the GPUs' memory once warmed up, before any sleep
+    gives the weights' memory back (what a restore needs free)."""
     base = f"http://127.0.0.1:{port}"
     _wait_ready(proc, base + options.health_path, options.ready_timeout_s)
     taken = {"ready_s": time.monotonic() - started}
@@ -384,6 +385,7 @@ def _warmed(
     for _ in range(options.warmup_requests):
         WARMUPS[target.key.engine](base)
     taken["warmup_s"] = time.monotonic() - t
+    awake = driver.memory()
     if options.weights is Weights.OUTSIDE:
         t = time.monotonic()
         _reload_once(base)
@@ -394,7 +396,7 @@ def _warmed(
         t = time.monotonic()
         _sleep(base)
         taken["sleep_s"] = time.monotonic() - t
-    return taken
+    return taken, awake
 
 
 def _give_back(driver: Driver, pids: list[int]) -> None:
@@ -525,9 +527,10 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
     shm_before: frozenset[str] | None = None
     started = time.monotonic()
     environ = {**env.environ, SNAPSHOT_TAKE_ENV: "1"}
+    idle = driver.memory()
     proc = spawn(argv, env=environ, output=log, preexec=io_uring.deny)
     try:
-        taken = _warmed(proc, target, options, port, started, out)
+        taken, awake = _warmed(proc, target, options, port, started, out, driver)
         pids = tree.descendants(proc.pid)
         _wait_quiet(pids, port, options.quiet_timeout_s)
         _check_tree(pids)
@@ -567,6 +570,7 @@ def take(env: RuntimeEnv, out: Path, options: Options, *, driver: Driver, criu: 
             rlimits=rlimits,
             root_mode=root_mode,
             capabilities=capabilities,
+            device_bytes=rise(idle, awake),
         )
         (out / SNAPSHOT_MANIFEST).write_text(manifest.to_json())
         return Taken(out=out, manifest=manifest)
