@@ -412,6 +412,57 @@ def test_a_snapshot_that_recorded_no_device_memory_is_not_held_to_one(setup: tup
     assert gated is not None and gated.reasons == (), gated
 
 
+def test_a_container_without_the_memory_criu_restores_into_is_refused_before_criu(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processes' pages and /dev/shm's copy come back into memory; a container whose limit
+    leaves less would be killed halfway and the node marked. The weights beside do not count
+    (copied to the GPU from the file), nor CRIU's other images."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    more = {"images/dev-shm/psm_1": b"s" * 7, "images/weights/rank-0/pages-0.bin": b"w" * 1000}
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu, more=more)
+    need = len(PAGES) + 7
+    monkeypatch.setattr(restore_mod, "memory_room", lambda: need - 1)
+    line = _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+    assert f"the snapshot's processes and /dev/shm files need {need} B of memory, and {need - 1} B" in line
+    assert "run it with a higher memory limit" in line
+    for room in (need, None):
+        monkeypatch.setattr(restore_mod, "memory_room", lambda room=room: room)
+        gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
+        assert gated is not None and gated.reasons == (), (room, gated)
+
+
+def _memory(tmp_path: Path, available_kib: int, cgroup: dict[str, str] | None) -> tuple[Path, Path]:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {available_kib} kB\n")
+    root = tmp_path / "cgroup"
+    root.mkdir(exist_ok=True)
+    for name, text in (cgroup or {}).items():
+        (root / name).write_text(text)
+    return meminfo, root
+
+
+def test_the_memory_room_is_the_nodes_and_no_more_than_the_limit_leaves_page_cache_counted(
+    tmp_path: Path,
+) -> None:
+    from kernelbake.runtime.snapshot.machine import memory_room
+
+    tmp = tmp_path
+    # No limit of its own (or no cgroup v2 files): the node's MemAvailable.
+    assert memory_room(*_memory(tmp, 1000, None)) == 1000 * 1024
+    stat = "anon 100\nfile 5000\nshmem 1000\n"
+    files = {"memory.max": "max\n", "memory.current": "9000\n", "memory.stat": stat}
+    assert memory_room(*_memory(tmp, 1000, files)) == 1000 * 1024
+    # A limit of 10000 B with 9000 B charged, 4000 of them page cache the kernel reclaims
+    # (5000 file less 1000 tmpfs): 5000 B.
+    assert memory_room(*_memory(tmp, 1000, {**files, "memory.max": "10000\n"})) == 5000
+    # The node's own MemAvailable still bounds it.
+    assert memory_room(*_memory(tmp, 1, {**files, "memory.max": "10000\n"})) == 1024
+    # Nothing readable: nothing is checked.
+    assert memory_room(tmp / "none", tmp / "none") is None
+
+
 def _snapshot_again(tmp_path: Path, port: int, driver: FakeDriver, criu: FakeCriu, **kw: Any) -> str:
     shutil.rmtree(tmp_path / "snapshot")
     return _snapshot(tmp_path, port, driver=driver, criu=criu, **kw)

@@ -22,6 +22,8 @@ from kernelbake.runtime.snapshot.criu import Criu
 from kernelbake.runtime.snapshot.driver import Driver
 
 _CPUINFO = Path("/proc/cpuinfo")
+_MEMINFO = Path("/proc/meminfo")
+_CGROUP = Path("/sys/fs/cgroup")
 
 
 # CAP_SYS_RESOURCE's bit in /proc/PID/status's CapEff: with it CRIU may raise a hard limit.
@@ -128,3 +130,29 @@ def here_key(
         serve_env=env_digest(serve_env(environ)),
         weights=weights,
     )
+
+
+def memory_room(meminfo: Path = _MEMINFO, cgroup: Path = _CGROUP) -> int | None:
+    """The memory a restore can have here, in bytes: the kernel's ``MemAvailable`` and, in a
+    container with a memory limit (cgroup v2), no more than the limit leaves. The container's
+    page cache counts as room (``memory.stat``'s file less shmem: the kernel reclaims it before
+    it kills anything; the gate's own hashing fills it), tmpfs does not. None where it cannot be
+    read: then nothing is checked."""
+    try:
+        node = next(
+            int(line.split()[1]) * 1024
+            for line in meminfo.read_text().splitlines()
+            if line.startswith("MemAvailable:")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = int((cgroup / "memory.current").read_text())
+        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+        cache = int(stat.get("file", 0)) - int(stat.get("shmem", 0))
+    except (OSError, ValueError):
+        return node
+    if not limit.isdigit():  # "max": no limit of its own
+        return node
+    return max(0, min(node, int(limit) - used + max(cache, 0)))

@@ -10,7 +10,8 @@ Before anything is restored, in this order (each refusal prints ``snapshot not u
 4. the key is exact: ``$KERNELBAKE_IMAGE_DIGEST`` (the pod's image) and every other field
    measured here equal the recorded ones, each difference named;
 5. every GPU here has as much memory free as the engine held when it was taken
-   (``device_bytes``, asked of NVML): a restore that ran out of it would mark the node;
+   (``device_bytes``, asked of NVML), and the container as much memory as CRIU restores into
+   (the processes' pages and /dev/shm's files): a restore that ran out would mark the node;
 6. every file under ``images/`` is listed, a plain file, of its size and sha256 (a truncated
    or tampered page file is named), and nothing else is there. The sha256 is skipped only for
    an image volume the container runtime pulled by digest and mounted as a read-only overlay
@@ -72,6 +73,7 @@ from kernelbake.runtime.snapshot.machine import (
     hard_rlimits,
     here_key,
     may_raise_rlimits,
+    memory_room,
     serve_env,
 )
 
@@ -188,7 +190,10 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         return Gated(manifest=None, digest=digest, reasons=(str(exc),))
     if found := _misfits(env, manifest, here):
         return Gated(manifest=None, digest=digest, reasons=found)
-    if (short := no_device_room(manifest.device_bytes, driver.memory())) is not None:
+    # The memory the restore needs, asked before the files are hashed (seconds for tens of GB).
+    if short := no_device_room(manifest.device_bytes, driver.memory()) or no_host_room(
+        manifest, memory_room()
+    ):
         return Gated(manifest=None, digest=digest, reasons=(short,))
     started = time.monotonic()
     pulled = volume.pulled_by_runtime(env.snapshot_root)
@@ -224,6 +229,27 @@ def no_device_room(held: int | None, memory: Sequence[DeviceMemory]) -> str | No
     return (
         f"GPU {short.index} has {short.free} B free ({short.used} of its {short.total} B in use), "
         f"and the snapshot's engine held {held} B"
+    )
+
+
+def no_host_room(manifest: SnapshotManifest, room: int | None) -> str | None:
+    """Why this container lacks the memory the restored tree needs, or None: CRIU writes the
+    processes' pages (the driver's copy of the device state among them, until its restore moves
+    it back) into memory, and /dev/shm's copy into a tmpfs; a container whose memory limit is
+    below that is killed halfway, and the node marked. Nothing is checked where ``room`` is
+    unknown."""
+    need = sum(
+        f.size
+        for f in manifest.files
+        if under(f.path, SHM_COPY)
+        or (f.path.rsplit("/", 1)[-1].startswith("pages-") and not under(f.path, WEIGHTS_COPY))
+    )
+    if room is None or room >= need:
+        return None
+    return (
+        f"the snapshot's processes and /dev/shm files need {need} B of memory, and {room} B are "
+        "available here (MemAvailable, and what the container's memory limit leaves); run it with "
+        "a higher memory limit"
     )
 
 
