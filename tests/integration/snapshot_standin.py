@@ -18,6 +18,8 @@ from pathlib import Path
 SERVER = r"""
 import http.server, json, os, subprocess, sys, threading
 child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"])
+# Memory of its own the dump must carry (written, so that every page is there), as a test asks.
+held = b"k" * (int(os.environ.get("STANDIN_HOLD_MB", "0")) << 20)
 state = {"count": 0}
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"

@@ -30,7 +30,12 @@ def criu_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _docker(
-    work: Path, criu: Path, *args: str, env: dict[str, str], volumes: tuple[str, ...] = ()
+    work: Path,
+    criu: Path,
+    *args: str,
+    env: dict[str, str],
+    volumes: tuple[str, ...] = (),
+    docker_args: tuple[str, ...] = (),
 ) -> dict[str, object]:
     if subprocess.run(["docker", "image", "inspect", ROOTFS], capture_output=True).returncode != 0:
         pytest.fail(f"{ROOTFS} is missing: make cpu-base builds it")
@@ -43,7 +48,7 @@ def _docker(
         *caps, "--security-opt=seccomp=unconfined",
         "-v", f"{REPO / 'src'}:/src:ro", "-v", f"{criu}:/opt/kernelbake/criu:ro", "-v", f"{work}:/work",
         *(x for v in volumes for x in ("-v", v)),
-        *environ, ROOTFS, "python3", "/work/standin.py", *args,
+        *docker_args, *environ, ROOTFS, "python3", "/work/standin.py", *args,
     ]  # fmt: skip
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
@@ -88,6 +93,41 @@ def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path
     (line,) = refused["said"]  # type: ignore[misc]
     assert f"{pages.relative_to(tmp_path / 'snapshot')}: sha256" in line and "(changed)" in line
     assert not (tmp_path / "marks").exists()
+
+
+def test_a_container_whose_memory_limit_leaves_too_little_is_refused_before_criu_runs(
+    tmp_path: Path, criu_prefix: Path
+) -> None:
+    """A tree holding 256 MiB, restored in a container limited to 160 MiB: CRIU would be killed
+    halfway and the node marked; the gate says what it needs and what the limit leaves, and
+    nothing is restored or marked. The same snapshot restores where the limit is not set."""
+    write_target(tmp_path, "tiny-llama.yaml")
+    (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
+    base = {
+        "KERNELBAKE_UNSAFE_TARGET": "/work/target.json",
+        "TMPDIR": "/work/scratch",
+        "STANDIN_HOLD_MB": "256",
+    }
+    digest = str(_docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, env=base)["digest"])
+    restore_env = {
+        **base,
+        "KERNELBAKE_SNAPSHOT_DIGEST": digest,
+        "KERNELBAKE_IMAGE_DIGEST": IMAGE,
+        "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
+    }
+    refused = _docker(tmp_path, criu_prefix, "restore", env=restore_env, docker_args=("--memory=160m",))
+    assert refused["rc"] is None and refused["seen"] == {}, refused
+    (line,) = refused["said"]  # type: ignore[misc]
+    assert "the snapshot's processes and /dev/shm files need " in line, line
+    assert (
+        "(MemAvailable, and what the container's memory limit leaves); run it with a higher memory limit"
+        in line
+    )
+    need = int(line.split(" files need ")[1].split(" B")[0])
+    assert need > 256 << 20, line
+    assert not (tmp_path / "marks").exists()
+    restored = _docker(tmp_path, criu_prefix, "restore", env=restore_env)
+    assert restored["rc"] == 0 and restored["seen"] == {"count": 3, "child_alive": True}, restored
 
 
 def _restored_from_overlay(tmp_path: Path, criu: Path, env: dict[str, str]) -> list[str]:

@@ -461,6 +461,15 @@ def test_the_memory_room_is_the_nodes_and_no_more_than_the_limit_leaves_page_cac
     assert memory_room(*_memory(tmp, 1, {**files, "memory.max": "10000\n"})) == 1024
     # Nothing readable: nothing is checked.
     assert memory_room(tmp / "none", tmp / "none") is None
+    # cgroup v1 (Docker on a v1 host: the container's own under memory/), cache less shmem.
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory/memory.limit_in_bytes").write_text("10000\n")
+    (v1 / "memory/memory.usage_in_bytes").write_text("9000\n")
+    (v1 / "memory/memory.stat").write_text("cache 5000\nrss 100\nshmem 1000\ntotal_cache 5000\n")
+    assert memory_room(_memory(tmp, 1000, None)[0], v1) == 5000
+    (v1 / "memory/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memory_room(_memory(tmp, 1000, None)[0], v1) == 1000 * 1024
 
 
 def _snapshot_again(tmp_path: Path, port: int, driver: FakeDriver, criu: FakeCriu, **kw: Any) -> str:

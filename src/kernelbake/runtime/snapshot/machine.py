@@ -134,10 +134,10 @@ def here_key(
 
 def memory_room(meminfo: Path = _MEMINFO, cgroup: Path = _CGROUP) -> int | None:
     """The memory a restore can have here, in bytes: the kernel's ``MemAvailable`` and, in a
-    container with a memory limit (cgroup v2), no more than the limit leaves. The container's
-    page cache counts as room (``memory.stat``'s file less shmem: the kernel reclaims it before
-    it kills anything; the gate's own hashing fills it), tmpfs does not. None where it cannot be
-    read: then nothing is checked."""
+    container with a memory limit, no more than the limit leaves. The container's page cache
+    counts as room (file pages less tmpfs: the kernel reclaims them before it kills anything;
+    the gate's own hashing fills it), tmpfs does not. None where MemAvailable cannot be read:
+    then nothing is checked."""
     try:
         node = next(
             int(line.split()[1]) * 1024
@@ -146,13 +146,31 @@ def memory_room(meminfo: Path = _MEMINFO, cgroup: Path = _CGROUP) -> int | None:
         )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+    left = _limit_leaves(cgroup)
+    return node if left is None else max(0, min(node, left))
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number.
+_V1_UNLIMITED = 1 << 62
+
+
+def _limit_leaves(cgroup: Path) -> int | None:
+    """What the container's memory limit leaves, page cache counted, from cgroup v2's files or
+    else v1's (Docker on a v1 host mounts the container's own under ``memory/``); None without
+    a limit or where they cannot be read."""
+    v1 = cgroup / "memory"
+    if (cgroup / "memory.max").exists():
+        files, cache = ("memory.max", "memory.current", "memory.stat"), "file"
+        where = cgroup
+    else:
+        files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"), "cache"
+        where = v1
     try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        used = int((cgroup / "memory.current").read_text())
-        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
-        cache = int(stat.get("file", 0)) - int(stat.get("shmem", 0))
+        limit_text, used_text, stat_text = ((where / f).read_text() for f in files)
+        stat = dict(line.split()[:2] for line in stat_text.splitlines() if line.strip())
+        reclaimable = max(int(stat.get(cache, 0)) - int(stat.get("shmem", 0)), 0)
+        if not limit_text.strip().isdigit() or int(limit_text) >= _V1_UNLIMITED:
+            return None  # v2's "max", v1's huge number: no limit of its own
+        return int(limit_text) - int(used_text) + reclaimable
     except (OSError, ValueError):
-        return node
-    if not limit.isdigit():  # "max": no limit of its own
-        return node
-    return max(0, min(node, int(limit) - used + max(cache, 0)))
+        return None
