@@ -622,6 +622,11 @@ def test_takes_lines_say_how_the_weights_beside_were_saved_and_copied_back(tmp_p
         "weights beside: 31310479360 B saved in 11.12 s, copied back once in 2.40 s "
         "(every restore copies them so)"
     )
+    held = take.Taken(out=tmp_path, manifest=dataclasses.replace(manifest, device_bytes=71940702208)).lines()
+    assert held[2] == (
+        "the engine held 71940702208 B of GPU memory awake: a restore needs that much free, "
+        "or serve starts the baked way"
+    )
 
 
 def test_a_failed_take_leaves_no_copy_of_the_weights_behind(

@@ -106,6 +106,11 @@ class Taken:
                 f"weights beside: {int(t.get('weights_bytes', 0))} B saved in {t['save_weights_s']:.2f} s, "
                 f"copied back once in {t.get('copy_weights_s', 0):.2f} s (every restore copies them so)"
             )
+        if m.device_bytes:
+            lines.append(
+                f"the engine held {m.device_bytes} B of GPU memory awake: a restore needs that much "
+                "free, or serve starts the baked way"
+            )
         return lines
 
 
