@@ -56,18 +56,29 @@ def _docker(
     return json.loads(lines[-1].removeprefix("RESULT "))  # type: ignore[no-any-return]
 
 
-def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path, criu_prefix: Path) -> None:
+def _standin(tmp_path: Path, **more: str) -> dict[str, str]:
+    """The stand-in and its target under tmp_path (the containers' /work); the environment
+    both take and restore run with."""
     write_target(tmp_path, "tiny-llama.yaml")
     (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
-    base = {"KERNELBAKE_UNSAFE_TARGET": "/work/target.json", "TMPDIR": "/work/scratch"}
-    taken = _docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, env=base)
-    digest = str(taken["digest"])
-    restore_env = {
+    return {"KERNELBAKE_UNSAFE_TARGET": "/work/target.json", "TMPDIR": "/work/scratch", **more}
+
+
+def _pinned(base: dict[str, str], digest: str) -> dict[str, str]:
+    """What admission sets for a restore of the snapshot ``digest`` of IMAGE."""
+    return {
         **base,
         "KERNELBAKE_SNAPSHOT_DIGEST": digest,
         "KERNELBAKE_IMAGE_DIGEST": IMAGE,
         "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
     }
+
+
+def test_a_tree_taken_in_one_container_is_restored_in_a_fresh_one(tmp_path: Path, criu_prefix: Path) -> None:
+    base = _standin(tmp_path)
+    taken = _docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, env=base)
+    digest = str(taken["digest"])
+    restore_env = _pinned(base, digest)
     restored = _docker(tmp_path, criu_prefix, "restore", env=restore_env)
     said = restored["said"]
     assert isinstance(said, list) and said[0].startswith(f"restored snapshot {digest[:19]}"), restored
@@ -101,20 +112,9 @@ def test_a_container_whose_memory_limit_leaves_too_little_is_refused_before_criu
     """A tree holding 256 MiB, restored in a container limited to 160 MiB: CRIU would be killed
     halfway and the node marked; the gate says what it needs and what the limit leaves, and
     nothing is restored or marked. The same snapshot restores where the limit is not set."""
-    write_target(tmp_path, "tiny-llama.yaml")
-    (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
-    base = {
-        "KERNELBAKE_UNSAFE_TARGET": "/work/target.json",
-        "TMPDIR": "/work/scratch",
-        "STANDIN_HOLD_MB": "256",
-    }
+    base = _standin(tmp_path, STANDIN_HOLD_MB="256")
     digest = str(_docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, env=base)["digest"])
-    restore_env = {
-        **base,
-        "KERNELBAKE_SNAPSHOT_DIGEST": digest,
-        "KERNELBAKE_IMAGE_DIGEST": IMAGE,
-        "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
-    }
+    restore_env = _pinned(base, digest)
     refused = _docker(tmp_path, criu_prefix, "restore", env=restore_env, docker_args=("--memory=160m",))
     assert refused["rc"] is None and refused["seen"] == {}, refused
     (line,) = refused["said"]  # type: ignore[misc]
@@ -155,24 +155,13 @@ def test_weights_kept_beside_the_snapshot_come_back_to_the_same_addresses_in_a_f
     import hashlib
     import random
 
-    write_target(tmp_path, "tiny-llama.yaml")
-    (tmp_path / "standin.py").write_text((REPO / "tests/integration/snapshot_standin.py").read_text())
-    base = {
-        "KERNELBAKE_UNSAFE_TARGET": "/work/target.json",
-        "TMPDIR": "/work/scratch",
-        "VLLM_SERVER_DEV_MODE": "1",
-    }
+    base = _standin(tmp_path, VLLM_SERVER_DEV_MODE="1")
     taken = _docker(tmp_path, criu_prefix, "take", "/work/snapshot", IMAGE, "beside", env=base)
     assert {"save_weights_s", "copy_weights_s"} <= set(taken["taken"])  # type: ignore[arg-type]
     manifest = json.loads((tmp_path / "snapshot/snapshot.json").read_text())
     kept = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("images/weights/"))
     assert kept == ["images/weights/rank-0/index.json", "images/weights/rank-0/part-0000.bin"]
-    restore_env = {
-        **base,
-        "KERNELBAKE_SNAPSHOT_DIGEST": str(taken["digest"]),
-        "KERNELBAKE_IMAGE_DIGEST": IMAGE,
-        "KERNELBAKE_SNAPSHOT_MARKS": "/work/marks",
-    }
+    restore_env = _pinned(base, str(taken["digest"]))
     restored = _docker(tmp_path, criu_prefix, "restore", "beside", env=restore_env)
     said = restored["said"]
     assert isinstance(said, list) and said[0].startswith("restored snapshot"), restored
