@@ -8,7 +8,9 @@ is checkpointed by the driver (``driver.CudaDriver``) and dumped by CRIU (``criu
 then takes all but ``--leave`` GiB of the device; CRIU restores the process (host memory: no
 GPU needed) and the driver is asked to restore its device state. Recorded: each call's time,
 the driver's answer and the process's state after it, and whether a second driver restore,
-after the hog is gone, brings the process back with its data intact. Also what serve's gate
+after the hog is gone, brings the process back with its data intact, and if not, whether a
+fresh ``criu restore`` from the same images then does (what a later start on the node would
+meet; H100, 2026-12-07: the second restore fails, the fresh one works). Also what serve's gate
 (``restore.no_device_room``) says, given the child's rise in NVML's used memory (what take
 records as ``device_bytes``), with the hog and after it.
 
@@ -74,6 +76,13 @@ def _timed(r: dict[str, Any], what: str, call: Any) -> bool:
     return ok
 
 
+def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Until ``pid`` is gone (CRIU gives the next restore the same pid)."""
+    end = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
     driver = machine_driver()
     if not isinstance(driver, CudaDriver):
@@ -128,7 +137,24 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
         r["gate_after_hog"] = no_device_room(held, driver.memory())
         r["second_restore_ok"] = _timed(r, "driver_restore_again", lambda: driver.restore(restored))
         r["state_after_second"] = _state(lib, restored)
-        if r["second_restore_ok"] or r["first_restore_ok"]:
+        if not r["second_restore_ok"]:
+            # The restored process cannot be given its device state any more (2026-12-07, H100:
+            # CUDA_ERROR_OPERATING_SYSTEM): what a restore from the same images does now that the
+            # memory is free, which is what a later start on this node would meet.
+            subprocess.run(["kill", "-KILL", str(restored)])
+            wait_gone(restored)
+            restored = 0
+            pidfile.unlink()  # CRIU will not write over it
+            t = time.monotonic()
+            ok, log_path = criu.restore(images, work, pidfile, timeout=300)
+            r["criu_restore_again"] = {"s": round(time.monotonic() - t, 2), "ok": ok}
+            if not ok:
+                r["error"] = failure(Path(log_path))
+                return r
+            restored = int(pidfile.read_text())
+            r["fresh_restore_ok"] = _timed(r, "driver_restore_fresh", lambda: driver.restore(restored))
+            r["state_after_fresh"] = _state(lib, restored)
+        if r["second_restore_ok"] or r["first_restore_ok"] or r.get("fresh_restore_ok"):
             subprocess.run(["kill", "-USR1", str(restored)])
             r["data"] = verdict.read_text() if wait_for(verdict, None, 60) else "no verdict in 60 s"
         return r
