@@ -635,6 +635,8 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         largest=[[f.path, f.size] for f in sorted(manifest.files, key=lambda f: -f.size)[:8]],
         taken=dict(manifest.taken),
         digest=manifest.digest,
+        # What the engine held on the GPU awake: serve's gate wants that much free.
+        device_bytes=manifest.device_bytes,
     )
     if checked := room(manifest.taken, out["bytes_by_kind"]):
         out["room"] = checked
