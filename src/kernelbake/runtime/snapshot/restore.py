@@ -218,9 +218,11 @@ def _misfits(env: RuntimeEnv, manifest: SnapshotManifest, here: SnapshotKey) -> 
 
 def no_device_room(held: int | None, memory: Sequence[DeviceMemory]) -> str | None:
     """Why a GPU here lacks the memory the snapshot's engine held (``device_bytes``), or None.
-    Said before the restore rather than learnt from it: a failed restore marks this node for
-    the snapshot for good, and another process's hold on the GPU is often gone by the next start.
-    Nothing is checked where the snapshot recorded nothing or the GPUs cannot be asked."""
+    Said before the restore rather than learnt from it: CRIU restores the whole tree before the
+    driver's restore fails out of memory, that process can never be restored after it, and the
+    node is marked for the snapshot for good, while a restore from the same images works once
+    the memory is free (H100, bench/results/restore-room-probe-h100-2026-12-07). Nothing is
+    checked where the snapshot recorded nothing or the GPUs cannot be asked."""
     if not held or not memory:
         return None
     short = min(memory, key=lambda m: m.free)
@@ -228,7 +230,8 @@ def no_device_room(held: int | None, memory: Sequence[DeviceMemory]) -> str | No
         return None
     return (
         f"GPU {short.index} has {short.free} B free ({short.used} of its {short.total} B in use), "
-        f"and the snapshot's engine held {held} B"
+        f"and the snapshot's engine held {held} B (another process holds it: the next start "
+        "restores once it is free)"
     )
 
 
