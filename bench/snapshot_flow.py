@@ -156,13 +156,12 @@ from typing import Any
 from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     IMAGES_DIR,
-    SHM_COPY,
     SNAPSHOT_MANIFEST,
-    WEIGHTS_COPY,
     WEIGHTS_EXTENSION,
+    FileKind,
     SnapshotFile,
     SnapshotManifest,
-    under,
+    file_kind,
 )
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import tree
@@ -658,16 +657,9 @@ def bytes_by_kind(files: Sequence[SnapshotFile]) -> dict[str, int]:
     copy of /dev/shm, everything else CRIU wrote. A cold-cache restore reads all of them beside
     the weights, so they are what a smaller snapshot would have to lose (the 8B's 3.78 GB are
     0.63 s over 10 s at this disk's 2 GB/s, bench/results/vllm-0.32.0-h100-snapshot-2026-12-06-seventh)."""
-    out = {"pages": 0, "dev_shm": 0, "weights": 0, "other": 0}
+    out = {kind.value: 0 for kind in FileKind}
     for f in files:
-        if under(f.path, SHM_COPY):
-            out["dev_shm"] += f.size
-        elif under(f.path, WEIGHTS_COPY):
-            out["weights"] += f.size
-        elif f.path.rsplit("/", 1)[-1].startswith("pages-"):
-            out["pages"] += f.size
-        else:
-            out["other"] += f.size
+        out[file_kind(f.path).value] += f.size
     return out
 
 

@@ -270,3 +270,13 @@ def test_what_each_pod_or_node_sets_is_not_in_the_key() -> None:
         assert is_volatile(name), name
     for name in ("VLLM_LOGGING_LEVEL", "KUBERNETES", "CUDA_VISIBLE_DEVICES", "KERNELBAKE_CACHE"):
         assert not is_volatile(name), name
+
+
+def test_a_snapshot_files_kind_is_read_from_its_path() -> None:
+    from kernelbake.contract.snapshot import FileKind, file_kind
+
+    assert file_kind("images/pages-3.img") is FileKind.PAGES
+    assert file_kind("images/dev-shm/psm_1") is FileKind.DEV_SHM
+    # A weights part named like a page file is still the weights: the folder decides first.
+    assert file_kind("images/weights/rank-0/pages-0.bin") is FileKind.WEIGHTS
+    assert file_kind("images/inventory.img") is FileKind.OTHER

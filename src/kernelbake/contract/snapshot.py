@@ -79,6 +79,25 @@ def under(path: str, folder: str) -> bool:
     return path.startswith(folder + "/")
 
 
+class FileKind(enum.Enum):
+    """What a snapshot file holds, by its path: the processes' memory (CRIU's ``pages-*.img``),
+    the copy of /dev/shm, the weights beside, or anything else CRIU wrote. The first two are
+    what a restore brings back into memory."""
+
+    PAGES = "pages"
+    DEV_SHM = "dev_shm"
+    WEIGHTS = "weights"
+    OTHER = "other"
+
+
+def file_kind(path: str) -> FileKind:
+    if under(path, SHM_COPY):
+        return FileKind.DEV_SHM
+    if under(path, WEIGHTS_COPY):
+        return FileKind.WEIGHTS
+    return FileKind.PAGES if path.rsplit("/", 1)[-1].startswith("pages-") else FileKind.OTHER
+
+
 # The capabilities CRIU 4.2.1 needs to dump and to restore a process tree inside a container,
 # measured one by one from none (``--cap-drop ALL``) with Docker 26 and podman 4.3 on kernel 6.18
 # with the CPU default image (bench/snapshot_caps.py; bench/results/snapshot_caps.json and

@@ -53,11 +53,13 @@ from kernelbake.contract.snapshot import (
     SNAPSHOT_DIGEST_ENV,
     SNAPSHOT_MANIFEST,
     WEIGHTS_COPY,
+    FileKind,
     InvalidSnapshot,
     SnapshotKey,
     SnapshotManifest,
     Weights,
     differences,
+    file_kind,
     lower_limits,
     under,
 )
@@ -241,12 +243,7 @@ def no_host_room(manifest: SnapshotManifest, room: int | None) -> str | None:
     it back) into memory, and /dev/shm's copy into a tmpfs; a container whose memory limit is
     below that is killed halfway, and the node marked. Nothing is checked where ``room`` is
     unknown."""
-    need = sum(
-        f.size
-        for f in manifest.files
-        if under(f.path, SHM_COPY)
-        or (f.path.rsplit("/", 1)[-1].startswith("pages-") and not under(f.path, WEIGHTS_COPY))
-    )
+    need = sum(f.size for f in manifest.files if file_kind(f.path) in (FileKind.PAGES, FileKind.DEV_SHM))
     if room is None or room >= need:
         return None
     return (
