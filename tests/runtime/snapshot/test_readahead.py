@@ -59,7 +59,7 @@ def test_memory_available_is_the_node_s_within_the_container_s_limit(tmp_path: P
     meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   100000 kB\n")
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
-    # No cgroup files (cgroup v1, or none): the node's figure.
+    # No cgroup files: the node's figure.
     assert readahead.available_bytes(meminfo, cgroup) == 100000 * 1024
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("5000\n")
@@ -72,6 +72,13 @@ def test_memory_available_is_the_node_s_within_the_container_s_limit(tmp_path: P
     (cgroup / "memory.max").write_text(f"{1 << 40}\n")
     assert readahead.available_bytes(meminfo, cgroup) == 100000 * 1024
     assert readahead.available_bytes(tmp_path / "absent", cgroup) == 0
+    # cgroup v1's files (the same reader as the snapshot gate's): its page cache is not room.
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("65000\n")
+    (v1 / "memory.usage_in_bytes").write_text("5000\n")
+    (v1 / "memory.stat").write_text("cache 4000\nshmem 0\n")
+    assert readahead.available_bytes(meminfo, v1.parent) == 60000
 
 
 def test_a_thread_reads_where_there_is_something_to_read_and_says_how_far_it_got(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ facts, the kernel, CRIU and its check, the CPU), measured by small probes tests 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -132,45 +133,69 @@ def here_key(
     )
 
 
-def memory_room(meminfo: Path = _MEMINFO, cgroup: Path = _CGROUP) -> int | None:
-    """The memory a restore can have here, in bytes: the kernel's ``MemAvailable`` and, in a
-    container with a memory limit, no more than the limit leaves. The container's page cache
-    counts as room (file pages less tmpfs: the kernel reclaims them before it kills anything;
-    the gate's own hashing fills it), tmpfs does not. None where MemAvailable cannot be read:
-    then nothing is checked."""
+def mem_available(meminfo: Path = _MEMINFO) -> int | None:
+    """The kernel's ``MemAvailable``, in bytes (the node's, also in a container); None where it
+    cannot be read."""
     try:
-        node = next(
+        return next(
             int(line.split()[1]) * 1024
             for line in meminfo.read_text().splitlines()
             if line.startswith("MemAvailable:")
         )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    left = _limit_leaves(cgroup)
-    return node if left is None else max(0, min(node, left))
+
+
+@dataclasses.dataclass(frozen=True)
+class CgroupMemory:
+    """The container's memory limit and what is charged to it, in bytes."""
+
+    limit: int
+    used: int
+    # Its page cache less tmpfs (``memory.stat``; 0 where that cannot be read): charged, but the
+    # kernel reclaims it before it kills anything.
+    reclaimable: int
 
 
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number.
 _V1_UNLIMITED = 1 << 62
 
 
-def _limit_leaves(cgroup: Path) -> int | None:
-    """What the container's memory limit leaves, page cache counted, from cgroup v2's files or
-    else v1's (Docker on a v1 host mounts the container's own under ``memory/``); None without
-    a limit or where they cannot be read."""
-    v1 = cgroup / "memory"
+def cgroup_memory(cgroup: Path = _CGROUP) -> CgroupMemory | None:
+    """The container's memory limit, from cgroup v2's files or else v1's (Docker on a v1 host
+    mounts the container's own under ``memory/``); None without a limit of its own or where
+    they cannot be read."""
     if (cgroup / "memory.max").exists():
-        files, cache = ("memory.max", "memory.current", "memory.stat"), "file"
-        where = cgroup
+        where, limit_file, used_file, cache = cgroup, "memory.max", "memory.current", "file"
     else:
-        files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"), "cache"
-        where = v1
+        where, limit_file, used_file, cache = (
+            cgroup / "memory",
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+            "cache",
+        )
     try:
-        limit_text, used_text, stat_text = ((where / f).read_text() for f in files)
-        stat = dict(line.split()[:2] for line in stat_text.splitlines() if line.strip())
-        reclaimable = max(int(stat.get(cache, 0)) - int(stat.get("shmem", 0)), 0)
-        if not limit_text.strip().isdigit() or int(limit_text) >= _V1_UNLIMITED:
-            return None  # v2's "max", v1's huge number: no limit of its own
-        return int(limit_text) - int(used_text) + reclaimable
+        limit_text, used = (where / limit_file).read_text().strip(), int((where / used_file).read_text())
     except (OSError, ValueError):
         return None
+    if not limit_text.isdigit() or int(limit_text) >= _V1_UNLIMITED:
+        return None  # v2's "max", v1's huge number: no limit of its own
+    try:
+        stat_text = (where / "memory.stat").read_text()
+        stat = dict(line.split()[:2] for line in stat_text.splitlines() if line.strip())
+        reclaimable = max(int(stat.get(cache, 0)) - int(stat.get("shmem", 0)), 0)
+    except (OSError, ValueError):
+        reclaimable = 0
+    return CgroupMemory(limit=int(limit_text), used=used, reclaimable=reclaimable)
+
+
+def memory_room(meminfo: Path = _MEMINFO, cgroup: Path = _CGROUP) -> int | None:
+    """The memory a restore can have here, in bytes: ``MemAvailable`` and, in a container with
+    a memory limit, no more than the limit leaves, its page cache counted as room (the gate's
+    own hashing fills it), tmpfs not. None where MemAvailable cannot be read: then nothing is
+    checked."""
+    if (node := mem_available(meminfo)) is None:
+        return None
+    if (limited := cgroup_memory(cgroup)) is None:
+        return node
+    return max(0, min(node, limited.limit - limited.used + limited.reclaimable))

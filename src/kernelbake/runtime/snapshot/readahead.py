@@ -17,6 +17,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernelbake.runtime.snapshot.machine import cgroup_memory, mem_available
+
 # The index of a sharded safetensors checkpoint (Hugging Face's layout): which file holds
 # each tensor. Without one, every *.safetensors file is read.
 INDEX = "model.safetensors.index.json"
@@ -40,26 +42,15 @@ def weight_files(model: Path) -> list[Path]:
 
 def available_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """What memory is left for the page cache: the kernel's ``MemAvailable`` (bytes), and in a
-    container with a memory limit (cgroup v2) no more than what the limit leaves, since the page
-    cache a container reads is charged to it (/proc/meminfo shows the node's). 0 where
-    ``MemAvailable`` cannot be read: then nothing is read ahead."""
-    node = 0
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                node = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
+    container with a memory limit no more than what the limit leaves, since the page cache a
+    container reads is charged to it (/proc/meminfo shows the node's), and the cache it already
+    holds is not room for more. 0 where ``MemAvailable`` cannot be read: then nothing is read
+    ahead."""
+    if (node := mem_available(meminfo)) is None:
         return 0
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        used = int((cgroup / "memory.current").read_text())
-    except (OSError, ValueError):
+    if (limited := cgroup_memory(cgroup)) is None:
         return node
-    if not limit.isdigit():
-        # "max": no limit of its own.
-        return node
-    return max(0, min(node, int(limit) - used))
+    return max(0, min(node, limited.limit - limited.used))
 
 
 class ReadAhead:
