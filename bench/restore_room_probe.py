@@ -76,6 +76,18 @@ def _timed(r: dict[str, Any], what: str, call: Any) -> bool:
     return ok
 
 
+def _criu_restore(r: dict[str, Any], what: str, criu: Criu, images: Path, work: Path, pidfile: Path) -> int:
+    """``criu restore`` of ``images``, timed into ``r[what]``: the restored pid, or 0 with
+    CRIU's reason in ``r["error"]``."""
+    t = time.monotonic()
+    ok, log_path = criu.restore(images, work, pidfile, timeout=300)
+    r[what] = {"s": round(time.monotonic() - t, 2), "ok": ok}
+    if not ok:
+        r["error"] = failure(Path(log_path))
+        return 0
+    return int(pidfile.read_text())
+
+
 def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
     """Until ``pid`` is gone (CRIU gives the next restore the same pid)."""
     end = time.monotonic() + timeout_s
@@ -118,16 +130,12 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
             r["error"] = "the hog did not get ready"
             return r
         r["hog_bytes"] = int(hog_ready.read_text())
-        r["memory_with_hog"] = [dataclasses.asdict(m) for m in driver.memory()]
-        r["gate_with_hog"] = no_device_room(held, driver.memory())
+        with_hog = driver.memory()
+        r["memory_with_hog"] = [dataclasses.asdict(m) for m in with_hog]
+        r["gate_with_hog"] = no_device_room(held, with_hog)
         pidfile = work / "pid"
-        t = time.monotonic()
-        ok, log_path = criu.restore(images, work, pidfile, timeout=300)
-        r["criu_restore"] = {"s": round(time.monotonic() - t, 2), "ok": ok}
-        if not ok:
-            r["error"] = failure(Path(log_path))
+        if not (restored := _criu_restore(r, "criu_restore", criu, images, work, pidfile)):
             return r
-        restored = int(pidfile.read_text())
         r["state_after_criu"] = _state(lib, restored)
         r["first_restore_ok"] = _timed(r, "driver_restore", lambda: driver.restore(restored))
         r["state_after_driver"] = _state(lib, restored)
@@ -143,15 +151,9 @@ def probe(gib: float, leave: float, criu: Criu, images: Path) -> dict[str, Any]:
             # memory is free, which is what a later start on this node would meet.
             subprocess.run(["kill", "-KILL", str(restored)])
             wait_gone(restored)
-            restored = 0
             pidfile.unlink()  # CRIU will not write over it
-            t = time.monotonic()
-            ok, log_path = criu.restore(images, work, pidfile, timeout=300)
-            r["criu_restore_again"] = {"s": round(time.monotonic() - t, 2), "ok": ok}
-            if not ok:
-                r["error"] = failure(Path(log_path))
+            if not (restored := _criu_restore(r, "criu_restore_again", criu, images, work, pidfile)):
                 return r
-            restored = int(pidfile.read_text())
             r["fresh_restore_ok"] = _timed(r, "driver_restore_fresh", lambda: driver.restore(restored))
             r["state_after_fresh"] = _state(lib, restored)
         if r["second_restore_ok"] or r["first_restore_ok"] or r.get("fresh_restore_ok"):
