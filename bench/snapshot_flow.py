@@ -278,7 +278,13 @@ def _rekeyed(src: Path, dest: Path, **changes: Any) -> tuple[Path, str]:
     environment = manifest.environment
     changed = dataclasses.replace(manifest, key=key, environment=environment)
     (dest / SNAPSHOT_MANIFEST).write_text(changed.to_json())
-    return dest, changed.digest
+    return dest, file_digest(dest)
+
+
+def file_digest(snapshot: Path) -> str:
+    """What admission pins: the sha256 of snapshot.json's bytes as they are (sign and serve's
+    gate hash the file, not a manifest written again from what was read)."""
+    return "sha256:" + hashlib.sha256((snapshot / SNAPSHOT_MANIFEST).read_bytes()).hexdigest()
 
 
 def _largest(src: Path, prefix: str) -> str:
@@ -633,7 +639,7 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
         bytes_by_kind=bytes_by_kind(manifest.files),
         largest=[[f.path, f.size] for f in sorted(manifest.files, key=lambda f: -f.size)[:8]],
         taken=dict(manifest.taken),
-        digest=manifest.digest,
+        digest=file_digest(s.snapshot),
         # What the engine held on the GPU awake: serve's gate wants that much free.
         device_bytes=manifest.device_bytes,
     )

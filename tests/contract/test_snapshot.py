@@ -204,6 +204,17 @@ def test_manifest_round_trips_and_its_digest_names_it() -> None:
     assert gpu.digest != _manifest(tree=gpu.tree).digest
 
 
+def test_a_byte_count_in_taken_reads_back_as_the_same_bytes() -> None:
+    # take records counts (room_need_bytes) beside seconds; an int written as 3541467168 and
+    # read back as 3541467168.0 once made the manifest read differ from the file admission
+    # pinned, so every restore of an H100 run fell back to the baked start.
+    m = _manifest(taken={"room_need_bytes": 3_541_467_168, "dump_s": 2})
+    text = m.to_json()
+    again = SnapshotManifest.from_json(text, source="t")
+    assert again.to_json() == text and again.digest == m.digest
+    assert again.taken == {"dump_s": 2.0, "room_need_bytes": 3_541_467_168.0}
+
+
 @pytest.mark.parametrize("gpu_pids", [(8,), (7, 7)])
 def test_checkpointed_pids_must_be_distinct_pids_of_the_tree(gpu_pids: tuple[int, ...]) -> None:
     """The restore gives device state back to these pids: one outside the tree, or twice, is

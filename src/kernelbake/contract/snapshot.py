@@ -437,7 +437,10 @@ class SnapshotManifest:
             object.__setattr__(self, "rlimits", dict(sorted(self.rlimits.items())))
         if self.capabilities is not None:
             object.__setattr__(self, "capabilities", tuple(sorted(set(self.capabilities))))
-        object.__setattr__(self, "taken", dict(sorted(self.taken.items())))
+        # Seconds and byte counts alike as floats: snapshot.json is written from this and read
+        # back into it, and an int written as 3541467168 would come back as 3541467168.0, so the
+        # manifest read would no longer be the bytes admission pinned (a GPU run of 2026-12-07).
+        object.__setattr__(self, "taken", {k: float(v) for k, v in sorted(self.taken.items())})
         if self.environment is not None:
             object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
             if env_digest(self.environment) != self.key.serve_env:
