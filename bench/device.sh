@@ -19,7 +19,9 @@
 #                                               has the calls), the last chunk, and the bundle's
 #                                               check (bench/gpu_bundle_check.py) must pass
 #   bench/device.sh start NAME [--after RUN] [--private-opt] -- CMD...
-#                                               CMD in /root/tree, in its own session (after RUN
+#                                               CMD in a copy of this call's checkout (made again
+#                                               when no run is going; refused while one uses a
+#                                               copy that differs), in its own session (after RUN
 #                                               ended, if given); $RUN_OUT is its output folder.
 #                                               --private-opt: /opt/kernelbake, /opt/kernelbake-flow
 #                                               and /models of its own (a mount namespace), so it
@@ -39,11 +41,12 @@
 #       bash bench/device.sh collect 540
 #   run(): bash bench/device.sh collect 560           (again, until every run has ended)
 set -u
-RUNS=/root/runs
+# Each can be set elsewhere for tests/test_bench_device_sh.py.
+RUNS=${DEVICE_RUNS:-/root/runs}
 # Readable by any uid (a key-matrix case runs as uid 1000; /root is 0700).
-TREE=/opt/kernelbake-tree
-STASH=/root/stash
-SITE=/tmp/site
+TREE=${DEVICE_TREE:-/opt/kernelbake-tree}
+STASH=${DEVICE_STASH:-/root/stash}
+SITE=${DEVICE_SITE:-/tmp/site}
 
 die() { echo "device.sh: $*" >&2; exit 2; }
 
@@ -98,6 +101,16 @@ for i, files in enumerate(chunks, 1):
 PY
 }
 
+# The tree the runs use: this call's checkout without the bundle (the ignored .gpu/ctx travels).
+copy_tree() {
+  rm -rf "$TREE" && mkdir -p "$TREE" && tar cf - --exclude=./.gpu/bundle . | tar xf - -C "$TREE"
+}
+
+# The runs that have not ended (started, or waiting for another with --after).
+unfinished() {
+  for d in "$RUNS"/*/; do [ -d "$d" ] && [ ! -f "$d/rc" ] && basename "$d"; done
+}
+
 install() {
   [ -d .gpu/bundle/part3 ] && stash part3 > /dev/null
   # A bench/gpu-bundle.sh bundle: its last chunk comes with this call.
@@ -114,8 +127,7 @@ install() {
     bash "$STASH/part3/install.sh" "$STASH" "$SITE" > /root/install.log 2>&1 || { tail -20 /root/install.log; die "install failed"; }
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> /root/install.log
-  # The tree the runs use: the checkout without the bundle (the ignored .gpu/ctx travels).
-  rm -rf "$TREE" && mkdir -p "$TREE" && tar cf - --exclude=./.gpu/bundle . | tar xf - -C "$TREE"
+  copy_tree
   mkdir -p /opt/kernelbake /models "$RUNS"
   tail -2 /root/install.log
   echo "installed at ${SECONDS}s"
@@ -134,6 +146,18 @@ start() {
   [ "${1:-}" = "--" ] || die "start NAME [--after RUN] [--private-opt] -- CMD..."
   shift
   [ -d "$SITE" ] || die "vLLM is not installed here: run install first"
+  # install copied its own call's checkout: a context rendered again or a fix since then would
+  # not reach this run (2026-12-07: a context rendered before a change, refused by the flow, cost
+  # a call). With no run going the tree is this call's; with one, it must be, or start refuses.
+  local going
+  going=$(unfinished | paste -sd ' ' -)
+  if [ -z "$going" ]; then
+    copy_tree
+  else
+    local changed
+    changed=$(diff -rq --exclude=__pycache__ --exclude=bundle . "$TREE" 2>&1 | grep -v "^Only in $TREE" | head -3)
+    [ -z "$changed" ] || die "unfinished runs ($going) use $TREE, and this call's checkout differs from it ($changed): collect them first, or start with the checkout as they have it"
+  fi
   local dir=$RUNS/$name
   rm -rf "$dir" && mkdir -p "$dir/out"
   printf '%q ' "$@" > "$dir/cmd"
