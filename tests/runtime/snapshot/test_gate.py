@@ -809,4 +809,30 @@ def test_a_tree_pid_in_use_here_is_refused_before_criu_runs(
         taken.kill()
         taken.wait()
     assert f"pid {taken.pid} (sleep 30) of the snapshot's tree is in use here" in line
-    assert "a pid namespace of its own" in line
+    assert "a pid namespace of its own" in line and "--init" not in line
+
+
+def test_a_tree_pid_held_by_an_unreaped_process_says_so_and_how_to_reap_it(
+    setup: tuple[Path, int],
+) -> None:
+    """A take and a restore in one container whose pid 1 reaps nothing: the dumped tree's
+    orphans stay zombies, with no command line, and hold their pids (2026-12-07)."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    exited = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{exited.pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        _snapshot(tmp_path, port, driver=driver, criu=criu)
+        manifest = SnapshotManifest.from_json(
+            (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="test"
+        )
+        held = dataclasses.replace(manifest, tree=((exited.pid, "python3 -m vllm"), (TREE_PID, "engine")))
+        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).write_text(held.to_json())
+        line = _refused(tmp_path, _env(tmp_path, held.digest), criu, driver)
+    finally:
+        exited.wait()
+    assert f"pid {exited.pid} (exited, not reaped by its parent {os.getpid()})" in line
+    assert "docker run --init" in line and criu.restores == []

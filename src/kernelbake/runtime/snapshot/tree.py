@@ -16,13 +16,28 @@ _ESTABLISHED = "01"
 _GPU_DEVICES = "/dev/nvidia"
 
 
-def _ppid(proc: Path, pid: int) -> int | None:
+def _stat(proc: Path, pid: int) -> tuple[str, int] | None:
+    """The process's state letter and parent pid, or None where it is gone."""
     try:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    return int(stat.rpartition(")")[2].split()[1])
+    state, ppid = stat.rpartition(")")[2].split()[:2]
+    return state, int(ppid)
+
+
+def _ppid(proc: Path, pid: int) -> int | None:
+    return None if (stat := _stat(proc, pid)) is None else stat[1]
+
+
+def holder(pid: int, proc: Path = PROC) -> str:
+    """What holds ``pid`` here, in words: its command line, or why it has none (an exited
+    process its parent has not reaped keeps its pid and loses its command line)."""
+    stat = _stat(proc, pid)
+    if stat is not None and stat[0] == "Z":
+        return f"exited, not reaped by its parent {stat[1]}"
+    return " ".join(cmdline(pid, proc))[:80] or "no command line: a kernel thread"
 
 
 def descendants(root: int, proc: Path = PROC) -> list[int]:
