@@ -288,16 +288,15 @@ def _pids_held(manifest: SnapshotManifest) -> str | None:
         return None
     # CRIU gives each process back the pid it had, and fails halfway ("Can't fork for 3421:
     # File exists", a host's second restore on the H100, 2026-12-06) where one is taken.
-    what = tree.holder(held[0])
     # A take and a restore in one container: the dumped tree's orphans stay zombies where pid
     # 1 reaps nothing (a shell), holding the pids (the CPU play of the snapshot flow, 2026-12-07).
     reap = (
         ", or give it a pid 1 that reaps exited processes (docker run --init)"
-        if what.startswith("exited")
+        if tree.unreaped(held[0]) is not None
         else ""
     )
     return (
-        f"pid {held[0]} ({what}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
+        f"pid {held[0]} ({tree.holder(held[0])}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
         "snapshot's tree is in use here, and CRIU restores each process with the pid it had: "
         f"restore in a pid namespace of its own (a container's){reap}"
     )

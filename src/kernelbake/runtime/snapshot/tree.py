@@ -31,13 +31,18 @@ def _ppid(proc: Path, pid: int) -> int | None:
     return None if (stat := _stat(proc, pid)) is None else stat[1]
 
 
-def holder(pid: int, proc: Path = PROC) -> str:
-    """What holds ``pid`` here, in words: its command line, or why it has none (an exited
-    process its parent has not reaped keeps its pid and loses its command line)."""
+def unreaped(pid: int, proc: Path = PROC) -> int | None:
+    """The parent of ``pid`` where it has exited and that parent has not reaped it (it keeps
+    its pid, and has no command line left), else None."""
     stat = _stat(proc, pid)
-    if stat is not None and stat[0] == "Z":
-        return f"exited, not reaped by its parent {stat[1]}"
-    return " ".join(cmdline(pid, proc))[:80] or "no command line: a kernel thread"
+    return stat[1] if stat is not None and stat[0] == "Z" else None
+
+
+def holder(pid: int, proc: Path = PROC) -> str:
+    """What holds ``pid`` here, in words."""
+    if (parent := unreaped(pid, proc)) is not None:
+        return f"exited, not reaped by its parent {parent}"
+    return " ".join(cmdline(pid, proc))[:80] or "no command line"
 
 
 def descendants(root: int, proc: Path = PROC) -> list[int]:
