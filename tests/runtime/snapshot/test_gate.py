@@ -14,7 +14,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -782,56 +782,49 @@ def test_a_tampered_weights_file_beside_is_refused_before_any_restore(setup: tup
     assert "images/weights/part-0000.bin: sha256" in said[0] and "changed" in said[0]
 
 
-def test_a_tree_pid_in_use_here_is_refused_before_criu_runs(
-    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _refused_with_tree_pid(setup: tuple[Path, int], pid: int) -> tuple[str, FakeCriu]:
+    """Serve's line for a snapshot whose tree names ``pid`` (held here), and the CRIU asked."""
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    _snapshot(tmp_path, port, driver=driver, criu=criu)
+    manifest = SnapshotManifest.from_json(
+        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="test"
+    )
+    held = dataclasses.replace(manifest, tree=((pid, "python3 -m vllm"), (TREE_PID, "engine")))
+    (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).write_text(held.to_json())
+    return _refused(tmp_path, _env(tmp_path, held.digest), criu, driver), criu
+
+
+def _until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_tree_pid_in_use_here_is_refused_before_criu_runs(setup: tuple[Path, int]) -> None:
     """CRIU gives each process its pid back; where one is taken (a host's second restore, the
     H100 of 2026-12-06), it failed halfway and marked the node. The gate names the pid and its
     command first, and nothing is tried or marked."""
-    tmp_path, port = setup
-    driver, criu = FakeDriver(), FakeCriu(port)
     taken = subprocess.Popen(["sleep", "30"])
     # Until it has exec'd, the child's cmdline is this test's interpreter (a fork of it): the
     # gate would name that, and the assertion below would fail once in a while.
-    cmdline = Path(f"/proc/{taken.pid}/cmdline")
-    deadline = time.monotonic() + 10
-    while cmdline.read_bytes() != b"sleep\x0030\x00" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: Path(f"/proc/{taken.pid}/cmdline").read_bytes() == b"sleep\x0030\x00")
     try:
-        _snapshot(tmp_path, port, driver=driver, criu=criu)
-        manifest = SnapshotManifest.from_json(
-            (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="test"
-        )
-        held = dataclasses.replace(manifest, tree=((taken.pid, "python3 -m vllm"), (TREE_PID, "engine")))
-        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).write_text(held.to_json())
-        line = _refused(tmp_path, _env(tmp_path, held.digest), criu, driver)
+        line, criu = _refused_with_tree_pid(setup, taken.pid)
     finally:
         taken.kill()
         taken.wait()
     assert f"pid {taken.pid} (sleep 30) of the snapshot's tree is in use here" in line
-    assert "a pid namespace of its own" in line and "--init" not in line
+    assert "a pid namespace of its own" in line and "--init" not in line and criu.restores == []
 
 
-def test_a_tree_pid_held_by_an_unreaped_process_says_so_and_how_to_reap_it(
-    setup: tuple[Path, int],
-) -> None:
+def test_a_tree_pid_held_by_an_unreaped_process_says_so_and_how_to_reap_it(setup: tuple[Path, int]) -> None:
     """A take and a restore in one container whose pid 1 reaps nothing: the dumped tree's
     orphans stay zombies, with no command line, and hold their pids (2026-12-07)."""
-    tmp_path, port = setup
-    driver, criu = FakeDriver(), FakeCriu(port)
     exited = subprocess.Popen(["true"])
-    stat = Path(f"/proc/{exited.pid}/stat")
-    deadline = time.monotonic() + 10
-    while stat.read_text().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: Path(f"/proc/{exited.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
     try:
-        _snapshot(tmp_path, port, driver=driver, criu=criu)
-        manifest = SnapshotManifest.from_json(
-            (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).read_bytes(), source="test"
-        )
-        held = dataclasses.replace(manifest, tree=((exited.pid, "python3 -m vllm"), (TREE_PID, "engine")))
-        (tmp_path / "snapshot" / SNAPSHOT_MANIFEST).write_text(held.to_json())
-        line = _refused(tmp_path, _env(tmp_path, held.digest), criu, driver)
+        line, criu = _refused_with_tree_pid(setup, exited.pid)
     finally:
         exited.wait()
     assert f"pid {exited.pid} (exited, not reaped by its parent {os.getpid()})" in line
