@@ -138,7 +138,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -163,6 +162,7 @@ from kernelbake.contract.snapshot import (
     SnapshotManifest,
     file_kind,
 )
+from kernelbake.oci.types import sha256_digest
 from kernelbake.runtime.env import RuntimeEnv
 from kernelbake.runtime.snapshot import tree
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
@@ -220,7 +220,7 @@ def snapshot_args(
 
 def image_digest(target_json: Path) -> str:
     """The flow builds no image manifest: the digest stands for target.json's, and says so."""
-    return "sha256:" + hashlib.sha256(target_json.read_bytes()).hexdigest()
+    return sha256_digest(target_json.read_bytes())
 
 
 def parse_restored(line: str) -> dict[str, Any]:
@@ -284,7 +284,7 @@ def _rekeyed(src: Path, dest: Path, **changes: Any) -> tuple[Path, str]:
 def file_digest(snapshot: Path) -> str:
     """What admission pins: the sha256 of snapshot.json's bytes as they are (sign and serve's
     gate hash the file, not a manifest written again from what was read)."""
-    return "sha256:" + hashlib.sha256((snapshot / SNAPSHOT_MANIFEST).read_bytes()).hexdigest()
+    return sha256_digest((snapshot / SNAPSHOT_MANIFEST).read_bytes())
 
 
 def _largest(src: Path, prefix: str) -> str:
