@@ -290,13 +290,14 @@ def _pids_held(manifest: SnapshotManifest) -> str | None:
     # File exists", a host's second restore on the H100, 2026-12-06) where one is taken.
     # A take and a restore in one container: the dumped tree's orphans stay zombies where pid
     # 1 reaps nothing (a shell), holding the pids (the CPU play of the snapshot flow, 2026-12-07).
-    reap = (
-        ", or give it a pid 1 that reaps exited processes (docker run --init)"
-        if tree.unreaped(held[0]) is not None
-        else ""
-    )
+    if (parent := tree.unreaped(held[0])) is not None:
+        what = f"exited, not reaped by its parent {parent}"
+        reap = ", or give it a pid 1 that reaps exited processes (docker run --init)"
+    else:
+        what = " ".join(tree.cmdline(held[0]))[:80] or "no command line"
+        reap = ""
     return (
-        f"pid {held[0]} ({tree.holder(held[0])}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
+        f"pid {held[0]} ({what}){f' and {len(held) - 1} more' if len(held) > 1 else ''} of the "
         "snapshot's tree is in use here, and CRIU restores each process with the pid it had: "
         f"restore in a pid namespace of its own (a container's){reap}"
     )

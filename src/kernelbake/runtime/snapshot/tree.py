@@ -38,13 +38,6 @@ def unreaped(pid: int, proc: Path = PROC) -> int | None:
     return stat[1] if stat is not None and stat[0] == "Z" else None
 
 
-def holder(pid: int, proc: Path = PROC) -> str:
-    """What holds ``pid`` here, in words."""
-    if (parent := unreaped(pid, proc)) is not None:
-        return f"exited, not reaped by its parent {parent}"
-    return " ".join(cmdline(pid, proc))[:80] or "no command line"
-
-
 def descendants(root: int, proc: Path = PROC) -> list[int]:
     """``root`` and every process below it, root first, then by pid."""
     children: dict[int, list[int]] = {}
