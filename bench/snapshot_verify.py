@@ -2,18 +2,24 @@
 file's sha256 at every start; after, the same where the files must be hashed, and only their
 listing, types and sizes on an image volume the runtime pulled by digest.
 
-    sudo .venv/bin/python bench/snapshot_verify.py [--gb 2.23] [--out bench/results/snapshot_verify.json]
+    sudo .venv/bin/python bench/snapshot_verify.py [--shape cpu|beside] [--gb 2.23] [--runs 3] \
+        [--out bench/results/snapshot_verify.json]
 
-A snapshot of the CPU image's shape (bench/results/snapshot_cpu.json: 113 files, 2.23 GB; five
-page files, one per process, the /dev/shm copies, small CRIU images) is written with random bytes
-and a snapshot.json. Timed, each three times with the files in the page cache (a restore reads
-them right after the gate, so the gate's reads are what brings them in on a cold node; both are
-disk-bound there alike):
+A snapshot is written with random bytes and a snapshot.json, in one of two shapes:
+
+- ``cpu``: the CPU image's (bench/results/snapshot_cpu.json: 113 files, 2.23 GB; five page files,
+  one per process, the /dev/shm copies, small CRIU images);
+- ``beside``: a GPU snapshot taken with its weights beside (the FP8 MoE on the H100, 2026-12-07:
+  34.8 GB in 209 files, 90 % of it weight files of about 1 GB, one 2.7 GB page file).
+
+Timed, each ``--runs`` times with the files in the page cache (a restore reads them right after
+the gate, so the gate's reads are what brings them in on a cold node; both are disk-bound there
+alike):
 
 - ``sha256_mb_s``: hashlib's sha256 on a 256 MiB buffer in memory, one thread (this CPU's rate);
-- ``before_s``: the gate's file check as it was, every file hashed on one thread;
+- ``before_s``: the gate's file check as it was until 2026-12-07, every file hashed on one thread;
 - ``hashed_s``: the gate's check now where the snapshot is no pulled image volume (a directory,
-  a bind mount): every file hashed, as before (the same code path, timed again);
+  a bind mount): sizes, then every file hashed by ``hashing.workers()`` threads (``threads``);
 - ``pulled_s``: the gate's check now on a real read-only overlay of two lower layers (how
   containerd mounts a two-layer image volume), after ``volume.pulled_by_runtime`` recognised it
   from /proc/self/mountinfo: no file read.
@@ -38,8 +44,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kernelbake.contract.snapshot import SNAPSHOT_MANIFEST, SnapshotFile, SnapshotManifest
-from kernelbake.runtime.snapshot import restore, volume
+from kernelbake.contract.key import parse_key
+from kernelbake.contract.snapshot import (
+    SNAPSHOT_MANIFEST,
+    SnapshotFile,
+    SnapshotKey,
+    SnapshotManifest,
+    Weights,
+    env_digest,
+)
+from kernelbake.runtime.snapshot import hashing, restore, volume
 
 MB = 1_000_000
 # Shares of the whole of the CPU image's snapshot: page files of the five processes, the
@@ -47,20 +61,61 @@ MB = 1_000_000
 PAGES = (0.54, 0.14, 0.09, 0.02, 0.02)
 SHM = (0.045, 0.045, 0.045, 0.045)
 SMALL = 100
+# The MoE's with its weights beside: one large page file (2.70 of 34.82 GB), three small ones,
+# 30 weight files sharing 90 %, and 170 small CRIU images.
+BESIDE_PAGES = (0.0775, 0.0125, 0.005, 0.005)
+BESIDE_WEIGHTS = 30
+BESIDE_SMALL = 170
 
 
-def _key() -> Any:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.contract.test_snapshot import cpu_key
+def shape(name: str, total: int) -> dict[str, int]:
+    """File sizes by path for a snapshot of ``total`` bytes in the shape ``name``."""
+    if name == "cpu":
+        sizes = {f"images/pages-{i + 1}.img": int(total * s) for i, s in enumerate(PAGES)}
+        sizes |= {f"images/dev-shm/psm_{i}": int(total * s) for i, s in enumerate(SHM)}
+        return sizes | {f"images/core-{i}.img": 4096 for i in range(SMALL)}
+    sizes = {f"images/pages-{i + 1}.img": int(total * s) for i, s in enumerate(BESIDE_PAGES)}
+    part = int(total * (1 - sum(BESIDE_PAGES)) / BESIDE_WEIGHTS)
+    sizes |= {f"images/weights/rank-0/part-{i:04d}.bin": part for i in range(BESIDE_WEIGHTS)}
+    return sizes | {f"images/core-{i}.img": 4096 for i in range(BESIDE_SMALL)}
 
-    return cpu_key()
+
+# Any key will do (the gate's file check reads only the files); one written out here, so that
+# the bench needs nothing but the standard library and src/ (it runs on the device machine too).
+_CACHE_KEY = (
+    "kb1:engine=vllm;engine_version=0.32.0;torch=2.13.0;triton=3.7.1;cuda=13.0;flashinfer=0.7.0.post1;"
+    "python=3.12;arch=sm_90a;device=NVIDIA%20H100%2080GB%20HBM3;driver_floor=580.65.06;"
+    "model=local/qwen3-30b-a3b-fp8-sleep;revision=sha256-"
+    + "4f"
+    * 32
+    + ";model_path=/models/qwen3-30b-a3b-fp8;"
+    "dtype=bfloat16;quantization=fp8;tp=1;pp=1;ep=1;max_model_len=8192;max_num_batched_tokens=4096;"
+    "compilation=44136fa355b3678a;engine_env=4f53cda18c2baa0c;kernelbake=0.1.0"
+)
 
 
-def write_snapshot(root: Path, total: int) -> SnapshotManifest:
-    """Random files of the CPU snapshot's shape under ``root/images``, and its snapshot.json."""
-    sizes = {f"images/pages-{i + 1}.img": int(total * s) for i, s in enumerate(PAGES)}
-    sizes |= {f"images/dev-shm/psm_{i}": int(total * s) for i, s in enumerate(SHM)}
-    sizes |= {f"images/core-{i}.img": 4096 for i in range(SMALL)}
+def _key() -> SnapshotKey:
+    return SnapshotKey(
+        image="sha256:" + "a" * 64,
+        cache_key=parse_key(_CACHE_KEY),
+        gpu="none",
+        gpu_count=0,
+        driver="none",
+        cuda_driver_api="none",
+        kernel=os.uname().release,
+        criu="4.1.1",
+        criu_features="none",
+        cpu="any",
+        cpu_flags="sse",
+        serve_args='["vllm", "serve"]',
+        serve_env=env_digest({"A": "1"}),
+        weights=Weights.INSIDE,
+    )
+
+
+def write_snapshot(root: Path, total: int, kind: str = "cpu") -> SnapshotManifest:
+    """Random files of the shape ``kind`` under ``root/images``, and its snapshot.json."""
+    sizes = shape(kind, total)
     block = os.urandom(1 << 20)
     files = []
     for rel, size in sizes.items():
@@ -111,7 +166,7 @@ def after(root: Path, manifest: SnapshotManifest) -> tuple[list[str], str | None
     return list(restore._file_problems(root, manifest, hashed=pulled is None)), pulled
 
 
-def timed(fn: Any, runs: int = 3) -> tuple[float, Any]:
+def timed(fn: Any, runs: int) -> tuple[float, Any]:
     best, out = float("inf"), None
     for _ in range(runs):
         t = time.monotonic()
@@ -129,7 +184,9 @@ def sha256_rate() -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=("cpu", "beside"), default="cpu")
     ap.add_argument("--gb", type=float, default=2.23)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench/results/snapshot_verify.json"))
     ap.add_argument("--work", type=Path, default=Path("/var/tmp"))
     args = ap.parse_args()
@@ -144,16 +201,18 @@ def main() -> int:
     doc["host"]["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
     try:
         t = time.monotonic()
-        manifest = write_snapshot(lower, int(args.gb * 1e9))
+        manifest = write_snapshot(lower, int(args.gb * 1e9), args.shape)
         doc["snapshot"] = {
+            "shape": args.shape,
             "files": len(manifest.files),
             "bytes": manifest.total_bytes,
             "written_s": round(time.monotonic() - t, 1),
         }
         doc["sha256_mb_s"] = sha256_rate()
-        doc["before_s"], found = timed(lambda: before(lower, manifest))
+        doc["before_s"], found = timed(lambda: before(lower, manifest), args.runs)
         assert found == [], found
-        doc["hashed_s"], (found, pulled) = timed(lambda: after(lower, manifest))
+        doc["threads"] = hashing.workers()
+        doc["hashed_s"], (found, pulled) = timed(lambda: after(lower, manifest), args.runs)
         assert found == [] and pulled is None, (found, pulled)
         # Two lower layers and no upper one: containerd's view of a two-layer image volume.
         subprocess.run(
@@ -161,7 +220,7 @@ def main() -> int:
             check=True,
         )
         try:
-            doc["pulled_s"], (found, pulled) = timed(lambda: after(mnt, manifest))
+            doc["pulled_s"], (found, pulled) = timed(lambda: after(mnt, manifest), args.runs)
             assert found == [] and pulled is not None, (found, pulled)
             doc["pulled_reason"] = pulled
         finally:
@@ -180,6 +239,7 @@ def main() -> int:
         "snapshot_bytes": doc["snapshot"]["bytes"],
         "per_start_before_s": doc["before_s"],
         "per_start_hashed_s": doc["hashed_s"],
+        "hashed_threads": doc["threads"],
         "per_start_pulled_volume_s": doc["pulled_s"],
         "sha256_mb_s_one_thread": doc["sha256_mb_s"],
     }

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from kernelbake.contract.snapshot import SnapshotFile, Weights
+from kernelbake.runtime.snapshot import hashing
 from kernelbake.runtime.snapshot import restore as restore_mod
 from kernelbake.runtime.snapshot.restore import start_from_snapshot
 from tests.runtime.snapshot.fakes import FakeCriu, FakeDriver
@@ -109,7 +110,10 @@ def test_the_restore_line_reads_back_into_phases(
         last,
     ]
     assert parsed["serving_after_restore_start_s"] >= parsed["phases_s"]["criu restore"]
-    assert parsed["files_checked"] == f"{2 + len(more or {})} files checked by sizes and sha256"
+    files = 2 + len(more or {})
+    assert (
+        parsed["files_checked"] == f"{files} files checked by sizes and sha256 ({hashing.workers()} at once)"
+    )
     # Serve read the snapshot's images first (the stand-in's few bytes), then the weights.
     assert parsed["read_ahead_done"] is True and parsed["read_ahead_bytes"] > 1000
 

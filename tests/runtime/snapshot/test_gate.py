@@ -250,6 +250,23 @@ def test_a_truncated_image_is_refused(setup: tuple[Path, int]) -> None:
     assert f"images/pages-1.img: 10 B, {len(PAGES)} B recorded (truncated or replaced)" in line
 
 
+def test_a_listing_or_size_fault_is_refused_without_hashing_a_byte(
+    setup: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hashing tens of GB takes seconds the baked start would wait for; a wrong size needs none.
+    tmp_path, port = setup
+    driver, criu = FakeDriver(), FakeCriu(port)
+    digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
+    pages = tmp_path / "snapshot/images/pages-1.img"
+    pages.write_bytes(pages.read_bytes()[:10])
+
+    def no_hashing(paths: object, **_kw: object) -> object:
+        raise AssertionError("hashed although a size was wrong")
+
+    monkeypatch.setattr(restore_mod.hashing, "sha256s", no_hashing)
+    assert "(truncated or replaced)" in _refused(tmp_path, _env(tmp_path, digest), criu, driver)
+
+
 def test_a_missing_or_unlisted_file_is_refused(setup: tuple[Path, int]) -> None:
     tmp_path, port = setup
     driver, criu = FakeDriver(), FakeCriu(port)
@@ -627,7 +644,7 @@ def test_a_hashed_gate_says_so(setup: tuple[Path, int]) -> None:
     driver, criu = FakeDriver(), FakeCriu(port)
     digest = _snapshot(tmp_path, port, driver=driver, criu=criu)
     gated = gate(_env(tmp_path, digest), (), driver=driver, criu=criu)  # type: ignore[arg-type]
-    assert gated is not None and gated.checked.startswith("2 files checked by sizes and sha256 in ")
+    assert gated is not None and gated.checked.startswith("2 files checked by sizes and sha256 (")
 
 
 # Weights left out: the restored engine is woken and its weights reloaded before serve says so.

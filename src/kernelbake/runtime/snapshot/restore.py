@@ -65,9 +65,8 @@ from kernelbake.contract.snapshot import (
 )
 from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import KernelbakeError
-from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import RuntimeEnv
-from kernelbake.runtime.snapshot import http, readahead, tree, volume
+from kernelbake.runtime.snapshot import hashing, http, readahead, tree, volume
 from kernelbake.runtime.snapshot.criu import Criu, RestoreTimedOut, failure
 from kernelbake.runtime.snapshot.driver import DeviceMemory, Driver
 from kernelbake.runtime.snapshot.machine import (
@@ -115,10 +114,26 @@ def _read_manifest(env: RuntimeEnv) -> tuple[bytes | None, str | None]:
         return None, f"{path}: cannot be read ({exc.strerror})"
 
 
-def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> Iterator[str]:
-    """Every listed file present, plain and of its size, nothing unlisted; and (``hashed``) of
-    its sha256. One thread: hashing the page files side by side was no faster on two cores
-    (bench/results/snapshot_verify.json), since one process's pages are most of the bytes."""
+def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> list[str]:
+    """Every listed file present, plain and of its size, nothing unlisted; then, only where all
+    of that holds and ``hashed``, each file's sha256 (``hashing``: several at once), stopping at
+    the first that differs: one is reason enough, and the baked start waits for this answer."""
+    found = list(_listing_problems(root, manifest))
+    if found or not hashed:
+        return found
+    recorded = {root / f.path: f for f in manifest.files}
+    # Closed on the first difference: the files not begun are not hashed.
+    with contextlib.closing(hashing.sha256s(list(recorded))) as results:
+        for path, got in results:
+            f = recorded[path]
+            if isinstance(got, OSError):
+                return [f"{f.path}: cannot be read ({got.strerror or got})"]
+            if got != f.sha256:
+                return [f"{f.path}: sha256 {got[:16]}…, {f.sha256[:16]}… recorded (changed)"]
+    return []
+
+
+def _listing_problems(root: Path, manifest: SnapshotManifest) -> Iterator[str]:
     listed = {f.path: f for f in manifest.files}
     for f in manifest.files:
         p = root / f.path
@@ -131,8 +146,6 @@ def _file_problems(root: Path, manifest: SnapshotManifest, *, hashed: bool) -> I
             yield f"{f.path}: not a plain file"
         elif st.st_size != f.size:
             yield f"{f.path}: {st.st_size} B, {f.size} B recorded (truncated or replaced)"
-        elif hashed and (got := file_sha256(p)) != f.sha256:
-            yield f"{f.path}: sha256 {got[:16]}…, {f.sha256[:16]}… recorded (changed)"
     for dirpath, _dirs, names in os.walk(root / IMAGES_DIR):
         for name in names:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
@@ -199,11 +212,11 @@ def gate(env: RuntimeEnv, user_args: Sequence[str], *, driver: Driver, criu: Cri
         return Gated(manifest=None, digest=digest, reasons=(short,))
     started = time.monotonic()
     pulled = volume.pulled_by_runtime(env.snapshot_root)
-    if found := tuple(_file_problems(env.snapshot_root, manifest, hashed=pulled is None)):
-        return Gated(manifest=None, digest=digest, reasons=found[:5])
+    if faults := _file_problems(env.snapshot_root, manifest, hashed=pulled is None):
+        return Gated(manifest=None, digest=digest, reasons=tuple(faults[:5]))
     if (held := _pids_held(manifest)) is not None:
         return Gated(manifest=None, digest=digest, reasons=(held,))
-    how = f"sizes ({pulled})" if pulled else "sizes and sha256"
+    how = f"sizes ({pulled})" if pulled else f"sizes and sha256 ({hashing.workers()} at once)"
     checked = f"{len(manifest.files)} files checked by {how} in {time.monotonic() - started:.2f} s"
     return Gated(manifest=manifest, digest=digest, reasons=(), checked=checked)
 

@@ -45,10 +45,9 @@ from kernelbake.contract.target import TargetConfig
 from kernelbake.errors import BadInput, EnvironmentProblem, KernelbakeError
 from kernelbake.runner import spawn
 from kernelbake.runtime import nvml
-from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.env import SNAPSHOT_TAKE_ENV, RuntimeEnv
 from kernelbake.runtime.redact import argv_secrets, is_secret, secret_flags
-from kernelbake.runtime.snapshot import http, io_uring, tree
+from kernelbake.runtime.snapshot import hashing, http, io_uring, tree
 from kernelbake.runtime.snapshot.criu import Criu, failure
 from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 from kernelbake.runtime.snapshot.driver import DeviceMemory, Driver, rise
@@ -226,15 +225,22 @@ def _sleep(base: str) -> None:
 
 
 def _files(out: Path) -> list[SnapshotFile]:
+    """Every file CRIU and take wrote under ``images/``, with its size, sha256 (``hashing``:
+    several at once) and, for the /dev/shm copies, the mode CRIU restores them with."""
+    paths = [Path(dirpath) / name for dirpath, _dirs, names in os.walk(out / IMAGES_DIR) for name in names]
     found = []
-    for dirpath, _dirs, names in os.walk(out / IMAGES_DIR):
-        for name in names:
-            p = Path(dirpath) / name
-            rel = p.relative_to(out).as_posix()
-            st = p.stat()
-            mode = st.st_mode & 0o777 if under(rel, SHM_COPY) else None
-            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=file_sha256(p), mode=mode))
-    return found
+    for p, sha in hashing.sha256s(paths):
+        if isinstance(sha, OSError):
+            raise EnvironmentProblem(
+                f"{p}: cannot be read to hash it ({sha}); the snapshot in {out} is incomplete"
+            )
+        rel = p.relative_to(out).as_posix()
+        st = p.stat()
+        mode = st.st_mode & 0o777 if under(rel, SHM_COPY) else None
+        found.append(SnapshotFile(path=rel, size=st.st_size, sha256=sha, mode=mode))
+    # In the walk's order, not the order the hashing finished in: the same files, the same manifest.
+    order = {p.relative_to(out).as_posix(): i for i, p in enumerate(paths)}
+    return sorted(found, key=lambda f: order[f.path])
 
 
 def _wait_ready(proc: Any, url: str, timeout_s: float) -> None:
