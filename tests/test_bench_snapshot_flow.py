@@ -5,6 +5,7 @@ phases; the summary and the phase table carry the issue's figures."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -452,3 +453,30 @@ def test_room_sets_takes_estimate_beside_what_was_written_without_the_weights() 
     }
     # A snapshot taken before take kept its estimate says nothing rather than a ratio of zero.
     assert _flow().room({"dump_s": 1.0}, by_kind) is None
+
+
+def test_the_restore_s_criu_log_is_kept_and_its_longest_waits_named(tmp_path: Path) -> None:
+    flow = _flow()
+    old, new = tmp_path / "kernelbake-restore-a", tmp_path / "kernelbake-restore-b"
+    old.mkdir()
+    new.mkdir()
+    (old / "restore.log").write_text("(00.000001) an older restore\n(09.000000) not this one\n")
+    log = (
+        "(00.000100) Restoring task 1\n"
+        "a line CRIU wrote without a stamp\n"
+        "(00.200100) Opening /usr/lib/libtorch_cuda.so\n"
+        "(03.700100) Restoring memory\n"
+        "(03.800100) pie: 1: restoring pages\n"
+        "(05.000100) Restore finished\n"
+    )
+    (new / "restore.log").write_text(log)
+    os.utime(old / "restore.log", (1, 1))
+    dest = tmp_path / "kept.log"
+    waits = flow.keep_restore_log(tmp_path, dest)
+    assert dest.read_text() == log
+    assert waits[:2] == [
+        [3.5, "Opening /usr/lib/libtorch_cuda.so", "Restoring memory"],
+        [1.2, "pie: 1: restoring pages", "Restore finished"],
+    ]
+    assert [w[0] for w in waits] == sorted((w[0] for w in waits), reverse=True) and len(waits) == 4
+    assert flow.keep_restore_log(tmp_path / "none", dest) is None
