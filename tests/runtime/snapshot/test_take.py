@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -788,3 +789,28 @@ def test_a_dump_that_would_not_fit_is_refused_before_criu_runs_and_the_device_st
         "take the snapshot onto a larger disk"
     )
     assert criu.dumped == [] and driver.checkpointed == [11] and driver.restored == [11]
+
+
+def test_take_lists_its_files_in_the_walks_order_and_names_one_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = tmp_path / "images"
+    (images / "dev-shm").mkdir(parents=True)
+    for name, size in (("pages-1.img", 5000), ("core-1.img", 10), ("dev-shm/psm_a", 300)):
+        (images / name).write_bytes(b"x" * size)
+    (images / "dev-shm/psm_a").chmod(0o600)
+    walked = [
+        (Path(d) / n).relative_to(tmp_path).as_posix() for d, _s, names in os.walk(images) for n in names
+    ]
+    files = take._files(tmp_path)
+    # The largest is hashed first, yet the manifest keeps the walk's order: the same files, the same bytes.
+    assert [f.path for f in files] == walked
+    assert {f.path: f.mode for f in files}["images/dev-shm/psm_a"] == 0o600
+    assert {f.path: f.size for f in files}["images/pages-1.img"] == 5000
+
+    def unreadable(paths: list[Path], **_kw: object) -> object:
+        yield paths[0], PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(take.hashing, "sha256s", unreadable)
+    with pytest.raises(EnvironmentProblem, match="cannot be read to hash it"):
+        take._files(tmp_path)
