@@ -23,14 +23,8 @@ def _files(tmp_path: Path, sizes: list[int]) -> list[Path]:
     return paths
 
 
-def test_every_file_comes_back_once_with_its_own_sha256(tmp_path: Path) -> None:
-    paths = _files(tmp_path, [1, 4096, 300_000, 0, 70_000, 5])
-    got = dict(hashing.sha256s(paths, threads=3))
-    assert got == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
-
-
-def test_the_largest_files_are_started_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    paths = _files(tmp_path, [10, 3000, 200, 50_000, 7])
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The files hashing starts on, in the order it starts them (no hashing done)."""
     started: list[Path] = []
     lock = threading.Lock()
 
@@ -40,6 +34,18 @@ def test_the_largest_files_are_started_first(tmp_path: Path, monkeypatch: pytest
         return "x"
 
     monkeypatch.setattr(hashing, "file_sha256", record)
+    return started
+
+
+def test_every_file_comes_back_once_with_its_own_sha256(tmp_path: Path) -> None:
+    paths = _files(tmp_path, [1, 4096, 300_000, 0, 70_000, 5])
+    got = dict(hashing.sha256s(paths, threads=3))
+    assert got == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def test_the_largest_files_are_started_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _files(tmp_path, [10, 3000, 200, 50_000, 7])
+    started = _recorded(monkeypatch)
     list(hashing.sha256s(paths, threads=1))
     assert started == sorted(paths, key=lambda p: p.stat().st_size, reverse=True)
 
@@ -54,15 +60,7 @@ def test_a_file_that_cannot_be_read_is_answered_with_its_error(tmp_path: Path) -
 
 def test_closing_early_cancels_the_files_not_begun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = _files(tmp_path, list(range(100, 120)))
-    hashed: list[Path] = []
-    lock = threading.Lock()
-
-    def record(path: Path) -> str:
-        with lock:
-            hashed.append(path)
-        return "x"
-
-    monkeypatch.setattr(hashing, "file_sha256", record)
+    hashed = _recorded(monkeypatch)
     with contextlib.closing(hashing.sha256s(paths, threads=1)) as results:
         next(results)
     # One thread: the first file, perhaps the one it had begun next, and none after.
