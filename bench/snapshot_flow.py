@@ -752,13 +752,13 @@ def criu_waits(log: str, most: int = 8) -> list[list[Any]]:
 def keep_restore_log(scratch: Path, dest: Path) -> list[list[Any]] | None:
     """The newest restore's CRIU log (serve leaves it in its scratch folder) copied to ``dest``,
     and its longest waits; None where there is none."""
-    logs = sorted(scratch.glob("kernelbake-restore-*/restore.log"), key=lambda p: p.stat().st_mtime)
-    if not logs:
+    log = max(scratch.glob("kernelbake-restore-*/restore.log"), key=lambda p: p.stat().st_mtime, default=None)
+    if log is None:
         return None
     with contextlib.suppress(OSError):
-        shutil.copyfile(logs[-1], dest)
+        shutil.copyfile(log, dest)
     try:
-        return criu_waits(logs[-1].read_text(errors="replace"))
+        return criu_waits(log.read_text(errors="replace"))
     except OSError:
         return None
 

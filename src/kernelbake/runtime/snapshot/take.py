@@ -228,7 +228,7 @@ def _files(out: Path) -> list[SnapshotFile]:
     """Every file CRIU and take wrote under ``images/``, with its size, sha256 (``hashing``:
     several at once) and, for the /dev/shm copies, the mode CRIU restores them with."""
     paths = [Path(dirpath) / name for dirpath, _dirs, names in os.walk(out / IMAGES_DIR) for name in names]
-    found = []
+    shas: dict[Path, str] = {}
     # Closed on an unreadable file: the files not begun are not hashed.
     with contextlib.closing(hashing.sha256s(paths)) as results:
         for p, sha in results:
@@ -236,13 +236,16 @@ def _files(out: Path) -> list[SnapshotFile]:
                 raise EnvironmentProblem(
                     f"{p}: cannot be read to hash it ({sha}); the snapshot in {out} is incomplete"
                 )
-            rel = p.relative_to(out).as_posix()
-            st = p.stat()
-            mode = st.st_mode & 0o777 if under(rel, SHM_COPY) else None
-            found.append(SnapshotFile(path=rel, size=st.st_size, sha256=sha, mode=mode))
-    # In the walk's order, not the order the hashing finished in: the same files, the same manifest.
-    order = {p.relative_to(out).as_posix(): i for i, p in enumerate(paths)}
-    return sorted(found, key=lambda f: order[f.path])
+            shas[p] = sha
+    # Listed in the walk's order, not the order the hashing finished in: the same files, the
+    # same manifest.
+    found = []
+    for p in paths:
+        rel = p.relative_to(out).as_posix()
+        st = p.stat()
+        mode = st.st_mode & 0o777 if under(rel, SHM_COPY) else None
+        found.append(SnapshotFile(path=rel, size=st.st_size, sha256=shas[p], mode=mode))
+    return found
 
 
 def _wait_ready(proc: Any, url: str, timeout_s: float) -> None:
