@@ -567,6 +567,7 @@ def predict(
     fi = diff(baked.get("flashinfer", {}), now.get("flashinfer", {}), "flashinfer")
     fi += [Change("flashinfer build.ninja path", p, "missing") for p in now.get("ninja_paths_missing", [])]
     add("flashinfer", fi, "the vLLM config changed: modules it needs anew compile" if config_changed else "")
+    _gemm_jit_verdicts(verdicts, baked, now, config_changed)
     if writes := knobs.get(("writes", "torch")):
         debug_dir = str(now.get("compile", {}).get("unkeyed", {}).get("debug_dir", ""))
         _with_knob_writes(
@@ -577,6 +578,28 @@ def predict(
             KindVerdict(kind, Outcome.UNKNOWN, (), "kernelbake has no identity for this kind")
         )
     return Prediction(Source.ENGINE, tuple(verdicts.found), note, identity=now, factors=factors)
+
+
+def _gemm_jit_verdicts(
+    verdicts: _Verdicts, baked: Mapping[str, Any], now: Mapping[str, Any], config_changed: bool
+) -> None:
+    """DeepGEMM's and FlashInfer's TensorRT-LLM DeepGEMM kernels (``engines.vllm.gemm_jit``).
+    An identity recorded before their facts were leaves them ``UNKNOWN`` (below)."""
+    shapes = "the vLLM config changed: GEMM shapes it needs anew compile" if config_changed else ""
+    if (kind := CacheKind.DEEPGEMM.value) in baked:
+        # Every input of DeepGEMM's kernel names: any change names other kernels.
+        verdicts.add(kind, diff(baked[kind], now.get(kind, {}), kind), shapes)
+    if (kind := CacheKind.TRTLLM_DEEPGEMM.value) in baked:
+        if changes := diff(baked[kind], now.get(kind, {}), kind):
+            # Named by shape alone, the baked kernels load whatever compiled them: nothing
+            # compiles, and what runs is not what these sources would build.
+            stale = (
+                "FlashInfer names these kernels by GEMM shape alone and would load the baked ones,"
+                " built from other sources: rebuild the image"
+            )
+            verdicts.put(KindVerdict(kind, Outcome.UNKNOWN, tuple(changes), stale))
+        else:
+            verdicts.add(kind, [], shapes)
 
 
 def _refused(kinds: Iterable[str], why: str, note: str, now: Mapping[str, Any], factors: str) -> Prediction:

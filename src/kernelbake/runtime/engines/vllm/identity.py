@@ -12,7 +12,9 @@ module asks each of them and records both the hashes and the factors they were c
 - Triton (``triton``): ``triton_key()``, the backend hash (ptxas version and arch) and
   Triton's cache-invalidating variables, what ``get_cache_key`` adds to a kernel's source;
 - FlashInfer (``flashinfer``): its version, its JIT workspace (path includes the arch) and the
-  absolute paths its build.ninja files name.
+  absolute paths its build.ninja files name;
+- DeepGEMM and FlashInfer's TensorRT-LLM DeepGEMM (``deepgemm``, ``trtllm-deepgemm``): what
+  their kernels' names are made from (``gemm_jit``).
 
 Every vLLM object is found through the installed release's adapter (``compat_layer.lookups()``:
 its ``VllmLookups``), so a release that moves one changes its adapter, not this
@@ -42,7 +44,7 @@ from typing import Any
 
 from kernelbake.contract import jsondoc
 from kernelbake.runtime import knobs, redact
-from kernelbake.runtime.engines.vllm import compat_layer
+from kernelbake.runtime.engines.vllm import compat_layer, gemm_jit
 
 SCHEMA = 1
 # Where the identity lives in the manifest's compile report.
@@ -227,7 +229,22 @@ def _compiler_and_libraries(vllm_config: Any) -> dict[str, Any]:
         out["aot"] = {"error": f"{type(exc).__name__}: {exc}"}
     out["triton"] = _triton_facts()
     out["flashinfer"] = _flashinfer_facts()
+    try:
+        out.update(gemm_jit.facts(os.environ, _device()))
+    except Exception as exc:
+        # An unreadable package file: the kinds' prediction then names this, not a hit.
+        out.update({kind: {"error": f"{type(exc).__name__}: {exc}"} for kind in gemm_jit.KINDS})
     return out
+
+
+def _device() -> dict[str, Any]:
+    """The device's name and SM count (DeepGEMM's generated source holds the count)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "sms": props.multi_processor_count}
 
 
 def _triton_facts() -> dict[str, Any]:
