@@ -149,7 +149,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -890,9 +890,19 @@ def take_failed(taken: Mapping[str, Any]) -> str | None:
     return f"take exited {taken['rc']}: {lines[-1] if lines else 'no output'}"[:600]
 
 
-def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str, asleep: str = "outside") -> None:
+def run(
+    flow: Any,
+    run_: Any,
+    doc: dict[str, Any],
+    waves: Any,
+    criu: str,
+    asleep: str = "outside",
+    so_far: Callable[[], None] = lambda: None,
+) -> None:
     """Every snapshot phase for the model of ``run_`` (its baked start already ran and, with
-    weights written, left them in the model's directory); into ``doc["snapshot"]``."""
+    weights written, left them in the model's directory); into ``doc["snapshot"]``, calling
+    ``so_far`` after each phase: a device lease taken back mid-flow (2026-12-07, during the
+    8B's take) then still brings back every phase that ended."""
     snap: dict[str, Any] = {}
     doc["snapshot"] = snap
     target = Path(run_.runtime_env["KERNELBAKE_UNSAFE_TARGET"])
@@ -934,6 +944,7 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str, asleep
         snap["shm_cleared_before_take"] = clear_shm(sorted(p.name for p in Path("/dev/shm").glob("psm_*")))
         snap["cache_root_put_back_before_take"] = flow.as_the_image(run_)
         snap["take"] = take(s, asleep if weights_files else "inside")
+        so_far()
         if (why := take_failed(snap["take"])) is not None:
             snap["failed"] = why
             return
@@ -942,10 +953,13 @@ def run(flow: Any, run_: Any, doc: dict[str, Any], waves: Any, criu: str, asleep
         mount_pulled(s.snapshot, s.root, work / "empty")
         snap["restores"] = restores = {}
         restores["restored"] = restored(s, "restored", drop=True, waves=waves)
+        so_far()
         if run_.left() > 120 and weights_files:
             restores["restored-warm"] = restored(s, "restored-warm", drop=False, waves=None)
+            so_far()
         snap["mismatch"] = mismatch(s, reference=weights_files and made.get("made") == "generated")
         snap["tokens_reference"] = tokens_reference(doc)[0]
+        so_far()
         snap["bad_inputs"] = bad(s, pin)
     except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
         snap["failed"] = repr(exc)[:600]

@@ -743,7 +743,15 @@ def flow(
         _baked_start(run, waves, doc, snapshot=snap)
         _so_far(out, doc)
         if snap:
-            snapshot_flow.run(sys.modules[__name__], run, doc, waves, a.criu, a.snapshot_weights)
+            snapshot_flow.run(
+                sys.modules[__name__],
+                run,
+                doc,
+                waves,
+                a.criu,
+                a.snapshot_weights,
+                so_far=lambda: _so_far(out, doc),
+            )
             _so_far(out, doc)
             if cold and not cold_first:
                 # After the snapshot's phases, so that a take that fails shows itself some four
