@@ -156,6 +156,7 @@ from typing import Any
 from kernelbake.contract.snapshot import (
     ENGINE_LOG,
     IMAGES_DIR,
+    SHM_COPY,
     SNAPSHOT_MANIFEST,
     WEIGHTS_EXTENSION,
     FileKind,
@@ -172,6 +173,7 @@ from kernelbake.runtime.snapshot.devguard import MIDDLEWARE
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_checkpoint
 import sharded_to_checkpoint
+import snapshot_pages
 
 SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
@@ -646,6 +648,14 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
     )
     if checked := room(manifest.taken, out["bytes_by_kind"]):
         out["room"] = checked
+    # Whether a restore could read fewer bytes off the disk (zero pages, compression): seconds.
+    try:
+        out["pages"] = snapshot_pages.profile(snapshot_pages.page_files(s.snapshot))
+        out["dev_shm"] = snapshot_pages.profile(
+            sorted(p for p in (s.snapshot / SHM_COPY).rglob("*") if p.is_file())
+        )
+    except OSError as exc:
+        out["pages"] = {"error": repr(exc)[:300]}
     return out
 
 

@@ -56,6 +56,14 @@ def test_the_snapshot_harness_restores_through_serve_and_refuses_every_bad_input
     # The pin is the file take wrote, as take itself names it.
     assert f"snapshot.json {snap['take']['digest']}" in said, (snap["take"]["digest"], said)
     assert isinstance(s["ready_restored_s"], float), snap["restores"]
+    # What a cold restore reads, profiled after take (bench/snapshot_pages.py): the page files
+    # are the bytes take counted as pages.
+    pages = snap["take"]["pages"]
+    assert pages["files"] > 0 and pages["bytes"] == snap["take"]["bytes_by_kind"]["pages"], pages
+    assert (
+        pages["zlib1_ratio"] > 1
+        and snap["take"]["dev_shm"]["bytes"] == snap["take"]["bytes_by_kind"]["dev_shm"]
+    )
     assert s["tokens_identical_restored"] is True
     assert s["key_mismatch_said"].startswith("snapshot not used: serve env"), s["key_mismatch_said"]
     assert len(s["bad_inputs_refused"]) == 7 and all(s["bad_inputs_refused"].values()), snap["bad_inputs"]
