@@ -9,7 +9,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -462,14 +462,19 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     monkeypatch.setattr(
         flow, "_baked_start", lambda *a, snapshot=False: order.append(f"baked snapshot={snapshot}")
     )
-    monkeypatch.setattr(
-        flow.snapshot_flow,
-        "run",
-        lambda _m, _r, doc, _w, _c, asleep: (
-            order.append(f"snapshot {asleep}"),
-            doc.update(snapshot={"restores": 3}),
-        ),
-    )
+
+    def snapshot_phases(
+        _m: object, _r: object, doc: dict[str, Any], _w: object, _c: object, asleep: str, so_far: Any
+    ) -> None:
+        # Each phase that ends is on disk before the next one starts (a lease taken back
+        # mid-flow, 2026-12-07).
+        doc.update(snapshot={"take": 1})
+        so_far()
+        order.append(f"snapshot {asleep} kept={json.loads(so_far_file.read_text())['snapshot']}")
+        doc.update(snapshot={"restores": 3})
+
+    so_far_file = so_far
+    monkeypatch.setattr(flow.snapshot_flow, "run", snapshot_phases)
     monkeypatch.setattr(flow, "_checks", lambda *a: order.append("checks"))
     monkeypatch.setattr(flow, "summary", lambda doc: {})
 
@@ -495,23 +500,27 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     so_far.unlink()
     assert ran(snapshot=True, baked_only=False) == [
         "baked snapshot=True",
-        "snapshot beside",
+        "snapshot beside kept={'take': 1}",
         "cold kept={'restores': 3}",
         "checks",
     ]
-    assert ran(snapshot=True, baked_only=True) == ["baked snapshot=True", "snapshot beside", "checks"]
+    assert ran(snapshot=True, baked_only=True) == [
+        "baked snapshot=True",
+        "snapshot beside kept={'take': 1}",
+        "checks",
+    ]
     so_far.unlink()
     # --cold-first: a session whose first aim is the cold and baked starts has them before the
     # snapshot's phases.
     assert ran(snapshot=True, baked_only=False, cold_first=True) == [
         "cold kept=None",
         "baked snapshot=True",
-        "snapshot beside",
+        "snapshot beside kept={'take': 1}",
         "checks",
     ]
     assert ran(snapshot=True, baked_only=True, cold_first=True) == [
         "baked snapshot=True",
-        "snapshot beside",
+        "snapshot beside kept={'take': 1}",
         "checks",
     ]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
