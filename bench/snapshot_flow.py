@@ -174,6 +174,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_checkpoint
 import sharded_to_checkpoint
 import snapshot_pages
+from snapshot_pages import drop_caches  # the page cache emptied, so a restore reads from disk
 
 SAY = "kernelbake serve: "
 RESTORED = SAY + "restored snapshot"
@@ -367,16 +368,6 @@ def judged(bad: Bad, lines: Sequence[tuple[float, str]], marks: Path) -> dict[st
 
 
 # On the device: the machine's own state (page cache, mounts).
-
-
-def drop_caches() -> bool:
-    """The page cache emptied (root), so a restore reads the snapshot and weights from disk."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def mount_pulled(snapshot: Path, root: Path, empty: Path) -> None:
@@ -657,6 +648,16 @@ def take(s: Setup, weights: str) -> dict[str, Any]:
     except OSError as exc:
         out["pages"] = {"error": repr(exc)[:300]}
     return out
+
+
+def pages_probe(s: Setup) -> dict[str, Any]:
+    """bench/snapshot_pages.py's pack probe over the snapshot take wrote, next to it on the disk."""
+    try:
+        return snapshot_pages.pack_probe(
+            snapshot_pages.page_files(s.snapshot), s.work / "pack-probe", drop_caches
+        )
+    except (OSError, ValueError) as exc:
+        return {"error": repr(exc)[:300]}
 
 
 def room(taken: Mapping[str, float], by_kind: Mapping[str, int]) -> dict[str, Any] | None:
@@ -958,6 +959,9 @@ def run(
         if (why := take_failed(snap["take"])) is not None:
             snap["failed"] = why
             return
+        if getattr(run_.a, "pages_probe", False):
+            snap["pages_probe"] = pages_probe(s)
+            so_far()
         pin = snap["take"]["digest"]
         s.env["KERNELBAKE_SNAPSHOT_DIGEST"] = pin
         mount_pulled(s.snapshot, s.root, work / "empty")

@@ -1472,6 +1472,12 @@ def main() -> int:
         "in the snapshot and copied back (kernelbake snapshot take --weights beside)",
     )
     ap.add_argument(
+        "--pages-probe",
+        action="store_true",
+        help="for --snapshot, after take: its CRIU page files read cold as they are, and packed "
+        "(zlib, 4 MiB frames) then read cold and unpacked onto /dev/shm (bench/snapshot_pages.py)",
+    )
+    ap.add_argument(
         "--criu",
         default="/opt/kernelbake-criu/bin/criu",
         help="the CRIU wrapper images/base/criu/install.sh wrote (for --snapshot)",
@@ -1511,6 +1517,7 @@ def main() -> int:
         + (f" --model-dir {a.model_dir}" if a.model_dir else "")
         + (
             f" --weights-from {a.weights_from} --snapshot-weights {a.snapshot_weights} --criu {a.criu}"
+            + (" --pages-probe" if a.pages_probe else "")
             if a.snapshot
             else ""
         )

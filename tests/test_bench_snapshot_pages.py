@@ -56,3 +56,56 @@ def test_the_command_prints_json_and_refuses_what_is_not_a_directory(
     assert snapshot_pages.main([str(snap), "--every", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 2
     assert snapshot_pages.main([str(tmp_path / "none")]) == 2
+
+
+def test_the_pack_probe_reads_both_ways_after_a_drop_each_and_unpacks_every_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    files = snapshot_pages.page_files(snap)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    unpacked: dict[str, bytes] = {}
+    real = snapshot_pages._unpack_all
+
+    def keep(packed: Path, frames: object, sizes: object, out_dir: Path, threads: int) -> None:
+        real(packed, frames, sizes, out_dir, threads)
+        unpacked.update({p.name: p.read_bytes() for p in out_dir.iterdir()})
+
+    monkeypatch.setattr(snapshot_pages, "_unpack_all", keep)
+    # Frames smaller than a file, so that one file is unpacked from several, out of order.
+    monkeypatch.setattr(snapshot_pages, "FRAME", 256 << 10)
+    drops: list[int] = []
+    doc = snapshot_pages.pack_probe(files, tmp_path / "work", lambda: drops.append(1) is None, 3, shm)
+    assert drops == [1, 1] and doc["page_cache_dropped"] is True
+    assert unpacked == {p.name: p.read_bytes() for p in files}
+    assert doc["bytes"] == sum(p.stat().st_size for p in files) and 0 < doc["packed_bytes"] < doc["bytes"]
+    assert doc["threads"] == 3 and doc["read_s"] >= 0 and doc["unpack_s"] >= 0
+    # Nothing is left: not the packed file, not the unpacked copies on the tmpfs.
+    assert not list((tmp_path / "work").iterdir()) and not list(shm.iterdir())
+
+
+def test_a_frame_that_unpacks_to_another_length_is_an_error_not_a_measure(tmp_path: Path) -> None:
+    src = tmp_path / "pages-1.img"
+    src.write_bytes(b"x" * 1000)
+    packed = tmp_path / "p.kbz"
+    blob = snapshot_pages.zlib.compress(b"x" * 999, 1)
+    packed.write_bytes(blob)
+    frame = snapshot_pages._Frame(src, 0, 1000)
+    with pytest.raises(ValueError, match="unpacked to 999 bytes, 1000 were packed"):
+        snapshot_pages._unpack_all(packed, [frame], [len(blob)], tmp_path, 1)
+
+
+def test_the_pack_probe_says_so_rather_than_fill_a_tmpfs_too_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path / "snap")
+    monkeypatch.setattr(
+        snapshot_pages.shutil, "disk_usage", lambda p: snapshot_pages.shutil._ntuple_diskusage(9, 9, 100)
+    )
+    drops: list[int] = []
+    doc = snapshot_pages.pack_probe(
+        snapshot_pages.page_files(snap), tmp_path / "work", lambda: drops.append(1) is None
+    )
+    assert doc["skipped"].endswith(f"has 100 B free, the unpacked pages need {doc['bytes']} B") and not drops
+    assert not (tmp_path / "work").exists()
