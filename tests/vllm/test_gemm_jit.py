@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,6 @@ def packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _facts(env: dict[str, str] | None = None, device: dict[str, Any] | None = None) -> dict[str, Any]:
-    import os
-
     return gemm_jit.facts({**os.environ, **(env or {})}, device or H100)
 
 
