@@ -65,6 +65,12 @@ def test_the_snapshot_harness_restores_through_serve_and_refuses_every_bad_input
         and snap["take"]["dev_shm"]["bytes"] == snap["take"]["bytes_by_kind"]["dev_shm"]
     )
     assert s["tokens_identical_restored"] is True
+    # The restore's CRIU time, split by the work each wait follows: the engine's file mappings
+    # opened and its pages read, and the kinds together the log's whole span.
+    work = snap["restores"]["restored"]["criu_time_by_work"]
+    assert work["opening file mappings"]["lines"] > 0 and work["reading pages"]["lines"] > 0, work
+    span = max(row["last_s"] for row in work.values())
+    assert abs(sum(row["waited_s"] for row in work.values()) - span) < 0.01, work
     assert s["key_mismatch_said"].startswith("snapshot not used: serve env"), s["key_mismatch_said"]
     assert len(s["bad_inputs_refused"]) == 7 and all(s["bad_inputs_refused"].values()), snap["bad_inputs"]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
