@@ -892,6 +892,7 @@ def run(
     criu: str,
     asleep: str = "outside",
     so_far: Callable[[], None] = lambda: None,
+    pages_probe_after_take: bool = False,
 ) -> None:
     """Every snapshot phase for the model of ``run_`` (its baked start already ran and, with
     weights written, left them in the model's directory); into ``doc["snapshot"]``, calling
@@ -942,7 +943,7 @@ def run(
         if (why := take_failed(snap["take"])) is not None:
             snap["failed"] = why
             return
-        if getattr(run_.a, "pages_probe", False):
+        if pages_probe_after_take:
             snap["pages_probe"] = pages_probe(s)
             so_far()
         pin = snap["take"]["digest"]

@@ -751,6 +751,7 @@ def flow(
                 a.criu,
                 a.snapshot_weights,
                 so_far=lambda: _so_far(out, doc),
+                pages_probe_after_take=a.pages_probe,
             )
             _so_far(out, doc)
             if cold and not cold_first:

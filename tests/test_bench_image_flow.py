@@ -464,13 +464,21 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     )
 
     def snapshot_phases(
-        _m: object, _r: object, doc: dict[str, Any], _w: object, _c: object, asleep: str, so_far: Any
+        _m: object,
+        _r: object,
+        doc: dict[str, Any],
+        _w: object,
+        _c: object,
+        asleep: str,
+        so_far: Any,
+        pages_probe_after_take: bool,
     ) -> None:
         # Each phase that ends is on disk before the next one starts (a lease taken back
         # mid-flow, 2026-12-07).
         doc.update(snapshot={"take": 1})
         so_far()
-        order.append(f"snapshot {asleep} kept={json.loads(so_far_file.read_text())['snapshot']}")
+        kept = json.loads(so_far_file.read_text())["snapshot"]
+        order.append(f"snapshot {asleep} probe={pages_probe_after_take} kept={kept}")
         doc.update(snapshot={"restores": 3})
 
     so_far_file = so_far
@@ -490,6 +498,7 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
             mix_total=0,
             criu="criu",
             snapshot_weights="beside",
+            pages_probe=True,
             model_dir=None,
         )
         doc = flow.flow(context, tmp_path / "out", 0.0, a, False, "m")
@@ -500,13 +509,13 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     so_far.unlink()
     assert ran(snapshot=True, baked_only=False) == [
         "baked snapshot=True",
-        "snapshot beside kept={'take': 1}",
+        "snapshot beside probe=True kept={'take': 1}",
         "cold kept={'restores': 3}",
         "checks",
     ]
     assert ran(snapshot=True, baked_only=True) == [
         "baked snapshot=True",
-        "snapshot beside kept={'take': 1}",
+        "snapshot beside probe=True kept={'take': 1}",
         "checks",
     ]
     so_far.unlink()
@@ -515,12 +524,12 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     assert ran(snapshot=True, baked_only=False, cold_first=True) == [
         "cold kept=None",
         "baked snapshot=True",
-        "snapshot beside kept={'take': 1}",
+        "snapshot beside probe=True kept={'take': 1}",
         "checks",
     ]
     assert ran(snapshot=True, baked_only=True, cold_first=True) == [
         "baked snapshot=True",
-        "snapshot beside kept={'take': 1}",
+        "snapshot beside probe=True kept={'take': 1}",
         "checks",
     ]
     assert ran(snapshot=False, baked_only=True) == ["baked snapshot=False", "checks"]
