@@ -13,12 +13,17 @@ from typing import Any
 _CRIU_STAMP = re.compile(r"^\((\d+\.\d+)\)\s?(.*)$")
 
 
+def _stamped(log: str) -> list[tuple[float, str]]:
+    """The log's stamped lines as (seconds, text); lines without a stamp are passed over."""
+    return [(float(m[1]), m[2]) for line in log.splitlines() if (m := _CRIU_STAMP.match(line))]
+
+
 def criu_waits(log: str, most: int = 8) -> list[list[Any]]:
     """The ``most`` longest gaps between two stamped lines of a CRIU log, longest first:
     ``[seconds, the line before the gap, the line after it]``. Where a restore with the page
     cache dropped takes 13.73 s against 1.86 s warm (the MoE, H100, 2026-12-07), the gaps say
     what CRIU waited for."""
-    stamped = [(float(m[1]), m[2]) for line in log.splitlines() if (m := _CRIU_STAMP.match(line))]
+    stamped = _stamped(log)
     gaps = [
         [round(after[0] - before[0], 3), before[1][:200], after[1][:200]]
         for before, after in itertools.pairwise(stamped)
@@ -40,7 +45,7 @@ def criu_time_by_work(log: str) -> dict[str, dict[str, Any]]:
     else ``other``): per kind the lines, the seconds waited after them, the first and last
     stamp. The restored processes' lines interleave, so a wait is counted once, for the line
     just before it; the kinds' seconds add up to the log's span."""
-    stamped = [(float(m[1]), m[2]) for line in log.splitlines() if (m := _CRIU_STAMP.match(line))]
+    stamped = _stamped(log)
     out: dict[str, dict[str, Any]] = {}
     for i, (at, text) in enumerate(stamped):
         kind = next((name for name, pattern in _CRIU_WORK if pattern.search(text)), "other")
