@@ -25,7 +25,10 @@ TMPDIR gained, or rewrote with other bytes, until /health and during the mix, ev
 /health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
 A ``--snapshot MODEL`` has its cold start last, after the snapshot's phases (a take that fails
 shows itself minutes sooner), unless ``--cold-first MODEL`` (a session whose first aim is the
-cold and baked starts). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
+cold and baked starts). ``--save-caches MODEL`` packs a model's caches stage into OUT/MODEL/caches.tar.xz (the FP8 MoE's: 5.6 MB),
+and ``--caches-from MODEL=TAR`` bakes a later run from it instead of compiling, once its manifest
+shows this context's key and this GPU model (the MoE's compile is 8 to 11 minutes of a 30-minute
+device session). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
 a model its own start arguments, and ``--merge OUT IN...`` summarises several runs as one. Each start's timeline (``MARKS``, stamped as
 its lines arrive) gives the breakdown (``BREAKDOWN``). Last, ``check`` with a hashed vLLM
 variable changed, an unhashed one changed, and a shape-changing flag, to show which warn, and
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -47,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -468,6 +473,64 @@ def _compile_report(cache_root: Path) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
+def _gpu_name() -> str:
+    """This machine's first GPU as nvidia-smi names it (the key's ``device``); empty without one."""
+    if shutil.which("nvidia-smi") is None:
+        return ""
+    names = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.splitlines()
+    return names[0].strip() if names else ""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pack_caches(staging: Path, tar: Path) -> dict[str, Any]:
+    """The caches stage (the bundle's manifest at its top) as one xz tar, small enough to come
+    back from a device session (the FP8 MoE's 92 MiB packed to 5.6 MB) and be carried to the
+    next with ``--caches-from``."""
+    with tarfile.open(tar, "w:xz") as tf:
+        for p in sorted(staging.iterdir()):
+            tf.add(p, arcname=p.name)
+    return {"path": str(tar), "bytes": tar.stat().st_size, "sha256": _sha256(tar)}
+
+
+def carried_caches(tar: Path, staging: Path, key: str, gpu: str) -> dict[str, Any]:
+    """``tar`` (``pack_caches``) unpacked into ``staging`` in place of the compile, after its
+    manifest shows it was compiled for this context's key on this GPU model: any other bundle
+    would make the baked start a different image's, or partly cold. What was carried, for the
+    run's document."""
+    with tarfile.open(tar) as tf:
+        tf.extractall(staging, filter="data")
+    manifest = json.loads((staging / MANIFEST).read_text())
+    report = manifest.get("compile_report") or {}
+    builder = report.get("builder") or {}
+    if manifest.get("key") != key:
+        raise SystemExit(
+            f"{tar}: its caches were compiled for {manifest.get('key')!r}, this context's key is "
+            f"{key!r}: run the compile here (leave out --caches-from)"
+        )
+    if builder.get("device") != gpu:
+        raise SystemExit(
+            f"{tar}: its caches were compiled on {builder.get('device')!r}, this machine has "
+            f"{gpu!r}: run the compile here (leave out --caches-from)"
+        )
+    return {
+        "from": tar.name,
+        "bytes": tar.stat().st_size,
+        "sha256": _sha256(tar),
+        "files": len(_files(staging)),
+        "compiled_on": builder,
+        "compile_s_then": report.get("wall_s"),
+    }
+
+
 def _gpu_processes() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return ["nvidia-smi not found"]
@@ -716,7 +779,16 @@ def flow(
         "steps": record,
     }
     try:
-        entrypoint, runtime_env, final_env = _bake(context, plan, cache_root, logs, record, doc)
+        entrypoint, runtime_env, final_env = _bake(
+            context,
+            plan,
+            cache_root,
+            logs,
+            record,
+            doc,
+            carried=_for_model(a.caches_from, name),
+            save_caches=out / "caches.tar.xz" if name in a.save_caches else None,
+        )
         image_root = WORK / "image-cache-root"
         shutil.copytree(cache_root, image_root, symlinks=True)
         run = _Flow(
@@ -772,6 +844,15 @@ def flow(
     return doc
 
 
+def _for_model(pairs: Sequence[str], model: str) -> Path | None:
+    """The path of ``model``'s ``MODEL=PATH`` among ``pairs``, if any."""
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        if name == model:
+            return Path(path)
+    return None
+
+
 def _so_far(out: Path, doc: dict[str, Any]) -> None:
     """The model's document as it stands, in OUT/model-so-far.json: vllm-image-flow.json is
     written after each model, and a device lease that ends mid-model (the 8B's cold start comes
@@ -809,25 +890,38 @@ def _bake(
     logs: Path,
     record: list[dict[str, Any]],
     doc: dict[str, Any],
+    carried: Path | None = None,
+    save_caches: Path | None = None,
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """The Dockerfile's stages run on this machine; the entrypoint, and the runtime and final
-    stages' environments (each stage's ENV lines set them)."""
+    stages' environments (each stage's ENV lines set them). With ``carried`` (a tar of an
+    earlier run's caches stage) the compile and caches stages are that tar; ``save_caches``
+    writes this run's caches stage as such a tar."""
     runtime_env = _base_env()
     slash = Path("/")
     Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
     entrypoint = json.loads(next(rest for w, rest in plan["final"] if w == "ENTRYPOINT"))
-    compile_env = _phase_env(runtime_env, "build")
-    t_compile = time.monotonic()
-    Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
-    doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
-    doc["compile_cache_dirs"] = _log_dirs(logs / str(record[-1].get("log", "")))
     staging = WORK / "stage-caches"
     staging.mkdir()
-    Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
-    # The final stage starts from runtime, which never saw the compile stage's writes.
-    shutil.rmtree(cache_root)
-    shutil.rmtree(WORK / "home-build")
-    shutil.rmtree(WORK / "tmp-build")
+    if carried is not None:
+        # The caches stage of an earlier run of this context on the same GPU model, as an
+        # image built on one machine is pulled on another: the compile is not run here.
+        key = json.loads((context / "target.json").read_text())["key"]
+        doc["compile_carried"] = carried_caches(carried, staging, key, _gpu_name())
+    else:
+        compile_env = _phase_env(runtime_env, "build")
+        t_compile = time.monotonic()
+        Stage(context, compile_env, logs, record, slash).run("compile", plan["compile"][1:], {})
+        doc["compile_wall_s"] = round(time.monotonic() - t_compile, 2)
+        doc["compile_cache_dirs"] = _log_dirs(logs / str(record[-1].get("log", "")))
+        Stage(context, {}, logs, record, staging).run("caches", plan["caches"][1:], {"compile": slash})
+        # The final stage starts from runtime, which never saw the compile stage's writes.
+        shutil.rmtree(cache_root)
+        shutil.rmtree(WORK / "home-build")
+        shutil.rmtree(WORK / "tmp-build")
+        if save_caches is not None:
+            save_caches.parent.mkdir(parents=True, exist_ok=True)
+            doc["caches_saved"] = pack_caches(staging, save_caches)
     final_env = dict(runtime_env)
     Stage(context, final_env, logs, record, slash).run("final", plan["final"][1:], {"caches": staging})
     doc["bundle"] = {
@@ -982,9 +1076,14 @@ def _checks(run: _Flow, entrypoint: list[str], user_args: list[str], doc: dict[s
         doc.setdefault("skipped", []).append("checks after the starts: --skip-checks (device time)")
         checks = {}
     for key, (extra_env, extra_args, log_name) in checks.items():
-        doc[key] = _check(
-            entrypoint, {**run.run_env, **extra_env}, [*user_args, *extra_args], run.logs, log_name
-        )
+        # On the image's files, as a new container would check them: the FP8 MoE's baked start
+        # rewrote two Inductor autotune results (2026-12-07, H100), and the three checks after
+        # it read that root, failed its integrity and said cold.
+        put_back = as_the_image(run)
+        doc[key] = {
+            **_check(entrypoint, {**run.run_env, **extra_env}, [*user_args, *extra_args], run.logs, log_name),
+            "cache_root_put_back": put_back,
+        }
 
 
 def rebake(
@@ -1422,6 +1521,21 @@ def main() -> int:
         help="for a --snapshot model: its cold start before the snapshot's phases, not after",
     )
     ap.add_argument(
+        "--save-caches",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="for this model: its caches stage packed as OUT/MODEL/caches.tar.xz, for --caches-from",
+    )
+    ap.add_argument(
+        "--caches-from",
+        action="append",
+        default=[],
+        metavar="MODEL=TAR",
+        help="for this model: the caches stage of an earlier run (--save-caches) on the same GPU "
+        "model instead of the compile (device time: the FP8 MoE's compile is 8 to 11 minutes)",
+    )
+    ap.add_argument(
         "--skip-checks",
         action="store_true",
         help="leave out the kernelbake check runs after the starts (device time)",
@@ -1510,6 +1624,8 @@ def main() -> int:
         + "".join(f" --serve-args-for {shlex.quote(x)}" for x in a.serve_args_for)
         + "".join(f" --baked-only {m}" for m in a.baked_only)
         + "".join(f" --cold-first {m}" for m in a.cold_first)
+        + "".join(f" --save-caches {m}" for m in a.save_caches)
+        + "".join(f" --caches-from {x}" for x in a.caches_from)
         + "".join(f" --rebake-env {e}" for e in a.rebake_env)
         + (" --skip-checks" if a.skip_checks else "")
         + f" --mix-total {a.mix_total}"
