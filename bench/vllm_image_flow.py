@@ -67,8 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 import request_mix
 import snapshot_flow
+from kernelbake import runner
 from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME
-from kernelbake.runtime.engines.vllm import APPENDED_LOGS, evidence
+from kernelbake.errors import KernelbakeError
+from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine, evidence
 
 WORK = Path("/opt/kernelbake-flow")
 PROMPT = list(range(1, 17))
@@ -473,14 +475,15 @@ def _compile_report(cache_root: Path) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
-def _gpu_name() -> str:
-    """This machine's first GPU as nvidia-smi names it (the key's ``device``); empty without one."""
-    if shutil.which("nvidia-smi") is None:
-        return ""
-    names = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.splitlines()
-    return names[0].strip() if names else ""
+def _this_device(env: dict[str, str]) -> str:
+    """This machine's device as the engine's probe names it, the key's ``device`` (``cpu`` for
+    vLLM's CPU build), GPU 0 asked of a child process like serve asks, from this tree."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    child = {**env, "PYTHONPATH": os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)}
+    try:
+        return VllmEngine(functools.partial(runner.run, env=child)).probe().device
+    except KernelbakeError as exc:
+        raise SystemExit(f"--caches-from: {exc}") from None
 
 
 def _sha256(path: Path) -> str:
@@ -507,7 +510,17 @@ def carried_caches(tar: Path, staging: Path, key: str, gpu: str) -> dict[str, An
     would make the baked start a different image's, or partly cold. What was carried, for the
     run's document."""
     with tarfile.open(tar) as tf:
-        tf.extractall(staging, filter="data")
+        members = tf.getmembers()
+        # Files and folders below staging only: Debian bookworm's Python 3.11.2 (the CPU base
+        # image) predates extractall's filter argument.
+        odd = [
+            m.name
+            for m in members
+            if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute() or ".." in Path(m.name).parts
+        ]
+        if odd:
+            raise SystemExit(f"{tar}: not a caches stage: {odd[:3]} are not files or folders below it")
+        tf.extractall(staging, members=members)
     manifest = json.loads((staging / MANIFEST).read_text())
     report = manifest.get("compile_report") or {}
     builder = report.get("builder") or {}
@@ -907,7 +920,7 @@ def _bake(
         # The caches stage of an earlier run of this context on the same GPU model, as an
         # image built on one machine is pulled on another: the compile is not run here.
         key = json.loads((context / "target.json").read_text())["key"]
-        doc["compile_carried"] = carried_caches(carried, staging, key, _gpu_name())
+        doc["compile_carried"] = carried_caches(carried, staging, key, _this_device(runtime_env))
     else:
         compile_env = _phase_env(runtime_env, "build")
         t_compile = time.monotonic()

@@ -4,6 +4,7 @@ instead of during a device session."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -673,3 +674,23 @@ def test_each_check_after_the_starts_reads_the_image_s_files(
     flow._checks(run, ["kernelbake"], [], doc)
     assert found == ['{"time_taken_ms": 10}'] * 3
     assert doc["check_shape_changed"]["cache_root_put_back"] == ["inductor/k.best_config"]
+
+
+@pytest.mark.parametrize("odd", ["../escape", "/abs", "link"])
+def test_a_carried_tar_with_anything_but_files_and_folders_below_it_is_refused(
+    tmp_path: Path, odd: str
+) -> None:
+    import tarfile
+
+    flow = _flow()
+    tar = tmp_path / "c.tar.xz"
+    with tarfile.open(tar, "w:xz") as tf:
+        info = tarfile.TarInfo(odd)
+        if odd == "link":
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(info, None if odd == "link" else io.BytesIO(b""))
+    (tmp_path / "again").mkdir()
+    with pytest.raises(SystemExit, match="not a caches stage"):
+        flow.carried_caches(tar, tmp_path / "again", "kb1:k", "none")
+    assert list((tmp_path / "again").iterdir()) == []
+    assert not (tmp_path / "escape").exists()

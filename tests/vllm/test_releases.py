@@ -177,7 +177,7 @@ def test_the_cpu_images_dockerfile_pins_them_and_a_gpu_images_does_not(tmp_path:
 def test_on_the_cpu_build_the_probe_reports_the_cpu_target(monkeypatch: pytest.MonkeyPatch) -> None:
     _cpu_build(monkeypatch)
     # The CPU build never asks about a GPU (no child process, no device query).
-    monkeypatch.setattr(probe, "cuda_device", lambda: pytest.fail("the CPU build asked about a GPU"))
+    monkeypatch.setattr(probe, "cuda_device", lambda *a: pytest.fail("the CPU build asked about a GPU"))
     monkeypatch.setattr(probe, "torch_cuda", lambda: "none")
     monkeypatch.setattr(probe, "machine", lambda: "x86_64")
     facts = VllmEngine().probe()

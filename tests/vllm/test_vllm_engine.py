@@ -342,10 +342,17 @@ def test_key_fields_come_from_the_probes(monkeypatch: pytest.MonkeyPatch) -> Non
 
     versions = {"vllm": "0.26.0", "torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.14"}
     monkeypatch.setattr(probe, "dist_version", versions.__getitem__)
-    monkeypatch.setattr(probe, "cuda_device", lambda: ("NVIDIA H100 PCIe", "sm_90a", "13.0"))
+    asked: list[object] = []
+    monkeypatch.setattr(
+        probe, "cuda_device", lambda runner: asked.append(runner) or ("NVIDIA H100 PCIe", "sm_90a", "13.0")
+    )
     monkeypatch.setattr(probe, "nvidia_driver", lambda: "570.86.10")
     monkeypatch.setattr(probe, "python_version", lambda: "3.12")
-    platform = VllmEngine().probe()
+    runner = _FakeCompileOnly(fail=set())
+    platform = VllmEngine(runner=runner).probe()
+    # The GPU is asked through the engine's runner (the one function that runs subprocesses,
+    # injected): the GPU harness asks it with this tree's kernelbake on the child's path.
+    assert asked == [runner]
     software = platform.software
     assert software.engine_version == "0.26.0" and software.flashinfer == "0.6.14" and software.cuda == "13.0"
     assert platform.driver == "570.86.10"

@@ -150,7 +150,7 @@ class VllmEngine:
             # The catalogue's cpu target: device "cpu", arch the machine's.
             device, arch, cuda = CPU_DEVICE, probe.machine(), probe.torch_cuda()
         else:
-            device, arch, cuda = probe.cuda_device()
+            device, arch, cuda = probe.cuda_device(self._run)
         software = Software(
             engine_version=compat_layer.installed_vllm()[1],
             torch=probe.dist_version("torch"),
