@@ -25,7 +25,7 @@ TMPDIR gained, or rewrote with other bytes, until /health and during the mix, ev
 /health, each class's first-request latency), one greedy completion over HTTP and SIGTERM.
 A ``--snapshot MODEL`` has its cold start last, after the snapshot's phases (a take that fails
 shows itself minutes sooner), unless ``--cold-first MODEL`` (a session whose first aim is the
-cold and baked starts). ``--save-caches MODEL`` packs a model's caches stage into OUT/MODEL/caches.tar.xz (the FP8 MoE's: 5.6 MB),
+cold and baked starts). ``--save-caches MODEL`` packs a model's caches stage into OUT/MODEL/caches.tar.xz (the FP8 MoE's: 5.3 MB),
 and ``--caches-from MODEL=TAR`` bakes a later run from it instead of compiling, once its manifest
 shows this context's key and this GPU model (the MoE's compile is 8 to 11 minutes of a 30-minute
 device session). ``--baked-only MODEL`` leaves a model's cold start out, ``--serve-args-for MODEL=ARGS`` gives
@@ -496,7 +496,7 @@ def _sha256(path: Path) -> str:
 
 def pack_caches(staging: Path, tar: Path) -> dict[str, Any]:
     """The caches stage (the bundle's manifest at its top) as one xz tar, small enough to come
-    back from a device session (the FP8 MoE's 92 MiB packed to 5.6 MB) and be carried to the
+    back from a device session (the FP8 MoE's 92 MiB packed to 5.3 MB) and be carried to the
     next with ``--caches-from``."""
     with tarfile.open(tar, "w:xz") as tf:
         for p in sorted(staging.iterdir()):
@@ -509,19 +509,22 @@ def carried_caches(tar: Path, staging: Path, key: str, gpu: str) -> dict[str, An
     manifest shows it was compiled for this context's key on this GPU model: any other bundle
     would make the baked start a different image's, or partly cold. What was carried, for the
     run's document."""
-    with tarfile.open(tar) as tf:
-        members = tf.getmembers()
-        # Files and folders below staging only: Debian bookworm's Python 3.11.2 (the CPU base
-        # image) predates extractall's filter argument.
-        odd = [
-            m.name
-            for m in members
-            if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute() or ".." in Path(m.name).parts
-        ]
-        if odd:
-            raise SystemExit(f"{tar}: not a caches stage: {odd[:3]} are not files or folders below it")
-        tf.extractall(staging, members=members)
-    manifest = json.loads((staging / MANIFEST).read_text())
+    try:
+        with tarfile.open(tar) as tf:
+            members = tf.getmembers()
+            # Files and folders below staging only: Debian bookworm's Python 3.11.2 (the CPU
+            # base image) predates extractall's filter argument.
+            odd = [
+                m.name
+                for m in members
+                if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute() or ".." in Path(m.name).parts
+            ]
+            if odd:
+                raise SystemExit(f"{tar}: not a caches stage: {odd[:3]} are not files or folders below it")
+            tf.extractall(staging, members=members)
+        manifest = json.loads((staging / MANIFEST).read_text())
+    except (OSError, tarfile.TarError, ValueError) as exc:
+        raise SystemExit(f"{tar}: not a caches stage ({exc}): save one with --save-caches") from None
     report = manifest.get("compile_report") or {}
     builder = report.get("builder") or {}
     if manifest.get("key") != key:
@@ -715,11 +718,8 @@ def wait_ready(server: Server, started: float, deadline: float) -> None:
 def serve_args(a: argparse.Namespace, model: str) -> list[str]:
     """The user arguments of every start of ``model``: its ``--serve-args-for``, else
     ``USER_ARGS``."""
-    for pair in a.serve_args_for:
-        name, _, args = pair.partition("=")
-        if name == model:
-            return shlex.split(args)
-    return list(USER_ARGS)
+    args = _for_model(a.serve_args_for, model)
+    return list(USER_ARGS) if args is None else shlex.split(args)
 
 
 def remove(path: Path) -> None:
@@ -799,7 +799,7 @@ def flow(
             logs,
             record,
             doc,
-            carried=_for_model(a.caches_from, name),
+            carried=None if (tar := _for_model(a.caches_from, name)) is None else Path(tar),
             save_caches=out / "caches.tar.xz" if name in a.save_caches else None,
         )
         image_root = WORK / "image-cache-root"
@@ -857,12 +857,12 @@ def flow(
     return doc
 
 
-def _for_model(pairs: Sequence[str], model: str) -> Path | None:
-    """The path of ``model``'s ``MODEL=PATH`` among ``pairs``, if any."""
+def _for_model(pairs: Sequence[str], model: str) -> str | None:
+    """The value of ``model``'s ``MODEL=VALUE`` among ``pairs``, if any."""
     for pair in pairs:
-        name, _, path = pair.partition("=")
+        name, _, value = pair.partition("=")
         if name == model:
-            return Path(path)
+            return value
     return None
 
 

@@ -676,7 +676,7 @@ def test_each_check_after_the_starts_reads_the_image_s_files(
     assert doc["check_shape_changed"]["cache_root_put_back"] == ["inductor/k.best_config"]
 
 
-@pytest.mark.parametrize("odd", ["../escape", "/abs", "link"])
+@pytest.mark.parametrize("odd", ["../escape", "/abs", "link", "not a tar", "no manifest"])
 def test_a_carried_tar_with_anything_but_files_and_folders_below_it_is_refused(
     tmp_path: Path, odd: str
 ) -> None:
@@ -684,13 +684,17 @@ def test_a_carried_tar_with_anything_but_files_and_folders_below_it_is_refused(
 
     flow = _flow()
     tar = tmp_path / "c.tar.xz"
-    with tarfile.open(tar, "w:xz") as tf:
-        info = tarfile.TarInfo(odd)
-        if odd == "link":
-            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
-        tf.addfile(info, None if odd == "link" else io.BytesIO(b""))
+    if odd == "not a tar":
+        tar.write_bytes(b"half a download")
+    else:
+        with tarfile.open(tar, "w:xz") as tf:
+            info = tarfile.TarInfo("vllm/x" if odd == "no manifest" else odd)
+            if odd == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tf.addfile(info, None if odd == "link" else io.BytesIO(b""))
     (tmp_path / "again").mkdir()
     with pytest.raises(SystemExit, match="not a caches stage"):
         flow.carried_caches(tar, tmp_path / "again", "kb1:k", "none")
-    assert list((tmp_path / "again").iterdir()) == []
+    if odd != "no manifest":
+        assert list((tmp_path / "again").iterdir()) == []
     assert not (tmp_path / "escape").exists()
