@@ -1187,6 +1187,9 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     cold_tokens = (doc.get("cold_generate") or {}).get("tokens")
     return {
         "compile_wall_s": doc.get("compile_wall_s"),
+        # Baked from an earlier run's caches stage (--caches-from): the tar's digest, where and
+        # how long it compiled then.
+        "compile_carried": doc.get("compile_carried"),
         "check_verdict": doc.get("check", {}).get("verdict", {}).get("verdict"),
         "ready_cold_s": c.get("ready_s"),
         "ready_warm_s": w.get("ready_s"),
@@ -1373,6 +1376,7 @@ def top_summary(models: dict[str, Any], targets: dict[str, float]) -> dict[str, 
         "compile_lines_after_ready_cold",
         "requests_after_ready",
         "compile_wall_s",
+        "compile_carried",
         "weights_mode",
         "compile_peak_gpu_bytes",
         "loaded_first_launches_after_ready",

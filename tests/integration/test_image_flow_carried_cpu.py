@@ -56,6 +56,8 @@ def test_a_run_bakes_from_the_caches_stage_an_earlier_run_saved(tmp_path: Path) 
     assert carried["compile_carried"]["sha256"] == saved["caches_saved"]["sha256"]
     assert carried["compile_carried"]["compiled_on"]["device"] == saved["compile_report"]["builder"]["device"]
     assert carried["bundle"] == saved["bundle"]
+    summary = json.loads((out / "carried/vllm-image-flow.json").read_text())["summary"]["tiny-llama"]
+    assert summary["compile_carried"] == carried["compile_carried"] and summary["compile_wall_s"] is None
     # Nothing compiled in the second run: no compile stage, and a baked start that compiled nothing.
     assert {step["stage"] for step in carried["steps"]} == {"runtime", "final"}
     assert "compile" in {step["stage"] for step in saved["steps"]}
