@@ -7,13 +7,12 @@ start compiles nothing either, and its document names the tar it baked from."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.support import bench
 from tests.support.docker import VLLM_CPU_BASE, docker, require_cpu_base
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -33,10 +32,7 @@ def test_a_run_bakes_from_the_caches_stage_an_earlier_run_saved(tmp_path: Path) 
     require_cpu_base(VLLM_CPU_BASE)
     ctx, out = tmp_path / "ctx", tmp_path / "out"
     out.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "kernelbake", "render", str(REPO / "images/tiny-llama.yaml"), "--gpu", "cpu", "--out", str(ctx)],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+    bench.render_default_cpu(ctx)
     for i, play in enumerate(PLAYS):
         name = f"kb-carried-{i}-{tmp_path.name}"
         try:

@@ -7,14 +7,12 @@ than the file, so every restore fell back to the baked start, 2026-12-07); both 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-from tests.support import criu
+from tests.support import bench, criu
 from tests.support.docker import VLLM_CPU_BASE, docker, require_cpu_base
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -31,10 +29,7 @@ def test_the_snapshot_harness_restores_through_serve_and_refuses_every_bad_input
     prefix = criu.install(tmp_path / "criu")
     ctx, out = tmp_path / "ctx", tmp_path / "out"
     out.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "kernelbake", "render", str(REPO / "images/tiny-llama.yaml"), "--gpu", "cpu", "--out", str(ctx)],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+    bench.render_default_cpu(ctx)
     # --init: take and restore share this container, and a shell as pid 1 would leave the
     # dumped tree's processes unreaped, holding the pids the restore needs.
     name = f"kb-snapflow-{tmp_path.name}"

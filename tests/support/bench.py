@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from tests.conftest import REPO
@@ -18,3 +20,13 @@ def load(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def render_default_cpu(out: Path) -> Path:
+    """The default image's build context for the CPU (``kernelbake render images/tiny-llama.yaml
+    --gpu cpu``) under ``out``, which the GPU harness plays on the vLLM CPU base image; ``out``."""
+    subprocess.run(
+        [sys.executable, "-m", "kernelbake", "render", str(REPO / "images/tiny-llama.yaml"), "--gpu", "cpu", "--out", str(out)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
