@@ -438,6 +438,23 @@ def test_every_start_finds_the_cache_root_as_the_image_holds_it(tmp_path: Path) 
     assert (root / "vllm" / "jd" / "k.best_config").read_text() == '{"time_taken_ms": 10}'
 
 
+def _off_the_machine(
+    flow: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    bake: Any = lambda *a, **k: (["kernelbake"], {}, {}),
+) -> None:
+    """``flow.flow`` with nothing done to this machine: no folder emptied or copied, no stage run
+    (``bake`` answers for them), no check and no request mix."""
+    monkeypatch.setattr(flow, "WORK", tmp_path / "work")
+    monkeypatch.setattr(flow, "remove", lambda p: None)
+    monkeypatch.setattr(flow, "empty", lambda p: None)
+    monkeypatch.setattr(flow, "_bake", bake)
+    monkeypatch.setattr(flow.shutil, "copytree", lambda *a, **k: None)
+    monkeypatch.setattr(flow, "_check", lambda *a: {})
+    monkeypatch.setattr(flow, "mix_plan", lambda *a: [])
+
+
 def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_one_never(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -446,13 +463,7 @@ def test_a_snapshot_model_starts_cold_last_unless_cold_first_and_a_baked_only_on
     flow = _flow()
     context = _context(tmp_path)
     order: list[str] = []
-    monkeypatch.setattr(flow, "WORK", tmp_path / "work")
-    monkeypatch.setattr(flow, "remove", lambda p: None)
-    monkeypatch.setattr(flow, "empty", lambda p: None)
-    monkeypatch.setattr(flow, "_bake", lambda *a, **k: (["kernelbake"], {}, {}))
-    monkeypatch.setattr(flow.shutil, "copytree", lambda *a, **k: None)
-    monkeypatch.setattr(flow, "_check", lambda *a: {})
-    monkeypatch.setattr(flow, "mix_plan", lambda *a: [])
+    _off_the_machine(flow, monkeypatch, tmp_path)
     so_far = tmp_path / "out" / "model-so-far.json"
 
     def cold(*a: object) -> None:
@@ -613,13 +624,9 @@ def test_the_flow_hands_a_models_carried_and_saved_caches_to_the_bake(
     flow = _flow()
     context = _context(tmp_path)
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(flow, "WORK", tmp_path / "work")
-    monkeypatch.setattr(flow, "remove", lambda p: None)
-    monkeypatch.setattr(flow, "empty", lambda p: None)
-    monkeypatch.setattr(flow, "_bake", lambda *a, **k: seen.append(k) or (["kernelbake"], {}, {}))
-    monkeypatch.setattr(flow.shutil, "copytree", lambda *a, **k: None)
-    monkeypatch.setattr(flow, "_check", lambda *a: {})
-    monkeypatch.setattr(flow, "mix_plan", lambda *a: [])
+    _off_the_machine(
+        flow, monkeypatch, tmp_path, bake=lambda *a, **k: seen.append(k) or (["kernelbake"], {}, {})
+    )
     monkeypatch.setattr(flow, "_baked_start", lambda *a, **k: None)
     monkeypatch.setattr(flow, "_checks", lambda *a: None)
     monkeypatch.setattr(flow, "summary", lambda doc: {})
