@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import re
@@ -70,6 +69,7 @@ import snapshot_flow
 from kernelbake import runner
 from kernelbake.contract.layout import MANIFEST, PINNED_MANIFEST_NAME
 from kernelbake.errors import KernelbakeError
+from kernelbake.runtime.bundle import file_sha256
 from kernelbake.runtime.engines.vllm import APPENDED_LOGS, VllmEngine, evidence
 
 WORK = Path("/opt/kernelbake-flow")
@@ -486,14 +486,6 @@ def _this_device(env: dict[str, str]) -> str:
         raise SystemExit(f"--caches-from: {exc}") from None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def pack_caches(staging: Path, tar: Path) -> dict[str, Any]:
     """The caches stage (the bundle's manifest at its top) as one xz tar, small enough to come
     back from a device session (the FP8 MoE's 92 MiB packed to 5.3 MB) and be carried to the
@@ -501,7 +493,7 @@ def pack_caches(staging: Path, tar: Path) -> dict[str, Any]:
     with tarfile.open(tar, "w:xz") as tf:
         for p in sorted(staging.iterdir()):
             tf.add(p, arcname=p.name)
-    return {"path": str(tar), "bytes": tar.stat().st_size, "sha256": _sha256(tar)}
+    return {"path": str(tar), "bytes": tar.stat().st_size, "sha256": file_sha256(tar)}
 
 
 def carried_caches(tar: Path, staging: Path, key: str, gpu: str) -> dict[str, Any]:
@@ -540,7 +532,7 @@ def carried_caches(tar: Path, staging: Path, key: str, gpu: str) -> dict[str, An
     return {
         "from": tar.name,
         "bytes": tar.stat().st_size,
-        "sha256": _sha256(tar),
+        "sha256": file_sha256(tar),
         "files": len(_files(staging)),
         "compiled_on": builder,
         "compile_s_then": report.get("wall_s"),
