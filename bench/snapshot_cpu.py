@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 # contract.snapshot.SNAPSHOT_CAPABILITIES, after --cap-drop ALL (tests check they agree).
@@ -105,24 +106,32 @@ def _until_health(name: str, port: int, timeout: float, started: float) -> float
     raise SystemExit(f"{name}: no /health within {timeout:.0f} s")
 
 
+def _log_lines(
+    name: str, keep: Callable[[str], bool], until: Callable[[str], bool], wait_s: float, every: float
+) -> list[str]:
+    """The lines ``keep`` takes of container ``name``'s log, read every ``every`` seconds until
+    one of them is ``until``'s, for ``wait_s`` at most (then as they are)."""
+    t = time.monotonic()
+    while True:
+        got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+        lines = [x for x in (got.stdout + got.stderr).splitlines() if keep(x)]
+        if any(until(x) for x in lines) or time.monotonic() - t > wait_s:
+            return lines
+        time.sleep(every)
+
+
 def _said_about_snapshot(name: str, wait_s: float = 60.0) -> list[str]:
     """serve's lines about the snapshot in container ``name``'s log. The restored engine answers
     /health before serve's own poll of it says `restored snapshot` (CI, 2 loaded cores: the
     completion was back and the log held no such line yet), so the log is read until one is
     there, for ``wait_s`` at most."""
-    t = time.monotonic()
-    while True:
-        got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
-        said = [
-            x
-            for x in (got.stdout + got.stderr).splitlines()
-            if x.startswith("kernelbake serve:") and "snapshot" in x
-        ]
-        if any("restored snapshot" in x or "snapshot not used" in x for x in said):
-            return said
-        if time.monotonic() - t > wait_s:
-            return said
-        time.sleep(0.2)
+    return _log_lines(
+        name,
+        keep=lambda x: x.startswith("kernelbake serve:") and "snapshot" in x,
+        until=lambda x: "restored snapshot" in x or "snapshot not used" in x,
+        wait_s=wait_s,
+        every=0.2,
+    )
 
 
 def _serve(args: argparse.Namespace, work: Path, extra: list[str], tag: str) -> tuple[str, int, float]:
@@ -219,12 +228,10 @@ def main() -> int:
             "VLLM_LOGGING_LEVEL=INFO",
             args.image,
         )
-        line = ""
-        while time.monotonic() - t < 120 and not line:
-            got = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
-            logs = got.stdout + got.stderr
-            line = next((x for x in logs.splitlines() if "snapshot not used" in x), "")
-            time.sleep(0.05)
+        said = _log_lines(
+            name, keep=lambda x: "snapshot not used" in x, until=lambda x: True, wait_s=120, every=0.05
+        )
+        line = said[0] if said else ""
         result["mismatch"] = {"said_after_s": round(time.monotonic() - t, 2), "said": line}
         _docker("rm", "-f", name)
     result["summary"] = {
