@@ -697,6 +697,9 @@ def after_ready(
         "autotune_rebenchmarked_after_ready": mix_again,
         "files_added_after_ready": {k: v[:100] for k, v in mix_files.items()},
         "files_added_after_ready_count": count(mix_files),
+        # The lists above keep 100 a folder; the summary counts caches from this, uncapped (the
+        # MoE's cold start on 2026-12-08 wrote 312 files after /health; the lists held 100).
+        "cache_files_added_after_ready_count": count(cache_files(mix_files)),
         "request_mix": mix,
     }
 
@@ -1298,6 +1301,14 @@ def loaded_first_launches(lines: Sequence[str], files_written: bool) -> list[str
     return [] if files_written else [ln for ln in lines if _JIT_FIRST_LAUNCH in ln]
 
 
+def _cache_files_after_ready(start: dict[str, Any]) -> int:
+    """How many cache files a start wrote after ``/health``: the uncapped count where the start
+    recorded one, else (a document from before 2026-12-08) the lists it kept, 100 a folder."""
+    if "cache_files_added_after_ready_count" in start:
+        return int(start["cache_files_added_after_ready_count"])
+    return count(cache_files(start.get("files_added_after_ready") or {}))
+
+
 def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
     """What the request mix after ``/health`` made each start compile, and how long each
     class's first request took, baked against cold."""
@@ -1306,12 +1317,8 @@ def mix_summary(warm: dict[str, Any], cold: dict[str, Any]) -> dict[str, Any]:
     wm, cm = warm.get("request_mix") or {}, cold.get("request_mix") or {}
     first_w, first_c = wm.get("first_request_latency_s", {}), cm.get("first_request_latency_s", {})
     return {
-        "files_added_after_ready": count(cache_files(warm.get("files_added_after_ready") or {}))
-        if warm
-        else None,
-        "files_added_after_ready_cold": count(cache_files(cold.get("files_added_after_ready") or {}))
-        if cold
-        else None,
+        "files_added_after_ready": _cache_files_after_ready(warm) if warm else None,
+        "files_added_after_ready_cold": _cache_files_after_ready(cold) if cold else None,
         "files_added_after_ready_by_dir": {
             k: v[:20] for k, v in cache_files(warm.get("files_added_after_ready") or {}).items()
         },

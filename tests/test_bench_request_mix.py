@@ -261,6 +261,20 @@ def test_the_summary_puts_the_mix_of_each_start_side_by_side() -> None:
     assert s["weights_mode"] == "dummy" and s["compile_peak_gpu_bytes"] == 9
 
 
+def test_the_summary_counts_every_cache_file_a_start_wrote_after_ready_not_the_100_it_lists() -> None:
+    flow = _load("vllm_image_flow")
+    written = {"cache_root": [f"triton/{i}/k.cubin" for i in range(312)], "tmp": ["kernelbake-status.json"]}
+    cold = {
+        "request_mix": {"requests": 1, "ok": 1},
+        "files_added_after_ready": {k: v[:100] for k, v in written.items()},
+        "cache_files_added_after_ready_count": flow.count(flow.cache_files(written)),
+    }
+    assert flow.mix_summary({"files_added_after_ready": {}}, cold)["files_added_after_ready_cold"] == 312
+    # A document from before the count was kept: what its lists hold.
+    del cold["cache_files_added_after_ready_count"]
+    assert flow.mix_summary({"files_added_after_ready": {}}, cold)["files_added_after_ready_cold"] == 100
+
+
 def test_merge_resummarises_runs_into_one_result_keyed_by_model(tmp_path: Path) -> None:
     flow = _load("vllm_image_flow")
     start = {"ready_s": 10.0, "files_added_until_ready": {}, "files_added_after_ready": {}}
