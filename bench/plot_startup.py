@@ -36,7 +36,7 @@ SNAPSHOT_H200 = RESULTS / "vllm-0.26.0-h200-snapshot-2026-12-04"
 SNAPSHOT_CPU = RESULTS / "snapshot_cpu.json"
 FLOW_8B_H100 = RESULTS / "vllm-0.32.0-h100-snapshot-2026-12-06-seventh/vllm-image-flow.json"
 FLOW_MOE_H100 = RESULTS / "vllm-0.32.0-h100-moe-snapshot-2026-12-06/vllm-image-flow.json"
-FLOW_MOE_BESIDE_H100 = RESULTS / "vllm-0.32.0-h100-moe-beside-2026-12-07-restored/vllm-image-flow.json"
+FLOW_MOE_BESIDE_H100 = RESULTS / "vllm-0.32.0-h100-moe-snapshot-2026-12-08/vllm-image-flow.json"
 OUT = REPO / "docs/performance/startup-phases.svg"
 TOTAL = "launch → /health"
 DRAWN = ("cold", "baked")
@@ -167,8 +167,8 @@ PANELS = (
     Panel(
         title="Qwen3-8B and Qwen3-30B-A3B FP8 architectures, fake weights, on one H100, vLLM 0.32, through\n"
         "kernelbake serve, launch → serving (bench/vllm_image_flow.py --snapshot, 2026-12-06, the weights reloaded;\n"
-        "2026-12-07, the MoE's weights beside; cold, not drawn: 8B 156.4 s, MoE 475.3 s). *That restore ran\n"
-        "before serve read the snapshot first",
+        "2026-12-08, the MoE's weights beside, on a host with a faster disk and CPU; cold, not drawn: 8B 156.4 s,\n"
+        "MoE 475.3 s and, 2026-12-08, 250.1 s). *That restore ran before serve read the snapshot first",
         sources=(
             (FLOW_8B_H100, flow_restores("Qwen3-8B")),
             (FLOW_MOE_H100, flow_restores("MoE", dropped_mark="*")),
