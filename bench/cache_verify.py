@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from snapshot_pages import drop_caches
+
 RESULTS = Path(__file__).resolve().parent / "results" / "cache_verify.json"
 _SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -55,20 +57,11 @@ def _synthetic(root: Path, files: int, total: int) -> None:
     write_manifest(root, key, [CacheKind.TRITON])
 
 
-def _drop_caches() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def _timed(fn: Any, runs: int, drop: bool) -> tuple[float, list[float], bool]:
     times, dropped = [], True
     for _ in range(runs):
         if drop:
-            dropped = _drop_caches() and dropped
+            dropped = drop_caches() and dropped
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -107,7 +100,7 @@ def _import_torch(root: Path, runs: int, drop: bool) -> dict[str, Any] | None:
     for i in range(runs + 1):
         for mode in walls:
             if drop:
-                _drop_caches()
+                drop_caches()
             res = subprocess.run(
                 [sys.executable, "-c", _IMPORT, mode, str(root)],
                 capture_output=True,

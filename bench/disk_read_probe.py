@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.runtime.snapshot import readahead
+from snapshot_pages import drop_page_cache as drop_caches
 
 _SHARD = 2 << 30
 
@@ -55,11 +56,6 @@ def write_files(where: Path, total: int, shard: int = _SHARD) -> list[Path]:
         left -= size
         i += 1
     return files
-
-
-def drop_caches(control: Path = Path("/proc/sys/vm/drop_caches")) -> None:
-    os.sync()
-    control.write_text("3\n")
 
 
 def will_need(files: list[Path]) -> None:

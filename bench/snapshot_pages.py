@@ -192,11 +192,17 @@ def _unpack_all(
             os.close(fd)
 
 
+def drop_page_cache() -> None:
+    """The page cache emptied; ``OSError`` where this process may not (not root), for the
+    probes that stop and say why rather than measure memory."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def drop_caches() -> bool:
     """The page cache emptied, or False where this process may not (not root)."""
-    os.sync()
     try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        drop_page_cache()
     except OSError:
         return False
     return True
