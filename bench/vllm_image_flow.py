@@ -790,6 +790,7 @@ def flow(
         entrypoint, runtime_env, final_env = _bake(
             context,
             plan,
+            target["key"],
             cache_root,
             logs,
             record,
@@ -894,6 +895,7 @@ def _base_env() -> dict[str, str]:
 def _bake(
     context: Path,
     plan: dict[str, list[tuple[str, str]]],
+    key: str,
     cache_root: Path,
     logs: Path,
     record: list[dict[str, Any]],
@@ -904,7 +906,8 @@ def _bake(
     """The Dockerfile's stages run on this machine; the entrypoint, and the runtime and final
     stages' environments (each stage's ENV lines set them). With ``carried`` (a tar of an
     earlier run's caches stage) the compile and caches stages are that tar; ``save_caches``
-    writes this run's caches stage as such a tar."""
+    writes this run's caches stage as such a tar; ``key`` (target.json's) is what the tar's
+    manifest must show."""
     runtime_env = _base_env()
     slash = Path("/")
     Stage(context, runtime_env, logs, record, slash).run("runtime", plan["runtime"][1:], {})
@@ -914,7 +917,6 @@ def _bake(
     if carried is not None:
         # The caches stage of an earlier run of this context on the same GPU model, as an
         # image built on one machine is pulled on another: the compile is not run here.
-        key = json.loads((context / "target.json").read_text())["key"]
         doc["compile_carried"] = carried_caches(carried, staging, key, _this_device(runtime_env))
     else:
         compile_env = _phase_env(runtime_env, "build")
