@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The sibling scripts, also where this file is loaded as a module, not run.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from snapshot_pages import drop_caches
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cache_verify.json"

@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from kernelbake.runtime.snapshot import readahead
+
+# The sibling scripts, also where this file is loaded as a module (the tests), not run.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from snapshot_pages import drop_page_cache as drop_caches
 
 _SHARD = 2 << 30
