@@ -34,7 +34,7 @@ from kernelbake.runtime.snapshot import readahead
 
 # The sibling scripts, also where this file is loaded as a module (the tests), not run.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from snapshot_pages import drop_page_cache as drop_caches
+from snapshot_pages import drop_page_cache
 
 _SHARD = 2 << 30
 
@@ -75,7 +75,7 @@ def will_need(files: list[Path]) -> None:
 def measure(
     files: list[Path],
     workers: list[int],
-    drop: Callable[[], None] = drop_caches,
+    drop: Callable[[], None] = drop_page_cache,
     advise: Callable[[list[Path]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per count of readers: the page cache dropped, then every byte of ``files`` read (after
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     try:
-        drop_caches()
+        drop_page_cache()
     except OSError as exc:
         print(
             f"disk_read_probe: cannot drop the page cache ({exc}): the figures would be memory's",

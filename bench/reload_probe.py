@@ -50,8 +50,9 @@ from typing import Any, Protocol
 # The sibling scripts and the tree's src, as bench/vllm_image_flow.py finds them.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
-from disk_read_probe import drop_caches, emit, write
+from disk_read_probe import emit, write
 from kernelbake.runtime.snapshot import readahead
+from snapshot_pages import drop_page_cache
 
 METHODS = ("checkpoint", "checkpoint-threads", "state-copy", "kernel-format")
 # The ways that read save_sharded_state's files rather than the checkpoint.
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     # what they use, and a reload does not touch the kernels.
     os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
     try:
-        drop_caches()
+        drop_page_cache()
         can_drop = True
     except OSError as exc:
         print(f"reload_probe: cannot drop the page cache ({exc}): warm runs only", file=sys.stderr)
@@ -331,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
 
     doc["reads"] = reads(engine, a.methods.split(","), warm)
     so_far([])
-    doc["runs"] = measure(engine, plan(a.methods.split(","), can_drop), reference, warm, drop_caches, so_far)
+    doc["runs"] = measure(
+        engine, plan(a.methods.split(","), can_drop), reference, warm, drop_page_cache, so_far
+    )
     return emit(doc, path)
 
 

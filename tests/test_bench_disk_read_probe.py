@@ -29,7 +29,7 @@ def test_without_root_it_stops_rather_than_measure_memory(
     def refuse() -> None:
         raise PermissionError("Permission denied")
 
-    monkeypatch.setattr(disk_read_probe, "drop_caches", refuse)
+    monkeypatch.setattr(disk_read_probe, "drop_page_cache", refuse)
     assert disk_read_probe.main(["--dir", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "w").exists()
 

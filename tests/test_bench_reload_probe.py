@@ -117,7 +117,7 @@ def test_without_root_the_dropped_runs_are_left_out(monkeypatch: pytest.MonkeyPa
     def refuse() -> None:
         raise PermissionError("Permission denied")
 
-    monkeypatch.setattr(probe, "drop_caches", refuse)
+    monkeypatch.setattr(probe, "drop_page_cache", refuse)
     made: list[object] = []
 
     class Fake(Engine):
